@@ -1,0 +1,292 @@
+//! The job file (`job.toml`): parsing, validation with file/line/column errors, and
+//! conversion to the wire `JobSpec`.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpuctl_proto as pb;
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Job files larger than this are refused before parsing.
+pub const MAX_JOB_FILE_BYTES: usize = 1 << 20;
+
+/// A job file as written by the user. Unknown keys are errors.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    pub name: Option<Spanned<String>>,
+    pub command: Option<Spanned<Vec<String>>>,
+    pub script: Option<Spanned<String>>,
+    pub workdir: Option<Spanned<String>>,
+    pub stdout: Option<Spanned<String>>,
+    pub stderr: Option<Spanned<String>>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default)]
+    pub resources: ResourcesFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourcesFile {
+    pub gpus: Option<Spanned<u32>>,
+    pub cpus: Option<Spanned<u32>>,
+    /// e.g. "8GiB", "512MB".
+    pub memory: Option<Spanned<String>>,
+    /// humantime, e.g. "30m", "2h 30m".
+    pub time_limit: Option<Spanned<String>>,
+}
+
+/// A job file error, pointing into the file where it can.
+#[derive(Debug, thiserror::Error)]
+pub enum JobFileError {
+    #[error("{file}: cannot read job file: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: job file is {size} bytes; the limit is {MAX_JOB_FILE_BYTES} bytes")]
+    TooLarge { file: String, size: usize },
+    #[error("{file}:{line}:{column}: {message}\n{snippet}")]
+    At {
+        file: String,
+        line: usize,
+        column: usize,
+        message: String,
+        snippet: String,
+    },
+    #[error("{file}: {message}")]
+    Whole { file: String, message: String },
+}
+
+/// A validated job, before the client-side defaults (workdir, user) are filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub name: String,
+    pub command: Vec<String>,
+    pub script: String,
+    pub workdir: Option<PathBuf>,
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub priority: i32,
+    pub gpus: u32,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    pub time_limit: Option<Duration>,
+}
+
+/// Reads and validates a job file.
+pub fn load(path: &Path) -> Result<Job, JobFileError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| JobFileError::Read {
+        file: file.clone(),
+        source,
+    })?;
+    parse(&file, &text)
+}
+
+/// Parses and validates job file text; `file` names it in errors.
+pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
+    if text.len() > MAX_JOB_FILE_BYTES {
+        return Err(JobFileError::TooLarge {
+            file: file.to_string(),
+            size: text.len(),
+        });
+    }
+    let at = |span: Range<usize>, message: String| at_span(file, text, span, message);
+    let raw: JobFile = toml::from_str(text).map_err(|e| match e.span() {
+        Some(span) => at(span, e.message().to_string()),
+        None => JobFileError::Whole {
+            file: file.to_string(),
+            message: e.message().to_string(),
+        },
+    })?;
+
+    let (command, script) = match (raw.command, raw.script) {
+        (Some(_), Some(s)) => {
+            return Err(at(
+                s.span(),
+                "set either `command` or `script`, not both".into(),
+            ));
+        }
+        (None, None) => {
+            return Err(JobFileError::Whole {
+                file: file.to_string(),
+                message: "the job has nothing to run: set `command = [\"prog\", \"arg\"]` or `script = \"...\"`".into(),
+            });
+        }
+        (Some(c), None) => {
+            if c.get_ref().is_empty() || c.get_ref()[0].is_empty() {
+                return Err(at(c.span(), "`command` needs at least a program name".into()));
+            }
+            (c.into_inner(), String::new())
+        }
+        (None, Some(s)) => {
+            if s.get_ref().trim().is_empty() {
+                return Err(at(s.span(), "`script` is empty".into()));
+            }
+            (Vec::new(), s.into_inner())
+        }
+    };
+
+    let name = match raw.name {
+        Some(n) => {
+            let v = n.get_ref();
+            if v.is_empty() || v.len() > 128 || v.chars().any(char::is_control) {
+                return Err(at(
+                    n.span(),
+                    "`name` must be 1 to 128 printable characters".into(),
+                ));
+            }
+            n.into_inner()
+        }
+        None => default_name(&command, file),
+    };
+
+    for key in raw.env.keys() {
+        if key.is_empty() || key.contains('=') || key.contains('\0') {
+            return Err(JobFileError::Whole {
+                file: file.to_string(),
+                message: format!("env: `{key}` is not a valid environment variable name"),
+            });
+        }
+    }
+
+    let res = raw.resources;
+    let cpus = match res.cpus {
+        Some(c) if *c.get_ref() == 0 => {
+            return Err(at(c.span(), "`cpus` must be at least 1".into()));
+        }
+        Some(c) => c.into_inner(),
+        None => 1,
+    };
+    let memory_bytes = match res.memory {
+        Some(m) => match m.get_ref().trim().parse::<bytesize::ByteSize>() {
+            Ok(b) if b.as_u64() > 0 => b.as_u64(),
+            Ok(_) => return Err(at(m.span(), "`memory` must be more than 0".into())),
+            Err(e) => {
+                return Err(at(
+                    m.span(),
+                    format!("`memory`: {e} (write e.g. \"8GiB\" or \"512MiB\")"),
+                ));
+            }
+        },
+        None => 0,
+    };
+    let time_limit = match res.time_limit {
+        Some(t) => match humantime::parse_duration(t.get_ref().trim()) {
+            Ok(d) if d.as_secs() >= 1 => Some(d),
+            Ok(_) => return Err(at(t.span(), "`time_limit` must be at least 1s".into())),
+            Err(e) => {
+                return Err(at(
+                    t.span(),
+                    format!("`time_limit`: {e} (write e.g. \"30m\" or \"2h 30m\")"),
+                ));
+            }
+        },
+        None => None,
+    };
+
+    let path_field = |v: Option<Spanned<String>>| -> Result<Option<String>, JobFileError> {
+        match v {
+            Some(p) if p.get_ref().is_empty() || p.get_ref().contains('\0') => {
+                Err(at(p.span(), "path must not be empty".into()))
+            }
+            Some(p) => Ok(Some(p.into_inner())),
+            None => Ok(None),
+        }
+    };
+
+    Ok(Job {
+        name,
+        command,
+        script,
+        workdir: path_field(raw.workdir)?.map(PathBuf::from),
+        stdout: path_field(raw.stdout)?,
+        stderr: path_field(raw.stderr)?,
+        env: raw.env,
+        priority: raw.priority,
+        gpus: res.gpus.map(Spanned::into_inner).unwrap_or(0),
+        cpus,
+        memory_bytes,
+        time_limit,
+    })
+}
+
+fn default_name(command: &[String], file: &str) -> String {
+    if let Some(prog) = command.first() {
+        return Path::new(prog)
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| prog.clone());
+    }
+    Path::new(file)
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "script".into())
+}
+
+fn at_span(file: &str, text: &str, span: Range<usize>, message: String) -> JobFileError {
+    let start = span.start.min(text.len());
+    let before = &text[..start];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = text[line_start..start].chars().count() + 1;
+    let line_text = text[line_start..].lines().next().unwrap_or("");
+    let width = text[start..span.end.min(text.len())]
+        .lines()
+        .next()
+        .map_or(1, |s| s.chars().count().max(1));
+    let snippet = format!(
+        "  | {line_text}\n  | {}{}",
+        " ".repeat(column - 1),
+        "^".repeat(width)
+    );
+    JobFileError::At {
+        file: file.to_string(),
+        line,
+        column,
+        message: message.trim_end().to_string(),
+        snippet,
+    }
+}
+
+impl Job {
+    /// The wire spec, with client-side defaults filled in.
+    pub fn into_spec(self, cwd: &Path, user: &str, uid: u32, gid: u32) -> pb::JobSpec {
+        let workdir = match self.workdir {
+            Some(w) if w.is_absolute() => w,
+            Some(w) => cwd.join(w),
+            None => cwd.to_path_buf(),
+        };
+        pb::JobSpec {
+            name: self.name,
+            command: self.command,
+            script: self.script,
+            workdir: workdir.display().to_string(),
+            stdout: self.stdout.unwrap_or_default(),
+            stderr: self.stderr.unwrap_or_default(),
+            env: self.env.into_iter().collect(),
+            priority: self.priority,
+            resources: Some(pb::Resources {
+                gpus: self.gpus,
+                cpus: self.cpus,
+                memory_bytes: self.memory_bytes,
+                time_limit_secs: self.time_limit.map_or(0, |d| d.as_secs()),
+            }),
+            user: user.to_string(),
+            uid,
+            gid,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

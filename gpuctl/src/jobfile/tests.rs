@@ -1,0 +1,133 @@
+use super::*;
+
+fn err(text: &str) -> String {
+    parse("job.toml", text).unwrap_err().to_string()
+}
+
+#[test]
+fn full_example_parses() {
+    let job = parse(
+        "job.toml",
+        r#"
+name = "hello"
+command = ["python", "train.py", "--epochs", "3"]
+workdir = "/data"
+stdout = "hello-%j.out"
+env = { FOO = "bar" }
+priority = 10
+[resources]
+gpus = 1
+cpus = 2
+memory = "8GiB"
+time_limit = "30m"
+"#,
+    )
+    .unwrap();
+    assert_eq!(job.name, "hello");
+    assert_eq!(job.command, vec!["python", "train.py", "--epochs", "3"]);
+    assert_eq!(job.workdir.as_deref(), Some(Path::new("/data")));
+    assert_eq!(job.stdout.as_deref(), Some("hello-%j.out"));
+    assert_eq!(job.stderr, None);
+    assert_eq!(job.env.get("FOO").map(String::as_str), Some("bar"));
+    assert_eq!(job.priority, 10);
+    assert_eq!(job.gpus, 1);
+    assert_eq!(job.cpus, 2);
+    assert_eq!(job.memory_bytes, 8 * 1024 * 1024 * 1024);
+    assert_eq!(job.time_limit, Some(Duration::from_secs(1800)));
+}
+
+#[test]
+fn script_and_defaults() {
+    let job = parse("x/train.toml", "script = \"\"\"\necho hi\n\"\"\"\n").unwrap();
+    assert_eq!(job.name, "train");
+    assert!(job.command.is_empty());
+    assert_eq!(job.script, "echo hi\n");
+    assert_eq!((job.gpus, job.cpus, job.memory_bytes), (0, 1, 0));
+    assert_eq!(job.time_limit, None);
+}
+
+#[test]
+fn name_defaults_to_program() {
+    let job = parse("j.toml", "command = [\"/usr/bin/env\", \"true\"]").unwrap();
+    assert_eq!(job.name, "env");
+}
+
+#[test]
+fn unknown_key_names_line_and_column() {
+    let e = err("command = [\"true\"]\n[resources]\n  gpu = 2\n");
+    assert!(e.starts_with("job.toml:3:3: unknown field `gpu`"), "{e}");
+    assert!(e.contains("^^^"), "{e}");
+}
+
+#[test]
+fn wrong_type_names_line_and_column() {
+    let e = err("command = [\"true\"]\npriority = \"high\"\n");
+    assert!(e.starts_with("job.toml:2:12:"), "{e}");
+    assert!(e.contains("invalid type"), "{e}");
+}
+
+#[test]
+fn negative_gpus_rejected_with_position() {
+    let e = err("command = [\"true\"]\n[resources]\ngpus = -1\n");
+    assert!(e.starts_with("job.toml:3:8:"), "{e}");
+}
+
+#[test]
+fn syntax_error_has_position() {
+    let e = err("command = [\"true\"\n");
+    assert!(e.starts_with("job.toml:"), "{e}");
+    let mut parts = e.splitn(4, ':');
+    parts.next();
+    let line: usize = parts.next().unwrap().parse().unwrap();
+    let col: usize = parts.next().unwrap().parse().unwrap();
+    assert!(line >= 1 && col >= 1, "{e}");
+}
+
+#[test]
+fn bad_memory_and_time_limit() {
+    let e = err("command = [\"true\"]\n[resources]\nmemory = \"8 gigglebytes\"\n");
+    assert!(e.starts_with("job.toml:3:10: `memory`"), "{e}");
+    let e = err("command = [\"true\"]\n[resources]\ntime_limit = \"soon\"\n");
+    assert!(e.starts_with("job.toml:3:14: `time_limit`"), "{e}");
+    let e = err("command = [\"true\"]\n[resources]\ncpus = 0\n");
+    assert!(e.starts_with("job.toml:3:8: `cpus` must be at least 1"), "{e}");
+}
+
+#[test]
+fn command_and_script_conflict() {
+    let e = err("command = [\"true\"]\nscript = \"echo\"\n");
+    assert!(e.starts_with("job.toml:2:10: set either"), "{e}");
+    let e = err("name = \"x\"\n");
+    assert!(e.starts_with("job.toml: the job has nothing to run"), "{e}");
+    let e = err("command = []\n");
+    assert!(e.starts_with("job.toml:1:11: `command` needs"), "{e}");
+}
+
+#[test]
+fn oversized_file_refused() {
+    let big = format!("command = [\"true\"]\n#{}\n", "x".repeat(MAX_JOB_FILE_BYTES));
+    assert!(matches!(
+        parse("big.toml", &big),
+        Err(JobFileError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn spec_resolves_relative_workdir() {
+    let job = parse("j.toml", "command = [\"true\"]\nworkdir = \"sub\"\n").unwrap();
+    let spec = job.into_spec(Path::new("/home/u"), "u", 1000, 1000);
+    assert_eq!(spec.workdir, "/home/u/sub");
+    assert_eq!(spec.user, "u");
+    let job = parse("j.toml", "command = [\"true\"]\n").unwrap();
+    let spec = job.into_spec(Path::new("/home/u"), "u", 1000, 1000);
+    assert_eq!(spec.workdir, "/home/u");
+    assert_eq!(spec.resources.unwrap().time_limit_secs, 0);
+}
+
+proptest::proptest! {
+    // The parser never panics, whatever the bytes.
+    #[test]
+    fn parser_never_panics(text in "\\PC{0,200}") {
+        let _ = parse("fuzz.toml", &text);
+    }
+}

@@ -1,0 +1,11 @@
+//! gpuctl, the command-line client.
+//!
+//! Modules:
+//! - `jobfile`: the job file (`job.toml`): parsing with file/line/column errors,
+//!   validation, conversion to the wire `JobSpec`.
+//! - `format`: JSON objects and tables for jobs and nodes.
+//! - `cli`: the clap command line and what each subcommand does.
+
+pub mod cli;
+pub mod format;
+pub mod jobfile;

@@ -1,0 +1,211 @@
+//! The controller's durable state in sled: jobs, nodes and the job id counter.
+//!
+//! Records are protobuf (`gpuctl_proto::store`). Keys: `meta/schema`, `meta/next_job_id`,
+//! `job/<id as 8 big-endian bytes>`, `node/<name>`. A state dir written by an incompatible
+//! version is refused at open.
+
+use std::path::Path;
+
+use gpuctl_proto::store::{StoredJob, StoredNode};
+use prost::Message;
+
+const SCHEMA_KEY: &[u8] = b"meta/schema";
+/// Bump when a change makes old state unreadable.
+pub const SCHEMA: &str = "gpuctld-store-v1";
+const NEXT_ID_KEY: &[u8] = b"meta/next_job_id";
+const JOB_PREFIX: &[u8] = b"job/";
+const NODE_PREFIX: &[u8] = b"node/";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Not retryable: the directory is locked by another gpuctld, unreadable, or not sled.
+    #[error("cannot open state dir {dir}: {source} (is another gpuctld using it?)")]
+    Open {
+        dir: String,
+        #[source]
+        source: sled::Error,
+    },
+    /// Not retryable: written by another version of gpuctld.
+    #[error(
+        "state dir {dir} was written by an incompatible version ({found}); this gpuctld reads {SCHEMA}. Use a matching gpuctld or a new --state-dir"
+    )]
+    Incompatible { dir: String, found: String },
+    /// Not retryable: a record does not decode.
+    #[error("corrupt record {key} in state dir: {source}")]
+    Corrupt {
+        key: String,
+        #[source]
+        source: prost::DecodeError,
+    },
+    /// Not retryable: the job id counter is not 8 bytes.
+    #[error("corrupt job id counter in state dir")]
+    CorruptCounter,
+    /// Retryable: an I/O error from sled.
+    #[error("state store I/O error: {0}")]
+    Io(#[from] sled::Error),
+}
+
+/// Everything read back at start.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub jobs: Vec<StoredJob>,
+    pub nodes: Vec<StoredNode>,
+    /// The next job id to hand out (ids start at 1).
+    pub next_job_id: u64,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+}
+
+fn job_key(id: u64) -> Vec<u8> {
+    [JOB_PREFIX, &id.to_be_bytes()].concat()
+}
+
+fn node_key(name: &str) -> Vec<u8> {
+    [NODE_PREFIX, name.as_bytes()].concat()
+}
+
+impl Store {
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let shown = dir.display().to_string();
+        let db = sled::Config::new()
+            .path(dir.join("db"))
+            .open()
+            .map_err(|source| StoreError::Open {
+                dir: shown.clone(),
+                source,
+            })?;
+        match db.get(SCHEMA_KEY)? {
+            Some(v) if v.as_ref() == SCHEMA.as_bytes() => {}
+            Some(v) => {
+                return Err(StoreError::Incompatible {
+                    dir: shown,
+                    found: String::from_utf8_lossy(&v).into_owned(),
+                });
+            }
+            None if db.is_empty() => {
+                db.insert(SCHEMA_KEY, SCHEMA.as_bytes())?;
+                db.flush()?;
+            }
+            None => {
+                return Err(StoreError::Incompatible {
+                    dir: shown,
+                    found: "no schema record".into(),
+                });
+            }
+        }
+        Ok(Store { db })
+    }
+
+    pub fn load(&self) -> Result<Loaded, StoreError> {
+        let mut loaded = Loaded {
+            next_job_id: 1,
+            ..Loaded::default()
+        };
+        if let Some(v) = self.db.get(NEXT_ID_KEY)? {
+            let bytes: [u8; 8] = v
+                .as_ref()
+                .try_into()
+                .map_err(|_| StoreError::CorruptCounter)?;
+            loaded.next_job_id = u64::from_be_bytes(bytes);
+        }
+        for kv in self.db.scan_prefix(JOB_PREFIX) {
+            let (k, v) = kv?;
+            let job = StoredJob::decode(v.as_ref()).map_err(|source| StoreError::Corrupt {
+                key: String::from_utf8_lossy(&k).into_owned(),
+                source,
+            })?;
+            loaded.jobs.push(job);
+        }
+        for kv in self.db.scan_prefix(NODE_PREFIX) {
+            let (k, v) = kv?;
+            let node = StoredNode::decode(v.as_ref()).map_err(|source| StoreError::Corrupt {
+                key: String::from_utf8_lossy(&k).into_owned(),
+                source,
+            })?;
+            loaded.nodes.push(node);
+        }
+        Ok(loaded)
+    }
+
+    /// Writes a new job and the advanced id counter atomically. Durable after `flush`.
+    pub fn insert_new_job(&self, job: &StoredJob, next_job_id: u64) -> Result<(), StoreError> {
+        let id = job.job.as_ref().map_or(0, |j| j.id);
+        let mut batch = sled::Batch::default();
+        batch.insert(job_key(id), job.encode_to_vec());
+        batch.insert(NEXT_ID_KEY, &next_job_id.to_be_bytes());
+        self.db.apply_batch(batch)?;
+        Ok(())
+    }
+
+    pub fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
+        let id = job.job.as_ref().map_or(0, |j| j.id);
+        self.db.insert(job_key(id), job.encode_to_vec())?;
+        Ok(())
+    }
+
+    pub fn put_node(&self, node: &StoredNode) -> Result<(), StoreError> {
+        self.db.insert(node_key(&node.name), node.encode_to_vec())?;
+        Ok(())
+    }
+
+    /// Makes every write so far durable. Concurrent callers share sled's flushes.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush_async().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::Job;
+
+    fn job(id: u64) -> StoredJob {
+        StoredJob {
+            job: Some(Job {
+                id,
+                ..Job::default()
+            }),
+            ..StoredJob::default()
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_counter() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = Store::open(dir.path()).unwrap();
+            assert_eq!(s.load().unwrap().next_job_id, 1);
+            s.insert_new_job(&job(1), 2).unwrap();
+            s.insert_new_job(&job(2), 3).unwrap();
+            s.put_node(&StoredNode {
+                name: "n1".into(),
+                ..StoredNode::default()
+            })
+            .unwrap();
+            s.db.flush().unwrap();
+        }
+        let s = Store::open(dir.path()).unwrap();
+        let l = s.load().unwrap();
+        assert_eq!(l.next_job_id, 3);
+        let ids: Vec<u64> = l.jobs.iter().map(|j| j.job.as_ref().unwrap().id).collect();
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(l.nodes[0].name, "n1");
+    }
+
+    #[test]
+    fn incompatible_schema_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = Store::open(dir.path()).unwrap();
+            s.db.insert(SCHEMA_KEY, b"gpuctld-store-v999".as_slice())
+                .unwrap();
+            s.db.flush().unwrap();
+        }
+        let err = Store::open(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("incompatible version (gpuctld-store-v999)"), "{err}");
+    }
+}

@@ -1,0 +1,319 @@
+//! The agent: registers with the controller, keeps the command stream open (reconnecting
+//! with backoff), runs the jobs it is given and reports their ends.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use gpuctl_proto::{self as pb, JobState, agent_link_client::AgentLinkClient};
+use tokio::sync::{Notify, mpsc};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::gpu::{GpuBackend, GpuInfo};
+use crate::launch::{LaunchSpec, Launcher, ProcessGroupLauncher, terminate};
+use crate::reports::ReportQueue;
+
+pub struct Options {
+    pub controller: String,
+    pub name: String,
+    pub state_dir: PathBuf,
+    pub backend: Box<dyn GpuBackend>,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    pub heartbeat: Duration,
+}
+
+struct KillRequest {
+    as_state: JobState,
+    grace: Duration,
+    reason: String,
+}
+
+struct Agent {
+    name: String,
+    state_dir: PathBuf,
+    launcher: Box<dyn Launcher>,
+    jobs: Mutex<HashMap<u64, mpsc::Sender<KillRequest>>>,
+    reports: ReportQueue,
+    /// Wakes the reporter when a report is queued.
+    report_ready: Notify,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Agent {
+    fn running(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn report(&self, r: pb::JobReport) {
+        self.reports.push(r);
+        self.report_ready.notify_one();
+    }
+}
+
+/// Runs the agent until `shutdown` resolves. Running jobs are left running.
+pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&opts.state_dir)
+        .with_context(|| format!("cannot create state dir {}", opts.state_dir.display()))?;
+    let gpus = opts.backend.discover()?;
+    tracing::info!(
+        node = %opts.name,
+        backend = opts.backend.kind(),
+        gpus = gpus.len(),
+        "discovered GPUs: {}",
+        gpus.iter().map(|g| format!("{} {}", g.model, g.uuid)).collect::<Vec<_>>().join(", ")
+    );
+    let channel = Endpoint::from_shared(opts.controller.clone())
+        .with_context(|| format!("bad --controller URL {:?}", opts.controller))?
+        .connect_timeout(Duration::from_secs(3))
+        .connect_lazy();
+    let agent = Arc::new(Agent {
+        name: opts.name.clone(),
+        reports: ReportQueue::open(opts.state_dir.join("reports.pb"))?,
+        state_dir: opts.state_dir.clone(),
+        launcher: Box::new(ProcessGroupLauncher),
+        jobs: Mutex::new(HashMap::new()),
+        report_ready: Notify::new(),
+    });
+
+    let reporter = tokio::spawn(reporter(agent.clone(), AgentLinkClient::new(channel.clone())));
+    let link = attach_loop(agent.clone(), channel, gpus, opts);
+    tokio::select! {
+        r = link => r?,
+        _ = shutdown => tracing::info!("shutting down; running jobs keep running"),
+    }
+    reporter.abort();
+    Ok(())
+}
+
+/// Sends queued reports in order, retrying until the controller acknowledges each.
+async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
+    loop {
+        let pending = agent.reports.snapshot();
+        if pending.is_empty() {
+            agent.report_ready.notified().await;
+            continue;
+        }
+        for r in pending {
+            loop {
+                match client.report_job(r.clone()).await {
+                    Ok(_) => {
+                        agent.reports.ack(std::slice::from_ref(&r));
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(job = r.job_id, "report not delivered yet: {}", e.message());
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn attach_loop(
+    agent: Arc<Agent>,
+    channel: Channel,
+    gpus: Vec<GpuInfo>,
+    opts: Options,
+) -> anyhow::Result<()> {
+    let mut client = AgentLinkClient::new(channel);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let unacked = agent.reports.snapshot();
+        let req = pb::RegisterRequest {
+            node: agent.name.clone(),
+            gpus: gpus.iter().map(GpuInfo::to_pb).collect(),
+            cpus: opts.cpus,
+            memory_bytes: opts.memory_bytes,
+            gpu_backend: opts.backend.kind().to_string(),
+            running_jobs: agent.running(),
+            unacked_reports: unacked.clone(),
+        };
+        let mut stream = match client.attach(req).await {
+            Ok(resp) => resp.into_inner(),
+            Err(e) => {
+                if e.code() == tonic::Code::InvalidArgument {
+                    anyhow::bail!("controller refused registration: {}", e.message());
+                }
+                tracing::warn!("cannot reach controller at {}: {}; retrying", opts.controller, e.message());
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        agent.reports.ack(&unacked);
+        backoff = Duration::from_millis(100);
+        tracing::info!("registered with controller {}", opts.controller);
+
+        let hb = tokio::spawn(heartbeats(agent.clone(), client.clone(), opts.heartbeat));
+        loop {
+            match stream.message().await {
+                Ok(Some(cmd)) => handle(&agent, cmd),
+                Ok(None) => {
+                    tracing::warn!("controller closed the stream; reconnecting");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!("lost the controller: {}; reconnecting", e.message());
+                    break;
+                }
+            }
+        }
+        hb.abort();
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+async fn heartbeats(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let req = pb::HeartbeatRequest {
+            node: agent.name.clone(),
+            running_jobs: agent.running(),
+        };
+        match client.heartbeat(req).await {
+            Ok(r) if !r.get_ref().known => {
+                tracing::warn!("controller does not know this agent's stream");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!("heartbeat failed: {}", e.message()),
+        }
+    }
+}
+
+fn handle(agent: &Arc<Agent>, cmd: pb::AgentCommand) {
+    match cmd.command {
+        Some(pb::agent_command::Command::Start(start)) => {
+            let (tx, rx) = mpsc::channel(4);
+            {
+                let mut jobs = agent.jobs.lock().unwrap_or_else(|p| p.into_inner());
+                if jobs.contains_key(&start.job_id) {
+                    tracing::warn!(job = start.job_id, "duplicate start ignored");
+                    return;
+                }
+                jobs.insert(start.job_id, tx);
+            }
+            tokio::spawn(run_job(agent.clone(), start, rx));
+        }
+        Some(pb::agent_command::Command::Kill(kill)) => {
+            let tx = agent
+                .jobs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&kill.job_id)
+                .cloned();
+            match tx {
+                Some(tx) => {
+                    let _ = tx.try_send(KillRequest {
+                        as_state: kill.as_state(),
+                        grace: Duration::from_secs(kill.kill_grace_secs),
+                        reason: kill.reason,
+                    });
+                }
+                None => tracing::debug!(job = kill.job_id, "kill for a job not running here"),
+            }
+        }
+        None => {}
+    }
+}
+
+async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Receiver<KillRequest>) {
+    let id = start.job_id;
+    let ended = |state: JobState, exit_code: Option<i32>, reason: String| pb::JobReport {
+        node: agent.name.clone(),
+        job_id: id,
+        kind: pb::job_report::Kind::Ended as i32,
+        state: state as i32,
+        exit_code,
+        reason,
+        time_ms: now_ms(),
+    };
+    let spawned = LaunchSpec::from_start(&start, &agent.name, &agent.state_dir.join("scripts"))
+        .and_then(|spec| agent.launcher.spawn(&spec));
+    let report = match spawned {
+        Err(e) => {
+            tracing::warn!(job = id, "cannot start job: {e}");
+            ended(JobState::Failed, None, format!("launch failed: {e}"))
+        }
+        Ok(mut child) => {
+            let pid = child.id();
+            tracing::info!(job = id, pid, gpus = ?start.gpus, "job started");
+            agent.report(pb::JobReport {
+                node: agent.name.clone(),
+                job_id: id,
+                kind: pb::job_report::Kind::Started as i32,
+                time_ms: now_ms(),
+                ..pb::JobReport::default()
+            });
+            let limit = Duration::from_secs(start.time_limit_secs.max(1));
+            let grace = Duration::from_secs(start.kill_grace_secs);
+            let launcher = agent.launcher.as_ref();
+            let (status, forced) = tokio::select! {
+                s = child.wait() => (s, None),
+                _ = tokio::time::sleep(limit) => {
+                    tracing::info!(job = id, "time limit reached; terminating");
+                    let s = terminate(launcher, &mut child, grace).await;
+                    (s, Some((JobState::Timeout, format!("time limit {} reached", humantime::format_duration(limit)))))
+                }
+                Some(k) = kill_rx.recv() => {
+                    tracing::info!(job = id, reason = %k.reason, "killing job");
+                    let s = terminate(launcher, &mut child, k.grace).await;
+                    (s, Some((k.as_state, k.reason)))
+                }
+            };
+            // Whatever the job left behind in its process group goes too.
+            if let Some(pid) = pid {
+                launcher.signal(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+            exit_report(status, forced, ended)
+        }
+    };
+    tracing::info!(job = id, state = report.state().as_str_name(), exit_code = ?report.exit_code, "job ended");
+    agent.report(report);
+    agent.jobs.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+}
+
+fn exit_report(
+    status: std::io::Result<std::process::ExitStatus>,
+    forced: Option<(JobState, String)>,
+    ended: impl Fn(JobState, Option<i32>, String) -> pb::JobReport,
+) -> pb::JobReport {
+    use std::os::unix::process::ExitStatusExt;
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => return ended(JobState::Failed, None, format!("cannot wait for the job: {e}")),
+    };
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s));
+    if let Some((state, reason)) = forced {
+        return ended(state, code, reason);
+    }
+    match (status.code(), status.signal()) {
+        (Some(0), _) => ended(JobState::Completed, Some(0), String::new()),
+        (Some(c), _) => ended(JobState::Failed, Some(c), format!("exit code {c}")),
+        (None, Some(sig)) => {
+            let name = nix::sys::signal::Signal::try_from(sig)
+                .map_or_else(|_| sig.to_string(), |s| s.as_str().to_string());
+            ended(JobState::Failed, code, format!("killed by signal {name}"))
+        }
+        (None, None) => ended(JobState::Failed, None, "unknown exit status".into()),
+    }
+}

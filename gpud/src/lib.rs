@@ -1,0 +1,15 @@
+//! gpud, the gpuctl node agent.
+//!
+//! Modules:
+//! - `gpu`: the `GpuBackend` trait with the NVML backend and the fake one.
+//! - `launch`: the environment and output paths a job gets (pure), and the `Launcher`
+//!   trait that starts and signals job processes.
+//! - `reports`: job reports kept on disk until the controller acknowledges them.
+//! - `agent`: registration, the command stream, heartbeats, job lifecycles.
+//! - `host`: facts about this machine (CPUs, memory, hostname).
+
+pub mod agent;
+pub mod gpu;
+pub mod host;
+pub mod launch;
+pub mod reports;

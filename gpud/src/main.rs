@@ -1,0 +1,114 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use gpud::gpu::{FakeGpus, GpuBackend, Nvml};
+
+/// gpud: the gpuctl node agent. Reports this node's GPUs to gpuctld and runs the jobs it
+/// is given.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// Controller URL.
+    #[arg(long, env = "GPUCTL_CONTROLLER", default_value = "http://127.0.0.1:7817")]
+    controller: String,
+    /// Node name (default: the hostname).
+    #[arg(long)]
+    name: Option<String>,
+    /// Directory for the agent's own state.
+    #[arg(long, default_value = "./gpud-state")]
+    state_dir: PathBuf,
+    /// Fake GPUs instead of NVML, e.g. 4xA100-80GB or 2xA100-80GB,1xT4-16GB.
+    #[arg(long)]
+    fake_gpus: Option<String>,
+    /// CPUs to offer (default: all of this host's).
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// Memory to offer, e.g. 64GiB (default: all of this host's).
+    #[arg(long)]
+    memory: Option<bytesize::ByteSize>,
+    /// How often to heartbeat.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    heartbeat_interval: Duration,
+    /// Print the GPUs the backend finds and exit (non-zero when it finds none).
+    #[arg(long)]
+    list_gpus: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GPUCTL_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let name = args.name.unwrap_or_else(gpud::host::hostname);
+    let backend: Box<dyn GpuBackend> = match &args.fake_gpus {
+        Some(spec) => match FakeGpus::parse(spec, &name) {
+            Ok(f) => Box::new(f),
+            Err(e) => {
+                eprintln!("gpud: error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => match Nvml::init() {
+            Ok(n) => Box::new(n),
+            Err(e) => {
+                eprintln!("gpud: error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    if args.list_gpus {
+        return match backend.discover() {
+            Ok(gpus) if !gpus.is_empty() => {
+                for g in gpus {
+                    println!("{} {} {} {}MiB {}", g.index, g.uuid, g.model, g.memory_mib, g.pci_bus_id);
+                }
+                ExitCode::SUCCESS
+            }
+            Ok(_) => {
+                eprintln!("gpud: no GPUs found");
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("gpud: error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let opts = gpud::agent::Options {
+        controller: args.controller,
+        name,
+        state_dir: args.state_dir,
+        backend,
+        cpus: args.cpus.unwrap_or_else(gpud::host::cpus),
+        memory_bytes: args
+            .memory
+            .map(|m| m.as_u64())
+            .or_else(gpud::host::memory_bytes)
+            .unwrap_or(0),
+        heartbeat: args.heartbeat_interval,
+    };
+    match gpud::agent::run(opts, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpud: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
