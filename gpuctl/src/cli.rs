@@ -23,10 +23,19 @@ pub mod exit {
 }
 
 #[derive(Parser)]
-#[command(name = "gpuctl", version, about = "Submit and manage GPU jobs on a gpuctl cluster")]
+#[command(
+    name = "gpuctl",
+    version,
+    about = "Submit and manage GPU jobs on a gpuctl cluster"
+)]
 pub struct Cli {
     /// Controller URL.
-    #[arg(long, global = true, env = "GPUCTL_CONTROLLER", default_value = "http://127.0.0.1:7817")]
+    #[arg(
+        long,
+        global = true,
+        env = "GPUCTL_CONTROLLER",
+        default_value = "http://127.0.0.1:7817"
+    )]
     pub controller: String,
     #[command(subcommand)]
     pub command: Command,
@@ -123,7 +132,10 @@ fn print(text: &str) {
 }
 
 fn print_json(v: &serde_json::Value) {
-    print(&format!("{}\n", serde_json::to_string_pretty(v).expect("JSON values serialize")));
+    print(&format!(
+        "{}\n",
+        serde_json::to_string_pretty(v).expect("JSON values serialize")
+    ));
 }
 
 async fn connect(url: &str) -> Result<ControllerClient<Channel>, Failure> {

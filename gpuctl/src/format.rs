@@ -136,13 +136,23 @@ pub fn queue_table(jobs: &[pb::Job]) -> String {
                 state_name(j.state()).to_string(),
                 slurm_duration(elapsed_ms(j, now)),
                 gpus.to_string(),
-                if j.node.is_empty() { "-".into() } else { j.node.clone() },
-                if j.reason.is_empty() { "-".into() } else { j.reason.clone() },
+                if j.node.is_empty() {
+                    "-".into()
+                } else {
+                    j.node.clone()
+                },
+                if j.reason.is_empty() {
+                    "-".into()
+                } else {
+                    j.reason.clone()
+                },
             ]
         })
         .collect();
     table(
-        &["JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE", "REASON"],
+        &[
+            "JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE", "REASON",
+        ],
         rows,
     )
 }
@@ -167,14 +177,29 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
                 n.name.clone(),
                 node_state_name(n.state()).to_string(),
                 format!("{alloc}/{}", n.gpus.len()),
-                if models.is_empty() { "-".into() } else { models },
+                if models.is_empty() {
+                    "-".into()
+                } else {
+                    models
+                },
                 format!("{}/{}", n.cpus_allocated, n.cpus),
-                if n.reason.is_empty() { "-".into() } else { n.reason.clone() },
+                if n.reason.is_empty() {
+                    "-".into()
+                } else {
+                    n.reason.clone()
+                },
             ]
         })
         .collect();
     table(
-        &["NAME", "STATE", "GPUS(A/T)", "MODELS", "CPUS(A/T)", "REASON"],
+        &[
+            "NAME",
+            "STATE",
+            "GPUS(A/T)",
+            "MODELS",
+            "CPUS(A/T)",
+            "REASON",
+        ],
         rows,
     )
 }
@@ -194,18 +219,46 @@ pub fn show_job(j: &pb::Job) -> String {
     line("Name", spec.name.clone());
     line("User", spec.user.clone());
     line("State", state_name(j.state()).to_string());
-    line("Reason", if j.reason.is_empty() { "-".into() } else { j.reason.clone() });
-    line("ExitCode", j.exit_code.map_or("-".into(), |c| c.to_string()));
+    line(
+        "Reason",
+        if j.reason.is_empty() {
+            "-".into()
+        } else {
+            j.reason.clone()
+        },
+    );
+    line(
+        "ExitCode",
+        j.exit_code.map_or("-".into(), |c| c.to_string()),
+    );
     line("Priority", spec.priority.to_string());
-    line("Node", if j.node.is_empty() { "-".into() } else { j.node.clone() });
-    line("GPUs", if j.gpus.is_empty() { "-".into() } else { j.gpus.join(",") });
+    line(
+        "Node",
+        if j.node.is_empty() {
+            "-".into()
+        } else {
+            j.node.clone()
+        },
+    );
+    line(
+        "GPUs",
+        if j.gpus.is_empty() {
+            "-".into()
+        } else {
+            j.gpus.join(",")
+        },
+    );
     line(
         "Request",
         format!(
             "gpus={} cpus={} memory={}",
             r.gpus,
             r.cpus,
-            if r.memory_bytes == 0 { "-".to_string() } else { bytesize::ByteSize(r.memory_bytes).to_string() }
+            if r.memory_bytes == 0 {
+                "-".to_string()
+            } else {
+                bytesize::ByteSize(r.memory_bytes).to_string()
+            }
         ),
     );
     line(
@@ -223,7 +276,14 @@ pub fn show_job(j: &pb::Job) -> String {
     }
     line("WorkDir", spec.workdir.clone());
     line("StdOut", s("stdout"));
-    line("StdErr", if spec.stderr.is_empty() { "(with stdout)".into() } else { spec.stderr.clone() });
+    line(
+        "StdErr",
+        if spec.stderr.is_empty() {
+            "(with stdout)".into()
+        } else {
+            spec.stderr.clone()
+        },
+    );
     out
 }
 
@@ -254,8 +314,17 @@ mod tests {
         };
         let v = job_json(&j);
         for k in [
-            "id", "name", "user", "state", "node", "gpus", "reason", "exit_code",
-            "submit_time", "start_time", "end_time",
+            "id",
+            "name",
+            "user",
+            "state",
+            "node",
+            "gpus",
+            "reason",
+            "exit_code",
+            "submit_time",
+            "start_time",
+            "end_time",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }

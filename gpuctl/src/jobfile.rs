@@ -124,7 +124,10 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         }
         (Some(c), None) => {
             if c.get_ref().is_empty() || c.get_ref()[0].is_empty() {
-                return Err(at(c.span(), "`command` needs at least a program name".into()));
+                return Err(at(
+                    c.span(),
+                    "`command` needs at least a program name".into(),
+                ));
             }
             (c.into_inner(), String::new())
         }

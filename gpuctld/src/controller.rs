@@ -279,26 +279,39 @@ impl Controller {
             // Re-check against the state as it is now: things may have moved while planning.
             let mut current = c.view();
             for start in &plan.starts {
-                let ok = c.jobs.get(&start.job).is_some_and(|j| job_of(j).state() == JobState::Pending);
+                let ok = c
+                    .jobs
+                    .get(&start.job)
+                    .is_some_and(|j| job_of(j).state() == JobState::Pending);
                 let Some(node) = current.nodes.iter_mut().find(|n| n.name == start.node) else {
                     continue;
                 };
                 let req = {
-                    let Some(j) = c.jobs.get(&start.job) else { continue };
+                    let Some(j) = c.jobs.get(&start.job) else {
+                        continue;
+                    };
                     resources(job_of(j))
                 };
-                let gpus_free = start.gpus.iter().all(|u| {
-                    node.gpus.iter().any(|g| &g.uuid == u && g.holder.is_none())
-                });
+                let gpus_free = start
+                    .gpus
+                    .iter()
+                    .all(|u| node.gpus.iter().any(|g| &g.uuid == u && g.holder.is_none()));
                 let fits = node.eligible()
                     && gpus_free
                     && node.cpus.saturating_sub(node.cpus_used) >= req.cpus
                     && node.memory_bytes.saturating_sub(node.memory_used) >= req.memory_bytes;
                 if !ok || !fits {
-                    tracing::debug!(job = start.job, "placement no longer valid; next pass retries");
+                    tracing::debug!(
+                        job = start.job,
+                        "placement no longer valid; next pass retries"
+                    );
                     continue;
                 }
-                for g in node.gpus.iter_mut().filter(|g| start.gpus.contains(&g.uuid)) {
+                for g in node
+                    .gpus
+                    .iter_mut()
+                    .filter(|g| start.gpus.contains(&g.uuid))
+                {
                     g.holder = Some(start.job);
                 }
                 node.cpus_used += req.cpus;
@@ -378,7 +391,9 @@ impl Controller {
                 }),
                 ..StoredJob::default()
             };
-            self.store.insert_new_job(&stored, id + 1).map_err(store_status)?;
+            self.store
+                .insert_new_job(&stored, id + 1)
+                .map_err(store_status)?;
             c.next_job_id = id + 1;
             c.jobs.insert(id, stored);
             id
@@ -595,7 +610,10 @@ impl Controller {
     /// The agent's command stream closed.
     pub fn disconnected(&self, node: &str, generation: u64) {
         let mut c = self.lock();
-        if c.conns.get(node).is_some_and(|conn| conn.generation == generation) {
+        if c.conns
+            .get(node)
+            .is_some_and(|conn| conn.generation == generation)
+        {
             c.conns.remove(node);
             tracing::warn!(node, "agent disconnected; node is DOWN");
         }

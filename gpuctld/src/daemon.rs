@@ -20,7 +20,10 @@ pub struct Options {
 }
 
 /// Serves until `shutdown` resolves.
-pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    opts: Options,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.state_dir)
         .with_context(|| format!("cannot create state dir {}", opts.state_dir.display()))?;
     let store = Store::open(&opts.state_dir)?;
@@ -46,10 +49,12 @@ pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>)
     };
     tonic::transport::Server::builder()
         .add_service(
-            ControllerServer::new(UserApi(ctl.clone())).max_decoding_message_size(MAX_MESSAGE_BYTES),
+            ControllerServer::new(UserApi(ctl.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(
-            AgentLinkServer::new(AgentApi(ctl.clone())).max_decoding_message_size(MAX_MESSAGE_BYTES),
+            AgentLinkServer::new(AgentApi(ctl.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await

@@ -65,7 +65,9 @@ impl controller_server::Controller for UserApi {
         if r.reason.trim().is_empty() {
             return Err(Status::invalid_argument("drain needs a reason"));
         }
-        Ok(Response::new(self.0.set_drain(&r.name, Some(r.reason)).await?))
+        Ok(Response::new(
+            self.0.set_drain(&r.name, Some(r.reason)).await?,
+        ))
     }
 
     async fn resume_node(

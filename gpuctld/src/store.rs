@@ -206,6 +206,9 @@ mod tests {
             s.db.flush().unwrap();
         }
         let err = Store::open(dir.path()).err().unwrap().to_string();
-        assert!(err.contains("incompatible version (gpuctld-store-v999)"), "{err}");
+        assert!(
+            err.contains("incompatible version (gpuctld-store-v999)"),
+            "{err}"
+        );
     }
 }

@@ -67,7 +67,10 @@ impl Agent {
 }
 
 /// Runs the agent until `shutdown` resolves. Running jobs are left running.
-pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    opts: Options,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.state_dir)
         .with_context(|| format!("cannot create state dir {}", opts.state_dir.display()))?;
     let gpus = opts.backend.discover()?;
@@ -91,7 +94,10 @@ pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>)
         report_ready: Notify::new(),
     });
 
-    let reporter = tokio::spawn(reporter(agent.clone(), AgentLinkClient::new(channel.clone())));
+    let reporter = tokio::spawn(reporter(
+        agent.clone(),
+        AgentLinkClient::new(channel.clone()),
+    ));
     let link = attach_loop(agent.clone(), channel, gpus, opts);
     tokio::select! {
         r = link => r?,
@@ -117,7 +123,11 @@ async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
                         break;
                     }
                     Err(e) => {
-                        tracing::debug!(job = r.job_id, "report not delivered yet: {}", e.message());
+                        tracing::debug!(
+                            job = r.job_id,
+                            "report not delivered yet: {}",
+                            e.message()
+                        );
                         tokio::time::sleep(Duration::from_millis(300)).await;
                     }
                 }
@@ -151,7 +161,11 @@ async fn attach_loop(
                 if e.code() == tonic::Code::InvalidArgument {
                     anyhow::bail!("controller refused registration: {}", e.message());
                 }
-                tracing::warn!("cannot reach controller at {}: {}; retrying", opts.controller, e.message());
+                tracing::warn!(
+                    "cannot reach controller at {}: {}; retrying",
+                    opts.controller,
+                    e.message()
+                );
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
@@ -287,7 +301,11 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
     };
     tracing::info!(job = id, state = report.state().as_str_name(), exit_code = ?report.exit_code, "job ended");
     agent.report(report);
-    agent.jobs.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    agent
+        .jobs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id);
 }
 
 fn exit_report(
@@ -298,11 +316,15 @@ fn exit_report(
     use std::os::unix::process::ExitStatusExt;
     let status = match status {
         Ok(s) => s,
-        Err(e) => return ended(JobState::Failed, None, format!("cannot wait for the job: {e}")),
+        Err(e) => {
+            return ended(
+                JobState::Failed,
+                None,
+                format!("cannot wait for the job: {e}"),
+            );
+        }
     };
-    let code = status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s));
+    let code = status.code().or_else(|| status.signal().map(|s| 128 + s));
     if let Some((state, reason)) = forced {
         return ended(state, code, reason);
     }

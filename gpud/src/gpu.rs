@@ -153,15 +153,30 @@ mod tests {
         let g = f.discover().unwrap();
         assert_eq!(g.len(), 3);
         assert_eq!((g[0].model.as_str(), g[0].memory_mib), ("A100-80GB", 81920));
-        assert_eq!((g[2].model.as_str(), g[2].memory_mib, g[2].index), ("T4-16GB", 16384, 2));
-        assert!(g.iter().all(|x| x.uuid.starts_with("GPU-") && x.uuid.len() == 40));
+        assert_eq!(
+            (g[2].model.as_str(), g[2].memory_mib, g[2].index),
+            ("T4-16GB", 16384, 2)
+        );
+        assert!(
+            g.iter()
+                .all(|x| x.uuid.starts_with("GPU-") && x.uuid.len() == 40)
+        );
     }
 
     #[test]
     fn fake_uuids_are_stable_and_distinct() {
-        let a = FakeGpus::parse("4xA100-80GB", "n1").unwrap().discover().unwrap();
-        let b = FakeGpus::parse("4xA100-80GB", "n1").unwrap().discover().unwrap();
-        let c = FakeGpus::parse("4xA100-80GB", "n2").unwrap().discover().unwrap();
+        let a = FakeGpus::parse("4xA100-80GB", "n1")
+            .unwrap()
+            .discover()
+            .unwrap();
+        let b = FakeGpus::parse("4xA100-80GB", "n1")
+            .unwrap()
+            .discover()
+            .unwrap();
+        let c = FakeGpus::parse("4xA100-80GB", "n2")
+            .unwrap()
+            .discover()
+            .unwrap();
         assert_eq!(a, b);
         assert_ne!(a[0].uuid, c[0].uuid);
         let mut u: Vec<_> = a.iter().map(|g| &g.uuid).collect();
@@ -171,7 +186,14 @@ mod tests {
 
     #[test]
     fn bad_fake_specs_explain() {
-        for bad in ["", "A100", "xA100-80GB", "2xA100", "2xA100-0GB", "100xA100-80GB"] {
+        for bad in [
+            "",
+            "A100",
+            "xA100-80GB",
+            "2xA100",
+            "2xA100-0GB",
+            "100xA100-80GB",
+        ] {
             let e = FakeGpus::parse(bad, "n").err().unwrap().to_string();
             assert!(e.contains("bad --fake-gpus spec"), "{bad}: {e}");
         }

@@ -109,10 +109,7 @@ impl LaunchSpec {
                 std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
                 (path, Vec::new())
             } else {
-                (
-                    PathBuf::from("/bin/sh"),
-                    vec![path.display().to_string()],
-                )
+                (PathBuf::from("/bin/sh"), vec![path.display().to_string()])
             }
         };
         let stdout = output_path(&spec.stdout, start.job_id, &spec.name, &workdir);
@@ -248,9 +245,18 @@ mod tests {
     #[test]
     fn output_paths_expand() {
         let wd = Path::new("/w");
-        assert_eq!(output_path("", 5, "x", wd), PathBuf::from("/w/gpuctl-5.out"));
-        assert_eq!(output_path("%x-%j.log", 5, "t", wd), PathBuf::from("/w/t-5.log"));
-        assert_eq!(output_path("/abs/%j%%", 5, "t", wd), PathBuf::from("/abs/5%"));
+        assert_eq!(
+            output_path("", 5, "x", wd),
+            PathBuf::from("/w/gpuctl-5.out")
+        );
+        assert_eq!(
+            output_path("%x-%j.log", 5, "t", wd),
+            PathBuf::from("/w/t-5.log")
+        );
+        assert_eq!(
+            output_path("/abs/%j%%", 5, "t", wd),
+            PathBuf::from("/abs/5%")
+        );
         assert_eq!(output_path("a%q%", 5, "t", wd), PathBuf::from("/w/a%q%"));
     }
 

@@ -11,7 +11,11 @@ use gpud::gpu::{FakeGpus, GpuBackend, Nvml};
 #[command(version)]
 struct Args {
     /// Controller URL.
-    #[arg(long, env = "GPUCTL_CONTROLLER", default_value = "http://127.0.0.1:7817")]
+    #[arg(
+        long,
+        env = "GPUCTL_CONTROLLER",
+        default_value = "http://127.0.0.1:7817"
+    )]
     controller: String,
     /// Node name (default: the hostname).
     #[arg(long)]
@@ -67,7 +71,10 @@ async fn main() -> ExitCode {
         return match backend.discover() {
             Ok(gpus) if !gpus.is_empty() => {
                 for g in gpus {
-                    println!("{} {} {} {}MiB {}", g.index, g.uuid, g.model, g.memory_mib, g.pci_bus_id);
+                    println!(
+                        "{} {} {} {}MiB {}",
+                        g.index, g.uuid, g.model, g.memory_mib, g.pci_bus_id
+                    );
                 }
                 ExitCode::SUCCESS
             }

@@ -1,1 +1,300 @@
-//! Integration tests live in tests/tests/.
+//! Harness for the integration tests in `tests/tests/`: starts the real `gpuctld` and
+//! `gpud` binaries on loopback ports in temp dirs and drives them with the real `gpuctl`.
+//!
+//! The binaries are built once per test process with `cargo build` (same target dir), so
+//! `cargo test --workspace` always tests the current code.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+static BUILD: Once = Once::new();
+
+/// Directory holding the built binaries.
+pub fn bin_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    BUILD.call_once(|| {
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args([
+                "build", "--quiet", "-p", "gpuctl", "-p", "gpuctld", "-p", "gpud",
+            ])
+            .current_dir(&root)
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building the binaries failed");
+    });
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    target.join("debug")
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    bin_dir().join(name)
+}
+
+/// A controller config for tests: short grace, and a periodic pass so rare that any
+/// prompt start proves the event-driven path.
+pub const TEST_CONFIG: &str = r#"
+kill_grace = "1s"
+sched_interval = "1h"
+default_time_limit = "10m"
+"#;
+
+pub struct Agent {
+    pub name: String,
+    child: Child,
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    ctld: Option<(Child, ChildStdout)>,
+    pub agents: Vec<Agent>,
+}
+
+impl Cluster {
+    /// A controller and one agent per `(name, fake GPU spec)`, all registered.
+    pub fn start(agents: &[(&str, &str)]) -> Cluster {
+        let mut c = Cluster::controller_only();
+        for (name, spec) in agents {
+            c.add_agent(name, spec, &[]);
+        }
+        c.wait_nodes_up(agents.len());
+        c
+    }
+
+    pub fn controller_only() -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("gpuctld.toml"), TEST_CONFIG).unwrap();
+        let mut c = Cluster {
+            dir,
+            port: 0,
+            ctld: None,
+            agents: Vec::new(),
+        };
+        c.start_controller();
+        c
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts gpuctld (on the port it had before, after the first start).
+    pub fn start_controller(&mut self) {
+        assert!(self.ctld.is_none(), "controller already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("gpuctld.log"))
+            .unwrap();
+        let mut child = Command::new(bin("gpuctld"))
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--state-dir")
+            .arg(self.path("ctld-state"))
+            .arg("--config")
+            .arg(self.path("gpuctld.toml"))
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start gpuctld");
+        let stdout = child.stdout.take().unwrap();
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("read gpuctld stdout");
+        let addr = line
+            .trim()
+            .strip_prefix("gpuctld listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "unexpected gpuctld output {line:?}; see {}",
+                    self.path("gpuctld.log").display()
+                )
+            });
+        self.port = addr.rsplit(':').next().unwrap().parse().unwrap();
+        self.ctld = Some((child, reader.into_inner()));
+    }
+
+    /// `kill -9` the controller.
+    pub fn kill9_controller(&mut self) {
+        if let Some((mut child, _)) = self.ctld.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM the controller and wait for it to exit; returns its exit status.
+    pub fn stop_controller(&mut self) -> std::process::ExitStatus {
+        let (mut child, _) = self.ctld.take().expect("controller running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        child.wait().unwrap()
+    }
+
+    pub fn add_agent(&mut self, name: &str, spec: &str, extra: &[&str]) {
+        let log = std::fs::File::create(self.path(&format!("gpud-{name}.log"))).unwrap();
+        let child = Command::new(bin("gpud"))
+            .args([
+                "--controller",
+                &self.url(),
+                "--name",
+                name,
+                "--fake-gpus",
+                spec,
+            ])
+            .args([
+                "--cpus",
+                "16",
+                "--memory",
+                "64GiB",
+                "--heartbeat-interval",
+                "1s",
+            ])
+            .arg("--state-dir")
+            .arg(self.path(&format!("gpud-{name}")))
+            .args(extra)
+            .stderr(log)
+            .spawn()
+            .expect("start gpud");
+        self.agents.push(Agent {
+            name: name.to_string(),
+            child,
+        });
+    }
+
+    /// Runs gpuctl in the cluster's dir and returns its output, whatever the exit code.
+    pub fn gpuctl(&self, args: &[&str]) -> Output {
+        Command::new(bin("gpuctl"))
+            .args(args)
+            .env("GPUCTL_CONTROLLER", self.url())
+            .current_dir(self.dir.path())
+            .output()
+            .expect("run gpuctl")
+    }
+
+    /// Runs gpuctl, asserts success, returns stdout.
+    pub fn gpuctl_ok(&self, args: &[&str]) -> String {
+        let out = self.gpuctl(args);
+        assert!(
+            out.status.success(),
+            "gpuctl {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        serde_json::from_str(&self.gpuctl_ok(&a)).expect("gpuctl --json output is JSON")
+    }
+
+    /// Writes a job file into the cluster dir and submits it; returns the job id.
+    pub fn submit(&self, file: &str, toml: &str) -> u64 {
+        std::fs::write(self.path(file), toml).unwrap();
+        let v = self.json(&["submit", file]);
+        v["job_id"].as_u64().expect("job_id")
+    }
+
+    pub fn job(&self, id: u64) -> Value {
+        self.json(&["show", &id.to_string()])
+    }
+
+    pub fn nodes(&self) -> Value {
+        self.json(&["nodes"])
+    }
+
+    pub fn node_state(&self, name: &str) -> String {
+        self.nodes()
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .map(|n| n["state"].as_str().unwrap().to_string())
+            .unwrap_or_default()
+    }
+
+    /// Waits until job `id` is in `state`; returns the job object.
+    pub fn wait_state(&self, id: u64, state: &str, timeout: Duration) -> Value {
+        let mut last = Value::Null;
+        let found = wait_for(timeout, || {
+            last = self.job(id);
+            last["state"] == state
+        });
+        assert!(found, "job {id} never reached {state}; last seen: {last:#}");
+        last
+    }
+
+    pub fn wait_nodes_up(&self, n: usize) {
+        let ok = wait_for(Duration::from_secs(20), || {
+            let out = self.gpuctl(&["nodes", "--json"]);
+            out.status.success()
+                && serde_json::from_slice::<Value>(&out.stdout)
+                    .ok()
+                    .and_then(|v| v.as_array().cloned())
+                    .is_some_and(|a| a.iter().filter(|n| n["state"] != "DOWN").count() >= n)
+        });
+        assert!(ok, "agents did not register");
+    }
+
+    pub fn kill9_agent(&mut self, name: &str) {
+        let i = self.agents.iter().position(|a| a.name == name).unwrap();
+        let mut a = self.agents.remove(i);
+        a.child.kill().unwrap();
+        a.child.wait().unwrap();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for a in &mut self.agents {
+            let _ = a.child.kill();
+            let _ = a.child.wait();
+        }
+        self.kill9_controller();
+    }
+}
+
+/// Polls `f` every 50 ms until it is true or `timeout` passes.
+pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether a process with this pid exists (and is not a zombie).
+pub fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}

@@ -90,7 +90,10 @@ fn bad_memory_and_time_limit() {
     let e = err("command = [\"true\"]\n[resources]\ntime_limit = \"soon\"\n");
     assert!(e.starts_with("job.toml:3:14: `time_limit`"), "{e}");
     let e = err("command = [\"true\"]\n[resources]\ncpus = 0\n");
-    assert!(e.starts_with("job.toml:3:8: `cpus` must be at least 1"), "{e}");
+    assert!(
+        e.starts_with("job.toml:3:8: `cpus` must be at least 1"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -105,7 +108,10 @@ fn command_and_script_conflict() {
 
 #[test]
 fn oversized_file_refused() {
-    let big = format!("command = [\"true\"]\n#{}\n", "x".repeat(MAX_JOB_FILE_BYTES));
+    let big = format!(
+        "command = [\"true\"]\n#{}\n",
+        "x".repeat(MAX_JOB_FILE_BYTES)
+    );
     assert!(matches!(
         parse("big.toml", &big),
         Err(JobFileError::TooLarge { .. })

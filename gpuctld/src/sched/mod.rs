@@ -211,7 +211,10 @@ pub fn check_plan(cluster: &ClusterView, plan: &Plan) -> Result<(), String> {
             .find(|n| n.name == s.node)
             .ok_or_else(|| format!("job {} placed on unknown node {}", s.job, s.node))?;
         if !node.eligible() {
-            return Err(format!("job {} placed on ineligible node {}", s.job, s.node));
+            return Err(format!(
+                "job {} placed on ineligible node {}",
+                s.job, s.node
+            ));
         }
         for uuid in &s.gpus {
             let g = node
@@ -220,7 +223,10 @@ pub fn check_plan(cluster: &ClusterView, plan: &Plan) -> Result<(), String> {
                 .find(|g| &g.uuid == uuid)
                 .ok_or_else(|| format!("job {} given unknown GPU {uuid}", s.job))?;
             if let Some(other) = g.holder {
-                return Err(format!("GPU {uuid} given to job {} but held by {other}", s.job));
+                return Err(format!(
+                    "GPU {uuid} given to job {} but held by {other}",
+                    s.job
+                ));
             }
             g.holder = Some(s.job);
         }

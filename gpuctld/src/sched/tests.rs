@@ -75,7 +75,10 @@ fn blocked_job_blocks_lower_ranked_ones() {
     assert!(plan.starts.is_empty());
     assert_eq!(
         plan.blocked,
-        vec![(1, Blocked::Resources), (2, Blocked::Priority { behind: 1 })]
+        vec![
+            (1, Blocked::Resources),
+            (2, Blocked::Priority { behind: 1 })
+        ]
     );
     assert_eq!(plan.blocked[0].1.to_string(), "Resources");
     assert_eq!(plan.blocked[1].1.to_string(), "Priority");
@@ -133,8 +136,16 @@ fn check_plan_catches_double_allocation() {
     };
     let bad = Plan {
         starts: vec![
-            Start { job: 1, node: "a".into(), gpus: vec!["GPU-a-0".into()] },
-            Start { job: 2, node: "a".into(), gpus: vec!["GPU-a-0".into()] },
+            Start {
+                job: 1,
+                node: "a".into(),
+                gpus: vec!["GPU-a-0".into()],
+            },
+            Start {
+                job: 2,
+                node: "a".into(),
+                gpus: vec!["GPU-a-0".into()],
+            },
         ],
         blocked: vec![],
     };
@@ -142,23 +153,26 @@ fn check_plan_catches_double_allocation() {
 }
 
 fn arb_cluster() -> impl Strategy<Value = ClusterView> {
-    prop::collection::vec((0usize..9, 0u8..3, prop::collection::vec(any::<bool>(), 8)), 1..6)
-        .prop_map(|specs| ClusterView {
-            nodes: specs
-                .into_iter()
-                .enumerate()
-                .map(|(i, (g, e, held))| {
-                    let elig = [Eligibility::Up, Eligibility::Drained, Eligibility::Down][e as usize];
-                    let mut n = node(&format!("n{i}"), g, elig);
-                    for (slot, h) in n.gpus.iter_mut().zip(held) {
-                        if h {
-                            slot.holder = Some(1_000_000);
-                        }
+    prop::collection::vec(
+        (0usize..9, 0u8..3, prop::collection::vec(any::<bool>(), 8)),
+        1..6,
+    )
+    .prop_map(|specs| ClusterView {
+        nodes: specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, (g, e, held))| {
+                let elig = [Eligibility::Up, Eligibility::Drained, Eligibility::Down][e as usize];
+                let mut n = node(&format!("n{i}"), g, elig);
+                for (slot, h) in n.gpus.iter_mut().zip(held) {
+                    if h {
+                        slot.holder = Some(1_000_000);
                     }
-                    n
-                })
-                .collect(),
-        })
+                }
+                n
+            })
+            .collect(),
+    })
 }
 
 fn arb_queue() -> impl Strategy<Value = Vec<PendingJob>> {

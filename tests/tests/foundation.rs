@@ -1,0 +1,434 @@
+//! End-to-end behaviour of the first complete path: real gpuctld + gpud + gpuctl.
+
+use std::time::{Duration, Instant};
+
+use gpuctl_tests::{Cluster, process_alive, wait_for};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(20);
+
+fn gpus_of(job: &Value) -> Vec<String> {
+    job["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn job_runs_with_its_gpus_env_and_output_files() {
+    let c = Cluster::start(&[("n1", "4xA100-80GB")]);
+    let id = c.submit(
+        "job.toml",
+        r#"
+name = "envcheck"
+script = """
+echo "CVD=$CUDA_VISIBLE_DEVICES"
+echo "ORDER=$CUDA_DEVICE_ORDER"
+echo "JOB=$GPUCTL_JOB_ID NODE=$GPUCTL_NODE FOO=$FOO"
+echo "to-stderr" >&2
+"""
+stdout = "out-%j.txt"
+stderr = "err-%j.txt"
+env = { FOO = "bar" }
+[resources]
+gpus = 2
+"#,
+    );
+    let job = c.wait_state(id, "COMPLETED", T);
+    assert_eq!(job["exit_code"], 0);
+    assert_eq!(job["node"], "n1");
+    let gpus = gpus_of(&job);
+    assert_eq!(gpus.len(), 2);
+    let node_gpus: Vec<String> = c.nodes()[0]["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["uuid"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        gpus.iter()
+            .all(|g| g.starts_with("GPU-") && node_gpus.contains(g))
+    );
+    for k in ["submit_time", "start_time", "end_time"] {
+        assert!(job[k].as_str().unwrap().ends_with('Z'), "{k}: {}", job[k]);
+    }
+
+    let out = std::fs::read_to_string(c.path(&format!("out-{id}.txt"))).unwrap();
+    assert_eq!(
+        out,
+        format!(
+            "CVD={}\nORDER=PCI_BUS_ID\nJOB={id} NODE=n1 FOO=bar\n",
+            gpus.join(",")
+        )
+    );
+    let err = std::fs::read_to_string(c.path(&format!("err-{id}.txt"))).unwrap();
+    assert_eq!(err, "to-stderr\n");
+    // The GPUs are free again.
+    assert_eq!(c.node_state("n1"), "IDLE");
+}
+
+#[test]
+fn exit_codes_decide_completed_or_failed() {
+    let c = Cluster::start(&[("n1", "1xT4-16GB")]);
+    let ok = c.submit("ok.toml", "command = [\"true\"]\n");
+    let bad = c.submit("bad.toml", "command = [\"sh\", \"-c\", \"exit 3\"]\n");
+    let missing = c.submit("missing.toml", "command = [\"/no/such/program\"]\n");
+    assert_eq!(c.wait_state(ok, "COMPLETED", T)["exit_code"], 0);
+    let j = c.wait_state(bad, "FAILED", T);
+    assert_eq!(j["exit_code"], 3);
+    let j = c.wait_state(missing, "FAILED", T);
+    assert!(
+        j["reason"].as_str().unwrap().contains("/no/such/program"),
+        "{j}"
+    );
+    // Default output file, stderr merged into it.
+    assert!(c.path(&format!("gpuctl-{ok}.out")).exists());
+}
+
+#[test]
+fn bad_job_files_are_refused_and_nothing_is_queued() {
+    let c = Cluster::start(&[("n1", "4xA100-80GB")]);
+    std::fs::write(
+        c.path("job.toml"),
+        "name = \"x\"\ncommand = [\"true\"]\ngpu = 1\n",
+    )
+    .unwrap();
+    let out = c.gpuctl(&["submit", "job.toml"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("job.toml:3:1: unknown field `gpu`"), "{err}");
+
+    std::fs::write(
+        c.path("typo.toml"),
+        "command = [\"true\"]\n[resources]\ngpus = \"two\"\n",
+    )
+    .unwrap();
+    let err = String::from_utf8_lossy(&c.gpuctl(&["submit", "typo.toml"]).stderr).to_string();
+    assert!(err.contains("typo.toml:3:8:"), "{err}");
+
+    std::fs::write(
+        c.path("huge.toml"),
+        "command = [\"true\"]\n[resources]\ngpus = 9\n",
+    )
+    .unwrap();
+    let out = c.gpuctl(&["submit", "huge.toml"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("huge.toml: rejected: impossible request")
+            && err.contains("largest node has 4 GPUs"),
+        "{err}"
+    );
+
+    assert_eq!(c.json(&["queue", "--all"]), serde_json::json!([]));
+    // Nothing was consumed: the next job is job 1.
+    assert_eq!(c.submit("ok.toml", "command = [\"true\"]\n"), 1);
+}
+
+#[test]
+fn waiting_jobs_show_resources_and_priority_reasons() {
+    let c = Cluster::start(&[("n1", "2xA100-80GB")]);
+    let sleeper = "script = \"sleep 60\"\n[resources]\n";
+    let big = c.submit("a.toml", &format!("name = \"a\"\n{sleeper}gpus = 2\n"));
+    c.wait_state(big, "RUNNING", T);
+    assert_eq!(c.node_state("n1"), "ALLOCATED");
+    let low = c.submit("b.toml", &format!("name = \"b\"\n{sleeper}gpus = 1\n"));
+    let later = c.submit("c.toml", &format!("name = \"c\"\n{sleeper}gpus = 1\n"));
+    let urgent = c.submit(
+        "d.toml",
+        &format!("name = \"d\"\npriority = 10\n{sleeper}gpus = 1\n"),
+    );
+    assert!(wait_for(T, || c.job(urgent)["reason"] == "Resources"));
+    assert_eq!(c.job(low)["reason"], "Priority");
+    assert_eq!(c.job(later)["reason"], "Priority");
+
+    let table = c.gpuctl_ok(&["queue"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE", "REASON"
+        ]
+    );
+    let user = c.job(urgent)["user"].as_str().unwrap().to_string();
+    let id = urgent.to_string();
+    let want = [id.as_str(), "d", user.as_str(), "PENDING"];
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().take(4).eq(want.iter().copied())),
+        "{table}"
+    );
+
+    // Freeing the node starts the highest priority first, then submit order.
+    c.gpuctl_ok(&["cancel", &big.to_string()]);
+    c.wait_state(urgent, "RUNNING", T);
+    c.wait_state(low, "RUNNING", T);
+    assert_eq!(c.job(later)["state"], "PENDING");
+    c.gpuctl_ok(&[
+        "cancel",
+        &urgent.to_string(),
+        &low.to_string(),
+        &later.to_string(),
+    ]);
+}
+
+#[test]
+fn cancel_removes_pending_and_kills_running_trees() {
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    // The job's child ignores SIGTERM: only SIGKILL after the grace ends it.
+    let run = c.submit(
+        "run.toml",
+        r#"
+script = """
+sh -c 'trap "" TERM; echo $$ > child.pid; while true; do sleep 1; done' &
+wait
+"""
+[resources]
+gpus = 1
+"#,
+    );
+    let pending = c.submit("p.toml", "command = [\"true\"]\n[resources]\ngpus = 1\n");
+    c.wait_state(run, "RUNNING", T);
+    assert!(wait_for(T, || c.path("child.pid").exists()));
+    let child: i32 = std::fs::read_to_string(c.path("child.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(process_alive(child));
+
+    let out = c.gpuctl_ok(&["cancel", &pending.to_string()]);
+    assert!(out.contains("removed from the queue"), "{out}");
+    let p = c.job(pending);
+    assert_eq!(p["state"], "CANCELLED");
+    let queue = c.json(&["queue"]);
+    assert!(queue.as_array().unwrap().iter().all(|j| j["id"] != pending));
+    let all = c.json(&["queue", "--all"]);
+    assert!(all.as_array().unwrap().iter().any(|j| j["id"] == pending));
+
+    c.gpuctl_ok(&["cancel", &run.to_string()]);
+    c.wait_state(run, "CANCELLED", T);
+    assert!(
+        wait_for(T, || !process_alive(child)),
+        "child {child} survived the cancel"
+    );
+    assert_eq!(c.node_state("n1"), "IDLE");
+
+    // Cancelling a finished or unknown job says so and fails.
+    let out = c.gpuctl(&["cancel", &run.to_string(), "999"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already finished (CANCELLED)") && err.contains("job 999: no such job"),
+        "{err}"
+    );
+}
+
+#[test]
+fn time_limit_ends_job_as_timeout() {
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let id = c.submit(
+        "t.toml",
+        "script = \"sleep 60\"\n[resources]\ngpus = 1\ntime_limit = \"1s\"\n",
+    );
+    let j = c.wait_state(id, "TIMEOUT", T);
+    assert!(j["reason"].as_str().unwrap().contains("time limit"), "{j}");
+    assert_eq!(c.node_state("n1"), "IDLE");
+}
+
+#[test]
+fn drain_stops_placements_and_resume_restarts_them() {
+    let c = Cluster::start(&[("n1", "2xA100-80GB")]);
+    let running = c.submit("r.toml", "script = \"sleep 2\"\n[resources]\ngpus = 1\n");
+    c.wait_state(running, "RUNNING", T);
+    c.gpuctl_ok(&["node", "drain", "n1", "--reason", "maintenance"]);
+    assert_eq!(c.node_state("n1"), "DRAINING");
+    let waiting = c.submit("w.toml", "command = [\"true\"]\n[resources]\ngpus = 1\n");
+    assert!(wait_for(T, || c.job(waiting)["reason"] == "Nodes_Unavailable"));
+    // The running job finishes; then the node is DRAINED and still takes nothing.
+    c.wait_state(running, "COMPLETED", T);
+    assert!(wait_for(T, || c.node_state("n1") == "DRAINED"));
+    let node = &c.nodes()[0];
+    assert_eq!(node["reason"], "maintenance");
+    assert_eq!(c.job(waiting)["state"], "PENDING");
+
+    c.gpuctl_ok(&["node", "resume", "n1"]);
+    c.wait_state(waiting, "COMPLETED", T);
+    assert_eq!(c.node_state("n1"), "IDLE");
+
+    let out = c.gpuctl(&["node", "drain", "nope", "--reason", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no node named \"nope\""));
+}
+
+#[test]
+fn controller_kill9_keeps_every_acknowledged_job() {
+    let mut c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let running = c.submit(
+        "r.toml",
+        "script = \"sleep 3; echo finished\"\nstdout = \"r.out\"\n[resources]\ngpus = 1\n",
+    );
+    c.wait_state(running, "RUNNING", T);
+    let pending: Vec<u64> = (0..3)
+        .map(|i| {
+            c.submit(
+                &format!("p{i}.toml"),
+                "command = [\"true\"]\n[resources]\ngpus = 1\n",
+            )
+        })
+        .collect();
+    let cancelled = c.submit("x.toml", "command = [\"true\"]\n[resources]\ngpus = 1\n");
+    c.gpuctl_ok(&["cancel", &cancelled.to_string()]);
+    let before: Vec<(u64, String)> = c
+        .json(&["queue", "--all"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            (
+                j["id"].as_u64().unwrap(),
+                j["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+
+    c.kill9_controller();
+    c.start_controller();
+    let after: Vec<(u64, String)> = c
+        .json(&["queue", "--all"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            (
+                j["id"].as_u64().unwrap(),
+                j["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(before, after);
+
+    // The agent reconnects by itself; the running job is not started again and completes.
+    c.wait_nodes_up(1);
+    let j = c.wait_state(running, "COMPLETED", T);
+    assert_eq!(j["exit_code"], 0);
+    assert_eq!(
+        std::fs::read_to_string(c.path("r.out")).unwrap(),
+        "finished\n"
+    );
+    for id in &pending {
+        c.wait_state(*id, "COMPLETED", T);
+    }
+    let next = c.submit("n.toml", "command = [\"true\"]\n");
+    assert_eq!(next, cancelled + 1);
+}
+
+#[test]
+fn job_that_ends_while_controller_is_down_gets_its_real_state() {
+    let mut c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let id = c.submit(
+        "r.toml",
+        "script = \"sleep 1; exit 7\"\n[resources]\ngpus = 1\n",
+    );
+    c.wait_state(id, "RUNNING", T);
+    c.kill9_controller();
+    std::thread::sleep(Duration::from_secs(2));
+    c.start_controller();
+    let j = c.wait_state(id, "FAILED", T);
+    assert_eq!(j["exit_code"], 7);
+}
+
+#[test]
+fn sigterm_stops_the_controller_cleanly() {
+    let mut c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let id = c.submit("a.toml", "command = [\"true\"]\n");
+    c.wait_state(id, "COMPLETED", T);
+    let status = c.stop_controller();
+    assert!(status.success(), "{status}");
+    c.start_controller();
+    assert_eq!(c.job(id)["state"], "COMPLETED");
+}
+
+#[test]
+fn submit_to_start_is_event_driven() {
+    // The periodic pass is 1h in the test config: a prompt start comes from the event.
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let t0 = Instant::now();
+    let id = c.submit("a.toml", "script = \"sleep 5\"\n");
+    c.wait_state(id, "RUNNING", Duration::from_secs(5));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    c.gpuctl_ok(&["cancel", &id.to_string()]);
+}
+
+#[test]
+fn nodes_report_gpus_and_states() {
+    let mut c = Cluster::start(&[("n1", "2xA100-80GB,1xT4-16GB"), ("n2", "1xA100-80GB")]);
+    let nodes = c.nodes();
+    let n1 = &nodes.as_array().unwrap()[0];
+    assert_eq!(n1["name"], "n1");
+    assert_eq!(n1["state"], "IDLE");
+    assert_eq!(n1["gpu_backend"], "fake");
+    let gpus = n1["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 3);
+    assert_eq!(gpus[2]["model"], "T4-16GB");
+    assert_eq!(gpus[2]["memory_mib"], 16384);
+    assert_eq!(gpus[0]["allocated"], false);
+    let table = c.gpuctl_ok(&["nodes"]);
+    assert!(table.contains("2xA100-80GB,1xT4-16GB"), "{table}");
+
+    c.kill9_agent("n2");
+    assert!(wait_for(T, || c.node_state("n2") == "DOWN"));
+    // A job too big for the up node waits; it is not refused (n2 may return).
+    c.add_agent("n2b", "4xA100-80GB", &[]);
+    c.wait_nodes_up(2);
+    let id = c.submit("big.toml", "command = [\"true\"]\n[resources]\ngpus = 4\n");
+    c.wait_state(id, "COMPLETED", T);
+}
+
+#[test]
+fn cli_errors_are_clear() {
+    let out = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
+        .args(["--controller", "http://127.0.0.1:1", "queue"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot reach the controller at http://127.0.0.1:1"),
+        "{err}"
+    );
+
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let out = c.gpuctl(&["show", "42"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no job 42"));
+}
+
+#[test]
+fn gpud_without_nvml_says_so_and_exits_nonzero() {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        eprintln!("skipped: this machine has an NVIDIA driver");
+        return;
+    }
+    let out = std::process::Command::new(gpuctl_tests::bin("gpud"))
+        .args([
+            "--controller",
+            "http://127.0.0.1:1",
+            "--name",
+            "x",
+            "--state-dir",
+        ])
+        .arg(tempfile::tempdir().unwrap().path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("cannot load NVML") && err.contains("--fake-gpus"),
+        "{err}"
+    );
+}
