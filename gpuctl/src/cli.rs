@@ -54,6 +54,20 @@ pub enum Command {
         /// Include finished jobs.
         #[arg(long)]
         all: bool,
+        /// Show expected start times of pending jobs (like squeue --start).
+        #[arg(long)]
+        start: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Why a job waits, node by node, and when it is expected to start.
+    Explain {
+        job_id: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pending jobs' priorities and the factors behind them (like sprio).
+    Priority {
         #[arg(long)]
         json: bool,
     },
@@ -72,6 +86,9 @@ pub enum Command {
     Nodes {
         #[arg(long)]
         json: bool,
+        /// Print cluster figures (GPU totals, fragmentation) instead of the node list.
+        #[arg(long)]
+        stats: bool,
     },
     /// Drain or resume a node.
     Node {
@@ -197,7 +214,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 print(&format!("Submitted job {id}\n"));
             }
         }
-        Command::Queue { all, json } => {
+        Command::Queue { all, start, json } => {
             let mut client = connect(&cli.controller).await?;
             let jobs = client
                 .list_jobs(pb::ListJobsRequest { all })
@@ -207,7 +224,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             if json {
                 print_json(&jobs.iter().map(format::job_json).collect());
             } else {
-                print(&format::queue_table(&jobs));
+                print(&format::queue_table(&jobs, start));
             }
         }
         Command::Show { job_id, json } => {
@@ -245,17 +262,89 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 });
             }
         }
-        Command::Nodes { json } => {
+        Command::Nodes { json, stats } => {
             let mut client = connect(&cli.controller).await?;
-            let nodes = client
+            let resp = client
                 .list_nodes(pb::ListNodesRequest {})
                 .await?
-                .into_inner()
-                .nodes;
-            if json {
+                .into_inner();
+            let nodes = &resp.nodes;
+            let total: usize = nodes.iter().map(|n| n.gpus.len()).sum();
+            let used: f64 = nodes
+                .iter()
+                .flat_map(|n| &n.gpus)
+                .map(|g| f64::from(g.compute_allocated_milli.min(1000)) / 1000.0)
+                .sum();
+            if stats {
+                let v = json!({
+                    "nodes": nodes.len(),
+                    "gpus_total": total,
+                    "gpus_allocated": used,
+                    "fragmentation_gpus": resp.fragmentation_gpus,
+                    "fragmentation_pct_of_idle": resp.fragmentation_pct_of_idle,
+                });
+                if json {
+                    print_json(&v);
+                } else {
+                    print(&format!(
+                        "nodes: {}\ngpus: {used:.2} of {total} allocated\nfragmentation: {:.2} GPUs ({:.1}% of idle)\n",
+                        nodes.len(),
+                        resp.fragmentation_gpus,
+                        resp.fragmentation_pct_of_idle
+                    ));
+                }
+            } else if json {
                 print_json(&nodes.iter().map(format::node_json).collect());
             } else {
-                print(&format::nodes_table(&nodes));
+                print(&format::nodes_table(nodes));
+            }
+        }
+        Command::Explain { job_id, json } => {
+            let mut client = connect(&cli.controller).await?;
+            let e = client
+                .explain(pb::GetJobRequest { job_id })
+                .await?
+                .into_inner();
+            if json {
+                print_json(&json!({
+                    "job_id": e.job_id,
+                    "state": format::state_name(e.state()),
+                    "reason": e.reason,
+                    "summary": e.summary,
+                    "rank": e.rank,
+                    "priority": e.priority,
+                    "expected_start": if e.expected_start_ms > 0 {
+                        json!(humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(e.expected_start_ms as u64)).to_string())
+                    } else { serde_json::Value::Null },
+                    "nodes": e.nodes.iter().map(|n| json!({"node": n.node, "reason": if n.reason.is_empty() { serde_json::Value::Null } else { json!(n.reason) }})).collect::<Vec<_>>(),
+                }));
+            } else {
+                print(&format::explain_text(&e));
+            }
+        }
+        Command::Priority { json } => {
+            let mut client = connect(&cli.controller).await?;
+            let jobs = client
+                .priorities(pb::PrioritiesRequest {})
+                .await?
+                .into_inner()
+                .jobs;
+            if json {
+                print_json(
+                    &jobs
+                        .iter()
+                        .map(|j| {
+                            json!({
+                                "job_id": j.job_id,
+                                "user": j.user,
+                                "priority": j.total,
+                                "factors": j.factors,
+                            })
+                        })
+                        .collect(),
+                );
+            } else {
+                print(&format::priority_table(&jobs));
             }
         }
         Command::Node { action } => {

@@ -72,6 +72,22 @@ pub fn job_json(j: &pb::Job) -> Value {
         "start_time": rfc3339(j.start_time_ms),
         "end_time": rfc3339(j.end_time_ms),
         "elapsed_secs": elapsed_ms(j, now_ms()) / 1000,
+        "expected_start": rfc3339(j.expected_start_ms),
+        "qos": spec.qos,
+        "allocations": j.allocations.iter().map(|a| json!({
+            "node": a.node,
+            "rank": a.rank,
+            "slots": a.slots.iter().map(|s| json!({
+                "uuid": s.uuid,
+                "compute_milli": s.compute_milli,
+                "memory_mib": s.memory_mib,
+            })).collect::<Vec<_>>(),
+            "cpu_milli": a.cpu_milli,
+            "memory_bytes": a.memory_bytes,
+            "ended": a.ended,
+            "state": if a.ended { Value::String(state_name(a.state()).into()) } else { Value::Null },
+            "exit_code": a.exit_code,
+        })).collect::<Vec<_>>(),
         "time_limit_secs": j.time_limit_secs,
         "priority": spec.priority,
         "command": spec.command,
@@ -82,6 +98,12 @@ pub fn job_json(j: &pb::Job) -> Value {
         "env": spec.env,
         "resources": {
             "gpus": r.gpus,
+            "gpu_milli": r.gpu_milli,
+            "gpu_memory_mib": r.gpu_memory_mib,
+            "gpu_models": r.gpu_models,
+            "mig": if r.mig_profile.is_empty() { Value::Null } else { Value::String(r.mig_profile.clone()) },
+            "mig_count": r.mig_count,
+            "nodes": r.nodes.max(1),
             "cpus": r.cpus,
             "memory_bytes": r.memory_bytes,
         },
@@ -101,6 +123,15 @@ pub fn node_json(n: &pb::Node) -> Value {
             "pci_bus_id": g.pci_bus_id,
             "allocated": g.allocated_to != 0,
             "job_id": if g.allocated_to == 0 { Value::Null } else { json!(g.allocated_to) },
+            "jobs": g.jobs,
+            "compute_allocated_milli": g.compute_allocated_milli,
+            "memory_allocated_mib": g.memory_allocated_mib,
+            "mig": g.mig.iter().map(|m| json!({
+                "uuid": m.uuid,
+                "profile": m.profile,
+                "memory_mib": m.memory_mib,
+                "job_id": if m.allocated_to == 0 { Value::Null } else { json!(m.allocated_to) },
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "cpus": n.cpus,
         "cpus_allocated": n.cpus_allocated,
@@ -122,20 +153,53 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
     format!("{t}\n")
 }
 
-pub fn queue_table(jobs: &[pb::Job]) -> String {
+/// The GPU request in a few characters: `2`, `0.25`, `10GiB`, `mig:3g.40gb`, `2x8`.
+pub fn gpu_request(r: &pb::Resources) -> String {
+    let per_node = if !r.mig_profile.is_empty() {
+        if r.mig_count > 1 {
+            format!("{}xmig:{}", r.mig_count, r.mig_profile)
+        } else {
+            format!("mig:{}", r.mig_profile)
+        }
+    } else if r.gpu_milli > 0 {
+        format!("{}", f64::from(r.gpu_milli) / 1000.0)
+    } else if r.gpu_memory_mib > 0 {
+        format!("{}MiB", r.gpu_memory_mib)
+    } else {
+        r.gpus.to_string()
+    };
+    if r.nodes > 1 {
+        format!("{}x{per_node}", r.nodes)
+    } else {
+        per_node
+    }
+}
+
+fn short_time(ms: i64) -> String {
+    if ms <= 0 {
+        return "N/A".into();
+    }
+    let t = UNIX_EPOCH + Duration::from_millis(ms as u64);
+    humantime::format_rfc3339_seconds(t)
+        .to_string()
+        .replace('T', " ")
+        .trim_end_matches('Z')
+        .to_string()
+}
+
+pub fn queue_table(jobs: &[pb::Job], with_start: bool) -> String {
     let now = now_ms();
     let rows = jobs
         .iter()
         .map(|j| {
             let spec = j.spec.clone().unwrap_or_default();
-            let gpus = spec.resources.map_or(0, |r| r.gpus);
-            vec![
+            let mut row = vec![
                 j.id.to_string(),
-                spec.name,
-                spec.user,
+                spec.name.clone(),
+                spec.user.clone(),
                 state_name(j.state()).to_string(),
                 slurm_duration(elapsed_ms(j, now)),
-                gpus.to_string(),
+                gpu_request(&spec.resources.unwrap_or_default()),
                 if j.node.is_empty() {
                     "-".into()
                 } else {
@@ -146,15 +210,96 @@ pub fn queue_table(jobs: &[pb::Job]) -> String {
                 } else {
                     j.reason.clone()
                 },
-            ]
+            ];
+            if with_start {
+                let t = if j.state() == JobState::Pending {
+                    j.expected_start_ms
+                } else {
+                    j.start_time_ms
+                };
+                row.insert(4, short_time(t));
+            }
+            row
         })
         .collect();
-    table(
-        &[
-            "JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE", "REASON",
-        ],
-        rows,
-    )
+    let mut header = vec![
+        "JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE", "REASON",
+    ];
+    if with_start {
+        header.insert(4, "START_TIME");
+    }
+    table(&header, rows)
+}
+
+pub fn explain_text(e: &pb::Explanation) -> String {
+    let mut out = format!(
+        "Job {}: {}\n  reason: {}\n",
+        e.job_id,
+        state_name(e.state()),
+        if e.reason.is_empty() { "-" } else { &e.reason }
+    );
+    if !e.summary.is_empty() {
+        out.push_str(&format!("  why: {}\n", e.summary));
+    }
+    if e.state() == JobState::Pending {
+        out.push_str(&format!(
+            "  queue position: {} (priority {})\n  expected start: {}\n",
+            e.rank + 1,
+            e.priority,
+            if e.expected_start_ms > 0 {
+                short_time(e.expected_start_ms)
+            } else {
+                "unknown".into()
+            }
+        ));
+        // Nodes with the same reason go on one line.
+        let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
+        for n in &e.nodes {
+            let r = if n.reason.is_empty() {
+                "fits now".to_string()
+            } else {
+                n.reason.clone()
+            };
+            match groups.iter_mut().find(|g| g.0 == r) {
+                Some(g) => g.1.push(&n.node),
+                None => groups.push((r, vec![&n.node])),
+            }
+        }
+        if !groups.is_empty() {
+            out.push_str("  nodes:\n");
+        }
+        for (r, nodes) in groups {
+            let shown = if nodes.len() > 8 {
+                format!("{} and {} more", nodes[..8].join(","), nodes.len() - 8)
+            } else {
+                nodes.join(",")
+            };
+            out.push_str(&format!("    {shown}: {r}\n"));
+        }
+    }
+    out
+}
+
+pub fn priority_table(jobs: &[pb::JobPriority]) -> String {
+    let mut names: Vec<&String> = jobs.iter().flat_map(|j| j.factors.keys()).collect();
+    names.sort();
+    names.dedup();
+    let mut header = vec!["JOBID".to_string(), "USER".into(), "PRIORITY".into()];
+    header.extend(names.iter().map(|n| n.to_uppercase()));
+    let rows = jobs
+        .iter()
+        .map(|j| {
+            let mut r = vec![j.job_id.to_string(), j.user.clone(), j.total.to_string()];
+            r.extend(
+                names
+                    .iter()
+                    .map(|n| j.factors.get(*n).copied().unwrap_or(0).to_string()),
+            );
+            r
+        })
+        .collect();
+    let h: Vec<&str> = header.iter().map(String::as_str).collect();
+    table(&h, rows)
 }
 
 pub fn nodes_table(nodes: &[pb::Node]) -> String {

@@ -27,14 +27,42 @@ pub struct JobFile {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub priority: i32,
+    /// Quality of service name (weights come from the controller's config).
+    pub qos: Option<Spanned<String>>,
     #[serde(default)]
     pub resources: ResourcesFile,
+}
+
+/// `gpus = 2` (whole GPUs) or `gpus = 0.25` (a share of one GPU).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+pub enum GpuCount {
+    Whole(i64),
+    Fraction(f64),
+}
+
+/// `gpu_model = "A100"` or `gpu_model = ["A100", "H100"]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResourcesFile {
-    pub gpus: Option<Spanned<u32>>,
+    pub gpus: Option<Spanned<GpuCount>>,
+    /// GPU memory for a share, e.g. "10GiB".
+    pub gpu_memory: Option<Spanned<String>>,
+    /// Percent of the GPU's compute for a share.
+    pub gpu_compute: Option<Spanned<u32>>,
+    pub gpu_model: Option<Spanned<OneOrMany>>,
+    /// A MIG profile, e.g. "3g.40gb".
+    pub mig: Option<Spanned<String>>,
+    pub mig_count: Option<Spanned<u32>>,
+    /// Nodes for a multi-node (gang) job; gpus, cpus and memory are per node.
+    pub nodes: Option<Spanned<u32>>,
     pub cpus: Option<Spanned<u32>>,
     /// e.g. "8GiB", "512MB".
     pub memory: Option<Spanned<String>>,
@@ -76,7 +104,15 @@ pub struct Job {
     pub stderr: Option<String>,
     pub env: BTreeMap<String, String>,
     pub priority: i32,
+    pub qos: String,
     pub gpus: u32,
+    /// A share of one GPU, in milli-GPUs (0 = none).
+    pub gpu_milli: u32,
+    pub gpu_memory_mib: u64,
+    pub gpu_models: Vec<String>,
+    pub mig_profile: String,
+    pub mig_count: u32,
+    pub nodes: u32,
     pub cpus: u32,
     pub memory_bytes: u64,
     pub time_limit: Option<Duration>,
@@ -207,6 +243,134 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         }
     };
 
+    let (gpus, mut gpu_milli) = match res.gpus {
+        None => (0, 0),
+        Some(g) => match *g.get_ref() {
+            GpuCount::Whole(n) if (0..=1024).contains(&n) => (n as u32, 0),
+            GpuCount::Whole(_) => {
+                return Err(at(g.span(), "`gpus` must be between 0 and 1024".into()));
+            }
+            GpuCount::Fraction(f) if f > 0.0 && f < 1.0 => {
+                let milli = (f * 1000.0).round() as u32;
+                if milli == 0 {
+                    return Err(at(g.span(), "a GPU share must be at least 0.001".into()));
+                }
+                (0, milli)
+            }
+            GpuCount::Fraction(f) if f >= 1.0 && f.fract() == 0.0 && f <= 1024.0 => (f as u32, 0),
+            GpuCount::Fraction(_) => {
+                return Err(at(
+                    g.span(),
+                    "`gpus` is a whole number, or a share below 1 (like 0.25)".into(),
+                ));
+            }
+        },
+    };
+    if let Some(c) = res.gpu_compute {
+        if !(1..=100).contains(c.get_ref()) {
+            return Err(at(
+                c.span(),
+                "`gpu_compute` is a percentage from 1 to 100".into(),
+            ));
+        }
+        if gpus > 0 {
+            return Err(at(
+                c.span(),
+                "`gpu_compute` is for a share; it does not go with whole `gpus`".into(),
+            ));
+        }
+        gpu_milli = c.get_ref() * 10;
+    }
+    let gpu_memory_mib = match res.gpu_memory {
+        None => 0,
+        Some(m) => {
+            if gpus > 0 {
+                return Err(at(
+                    m.span(),
+                    "`gpu_memory` is for a share; it does not go with whole `gpus`".into(),
+                ));
+            }
+            match m.get_ref().trim().parse::<bytesize::ByteSize>() {
+                Ok(b) if b.as_u64() >= 1 << 20 => b.as_u64().div_ceil(1 << 20),
+                Ok(_) => return Err(at(m.span(), "`gpu_memory` must be at least 1MiB".into())),
+                Err(e) => {
+                    return Err(at(
+                        m.span(),
+                        format!("`gpu_memory`: {e} (write e.g. \"10GiB\")"),
+                    ));
+                }
+            }
+        }
+    };
+    let gpu_models = match res.gpu_model {
+        None => Vec::new(),
+        Some(m) => {
+            let v = match m.get_ref() {
+                OneOrMany::One(s) => vec![s.clone()],
+                OneOrMany::Many(v) => v.clone(),
+            };
+            if v.is_empty() || v.iter().any(|s| s.trim().is_empty()) {
+                return Err(at(m.span(), "`gpu_model` names must not be empty".into()));
+            }
+            v
+        }
+    };
+    let (mig_profile, mig_count) = match (res.mig, res.mig_count) {
+        (None, Some(c)) => {
+            return Err(at(c.span(), "`mig_count` needs `mig = \"PROFILE\"`".into()));
+        }
+        (None, None) => (String::new(), 0),
+        (Some(p), c) => {
+            let ok = p
+                .get_ref()
+                .split_once("g.")
+                .is_some_and(|(g, m)| g.parse::<u32>().is_ok() && m.ends_with("gb"));
+            if !ok {
+                return Err(at(
+                    p.span(),
+                    "`mig` is a MIG profile like \"3g.40gb\"".into(),
+                ));
+            }
+            if gpus > 0 || gpu_milli > 0 || gpu_memory_mib > 0 {
+                return Err(at(
+                    p.span(),
+                    "`mig` does not go with `gpus`, `gpu_memory` or `gpu_compute`".into(),
+                ));
+            }
+            let count = match c {
+                Some(c) if *c.get_ref() == 0 => {
+                    return Err(at(c.span(), "`mig_count` must be at least 1".into()));
+                }
+                Some(c) => c.into_inner(),
+                None => 1,
+            };
+            (p.into_inner(), count)
+        }
+    };
+    let nodes = match res.nodes {
+        None => 1,
+        Some(n) if *n.get_ref() == 0 || *n.get_ref() > 1024 => {
+            return Err(at(n.span(), "`nodes` must be between 1 and 1024".into()));
+        }
+        Some(n)
+            if *n.get_ref() > 1
+                && (gpu_milli > 0 || gpu_memory_mib > 0 || !mig_profile.is_empty()) =>
+        {
+            return Err(at(
+                n.span(),
+                "multi-node jobs take whole GPUs (no shares or MIG)".into(),
+            ));
+        }
+        Some(n) => n.into_inner(),
+    };
+    let qos = match raw.qos {
+        Some(q) if q.get_ref().is_empty() || q.get_ref().len() > 64 => {
+            return Err(at(q.span(), "`qos` must be 1 to 64 characters".into()));
+        }
+        Some(q) => q.into_inner(),
+        None => String::new(),
+    };
+
     Ok(Job {
         name,
         command,
@@ -216,7 +380,14 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         stderr: path_field(raw.stderr)?,
         env: raw.env,
         priority: raw.priority,
-        gpus: res.gpus.map(Spanned::into_inner).unwrap_or(0),
+        qos,
+        gpus,
+        gpu_milli,
+        gpu_memory_mib,
+        gpu_models,
+        mig_profile,
+        mig_count,
+        nodes,
         cpus,
         memory_bytes,
         time_limit,
@@ -283,10 +454,17 @@ impl Job {
                 cpus: self.cpus,
                 memory_bytes: self.memory_bytes,
                 time_limit_secs: self.time_limit.map_or(0, |d| d.as_secs()),
+                gpu_milli: self.gpu_milli,
+                gpu_memory_mib: self.gpu_memory_mib,
+                gpu_models: self.gpu_models,
+                mig_profile: self.mig_profile,
+                mig_count: self.mig_count,
+                nodes: self.nodes,
             }),
             user: user.to_string(),
             uid,
             gid,
+            qos: self.qos,
         }
     }
 }

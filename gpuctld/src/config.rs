@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::sched::packing::Policy;
+use crate::sched::priority::PriorityWeights;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -17,6 +20,37 @@ pub struct Config {
     /// A scheduling pass runs on every event and at least this often.
     #[serde(with = "humantime_serde")]
     pub sched_interval: Duration,
+    pub scheduler: SchedulerConfig,
+}
+
+/// The `[scheduler]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// `first-fit`, `best-fit` or `fgd`.
+    pub packing: String,
+    /// Conservative backfill on (default) or strict priority order.
+    pub backfill: bool,
+    /// How many blocked jobs get reservations; unset = all.
+    pub reservation_depth: Option<usize>,
+    pub priority: PriorityWeights,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            packing: Policy::default().to_string(),
+            backfill: true,
+            reservation_depth: None,
+            priority: PriorityWeights::default(),
+        }
+    }
+}
+
+impl SchedulerConfig {
+    pub fn policy(&self) -> Result<Policy, String> {
+        self.packing.parse()
+    }
 }
 
 impl Default for Config {
@@ -25,6 +59,7 @@ impl Default for Config {
             default_time_limit: Duration::from_secs(3600),
             kill_grace: Duration::from_secs(10),
             sched_interval: Duration::from_secs(10),
+            scheduler: SchedulerConfig::default(),
         }
     }
 }
@@ -43,6 +78,8 @@ pub enum ConfigError {
         #[source]
         source: toml::de::Error,
     },
+    #[error("config {path}: {why}")]
+    Invalid { path: String, why: String },
 }
 
 impl Config {
@@ -51,10 +88,18 @@ impl Config {
             path: path.display().to_string(),
             source,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        let config: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
             path: path.display().to_string(),
             source,
-        })
+        })?;
+        config
+            .scheduler
+            .policy()
+            .map_err(|why| ConfigError::Invalid {
+                path: path.display().to_string(),
+                why,
+            })?;
+        Ok(config)
     }
 }
 
@@ -67,6 +112,19 @@ mod tests {
         let c: Config = toml::from_str("kill_grace = \"2s\"").unwrap();
         assert_eq!(c.kill_grace, Duration::from_secs(2));
         assert_eq!(c.default_time_limit, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn scheduler_table() {
+        let c: Config = toml::from_str(
+            "[scheduler]\npacking = \"best-fit\"\nreservation_depth = 5\n[scheduler.priority]\nage = 7\nqos_levels = { gold = 3 }\n",
+        )
+        .unwrap();
+        assert_eq!(c.scheduler.policy().unwrap(), Policy::BestFit);
+        assert_eq!(c.scheduler.reservation_depth, Some(5));
+        assert_eq!(c.scheduler.priority.age, 7);
+        assert_eq!(c.scheduler.priority.qos_levels["gold"], 3);
+        assert_eq!(c.scheduler.priority.size, 1000);
     }
 
     #[test]

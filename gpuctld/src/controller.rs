@@ -15,7 +15,10 @@ use tokio::sync::{Notify, mpsc};
 use tonic::Status;
 
 use crate::config::Config;
-use crate::sched::{self, ClusterView, Eligibility, GpuSlot, NodeView, PendingJob, Request};
+use crate::sched::packing::{TaskShape, Workload};
+use crate::sched::{
+    self, ClusterView, Eligibility, GpuRequest, NodeView, PendingJob, Request, SlotView,
+};
 use crate::store::{Store, StoreError};
 
 pub type CommandTx = mpsc::Sender<Result<pb::AgentCommand, Status>>;
@@ -41,11 +44,11 @@ struct Cluster {
     generation: u64,
 }
 
-/// What running jobs hold on one node.
+/// What running jobs hold on one node, per slot UUID: (compute milli, memory MiB, jobs).
 #[derive(Default)]
 struct Usage {
-    gpus: HashMap<String, u64>,
-    cpus: u32,
+    slots: HashMap<String, (u32, u64, Vec<u64>)>,
+    cpu_milli: u32,
     memory: u64,
     jobs: usize,
 }
@@ -61,8 +64,103 @@ fn job_mut(s: &mut StoredJob) -> &mut pb::Job {
 fn resources(j: &pb::Job) -> pb::Resources {
     j.spec
         .as_ref()
-        .and_then(|s| s.resources)
+        .and_then(|s| s.resources.clone())
         .unwrap_or_default()
+}
+
+/// The scheduler's view of a job's request.
+pub fn request_of(r: &pb::Resources) -> Request {
+    let gpu = if !r.mig_profile.is_empty() {
+        GpuRequest::Mig {
+            profile: r.mig_profile.clone(),
+            count: r.mig_count.max(1),
+        }
+    } else if r.gpu_milli > 0 || r.gpu_memory_mib > 0 {
+        GpuRequest::Share {
+            compute_milli: (r.gpu_milli > 0).then_some(r.gpu_milli),
+            memory_mib: (r.gpu_memory_mib > 0).then_some(r.gpu_memory_mib),
+        }
+    } else if r.gpus > 0 {
+        GpuRequest::Whole { count: r.gpus }
+    } else {
+        GpuRequest::None
+    };
+    Request {
+        gpu,
+        models: r.gpu_models.clone(),
+        cpu_milli: r.cpus.saturating_mul(1000),
+        memory_bytes: r.memory_bytes,
+        nodes: r.nodes.max(1),
+    }
+}
+
+/// A node's slots: whole GPUs, or the MIG instances of a GPU in MIG mode.
+pub fn slots_of(gpus: &[pb::Gpu]) -> Vec<SlotView> {
+    let mut slots = Vec::new();
+    for g in gpus {
+        if g.mig.is_empty() {
+            slots.push(SlotView {
+                uuid: g.uuid.clone(),
+                gpu_index: g.index,
+                model: g.model.clone(),
+                memory_mib: g.memory_mib,
+                mig_profile: None,
+            });
+        } else {
+            for m in &g.mig {
+                slots.push(SlotView {
+                    uuid: m.uuid.clone(),
+                    gpu_index: g.index,
+                    model: g.model.clone(),
+                    memory_mib: m.memory_mib,
+                    mig_profile: Some(m.profile.clone()),
+                });
+            }
+        }
+    }
+    slots
+}
+
+fn alloc_to_sched(a: &pb::Allocation) -> sched::Alloc {
+    sched::Alloc {
+        node: a.node.clone(),
+        slots: a
+            .slots
+            .iter()
+            .map(|s| sched::SlotUse {
+                uuid: s.uuid.clone(),
+                compute_milli: s.compute_milli,
+                memory_mib: s.memory_mib,
+            })
+            .collect(),
+        cpu_milli: a.cpu_milli,
+        memory_bytes: a.memory_bytes,
+    }
+}
+
+fn alloc_to_pb(a: &sched::Alloc, rank: u32) -> pb::Allocation {
+    pb::Allocation {
+        node: a.node.clone(),
+        slots: a
+            .slots
+            .iter()
+            .map(|s| pb::SlotUse {
+                uuid: s.uuid.clone(),
+                compute_milli: s.compute_milli,
+                memory_mib: s.memory_mib,
+            })
+            .collect(),
+        cpu_milli: a.cpu_milli,
+        memory_bytes: a.memory_bytes,
+        rank,
+        ..pb::Allocation::default()
+    }
+}
+
+/// Live allocations of running jobs.
+fn live_allocs(j: &pb::Job) -> impl Iterator<Item = &pb::Allocation> {
+    let running = j.state() == JobState::Running;
+    j.allocations.iter().filter(move |a| running && !a.ended)
 }
 
 impl Cluster {
@@ -70,56 +168,57 @@ impl Cluster {
         let mut u: HashMap<&str, Usage> = HashMap::new();
         for s in self.jobs.values() {
             let j = job_of(s);
-            if j.state() != JobState::Running {
-                continue;
+            for a in live_allocs(j) {
+                let e = u.entry(a.node.as_str()).or_default();
+                for sl in &a.slots {
+                    let x = e.slots.entry(sl.uuid.clone()).or_default();
+                    x.0 += sl.compute_milli;
+                    x.1 += sl.memory_mib;
+                    x.2.push(j.id);
+                }
+                e.cpu_milli += a.cpu_milli;
+                e.memory += a.memory_bytes;
+                e.jobs += 1;
             }
-            let r = resources(j);
-            let e = u.entry(j.node.as_str()).or_default();
-            for g in &j.gpus {
-                e.gpus.insert(g.clone(), j.id);
-            }
-            e.cpus += r.cpus;
-            e.memory += r.memory_bytes;
-            e.jobs += 1;
         }
         u
     }
 
+    fn eligibility(&self, n: &StoredNode) -> Eligibility {
+        if !self.conns.contains_key(&n.name) {
+            Eligibility::Down
+        } else if n.drain_reason.is_some() {
+            Eligibility::Drained
+        } else {
+            Eligibility::Up
+        }
+    }
+
     fn view(&self) -> ClusterView {
-        let usage = self.usage();
-        let empty = Usage::default();
         let nodes = self
             .nodes
             .values()
-            .map(|n| {
-                let u = usage.get(n.name.as_str()).unwrap_or(&empty);
-                NodeView {
-                    name: n.name.clone(),
-                    eligibility: if !self.conns.contains_key(&n.name) {
-                        Eligibility::Down
-                    } else if n.drain_reason.is_some() {
-                        Eligibility::Drained
-                    } else {
-                        Eligibility::Up
-                    },
-                    gpus: n
-                        .gpus
-                        .iter()
-                        .map(|g| GpuSlot {
-                            uuid: g.uuid.clone(),
-                            model: g.model.clone(),
-                            memory_mib: g.memory_mib,
-                            holder: u.gpus.get(&g.uuid).copied(),
-                        })
-                        .collect(),
-                    cpus: n.cpus,
-                    cpus_used: u.cpus,
-                    memory_bytes: n.memory_bytes,
-                    memory_used: u.memory,
-                }
+            .map(|n| NodeView {
+                name: n.name.clone(),
+                eligibility: self.eligibility(n),
+                slots: slots_of(&n.gpus),
+                cpu_milli: n.cpus.saturating_mul(1000),
+                memory_bytes: n.memory_bytes,
             })
             .collect();
-        ClusterView { nodes }
+        let mut running = Vec::new();
+        for s in self.jobs.values() {
+            let j = job_of(s);
+            let end_ms = j.start_time_ms + (j.time_limit_secs as i64) * 1000;
+            for a in live_allocs(j) {
+                running.push(sched::Running {
+                    job: j.id,
+                    alloc: alloc_to_sched(a),
+                    end_ms,
+                });
+            }
+        }
+        ClusterView { nodes, running }
     }
 
     fn pending(&self) -> Vec<PendingJob> {
@@ -128,34 +227,96 @@ impl Cluster {
             .map(job_of)
             .filter(|j| j.state() == JobState::Pending)
             .map(|j| {
-                let r = resources(j);
+                let spec = j.spec.clone().unwrap_or_default();
                 PendingJob {
                     id: j.id,
-                    priority: j.spec.as_ref().map_or(0, |s| s.priority),
+                    priority: spec.priority,
+                    qos: spec.qos.clone(),
                     submit_ms: j.submit_time_ms,
-                    request: Request {
-                        gpus: r.gpus,
-                        cpus: r.cpus,
-                        memory_bytes: r.memory_bytes,
-                    },
+                    request: request_of(&spec.resources.unwrap_or_default()),
+                    duration_ms: (j.time_limit_secs as i64).saturating_mul(1000),
                 }
             })
             .collect()
+    }
+
+    /// The typical workload (for FGD): the shapes of the jobs the controller knows.
+    fn workload(&self) -> Workload {
+        let mut counts: HashMap<(u32, u32, u32, Vec<String>), u64> = HashMap::new();
+        for s in self.jobs.values().rev().take(10_000) {
+            let r = request_of(&resources(job_of(s)));
+            let (gpus, milli) = match &r.gpu {
+                GpuRequest::None | GpuRequest::Mig { .. } => (0, 0),
+                GpuRequest::Whole { count } => (*count, 1000),
+                GpuRequest::Share { compute_milli, .. } => (1, compute_milli.unwrap_or(500)),
+            };
+            *counts
+                .entry((gpus, milli, r.cpu_milli, r.models))
+                .or_default() += 1;
+        }
+        let mut v: Vec<(TaskShape, u64)> = counts
+            .into_iter()
+            .map(|((gpus, milli, cpu_milli, models), n)| {
+                (
+                    TaskShape {
+                        gpus,
+                        milli,
+                        cpu_milli,
+                        models,
+                        weight: 0.0,
+                    },
+                    n,
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            (a.0.gpus, a.0.milli, a.0.cpu_milli, &a.0.models).cmp(&(
+                b.0.gpus,
+                b.0.milli,
+                b.0.cpu_milli,
+                &b.0.models,
+            ))
+        });
+        Workload::from_counts(v, 0.95)
     }
 
     fn node_pb(&self, n: &StoredNode, usage: &HashMap<&str, Usage>) -> pb::Node {
         let empty = Usage::default();
         let u = usage.get(n.name.as_str()).unwrap_or(&empty);
         let connected = self.conns.contains_key(&n.name);
+        let mut busy = 0usize;
         let gpus: Vec<pb::Gpu> = n
             .gpus
             .iter()
-            .map(|g| pb::Gpu {
-                allocated_to: u.gpus.get(&g.uuid).copied().unwrap_or(0),
-                ..g.clone()
+            .map(|g| {
+                let mut g = g.clone();
+                let mut jobs = Vec::new();
+                if let Some((c, m, js)) = u.slots.get(&g.uuid) {
+                    g.compute_allocated_milli = *c;
+                    g.memory_allocated_mib = *m;
+                    jobs.extend(js.iter().copied());
+                }
+                for inst in &mut g.mig {
+                    if let Some((c, m, js)) = u.slots.get(&inst.uuid) {
+                        inst.allocated_to = js[0];
+                        g.compute_allocated_milli += c;
+                        g.memory_allocated_mib += m;
+                        jobs.extend(js.iter().copied());
+                    }
+                }
+                jobs.sort_unstable();
+                jobs.dedup();
+                g.allocated_to = jobs.first().copied().unwrap_or(0);
+                let full = if g.mig.is_empty() {
+                    g.compute_allocated_milli >= 1000
+                } else {
+                    g.mig.iter().all(|i| i.allocated_to != 0)
+                };
+                busy += usize::from(full);
+                g.jobs = jobs;
+                g
             })
             .collect();
-        let allocated = gpus.iter().filter(|g| g.allocated_to != 0).count();
         let (state, reason) = match (&n.drain_reason, connected) {
             (_, false) => (
                 NodeState::Down,
@@ -166,7 +327,7 @@ impl Cluster {
             (Some(r), true) if u.jobs > 0 => (NodeState::Draining, r.clone()),
             (Some(r), true) => (NodeState::Drained, r.clone()),
             (None, true) if u.jobs == 0 => (NodeState::Idle, String::new()),
-            (None, true) if !gpus.is_empty() && allocated == gpus.len() => {
+            (None, true) if !gpus.is_empty() && busy == gpus.len() => {
                 (NodeState::Allocated, String::new())
             }
             (None, true) => (NodeState::Mixed, String::new()),
@@ -177,7 +338,7 @@ impl Cluster {
             gpus,
             reason,
             cpus: n.cpus,
-            cpus_allocated: u.cpus,
+            cpus_allocated: u.cpu_milli.div_ceil(1000),
             memory_bytes: n.memory_bytes,
             memory_allocated: u.memory,
             last_seen_ms: n.last_seen_ms,
@@ -198,6 +359,19 @@ pub struct Controller {
 fn store_status(e: StoreError) -> Status {
     tracing::error!("state store: {e}");
     Status::unavailable(format!("controller cannot write its state: {e}"))
+}
+
+/// The final state of a job from the ends of its allocations: the first failure wins.
+fn final_state(allocs: &[pb::Allocation]) -> (JobState, Option<i32>, String) {
+    let bad = allocs.iter().find(|a| a.state() != JobState::Completed);
+    match bad {
+        Some(a) => (a.state(), a.exit_code, a.reason.clone()),
+        None => (
+            JobState::Completed,
+            allocs.first().and_then(|a| a.exit_code),
+            String::new(),
+        ),
+    }
 }
 
 impl Controller {
@@ -221,11 +395,19 @@ impl Controller {
             next_job_id = cluster.next_job_id,
             "state loaded"
         );
+        let sc = &config.scheduler;
+        let sched_config = sched::SchedConfig {
+            policy: sc.policy().unwrap_or_default(),
+            weights: sc.priority.clone(),
+            backfill: sc.backfill,
+            reservation_depth: sc.reservation_depth,
+            workload: Workload::default(),
+        };
         Ok(Arc::new(Controller {
             cluster: Mutex::new(cluster),
             store,
             config,
-            sched_config: sched::SchedConfig::default(),
+            sched_config,
             wake: Notify::new(),
         }))
     }
@@ -260,95 +442,105 @@ impl Controller {
         }
     }
 
-    /// One pass: snapshot, plan (pure, outside the lock), re-check and apply, persist,
-    /// then dispatch.
+    /// A snapshot for the pure scheduler: cluster, queue and config (with the current
+    /// workload mix).
+    fn snapshot(&self) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
+        let c = self.lock();
+        let mut cfg = self.sched_config.clone();
+        if cfg.policy == sched::packing::Policy::Fgd {
+            cfg.workload = c.workload();
+        }
+        (c.view(), c.pending(), cfg)
+    }
+
+    /// One pass: snapshot, plan (pure, outside the lock and off the async threads),
+    /// re-check and apply, persist, then dispatch.
     pub async fn schedule_pass(&self) -> Result<(), StoreError> {
-        let (view, queue) = {
-            let c = self.lock();
-            (c.view(), c.pending())
-        };
+        let (view, queue, cfg) = self.snapshot();
         if queue.is_empty() {
             return Ok(());
         }
         let now = now_ms();
-        let plan = sched::schedule(&view, &queue, &self.sched_config, now);
+        let plan = tokio::task::spawn_blocking(move || sched::schedule(&view, &queue, &cfg, now))
+            .await
+            .expect("scheduler pass panicked");
 
         let mut sends = Vec::new();
         {
             let mut c = self.lock();
             // Re-check against the state as it is now: things may have moved while planning.
-            let mut current = c.view();
+            let current = c.view();
+            let current_queue = c.pending();
+            let mut accepted = sched::Plan::default();
             for start in &plan.starts {
-                let ok = c
+                let pending = c
                     .jobs
                     .get(&start.job)
                     .is_some_and(|j| job_of(j).state() == JobState::Pending);
-                let Some(node) = current.nodes.iter_mut().find(|n| n.name == start.node) else {
+                let connected = start.allocs.iter().all(|a| c.conns.contains_key(&a.node));
+                if !pending || !connected {
                     continue;
-                };
-                let req = {
-                    let Some(j) = c.jobs.get(&start.job) else {
-                        continue;
-                    };
-                    resources(job_of(j))
-                };
-                let gpus_free = start
-                    .gpus
-                    .iter()
-                    .all(|u| node.gpus.iter().any(|g| &g.uuid == u && g.holder.is_none()));
-                let fits = node.eligible()
-                    && gpus_free
-                    && node.cpus.saturating_sub(node.cpus_used) >= req.cpus
-                    && node.memory_bytes.saturating_sub(node.memory_used) >= req.memory_bytes;
-                if !ok || !fits {
+                }
+                accepted.starts.push(start.clone());
+                if let Err(why) = sched::check_plan(&current, &current_queue, &accepted, now) {
                     tracing::debug!(
                         job = start.job,
-                        "placement no longer valid; next pass retries"
+                        "placement no longer valid ({why}); next pass retries"
                     );
-                    continue;
+                    accepted.starts.pop();
                 }
-                for g in node
-                    .gpus
-                    .iter_mut()
-                    .filter(|g| start.gpus.contains(&g.uuid))
-                {
-                    g.holder = Some(start.job);
-                }
-                node.cpus_used += req.cpus;
-                node.memory_used += req.memory_bytes;
-
-                let Some(tx) = c.conns.get(&start.node).map(|conn| conn.tx.clone()) else {
-                    continue;
-                };
+            }
+            for start in &accepted.starts {
+                let nodelist: Vec<String> = start.allocs.iter().map(|a| a.node.clone()).collect();
                 let stored = c.jobs.get_mut(&start.job).expect("checked above");
                 let j = job_mut(stored);
                 j.set_state(JobState::Running);
-                j.node = start.node.clone();
-                j.gpus = start.gpus.clone();
+                j.allocations = start
+                    .allocs
+                    .iter()
+                    .enumerate()
+                    .map(|(r, a)| alloc_to_pb(a, r as u32))
+                    .collect();
+                j.node = nodelist.join(",");
+                j.gpus = start
+                    .allocs
+                    .iter()
+                    .flat_map(|a| a.slots.iter().map(|s| s.uuid.clone()))
+                    .collect();
                 j.start_time_ms = now;
+                j.expected_start_ms = 0;
                 j.reason = String::new();
                 stored.start_confirmed = false;
                 self.store.put_job(stored)?;
-                let j = job_of(stored);
-                tracing::info!(job = j.id, node = %j.node, gpus = ?j.gpus, "starting job");
-                sends.push((
-                    tx,
-                    pb::AgentCommand {
-                        command: Some(pb::agent_command::Command::Start(pb::StartJob {
-                            job_id: j.id,
-                            spec: j.spec.clone(),
-                            gpus: j.gpus.clone(),
-                            time_limit_secs: j.time_limit_secs,
-                            kill_grace_secs: self.config.kill_grace.as_secs(),
-                        })),
-                    },
-                ));
+                let j = job_of(stored).clone();
+                tracing::info!(job = j.id, nodes = %j.node, gpus = ?j.gpus, "starting job");
+                for a in &j.allocations {
+                    let Some(tx) = c.conns.get(&a.node).map(|conn| conn.tx.clone()) else {
+                        continue;
+                    };
+                    sends.push((
+                        tx,
+                        pb::AgentCommand {
+                            command: Some(pb::agent_command::Command::Start(pb::StartJob {
+                                job_id: j.id,
+                                spec: j.spec.clone(),
+                                gpus: a.slots.iter().map(|s| s.uuid.clone()).collect(),
+                                time_limit_secs: j.time_limit_secs,
+                                kill_grace_secs: self.config.kill_grace.as_secs(),
+                                slots: a.slots.clone(),
+                                rank: a.rank,
+                                nodelist: nodelist.clone(),
+                            })),
+                        },
+                    ));
+                }
             }
-            for (id, why) in &plan.blocked {
-                if let Some(s) = c.jobs.get_mut(id) {
+            for w in &plan.waiting {
+                if let Some(s) = c.jobs.get_mut(&w.job) {
                     let j = job_mut(s);
                     if j.state() == JobState::Pending {
-                        j.reason = why.to_string();
+                        j.reason = w.reason.to_string();
+                        j.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);
                     }
                 }
             }
@@ -369,7 +561,7 @@ impl Controller {
     pub async fn submit(&self, spec: Option<pb::JobSpec>) -> Result<u64, Status> {
         let spec = spec.ok_or_else(|| Status::invalid_argument("submit without a job spec"))?;
         validate_spec(&spec)?;
-        let res = spec.resources.unwrap_or_default();
+        let res = spec.resources.clone().unwrap_or_default();
         let id = {
             let mut c = self.lock();
             check_feasible(&c.view(), &res)?;
@@ -423,6 +615,115 @@ impl Controller {
             .ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
 
+    /// Why a job waits, node by node, from a fresh (pure) pass.
+    pub async fn explain(&self, id: u64) -> Result<pb::Explanation, Status> {
+        let job = self.get_job(id)?;
+        let mut out = pb::Explanation {
+            job_id: id,
+            state: job.state,
+            reason: job.reason.clone(),
+            ..pb::Explanation::default()
+        };
+        if job.state() != JobState::Pending {
+            out.summary = match job.state() {
+                JobState::Running => format!("running on {}", job.node),
+                s => format!("finished: {}", s.as_str_name()),
+            };
+            return Ok(out);
+        }
+        let (view, queue, cfg) = self.snapshot();
+        let now = now_ms();
+        let ex = tokio::task::spawn_blocking(move || sched::explain(&view, &queue, &cfg, now, id))
+            .await
+            .expect("explain panicked")
+            .ok_or_else(|| Status::internal("the job was not in the pass"))?;
+        out.rank = ex.rank as u32;
+        out.priority = ex.priority;
+        out.nodes = ex
+            .nodes
+            .iter()
+            .map(|(n, m)| pb::NodeExplain {
+                node: n.clone(),
+                reason: m.as_ref().map(describe_miss).unwrap_or_default(),
+            })
+            .collect();
+        match &ex.outcome {
+            Ok(start) => {
+                out.reason = "None".into();
+                out.summary = format!(
+                    "fits now on {}; it starts at the next pass",
+                    start
+                        .allocs
+                        .iter()
+                        .map(|a| a.node.as_str())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                );
+                out.expected_start_ms = now;
+            }
+            Err(w) => {
+                out.reason = w.reason.to_string();
+                out.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);
+                out.summary = match &w.reason {
+                    sched::Blocked::Resources => "waits for resources held by running jobs".into(),
+                    sched::Blocked::Priority { behind } => {
+                        format!(
+                            "would fit now, but the slots are reserved for higher-priority job {behind}"
+                        )
+                    }
+                    sched::Blocked::NodesUnavailable => {
+                        "only nodes that are down or drained could run it".into()
+                    }
+                    sched::Blocked::Infeasible => "no node could ever run it".into(),
+                    sched::Blocked::BeyondDepth => {
+                        "past the reservation depth: starts only when it fits now".into()
+                    }
+                };
+                if let Some(r) = &w.reservation {
+                    out.summary.push_str(&format!(
+                        "; reserved on {}",
+                        r.allocs
+                            .iter()
+                            .map(|a| a.node.as_str())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn priorities(&self) -> Vec<pb::JobPriority> {
+        let (view, queue, cfg) = self.snapshot();
+        let c = self.lock();
+        let now = now_ms();
+        let norm = sched::size_norm(&view);
+        let mut out: Vec<pb::JobPriority> = sched::priority::rank(&queue, &cfg.weights, now, norm)
+            .into_iter()
+            .map(|(j, _)| {
+                let b = sched::priority::breakdown(j, &cfg.weights, now, norm);
+                pb::JobPriority {
+                    job_id: j.id,
+                    user: c
+                        .jobs
+                        .get(&j.id)
+                        .and_then(|s| job_of(s).spec.as_ref())
+                        .map(|s| s.user.clone())
+                        .unwrap_or_default(),
+                    total: b.total,
+                    factors: b
+                        .factors
+                        .iter()
+                        .map(|(f, v)| (f.name().to_string(), *v))
+                        .collect(),
+                }
+            })
+            .collect();
+        out.truncate(100_000);
+        out
+    }
+
     pub async fn cancel(&self, ids: &[u64]) -> Result<Vec<pb::CancelResult>, Status> {
         let mut results = Vec::new();
         let mut kills = Vec::new();
@@ -444,22 +745,32 @@ impl Controller {
                         j.set_state(JobState::Cancelled);
                         j.end_time_ms = now_ms();
                         j.reason = "cancelled while pending".into();
+                        j.expected_start_ms = 0;
                         self.store.put_job(stored).map_err(store_status)?;
                         results.push(result(true, "removed from the queue"));
                     }
                     JobState::Running => {
-                        let node = j.node.clone();
+                        let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
                         stored.cancel_requested = true;
                         self.store.put_job(stored).map_err(store_status)?;
-                        if let Some(conn) = c.conns.get(&node) {
-                            kills.push((conn.tx.clone(), self.kill_cmd(id, "cancelled by user")));
-                            results.push(result(true, "killing"));
-                        } else {
-                            results.push(result(
-                                true,
-                                "node not connected; the job is killed when its agent returns",
-                            ));
+                        let mut all_connected = true;
+                        for node in nodes {
+                            match c.conns.get(&node) {
+                                Some(conn) => kills.push((
+                                    conn.tx.clone(),
+                                    self.kill_cmd(id, "cancelled by user"),
+                                )),
+                                None => all_connected = false,
+                            }
                         }
+                        results.push(result(
+                            true,
+                            if all_connected {
+                                "killing"
+                            } else {
+                                "killing; a node is not connected and kills it when its agent returns"
+                            },
+                        ));
                     }
                     s => results.push(result(
                         false,
@@ -487,10 +798,45 @@ impl Controller {
         }
     }
 
-    pub fn list_nodes(&self) -> Vec<pb::Node> {
+    pub fn list_nodes(&self) -> pb::ListNodesResponse {
         let c = self.lock();
         let usage = c.usage();
-        c.nodes.values().map(|n| c.node_pb(n, &usage)).collect()
+        let nodes: Vec<pb::Node> = c.nodes.values().map(|n| c.node_pb(n, &usage)).collect();
+        // Fragmentation over up nodes, against the current workload mix.
+        let workload = c.workload();
+        let view = c.view();
+        let (mut frag, mut idle) = (0.0, 0u64);
+        for (nv, n) in view.nodes.iter().zip(&nodes) {
+            if !nv.eligible() {
+                continue;
+            }
+            let free: Vec<(usize, u32)> = nv
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_mig())
+                .map(|(i, s)| {
+                    let used = usage
+                        .get(nv.name.as_str())
+                        .and_then(|u| u.slots.get(&s.uuid))
+                        .map_or(0, |x| x.0);
+                    (i, 1000u32.saturating_sub(used))
+                })
+                .collect();
+            idle += free.iter().map(|x| u64::from(x.1)).sum::<u64>();
+            let cpu_free = (n.cpus.saturating_mul(1000))
+                .saturating_sub(usage.get(nv.name.as_str()).map_or(0, |u| u.cpu_milli));
+            frag += workload.node_frag(nv, &free, cpu_free);
+        }
+        pb::ListNodesResponse {
+            nodes,
+            fragmentation_gpus: frag / 1000.0,
+            fragmentation_pct_of_idle: if idle == 0 {
+                0.0
+            } else {
+                frag / idle as f64 * 100.0
+            },
+        }
     }
 
     pub async fn set_drain(&self, name: &str, drain: Option<String>) -> Result<pb::Node, Status> {
@@ -520,15 +866,20 @@ impl Controller {
         self: &Arc<Self>,
         req: pb::RegisterRequest,
     ) -> Result<(mpsc::Receiver<Result<pb::AgentCommand, Status>>, u64), Status> {
-        if req.node.is_empty() || req.node.len() > 255 || req.node.contains('/') {
+        if req.node.is_empty()
+            || req.node.len() > 255
+            || req.node.contains('/')
+            || req.node.contains(',')
+        {
             return Err(Status::invalid_argument(
-                "node name must be 1 to 255 characters without '/'",
+                "node name must be 1 to 255 characters without '/' or ','",
             ));
         }
         let (tx, rx) = mpsc::channel(1024);
         let now = now_ms();
         let mut to_kill = Vec::new();
-        let generation = {
+        let mut other_kills = Vec::new();
+        let (generation, rank_kills) = {
             let mut c = self.lock();
             c.generation += 1;
             let generation = c.generation;
@@ -540,6 +891,9 @@ impl Controller {
                     .iter()
                     .map(|g| pb::Gpu {
                         allocated_to: 0,
+                        compute_allocated_milli: 0,
+                        memory_allocated_mib: 0,
+                        jobs: Vec::new(),
                         ..g.clone()
                     })
                     .collect(),
@@ -553,7 +907,7 @@ impl Controller {
             c.nodes.insert(req.node.clone(), node);
 
             for r in &req.unacked_reports {
-                self.apply_report(&mut c, r).map_err(store_status)?;
+                other_kills.extend(self.apply_report(&mut c, r).map_err(store_status)?);
             }
             let running: BTreeSet<u64> = req.running_jobs.iter().copied().collect();
             let ids: Vec<u64> = c.jobs.keys().copied().collect();
@@ -561,19 +915,39 @@ impl Controller {
                 let stored = c.jobs.get_mut(&id).expect("key from map");
                 let confirmed = stored.start_confirmed;
                 let j = job_mut(stored);
-                if j.state() != JobState::Running || j.node != req.node || running.contains(&id) {
+                let here = live_allocs(j).any(|a| a.node == req.node);
+                if !here || running.contains(&id) {
                     continue;
                 }
                 if confirmed {
-                    j.set_state(JobState::Failed);
-                    j.end_time_ms = now;
-                    j.reason = "agent restarted without the job (lost)".into();
+                    for a in j
+                        .allocations
+                        .iter_mut()
+                        .filter(|a| a.node == req.node && !a.ended)
+                    {
+                        a.ended = true;
+                        a.set_state(JobState::Failed);
+                        a.reason = "agent restarted without the job (lost)".into();
+                    }
                     tracing::warn!(job = id, node = %req.node, "running job lost by its agent");
+                    if j.allocations.iter().all(|a| a.ended) {
+                        let (state, code, reason) = final_state(&j.allocations);
+                        j.set_state(state);
+                        j.exit_code = code;
+                        j.reason = reason;
+                        j.end_time_ms = now;
+                    }
                 } else {
                     // Never confirmed started, and the agent does not run it: safe to requeue.
+                    for a in &j.allocations {
+                        if a.node != req.node {
+                            other_kills.push((a.node.clone(), id));
+                        }
+                    }
                     j.set_state(JobState::Pending);
                     j.node.clear();
                     j.gpus.clear();
+                    j.allocations.clear();
                     j.start_time_ms = 0;
                     j.reason = "requeued: start was not delivered".into();
                     tracing::info!(job = id, "requeued an undelivered start");
@@ -582,8 +956,7 @@ impl Controller {
             }
             for &id in &running {
                 let keep = c.jobs.get(&id).is_some_and(|s| {
-                    let j = job_of(s);
-                    j.state() == JobState::Running && j.node == req.node && !s.cancel_requested
+                    live_allocs(job_of(s)).any(|a| a.node == req.node) && !s.cancel_requested
                 });
                 if !keep {
                     to_kill.push(self.kill_cmd(id, "not running here according to the controller"));
@@ -596,11 +969,22 @@ impl Controller {
                     tx: tx.clone(),
                 },
             );
-            generation
+            let rank_kills: Vec<_> = other_kills
+                .into_iter()
+                .filter_map(|(node, id)| {
+                    c.conns
+                        .get(&node)
+                        .map(|conn| (conn.tx.clone(), self.kill_cmd(id, "another rank ended")))
+                })
+                .collect();
+            (generation, rank_kills)
         };
         self.store.flush().await.map_err(store_status)?;
         for cmd in to_kill {
             let _ = tx.send(Ok(cmd)).await;
+        }
+        for (t, cmd) in rank_kills {
+            let _ = t.send(Ok(cmd)).await;
         }
         tracing::info!(node = %req.node, gpus = req.gpus.len(), running = req.running_jobs.len(), "agent connected");
         self.wake_scheduler();
@@ -629,25 +1013,44 @@ impl Controller {
     }
 
     pub async fn report(&self, r: &pb::JobReport) -> Result<(), Status> {
-        {
+        let kills = {
             let mut c = self.lock();
-            self.apply_report(&mut c, r).map_err(store_status)?;
-        }
+            let others = self.apply_report(&mut c, r).map_err(store_status)?;
+            others
+                .into_iter()
+                .filter_map(|(node, id)| {
+                    c.conns
+                        .get(&node)
+                        .map(|conn| (conn.tx.clone(), self.kill_cmd(id, "another rank failed")))
+                })
+                .collect::<Vec<_>>()
+        };
         self.store.flush().await.map_err(store_status)?;
+        for (tx, cmd) in kills {
+            let _ = tx.send(Ok(cmd)).await;
+        }
         self.wake_scheduler();
         Ok(())
     }
 
-    fn apply_report(&self, c: &mut Cluster, r: &pb::JobReport) -> Result<(), StoreError> {
+    /// Applies one agent report. Returns (node, job) pairs whose other ranks must be
+    /// killed (a rank of a gang job failed).
+    fn apply_report(
+        &self,
+        c: &mut Cluster,
+        r: &pb::JobReport,
+    ) -> Result<Vec<(String, u64)>, StoreError> {
         let Some(stored) = c.jobs.get_mut(&r.job_id) else {
             tracing::warn!(job = r.job_id, node = %r.node, "report for an unknown job");
-            return Ok(());
+            return Ok(Vec::new());
         };
+        let cancel_requested = stored.cancel_requested;
         let j = job_mut(stored);
-        if j.state() != JobState::Running || j.node != r.node {
+        if !live_allocs(j).any(|a| a.node == r.node) {
             tracing::debug!(job = r.job_id, "stale report ignored");
-            return Ok(());
+            return Ok(Vec::new());
         }
+        let mut kill_others = Vec::new();
         match r.kind() {
             pb::job_report::Kind::Started => {
                 stored.start_confirmed = true;
@@ -660,22 +1063,86 @@ impl Controller {
                     | JobState::Timeout) => s,
                     _ => JobState::Failed,
                 };
-                j.set_state(state);
-                j.exit_code = r.exit_code;
-                j.end_time_ms = if r.time_ms > 0 { r.time_ms } else { now_ms() };
-                j.reason = r.reason.clone();
+                for a in j
+                    .allocations
+                    .iter_mut()
+                    .filter(|a| a.node == r.node && !a.ended)
+                {
+                    a.ended = true;
+                    a.set_state(state);
+                    a.exit_code = r.exit_code;
+                    a.reason = r.reason.clone();
+                }
+                if state != JobState::Completed && !cancel_requested {
+                    kill_others = live_allocs(j).map(|a| (a.node.clone(), j.id)).collect();
+                }
+                if j.allocations.iter().all(|a| a.ended) {
+                    let (state, code, reason) = final_state(&j.allocations);
+                    j.set_state(state);
+                    j.exit_code = code;
+                    j.reason = reason;
+                    j.end_time_ms = if r.time_ms > 0 { r.time_ms } else { now_ms() };
+                    tracing::info!(job = j.id, state = state.as_str_name(), exit_code = ?j.exit_code, "job ended");
+                }
                 stored.start_confirmed = true;
-                let j = job_of(stored);
-                tracing::info!(job = j.id, state = j.state().as_str_name(), exit_code = ?j.exit_code, "job ended");
             }
-            pb::job_report::Kind::Unspecified => return Ok(()),
+            pb::job_report::Kind::Unspecified => return Ok(Vec::new()),
         }
-        self.store.put_job(stored)
+        self.store.put_job(stored)?;
+        Ok(kill_others)
     }
 
     /// Drops every agent connection so that their streams end (for shutdown).
     pub fn close_agent_streams(&self) {
         self.lock().conns.clear();
+    }
+}
+
+/// One line on why a job does not fit a node.
+pub fn describe_miss(m: &sched::Miss) -> String {
+    use sched::Miss;
+    let gib = |b: u64| bytesize::ByteSize(b).to_string();
+    match m {
+        Miss::Drained => "node drained".into(),
+        Miss::Down => "node down".into(),
+        Miss::GpuModel { want } if want.is_empty() => "no GPU of a usable kind".into(),
+        Miss::GpuModel { want } => format!("GPU model is not {}", want.join(" or ")),
+        Miss::TooSmall { what } => format!("not enough {what} even when empty"),
+        Miss::NoMigProfile { profile } => format!("no MIG instance of profile {profile}"),
+        Miss::Gpus { need, free } => format!("not enough free GPUs (need {need}, free {free})"),
+        Miss::Mig {
+            profile,
+            need,
+            free,
+        } => {
+            format!("not enough free {profile} MIG instances (need {need}, free {free})")
+        }
+        Miss::GpuShare {
+            need_milli,
+            need_mib,
+            best_free_milli,
+            best_free_mib,
+        } => format!(
+            "no GPU with a free share of {:.0}% and {need_mib} MiB (best: {:.0}% and {best_free_mib} MiB)",
+            f64::from(*need_milli) / 10.0,
+            f64::from(*best_free_milli) / 10.0
+        ),
+        Miss::Cpus { need, free } => format!(
+            "not enough free CPUs (need {}, free {})",
+            f64::from(*need) / 1000.0,
+            f64::from(*free) / 1000.0
+        ),
+        Miss::Memory { need, free } => format!(
+            "not enough free memory (need {}, free {})",
+            gib(*need),
+            gib(*free)
+        ),
+        Miss::Reserved { job, from } => format!(
+            "reserved for job {job} from {}",
+            humantime::format_rfc3339_seconds(
+                UNIX_EPOCH + Duration::from_millis((*from).max(0) as u64)
+            )
+        ),
     }
 }
 
@@ -693,9 +1160,25 @@ fn validate_spec(spec: &pb::JobSpec) -> Result<(), Status> {
     if spec.user.is_empty() {
         return bad("the job has no user");
     }
-    let r = spec.resources.unwrap_or_default();
+    let r = spec.resources.clone().unwrap_or_default();
     if r.cpus == 0 {
         return bad("cpus must be at least 1");
+    }
+    let share = r.gpu_milli > 0 || r.gpu_memory_mib > 0;
+    let mig = !r.mig_profile.is_empty();
+    if u32::from(share) + u32::from(mig) + u32::from(r.gpus > 0) > 1 {
+        return bad(
+            "ask for one of: whole GPUs (`gpus`), a share (`gpus` < 1, `gpu_memory`), or MIG (`mig`)",
+        );
+    }
+    if r.gpu_milli > 1000 {
+        return bad("a GPU share is at most one GPU");
+    }
+    if r.nodes > 1 && (share || mig) {
+        return bad("multi-node jobs take whole GPUs");
+    }
+    if r.nodes > 1024 {
+        return bad("at most 1024 nodes");
     }
     Ok(())
 }
@@ -705,24 +1188,51 @@ fn check_feasible(view: &ClusterView, r: &pb::Resources) -> Result<(), Status> {
     if view.nodes.is_empty() {
         return Ok(());
     }
-    let req = Request {
-        gpus: r.gpus,
-        cpus: r.cpus,
-        memory_bytes: r.memory_bytes,
-    };
-    if view.nodes.iter().any(|n| sched::fits_empty(n, &req)) {
+    let req = request_of(r);
+    let fitting = view
+        .nodes
+        .iter()
+        .filter(|n| sched::fits_empty(n, &req))
+        .count();
+    if fitting >= req.nodes as usize {
         return Ok(());
     }
-    let max_gpus = view.nodes.iter().map(|n| n.gpus.len()).max().unwrap_or(0);
-    let max_cpus = view.nodes.iter().map(|n| n.cpus).max().unwrap_or(0);
+    let max_gpus = view
+        .nodes
+        .iter()
+        .map(|n| n.slots.iter().filter(|s| !s.is_mig()).count())
+        .max()
+        .unwrap_or(0);
+    let max_cpus = view
+        .nodes
+        .iter()
+        .map(|n| n.cpu_milli / 1000)
+        .max()
+        .unwrap_or(0);
     let max_mem = view.nodes.iter().map(|n| n.memory_bytes).max().unwrap_or(0);
+    let what = match &req.gpu {
+        GpuRequest::None => "no GPU".to_string(),
+        GpuRequest::Whole { count } => format!("{count} GPUs"),
+        GpuRequest::Share {
+            compute_milli,
+            memory_mib,
+        } => format!(
+            "a GPU share ({}{})",
+            compute_milli.map_or(String::new(), |c| format!("{}% compute ", c / 10)),
+            memory_mib.map_or(String::new(), |m| format!("{m} MiB"))
+        ),
+        GpuRequest::Mig { profile, count } => format!("{count} MIG {profile} instances"),
+    };
+    let models = if req.models.is_empty() {
+        String::new()
+    } else {
+        format!(" of model {}", req.models.join("|"))
+    };
     Err(Status::invalid_argument(format!(
-        "impossible request: no node can ever run it (asked {} GPUs, {} CPUs, {} memory on one node; the largest node has {} GPUs, {} CPUs, {})",
-        req.gpus,
-        req.cpus,
+        "impossible request: no node can ever run it (asked {what}{models}, {} CPUs, {} memory on each of {} node(s); {fitting} node(s) could; the largest node has {max_gpus} GPUs, {max_cpus} CPUs, {})",
+        req.cpu_milli / 1000,
         bytesize::ByteSize(req.memory_bytes),
-        max_gpus,
-        max_cpus,
+        req.nodes,
         bytesize::ByteSize(max_mem),
     )))
 }

@@ -52,9 +52,7 @@ impl controller_server::Controller for UserApi {
         &self,
         _req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
-        Ok(Response::new(pb::ListNodesResponse {
-            nodes: self.0.list_nodes(),
-        }))
+        Ok(Response::new(self.0.list_nodes()))
     }
 
     async fn drain_node(
@@ -68,6 +66,24 @@ impl controller_server::Controller for UserApi {
         Ok(Response::new(
             self.0.set_drain(&r.name, Some(r.reason)).await?,
         ))
+    }
+
+    async fn explain(
+        &self,
+        req: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::Explanation>, Status> {
+        Ok(Response::new(
+            self.0.explain(req.into_inner().job_id).await?,
+        ))
+    }
+
+    async fn priorities(
+        &self,
+        _req: Request<pb::PrioritiesRequest>,
+    ) -> Result<Response<pb::PrioritiesResponse>, Status> {
+        Ok(Response::new(pb::PrioritiesResponse {
+            jobs: self.0.priorities(),
+        }))
     }
 
     async fn resume_node(

@@ -10,6 +10,16 @@ pub struct GpuInfo {
     pub model: String,
     pub memory_mib: u64,
     pub pci_bus_id: String,
+    /// MIG instances when the GPU is in MIG mode (empty otherwise).
+    pub mig: Vec<MigInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigInfo {
+    pub uuid: String,
+    /// e.g. "3g.40gb".
+    pub profile: String,
+    pub memory_mib: u64,
 }
 
 impl GpuInfo {
@@ -20,7 +30,17 @@ impl GpuInfo {
             memory_mib: self.memory_mib,
             index: self.index,
             pci_bus_id: self.pci_bus_id.clone(),
-            allocated_to: 0,
+            mig: self
+                .mig
+                .iter()
+                .map(|m| pb::MigInstance {
+                    uuid: m.uuid.clone(),
+                    profile: m.profile.clone(),
+                    memory_mib: m.memory_mib,
+                    allocated_to: 0,
+                })
+                .collect(),
+            ..pb::Gpu::default()
         }
     }
 }
@@ -37,7 +57,7 @@ pub enum GpuError {
     Nvml(String),
     /// Not retryable: a bad --fake-gpus value.
     #[error(
-        "bad --fake-gpus spec {spec:?}: {why} (write e.g. 4xA100-80GB or 2xA100-80GB,1xT4-16GB)"
+        "bad --fake-gpus spec {spec:?}: {why} (write e.g. 4xA100-80GB, 2xA100-80GB,1xT4-16GB or 2xA100-80GB:mig=3g.40gb+2g.20gb+2g.20gb)"
     )]
     FakeSpec { spec: String, why: String },
 }
@@ -55,7 +75,8 @@ pub struct FakeGpus {
 }
 
 impl FakeGpus {
-    /// Parses `4xA100-80GB` or `2xA100-80GB,1xT4-16GB`.
+    /// Parses `4xA100-80GB`, `2xA100-80GB,1xT4-16GB`, or with a MIG layout per GPU
+    /// `2xA100-80GB:mig=3g.40gb+2g.20gb+2g.20gb`.
     pub fn parse(spec: &str, node: &str) -> Result<FakeGpus, GpuError> {
         let err = |why: &str| GpuError::FakeSpec {
             spec: spec.to_string(),
@@ -63,6 +84,15 @@ impl FakeGpus {
         };
         let mut gpus = Vec::new();
         for item in spec.split(',').map(str::trim) {
+            let (item, mig) = match item.split_once(':') {
+                Some((gpu, opt)) => {
+                    let layout = opt.strip_prefix("mig=").ok_or_else(|| {
+                        err(&format!("{opt:?}: the only option is mig=PROFILE+PROFILE"))
+                    })?;
+                    (gpu, Some(layout))
+                }
+                None => (item, None),
+            };
             let (count, model) = item
                 .split_once('x')
                 .ok_or_else(|| err(&format!("{item:?} is not COUNTxMODEL-MEMORY")))?;
@@ -75,18 +105,50 @@ impl FakeGpus {
                 .and_then(|m| m.parse::<u64>().ok())
                 .filter(|&m| m > 0)
                 .ok_or_else(|| err(&format!("{model:?} does not end in -<N>GB")))?;
+            let profiles: Vec<(String, u64)> = match mig {
+                None => Vec::new(),
+                Some(layout) => layout
+                    .split('+')
+                    .map(|p| {
+                        let gb = p
+                            .split_once("g.")
+                            .and_then(|(_, m)| m.strip_suffix("gb"))
+                            .and_then(|m| m.parse::<u64>().ok())
+                            .ok_or_else(|| {
+                                err(&format!("MIG profile {p:?} is not like 3g.40gb"))
+                            })?;
+                        Ok((p.to_string(), gb * 1024))
+                    })
+                    .collect::<Result<_, GpuError>>()?,
+            };
+            if profiles.iter().map(|p| p.1).sum::<u64>() > mem * 1024 {
+                return Err(err(&format!(
+                    "MIG layout {mig:?} needs more memory than {model} has"
+                )));
+            }
             for _ in 0..count {
                 let index = gpus.len() as u32;
-                let id = uuid::Uuid::new_v5(
-                    &uuid::Uuid::NAMESPACE_OID,
-                    format!("gpuctl-fake/{node}/{index}/{model}").as_bytes(),
-                );
+                let stable = |what: &str| {
+                    uuid::Uuid::new_v5(
+                        &uuid::Uuid::NAMESPACE_OID,
+                        format!("gpuctl-fake/{node}/{index}/{model}{what}").as_bytes(),
+                    )
+                };
                 gpus.push(GpuInfo {
                     index,
-                    uuid: format!("GPU-{id}"),
+                    uuid: format!("GPU-{}", stable("")),
                     model: model.to_string(),
                     memory_mib: mem * 1024,
                     pci_bus_id: format!("00000000:{:02X}:00.0", index + 1),
+                    mig: profiles
+                        .iter()
+                        .enumerate()
+                        .map(|(k, (p, m))| MigInfo {
+                            uuid: format!("MIG-{}", stable(&format!("/mig{k}/{p}"))),
+                            profile: p.clone(),
+                            memory_mib: *m,
+                        })
+                        .collect(),
                 });
             }
         }
@@ -120,6 +182,61 @@ impl Nvml {
     }
 }
 
+impl Nvml {
+    /// MIG instances of a GPU in MIG mode. nvml-wrapper 0.11 does not wrap the MIG
+    /// handle calls, so they go through nvml-wrapper-sys on the same (already loaded)
+    /// library, and each instance handle is then used through the safe `Device`.
+    fn mig_instances(&self, d: &nvml_wrapper::Device<'_>) -> Result<Vec<MigInfo>, GpuError> {
+        use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t, nvmlReturn_enum_NVML_SUCCESS};
+        match d.mig_mode() {
+            Ok(m) if m.current == 1 => {}
+            // Not MIG-capable, or MIG disabled.
+            _ => return Ok(Vec::new()),
+        }
+        let e =
+            |what: &str, code: u32| GpuError::Nvml(format!("{what} returned NVML error {code}"));
+        // SAFETY: loads the library NVML already has loaded (dlopen refcounts it), and
+        // calls two NVML functions with a valid device handle and out-pointers to locals.
+        unsafe {
+            let lib = NvmlLib::new("libnvidia-ml.so.1")
+                .map_err(|x| GpuError::NvmlUnavailable(x.to_string()))?;
+            let handle = d.handle();
+            let mut max = 0u32;
+            let rc = lib.nvmlDeviceGetMaxMigDeviceCount(handle, &mut max);
+            if rc != nvmlReturn_enum_NVML_SUCCESS {
+                return Err(e("nvmlDeviceGetMaxMigDeviceCount", rc));
+            }
+            let mut out = Vec::new();
+            for i in 0..max {
+                let mut mig: nvmlDevice_t = std::ptr::null_mut();
+                if lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, i, &mut mig)
+                    != nvmlReturn_enum_NVML_SUCCESS
+                {
+                    // Empty index: no instance was created there.
+                    continue;
+                }
+                let md = nvml_wrapper::Device::new(mig, &self.nvml);
+                let en = |x: nvml_wrapper::error::NvmlError| GpuError::Nvml(x.to_string());
+                let name = md.name().map_err(en)?;
+                out.push(MigInfo {
+                    uuid: md.uuid().map_err(en)?,
+                    profile: mig_profile_of(&name),
+                    memory_mib: md.memory_info().map_err(en)?.total / (1024 * 1024),
+                });
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// "NVIDIA A100-SXM4-40GB MIG 3g.20gb" -> "3g.20gb".
+fn mig_profile_of(name: &str) -> String {
+    name.rsplit_once("MIG ")
+        .map_or(name, |(_, p)| p)
+        .trim()
+        .to_string()
+}
+
 impl GpuBackend for Nvml {
     fn kind(&self) -> &'static str {
         "nvml"
@@ -137,6 +254,7 @@ impl GpuBackend for Nvml {
                 model: d.name().map_err(e)?,
                 memory_mib: d.memory_info().map_err(e)?.total / (1024 * 1024),
                 pci_bus_id: d.pci_info().map_err(e)?.bus_id,
+                mig: self.mig_instances(&d)?,
             });
         }
         Ok(gpus)

@@ -19,14 +19,16 @@ use tokio::process::{Child, Command};
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The environment a job runs with: a clean base, the job file's `env`, then the
-/// variables gpuctl owns (these win).
-pub fn job_env(
-    job_id: u64,
-    node: &str,
-    gpus: &[String],
-    spec: &pb::JobSpec,
-    path: Option<&str>,
-) -> BTreeMap<String, String> {
+/// variables gpuctl owns (these win). A pure function of the StartJob.
+pub fn job_env(start: &pb::StartJob, node: &str, path: Option<&str>) -> BTreeMap<String, String> {
+    let job_id = start.job_id;
+    let default_spec = pb::JobSpec::default();
+    let spec = start.spec.as_ref().unwrap_or(&default_spec);
+    let gpus: Vec<String> = if start.slots.is_empty() {
+        start.gpus.clone()
+    } else {
+        start.slots.iter().map(|s| s.uuid.clone()).collect()
+    };
     let mut env = BTreeMap::new();
     env.insert("PATH".to_string(), path.unwrap_or(DEFAULT_PATH).to_string());
     if !spec.user.is_empty() {
@@ -44,6 +46,30 @@ pub fn job_env(
     env.insert("GPUCTL_NODE".into(), node.to_string());
     env.insert("GPUCTL_GPUS".into(), gpus.len().to_string());
     env.insert("GPUCTL_SUBMIT_DIR".into(), spec.workdir.clone());
+    // A fractional share: limits for CUDA MPS clients.
+    if let Some(s) = start.slots.iter().find(|s| s.compute_milli < 1000) {
+        env.insert(
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+            s.compute_milli.div_ceil(10).max(1).to_string(),
+        );
+        env.insert(
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
+            format!("0={}M", s.memory_mib),
+        );
+        env.insert("GPUCTL_GPU_SHARE_MILLI".into(), s.compute_milli.to_string());
+        env.insert("GPUCTL_GPU_MEMORY_MIB".into(), s.memory_mib.to_string());
+    }
+    // Multi-node: who is who.
+    let nodelist = if start.nodelist.is_empty() {
+        vec![node.to_string()]
+    } else {
+        start.nodelist.clone()
+    };
+    env.insert("GPUCTL_NODELIST".into(), nodelist.join(","));
+    env.insert("GPUCTL_NUM_NODES".into(), nodelist.len().to_string());
+    env.insert("GPUCTL_NODE_RANK".into(), start.rank.to_string());
+    env.insert("MASTER_ADDR".into(), nodelist[0].clone());
+    env.insert("MASTER_PORT".into(), (20_000 + job_id % 10_000).to_string());
     env
 }
 
@@ -121,7 +147,7 @@ impl LaunchSpec {
             job_id: start.job_id,
             program,
             args,
-            env: job_env(start.job_id, node, &start.gpus, &spec, path.as_deref()),
+            env: job_env(start, node, path.as_deref()),
             workdir,
             stdout,
             stderr,
@@ -217,10 +243,30 @@ mod tests {
         }
     }
 
+    fn start(slots: &[(&str, u32, u64)]) -> pb::StartJob {
+        pb::StartJob {
+            job_id: 7,
+            spec: Some(spec()),
+            gpus: slots.iter().map(|s| s.0.to_string()).collect(),
+            slots: slots
+                .iter()
+                .map(|&(u, c, m)| pb::SlotUse {
+                    uuid: u.into(),
+                    compute_milli: c,
+                    memory_mib: m,
+                })
+                .collect(),
+            ..pb::StartJob::default()
+        }
+    }
+
     #[test]
     fn env_for_several_gpus() {
-        let gpus = vec!["GPU-a".to_string(), "GPU-b".to_string()];
-        let env = job_env(7, "node1", &gpus, &spec(), Some("/bin"));
+        let env = job_env(
+            &start(&[("GPU-a", 1000, 81920), ("GPU-b", 1000, 81920)]),
+            "node1",
+            Some("/bin"),
+        );
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
         assert_eq!(env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
         assert_eq!(env["GPUCTL_JOB_ID"], "7");
@@ -229,17 +275,45 @@ mod tests {
         assert_eq!(env["FOO"], "bar");
         assert_eq!(env["PATH"], "/bin");
         assert_eq!(env["USER"], "u");
+        assert_eq!(env["GPUCTL_NUM_NODES"], "1");
+        assert_eq!(env["MASTER_ADDR"], "node1");
+        assert!(!env.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
     }
 
     #[test]
     fn env_for_one_and_no_gpu() {
-        let env = job_env(1, "n", &["GPU-a".to_string()], &spec(), None);
+        let env = job_env(&start(&[("GPU-a", 1000, 81920)]), "n", None);
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-a");
         assert_eq!(env["PATH"], DEFAULT_PATH);
         // A job without GPUs sees none, whatever its env says.
-        let env = job_env(1, "n", &[], &spec(), None);
+        let env = job_env(&start(&[]), "n", None);
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "");
         assert_eq!(env["GPUCTL_GPUS"], "0");
+    }
+
+    #[test]
+    fn env_for_mig_and_share() {
+        let env = job_env(&start(&[("MIG-x", 1000, 40960)]), "n", None);
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "MIG-x");
+        assert!(!env.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+        let env = job_env(&start(&[("GPU-a", 250, 20480)]), "n", None);
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-a");
+        assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
+        assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=20480M");
+        assert_eq!(env["GPUCTL_GPU_SHARE_MILLI"], "250");
+    }
+
+    #[test]
+    fn env_for_gang_ranks() {
+        let mut s = start(&[("GPU-a", 1000, 81920)]);
+        s.rank = 1;
+        s.nodelist = vec!["n1".into(), "n2".into()];
+        let env = job_env(&s, "n2", None);
+        assert_eq!(env["GPUCTL_NODELIST"], "n1,n2");
+        assert_eq!(env["GPUCTL_NODE_RANK"], "1");
+        assert_eq!(env["GPUCTL_NUM_NODES"], "2");
+        assert_eq!(env["MASTER_ADDR"], "n1");
+        assert_eq!(env["MASTER_PORT"], "20007");
     }
 
     #[test]

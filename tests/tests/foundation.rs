@@ -128,51 +128,72 @@ fn bad_job_files_are_refused_and_nothing_is_queued() {
 }
 
 #[test]
-fn waiting_jobs_show_resources_and_priority_reasons() {
+fn reservation_holds_while_small_jobs_backfill() {
     let c = Cluster::start(&[("n1", "2xA100-80GB")]);
-    let sleeper = "script = \"sleep 60\"\n[resources]\n";
-    let big = c.submit("a.toml", &format!("name = \"a\"\n{sleeper}gpus = 2\n"));
-    c.wait_state(big, "RUNNING", T);
-    assert_eq!(c.node_state("n1"), "ALLOCATED");
-    let low = c.submit("b.toml", &format!("name = \"b\"\n{sleeper}gpus = 1\n"));
-    let later = c.submit("c.toml", &format!("name = \"c\"\n{sleeper}gpus = 1\n"));
-    let urgent = c.submit(
-        "d.toml",
-        &format!("name = \"d\"\npriority = 10\n{sleeper}gpus = 1\n"),
-    );
-    assert!(wait_for(T, || c.job(urgent)["reason"] == "Resources"));
-    assert_eq!(c.job(low)["reason"], "Priority");
-    assert_eq!(c.job(later)["reason"], "Priority");
+    let job = |name: &str, gpus: u32, limit: &str, prio: i32| {
+        format!(
+            "name = \"{name}\"\npriority = {prio}\nscript = \"sleep 60\"\n[resources]\ngpus = {gpus}\ntime_limit = \"{limit}\"\n"
+        )
+    };
+    let a = c.submit("a.toml", &job("a", 1, "10m", 0));
+    c.wait_state(a, "RUNNING", T);
+    // The big job needs both GPUs: it waits for `a` and reserves both from a's end.
+    let big = c.submit("big.toml", &job("big", 2, "10m", 5));
+    assert!(wait_for(T, || c.job(big)["reason"] == "Resources"));
+    let a_start = c.job(a)["start_time"].as_str().unwrap().to_string();
+    let expected = c.job(big)["expected_start"].as_str().unwrap().to_string();
+    assert!(expected > a_start, "{expected} vs {a_start}");
 
-    let table = c.gpuctl_ok(&["queue"]);
+    // A long small job would fit now but run into the reservation: it waits (Priority).
+    let long = c.submit("long.toml", &job("long", 1, "30m", 0));
+    assert!(wait_for(T, || c.job(long)["reason"] == "Priority"));
+    let ex = c.gpuctl_ok(&["explain", &long.to_string()]);
+    assert!(ex.contains("reason: Priority"), "{ex}");
+    assert!(ex.contains(&format!("n1: reserved for job {big}")), "{ex}");
+    // A short one ends before the reservation starts: it backfills now.
+    let short = c.submit("short.toml", &job("short", 1, "2m", 0));
+    c.wait_state(short, "RUNNING", T);
+    assert_eq!(c.job(big)["state"], "PENDING");
+    assert_eq!(c.job(big)["expected_start"].as_str().unwrap(), expected);
+
+    let table = c.gpuctl_ok(&["queue", "--start"]);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
         [
-            "JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE", "REASON"
+            "JOBID",
+            "NAME",
+            "USER",
+            "STATE",
+            "START_TIME",
+            "TIME",
+            "GPUS",
+            "NODE",
+            "REASON"
         ]
     );
-    let user = c.job(urgent)["user"].as_str().unwrap().to_string();
-    let id = urgent.to_string();
-    let want = [id.as_str(), "d", user.as_str(), "PENDING"];
+
+    let ex = c.json(&["explain", &big.to_string()]);
+    assert_eq!(ex["reason"], "Resources");
+    assert_eq!(ex["rank"], 0);
     assert!(
-        table
-            .lines()
-            .any(|l| l.split_whitespace().take(4).eq(want.iter().copied())),
-        "{table}"
+        ex["nodes"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not enough free GPUs (need 2, free 0)"),
+        "{ex}"
     );
 
-    // Freeing the node starts the highest priority first, then submit order.
-    c.gpuctl_ok(&["cancel", &big.to_string()]);
-    c.wait_state(urgent, "RUNNING", T);
-    c.wait_state(low, "RUNNING", T);
-    assert_eq!(c.job(later)["state"], "PENDING");
-    c.gpuctl_ok(&[
-        "cancel",
-        &urgent.to_string(),
-        &low.to_string(),
-        &later.to_string(),
-    ]);
+    let prio = c.json(&["priority"]);
+    let first = &prio.as_array().unwrap()[0];
+    assert_eq!(first["job_id"], big);
+    assert_eq!(first["factors"]["user"], 5000);
+
+    // Freeing the node starts the big job, not the long one.
+    c.gpuctl_ok(&["cancel", &a.to_string(), &short.to_string()]);
+    c.wait_state(big, "RUNNING", T);
+    assert_eq!(c.job(long)["state"], "PENDING");
+    c.gpuctl_ok(&["cancel", &big.to_string(), &long.to_string()]);
 }
 
 #[test]

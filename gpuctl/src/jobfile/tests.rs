@@ -107,6 +107,61 @@ fn command_and_script_conflict() {
 }
 
 #[test]
+fn gpu_shares_mig_models_and_gangs() {
+    let j = parse("j.toml", "command = [\"x\"]\n[resources]\ngpus = 0.25\n").unwrap();
+    assert_eq!((j.gpus, j.gpu_milli), (0, 250));
+    let j = parse("j.toml", "command = [\"x\"]\n[resources]\ngpus = 2.0\n").unwrap();
+    assert_eq!((j.gpus, j.gpu_milli), (2, 0));
+    let j = parse(
+        "j.toml",
+        "command = [\"x\"]\n[resources]\ngpu_memory = \"10GiB\"\ngpu_compute = 30\ngpu_model = [\"A100\", \"H100\"]\n",
+    )
+    .unwrap();
+    assert_eq!((j.gpu_milli, j.gpu_memory_mib), (300, 10240));
+    assert_eq!(j.gpu_models, vec!["A100", "H100"]);
+    let j = parse(
+        "j.toml",
+        "command = [\"x\"]\nqos = \"high\"\n[resources]\nmig = \"3g.40gb\"\nmig_count = 2\n",
+    )
+    .unwrap();
+    assert_eq!(
+        (j.mig_profile.as_str(), j.mig_count, j.qos.as_str()),
+        ("3g.40gb", 2, "high")
+    );
+    let j = parse(
+        "j.toml",
+        "command = [\"x\"]\n[resources]\ngpus = 8\nnodes = 2\ngpu_model = \"A100\"\n",
+    )
+    .unwrap();
+    assert_eq!((j.gpus, j.nodes, j.gpu_models.len()), (8, 2, 1));
+
+    let e = err("command = [\"x\"]\n[resources]\ngpus = 1.5\n");
+    assert!(
+        e.starts_with("job.toml:3:8: `gpus` is a whole number"),
+        "{e}"
+    );
+    let e = err("command = [\"x\"]\n[resources]\ngpus = 1\ngpu_memory = \"1GiB\"\n");
+    assert!(
+        e.starts_with("job.toml:4:14: `gpu_memory` is for a share"),
+        "{e}"
+    );
+    let e = err("command = [\"x\"]\n[resources]\nmig = \"big\"\n");
+    assert!(e.starts_with("job.toml:3:7: `mig` is a MIG profile"), "{e}");
+    let e = err("command = [\"x\"]\n[resources]\ngpus = 0.5\nnodes = 2\n");
+    assert!(
+        e.starts_with("job.toml:4:9: multi-node jobs take whole GPUs"),
+        "{e}"
+    );
+    let e = err("command = [\"x\"]\n[resources]\ngpu_compute = 150\n");
+    assert!(
+        e.starts_with("job.toml:3:15: `gpu_compute` is a percentage"),
+        "{e}"
+    );
+    let e = err("command = [\"x\"]\n[resources]\nmig_count = 2\n");
+    assert!(e.starts_with("job.toml:3:13: `mig_count` needs"), "{e}");
+}
+
+#[test]
 fn oversized_file_refused() {
     let big = format!(
         "command = [\"true\"]\n#{}\n",

@@ -1,234 +1,751 @@
 //! The scheduler core: pure and deterministic.
 //!
-//! `schedule(cluster, queue, config, now)` takes an immutable view of the cluster and the
-//! pending queue and returns a [`Plan`]: which jobs start where, and a typed [`Blocked`]
-//! reason for every job that does not. No I/O, no clock, no tokio: the controller, the
-//! tests and (later) the trace simulator run exactly this code.
+//! `schedule(cluster, queue, config, now)` takes an immutable view of the cluster (nodes,
+//! their slots, what runs where and until when) and the pending queue, and returns a
+//! [`Plan`]: the jobs that start now and where, and for every other job a typed
+//! [`Blocked`] reason and, where it has one, its reservation (expected start and slots).
+//! No I/O, no clock, no tokio: the controller, the tests, the benchmarks and the trace
+//! simulator run exactly this code.
 //!
 //! Stages, named the same everywhere:
-//! - eligibility: is the node up and not drained ([`NodeView::eligible`]);
-//! - feasibility: does the request fit the node's free slices ([`fit`]);
-//! - ranking: job order by priority ([`rank`]) and node order (first fit for now);
-//! - plan: the placements and the reasons.
+//! - eligibility: node up and not drained (`NodeView::eligible`);
+//! - feasibility: does a request fit a node in a time window (`Calendar::fit`), or from
+//!   when on (`Calendar::tail`);
+//! - ranking: multifactor priority (`priority`), then packing (`packing`) among the
+//!   nodes where a job fits;
+//! - plan: conservative backfill. Jobs are taken in priority order; each starts now if it
+//!   fits around everything running *and every reservation made for higher-priority
+//!   jobs*, and otherwise gets a reservation of its own on specific slots at the
+//!   earliest time they are free for good. So no job ever delays a higher-priority
+//!   job's reservation, and every pending job gets an expected start.
+//!
+//! Modules: `model` (resource types), `calendar` (per-node claims over time), `priority`,
+//! `packing` (placement policies and FGD's fragmentation measure).
+
+pub mod calendar;
+pub mod model;
+pub mod packing;
+pub mod priority;
 
 use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
-pub type JobId = u64;
-/// Unix time in milliseconds; passed in, never read from a clock here.
-pub type Millis = i64;
+pub use calendar::Miss;
+use calendar::{Calendar, Pick};
+pub use model::*;
+use packing::{Policy, Workload};
+use priority::PriorityWeights;
 
-/// Why a node cannot take any job right now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Eligibility {
-    Up,
-    Drained,
-    Down,
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedConfig {
+    pub policy: Policy,
+    pub weights: PriorityWeights,
+    /// Let lower-priority jobs start now when they delay no reservation. Off gives strict
+    /// priority order (FIFO with `PriorityWeights::fifo`).
+    pub backfill: bool,
+    /// How many blocked jobs get a reservation; `None` = all of them.
+    pub reservation_depth: Option<usize>,
+    /// The typical workload FGD measures fragmentation against.
+    pub workload: Workload,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuSlot {
-    pub uuid: String,
-    pub model: String,
-    pub memory_mib: u64,
-    /// The job holding this GPU, if any.
-    pub holder: Option<JobId>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeView {
-    pub name: String,
-    pub eligibility: Eligibility,
-    pub gpus: Vec<GpuSlot>,
-    pub cpus: u32,
-    pub cpus_used: u32,
-    pub memory_bytes: u64,
-    pub memory_used: u64,
-}
-
-impl NodeView {
-    pub fn eligible(&self) -> bool {
-        self.eligibility == Eligibility::Up
-    }
-
-    pub fn free_gpus(&self) -> impl Iterator<Item = &GpuSlot> {
-        self.gpus.iter().filter(|g| g.holder.is_none())
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            policy: Policy::default(),
+            weights: PriorityWeights::default(),
+            backfill: true,
+            reservation_depth: None,
+            workload: Workload::default(),
+        }
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClusterView {
-    /// In a stable order (the controller sorts by name); first fit follows it.
-    pub nodes: Vec<NodeView>,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Request {
-    /// Whole GPUs on one node.
-    pub gpus: u32,
-    pub cpus: u32,
-    /// 0 = no host memory reservation.
-    pub memory_bytes: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingJob {
-    pub id: JobId,
-    pub priority: i32,
-    pub submit_ms: Millis,
-    pub request: Request,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SchedConfig {}
-
-/// One job to start.
+/// One job to start now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Start {
     pub job: JobId,
-    pub node: String,
-    /// UUIDs of the GPUs given to the job.
-    pub gpus: Vec<String>,
+    /// One per node (several for a gang job, in rank order).
+    pub allocs: Vec<Alloc>,
+}
+
+/// Slots held for a blocked job from `start` on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub start: Millis,
+    pub allocs: Vec<Alloc>,
 }
 
 /// Why a pending job does not start. `Display` gives the queue's REASON column.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Blocked {
-    /// No eligible node has the free resources now.
+    /// Resources it needs are in use by running jobs.
     Resources,
-    /// A higher-priority job is waiting and this one may not pass it.
+    /// It would fit now, but a higher-priority job holds a reservation there (or, without
+    /// backfill, a higher-priority job waits).
     Priority { behind: JobId },
-    /// No node at all is up and schedulable.
-    NoEligibleNodes,
+    /// Nodes that could hold it exist but none is up and undrained.
+    NodesUnavailable,
+    /// No node known could ever hold it.
+    Infeasible,
+    /// Past `reservation_depth`: no reservation, it starts only when it fits now.
+    BeyondDepth,
 }
 
 impl std::fmt::Display for Blocked {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Blocked::Resources => f.write_str("Resources"),
-            Blocked::Priority { .. } => f.write_str("Priority"),
-            Blocked::NoEligibleNodes => f.write_str("Nodes_Unavailable"),
-        }
+        f.write_str(match self {
+            Blocked::Resources => "Resources",
+            Blocked::Priority { .. } => "Priority",
+            Blocked::NodesUnavailable => "Nodes_Unavailable",
+            Blocked::Infeasible => "Infeasible",
+            Blocked::BeyondDepth => "Resources",
+        })
     }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub job: JobId,
+    pub reason: Blocked,
+    pub reservation: Option<Reservation>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     pub starts: Vec<Start>,
     /// Every pending job not in `starts`, in rank order.
-    pub blocked: Vec<(JobId, Blocked)>,
+    pub waiting: Vec<Waiting>,
 }
 
-/// Ranking of jobs: higher priority first, then earlier submit, then lower id.
-pub fn rank(queue: &[PendingJob]) -> Vec<&PendingJob> {
-    let mut order: Vec<&PendingJob> = queue.iter().collect();
-    order.sort_by_key(|j| (Reverse(j.priority), j.submit_ms, j.id));
-    order
-}
-
-/// Feasibility: the GPUs on `node` that `req` would take now, or `None` if it does not fit.
-pub fn fit<'a>(node: &'a NodeView, req: &Request) -> Option<Vec<&'a GpuSlot>> {
-    if node.cpus.saturating_sub(node.cpus_used) < req.cpus
-        || node.memory_bytes.saturating_sub(node.memory_used) < req.memory_bytes
-    {
-        return None;
+impl Plan {
+    pub fn waiting(&self, job: JobId) -> Option<&Waiting> {
+        self.waiting.iter().find(|w| w.job == job)
     }
-    let gpus: Vec<&GpuSlot> = node.free_gpus().take(req.gpus as usize).collect();
-    (gpus.len() == req.gpus as usize).then_some(gpus)
 }
 
-/// Whether `req` could ever run on `node` if the node were empty (used to refuse
-/// impossible jobs at submit).
-pub fn fits_empty(node: &NodeView, req: &Request) -> bool {
-    node.gpus.len() as u64 >= u64::from(req.gpus)
-        && node.cpus >= req.cpus
-        && node.memory_bytes >= req.memory_bytes
+/// Why one job is where it is, node by node (`gpuctl explain`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explanation {
+    pub job: JobId,
+    /// Its place in the ranked queue (0 = first).
+    pub rank: usize,
+    pub priority: i64,
+    /// Per node: why it does not fit now (`None`: it fits).
+    pub nodes: Vec<(String, Option<Miss>)>,
+    pub outcome: Result<Start, Waiting>,
 }
 
-/// One scheduling pass: strict priority order, whole GPUs, first fit.
-///
-/// The first job that does not fit blocks every job ranked below it (`Priority`), so a
-/// large job is never starved by a stream of small ones. Backfill replaces this rule.
+/// One scheduling pass.
 pub fn schedule(
     cluster: &ClusterView,
     queue: &[PendingJob],
-    _config: &SchedConfig,
-    _now: Millis,
+    config: &SchedConfig,
+    now: Millis,
 ) -> Plan {
-    let mut nodes = cluster.nodes.clone();
-    let mut plan = Plan::default();
-    let any_eligible = nodes.iter().any(NodeView::eligible);
-    let mut first_blocked: Option<JobId> = None;
+    plan(cluster, queue, config, now, None).0
+}
 
-    for job in rank(queue) {
-        if let Some(behind) = first_blocked {
-            plan.blocked.push((job.id, Blocked::Priority { behind }));
-            continue;
-        }
-        if !any_eligible {
-            plan.blocked.push((job.id, Blocked::NoEligibleNodes));
-            first_blocked = Some(job.id);
-            continue;
-        }
-        let placed = nodes.iter_mut().filter(|n| n.eligible()).find_map(|node| {
-            let uuids: Vec<String> = fit(node, &job.request)?
-                .into_iter()
-                .map(|g| g.uuid.clone())
-                .collect();
-            take(node, job.id, &job.request, &uuids);
-            Some(Start {
-                job: job.id,
-                node: node.name.clone(),
-                gpus: uuids,
+/// The pass as seen by one job: its per-node reasons at its turn, and its outcome.
+pub fn explain(
+    cluster: &ClusterView,
+    queue: &[PendingJob],
+    config: &SchedConfig,
+    now: Millis,
+    job: JobId,
+) -> Option<Explanation> {
+    plan(cluster, queue, config, now, Some(job)).1
+}
+
+/// GPU milli of the largest node: a job that large gets the full size factor.
+pub fn size_norm(cluster: &ClusterView) -> u64 {
+    cluster
+        .nodes
+        .iter()
+        .map(|n| n.slots.iter().filter(|s| !s.is_mig()).count() as u64 * u64::from(GPU_MILLI))
+        .max()
+        .unwrap_or(u64::from(GPU_MILLI))
+}
+
+/// Whether `req` could ever run on `node` if the node were empty (to refuse impossible
+/// jobs at submit).
+pub fn fits_empty(node: &NodeView, req: &Request) -> bool {
+    let up = NodeView {
+        eligibility: Eligibility::Up,
+        ..node.clone()
+    };
+    Calendar::new(&up)
+        .fit(&up, req, 0, 1, Policy::FirstFit, &Workload::default())
+        .is_ok()
+}
+
+struct Pass<'a> {
+    cluster: &'a ClusterView,
+    config: &'a SchedConfig,
+    now: Millis,
+    cals: Vec<Calendar>,
+    /// Lazily built per request shape: earliest "free for good" time per node. Keys only
+    /// grow as claims are added, so a stale entry is a lower bound and is recomputed when
+    /// it reaches the top.
+    tails: HashMap<Request, BinaryHeap<Reverse<(Millis, usize, u64)>>>,
+    eligible: Vec<usize>,
+    /// Upper bounds of what any eligible node has free now, for a quick "cannot start".
+    max_free: calendar::FreeNow,
+    max_free_dirty: bool,
+}
+
+fn alloc_of(node: &NodeView, picks: &[Pick], req: &Request) -> Alloc {
+    Alloc {
+        node: node.name.clone(),
+        slots: picks
+            .iter()
+            .map(|p| SlotUse {
+                uuid: node.slots[p.slot].uuid.clone(),
+                compute_milli: p.compute,
+                memory_mib: p.mem_mib,
             })
-        });
-        match placed {
-            Some(start) => plan.starts.push(start),
-            None => {
-                plan.blocked.push((job.id, Blocked::Resources));
-                first_blocked = Some(job.id);
+            .collect(),
+        cpu_milli: req.cpu_milli,
+        memory_bytes: req.memory_bytes,
+    }
+}
+
+impl Pass<'_> {
+    fn refresh_max_free(&mut self) {
+        if !self.max_free_dirty {
+            return;
+        }
+        let mut m = calendar::FreeNow::default();
+        for &i in &self.eligible {
+            let f = self.cals[i].free_now;
+            m.whole = m.whole.max(f.whole);
+            m.max_share_milli = m.max_share_milli.max(f.max_share_milli);
+            m.mig = m.mig.max(f.mig);
+            m.cpu_milli = m.cpu_milli.max(f.cpu_milli);
+            m.mem = m.mem.max(f.mem);
+        }
+        self.max_free = m;
+        self.max_free_dirty = false;
+    }
+
+    /// Could `req` fit now on a node with these free resources (ignoring reservations)?
+    fn may_fit(f: &calendar::FreeNow, req: &Request) -> bool {
+        let gpu_ok = match &req.gpu {
+            GpuRequest::None => true,
+            GpuRequest::Whole { count } => f.whole >= *count,
+            GpuRequest::Mig { count, .. } => f.mig >= *count,
+            GpuRequest::Share { compute_milli, .. } => {
+                f.max_share_milli >= compute_milli.unwrap_or(1)
+            }
+        };
+        gpu_ok && f.cpu_milli >= req.cpu_milli && f.mem >= req.memory_bytes
+    }
+
+    fn score(&self, i: usize, req: &Request, picks: &[Pick]) -> f64 {
+        let node = &self.cluster.nodes[i];
+        let cal = &self.cals[i];
+        match self.config.policy {
+            Policy::FirstFit => 0.0,
+            Policy::BestFit => {
+                let free: u64 = cal
+                    .gpu_free_milli(node, self.now)
+                    .iter()
+                    .map(|x| u64::from(x.1))
+                    .sum();
+                let used: u64 = picks.iter().map(|p| u64::from(p.compute)).sum();
+                let cpu_left = cal.free_now.cpu_milli.saturating_sub(req.cpu_milli);
+                (free - used.min(free)) as f64 * 1e6 + f64::from(cpu_left)
+            }
+            Policy::Fgd => {
+                let free = cal.gpu_free_milli(node, self.now);
+                let cpu = cal.free_now.cpu_milli;
+                let before = self.config.workload.node_frag(node, &free, cpu);
+                let after: Vec<(usize, u32)> = free
+                    .iter()
+                    .map(|&(s, f)| {
+                        let took: u32 = picks
+                            .iter()
+                            .filter(|p| p.slot == s)
+                            .map(|p| p.compute)
+                            .sum();
+                        (s, f.saturating_sub(took))
+                    })
+                    .collect();
+                self.config
+                    .workload
+                    .node_frag(node, &after, cpu.saturating_sub(req.cpu_milli))
+                    - before
             }
         }
     }
-    plan
-}
 
-fn take(node: &mut NodeView, job: JobId, req: &Request, uuids: &[String]) {
-    for g in node.gpus.iter_mut().filter(|g| uuids.contains(&g.uuid)) {
-        g.holder = Some(job);
-    }
-    node.cpus_used += req.cpus;
-    node.memory_used += req.memory_bytes;
-}
-
-/// Checks that `plan` over-allocates nothing on `cluster`: every GPU goes to at most one
-/// job and only when free, and CPU/memory stay within capacity. Used after every round
-/// in tests (HyperQueue's `sanity_check`).
-pub fn check_plan(cluster: &ClusterView, plan: &Plan) -> Result<(), String> {
-    let mut nodes = cluster.nodes.clone();
-    for s in &plan.starts {
-        let node = nodes
-            .iter_mut()
-            .find(|n| n.name == s.node)
-            .ok_or_else(|| format!("job {} placed on unknown node {}", s.job, s.node))?;
-        if !node.eligible() {
-            return Err(format!(
-                "job {} placed on ineligible node {}",
-                s.job, s.node
-            ));
+    /// Nodes where `req` fits now (around reservations), best first, at most `want`.
+    /// Misses of the nodes looked at go to `misses`; `exhaustive` looks at every node
+    /// (for explain), otherwise nodes that cannot fit even ignoring reservations are
+    /// skipped.
+    fn fit_now(
+        &mut self,
+        req: &Request,
+        d: Millis,
+        want: usize,
+        misses: &mut Vec<(usize, Miss)>,
+        exhaustive: bool,
+    ) -> Vec<(usize, Vec<Pick>)> {
+        self.refresh_max_free();
+        if !exhaustive && !Self::may_fit(&self.max_free, req) {
+            return Vec::new();
         }
-        for uuid in &s.gpus {
-            let g = node
-                .gpus
-                .iter_mut()
-                .find(|g| &g.uuid == uuid)
-                .ok_or_else(|| format!("job {} given unknown GPU {uuid}", s.job))?;
-            if let Some(other) = g.holder {
-                return Err(format!(
-                    "GPU {uuid} given to job {} but held by {other}",
-                    s.job
+        let (a, b) = (self.now, self.now + d);
+        let mut found: Vec<(f64, usize, Vec<Pick>)> = Vec::new();
+        for i in 0..self.cluster.nodes.len() {
+            let node = &self.cluster.nodes[i];
+            if !exhaustive && (!node.eligible() || !Self::may_fit(&self.cals[i].free_now, req)) {
+                continue;
+            }
+            match self.cals[i].fit(node, req, a, b, self.config.policy, &self.config.workload) {
+                Ok(picks) => {
+                    let s = self.score(i, req, &picks);
+                    found.push((s, i, picks));
+                    if self.config.policy == Policy::FirstFit && found.len() >= want && !exhaustive
+                    {
+                        break;
+                    }
+                }
+                Err(m) => misses.push((i, m)),
+            }
+        }
+        found.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        found.truncate(want);
+        found.into_iter().map(|(_, i, p)| (i, p)).collect()
+    }
+
+    fn claim(
+        &mut self,
+        job: JobId,
+        i: usize,
+        picks: &[Pick],
+        req: &Request,
+        a: Millis,
+        b: Millis,
+        reserved: bool,
+    ) {
+        self.cals[i].add(job, picks, req.cpu_milli, req.memory_bytes, a, b, reserved);
+        if !reserved {
+            let node = &self.cluster.nodes[i];
+            self.cals[i].refresh_free_now(node, self.now);
+            self.max_free_dirty = true;
+        }
+    }
+
+    /// Earliest reservation for a single-node job: (time, node, picks).
+    fn earliest_one(&mut self, req: &Request, lb: Millis) -> Option<(Millis, usize, Vec<Pick>)> {
+        let (cluster, cals, eligible, now) = (self.cluster, &self.cals, &self.eligible, self.now);
+        let heap = self.tails.entry(req.clone()).or_insert_with(|| {
+            eligible
+                .iter()
+                .filter_map(|&i| {
+                    cals[i]
+                        .tail(&cluster.nodes[i], req, now)
+                        .map(|(t, _)| Reverse((t, i, cals[i].version)))
+                })
+                .collect()
+        });
+        while let Some(Reverse((t, i, v))) = heap.pop() {
+            let node = &cluster.nodes[i];
+            if v == cals[i].version {
+                let (t2, picks) = cals[i].tail(node, req, now).expect("was feasible");
+                debug_assert_eq!(t, t2);
+                // Keep a (now stale) entry: the node may still serve later jobs.
+                heap.push(Reverse((t, i, v)));
+                return Some((t.max(lb), i, picks));
+            }
+            if let Some((t2, _)) = cals[i].tail(node, req, now) {
+                heap.push(Reverse((t2, i, cals[i].version)));
+            }
+        }
+        None
+    }
+
+    /// Earliest reservation for a gang job: `n` distinct nodes free for good from T.
+    fn earliest_gang(
+        &self,
+        req: &Request,
+        n: usize,
+        lb: Millis,
+    ) -> Option<(Millis, Vec<(usize, Vec<Pick>)>)> {
+        let mut tails: Vec<(Millis, usize, Vec<Pick>)> = self
+            .eligible
+            .iter()
+            .filter_map(|&i| {
+                self.cals[i]
+                    .tail(&self.cluster.nodes[i], req, lb)
+                    .map(|(t, p)| (t, i, p))
+            })
+            .collect();
+        if tails.len() < n {
+            return None;
+        }
+        tails.sort_by_key(|x| (x.0, x.1));
+        tails.truncate(n);
+        let t = tails.last().map_or(lb, |x| x.0);
+        // Re-take the picks at T (a node's own tail may be earlier than T).
+        let picks = tails
+            .into_iter()
+            .map(|(_, i, _)| {
+                let (_, p) = self.cals[i]
+                    .tail(&self.cluster.nodes[i], req, t)
+                    .expect("feasible");
+                (i, p)
+            })
+            .collect();
+        Some((t, picks))
+    }
+}
+
+fn plan(
+    cluster: &ClusterView,
+    queue: &[PendingJob],
+    config: &SchedConfig,
+    now: Millis,
+    explain_job: Option<JobId>,
+) -> (Plan, Option<Explanation>) {
+    let mut pass = Pass {
+        cluster,
+        config,
+        now,
+        cals: cluster.nodes.iter().map(Calendar::new).collect(),
+        tails: HashMap::new(),
+        eligible: (0..cluster.nodes.len())
+            .filter(|&i| cluster.nodes[i].eligible())
+            .collect(),
+        max_free: calendar::FreeNow::default(),
+        max_free_dirty: true,
+    };
+    let node_index: HashMap<&str, usize> = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), i))
+        .collect();
+    for r in &cluster.running {
+        let Some(&i) = node_index.get(r.alloc.node.as_str()) else {
+            continue;
+        };
+        let node = &cluster.nodes[i];
+        let picks: Vec<Pick> = r
+            .alloc
+            .slots
+            .iter()
+            .filter_map(|u| {
+                node.slots
+                    .iter()
+                    .position(|s| s.uuid == u.uuid)
+                    .map(|slot| Pick {
+                        slot,
+                        compute: u.compute_milli,
+                        mem_mib: u.memory_mib,
+                    })
+            })
+            .collect();
+        // A job past its limit is being ended; plan as if it ends a second from now.
+        let end = r.end_ms.max(now + 1000);
+        pass.cals[i].add(
+            r.job,
+            &picks,
+            r.alloc.cpu_milli,
+            r.alloc.memory_bytes,
+            now,
+            end,
+            false,
+        );
+    }
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        pass.cals[i].refresh_free_now(node, now);
+    }
+
+    let norm = size_norm(cluster);
+    let ranked = priority::rank(queue, &config.weights, now, norm);
+    let mut plan = Plan::default();
+    let mut explanation = None;
+    let mut first_blocked: Option<JobId> = None;
+    let mut strict_lb = now;
+    let mut reservations = 0usize;
+
+    for (rank, (job, prio)) in ranked.into_iter().enumerate() {
+        let req = &job.request;
+        let d = job.duration_ms.max(1000);
+        let gang = req.nodes.max(1) as usize;
+        let explaining = explain_job == Some(job.id);
+        let may_start = config.backfill || first_blocked.is_none();
+        let mut misses: Vec<(usize, Miss)> = Vec::new();
+
+        let placed = if may_start || explaining {
+            let fits = pass.fit_now(req, d, gang, &mut misses, explaining);
+            (may_start && fits.len() == gang).then_some(fits)
+        } else {
+            None
+        };
+        if let Some(fits) = placed {
+            let mut allocs = Vec::new();
+            for (i, picks) in fits {
+                pass.claim(job.id, i, &picks, req, now, now + d, false);
+                allocs.push(alloc_of(&cluster.nodes[i], &picks, req));
+            }
+            let start = Start {
+                job: job.id,
+                allocs,
+            };
+            if explaining {
+                explanation = Some(explain_of(
+                    cluster,
+                    job.id,
+                    rank,
+                    prio,
+                    &misses,
+                    Ok(start.clone()),
                 ));
             }
-            g.holder = Some(s.job);
+            plan.starts.push(start);
+            continue;
+        }
+
+        // Not now: the misses tell Resources from Priority; reserve its earliest slots.
+        let reserved_by = misses.iter().find_map(|(_, m)| match m {
+            Miss::Reserved { job, .. } => Some(*job),
+            _ => None,
+        });
+        let lb = if config.backfill { now } else { strict_lb };
+        let within_depth = config.reservation_depth.is_none_or(|d| reservations < d);
+        let reservation = if !within_depth {
+            None
+        } else if gang == 1 {
+            pass.earliest_one(req, lb).map(|(t, i, picks)| {
+                pass.claim(job.id, i, &picks, req, t, t + d, true);
+                Reservation {
+                    start: t,
+                    allocs: vec![alloc_of(&cluster.nodes[i], &picks, req)],
+                }
+            })
+        } else {
+            pass.earliest_gang(req, gang, lb).map(|(t, picks)| {
+                let mut allocs = Vec::new();
+                for (i, p) in picks {
+                    pass.claim(job.id, i, &p, req, t, t + d, true);
+                    allocs.push(alloc_of(&cluster.nodes[i], &p, req));
+                }
+                Reservation { start: t, allocs }
+            })
+        };
+        if reservation.is_some() {
+            reservations += 1;
+        }
+        let reason = if let Some(r) = &reservation {
+            strict_lb = strict_lb.max(r.start);
+            match (first_blocked, reserved_by) {
+                (Some(b), _) if !config.backfill => Blocked::Priority { behind: b },
+                (_, Some(b)) => Blocked::Priority { behind: b },
+                _ => Blocked::Resources,
+            }
+        } else if !within_depth {
+            Blocked::BeyondDepth
+        } else if cluster
+            .nodes
+            .iter()
+            .any(|n| n.eligibility != Eligibility::Up && fits_empty(n, req))
+            || (gang > 1 && cluster.nodes.iter().filter(|n| fits_empty(n, req)).count() >= gang)
+        {
+            Blocked::NodesUnavailable
+        } else {
+            Blocked::Infeasible
+        };
+        first_blocked.get_or_insert(job.id);
+        let waiting = Waiting {
+            job: job.id,
+            reason,
+            reservation,
+        };
+        if explaining {
+            explanation = Some(explain_of(
+                cluster,
+                job.id,
+                rank,
+                prio,
+                &misses,
+                Err(waiting.clone()),
+            ));
+        }
+        plan.waiting.push(waiting);
+    }
+    (plan, explanation)
+}
+
+fn explain_of(
+    cluster: &ClusterView,
+    job: JobId,
+    rank: usize,
+    priority: i64,
+    misses: &[(usize, Miss)],
+    outcome: Result<Start, Waiting>,
+) -> Explanation {
+    let nodes = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (
+                n.name.clone(),
+                misses.iter().find(|(j, _)| *j == i).map(|(_, m)| m.clone()),
+            )
+        })
+        .collect();
+    Explanation {
+        job,
+        rank,
+        priority,
+        nodes,
+        outcome,
+    }
+}
+
+/// Checks a plan against the cluster: over time, no slot and no node is ever used beyond
+/// its capacity by running jobs, starts and reservations together; whole GPUs and MIG
+/// instances are never shared; shares never land on MIG instances; starts are on
+/// eligible nodes. Run after every plan in tests (HyperQueue's `sanity_check`).
+pub fn check_plan(
+    cluster: &ClusterView,
+    queue: &[PendingJob],
+    plan: &Plan,
+    now: Millis,
+) -> Result<(), String> {
+    let duration: HashMap<JobId, &PendingJob> = queue.iter().map(|j| (j.id, j)).collect();
+    // (node, slot) -> intervals (start, end, compute, mem, exclusive, job)
+    type Use = (Millis, Millis, u32, u64, bool, JobId);
+    let mut slot_use: HashMap<(usize, usize), Vec<Use>> = HashMap::new();
+    let mut host_use: HashMap<usize, Vec<(Millis, Millis, u32, u64)>> = HashMap::new();
+    let mut add = |alloc: &Alloc,
+                   a: Millis,
+                   b: Millis,
+                   job: JobId,
+                   req: Option<&Request>|
+     -> Result<(), String> {
+        let i = cluster
+            .nodes
+            .iter()
+            .position(|n| n.name == alloc.node)
+            .ok_or_else(|| format!("job {job} on unknown node {}", alloc.node))?;
+        let node = &cluster.nodes[i];
+        for u in &alloc.slots {
+            let s = node
+                .slots
+                .iter()
+                .position(|s| s.uuid == u.uuid)
+                .ok_or_else(|| format!("job {job} on unknown slot {}", u.uuid))?;
+            let exclusive = match req.map(|r| &r.gpu) {
+                Some(GpuRequest::Share { .. }) => {
+                    if node.slots[s].is_mig() {
+                        return Err(format!("share of job {job} on MIG instance {}", u.uuid));
+                    }
+                    false
+                }
+                Some(GpuRequest::Whole { .. }) if node.slots[s].is_mig() => {
+                    return Err(format!("whole-GPU job {job} on MIG instance {}", u.uuid));
+                }
+                Some(GpuRequest::Mig { .. }) if !node.slots[s].is_mig() => {
+                    return Err(format!("MIG job {job} on a whole GPU {}", u.uuid));
+                }
+                _ => u.compute_milli >= GPU_MILLI,
+            };
+            slot_use.entry((i, s)).or_default().push((
+                a,
+                b,
+                u.compute_milli,
+                u.memory_mib,
+                exclusive,
+                job,
+            ));
+        }
+        host_use
+            .entry(i)
+            .or_default()
+            .push((a, b, alloc.cpu_milli, alloc.memory_bytes));
+        Ok(())
+    };
+    for r in &cluster.running {
+        add(&r.alloc, now, r.end_ms.max(now + 1000), r.job, None)?;
+    }
+    for s in &plan.starts {
+        let j = duration
+            .get(&s.job)
+            .ok_or_else(|| format!("start of unknown job {}", s.job))?;
+        for a in &s.allocs {
+            let node = cluster.nodes.iter().find(|n| n.name == a.node);
+            if !node.is_some_and(NodeView::eligible) {
+                return Err(format!(
+                    "job {} started on ineligible node {}",
+                    s.job, a.node
+                ));
+            }
+            add(
+                a,
+                now,
+                now + j.duration_ms.max(1000),
+                s.job,
+                Some(&j.request),
+            )?;
+        }
+    }
+    for w in &plan.waiting {
+        if let Some(r) = &w.reservation {
+            let j = duration[&w.job];
+            if r.start < now {
+                return Err(format!("job {} reserved in the past", w.job));
+            }
+            for a in &r.allocs {
+                add(
+                    a,
+                    r.start,
+                    r.start + j.duration_ms.max(1000),
+                    w.job,
+                    Some(&j.request),
+                )?;
+            }
+        }
+    }
+    for ((i, s), uses) in &slot_use {
+        let slot = &cluster.nodes[*i].slots[*s];
+        for &(a, _, _, _, _, _) in uses {
+            let live: Vec<&Use> = uses.iter().filter(|u| u.0 <= a && a < u.1).collect();
+            let c: u32 = live.iter().map(|u| u.2).sum();
+            let m: u64 = live.iter().map(|u| u.3).sum();
+            if c > GPU_MILLI || m > slot.memory_mib || (live.len() > 1 && live.iter().any(|u| u.4))
+            {
+                return Err(format!(
+                    "slot {} over-allocated at {a}: jobs {:?}",
+                    slot.uuid,
+                    live.iter().map(|u| u.5).collect::<Vec<_>>()
+                ));
+            }
+        }
+    }
+    for (i, uses) in &host_use {
+        let node = &cluster.nodes[*i];
+        for &(a, _, _, _) in uses {
+            let c: u32 = uses
+                .iter()
+                .filter(|u| u.0 <= a && a < u.1)
+                .map(|u| u.2)
+                .sum();
+            let m: u64 = uses
+                .iter()
+                .filter(|u| u.0 <= a && a < u.1)
+                .map(|u| u.3)
+                .sum();
+            if c > node.cpu_milli || m > node.memory_bytes {
+                return Err(format!(
+                    "node {} CPU/memory over-allocated at {a}",
+                    node.name
+                ));
+            }
         }
     }
     Ok(())

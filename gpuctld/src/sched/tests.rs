@@ -1,202 +1,662 @@
+use super::packing::{Policy, TaskShape, Workload};
 use super::*;
 use proptest::prelude::*;
 
-fn node(name: &str, gpus: usize, elig: Eligibility) -> NodeView {
-    NodeView {
-        name: name.into(),
-        eligibility: elig,
-        gpus: (0..gpus)
-            .map(|i| GpuSlot {
-                uuid: format!("GPU-{name}-{i}"),
-                model: "A100".into(),
-                memory_mib: 81920,
-                holder: None,
-            })
-            .collect(),
-        cpus: 64,
-        cpus_used: 0,
-        memory_bytes: 512 << 30,
-        memory_used: 0,
+const H: Millis = 3_600_000;
+
+fn gpu(node: &str, i: usize, model: &str) -> SlotView {
+    SlotView {
+        uuid: format!("GPU-{node}-{i}"),
+        gpu_index: i as u32,
+        model: model.into(),
+        memory_mib: 81920,
+        mig_profile: None,
     }
 }
 
-fn job(id: JobId, priority: i32, gpus: u32) -> PendingJob {
+fn node(name: &str, gpus: usize) -> NodeView {
+    node_model(name, gpus, "A100-80GB")
+}
+
+fn node_model(name: &str, gpus: usize, model: &str) -> NodeView {
+    NodeView {
+        name: name.into(),
+        eligibility: Eligibility::Up,
+        slots: (0..gpus).map(|i| gpu(name, i, model)).collect(),
+        cpu_milli: 64_000,
+        memory_bytes: 512 << 30,
+    }
+}
+
+fn mig_node(name: &str, profiles: &[&str]) -> NodeView {
+    NodeView {
+        name: name.into(),
+        eligibility: Eligibility::Up,
+        slots: profiles
+            .iter()
+            .enumerate()
+            .map(|(i, p)| SlotView {
+                uuid: format!("MIG-{name}-{i}"),
+                gpu_index: 0,
+                model: "A100-80GB".into(),
+                memory_mib: 40960,
+                mig_profile: Some((*p).into()),
+            })
+            .collect(),
+        cpu_milli: 64_000,
+        memory_bytes: 512 << 30,
+    }
+}
+
+fn job(id: JobId, priority: i32, req: Request, hours: i64) -> PendingJob {
     PendingJob {
         id,
         priority,
-        submit_ms: id as i64 * 1000,
-        request: Request {
-            gpus,
-            cpus: 1,
-            memory_bytes: 0,
-        },
+        qos: String::new(),
+        submit_ms: id as i64,
+        request: req,
+        duration_ms: hours * H,
     }
 }
 
-fn run(nodes: Vec<NodeView>, queue: &[PendingJob]) -> (ClusterView, Plan) {
-    let cluster = ClusterView { nodes };
-    let plan = schedule(&cluster, queue, &SchedConfig::default(), 0);
-    check_plan(&cluster, &plan).unwrap();
-    (cluster, plan)
+fn whole(n: u32) -> Request {
+    Request::whole(n)
+}
+
+fn share(milli: u32) -> Request {
+    Request {
+        gpu: GpuRequest::Share {
+            compute_milli: Some(milli),
+            memory_mib: None,
+        },
+        ..Request::default()
+    }
+}
+
+fn running(job: JobId, node: &str, gpus: &[usize], end: Millis) -> Running {
+    Running {
+        job,
+        alloc: Alloc {
+            node: node.into(),
+            slots: gpus
+                .iter()
+                .map(|i| SlotUse {
+                    uuid: format!("GPU-{node}-{i}"),
+                    compute_milli: 1000,
+                    memory_mib: 81920,
+                })
+                .collect(),
+            cpu_milli: 1000,
+            memory_bytes: 0,
+        },
+        end_ms: end,
+    }
+}
+
+fn cfg(policy: Policy) -> SchedConfig {
+    SchedConfig {
+        policy,
+        ..SchedConfig::default()
+    }
+}
+
+fn run(cluster: &ClusterView, queue: &[PendingJob], config: &SchedConfig) -> Plan {
+    let plan = schedule(cluster, queue, config, 0);
+    check_plan(cluster, queue, &plan, 0).unwrap();
+    assert_eq!(plan.starts.len() + plan.waiting.len(), queue.len());
+    plan
+}
+
+fn started(plan: &Plan) -> Vec<JobId> {
+    plan.starts.iter().map(|s| s.job).collect()
 }
 
 #[test]
-fn first_fit_fills_nodes_in_order() {
-    let (_, plan) = run(
-        vec![node("a", 2, Eligibility::Up), node("b", 4, Eligibility::Up)],
-        &[job(1, 0, 1), job(2, 0, 1), job(3, 0, 2)],
-    );
-    assert_eq!(plan.starts.len(), 3);
-    assert_eq!(plan.starts[0].node, "a");
-    assert_eq!(plan.starts[0].gpus, vec!["GPU-a-0"]);
-    assert_eq!(plan.starts[1].gpus, vec!["GPU-a-1"]);
-    assert_eq!(plan.starts[2].node, "b");
-    assert_eq!(plan.starts[2].gpus, vec!["GPU-b-0", "GPU-b-1"]);
-    assert!(plan.blocked.is_empty());
+fn whole_gpus_first_fit_in_node_order() {
+    let c = ClusterView {
+        nodes: vec![node("a", 2), node("b", 4)],
+        running: vec![],
+    };
+    let q = [
+        job(1, 0, whole(1), 1),
+        job(2, 0, whole(1), 1),
+        job(3, 0, whole(2), 1),
+    ];
+    let config = SchedConfig {
+        weights: priority::PriorityWeights::fifo(),
+        ..cfg(Policy::FirstFit)
+    };
+    let plan = run(&c, &q, &config);
+    assert_eq!(started(&plan), vec![1, 2, 3]);
+    assert_eq!(plan.starts[0].allocs[0].node, "a");
+    assert_eq!(plan.starts[1].allocs[0].slots[0].uuid, "GPU-a-1");
+    assert_eq!(plan.starts[2].allocs[0].node, "b");
 }
 
 #[test]
-fn priority_orders_before_submit_time() {
-    let (_, plan) = run(
-        vec![node("a", 1, Eligibility::Up)],
-        &[job(1, 0, 1), job(2, 5, 1)],
-    );
-    assert_eq!(plan.starts.len(), 1);
-    assert_eq!(plan.starts[0].job, 2);
-    assert_eq!(plan.blocked, vec![(1, Blocked::Resources)]);
+fn best_fit_prefers_the_fuller_node() {
+    let c = ClusterView {
+        nodes: vec![node("a", 4), node("b", 4)],
+        running: vec![running(9, "b", &[0, 1, 2], 10 * H)],
+    };
+    let plan = run(&c, &[job(1, 0, whole(1), 1)], &cfg(Policy::BestFit));
+    assert_eq!(plan.starts[0].allocs[0].node, "b");
+    let plan = run(&c, &[job(1, 0, whole(1), 1)], &cfg(Policy::FirstFit));
+    assert_eq!(plan.starts[0].allocs[0].node, "a");
 }
 
 #[test]
-fn blocked_job_blocks_lower_ranked_ones() {
-    let (_, plan) = run(
-        vec![node("a", 2, Eligibility::Up)],
-        &[job(1, 0, 4), job(2, 0, 1)],
+fn gpu_model_constraint() {
+    let c = ClusterView {
+        nodes: vec![node_model("t4", 2, "T4-16GB"), node("a100", 2)],
+        running: vec![],
+    };
+    let mut r = whole(1);
+    r.models = vec!["a100".into()];
+    let plan = run(&c, &[job(1, 0, r.clone(), 1)], &cfg(Policy::FirstFit));
+    assert_eq!(plan.starts[0].allocs[0].node, "a100");
+    r.models = vec!["H100".into()];
+    let plan = run(&c, &[job(1, 0, r.clone(), 1)], &cfg(Policy::FirstFit));
+    assert_eq!(plan.waiting[0].reason, Blocked::Infeasible);
+    let ex = explain(&c, &[job(1, 0, r, 1)], &cfg(Policy::FirstFit), 0, 1).unwrap();
+    assert!(
+        matches!(ex.nodes[0].1, Some(Miss::GpuModel { .. })),
+        "{ex:?}"
     );
+}
+
+#[test]
+fn shares_pack_onto_one_gpu_and_never_exceed_it() {
+    let c = ClusterView {
+        nodes: vec![node("a", 2)],
+        running: vec![],
+    };
+    let q: Vec<PendingJob> = (1..=5).map(|i| job(i, 0, share(250), 1)).collect();
+    for p in [Policy::FirstFit, Policy::BestFit, Policy::Fgd] {
+        let plan = run(&c, &q, &cfg(p));
+        assert_eq!(plan.starts.len(), 5, "{p}");
+        let on_first = plan
+            .starts
+            .iter()
+            .filter(|s| s.allocs[0].slots[0].uuid == "GPU-a-0")
+            .count();
+        // Four quarters fill one GPU (best-fit and FGD keep packing it); the fifth goes
+        // to the other.
+        if p != Policy::FirstFit {
+            assert_eq!(on_first, 4, "{p}");
+        }
+        let s = &plan.starts[0].allocs[0].slots[0];
+        assert_eq!((s.compute_milli, s.memory_mib), (250, 20480));
+    }
+    // A share never lands where a whole GPU job runs.
+    let c = ClusterView {
+        nodes: vec![node("a", 1)],
+        running: vec![running(9, "a", &[0], H)],
+    };
+    let plan = run(&c, &[job(1, 0, share(100), 1)], &cfg(Policy::Fgd));
+    assert!(plan.starts.is_empty());
+    assert_eq!(plan.waiting[0].reason, Blocked::Resources);
+    assert_eq!(plan.waiting[0].reservation.as_ref().unwrap().start, H);
+}
+
+#[test]
+fn share_by_memory_derives_compute() {
+    let c = ClusterView {
+        nodes: vec![node("a", 1)],
+        running: vec![],
+    };
+    let r = Request {
+        gpu: GpuRequest::Share {
+            compute_milli: None,
+            memory_mib: Some(20480),
+        },
+        ..Request::default()
+    };
+    let plan = run(&c, &[job(1, 0, r, 1)], &cfg(Policy::Fgd));
+    let s = &plan.starts[0].allocs[0].slots[0];
+    assert_eq!((s.compute_milli, s.memory_mib), (250, 20480));
+    let too_big = Request {
+        gpu: GpuRequest::Share {
+            compute_milli: Some(100),
+            memory_mib: Some(100_000),
+        },
+        ..Request::default()
+    };
+    assert!(!fits_empty(&c.nodes[0], &too_big));
+}
+
+#[test]
+fn mig_jobs_only_on_matching_instances_and_mig_gpus_never_whole() {
+    let c = ClusterView {
+        nodes: vec![
+            mig_node("m", &["3g.40gb", "2g.20gb", "2g.20gb"]),
+            node("w", 1),
+        ],
+        running: vec![],
+    };
+    let mig = |p: &str, n| Request {
+        gpu: GpuRequest::Mig {
+            profile: p.into(),
+            count: n,
+        },
+        ..Request::default()
+    };
+    let q = [
+        job(1, 0, mig("2g.20gb", 2), 1),
+        job(2, 0, mig("3g.40gb", 1), 1),
+        job(3, 0, whole(1), 1),
+        job(4, 0, whole(1), 1),
+        job(5, 0, mig("1g.10gb", 1), 1),
+    ];
+    let plan = run(&c, &q, &cfg(Policy::Fgd));
+    assert_eq!(started(&plan), vec![1, 2, 3]);
+    let uuids: Vec<&str> = plan.starts[0].allocs[0]
+        .slots
+        .iter()
+        .map(|s| s.uuid.as_str())
+        .collect();
+    assert_eq!(uuids, ["MIG-m-1", "MIG-m-2"]);
+    assert_eq!(plan.starts[2].allocs[0].node, "w");
+    // Job 4 waits for the whole GPU, never taking the MIG GPU.
+    assert_eq!(plan.waiting(4).unwrap().reason, Blocked::Resources);
+    assert_eq!(plan.waiting(5).unwrap().reason, Blocked::Infeasible);
+    let ex = explain(&c, &q, &cfg(Policy::Fgd), 0, 5).unwrap();
+    assert_eq!(
+        ex.nodes[0].1,
+        Some(Miss::NoMigProfile {
+            profile: "1g.10gb".into()
+        })
+    );
+    // A share never lands on a MIG instance.
+    let plan = run(
+        &ClusterView {
+            nodes: vec![mig_node("m", &["3g.40gb"])],
+            running: vec![],
+        },
+        &[job(1, 0, share(100), 1)],
+        &cfg(Policy::Fgd),
+    );
+    assert_eq!(plan.waiting[0].reason, Blocked::Infeasible);
+}
+
+#[test]
+fn gang_jobs_take_whole_nodes_together() {
+    let c = ClusterView {
+        nodes: vec![node("a", 4), node("b", 4), node("c", 4)],
+        running: vec![running(9, "b", &[0], 2 * H)],
+    };
+    let mut r = whole(4);
+    r.nodes = 2;
+    let plan = run(&c, &[job(1, 0, r.clone(), 1)], &cfg(Policy::FirstFit));
+    let nodes: Vec<&str> = plan.starts[0]
+        .allocs
+        .iter()
+        .map(|a| a.node.as_str())
+        .collect();
+    assert_eq!(nodes, ["a", "c"]);
+    // Three nodes: not now (b is busy until 2h): all-or-nothing, reserved at 2h.
+    r.nodes = 3;
+    let plan = run(&c, &[job(1, 0, r, 1)], &cfg(Policy::FirstFit));
+    assert!(plan.starts.is_empty());
+    let res = plan.waiting[0].reservation.as_ref().unwrap();
+    assert_eq!(res.start, 2 * H);
+    assert_eq!(res.allocs.len(), 3);
+}
+
+#[test]
+fn backfill_fills_around_a_reservation_without_delaying_it() {
+    // 4 GPUs; 2 busy for 2h. Big job (4 GPUs) must wait until 2h and reserves all four.
+    let c = ClusterView {
+        nodes: vec![node("a", 4)],
+        running: vec![running(9, "a", &[0, 1], 2 * H)],
+    };
+    let q = [
+        job(1, 10, whole(4), 1),
+        job(2, 0, whole(1), 1), // ends at 1h < 2h: backfills now
+        job(3, 0, whole(1), 3), // would end at 3h: would delay job 1
+    ];
+    let plan = run(&c, &q, &cfg(Policy::Fgd));
+    assert_eq!(started(&plan), vec![2]);
+    let w1 = plan.waiting(1).unwrap();
+    assert_eq!(w1.reason, Blocked::Resources);
+    assert_eq!(w1.reservation.as_ref().unwrap().start, 2 * H);
+    let w3 = plan.waiting(3).unwrap();
+    assert_eq!(w3.reason, Blocked::Priority { behind: 1 });
+    // It gets a reservation after job 1's: 2h + 1h.
+    assert_eq!(w3.reservation.as_ref().unwrap().start, 3 * H);
+    let ex = explain(&c, &q, &cfg(Policy::Fgd), 0, 3).unwrap();
+    assert_eq!(
+        ex.nodes[0].1,
+        Some(Miss::Reserved {
+            job: 1,
+            from: 2 * H
+        })
+    );
+    assert_eq!(ex.rank, 2);
+}
+
+#[test]
+fn without_backfill_order_is_strict() {
+    let c = ClusterView {
+        nodes: vec![node("a", 4)],
+        running: vec![running(9, "a", &[0, 1], 2 * H)],
+    };
+    let q = [job(1, 10, whole(4), 1), job(2, 0, whole(2), 1)];
+    let config = SchedConfig {
+        backfill: false,
+        ..cfg(Policy::FirstFit)
+    };
+    let plan = run(&c, &q, &config);
     assert!(plan.starts.is_empty());
     assert_eq!(
-        plan.blocked,
-        vec![
-            (1, Blocked::Resources),
-            (2, Blocked::Priority { behind: 1 })
-        ]
+        plan.waiting(2).unwrap().reason,
+        Blocked::Priority { behind: 1 }
     );
-    assert_eq!(plan.blocked[0].1.to_string(), "Resources");
-    assert_eq!(plan.blocked[1].1.to_string(), "Priority");
+    assert!(plan.waiting(2).unwrap().reservation.as_ref().unwrap().start >= 2 * H);
 }
 
 #[test]
-fn drained_and_down_nodes_are_skipped() {
-    let (_, plan) = run(
-        vec![
-            node("a", 4, Eligibility::Drained),
-            node("b", 4, Eligibility::Down),
-            node("c", 1, Eligibility::Up),
-        ],
-        &[job(1, 0, 1), job(2, 0, 1)],
+fn drained_down_and_unavailable() {
+    let mut a = node("a", 4);
+    a.eligibility = Eligibility::Drained;
+    let mut b = node("b", 8);
+    b.eligibility = Eligibility::Down;
+    let c = ClusterView {
+        nodes: vec![a, b, node("c", 1)],
+        running: vec![],
+    };
+    let q = [job(1, 0, whole(1), 1), job(2, 0, whole(4), 1)];
+    let plan = run(&c, &q, &cfg(Policy::FirstFit));
+    assert_eq!(plan.starts[0].allocs[0].node, "c");
+    assert_eq!(plan.waiting(2).unwrap().reason, Blocked::NodesUnavailable);
+    let ex = explain(&c, &q, &cfg(Policy::FirstFit), 0, 2).unwrap();
+    assert_eq!(ex.nodes[0].1, Some(Miss::Drained));
+    assert_eq!(ex.nodes[1].1, Some(Miss::Down));
+    assert_eq!(ex.nodes[2].1, Some(Miss::TooSmall { what: "GPUs" }));
+}
+
+#[test]
+fn cpus_and_memory_count() {
+    let mut n = node("a", 4);
+    n.cpu_milli = 2000;
+    n.memory_bytes = 10 << 30;
+    let c = ClusterView {
+        nodes: vec![n],
+        running: vec![],
+    };
+    let mut r = whole(1);
+    r.cpu_milli = 2000;
+    let mut m = whole(1);
+    m.memory_bytes = 11 << 30;
+    let q = [job(1, 0, r.clone(), 1), job(2, 0, r, 1)];
+    let plan = run(&c, &q, &cfg(Policy::FirstFit));
+    assert_eq!(started(&plan), vec![1]);
+    let ex = explain(&c, &q, &cfg(Policy::FirstFit), 0, 2).unwrap();
+    assert_eq!(
+        ex.nodes[0].1,
+        Some(Miss::Cpus {
+            need: 2000,
+            free: 0
+        })
     );
-    assert_eq!(plan.starts.len(), 1);
-    assert_eq!(plan.starts[0].node, "c");
-    assert_eq!(plan.blocked, vec![(2, Blocked::Resources)]);
+    let plan = run(&c, &[job(3, 0, m, 1)], &cfg(Policy::FirstFit));
+    assert_eq!(plan.waiting[0].reason, Blocked::Infeasible);
 }
 
 #[test]
-fn no_eligible_node_is_its_own_reason() {
-    let (_, plan) = run(vec![node("a", 4, Eligibility::Drained)], &[job(1, 0, 1)]);
-    assert_eq!(plan.blocked, vec![(1, Blocked::NoEligibleNodes)]);
-}
-
-#[test]
-fn held_gpus_and_cpus_are_respected() {
-    let mut n = node("a", 2, Eligibility::Up);
-    n.gpus[0].holder = Some(99);
-    n.cpus = 2;
-    n.cpus_used = 1;
-    let (_, plan) = run(vec![n], &[job(1, 0, 1), job(2, 0, 0)]);
-    assert_eq!(plan.starts.len(), 1);
-    assert_eq!(plan.starts[0].gpus, vec!["GPU-a-1"]);
-    // Job 2 needs a CPU: the last one went to job 1.
-    assert_eq!(plan.blocked, vec![(2, Blocked::Resources)]);
-}
-
-#[test]
-fn memory_is_a_resource() {
-    let mut n = node("a", 2, Eligibility::Up);
-    n.memory_bytes = 10;
-    let mut j = job(1, 0, 1);
-    j.request.memory_bytes = 11;
-    let (cluster, plan) = run(vec![n], &[j.clone()]);
-    assert_eq!(plan.blocked, vec![(1, Blocked::Resources)]);
-    assert!(!fits_empty(&cluster.nodes[0], &j.request));
-}
-
-#[test]
-fn check_plan_catches_double_allocation() {
-    let cluster = ClusterView {
-        nodes: vec![node("a", 1, Eligibility::Up)],
+fn explain_reports_missing_gpus_and_shares() {
+    let c = ClusterView {
+        nodes: vec![node("a", 2)],
+        running: vec![running(9, "a", &[0], H)],
     };
-    let bad = Plan {
-        starts: vec![
-            Start {
-                job: 1,
-                node: "a".into(),
-                gpus: vec!["GPU-a-0".into()],
-            },
-            Start {
-                job: 2,
-                node: "a".into(),
-                gpus: vec!["GPU-a-0".into()],
-            },
-        ],
-        blocked: vec![],
-    };
-    assert!(check_plan(&cluster, &bad).is_err());
+    let ex = explain(&c, &[job(1, 0, whole(2), 1)], &cfg(Policy::Fgd), 0, 1).unwrap();
+    assert_eq!(ex.nodes[0].1, Some(Miss::Gpus { need: 2, free: 1 }));
+    let mut c2 = c.clone();
+    c2.running.push(Running {
+        job: 8,
+        alloc: Alloc {
+            node: "a".into(),
+            slots: vec![SlotUse {
+                uuid: "GPU-a-1".into(),
+                compute_milli: 700,
+                memory_mib: 100,
+            }],
+            cpu_milli: 0,
+            memory_bytes: 0,
+        },
+        end_ms: H,
+    });
+    let ex = explain(&c2, &[job(1, 0, share(500), 1)], &cfg(Policy::Fgd), 0, 1).unwrap();
+    assert!(
+        matches!(
+            ex.nodes[0].1,
+            Some(Miss::GpuShare {
+                need_milli: 500,
+                best_free_milli: 300,
+                ..
+            })
+        ),
+        "{ex:?}"
+    );
+    assert!(ex.outcome.is_err());
 }
+
+#[test]
+fn reservation_depth_limits_reservations() {
+    let c = ClusterView {
+        nodes: vec![node("a", 1)],
+        running: vec![running(9, "a", &[0], H)],
+    };
+    let q: Vec<PendingJob> = (1..=3).map(|i| job(i, 0, whole(1), 1)).collect();
+    let config = SchedConfig {
+        reservation_depth: Some(1),
+        ..cfg(Policy::Fgd)
+    };
+    let plan = run(&c, &q, &config);
+    assert!(plan.waiting(1).unwrap().reservation.is_some());
+    assert_eq!(plan.waiting(2).unwrap().reason, Blocked::BeyondDepth);
+    assert!(plan.waiting(3).unwrap().reservation.is_none());
+}
+
+#[test]
+fn every_pending_job_gets_an_expected_start() {
+    let c = ClusterView {
+        nodes: vec![node("a", 2)],
+        running: vec![running(9, "a", &[0, 1], H)],
+    };
+    let q: Vec<PendingJob> = (1..=4).map(|i| job(i, 0, whole(1), 1)).collect();
+    let plan = run(&c, &q, &cfg(Policy::Fgd));
+    let starts: Vec<Millis> = plan
+        .waiting
+        .iter()
+        .map(|w| w.reservation.as_ref().unwrap().start)
+        .collect();
+    assert_eq!(starts, vec![H, H, 2 * H, 2 * H]);
+}
+
+#[test]
+fn fgd_avoids_breaking_a_whole_gpu() {
+    // Node a: one GPU with 500 free. Node b: a fresh GPU. A 400 share should go to a's
+    // partly used GPU under FGD (it keeps b's GPU whole for whole-GPU jobs).
+    let c = ClusterView {
+        nodes: vec![node("a", 1), node("b", 1)],
+        running: vec![Running {
+            job: 9,
+            alloc: Alloc {
+                node: "a".into(),
+                slots: vec![SlotUse {
+                    uuid: "GPU-a-0".into(),
+                    compute_milli: 500,
+                    memory_mib: 1000,
+                }],
+                cpu_milli: 0,
+                memory_bytes: 0,
+            },
+            end_ms: H,
+        }],
+    };
+    let config = SchedConfig {
+        workload: Workload {
+            shapes: vec![
+                TaskShape {
+                    gpus: 1,
+                    milli: 1000,
+                    cpu_milli: 1000,
+                    models: vec![],
+                    weight: 0.5,
+                },
+                TaskShape {
+                    gpus: 1,
+                    milli: 400,
+                    cpu_milli: 1000,
+                    models: vec![],
+                    weight: 0.5,
+                },
+            ],
+        },
+        ..cfg(Policy::Fgd)
+    };
+    let plan = run(&c, &[job(1, 0, share(400), 1)], &config);
+    assert_eq!(plan.starts[0].allocs[0].node, "a");
+}
+
+// ---------------------------------------------------------------- properties
 
 fn arb_cluster() -> impl Strategy<Value = ClusterView> {
-    prop::collection::vec(
-        (0usize..9, 0u8..3, prop::collection::vec(any::<bool>(), 8)),
-        1..6,
-    )
-    .prop_map(|specs| ClusterView {
-        nodes: specs
-            .into_iter()
-            .enumerate()
-            .map(|(i, (g, e, held))| {
-                let elig = [Eligibility::Up, Eligibility::Drained, Eligibility::Down][e as usize];
-                let mut n = node(&format!("n{i}"), g, elig);
-                for (slot, h) in n.gpus.iter_mut().zip(held) {
-                    if h {
-                        slot.holder = Some(1_000_000);
-                    }
+    let node_spec = (
+        0usize..5,
+        0u8..4,
+        prop::collection::vec((0u8..4, 1i64..6), 0..6),
+        any::<bool>(),
+    );
+    prop::collection::vec(node_spec, 1..5).prop_map(|specs| {
+        let mut c = ClusterView::default();
+        for (i, (g, kind, busy, mig)) in specs.into_iter().enumerate() {
+            let name = format!("n{i}");
+            let mut n = if mig && g > 0 {
+                mig_node(&name, &["3g.40gb", "2g.20gb", "2g.20gb"][..g.min(3)])
+            } else {
+                node(&name, g)
+            };
+            n.eligibility = match kind {
+                0 => Eligibility::Drained,
+                1 => Eligibility::Down,
+                _ => Eligibility::Up,
+            };
+            n.cpu_milli = 8000;
+            // Running jobs: exclusive or shares, on distinct slots.
+            let mut used = vec![0u32; n.slots.len()];
+            for (k, (slot, hours)) in busy.into_iter().enumerate() {
+                let s = slot as usize;
+                if s >= n.slots.len() {
+                    continue;
                 }
-                n
-            })
-            .collect(),
+                let exclusive = n.slots[s].is_mig() || k % 2 == 0;
+                let compute = if exclusive { 1000 } else { 300 };
+                if used[s] + compute > 1000 || (exclusive && used[s] > 0) {
+                    continue;
+                }
+                used[s] += compute;
+                c.running.push(Running {
+                    job: 1000 + c.running.len() as JobId,
+                    alloc: Alloc {
+                        node: name.clone(),
+                        slots: vec![SlotUse {
+                            uuid: n.slots[s].uuid.clone(),
+                            compute_milli: compute,
+                            memory_mib: if exclusive {
+                                n.slots[s].memory_mib
+                            } else {
+                                1000
+                            },
+                        }],
+                        cpu_milli: 1000,
+                        memory_bytes: 0,
+                    },
+                    end_ms: hours * H,
+                });
+            }
+            c.nodes.push(n);
+        }
+        c
     })
 }
 
+fn arb_request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        (0u32..5).prop_map(whole),
+        (50u32..1000).prop_map(share),
+        (1u32..3).prop_map(|n| Request {
+            gpu: GpuRequest::Mig {
+                profile: "2g.20gb".into(),
+                count: n
+            },
+            ..Request::default()
+        }),
+        (1u32..3, 1u32..3).prop_map(|(g, n)| Request {
+            nodes: n,
+            ..whole(g)
+        }),
+    ]
+}
+
 fn arb_queue() -> impl Strategy<Value = Vec<PendingJob>> {
-    prop::collection::vec((-3i32..3, 0u32..6), 0..30).prop_map(|v| {
+    prop::collection::vec((-2i32..3, arb_request(), 1i64..5, 1u32..4), 0..25).prop_map(|v| {
         v.into_iter()
             .enumerate()
-            .map(|(i, (p, g))| job(i as u64 + 1, p, g))
+            .map(|(i, (p, mut r, h, cpus))| {
+                r.cpu_milli = cpus * 1000;
+                job(i as JobId + 1, p, r, h)
+            })
             .collect()
     })
 }
 
+fn arb_policy() -> impl Strategy<Value = Policy> {
+    prop_oneof![
+        Just(Policy::FirstFit),
+        Just(Policy::BestFit),
+        Just(Policy::Fgd)
+    ]
+}
+
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// No GPU, share, MIG instance, CPU or memory is ever over-allocated, now or in any
+    /// reservation; every job is started or waiting, once.
     #[test]
-    fn never_over_allocates(cluster in arb_cluster(), queue in arb_queue()) {
-        let plan = schedule(&cluster, &queue, &SchedConfig::default(), 0);
-        prop_assert!(check_plan(&cluster, &plan).is_ok());
-        // Every job is either started or blocked, exactly once.
-        prop_assert_eq!(plan.starts.len() + plan.blocked.len(), queue.len());
+    fn never_over_allocates(c in arb_cluster(), q in arb_queue(), p in arb_policy(), backfill in any::<bool>()) {
+        let config = SchedConfig { backfill, ..cfg(p) };
+        let plan = schedule(&c, &q, &config, 0);
+        prop_assert_eq!(check_plan(&c, &q, &plan, 0), Ok(()));
+        prop_assert_eq!(plan.starts.len() + plan.waiting.len(), q.len());
     }
 
+    /// Lower-priority jobs never delay a reservation: planning only the jobs ranked at or
+    /// above a waiting job gives it the same reservation.
     #[test]
-    fn same_input_same_plan(cluster in arb_cluster(), queue in arb_queue()) {
-        let a = schedule(&cluster, &queue, &SchedConfig::default(), 0);
-        let b = schedule(&cluster, &queue, &SchedConfig::default(), 0);
+    fn backfill_never_delays_a_reservation(c in arb_cluster(), q in arb_queue(), p in arb_policy()) {
+        let config = cfg(p);
+        let plan = schedule(&c, &q, &config, 0);
+        let ranked: Vec<JobId> = priority::rank(&q, &config.weights, 0, size_norm(&c))
+            .iter().map(|(j, _)| j.id).collect();
+        for w in &plan.waiting {
+            let pos = ranked.iter().position(|&id| id == w.job).unwrap();
+            let upto: Vec<PendingJob> = q.iter().filter(|j| ranked[..=pos].contains(&j.id)).cloned().collect();
+            let alone = schedule(&c, &upto, &config, 0);
+            prop_assert_eq!(
+                alone.waiting(w.job).and_then(|x| x.reservation.as_ref()).map(|r| r.start),
+                w.reservation.as_ref().map(|r| r.start)
+            );
+        }
+    }
+
+    /// The same input gives the same plan.
+    #[test]
+    fn deterministic(c in arb_cluster(), q in arb_queue(), p in arb_policy()) {
+        let a = schedule(&c, &q, &cfg(p), 0);
+        let b = schedule(&c, &q, &cfg(p), 0);
         prop_assert_eq!(a, b);
     }
 }

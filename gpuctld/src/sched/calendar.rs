@@ -1,0 +1,697 @@
+//! Per-node calendars: who holds (or has reserved) which slot when, and the two questions
+//! the planner asks of them: does a request fit in a time window (`fit`), and from when
+//! on does it fit for good (`tail`).
+//!
+//! Claims of running jobs last from now to their expected end. Reservations are claims in
+//! the future. A job that starts now must fit around every claim, reservations
+//! included: that is what makes backfill unable to delay a reservation.
+
+use super::model::*;
+use super::packing::{Policy, Workload};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub start: Millis,
+    pub end: Millis,
+    pub job: JobId,
+    pub compute: u32,
+    pub mem_mib: u64,
+    /// A reservation (not yet running).
+    pub reserved: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostClaim {
+    pub start: Millis,
+    pub end: Millis,
+    pub job: JobId,
+    pub cpu_milli: u32,
+    pub mem: u64,
+    pub reserved: bool,
+}
+
+/// What a job would take on one slot of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pick {
+    pub slot: usize,
+    pub compute: u32,
+    pub mem_mib: u64,
+}
+
+/// Why a request does not fit a node in a window. Typed, so that `explain` and the
+/// REASON column come straight from here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Miss {
+    Drained,
+    Down,
+    /// No GPU of an allowed model (or no GPU at all) on the node.
+    GpuModel {
+        want: Vec<String>,
+    },
+    /// The node can never hold the request, even empty.
+    TooSmall {
+        what: &'static str,
+    },
+    NoMigProfile {
+        profile: String,
+    },
+    Gpus {
+        need: u32,
+        free: u32,
+    },
+    Mig {
+        profile: String,
+        need: u32,
+        free: u32,
+    },
+    GpuShare {
+        need_milli: u32,
+        need_mib: u64,
+        best_free_milli: u32,
+        best_free_mib: u64,
+    },
+    Cpus {
+        need: u32,
+        free: u32,
+    },
+    Memory {
+        need: u64,
+        free: u64,
+    },
+    /// It would fit now, but slots it needs are reserved for a higher-priority job.
+    Reserved {
+        job: JobId,
+        from: Millis,
+    },
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Calendar {
+    pub slots: Vec<Vec<Claim>>,
+    pub host: Vec<HostClaim>,
+    /// Bumped on every change; cached answers about this node are stale when it moves.
+    pub version: u64,
+    /// Free resources at `now`, ignoring reservations: a quick upper bound for `fit`.
+    pub free_now: FreeNow,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FreeNow {
+    pub whole: u32,
+    pub max_share_milli: u32,
+    pub mig: u32,
+    pub cpu_milli: u32,
+    pub mem: u64,
+}
+
+fn overlaps(s: Millis, e: Millis, a: Millis, b: Millis) -> bool {
+    s < b && a < e
+}
+
+/// Peak (compute, memory) over [a, b) of the claims, optionally without reservations.
+fn peak(claims: &[Claim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u64) {
+    let mut ev: Vec<(Millis, i64, i64)> = Vec::new();
+    for c in claims {
+        if (with_reserved || !c.reserved) && overlaps(c.start, c.end, a, b) {
+            ev.push((c.start.max(a), i64::from(c.compute), c.mem_mib as i64));
+            ev.push((c.end.min(b), -i64::from(c.compute), -(c.mem_mib as i64)));
+        }
+    }
+    if ev.len() == 2 {
+        return (ev[0].1 as u32, ev[0].2 as u64);
+    }
+    // Ends before starts at the same instant.
+    ev.sort_unstable_by_key(|&(t, dc, _)| (t, dc));
+    let (mut c, mut m, mut pc, mut pm) = (0i64, 0i64, 0i64, 0i64);
+    for (_, dc, dm) in ev {
+        c += dc;
+        m += dm;
+        pc = pc.max(c);
+        pm = pm.max(m);
+    }
+    (pc as u32, pm as u64)
+}
+
+fn host_peak(claims: &[HostClaim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u64) {
+    let mut ev: Vec<(Millis, i64, i64)> = Vec::new();
+    for c in claims {
+        if (with_reserved || !c.reserved) && overlaps(c.start, c.end, a, b) {
+            ev.push((c.start.max(a), i64::from(c.cpu_milli), c.mem as i64));
+            ev.push((c.end.min(b), -i64::from(c.cpu_milli), -(c.mem as i64)));
+        }
+    }
+    ev.sort_unstable_by_key(|&(t, dc, _)| (t, dc));
+    let (mut c, mut m, mut pc, mut pm) = (0i64, 0i64, 0i64, 0i64);
+    for (_, dc, dm) in ev {
+        c += dc;
+        m += dm;
+        pc = pc.max(c);
+        pm = pm.max(m);
+    }
+    (pc as u32, pm as u64)
+}
+
+fn first_reserved(claims: &[Claim], a: Millis, b: Millis) -> Option<(JobId, Millis)> {
+    claims
+        .iter()
+        .filter(|c| c.reserved && overlaps(c.start, c.end, a, b))
+        .map(|c| (c.job, c.start))
+        .min_by_key(|&(j, s)| (s, j))
+}
+
+/// Earliest T >= lb such that from T on, usage + need stays within cap forever.
+fn tail_of<T>(
+    claims: &[T],
+    lb: Millis,
+    span: impl Fn(&T) -> (Millis, Millis, i64, i64),
+    need: (i64, i64),
+    cap: (i64, i64),
+) -> Millis {
+    let mut ev: Vec<(Millis, i64, i64)> = Vec::with_capacity(claims.len() * 2);
+    for c in claims {
+        let (s, e, dc, dm) = span(c);
+        if e > lb {
+            ev.push((s.max(lb), dc, dm));
+            ev.push((e, -dc, -dm));
+        }
+    }
+    if ev.is_empty() {
+        return lb;
+    }
+    ev.sort_unstable_by_key(|&(t, dc, _)| (t, dc));
+    let (mut c, mut m) = (0i64, 0i64);
+    let mut tail = lb;
+    let mut i = 0;
+    while i < ev.len() {
+        let t = ev[i].0;
+        while i < ev.len() && ev[i].0 == t {
+            c += ev[i].1;
+            m += ev[i].2;
+            i += 1;
+        }
+        // Usage on [t, next event) is (c, m).
+        if c + need.0 > cap.0 || m + need.1 > cap.1 {
+            tail = ev.get(i).map_or(t, |e| e.0);
+        }
+    }
+    tail.max(lb)
+}
+
+impl Calendar {
+    pub fn new(node: &NodeView) -> Calendar {
+        Calendar {
+            slots: vec![Vec::new(); node.slots.len()],
+            ..Calendar::default()
+        }
+    }
+
+    pub fn add(
+        &mut self,
+        job: JobId,
+        picks: &[Pick],
+        cpu_milli: u32,
+        mem: u64,
+        a: Millis,
+        b: Millis,
+        reserved: bool,
+    ) {
+        for p in picks {
+            self.slots[p.slot].push(Claim {
+                start: a,
+                end: b,
+                job,
+                compute: p.compute,
+                mem_mib: p.mem_mib,
+                reserved,
+            });
+        }
+        if cpu_milli > 0 || mem > 0 {
+            self.host.push(HostClaim {
+                start: a,
+                end: b,
+                job,
+                cpu_milli,
+                mem,
+                reserved,
+            });
+        }
+        self.version += 1;
+    }
+
+    pub fn refresh_free_now(&mut self, node: &NodeView, now: Millis) {
+        let mut f = FreeNow::default();
+        for (s, claims) in node.slots.iter().zip(&self.slots) {
+            let (c, m) = peak(claims, now, now + 1, false);
+            if s.is_mig() {
+                f.mig += u32::from(c == 0);
+            } else {
+                f.whole += u32::from(c == 0 && m == 0);
+                if m < s.memory_mib {
+                    f.max_share_milli = f.max_share_milli.max(GPU_MILLI.saturating_sub(c));
+                }
+            }
+        }
+        let (c, m) = host_peak(&self.host, now, now + 1, false);
+        f.cpu_milli = node.cpu_milli.saturating_sub(c);
+        f.mem = node.memory_bytes.saturating_sub(m);
+        self.free_now = f;
+    }
+
+    /// Free compute milli per non-MIG GPU at `at`, with reservations (for packing scores).
+    pub fn gpu_free_milli(&self, node: &NodeView, at: Millis) -> Vec<(usize, u32)> {
+        node.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.is_mig())
+            .map(|(i, _)| {
+                (
+                    i,
+                    GPU_MILLI.saturating_sub(peak(&self.slots[i], at, at + 1, true).0),
+                )
+            })
+            .collect()
+    }
+
+    /// Does `req` fit on `node` over [a, b)? Returns the slots it would take.
+    pub fn fit(
+        &self,
+        node: &NodeView,
+        req: &Request,
+        a: Millis,
+        b: Millis,
+        policy: Policy,
+        workload: &Workload,
+    ) -> Result<Vec<Pick>, Miss> {
+        match node.eligibility {
+            Eligibility::Drained => return Err(Miss::Drained),
+            Eligibility::Down => return Err(Miss::Down),
+            Eligibility::Up => {}
+        }
+        if node.cpu_milli < req.cpu_milli {
+            return Err(Miss::TooSmall { what: "CPUs" });
+        }
+        if node.memory_bytes < req.memory_bytes {
+            return Err(Miss::TooSmall { what: "memory" });
+        }
+        let picks = self.fit_gpus(node, req, a, b, policy, workload)?;
+        if req.cpu_milli > 0 || req.memory_bytes > 0 {
+            let (c, m) = host_peak(&self.host, a, b, true);
+            let cpu_ok = c + req.cpu_milli <= node.cpu_milli;
+            let mem_ok = m + req.memory_bytes <= node.memory_bytes;
+            if !cpu_ok || !mem_ok {
+                let (c0, m0) = host_peak(&self.host, a, b, false);
+                if c0 + req.cpu_milli <= node.cpu_milli
+                    && m0 + req.memory_bytes <= node.memory_bytes
+                {
+                    let (job, from) = self
+                        .host
+                        .iter()
+                        .filter(|h| h.reserved && overlaps(h.start, h.end, a, b))
+                        .map(|h| (h.job, h.start))
+                        .min_by_key(|&(j, s)| (s, j))
+                        .unwrap_or((0, a));
+                    return Err(Miss::Reserved { job, from });
+                }
+                return Err(if !cpu_ok {
+                    Miss::Cpus {
+                        need: req.cpu_milli,
+                        free: node.cpu_milli.saturating_sub(c0),
+                    }
+                } else {
+                    Miss::Memory {
+                        need: req.memory_bytes,
+                        free: node.memory_bytes.saturating_sub(m0),
+                    }
+                });
+            }
+        }
+        Ok(picks)
+    }
+
+    fn fit_gpus(
+        &self,
+        node: &NodeView,
+        req: &Request,
+        a: Millis,
+        b: Millis,
+        policy: Policy,
+        workload: &Workload,
+    ) -> Result<Vec<Pick>, Miss> {
+        match &req.gpu {
+            GpuRequest::None => Ok(Vec::new()),
+            GpuRequest::Whole { count } => self
+                .fit_exclusive(node, req, a, b, *count, |s| !s.is_mig())
+                .map_err(|(usable, free, reserved)| {
+                    if usable == 0 {
+                        Miss::GpuModel {
+                            want: req.models.clone(),
+                        }
+                    } else if usable < *count {
+                        Miss::TooSmall { what: "GPUs" }
+                    } else if let Some((job, from)) = reserved {
+                        Miss::Reserved { job, from }
+                    } else {
+                        Miss::Gpus { need: *count, free }
+                    }
+                }),
+            GpuRequest::Mig { profile, count } => {
+                let want = profile.to_ascii_lowercase();
+                self.fit_exclusive(node, req, a, b, *count, |s| {
+                    s.mig_profile
+                        .as_ref()
+                        .is_some_and(|p| p.to_ascii_lowercase() == want)
+                })
+                .map_err(|(usable, free, reserved)| {
+                    if usable == 0 {
+                        Miss::NoMigProfile {
+                            profile: profile.clone(),
+                        }
+                    } else if usable < *count {
+                        Miss::TooSmall {
+                            what: "MIG instances",
+                        }
+                    } else if let Some((job, from)) = reserved {
+                        Miss::Reserved { job, from }
+                    } else {
+                        Miss::Mig {
+                            profile: profile.clone(),
+                            need: *count,
+                            free,
+                        }
+                    }
+                })
+            }
+            GpuRequest::Share { .. } => self.fit_share(node, req, a, b, policy, workload),
+        }
+    }
+
+    /// Whole GPUs or MIG instances: slots with no claim at all in the window.
+    /// On failure: (usable slots, free slots, a reservation that blocks).
+    #[allow(clippy::type_complexity)]
+    fn fit_exclusive(
+        &self,
+        node: &NodeView,
+        req: &Request,
+        a: Millis,
+        b: Millis,
+        count: u32,
+        kind: impl Fn(&SlotView) -> bool,
+    ) -> Result<Vec<Pick>, (u32, u32, Option<(JobId, Millis)>)> {
+        let mut picks = Vec::new();
+        let (mut usable, mut reserved_only) = (0u32, 0u32);
+        let mut blocker = None;
+        for (i, s) in node.slots.iter().enumerate() {
+            if !kind(s) || !req.model_ok(&s.model) {
+                continue;
+            }
+            usable += 1;
+            let claims = &self.slots[i];
+            if !claims.iter().any(|c| overlaps(c.start, c.end, a, b)) {
+                if (picks.len() as u32) < count {
+                    picks.push(Pick {
+                        slot: i,
+                        compute: GPU_MILLI,
+                        mem_mib: s.memory_mib,
+                    });
+                }
+            } else if !claims
+                .iter()
+                .any(|c| !c.reserved && overlaps(c.start, c.end, a, b))
+            {
+                reserved_only += 1;
+                let r = first_reserved(claims, a, b);
+                if blocker.is_none() || r.map(|x| x.1) < blocker.map(|x: (JobId, Millis)| x.1) {
+                    blocker = r;
+                }
+            }
+        }
+        if picks.len() as u32 == count {
+            return Ok(picks);
+        }
+        let free = picks.len() as u32;
+        let reserved = (free + reserved_only >= count).then_some(blocker).flatten();
+        Err((usable, free, reserved))
+    }
+
+    fn fit_share(
+        &self,
+        node: &NodeView,
+        req: &Request,
+        a: Millis,
+        b: Millis,
+        policy: Policy,
+        workload: &Workload,
+    ) -> Result<Vec<Pick>, Miss> {
+        let mut candidates: Vec<Pick> = Vec::new();
+        let (mut usable, mut best_free) = (0u32, (0u32, 0u64));
+        let mut blocker: Option<(JobId, Millis)> = None;
+        let mut need_shown = (0u32, 0u64);
+        for (i, s) in node.slots.iter().enumerate() {
+            if s.is_mig() || !req.model_ok(&s.model) {
+                continue;
+            }
+            let Some((c, m)) = req.share_on(s) else {
+                continue;
+            };
+            usable += 1;
+            need_shown = (c, m);
+            let (uc, um) = peak(&self.slots[i], a, b, true);
+            if uc + c <= GPU_MILLI && um + m <= s.memory_mib {
+                candidates.push(Pick {
+                    slot: i,
+                    compute: c,
+                    mem_mib: m,
+                });
+                continue;
+            }
+            let (rc, rm) = peak(&self.slots[i], a, b, false);
+            let free = (
+                GPU_MILLI.saturating_sub(rc),
+                s.memory_mib.saturating_sub(rm),
+            );
+            if free.0 > best_free.0 {
+                best_free = free;
+            }
+            if rc + c <= GPU_MILLI && rm + m <= s.memory_mib && blocker.is_none() {
+                blocker = first_reserved(&self.slots[i], a, b);
+            }
+        }
+        if candidates.is_empty() {
+            return Err(if usable == 0 {
+                if node
+                    .slots
+                    .iter()
+                    .any(|s| !s.is_mig() && req.model_ok(&s.model))
+                {
+                    Miss::TooSmall { what: "GPU memory" }
+                } else {
+                    Miss::GpuModel {
+                        want: req.models.clone(),
+                    }
+                }
+            } else if let Some((job, from)) = blocker {
+                Miss::Reserved { job, from }
+            } else {
+                Miss::GpuShare {
+                    need_milli: need_shown.0,
+                    need_mib: need_shown.1,
+                    best_free_milli: best_free.0,
+                    best_free_mib: best_free.1,
+                }
+            });
+        }
+        let pick = match policy {
+            Policy::FirstFit => candidates[0],
+            Policy::BestFit => *candidates
+                .iter()
+                .min_by_key(|p| {
+                    (
+                        GPU_MILLI - peak(&self.slots[p.slot], a, b, true).0 - p.compute,
+                        p.slot,
+                    )
+                })
+                .expect("non-empty"),
+            Policy::Fgd => {
+                let free = self.gpu_free_milli(node, a);
+                let cpus_free = node
+                    .cpu_milli
+                    .saturating_sub(host_peak(&self.host, a, b, true).0);
+                let before = workload.node_frag(node, &free, cpus_free);
+                *candidates
+                    .iter()
+                    .min_by(|p, q| {
+                        let f = |x: &Pick| {
+                            let after: Vec<(usize, u32)> = free
+                                .iter()
+                                .map(|&(i, f)| (i, if i == x.slot { f - x.compute } else { f }))
+                                .collect();
+                            workload.node_frag(
+                                node,
+                                &after,
+                                cpus_free.saturating_sub(req.cpu_milli),
+                            ) - before
+                        };
+                        f(p).total_cmp(&f(q)).then(p.slot.cmp(&q.slot))
+                    })
+                    .expect("non-empty")
+            }
+        };
+        Ok(vec![pick])
+    }
+
+    /// Earliest T >= lb from which `req` fits on this node for good, and the slots it
+    /// would take then. `None`: never (the node is too small or has no matching slots).
+    pub fn tail(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<(Millis, Vec<Pick>)> {
+        if node.cpu_milli < req.cpu_milli || node.memory_bytes < req.memory_bytes {
+            return None;
+        }
+        let host_t = tail_of(
+            &self.host,
+            lb,
+            |h| (h.start, h.end, i64::from(h.cpu_milli), h.mem as i64),
+            (i64::from(req.cpu_milli), req.memory_bytes as i64),
+            (i64::from(node.cpu_milli), node.memory_bytes as i64),
+        );
+        let exclusive =
+            |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<(Millis, Vec<Pick>)> {
+                let mut tails: Vec<(Millis, usize)> = node
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| pred(s) && req.model_ok(&s.model))
+                    .map(|(i, _)| {
+                        let t = self.slots[i]
+                            .iter()
+                            .map(|c| c.end)
+                            .max()
+                            .unwrap_or(lb)
+                            .max(lb);
+                        (t, i)
+                    })
+                    .collect();
+                if (tails.len() as u32) < count {
+                    return None;
+                }
+                tails.sort_unstable();
+                tails.truncate(count as usize);
+                let t = tails.last().map_or(lb, |x| x.0);
+                let picks = tails
+                    .iter()
+                    .map(|&(_, i)| Pick {
+                        slot: i,
+                        compute: GPU_MILLI,
+                        mem_mib: node.slots[i].memory_mib,
+                    })
+                    .collect();
+                Some((t, picks))
+            };
+        let (gpu_t, picks) = match &req.gpu {
+            GpuRequest::None => (lb, Vec::new()),
+            GpuRequest::Whole { count } => exclusive(&|s: &SlotView| !s.is_mig(), *count)?,
+            GpuRequest::Mig { profile, count } => {
+                let want = profile.to_ascii_lowercase();
+                exclusive(
+                    &|s: &SlotView| {
+                        s.mig_profile
+                            .as_ref()
+                            .is_some_and(|p| p.to_ascii_lowercase() == want)
+                    },
+                    *count,
+                )?
+            }
+            GpuRequest::Share { .. } => node
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_mig() && req.model_ok(&s.model))
+                .filter_map(|(i, s)| {
+                    let (c, m) = req.share_on(s)?;
+                    let t = tail_of(
+                        &self.slots[i],
+                        lb,
+                        |x| (x.start, x.end, i64::from(x.compute), x.mem_mib as i64),
+                        (i64::from(c), m as i64),
+                        (i64::from(GPU_MILLI), s.memory_mib as i64),
+                    );
+                    Some((t, i, c, m))
+                })
+                .min_by_key(|&(t, i, _, _)| (t, i))
+                .map(|(t, i, c, m)| {
+                    (
+                        t,
+                        vec![Pick {
+                            slot: i,
+                            compute: c,
+                            mem_mib: m,
+                        }],
+                    )
+                })?,
+        };
+        Some((gpu_t.max(host_t), picks))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(start: Millis, end: Millis, compute: u32, reserved: bool) -> Claim {
+        Claim {
+            start,
+            end,
+            job: 9,
+            compute,
+            mem_mib: 0,
+            reserved,
+        }
+    }
+
+    #[test]
+    fn peak_counts_overlaps_only() {
+        let cs = [
+            claim(0, 10, 300, false),
+            claim(5, 15, 300, false),
+            claim(20, 30, 900, false),
+        ];
+        assert_eq!(peak(&cs, 0, 20, true).0, 600);
+        assert_eq!(peak(&cs, 10, 20, true).0, 300);
+        assert_eq!(peak(&cs, 15, 20, true).0, 0);
+        // Touching intervals do not overlap.
+        assert_eq!(
+            peak(
+                &[claim(0, 10, 500, false), claim(10, 20, 500, false)],
+                0,
+                20,
+                true
+            )
+            .0,
+            500
+        );
+    }
+
+    #[test]
+    fn tail_is_after_the_last_violation() {
+        let cs = [claim(0, 10, 600, false), claim(20, 30, 600, true)];
+        let t = |need| {
+            tail_of(
+                &cs,
+                0,
+                |c: &Claim| (c.start, c.end, i64::from(c.compute), 0),
+                (need, 0),
+                (1000, 1),
+            )
+        };
+        assert_eq!(t(400), 0);
+        assert_eq!(t(500), 30);
+        assert_eq!(
+            tail_of(
+                &cs,
+                40,
+                |c: &Claim| (c.start, c.end, i64::from(c.compute), 0),
+                (1000, 0),
+                (1000, 1)
+            ),
+            40
+        );
+    }
+}

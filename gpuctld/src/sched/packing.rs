@@ -1,0 +1,211 @@
+//! Packing: which node (and which GPU inside it) a job that can start now goes to.
+//!
+//! Policies: `first-fit` (node order), `best-fit` (the node left with the least free GPU
+//! after placement), and `fgd`: fragmentation gradient descent (Weng et al., USENIX ATC
+//! '23), which picks the placement that grows the node's expected fragmentation least
+//! for the typical workload mix.
+
+use std::str::FromStr;
+
+use super::model::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    FirstFit,
+    BestFit,
+    #[default]
+    Fgd,
+}
+
+impl FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "first-fit" => Ok(Policy::FirstFit),
+            "best-fit" => Ok(Policy::BestFit),
+            "fgd" => Ok(Policy::Fgd),
+            other => Err(format!(
+                "unknown packing policy {other:?} (first-fit, best-fit or fgd)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Policy::FirstFit => "first-fit",
+            Policy::BestFit => "best-fit",
+            Policy::Fgd => "fgd",
+        })
+    }
+}
+
+/// One kind of task in the typical workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskShape {
+    /// GPUs per task; 0 = CPU only.
+    pub gpus: u32,
+    /// Per-GPU share (1000 = whole).
+    pub milli: u32,
+    pub cpu_milli: u32,
+    /// Allowed models (empty = any).
+    pub models: Vec<String>,
+    /// Popularity; the shapes' weights sum to 1.
+    pub weight: f64,
+}
+
+/// The typical workload FGD measures fragmentation against.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Workload {
+    pub shapes: Vec<TaskShape>,
+}
+
+impl Workload {
+    /// Builds the workload from observed task shapes: the most popular shapes covering
+    /// `coverage` of the tasks, renormalised (as the FGD artifact does with 95%).
+    pub fn from_counts(mut counts: Vec<(TaskShape, u64)>, coverage: f64) -> Workload {
+        counts.sort_by(|a, b| {
+            b.1.cmp(&a.1)
+                .then(a.0.gpus.cmp(&b.0.gpus))
+                .then(a.0.milli.cmp(&b.0.milli))
+                .then(a.0.cpu_milli.cmp(&b.0.cpu_milli))
+                .then(a.0.models.cmp(&b.0.models))
+        });
+        let total: u64 = counts.iter().map(|c| c.1).sum();
+        if total == 0 {
+            return Workload::default();
+        }
+        let mut kept = Vec::new();
+        let mut covered = 0u64;
+        for (shape, n) in counts {
+            if covered as f64 >= coverage * total as f64 {
+                break;
+            }
+            covered += n;
+            kept.push((shape, n));
+        }
+        Workload {
+            shapes: kept
+                .into_iter()
+                .map(|(mut s, n)| {
+                    s.weight = n as f64 / covered as f64;
+                    s
+                })
+                .collect(),
+        }
+    }
+
+    /// Expected fragmentation of a node in GPU milli: for each task shape, the free GPU
+    /// capacity that the shape could not use, weighted by how common the shape is.
+    /// `free` is (slot index, free milli) for the node's non-MIG GPUs.
+    pub fn node_frag(&self, node: &NodeView, free: &[(usize, u32)], cpu_free: u32) -> f64 {
+        let idle: u64 = free.iter().map(|&(_, f)| u64::from(f)).sum();
+        if idle == 0 {
+            return 0.0;
+        }
+        let model = free
+            .first()
+            .map(|&(i, _)| node.slots[i].model.as_str())
+            .unwrap_or("");
+        let mut frag = 0.0;
+        for m in &self.shapes {
+            let lost = if m.gpus == 0 || m.cpu_milli > cpu_free || !model_allowed(&m.models, model)
+            {
+                idle
+            } else {
+                let fits = free.iter().filter(|&&(_, f)| f >= m.milli).count() as u32;
+                if fits < m.gpus {
+                    idle
+                } else {
+                    free.iter()
+                        .filter(|&&(_, f)| f < m.milli)
+                        .map(|&(_, f)| u64::from(f))
+                        .sum()
+                }
+            };
+            frag += m.weight * lost as f64;
+        }
+        frag
+    }
+}
+
+fn model_allowed(models: &[String], model: &str) -> bool {
+    models.is_empty() || {
+        let m = model.to_ascii_lowercase();
+        models.iter().any(|w| m.contains(&w.to_ascii_lowercase()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(gpus: usize) -> NodeView {
+        NodeView {
+            name: "n".into(),
+            eligibility: Eligibility::Up,
+            slots: (0..gpus)
+                .map(|i| SlotView {
+                    uuid: format!("g{i}"),
+                    gpu_index: i as u32,
+                    model: "T4".into(),
+                    memory_mib: 16384,
+                    mig_profile: None,
+                })
+                .collect(),
+            cpu_milli: 64_000,
+            memory_bytes: 1 << 40,
+        }
+    }
+
+    fn shape(gpus: u32, milli: u32, weight: f64) -> TaskShape {
+        TaskShape {
+            gpus,
+            milli,
+            cpu_milli: 1000,
+            models: vec![],
+            weight,
+        }
+    }
+
+    #[test]
+    fn frag_matches_the_definition() {
+        let w = Workload {
+            shapes: vec![shape(1, 1000, 0.5), shape(1, 500, 0.5)],
+        };
+        let n = node(2);
+        // One GPU full free, one with 300 free: the whole-GPU task loses 300, the half
+        // task loses 300 too.
+        let f = w.node_frag(&n, &[(0, 1000), (1, 300)], 8000);
+        assert!((f - 300.0).abs() < 1e-9, "{f}");
+        // Nothing fits the whole-GPU task: all 600 idle milli lost for it; 100 for the half.
+        let f = w.node_frag(&n, &[(0, 500), (1, 100)], 8000);
+        assert!((f - (0.5 * 600.0 + 0.5 * 100.0)).abs() < 1e-9, "{f}");
+        // No CPU left: everything idle is lost.
+        let f = w.node_frag(&n, &[(0, 1000), (1, 1000)], 0);
+        assert!((f - 2000.0).abs() < 1e-9, "{f}");
+    }
+
+    #[test]
+    fn workload_keeps_popular_shapes() {
+        let w = Workload::from_counts(
+            vec![
+                (shape(1, 1000, 0.0), 90),
+                (shape(1, 500, 0.0), 6),
+                (shape(2, 1000, 0.0), 4),
+            ],
+            0.95,
+        );
+        assert_eq!(w.shapes.len(), 2);
+        assert!((w.shapes[0].weight - 90.0 / 96.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn policy_names_roundtrip() {
+        for p in [Policy::FirstFit, Policy::BestFit, Policy::Fgd] {
+            assert_eq!(p.to_string().parse::<Policy>().unwrap(), p);
+        }
+        assert!("worst-fit".parse::<Policy>().is_err());
+    }
+}

@@ -1,0 +1,179 @@
+//! Multifactor priority, as a weighted sum of factors (like Slurm's priority/multifactor).
+//!
+//! Each factor is a number in a known range times its weight from the config. New
+//! factors (fair share, partitions, time of day) are new `Factor` variants and a line in
+//! `factors`, not a rewrite.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::model::*;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PriorityWeights {
+    /// Points for a job that waited `age_max` or longer (linear before that).
+    pub age: i64,
+    #[serde(with = "humantime_serde")]
+    pub age_max: Duration,
+    /// Points for a job as large as the largest node (linear in GPU milli).
+    pub size: i64,
+    /// Points per unit of the job file's `priority`.
+    pub user: i64,
+    /// Multiplier of the QoS level's value.
+    pub qos: i64,
+    /// QoS names and their values; unknown names count 0.
+    pub qos_levels: BTreeMap<String, i64>,
+}
+
+impl Default for PriorityWeights {
+    fn default() -> Self {
+        PriorityWeights {
+            age: 1000,
+            age_max: Duration::from_secs(7 * 24 * 3600),
+            size: 1000,
+            user: 1000,
+            qos: 1,
+            qos_levels: [
+                ("low".to_string(), 0),
+                ("normal".to_string(), 1000),
+                ("high".to_string(), 10_000),
+            ]
+            .into_iter()
+            .collect(),
+        }
+    }
+}
+
+impl PriorityWeights {
+    /// Weights that rank by submit order only (FIFO).
+    pub fn fifo() -> Self {
+        PriorityWeights {
+            age: 0,
+            size: 0,
+            user: 0,
+            qos: 0,
+            ..PriorityWeights::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Factor {
+    Age,
+    Size,
+    User,
+    Qos,
+}
+
+impl Factor {
+    pub fn name(self) -> &'static str {
+        match self {
+            Factor::Age => "age",
+            Factor::Size => "size",
+            Factor::User => "user",
+            Factor::Qos => "qos",
+        }
+    }
+}
+
+/// A job's priority and the weighted factors it is the sum of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Breakdown {
+    pub job: JobId,
+    pub total: i64,
+    pub factors: Vec<(Factor, i64)>,
+}
+
+/// `size_norm`: the GPU milli of the largest node (a job that large gets the full size
+/// weight).
+pub fn breakdown(job: &PendingJob, w: &PriorityWeights, now: Millis, size_norm: u64) -> Breakdown {
+    let age_max = (w.age_max.as_millis() as i64).max(1);
+    let age = (now - job.submit_ms).clamp(0, age_max);
+    let size_norm = size_norm.max(1);
+    let size = job.request.gpu_milli_total().min(size_norm);
+    let qos = w.qos_levels.get(&job.qos).copied().unwrap_or(0);
+    let factors = vec![
+        (Factor::Age, w.age.saturating_mul(age) / age_max),
+        (
+            Factor::Size,
+            (w.size as i128 * size as i128 / size_norm as i128) as i64,
+        ),
+        (Factor::User, w.user.saturating_mul(i64::from(job.priority))),
+        (Factor::Qos, w.qos.saturating_mul(qos)),
+    ];
+    Breakdown {
+        job: job.id,
+        total: factors.iter().map(|f| f.1).fold(0i64, i64::saturating_add),
+        factors,
+    }
+}
+
+/// Jobs in scheduling order: highest priority first, then earlier submit, then lower id.
+pub fn rank<'a>(
+    queue: &'a [PendingJob],
+    w: &PriorityWeights,
+    now: Millis,
+    size_norm: u64,
+) -> Vec<(&'a PendingJob, i64)> {
+    let mut v: Vec<(&PendingJob, i64)> = queue
+        .iter()
+        .map(|j| (j, breakdown(j, w, now, size_norm).total))
+        .collect();
+    v.sort_by_key(|(j, p)| (std::cmp::Reverse(*p), j.submit_ms, j.id));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: JobId, submit_ms: Millis, gpus: u32, priority: i32, qos: &str) -> PendingJob {
+        PendingJob {
+            id,
+            priority,
+            qos: qos.into(),
+            submit_ms,
+            request: Request::whole(gpus),
+            duration_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn factors_are_weighted_and_capped() {
+        let w = PriorityWeights::default();
+        let week = 7 * 24 * 3600 * 1000;
+        let b = breakdown(&job(1, 0, 4, 2, "high"), &w, 2 * week, 8000);
+        assert_eq!(
+            b.factors,
+            vec![
+                (Factor::Age, 1000),
+                (Factor::Size, 500),
+                (Factor::User, 2000),
+                (Factor::Qos, 10_000)
+            ]
+        );
+        assert_eq!(b.total, 13_500);
+        let half = breakdown(&job(1, week / 2, 0, 0, "nope"), &w, week, 8000);
+        assert_eq!(half.total, 500);
+    }
+
+    #[test]
+    fn rank_orders_by_total_then_submit() {
+        let w = PriorityWeights::default();
+        let q = vec![
+            job(1, 0, 1, 0, ""),
+            job(2, 0, 1, 1, ""),
+            job(3, 0, 1, 0, ""),
+        ];
+        let ids: Vec<JobId> = rank(&q, &w, 0, 8000).iter().map(|(j, _)| j.id).collect();
+        assert_eq!(ids, vec![2, 1, 3]);
+        let ids: Vec<JobId> = rank(&q, &PriorityWeights::fifo(), 0, 8000)
+            .iter()
+            .map(|(j, _)| j.id)
+            .collect();
+        assert_eq!(ids, vec![1, 2, 3]);
+    }
+}
