@@ -361,9 +361,13 @@ fn store_status(e: StoreError) -> Status {
     Status::unavailable(format!("controller cannot write its state: {e}"))
 }
 
-/// The final state of a job from the ends of its allocations: the first failure wins.
+/// The final state of a job from the ends of its allocations: a rank's own failure
+/// (FAILED, TIMEOUT) wins over the ranks killed because of it, which win over success.
 fn final_state(allocs: &[pb::Allocation]) -> (JobState, Option<i32>, String) {
-    let bad = allocs.iter().find(|a| a.state() != JobState::Completed);
+    let bad = allocs
+        .iter()
+        .find(|a| matches!(a.state(), JobState::Failed | JobState::Timeout))
+        .or_else(|| allocs.iter().find(|a| a.state() != JobState::Completed));
     match bad {
         Some(a) => (a.state(), a.exit_code, a.reason.clone()),
         None => (
