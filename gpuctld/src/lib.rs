@@ -9,10 +9,14 @@
 //! - `server`: the tonic services (`Controller` for users, `AgentLink` for agents).
 //! - `config`: the controller's TOML configuration and its defaults.
 //! - `daemon`: wiring: open the store, bind, serve, schedule, shut down on a signal.
+//! - `trace`: readers for the Alibaba GPU trace and job CSVs (simulator, benchmarks).
+//! - `bench`: the synthetic cluster and trace-mix queue the benchmarks measure.
 
+pub mod bench;
 pub mod config;
 pub mod controller;
 pub mod daemon;
 pub mod sched;
 pub mod server;
 pub mod store;
+pub mod trace;

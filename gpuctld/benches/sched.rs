@@ -1,0 +1,33 @@
+//! One full scheduling pass (priority + reservations + backfill + placement) over 1,000
+//! nodes x 8 GPUs, half busy, with 10,000 and 100,000 pending jobs of the Alibaba mix.
+//!
+//! cargo bench -p gpuctld --bench sched
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use gpuctld::bench;
+use gpuctld::sched::{self, SchedConfig};
+
+fn pass(c: &mut Criterion) {
+    let (pods, source) = bench::pods();
+    eprintln!("task mix: {source}");
+    let cluster = bench::cluster(1000, 1);
+    let mut g = c.benchmark_group("full_pass_1000x8");
+    g.sample_size(10);
+    for n in [10_000usize, 100_000] {
+        let queue = bench::queue(&pods, n, 2);
+        let config = SchedConfig::default();
+        let plan = sched::schedule(&cluster, &queue, &config, 0);
+        eprintln!(
+            "{n} pending: {} start now, {} reserved",
+            plan.starts.len(),
+            plan.waiting.iter().filter(|w| w.reservation.is_some()).count()
+        );
+        g.bench_with_input(BenchmarkId::from_parameter(n), &queue, |b, q| {
+            b.iter(|| sched::schedule(&cluster, q, &config, 0))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, pass);
+criterion_main!(benches);
