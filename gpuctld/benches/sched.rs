@@ -15,7 +15,10 @@ fn pass(c: &mut Criterion) {
     g.sample_size(10);
     for n in [10_000usize, 100_000] {
         let queue = bench::queue(&pods, n, 2);
-        let config = SchedConfig::default();
+        let config = SchedConfig {
+            workload: gpuctld::trace::workload(&pods),
+            ..SchedConfig::default()
+        };
         let plan = sched::schedule(&cluster, &queue, &config, 0);
         eprintln!(
             "{n} pending: {} start now, {} reserved",

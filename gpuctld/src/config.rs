@@ -33,7 +33,15 @@ pub struct SchedulerConfig {
     pub backfill: bool,
     /// How many blocked jobs get reservations; unset = all.
     pub reservation_depth: Option<usize>,
+    /// Best-fit/FGD score at most this many feasible nodes per job (0 = all).
+    #[serde(deserialize_with = "zero_is_all")]
+    pub max_scored_nodes: Option<usize>,
     pub priority: PriorityWeights,
+}
+
+fn zero_is_all<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    let n = usize::deserialize(d)?;
+    Ok((n > 0).then_some(n))
 }
 
 impl Default for SchedulerConfig {
@@ -42,6 +50,7 @@ impl Default for SchedulerConfig {
             packing: Policy::default().to_string(),
             backfill: true,
             reservation_depth: None,
+            max_scored_nodes: Some(64),
             priority: PriorityWeights::default(),
         }
     }

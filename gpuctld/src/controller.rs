@@ -406,6 +406,7 @@ impl Controller {
             backfill: sc.backfill,
             reservation_depth: sc.reservation_depth,
             workload: Workload::default(),
+            max_scored_nodes: sc.max_scored_nodes,
         };
         Ok(Arc::new(Controller {
             cluster: Mutex::new(cluster),

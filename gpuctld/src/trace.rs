@@ -150,6 +150,37 @@ impl Pod {
     }
 }
 
+/// FGD's typical workload from a pod list: the most popular task shapes covering 95% of
+/// the tasks (FGD_EVAL.md).
+pub fn workload(pods: &[Pod]) -> crate::sched::packing::Workload {
+    use crate::sched::packing::{TaskShape, Workload};
+    use std::collections::BTreeMap;
+    let mut counts: BTreeMap<(u32, u32, u32, Vec<String>), u64> = BTreeMap::new();
+    for p in pods {
+        let models = p.request().models;
+        let milli = if p.num_gpu == 0 { 0 } else { p.gpu_milli };
+        *counts.entry((p.num_gpu, milli, p.cpu_milli, models)).or_default() += 1;
+    }
+    Workload::from_counts(
+        counts
+            .into_iter()
+            .map(|((gpus, milli, cpu_milli, models), n)| {
+                (
+                    TaskShape {
+                        gpus,
+                        milli,
+                        cpu_milli,
+                        models,
+                        weight: 0.0,
+                    },
+                    n,
+                )
+            })
+            .collect(),
+        0.95,
+    )
+}
+
 pub fn read_pods(path: &Path) -> Result<Vec<Pod>, TraceError> {
     let shown = path.display().to_string();
     let mut rdr = csv::Reader::from_path(path).map_err(|source| TraceError::Read {

@@ -85,14 +85,96 @@ pub enum Miss {
     },
 }
 
+/// Usage over time as a step function: `pts[i] = (t, c, m)` means usage (c, m) from t
+/// until the next point; usage is 0 before the first point and after the last (which
+/// always has usage 0). Kept up to date on every claim, so peaks and tails need no
+/// sorting.
+#[derive(Debug, Clone, Default)]
+pub struct Profile {
+    pts: Vec<(Millis, i64, i64)>,
+}
+
+impl Profile {
+    fn split_at(&mut self, t: Millis) -> usize {
+        match self.pts.binary_search_by_key(&t, |p| p.0) {
+            Ok(i) => i,
+            Err(i) => {
+                let (c, m) = if i == 0 { (0, 0) } else { (self.pts[i - 1].1, self.pts[i - 1].2) };
+                self.pts.insert(i, (t, c, m));
+                i
+            }
+        }
+    }
+
+    pub fn add(&mut self, a: Millis, b: Millis, c: i64, m: i64) {
+        if a >= b {
+            return;
+        }
+        let i = self.split_at(a);
+        let j = self.split_at(b);
+        for p in &mut self.pts[i..j] {
+            p.1 += c;
+            p.2 += m;
+        }
+    }
+
+    /// Peak usage over [a, b).
+    pub fn peak(&self, a: Millis, b: Millis) -> (i64, i64) {
+        let start = self.pts.partition_point(|p| p.0 <= a).saturating_sub(1);
+        let (mut pc, mut pm) = (0, 0);
+        for (k, p) in self.pts[start..].iter().enumerate() {
+            if p.0 >= b {
+                break;
+            }
+            let next = self.pts.get(start + k + 1).map_or(Millis::MAX, |q| q.0);
+            if next <= a {
+                continue;
+            }
+            pc = pc.max(p.1);
+            pm = pm.max(p.2);
+        }
+        (pc, pm)
+    }
+
+    /// Earliest T >= lb from which usage + need stays within cap for good.
+    pub fn tail(&self, lb: Millis, need: (i64, i64), cap: (i64, i64)) -> Millis {
+        for i in (0..self.pts.len()).rev() {
+            let p = self.pts[i];
+            if p.1 + need.0 > cap.0 || p.2 + need.1 > cap.1 {
+                let end = self.pts.get(i + 1).map_or(p.0, |q| q.0);
+                return end.max(lb);
+            }
+            if p.0 <= lb {
+                break;
+            }
+        }
+        lb
+    }
+
+    /// When the last use ends (`lb` if none after it).
+    pub fn last_end(&self, lb: Millis) -> Millis {
+        self.pts.last().map_or(lb, |p| p.0).max(lb)
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Calendar {
+    /// Usage profiles (with reservations) per slot and for the host's CPU/memory.
+    pub slot_prof: Vec<Profile>,
+    pub host_prof: Profile,
     pub slots: Vec<Vec<Claim>>,
     pub host: Vec<HostClaim>,
     /// Bumped on every change; cached answers about this node are stale when it moves.
     pub version: u64,
     /// Free resources at `now`, ignoring reservations: a quick upper bound for `fit`.
     pub free_now: FreeNow,
+    /// Per slot (free compute milli, free memory MiB) at `now`, ignoring reservations.
+    pub slot_free_now: Vec<(u32, u64)>,
+    /// Earliest start of any reservation here (`Millis::MAX`: none). A window that ends
+    /// by then sees only running jobs, whose usage never grows after `now`, so the
+    /// `slot_free_now` snapshot answers `fit` exactly (the fast path).
+    pub reserved_from: Millis,
+    pub now: Millis,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -159,48 +241,13 @@ fn first_reserved(claims: &[Claim], a: Millis, b: Millis) -> Option<(JobId, Mill
         .min_by_key(|&(j, s)| (s, j))
 }
 
-/// Earliest T >= lb such that from T on, usage + need stays within cap forever.
-fn tail_of<T>(
-    claims: &[T],
-    lb: Millis,
-    span: impl Fn(&T) -> (Millis, Millis, i64, i64),
-    need: (i64, i64),
-    cap: (i64, i64),
-) -> Millis {
-    let mut ev: Vec<(Millis, i64, i64)> = Vec::with_capacity(claims.len() * 2);
-    for c in claims {
-        let (s, e, dc, dm) = span(c);
-        if e > lb {
-            ev.push((s.max(lb), dc, dm));
-            ev.push((e, -dc, -dm));
-        }
-    }
-    if ev.is_empty() {
-        return lb;
-    }
-    ev.sort_unstable_by_key(|&(t, dc, _)| (t, dc));
-    let (mut c, mut m) = (0i64, 0i64);
-    let mut tail = lb;
-    let mut i = 0;
-    while i < ev.len() {
-        let t = ev[i].0;
-        while i < ev.len() && ev[i].0 == t {
-            c += ev[i].1;
-            m += ev[i].2;
-            i += 1;
-        }
-        // Usage on [t, next event) is (c, m).
-        if c + need.0 > cap.0 || m + need.1 > cap.1 {
-            tail = ev.get(i).map_or(t, |e| e.0);
-        }
-    }
-    tail.max(lb)
-}
-
 impl Calendar {
     pub fn new(node: &NodeView) -> Calendar {
         Calendar {
             slots: vec![Vec::new(); node.slots.len()],
+            slot_prof: vec![Profile::default(); node.slots.len()],
+            reserved_from: Millis::MAX,
+            now: Millis::MIN,
             ..Calendar::default()
         }
     }
@@ -216,6 +263,7 @@ impl Calendar {
         reserved: bool,
     ) {
         for p in picks {
+            self.slot_prof[p.slot].add(a, b, i64::from(p.compute), p.mem_mib as i64);
             self.slots[p.slot].push(Claim {
                 start: a,
                 end: b,
@@ -225,7 +273,11 @@ impl Calendar {
                 reserved,
             });
         }
+        if reserved {
+            self.reserved_from = self.reserved_from.min(a);
+        }
         if cpu_milli > 0 || mem > 0 {
+            self.host_prof.add(a, b, i64::from(cpu_milli), mem as i64);
             self.host.push(HostClaim {
                 start: a,
                 end: b,
@@ -240,8 +292,12 @@ impl Calendar {
 
     pub fn refresh_free_now(&mut self, node: &NodeView, now: Millis) {
         let mut f = FreeNow::default();
+        self.now = now;
+        self.slot_free_now.clear();
         for (s, claims) in node.slots.iter().zip(&self.slots) {
             let (c, m) = peak(claims, now, now + 1, false);
+            self.slot_free_now
+                .push((GPU_MILLI.saturating_sub(c), s.memory_mib.saturating_sub(m)));
             if s.is_mig() {
                 f.mig += u32::from(c == 0);
             } else {
@@ -259,6 +315,15 @@ impl Calendar {
 
     /// Free compute milli per non-MIG GPU at `at`, with reservations (for packing scores).
     pub fn gpu_free_milli(&self, node: &NodeView, at: Millis) -> Vec<(usize, u32)> {
+        if at == self.now && at < self.reserved_from {
+            return node
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_mig())
+                .map(|(i, _)| (i, self.slot_free_now[i].0))
+                .collect();
+        }
         node.slots
             .iter()
             .enumerate()
@@ -293,6 +358,11 @@ impl Calendar {
         if node.memory_bytes < req.memory_bytes {
             return Err(Miss::TooSmall { what: "memory" });
         }
+        if a == self.now && b <= self.reserved_from {
+            if let Some(picks) = self.fit_fast(node, req, policy) {
+                return Ok(picks);
+            }
+        }
         let picks = self.fit_gpus(node, req, a, b, policy, workload)?;
         if req.cpu_milli > 0 || req.memory_bytes > 0 {
             let (c, m) = host_peak(&self.host, a, b, true);
@@ -326,6 +396,71 @@ impl Calendar {
             }
         }
         Ok(picks)
+    }
+
+    /// `fit` from the snapshot at `now`, for windows that meet no reservation. `None`
+    /// means "does not fit" (the slow path then says why). FGD's choice of GPU for a
+    /// share is left to the slow path, which scores candidates.
+    fn fit_fast(&self, node: &NodeView, req: &Request, policy: Policy) -> Option<Vec<Pick>> {
+        let f = &self.free_now;
+        if f.cpu_milli < req.cpu_milli || f.mem < req.memory_bytes {
+            return None;
+        }
+        let exclusive = |count: u32, kind: &dyn Fn(&SlotView) -> bool| -> Option<Vec<Pick>> {
+            let mut picks = Vec::with_capacity(count as usize);
+            for (i, s) in node.slots.iter().enumerate() {
+                if picks.len() as u32 == count {
+                    break;
+                }
+                let (c, m) = self.slot_free_now[i];
+                if kind(s) && c == GPU_MILLI && m == s.memory_mib && req.model_ok(&s.model) {
+                    picks.push(Pick { slot: i, compute: GPU_MILLI, mem_mib: s.memory_mib });
+                }
+            }
+            (picks.len() as u32 == count).then_some(picks)
+        };
+        match &req.gpu {
+            GpuRequest::None => Some(Vec::new()),
+            GpuRequest::Whole { count } => {
+                if f.whole < *count {
+                    return None;
+                }
+                exclusive(*count, &|s| !s.is_mig())
+            }
+            GpuRequest::Mig { profile, count } => {
+                if f.mig < *count {
+                    return None;
+                }
+                exclusive(*count, &|s| {
+                    s.mig_profile.as_ref().is_some_and(|p| p.eq_ignore_ascii_case(profile))
+                })
+            }
+            GpuRequest::Share { .. } => {
+                if policy == Policy::Fgd {
+                    return None;
+                }
+                let mut best: Option<(u32, usize, Pick)> = None;
+                for (i, s) in node.slots.iter().enumerate() {
+                    if s.is_mig() || !req.model_ok(&s.model) {
+                        continue;
+                    }
+                    let Some((c, m)) = req.share_on(s) else { continue };
+                    let (fc, fm) = self.slot_free_now[i];
+                    if c > fc || m > fm {
+                        continue;
+                    }
+                    let p = Pick { slot: i, compute: c, mem_mib: m };
+                    if policy == Policy::FirstFit {
+                        return Some(vec![p]);
+                    }
+                    let left = fc - c;
+                    if best.is_none_or(|b| (left, i) < (b.0, b.1)) {
+                        best = Some((left, i, p));
+                    }
+                }
+                best.map(|b| vec![b.2])
+            }
+        }
     }
 
     fn fit_gpus(
@@ -541,14 +676,67 @@ impl Calendar {
 
     /// Earliest T >= lb from which `req` fits on this node for good, and the slots it
     /// would take then. `None`: never (the node is too small or has no matching slots).
+    /// The time `tail` would give, without choosing slots (the hot path of reservations).
+    pub fn tail_time(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<Millis> {
+        if node.cpu_milli < req.cpu_milli || node.memory_bytes < req.memory_bytes {
+            return None;
+        }
+        let host_t = self.host_prof.tail(
+            lb,
+            (i64::from(req.cpu_milli), req.memory_bytes as i64),
+            (i64::from(node.cpu_milli), node.memory_bytes as i64),
+        );
+        let kth = |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<Millis> {
+            let mut buf = [Millis::MAX; 64];
+            let mut n = 0;
+            for (i, s) in node.slots.iter().enumerate() {
+                if pred(s) && req.model_ok(&s.model) {
+                    if n == buf.len() {
+                        // More than 64 slots: let `tail` do it the general way.
+                        return self.tail(node, req, lb).map(|t| t.0);
+                    }
+                    buf[n] = self.slot_prof[i].last_end(lb);
+                    n += 1;
+                }
+            }
+            let k = count as usize;
+            if k == 0 || n < k {
+                return None;
+            }
+            let (_, t, _) = buf[..n].select_nth_unstable(k - 1);
+            Some(*t)
+        };
+        let gpu_t = match &req.gpu {
+            GpuRequest::None => lb,
+            GpuRequest::Whole { count } => kth(&|s: &SlotView| !s.is_mig(), *count)?,
+            GpuRequest::Mig { profile, count } => kth(
+                &|s: &SlotView| s.mig_profile.as_ref().is_some_and(|p| p.eq_ignore_ascii_case(profile)),
+                *count,
+            )?,
+            GpuRequest::Share { .. } => node
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_mig() && req.model_ok(&s.model))
+                .filter_map(|(i, s)| {
+                    let (c, m) = req.share_on(s)?;
+                    Some(self.slot_prof[i].tail(
+                        lb,
+                        (i64::from(c), m as i64),
+                        (i64::from(GPU_MILLI), s.memory_mib as i64),
+                    ))
+                })
+                .min()?,
+        };
+        Some(gpu_t.max(host_t))
+    }
+
     pub fn tail(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<(Millis, Vec<Pick>)> {
         if node.cpu_milli < req.cpu_milli || node.memory_bytes < req.memory_bytes {
             return None;
         }
-        let host_t = tail_of(
-            &self.host,
+        let host_t = self.host_prof.tail(
             lb,
-            |h| (h.start, h.end, i64::from(h.cpu_milli), h.mem as i64),
             (i64::from(req.cpu_milli), req.memory_bytes as i64),
             (i64::from(node.cpu_milli), node.memory_bytes as i64),
         );
@@ -606,10 +794,8 @@ impl Calendar {
                 .filter(|(_, s)| !s.is_mig() && req.model_ok(&s.model))
                 .filter_map(|(i, s)| {
                     let (c, m) = req.share_on(s)?;
-                    let t = tail_of(
-                        &self.slots[i],
+                    let t = self.slot_prof[i].tail(
                         lb,
-                        |x| (x.start, x.end, i64::from(x.compute), x.mem_mib as i64),
                         (i64::from(c), m as i64),
                         (i64::from(GPU_MILLI), s.memory_mib as i64),
                     );
@@ -670,28 +856,25 @@ mod tests {
     }
 
     #[test]
-    fn tail_is_after_the_last_violation() {
-        let cs = [claim(0, 10, 600, false), claim(20, 30, 600, true)];
-        let t = |need| {
-            tail_of(
-                &cs,
-                0,
-                |c: &Claim| (c.start, c.end, i64::from(c.compute), 0),
-                (need, 0),
-                (1000, 1),
-            )
-        };
-        assert_eq!(t(400), 0);
-        assert_eq!(t(500), 30);
-        assert_eq!(
-            tail_of(
-                &cs,
-                40,
-                |c: &Claim| (c.start, c.end, i64::from(c.compute), 0),
-                (1000, 0),
-                (1000, 1)
-            ),
-            40
-        );
+    fn profile_tail_and_peak() {
+        let mut p = Profile::default();
+        p.add(0, 10, 600, 0);
+        p.add(20, 30, 600, 0);
+        p.add(5, 15, 100, 0);
+        assert_eq!(p.peak(0, 20), (700, 0));
+        assert_eq!(p.peak(10, 20), (100, 0));
+        assert_eq!(p.peak(15, 20), (0, 0));
+        assert_eq!(p.peak(25, 26), (600, 0));
+        let t = |lb, need| p.tail(lb, (need, 0), (1000, 1));
+        assert_eq!(t(0, 300), 0);
+        assert_eq!(t(0, 350), 10);
+        assert_eq!(t(0, 500), 30);
+        assert_eq!(t(40, 1000), 40);
+        assert_eq!(p.last_end(0), 30);
+        // The profile agrees with the claims it was built from.
+        let cs = [claim(0, 10, 600, false), claim(20, 30, 600, true), claim(5, 15, 100, false)];
+        for (a, b) in [(0, 5), (3, 12), (12, 25), (29, 40)] {
+            assert_eq!(peak(&cs, a, b, true).0 as i64, p.peak(a, b).0, "[{a},{b})");
+        }
     }
 }

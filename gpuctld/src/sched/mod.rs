@@ -47,6 +47,9 @@ pub struct SchedConfig {
     pub reservation_depth: Option<usize>,
     /// The typical workload FGD measures fragmentation against.
     pub workload: Workload,
+    /// Best-fit and FGD score at most this many feasible nodes per job (in node order),
+    /// like kube-scheduler's percentageOfNodesToScore; `None` scores them all.
+    pub max_scored_nodes: Option<usize>,
 }
 
 impl Default for SchedConfig {
@@ -57,6 +60,7 @@ impl Default for SchedConfig {
             backfill: true,
             reservation_depth: None,
             workload: Workload::default(),
+            max_scored_nodes: Some(64),
         }
     }
 }
@@ -306,8 +310,11 @@ impl Pass<'_> {
                 Ok(picks) => {
                     let s = self.score(i, req, &picks);
                     found.push((s, i, picks));
-                    if self.config.policy == Policy::FirstFit && found.len() >= want && !exhaustive
-                    {
+                    let enough = match self.config.policy {
+                        Policy::FirstFit => want,
+                        _ => want.max(self.config.max_scored_nodes.unwrap_or(usize::MAX)),
+                    };
+                    if found.len() >= enough && !exhaustive {
                         break;
                     }
                 }
@@ -345,8 +352,8 @@ impl Pass<'_> {
                 .iter()
                 .filter_map(|&i| {
                     cals[i]
-                        .tail(&cluster.nodes[i], req, now)
-                        .map(|(t, _)| Reverse((t, i, cals[i].version)))
+                        .tail_time(&cluster.nodes[i], req, now)
+                        .map(|t| Reverse((t, i, cals[i].version)))
                 })
                 .collect()
         });
@@ -359,7 +366,7 @@ impl Pass<'_> {
                 heap.push(Reverse((t, i, v)));
                 return Some((t.max(lb), i, picks));
             }
-            if let Some((t2, _)) = cals[i].tail(node, req, now) {
+            if let Some(t2) = cals[i].tail_time(node, req, now) {
                 heap.push(Reverse((t2, i, cals[i].version)));
             }
         }
