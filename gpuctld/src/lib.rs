@@ -18,5 +18,6 @@ pub mod controller;
 pub mod daemon;
 pub mod sched;
 pub mod server;
+pub mod sim;
 pub mod store;
 pub mod trace;

@@ -7,7 +7,7 @@
 //! included: that is what makes backfill unable to delay a reservation.
 
 use super::model::*;
-use super::packing::{Policy, Workload};
+use super::packing::{FragMemo, Policy};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
@@ -345,7 +345,7 @@ impl Calendar {
         a: Millis,
         b: Millis,
         policy: Policy,
-        workload: &Workload,
+        frag: &FragMemo<'_>,
     ) -> Result<Vec<Pick>, Miss> {
         match node.eligibility {
             Eligibility::Drained => return Err(Miss::Drained),
@@ -363,7 +363,7 @@ impl Calendar {
                 return Ok(picks);
             }
         }
-        let picks = self.fit_gpus(node, req, a, b, policy, workload)?;
+        let picks = self.fit_gpus(node, req, a, b, policy, frag)?;
         if req.cpu_milli > 0 || req.memory_bytes > 0 {
             let (c, m) = host_peak(&self.host, a, b, true);
             let cpu_ok = c + req.cpu_milli <= node.cpu_milli;
@@ -470,7 +470,7 @@ impl Calendar {
         a: Millis,
         b: Millis,
         policy: Policy,
-        workload: &Workload,
+        frag: &FragMemo<'_>,
     ) -> Result<Vec<Pick>, Miss> {
         match &req.gpu {
             GpuRequest::None => Ok(Vec::new()),
@@ -516,7 +516,7 @@ impl Calendar {
                     }
                 })
             }
-            GpuRequest::Share { .. } => self.fit_share(node, req, a, b, policy, workload),
+            GpuRequest::Share { .. } => self.fit_share(node, req, a, b, policy, frag),
         }
     }
 
@@ -575,7 +575,7 @@ impl Calendar {
         a: Millis,
         b: Millis,
         policy: Policy,
-        workload: &Workload,
+        frag: &FragMemo<'_>,
     ) -> Result<Vec<Pick>, Miss> {
         let mut candidates: Vec<Pick> = Vec::new();
         let (mut usable, mut best_free) = (0u32, (0u32, 0u64));
@@ -651,7 +651,7 @@ impl Calendar {
                 let cpus_free = node
                     .cpu_milli
                     .saturating_sub(host_peak(&self.host, a, b, true).0);
-                let before = workload.node_frag(node, &free, cpus_free);
+                let before = frag.node_frag(node, &free, cpus_free);
                 *candidates
                     .iter()
                     .min_by(|p, q| {
@@ -660,7 +660,7 @@ impl Calendar {
                                 .iter()
                                 .map(|&(i, f)| (i, if i == x.slot { f - x.compute } else { f }))
                                 .collect();
-                            workload.node_frag(
+                            frag.node_frag(
                                 node,
                                 &after,
                                 cpus_free.saturating_sub(req.cpu_milli),

@@ -33,7 +33,7 @@ use std::collections::{BinaryHeap, HashMap};
 pub use calendar::Miss;
 use calendar::{Calendar, Pick};
 pub use model::*;
-use packing::{Policy, Workload};
+use packing::{FragMemo, Policy, Workload};
 use priority::PriorityWeights;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -178,8 +178,9 @@ pub fn fits_empty(node: &NodeView, req: &Request) -> bool {
         eligibility: Eligibility::Up,
         ..node.clone()
     };
+    let empty = Workload::default();
     Calendar::new(&up)
-        .fit(&up, req, 0, 1, Policy::FirstFit, &Workload::default())
+        .fit(&up, req, 0, 1, Policy::FirstFit, &FragMemo::new(&empty))
         .is_ok()
 }
 
@@ -196,6 +197,7 @@ struct Pass<'a> {
     /// Upper bounds of what any eligible node has free now, for a quick "cannot start".
     max_free: calendar::FreeNow,
     max_free_dirty: bool,
+    frag: FragMemo<'a>,
 }
 
 fn alloc_of(node: &NodeView, picks: &[Pick], req: &Request) -> Alloc {
@@ -214,7 +216,7 @@ fn alloc_of(node: &NodeView, picks: &[Pick], req: &Request) -> Alloc {
     }
 }
 
-impl Pass<'_> {
+impl<'a> Pass<'a> {
     fn refresh_max_free(&mut self) {
         if !self.max_free_dirty {
             return;
@@ -263,7 +265,7 @@ impl Pass<'_> {
             Policy::Fgd => {
                 let free = cal.gpu_free_milli(node, self.now);
                 let cpu = cal.free_now.cpu_milli;
-                let before = self.config.workload.node_frag(node, &free, cpu);
+                let before = self.frag.node_frag(node, &free, cpu);
                 let after: Vec<(usize, u32)> = free
                     .iter()
                     .map(|&(s, f)| {
@@ -275,8 +277,7 @@ impl Pass<'_> {
                         (s, f.saturating_sub(took))
                     })
                     .collect();
-                self.config
-                    .workload
+                self.frag
                     .node_frag(node, &after, cpu.saturating_sub(req.cpu_milli))
                     - before
             }
@@ -306,7 +307,7 @@ impl Pass<'_> {
             if !exhaustive && (!node.eligible() || !Self::may_fit(&self.cals[i].free_now, req)) {
                 continue;
             }
-            match self.cals[i].fit(node, req, a, b, self.config.policy, &self.config.workload) {
+            match self.cals[i].fit(node, req, a, b, self.config.policy, &self.frag) {
                 Ok(picks) => {
                     let s = self.score(i, req, &picks);
                     found.push((s, i, picks));
@@ -409,6 +410,152 @@ impl Pass<'_> {
     }
 }
 
+impl<'a> Pass<'a> {
+    /// Calendars with every running job's claim from now to its expected end.
+    fn new(cluster: &'a ClusterView, config: &'a SchedConfig, now: Millis) -> Pass<'a> {
+        let mut pass = Pass {
+            cluster,
+            config,
+            now,
+            cals: cluster.nodes.iter().map(Calendar::new).collect(),
+            tails: HashMap::new(),
+            eligible: (0..cluster.nodes.len())
+                .filter(|&i| cluster.nodes[i].eligible())
+                .collect(),
+            max_free: calendar::FreeNow::default(),
+            max_free_dirty: true,
+            frag: FragMemo::new(&config.workload),
+        };
+        let node_index: HashMap<&str, usize> = cluster
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
+            .collect();
+        for r in &cluster.running {
+            let Some(&i) = node_index.get(r.alloc.node.as_str()) else {
+                continue;
+            };
+            let node = &cluster.nodes[i];
+            let picks: Vec<Pick> = r
+                .alloc
+                .slots
+                .iter()
+                .filter_map(|u| {
+                    node.slots
+                        .iter()
+                        .position(|s| s.uuid == u.uuid)
+                        .map(|slot| Pick {
+                            slot,
+                            compute: u.compute_milli,
+                            mem_mib: u.memory_mib,
+                        })
+                })
+                .collect();
+            // A job past its limit is being ended; plan as if it ends a second from now.
+            let end = r.end_ms.max(now + 1000);
+            pass.cals[i].add(
+                r.job,
+                &picks,
+                r.alloc.cpu_milli,
+                r.alloc.memory_bytes,
+                now,
+                end,
+                false,
+            );
+        }
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            pass.cals[i].refresh_free_now(node, now);
+        }
+        pass
+    }
+}
+
+/// One job at a time against a cluster that keeps its state between calls, with no
+/// queue and no reservations: the FGD inflation experiment places arrivals this way.
+/// Placement and packing are exactly the scheduler's.
+pub struct Session<'a> {
+    pass: Pass<'a>,
+    node_index: HashMap<String, usize>,
+    /// Fragmentation of each node at creation, and after its last change.
+    initial_frag: Vec<f64>,
+    last_frag: HashMap<usize, f64>,
+}
+
+impl<'a> Session<'a> {
+    pub fn new(cluster: &'a ClusterView, config: &'a SchedConfig, now: Millis) -> Session<'a> {
+        let mut s = Session {
+            pass: Pass::new(cluster, config, now),
+            node_index: cluster
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.name.clone(), i))
+                .collect(),
+            initial_frag: Vec::new(),
+            last_frag: HashMap::new(),
+        };
+        s.initial_frag = (0..cluster.nodes.len()).map(|i| s.node_frag(i)).collect();
+        s
+    }
+
+    /// Starts the job now if it fits now, holding its slots for `duration_ms`.
+    pub fn start_now(&mut self, job: JobId, req: &Request, duration_ms: Millis) -> Option<Start> {
+        let gang = req.nodes.max(1) as usize;
+        let mut misses = Vec::new();
+        let d = duration_ms.max(1);
+        let fits = self.pass.fit_now(req, d, gang, &mut misses, false);
+        if fits.len() < gang {
+            return None;
+        }
+        let now = self.pass.now;
+        let mut allocs = Vec::new();
+        for (i, picks) in fits {
+            self.pass.claim(job, i, &picks, req, now, now.saturating_add(d), false);
+            allocs.push(alloc_of(&self.pass.cluster.nodes[i], &picks, req));
+        }
+        Some(Start { job, allocs })
+    }
+
+    /// GPU milli held now, over all nodes.
+    pub fn allocated_milli(&self) -> u64 {
+        self.pass
+            .cals
+            .iter()
+            .flat_map(|c| c.slot_free_now.iter().map(|f| u64::from(GPU_MILLI - f.0)))
+            .sum()
+    }
+
+    fn node_frag(&self, i: usize) -> f64 {
+        let p = &self.pass;
+        let node = &p.cluster.nodes[i];
+        let free = p.cals[i].gpu_free_milli(node, p.now);
+        p.frag.node_frag(node, &free, p.cals[i].free_now.cpu_milli)
+    }
+
+    /// `total` (the fragmentation before `start`) updated for the nodes `start` touched.
+    /// Call after every `start_now` that placed something.
+    pub fn fragmentation_update(&mut self, start: &Start, total: f64) -> f64 {
+        let mut t = total;
+        for a in &start.allocs {
+            let Some(&i) = self.node_index.get(&a.node) else {
+                continue;
+            };
+            let after = self.node_frag(i);
+            let before = self.last_frag.get(&i).copied().unwrap_or_else(|| self.initial_frag[i]);
+            t += after - before;
+            self.last_frag.insert(i, after);
+        }
+        t
+    }
+
+    /// Cluster fragmentation in GPU milli (FGD's measure, against the config's workload).
+    pub fn fragmentation(&self) -> f64 {
+        let p = &self.pass;
+        p.eligible.iter().map(|&i| self.node_frag(i)).sum()
+    }
+}
+
 fn plan(
     cluster: &ClusterView,
     queue: &[PendingJob],
@@ -416,60 +563,7 @@ fn plan(
     now: Millis,
     explain_job: Option<JobId>,
 ) -> (Plan, Option<Explanation>) {
-    let mut pass = Pass {
-        cluster,
-        config,
-        now,
-        cals: cluster.nodes.iter().map(Calendar::new).collect(),
-        tails: HashMap::new(),
-        eligible: (0..cluster.nodes.len())
-            .filter(|&i| cluster.nodes[i].eligible())
-            .collect(),
-        max_free: calendar::FreeNow::default(),
-        max_free_dirty: true,
-    };
-    let node_index: HashMap<&str, usize> = cluster
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.name.as_str(), i))
-        .collect();
-    for r in &cluster.running {
-        let Some(&i) = node_index.get(r.alloc.node.as_str()) else {
-            continue;
-        };
-        let node = &cluster.nodes[i];
-        let picks: Vec<Pick> = r
-            .alloc
-            .slots
-            .iter()
-            .filter_map(|u| {
-                node.slots
-                    .iter()
-                    .position(|s| s.uuid == u.uuid)
-                    .map(|slot| Pick {
-                        slot,
-                        compute: u.compute_milli,
-                        mem_mib: u.memory_mib,
-                    })
-            })
-            .collect();
-        // A job past its limit is being ended; plan as if it ends a second from now.
-        let end = r.end_ms.max(now + 1000);
-        pass.cals[i].add(
-            r.job,
-            &picks,
-            r.alloc.cpu_milli,
-            r.alloc.memory_bytes,
-            now,
-            end,
-            false,
-        );
-    }
-    for (i, node) in cluster.nodes.iter().enumerate() {
-        pass.cals[i].refresh_free_now(node, now);
-    }
-
+    let mut pass = Pass::new(cluster, config, now);
     let norm = size_norm(cluster);
     let ranked = priority::rank(queue, &config.weights, now, norm);
     let mut plan = Plan::default();

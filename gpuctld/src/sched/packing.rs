@@ -5,6 +5,8 @@
 //! '23), which picks the placement that grows the node's expected fragmentation least
 //! for the typical workload mix.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::str::FromStr;
 
 use super::model::*;
@@ -127,6 +129,64 @@ impl Workload {
             frag += m.weight * lost as f64;
         }
         frag
+    }
+}
+
+/// Memoised `Workload::node_frag`. A node's fragmentation depends only on its GPU model,
+/// on which task shapes its free CPU can hold, and on the multiset of its GPUs' free
+/// milli, so nodes (and hypothetical placements) in the same state share one answer.
+pub struct FragMemo<'a> {
+    workload: &'a Workload,
+    /// Distinct CPU needs of the shapes, sorted: free CPU enters only through its rank.
+    cpu_steps: Vec<u32>,
+    models: RefCell<HashMap<String, u32>>,
+    cache: RefCell<HashMap<(u32, u32, Vec<u32>), f64>>,
+}
+
+impl<'a> FragMemo<'a> {
+    pub fn new(workload: &'a Workload) -> FragMemo<'a> {
+        let mut cpu_steps: Vec<u32> = workload.shapes.iter().map(|s| s.cpu_milli).collect();
+        cpu_steps.sort_unstable();
+        cpu_steps.dedup();
+        FragMemo {
+            workload,
+            cpu_steps,
+            models: RefCell::default(),
+            cache: RefCell::default(),
+        }
+    }
+
+    pub fn workload(&self) -> &Workload {
+        self.workload
+    }
+
+    pub fn node_frag(&self, node: &NodeView, free: &[(usize, u32)], cpu_free: u32) -> f64 {
+        if self.workload.shapes.is_empty() {
+            return 0.0;
+        }
+        let model = free
+            .first()
+            .map(|&(i, _)| node.slots[i].model.as_str())
+            .unwrap_or("");
+        let model_id = {
+            let mut m = self.models.borrow_mut();
+            let n = m.len() as u32;
+            *m.entry(model.to_string()).or_insert(n)
+        };
+        let rank = self.cpu_steps.partition_point(|&c| c <= cpu_free) as u32;
+        let mut milli: Vec<u32> = free.iter().map(|&(_, f)| f).collect();
+        milli.sort_unstable();
+        let key = (model_id, rank, milli);
+        if let Some(v) = self.cache.borrow().get(&key) {
+            return *v;
+        }
+        let v = self.workload.node_frag(node, free, cpu_free);
+        let mut cache = self.cache.borrow_mut();
+        if cache.len() > 1_000_000 {
+            cache.clear();
+        }
+        cache.insert(key, v);
+        v
     }
 }
 
