@@ -23,7 +23,10 @@ fn pass(c: &mut Criterion) {
         eprintln!(
             "{n} pending: {} start now, {} reserved",
             plan.starts.len(),
-            plan.waiting.iter().filter(|w| w.reservation.is_some()).count()
+            plan.waiting
+                .iter()
+                .filter(|w| w.reservation.is_some())
+                .count()
         );
         g.bench_with_input(BenchmarkId::from_parameter(n), &queue, |b, q| {
             b.iter(|| sched::schedule(&cluster, q, &config, 0))

@@ -1,6 +1,9 @@
 //! Times one full pass over the benchmark inputs (a quick check beside `cargo bench`).
 fn main() {
-    let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10_000);
     let (pods, _) = gpuctld::bench::pods();
     let cluster = gpuctld::bench::cluster(1000, 1);
     let queue = gpuctld::bench::queue(&pods, n, 2);
@@ -10,5 +13,9 @@ fn main() {
     };
     let t = std::time::Instant::now();
     let plan = gpuctld::sched::schedule(&cluster, &queue, &config, 0);
-    println!("{n} pending: {:?}, {} started", t.elapsed(), plan.starts.len());
+    println!(
+        "{n} pending: {:?}, {} started",
+        t.elapsed(),
+        plan.starts.len()
+    );
 }

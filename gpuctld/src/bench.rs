@@ -6,8 +6,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::sched::{
-    Alloc, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request, Running, SlotUse,
-    SlotView,
+    Alloc, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request, Running,
+    SlotUse, SlotView,
 };
 use crate::trace::Pod;
 
@@ -27,7 +27,10 @@ pub fn cluster(nodes: usize, seed: u64) -> ClusterView {
         let mut slots = Vec::new();
         for g in 0..8u32 {
             if mig && g < 4 {
-                for (k, (p, m)) in [("3g.40gb", 40960), ("2g.20gb", 20480), ("2g.20gb", 20480)].iter().enumerate() {
+                for (k, (p, m)) in [("3g.40gb", 40960), ("2g.20gb", 20480), ("2g.20gb", 20480)]
+                    .iter()
+                    .enumerate()
+                {
                     slots.push(SlotView {
                         uuid: format!("MIG-{name}-{g}-{k}"),
                         gpu_index: g,
@@ -94,7 +97,9 @@ pub fn queue(pods: &[Pod], n: usize, seed: u64) -> Vec<PendingJob> {
                 request.models.clear();
             }
             // The benchmark cluster has no trace models other than G2/T4/V100M32.
-            request.models.retain(|m| MODELS.iter().any(|x| x.contains(m.as_str())));
+            request
+                .models
+                .retain(|m| MODELS.iter().any(|x| x.contains(m.as_str())));
             request.cpu_milli = request.cpu_milli.min(64_000);
             PendingJob {
                 id: i as u64 + 1,

@@ -103,15 +103,30 @@ async fn main() -> std::process::ExitCode {
 
 fn simulate(mode: SimMode) -> anyhow::Result<()> {
     match mode {
-        SimMode::Inflation { nodes, pods, policy, seeds, tune, expected, out } => {
+        SimMode::Inflation {
+            nodes,
+            pods,
+            policy,
+            seeds,
+            tune,
+            expected,
+            out,
+        } => {
             let expected = expected.or_else(|| {
-                let p = pods.first()?.parent()?.join("fgd_expected_results/analysis_allo_discrete.csv");
+                let p = pods
+                    .first()?
+                    .parent()?
+                    .join("fgd_expected_results/analysis_allo_discrete.csv");
                 p.exists().then_some(p)
             });
             let opts = gpuctld::sim::inflation::Options {
                 nodes,
                 pods,
-                policies: if policy.is_empty() { vec![Policy::default()] } else { policy },
+                policies: if policy.is_empty() {
+                    vec![Policy::default()]
+                } else {
+                    policy
+                },
                 seeds,
                 tune,
                 out: out.clone(),
@@ -119,7 +134,10 @@ fn simulate(mode: SimMode) -> anyhow::Result<()> {
             };
             let rows = gpuctld::sim::inflation::run(&opts)?;
             print!("{}", gpuctld::sim::inflation::summary_table(&rows));
-            println!("wrote {}/analysis_allo_discrete.csv, analysis_frag_discrete.csv, summary.md", out.display());
+            println!(
+                "wrote {}/analysis_allo_discrete.csv, analysis_frag_discrete.csv, summary.md",
+                out.display()
+            );
             Ok(())
         }
         SimMode::Replay(a) => gpuctld::sim::replay::main(a),

@@ -26,7 +26,11 @@ pub enum TraceError {
     },
     /// Not retryable: a value is out of range or inconsistent.
     #[error("{path} line {line}: {why}")]
-    Bad { path: String, line: u64, why: String },
+    Bad {
+        path: String,
+        line: u64,
+        why: String,
+    },
 }
 
 /// The folder of the Alibaba trace: `$GPUCTL_TRACE_DIR`, else `../shared/traces/
@@ -159,7 +163,9 @@ pub fn workload(pods: &[Pod]) -> crate::sched::packing::Workload {
     for p in pods {
         let models = p.request().models;
         let milli = if p.num_gpu == 0 { 0 } else { p.gpu_milli };
-        *counts.entry((p.num_gpu, milli, p.cpu_milli, models)).or_default() += 1;
+        *counts
+            .entry((p.num_gpu, milli, p.cpu_milli, models))
+            .or_default() += 1;
     }
     Workload::from_counts(
         counts
@@ -226,21 +232,39 @@ mod tests {
         assert_eq!(pods[1].duration_s(), None);
         let r = pods[1].request();
         assert_eq!(r.models, vec!["T4", "P100"]);
-        assert!(matches!(r.gpu, GpuRequest::Share { compute_milli: Some(460), .. }));
+        assert!(matches!(
+            r.gpu,
+            GpuRequest::Share {
+                compute_milli: Some(460),
+                ..
+            }
+        ));
         let short = dir.path().join("short.csv");
-        std::fs::write(&short, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,10,8,1000\n").unwrap();
+        std::fs::write(
+            &short,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,10,8,1000\n",
+        )
+        .unwrap();
         let pods = read_pods(&short).unwrap();
         assert_eq!(pods[0].request().gpu, GpuRequest::Whole { count: 8 });
         assert_eq!(pods[0].gpu_milli_total(), 8000);
 
         let nodes = dir.path().join("nodes.csv");
-        std::fs::write(&nodes, "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nc0,32000,1000,0,\n").unwrap();
+        std::fs::write(
+            &nodes,
+            "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nc0,32000,1000,0,\n",
+        )
+        .unwrap();
         let n = read_nodes(&nodes).unwrap();
         assert_eq!(n[0].slots.len(), 2);
         assert_eq!(n[0].slots[0].memory_mib, 16384);
         assert!(n[1].slots.is_empty());
         let bad = dir.path().join("bad.csv");
-        std::fs::write(&bad, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,10,2,500\n").unwrap();
+        std::fs::write(
+            &bad,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,10,2,500\n",
+        )
+        .unwrap();
         assert!(read_pods(&bad).unwrap_err().to_string().contains("line 2"));
     }
 }

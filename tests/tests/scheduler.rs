@@ -10,7 +10,9 @@ const T: Duration = Duration::from_secs(20);
 fn fractional_jobs_share_one_gpu() {
     let c = Cluster::start(&[("n1", "2xA100-80GB")]);
     let share = "script = \"echo $CUDA_VISIBLE_DEVICES $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; sleep 30\"\nstdout = \"s-%j.out\"\n[resources]\ngpus = 0.25\n";
-    let ids: Vec<u64> = (0..4).map(|i| c.submit(&format!("s{i}.toml"), share)).collect();
+    let ids: Vec<u64> = (0..4)
+        .map(|i| c.submit(&format!("s{i}.toml"), share))
+        .collect();
     for id in &ids {
         c.wait_state(*id, "RUNNING", T);
     }
@@ -68,7 +70,12 @@ fn mig_jobs_land_on_mig_instances() {
         .filter(|m| m["profile"] == "2g.20gb")
         .map(|m| m["uuid"].as_str().unwrap().to_string())
         .collect();
-    let got: Vec<String> = j["gpus"].as_array().unwrap().iter().map(|g| g.as_str().unwrap().to_string()).collect();
+    let got: Vec<String> = j["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_str().unwrap().to_string())
+        .collect();
     assert_eq!(got, instances);
     assert!(got.iter().all(|g| g.starts_with("MIG-")));
     let out = std::fs::read_to_string(c.path("m.out")).unwrap();
@@ -81,7 +88,11 @@ fn mig_jobs_land_on_mig_instances() {
     assert_eq!(c.job(w1)["gpus"][0], node["gpus"][1]["uuid"]);
     assert!(wait_for(T, || c.job(w2)["reason"] == "Resources"));
     // An unknown profile is refused at submit.
-    std::fs::write(c.path("bad.toml"), "command = [\"true\"]\n[resources]\nmig = \"1g.10gb\"\n").unwrap();
+    std::fs::write(
+        c.path("bad.toml"),
+        "command = [\"true\"]\n[resources]\nmig = \"1g.10gb\"\n",
+    )
+    .unwrap();
     let out = c.gpuctl(&["submit", "bad.toml"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("impossible request"));
@@ -110,14 +121,25 @@ nodes = 2
     let starts: Vec<String> = (0..2)
         .map(|r| std::fs::read_to_string(c.path(&format!("gang-{r}.out"))).unwrap())
         .collect();
-    assert!(starts[0].starts_with("n1 rank=0 of 2 list=n1,n2 master=n1 gpus=GPU-"), "{}", starts[0]);
-    assert!(starts[1].starts_with("n2 rank=1 of 2 list=n1,n2 master=n1 gpus=GPU-"), "{}", starts[1]);
+    assert!(
+        starts[0].starts_with("n1 rank=0 of 2 list=n1,n2 master=n1 gpus=GPU-"),
+        "{}",
+        starts[0]
+    );
+    assert!(
+        starts[1].starts_with("n2 rank=1 of 2 list=n1,n2 master=n1 gpus=GPU-"),
+        "{}",
+        starts[1]
+    );
 
     // All or nothing: with one GPU busy on n2, a 2x2 gang waits; n1 is not held alone.
     let busy = c.submit("b.toml", "script = \"sleep 30\"\n[resources]\ngpus = 1\n");
     c.wait_state(busy, "RUNNING", T);
     let node_of_busy = c.job(busy)["node"].as_str().unwrap().to_string();
-    let gang = c.submit("g2.toml", "script = \"sleep 30\"\n[resources]\ngpus = 2\nnodes = 2\n");
+    let gang = c.submit(
+        "g2.toml",
+        "script = \"sleep 30\"\n[resources]\ngpus = 2\nnodes = 2\n",
+    );
     assert!(wait_for(T, || c.job(gang)["reason"] == "Resources"));
     let other = if node_of_busy == "n1" { "n2" } else { "n1" };
     assert_eq!(c.node_state(other), "IDLE");
@@ -132,5 +154,6 @@ nodes = 2
     );
     let j = c.wait_state(fail, "FAILED", T);
     assert_eq!(j["exit_code"], 4);
-    assert!(wait_for(T, || c.node_state("n1") == "IDLE" && c.node_state("n2") == "IDLE"));
+    assert!(wait_for(T, || c.node_state("n1") == "IDLE"
+        && c.node_state("n2") == "IDLE"));
 }

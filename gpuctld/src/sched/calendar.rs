@@ -99,7 +99,11 @@ impl Profile {
         match self.pts.binary_search_by_key(&t, |p| p.0) {
             Ok(i) => i,
             Err(i) => {
-                let (c, m) = if i == 0 { (0, 0) } else { (self.pts[i - 1].1, self.pts[i - 1].2) };
+                let (c, m) = if i == 0 {
+                    (0, 0)
+                } else {
+                    (self.pts[i - 1].1, self.pts[i - 1].2)
+                };
                 self.pts.insert(i, (t, c, m));
                 i
             }
@@ -258,8 +262,7 @@ impl Calendar {
         picks: &[Pick],
         cpu_milli: u32,
         mem: u64,
-        a: Millis,
-        b: Millis,
+        (a, b): (Millis, Millis),
         reserved: bool,
     ) {
         for p in picks {
@@ -358,10 +361,11 @@ impl Calendar {
         if node.memory_bytes < req.memory_bytes {
             return Err(Miss::TooSmall { what: "memory" });
         }
-        if a == self.now && b <= self.reserved_from {
-            if let Some(picks) = self.fit_fast(node, req, policy) {
-                return Ok(picks);
-            }
+        if a == self.now
+            && b <= self.reserved_from
+            && let Some(picks) = self.fit_fast(node, req, policy)
+        {
+            return Ok(picks);
         }
         let picks = self.fit_gpus(node, req, a, b, policy, frag)?;
         if req.cpu_milli > 0 || req.memory_bytes > 0 {
@@ -414,7 +418,11 @@ impl Calendar {
                 }
                 let (c, m) = self.slot_free_now[i];
                 if kind(s) && c == GPU_MILLI && m == s.memory_mib && req.model_ok(&s.model) {
-                    picks.push(Pick { slot: i, compute: GPU_MILLI, mem_mib: s.memory_mib });
+                    picks.push(Pick {
+                        slot: i,
+                        compute: GPU_MILLI,
+                        mem_mib: s.memory_mib,
+                    });
                 }
             }
             (picks.len() as u32 == count).then_some(picks)
@@ -432,7 +440,9 @@ impl Calendar {
                     return None;
                 }
                 exclusive(*count, &|s| {
-                    s.mig_profile.as_ref().is_some_and(|p| p.eq_ignore_ascii_case(profile))
+                    s.mig_profile
+                        .as_ref()
+                        .is_some_and(|p| p.eq_ignore_ascii_case(profile))
                 })
             }
             GpuRequest::Share { .. } => {
@@ -444,12 +454,18 @@ impl Calendar {
                     if s.is_mig() || !req.model_ok(&s.model) {
                         continue;
                     }
-                    let Some((c, m)) = req.share_on(s) else { continue };
+                    let Some((c, m)) = req.share_on(s) else {
+                        continue;
+                    };
                     let (fc, fm) = self.slot_free_now[i];
                     if c > fc || m > fm {
                         continue;
                     }
-                    let p = Pick { slot: i, compute: c, mem_mib: m };
+                    let p = Pick {
+                        slot: i,
+                        compute: c,
+                        mem_mib: m,
+                    };
                     if policy == Policy::FirstFit {
                         return Some(vec![p]);
                     }
@@ -660,11 +676,8 @@ impl Calendar {
                                 .iter()
                                 .map(|&(i, f)| (i, if i == x.slot { f - x.compute } else { f }))
                                 .collect();
-                            frag.node_frag(
-                                node,
-                                &after,
-                                cpus_free.saturating_sub(req.cpu_milli),
-                            ) - before
+                            frag.node_frag(node, &after, cpus_free.saturating_sub(req.cpu_milli))
+                                - before
                         };
                         f(p).total_cmp(&f(q)).then(p.slot.cmp(&q.slot))
                     })
@@ -710,7 +723,11 @@ impl Calendar {
             GpuRequest::None => lb,
             GpuRequest::Whole { count } => kth(&|s: &SlotView| !s.is_mig(), *count)?,
             GpuRequest::Mig { profile, count } => kth(
-                &|s: &SlotView| s.mig_profile.as_ref().is_some_and(|p| p.eq_ignore_ascii_case(profile)),
+                &|s: &SlotView| {
+                    s.mig_profile
+                        .as_ref()
+                        .is_some_and(|p| p.eq_ignore_ascii_case(profile))
+                },
                 *count,
             )?,
             GpuRequest::Share { .. } => node
@@ -872,7 +889,11 @@ mod tests {
         assert_eq!(t(40, 1000), 40);
         assert_eq!(p.last_end(0), 30);
         // The profile agrees with the claims it was built from.
-        let cs = [claim(0, 10, 600, false), claim(20, 30, 600, true), claim(5, 15, 100, false)];
+        let cs = [
+            claim(0, 10, 600, false),
+            claim(20, 30, 600, true),
+            claim(5, 15, 100, false),
+        ];
         for (a, b) in [(0, 5), (3, 12), (12, 25), (29, 40)] {
             assert_eq!(peak(&cs, a, b, true).0 as i64, p.peak(a, b).0, "[{a},{b})");
         }

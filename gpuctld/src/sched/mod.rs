@@ -187,6 +187,12 @@ pub fn fits_empty(node: &NodeView, req: &Request) -> bool {
         .is_ok()
 }
 
+/// The slots a job would take on one node (by node index).
+type NodePicks = (usize, Vec<Pick>);
+
+/// Min-heap of (earliest time, node index, node version when computed).
+type TailHeap = BinaryHeap<Reverse<(Millis, usize, u64)>>;
+
 struct Pass<'a> {
     cluster: &'a ClusterView,
     config: &'a SchedConfig,
@@ -195,7 +201,7 @@ struct Pass<'a> {
     /// Lazily built per request shape: earliest "free for good" time per node. Keys only
     /// grow as claims are added, so a stale entry is a lower bound and is recomputed when
     /// it reaches the top.
-    tails: HashMap<Request, BinaryHeap<Reverse<(Millis, usize, u64)>>>,
+    tails: HashMap<Request, TailHeap>,
     eligible: Vec<usize>,
     /// Upper bounds of what any eligible node has free now, for a quick "cannot start".
     max_free: calendar::FreeNow,
@@ -344,11 +350,10 @@ impl<'a> Pass<'a> {
         i: usize,
         picks: &[Pick],
         req: &Request,
-        a: Millis,
-        b: Millis,
+        span: (Millis, Millis),
         reserved: bool,
     ) {
-        self.cals[i].add(job, picks, req.cpu_milli, req.memory_bytes, a, b, reserved);
+        self.cals[i].add(job, picks, req.cpu_milli, req.memory_bytes, span, reserved);
         if !reserved {
             let node = &self.cluster.nodes[i];
             self.cals[i].refresh_free_now(node, self.now);
@@ -391,7 +396,7 @@ impl<'a> Pass<'a> {
         req: &Request,
         n: usize,
         lb: Millis,
-    ) -> Option<(Millis, Vec<(usize, Vec<Pick>)>)> {
+    ) -> Option<(Millis, Vec<NodePicks>)> {
         let mut tails: Vec<(Millis, usize, Vec<Pick>)> = self
             .eligible
             .iter()
@@ -470,8 +475,7 @@ impl<'a> Pass<'a> {
                 &picks,
                 r.alloc.cpu_milli,
                 r.alloc.memory_bytes,
-                now,
-                end,
+                (now, end),
                 false,
             );
         }
@@ -522,7 +526,8 @@ impl<'a> Session<'a> {
         let now = self.pass.now;
         let mut allocs = Vec::new();
         for (i, picks) in fits {
-            self.pass.claim(job, i, &picks, req, now, now.saturating_add(d), false);
+            self.pass
+                .claim(job, i, &picks, req, (now, now.saturating_add(d)), false);
             allocs.push(alloc_of(&self.pass.cluster.nodes[i], &picks, req));
         }
         Some(Start { job, allocs })
@@ -553,7 +558,11 @@ impl<'a> Session<'a> {
                 continue;
             };
             let after = self.node_frag(i);
-            let before = self.last_frag.get(&i).copied().unwrap_or_else(|| self.initial_frag[i]);
+            let before = self
+                .last_frag
+                .get(&i)
+                .copied()
+                .unwrap_or_else(|| self.initial_frag[i]);
             t += after - before;
             self.last_frag.insert(i, after);
         }
@@ -600,7 +609,7 @@ fn plan(
         if let Some(fits) = placed {
             let mut allocs = Vec::new();
             for (i, picks) in fits {
-                pass.claim(job.id, i, &picks, req, now, now + d, false);
+                pass.claim(job.id, i, &picks, req, (now, now + d), false);
                 allocs.push(alloc_of(&cluster.nodes[i], &picks, req));
             }
             let start = Start {
@@ -632,7 +641,7 @@ fn plan(
             None
         } else if gang == 1 {
             pass.earliest_one(req, lb).map(|(t, i, picks)| {
-                pass.claim(job.id, i, &picks, req, t, t + d, true);
+                pass.claim(job.id, i, &picks, req, (t, t + d), true);
                 Reservation {
                     start: t,
                     allocs: vec![alloc_of(&cluster.nodes[i], &picks, req)],
@@ -642,7 +651,7 @@ fn plan(
             pass.earliest_gang(req, gang, lb).map(|(t, picks)| {
                 let mut allocs = Vec::new();
                 for (i, p) in picks {
-                    pass.claim(job.id, i, &p, req, t, t + d, true);
+                    pass.claim(job.id, i, &p, req, (t, t + d), true);
                     allocs.push(alloc_of(&cluster.nodes[i], &p, req));
                 }
                 Reservation { start: t, allocs }

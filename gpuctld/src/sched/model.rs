@@ -187,7 +187,7 @@ impl Request {
             ),
             (None, None) => return None,
         };
-        (c >= 1 && c <= GPU_MILLI && m <= total).then_some((c, m))
+        ((1..=GPU_MILLI).contains(&c) && m <= total).then_some((c, m))
     }
 }
 

@@ -132,6 +132,9 @@ impl Workload {
     }
 }
 
+/// (model id, rank of the free CPU among the shapes' needs, sorted free milli per GPU).
+type FragKey = (u32, u32, Vec<u32>);
+
 /// Memoised `Workload::node_frag`. A node's fragmentation depends only on its GPU model,
 /// on which task shapes its free CPU can hold, and on the multiset of its GPUs' free
 /// milli, so nodes (and hypothetical placements) in the same state share one answer.
@@ -140,7 +143,7 @@ pub struct FragMemo<'a> {
     /// Distinct CPU needs of the shapes, sorted: free CPU enters only through its rank.
     cpu_steps: Vec<u32>,
     models: RefCell<HashMap<String, u32>>,
-    cache: RefCell<HashMap<(u32, u32, Vec<u32>), f64>>,
+    cache: RefCell<HashMap<FragKey, f64>>,
 }
 
 impl<'a> FragMemo<'a> {

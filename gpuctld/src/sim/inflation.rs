@@ -7,13 +7,13 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use rand::Rng;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use rand::Rng;
 
 use crate::sched::packing::{Policy, Workload};
-use crate::sched::{ClusterView, Millis, SchedConfig, Session, GPU_MILLI};
+use crate::sched::{ClusterView, GPU_MILLI, Millis, SchedConfig, Session};
 use crate::trace::Pod;
 
 /// Bins 0..=MAX_PCT of arrived request, in percent of capacity.
@@ -58,7 +58,14 @@ pub struct Curves {
 }
 
 /// Runs the arrivals of one seed on `nodes` with `policy`.
-pub fn run_seed(nodes: &ClusterView, pods: &[Pod], workload: &Workload, policy: Policy, seed: u64, tune: f64) -> Curves {
+pub fn run_seed(
+    nodes: &ClusterView,
+    pods: &[Pod],
+    workload: &Workload,
+    policy: Policy,
+    seed: u64,
+    tune: f64,
+) -> Curves {
     let capacity: u64 = nodes
         .nodes
         .iter()
@@ -118,7 +125,14 @@ pub fn run_seed(nodes: &ClusterView, pods: &[Pod], workload: &Workload, policy: 
 
 /// Rows in the layout of `fgd_expected_results/` (`workload,sc_policy,tune,seed,
 /// total_gpus,0..130`; the frag file has no `total_gpus`).
-pub fn csv_rows(workload: &str, policy: &str, tune: f64, total_gpus: usize, runs: &[Curves], frag: bool) -> String {
+pub fn csv_rows(
+    workload: &str,
+    policy: &str,
+    tune: f64,
+    total_gpus: usize,
+    runs: &[Curves],
+    frag: bool,
+) -> String {
     let mut out = String::new();
     for r in runs {
         let v = if frag { &r.frag_pct } else { &r.alloc_pct };
@@ -164,7 +178,10 @@ pub fn expected(path: &Path, workload: &str, pct: usize) -> Vec<(String, f64)> {
             continue;
         }
         let policy = rec.get(1).unwrap_or("").to_string();
-        let v: f64 = rec.get(col).and_then(|x| x.parse().ok()).unwrap_or(f64::NAN);
+        let v: f64 = rec
+            .get(col)
+            .and_then(|x| x.parse().ok())
+            .unwrap_or(f64::NAN);
         match sums.iter_mut().find(|s| s.0 == policy) {
             Some(s) => {
                 s.1 += v;
@@ -173,7 +190,9 @@ pub fn expected(path: &Path, workload: &str, pct: usize) -> Vec<(String, f64)> {
             None => sums.push((policy, v, 1)),
         }
     }
-    sums.into_iter().map(|(p, s, n)| (p, s / f64::from(n))).collect()
+    sums.into_iter()
+        .map(|(p, s, n)| (p, s / f64::from(n)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -221,7 +240,9 @@ mod tests {
 
     #[test]
     fn inflation_reaches_the_target_and_is_reproducible() {
-        let pods: Vec<Pod> = (0..50).map(|i| pod(1, if i % 2 == 0 { 1000 } else { 500 })).collect();
+        let pods: Vec<Pod> = (0..50)
+            .map(|i| pod(1, if i % 2 == 0 { 1000 } else { 500 }))
+            .collect();
         let capacity = 100 * 1000;
         let a = inflate(&pods, capacity, 1.3, 42);
         let b = inflate(&pods, capacity, 1.3, 42);
@@ -248,7 +269,14 @@ mod tests {
         // 2 nodes x 2 GPUs = 4000 milli. Arrivals of one whole GPU each: every arrival is
         // 25% of capacity. The first four fit, the rest are dropped.
         let pods = vec![pod(1, 1000)];
-        let c = run_seed(&cluster(2, 2), &pods, &Workload::default(), Policy::BestFit, 7, 1.3);
+        let c = run_seed(
+            &cluster(2, 2),
+            &pods,
+            &Workload::default(),
+            Policy::BestFit,
+            7,
+            1.3,
+        );
         assert_eq!((c.placed, c.dropped), (4, 1));
         assert_eq!(c.alloc_pct[25], 25.0);
         assert_eq!(c.alloc_pct[24], 0.0);
@@ -315,9 +343,13 @@ pub fn run(opts: &Options) -> anyhow::Result<Vec<SummaryRow>> {
         .into_iter()
         .filter(|n| !n.slots.is_empty())
         .collect();
-    let cluster = ClusterView { nodes, running: vec![] };
+    let cluster = ClusterView {
+        nodes,
+        running: vec![],
+    };
     let total_gpus: usize = cluster.nodes.iter().map(|n| n.slots.len()).sum();
-    std::fs::create_dir_all(&opts.out).with_context(|| format!("cannot create {}", opts.out.display()))?;
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("cannot create {}", opts.out.display()))?;
     let mut allo = csv_header(false);
     let mut frag = csv_header(true);
     let mut rows = Vec::new();
@@ -332,7 +364,9 @@ pub fn run(opts: &Options) -> anyhow::Result<Vec<SummaryRow>> {
         let workload = crate::trace::workload(&pods);
         for &policy in &opts.policies {
             let t0 = std::time::Instant::now();
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(opts.seeds.len().max(1));
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(opts.seeds.len().max(1));
             let mut curves: Vec<Curves> = Vec::new();
             for chunk in opts.seeds.chunks(threads) {
                 let done: Vec<Curves> = std::thread::scope(|s| {
@@ -343,14 +377,31 @@ pub fn run(opts: &Options) -> anyhow::Result<Vec<SummaryRow>> {
                             s.spawn(move || run_seed(c, p, w, policy, seed, opts.tune))
                         })
                         .collect();
-                    handles.into_iter().map(|h| h.join().expect("simulation thread panicked")).collect()
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().expect("simulation thread panicked"))
+                        .collect()
                 });
                 progress.inc(done.len() as u64);
                 curves.extend(done);
             }
             let name = format!("gpuctl-{policy}");
-            allo.push_str(&csv_rows(&workload_name, &name, opts.tune, total_gpus, &curves, false));
-            frag.push_str(&csv_rows(&workload_name, &name, opts.tune, total_gpus, &curves, true));
+            allo.push_str(&csv_rows(
+                &workload_name,
+                &name,
+                opts.tune,
+                total_gpus,
+                &curves,
+                false,
+            ));
+            frag.push_str(&csv_rows(
+                &workload_name,
+                &name,
+                opts.tune,
+                total_gpus,
+                &curves,
+                true,
+            ));
             let theirs = |p: &str, pct| {
                 opts.expected
                     .as_deref()
@@ -379,12 +430,18 @@ pub fn run(opts: &Options) -> anyhow::Result<Vec<SummaryRow>> {
 
 /// The markdown table of allocation ratios: ours against the FGD authors' results.
 pub fn summary_table(rows: &[SummaryRow]) -> String {
-    let f = |x: Option<(f64, f64)>, i: usize| x.map_or("-".to_string(), |p| format!("{:.2}", if i == 0 { p.0 } else { p.1 }));
+    let f = |x: Option<(f64, f64)>, i: usize| {
+        x.map_or("-".to_string(), |p| {
+            format!("{:.2}", if i == 0 { p.0 } else { p.1 })
+        })
+    };
     let mut out = String::from(
         "| workload | policy | ours @100% | ours @130% | FGD (paper) @100% | FGD @130% | BestFit (paper) @130% | ours - FGD @130% | frag @130% (% GPUs) | run time |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
-        let delta = r.fgd.map_or("-".to_string(), |p| format!("{:+.2}", r.at130 - p.1));
+        let delta = r
+            .fgd
+            .map_or("-".to_string(), |p| format!("{:+.2}", r.at130 - p.1));
         let _ = writeln!(
             out,
             "| {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {:.2} | {:.1}s |",

@@ -64,7 +64,11 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>, String> {
                 }
                 out.extend(a..=b);
             }
-            None => out.push(part.trim().parse().map_err(|_| format!("bad seed {part:?}"))?),
+            None => out.push(
+                part.trim()
+                    .parse()
+                    .map_err(|_| format!("bad seed {part:?}"))?,
+            ),
         }
     }
     Ok(out)

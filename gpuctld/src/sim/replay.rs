@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use crate::sched::packing::Policy;
 use crate::sched::priority::PriorityWeights;
 use crate::sched::{
-    self, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request, Running, SchedConfig,
-    SlotView,
+    self, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request, Running,
+    SchedConfig, SlotView,
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -104,8 +104,12 @@ pub fn parse_cluster(spec: &str) -> anyhow::Result<Vec<NodeView>> {
     let [n, g, model] = parts[..] else {
         bail!("--cluster {spec:?} is neither a file nor NODESxGPUSxMODEL (e.g. 64x8xA100-80GB)");
     };
-    let n: usize = n.parse().with_context(|| format!("bad node count in {spec:?}"))?;
-    let g: u32 = g.parse().with_context(|| format!("bad GPU count in {spec:?}"))?;
+    let n: usize = n
+        .parse()
+        .with_context(|| format!("bad node count in {spec:?}"))?;
+    let g: u32 = g
+        .parse()
+        .with_context(|| format!("bad GPU count in {spec:?}"))?;
     let mem = model
         .rsplit_once('-')
         .and_then(|(_, m)| m.strip_suffix("GB"))
@@ -133,14 +137,24 @@ pub fn parse_cluster(spec: &str) -> anyhow::Result<Vec<NodeView>> {
 
 /// Reads jobs (gpuctl's CSV or the Alibaba pods CSV), scaled by `load_factor`, with time
 /// limits `overestimate` x duration unless given. `gpus_per_node` turns big jobs into gangs.
-pub fn read_jobs(path: &Path, load_factor: f64, overestimate: f64, gpus_per_node: u32) -> anyhow::Result<Vec<TraceJob>> {
-    let mut rdr = csv::Reader::from_path(path).with_context(|| format!("cannot read {}", path.display()))?;
+pub fn read_jobs(
+    path: &Path,
+    load_factor: f64,
+    overestimate: f64,
+    gpus_per_node: u32,
+) -> anyhow::Result<Vec<TraceJob>> {
+    let mut rdr =
+        csv::Reader::from_path(path).with_context(|| format!("cannot read {}", path.display()))?;
     let headers = rdr.headers()?.clone();
     let ms = |s: f64| (s * 1000.0).round() as Millis;
     let mut jobs = Vec::new();
     if headers.iter().any(|h| h == "creation_time") {
         let pods = crate::trace::read_pods(path)?;
-        let start = pods.iter().filter_map(|p| p.creation_time).min().unwrap_or(0);
+        let start = pods
+            .iter()
+            .filter_map(|p| p.creation_time)
+            .min()
+            .unwrap_or(0);
         for p in pods {
             let (Some(c), Some(d)) = (p.creation_time, p.duration_s()) else {
                 continue;
@@ -161,7 +175,11 @@ pub fn read_jobs(path: &Path, load_factor: f64, overestimate: f64, gpus_per_node
         for (i, row) in rdr.deserialize::<JobRow>().enumerate() {
             let r = row.with_context(|| format!("{} line {}", path.display(), i + 2))?;
             if r.duration <= 0.0 || r.submit_time < 0.0 {
-                bail!("{} line {}: submit_time >= 0 and duration > 0 please", path.display(), i + 2);
+                bail!(
+                    "{} line {}: submit_time >= 0 and duration > 0 please",
+                    path.display(),
+                    i + 2
+                );
             }
             let per_node = gpus_per_node.max(1);
             let (gpu, nodes, milli) = match (r.num_gpus, r.gpu_milli) {
@@ -176,7 +194,13 @@ pub fn read_jobs(path: &Path, load_factor: f64, overestimate: f64, gpus_per_node
                 ),
                 (n, _) if n > per_node || r.nodes.is_some_and(|k| k > 1) => {
                     let k = r.nodes.unwrap_or(n.div_ceil(per_node)).max(1);
-                    (GpuRequest::Whole { count: n.div_ceil(k) }, k, u64::from(n.div_ceil(k) * k) * 1000)
+                    (
+                        GpuRequest::Whole {
+                            count: n.div_ceil(k),
+                        },
+                        k,
+                        u64::from(n.div_ceil(k) * k) * 1000,
+                    )
                 }
                 (n, _) => (GpuRequest::Whole { count: n }, 1, u64::from(n) * 1000),
             };
@@ -254,11 +278,22 @@ fn config_for(policy: &str, packing: Policy, depth: Option<usize>) -> anyhow::Re
 }
 
 /// Replays `jobs` on `nodes`; returns the summary and the utilisation timeline.
-pub fn replay(nodes: &[NodeView], jobs: &[TraceJob], config: &SchedConfig, policy: &str) -> (Summary, Vec<Sample>) {
+pub fn replay(
+    nodes: &[NodeView],
+    jobs: &[TraceJob],
+    config: &SchedConfig,
+    policy: &str,
+) -> (Summary, Vec<Sample>) {
     let capacity: u64 = nodes.iter().map(|n| n.slots.len() as u64 * 1000).sum();
     let feasible: Vec<&TraceJob> = jobs
         .iter()
-        .filter(|j| nodes.iter().filter(|n| sched::fits_empty(n, &j.request)).count() >= j.request.nodes as usize)
+        .filter(|j| {
+            nodes
+                .iter()
+                .filter(|n| sched::fits_empty(n, &j.request))
+                .count()
+                >= j.request.nodes as usize
+        })
         .collect();
     let infeasible = jobs.len() - feasible.len();
     let mut pending: BTreeMap<u64, &TraceJob> = BTreeMap::new();
@@ -354,15 +389,29 @@ pub fn replay(nodes: &[NodeView], jobs: &[TraceJob], config: &SchedConfig, polic
     sorted.sort_by(f64::total_cmp);
     let mut ps = pass_ms.clone();
     ps.sort_by(f64::total_cmp);
-    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let mean = |v: &[f64]| {
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    };
     let summary = Summary {
         policy: policy.to_string(),
         packing: config.policy.to_string(),
         jobs: feasible.len(),
         infeasible,
         makespan_s: makespan / 1000.0,
-        util_backlogged: if backlog_cap > 0.0 { backlog_area / backlog_cap } else { 0.0 },
-        util_overall: if makespan > 0.0 { area / (makespan * capacity as f64) } else { 0.0 },
+        util_backlogged: if backlog_cap > 0.0 {
+            backlog_area / backlog_cap
+        } else {
+            0.0
+        },
+        util_overall: if makespan > 0.0 {
+            area / (makespan * capacity as f64)
+        } else {
+            0.0
+        },
         wait_mean_s: mean(&waits),
         wait_p50_s: super::percentile(&sorted, 50.0),
         wait_p95_s: super::percentile(&sorted, 95.0),
@@ -396,8 +445,11 @@ fn plot(path: &Path, samples: &[Sample], capacity: u64, title: &str) -> anyhow::
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (1000, 500)).into_drawing_area();
     root.fill(&WHITE)?;
-    let t_max = samples.last().map_or(1.0, |s| s.t as f64 / 3600_000.0).max(1e-3);
-    let t0 = samples.first().map_or(0.0, |s| s.t as f64 / 3600_000.0);
+    let t_max = samples
+        .last()
+        .map_or(1.0, |s| s.t as f64 / 3_600_000.0)
+        .max(1e-3);
+    let t0 = samples.first().map_or(0.0, |s| s.t as f64 / 3_600_000.0);
     let q_max = samples.iter().map(|s| s.queued).max().unwrap_or(1).max(1) as f64;
     let (top, bottom) = root.split_vertically(250);
     let mut c = ChartBuilder::on(&top)
@@ -408,7 +460,12 @@ fn plot(path: &Path, samples: &[Sample], capacity: u64, title: &str) -> anyhow::
         .build_cartesian_2d(t0..t_max, 0f64..1.05)?;
     c.configure_mesh().y_desc("GPU utilisation").draw()?;
     c.draw_series(LineSeries::new(
-        samples.iter().map(|s| (s.t as f64 / 3600_000.0, s.allocated_milli as f64 / capacity.max(1) as f64)),
+        samples.iter().map(|s| {
+            (
+                s.t as f64 / 3_600_000.0,
+                s.allocated_milli as f64 / capacity.max(1) as f64,
+            )
+        }),
         &BLUE,
     ))?;
     let mut q = ChartBuilder::on(&bottom)
@@ -416,9 +473,14 @@ fn plot(path: &Path, samples: &[Sample], capacity: u64, title: &str) -> anyhow::
         .x_label_area_size(30)
         .y_label_area_size(48)
         .build_cartesian_2d(t0..t_max, 0f64..q_max * 1.05)?;
-    q.configure_mesh().x_desc("hours").y_desc("queued jobs").draw()?;
+    q.configure_mesh()
+        .x_desc("hours")
+        .y_desc("queued jobs")
+        .draw()?;
     q.draw_series(LineSeries::new(
-        samples.iter().map(|s| (s.t as f64 / 3600_000.0, s.queued as f64)),
+        samples
+            .iter()
+            .map(|s| (s.t as f64 / 3_600_000.0, s.queued as f64)),
         &RED,
     ))?;
     root.present()?;
@@ -456,12 +518,17 @@ pub fn table(rows: &[Summary]) -> String {
 
 pub fn main(a: Args) -> anyhow::Result<()> {
     let nodes = parse_cluster(&a.cluster)?;
-    let per_node = nodes.iter().map(|n| n.slots.len() as u32).max().unwrap_or(1);
+    let per_node = nodes
+        .iter()
+        .map(|n| n.slots.len() as u32)
+        .max()
+        .unwrap_or(1);
     let mut jobs = read_jobs(&a.jobs, a.load_factor, a.overestimate, per_node)?;
     if let Some(n) = a.limit {
         jobs.truncate(n);
     }
-    std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+    std::fs::create_dir_all(&a.out)
+        .with_context(|| format!("cannot create {}", a.out.display()))?;
     let capacity: u64 = nodes.iter().map(|n| n.slots.len() as u64 * 1000).sum();
     let mut rows = Vec::new();
     let combos: Vec<(String, Policy)> = a
@@ -474,9 +541,17 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         let config = config_for(&policy, packing, a.reservation_depth)?;
         let (summary, samples) = replay(&nodes, &jobs, &config, &policy);
         let stem = format!("{policy}-{packing}");
-        std::fs::write(a.out.join(format!("timeline-{stem}.csv")), timeline_csv(&samples, capacity))?;
+        std::fs::write(
+            a.out.join(format!("timeline-{stem}.csv")),
+            timeline_csv(&samples, capacity),
+        )?;
         if a.plot {
-            plot(&a.out.join(format!("timeline-{stem}.svg")), &samples, capacity, &format!("{policy} / {packing}"))?;
+            plot(
+                &a.out.join(format!("timeline-{stem}.svg")),
+                &samples,
+                capacity,
+                &format!("{policy} / {packing}"),
+            )?;
         }
         rows.push(summary);
         progress.inc(1);
@@ -517,7 +592,11 @@ mod tests {
         // One node, 2 GPUs. t=0: A (1 GPU, 100 s) starts. t=1: B (2 GPUs, 100 s) must
         // wait for A; C (1 GPU, 50 s, limit 50 s) fits beside A and ends before A does.
         // Backfill runs C at 1; FIFO keeps it behind B (B at 100, C at 200).
-        let jobs = [job(1, 0, 100, 1, 100), job(2, 1, 100, 2, 100), job(3, 1, 50, 1, 50)];
+        let jobs = [
+            job(1, 0, 100, 1, 100),
+            job(2, 1, 100, 2, 100),
+            job(3, 1, 50, 1, 50),
+        ];
         let f = run(&jobs, "fifo");
         // Waits: A 0, B 99, C 199.
         assert!((f.wait_mean_s - 298.0 / 3.0).abs() < 1e-9, "{f:?}");
@@ -529,7 +608,10 @@ mod tests {
         // GPU-seconds 100 + 200 + 50 = 350 over 2 GPUs x 200 s.
         assert!((b.util_overall - 350.0 / 400.0).abs() < 1e-9, "{b:?}");
         // While B waited (1..100): A and C busy until 51, then A alone.
-        assert!((b.util_backlogged - (2.0 * 50.0 + 49.0) / 198.0).abs() < 1e-9, "{b:?}");
+        assert!(
+            (b.util_backlogged - (2.0 * 50.0 + 49.0) / 198.0).abs() < 1e-9,
+            "{b:?}"
+        );
         assert_eq!(b.wait_p50_s, 0.0);
         assert_eq!(b.wait_p99_s, 99.0);
         // Bounded slowdowns: A 1, C 1, B (99 + 100) / 100.
@@ -542,7 +624,11 @@ mod tests {
         let nodes = parse_cluster("2x2xT4-16GB").unwrap();
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("jobs.csv");
-        std::fs::write(&p, "submit_time,duration,num_gpus\n0,10,4\n0,10,1\n5,10,9\n").unwrap();
+        std::fs::write(
+            &p,
+            "submit_time,duration,num_gpus\n0,10,4\n0,10,1\n5,10,9\n",
+        )
+        .unwrap();
         let jobs = read_jobs(&p, 1.0, 2.0, 2).unwrap();
         assert_eq!(jobs[0].request.nodes, 2);
         assert_eq!(jobs[0].request.gpu, GpuRequest::Whole { count: 2 });
