@@ -15,7 +15,7 @@ use tokio::sync::{Notify, mpsc};
 use tonic::Status;
 
 use crate::config::Config;
-use crate::sched::packing::{TaskShape, Workload};
+use crate::sched::packing::Workload;
 use crate::sched::{
     self, ClusterView, Eligibility, GpuRequest, NodeView, PendingJob, Request, SlotView,
 };
@@ -254,30 +254,7 @@ impl Cluster {
                 .entry((gpus, milli, r.cpu_milli, r.models))
                 .or_default() += 1;
         }
-        let mut v: Vec<(TaskShape, u64)> = counts
-            .into_iter()
-            .map(|((gpus, milli, cpu_milli, models), n)| {
-                (
-                    TaskShape {
-                        gpus,
-                        milli,
-                        cpu_milli,
-                        models,
-                        weight: 0.0,
-                    },
-                    n,
-                )
-            })
-            .collect();
-        v.sort_by(|a, b| {
-            (a.0.gpus, a.0.milli, a.0.cpu_milli, &a.0.models).cmp(&(
-                b.0.gpus,
-                b.0.milli,
-                b.0.cpu_milli,
-                &b.0.models,
-            ))
-        });
-        Workload::from_counts(v, 0.95)
+        Workload::from_shape_counts(counts)
     }
 
     fn node_pb(&self, n: &StoredNode, usage: &HashMap<&str, Usage>) -> pb::Node {

@@ -157,7 +157,7 @@ impl Pod {
 /// FGD's typical workload from a pod list: the most popular task shapes covering 95% of
 /// the tasks (FGD_EVAL.md).
 pub fn workload(pods: &[Pod]) -> crate::sched::packing::Workload {
-    use crate::sched::packing::{TaskShape, Workload};
+    use crate::sched::packing::Workload;
     use std::collections::BTreeMap;
     let mut counts: BTreeMap<(u32, u32, u32, Vec<String>), u64> = BTreeMap::new();
     for p in pods {
@@ -167,24 +167,7 @@ pub fn workload(pods: &[Pod]) -> crate::sched::packing::Workload {
             .entry((p.num_gpu, milli, p.cpu_milli, models))
             .or_default() += 1;
     }
-    Workload::from_counts(
-        counts
-            .into_iter()
-            .map(|((gpus, milli, cpu_milli, models), n)| {
-                (
-                    TaskShape {
-                        gpus,
-                        milli,
-                        cpu_milli,
-                        models,
-                        weight: 0.0,
-                    },
-                    n,
-                )
-            })
-            .collect(),
-        0.95,
-    )
+    Workload::from_shape_counts(counts)
 }
 
 pub fn read_pods(path: &Path) -> Result<Vec<Pod>, TraceError> {

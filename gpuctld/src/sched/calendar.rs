@@ -194,47 +194,57 @@ fn overlaps(s: Millis, e: Millis, a: Millis, b: Millis) -> bool {
     s < b && a < e
 }
 
-/// Peak (compute, memory) over [a, b) of the claims, optionally without reservations.
-fn peak(claims: &[Claim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u64) {
+/// Peak of summed (x, y) over [a, b) of intervals (start, end, x, y, reserved),
+/// optionally without reservations.
+fn peak_of(
+    items: impl Iterator<Item = (Millis, Millis, i64, i64, bool)>,
+    a: Millis,
+    b: Millis,
+    with_reserved: bool,
+) -> (i64, i64) {
     let mut ev: Vec<(Millis, i64, i64)> = Vec::new();
-    for c in claims {
-        if (with_reserved || !c.reserved) && overlaps(c.start, c.end, a, b) {
-            ev.push((c.start.max(a), i64::from(c.compute), c.mem_mib as i64));
-            ev.push((c.end.min(b), -i64::from(c.compute), -(c.mem_mib as i64)));
+    for (s, e, x, y, reserved) in items {
+        if (with_reserved || !reserved) && overlaps(s, e, a, b) {
+            ev.push((s.max(a), x, y));
+            ev.push((e.min(b), -x, -y));
         }
-    }
-    if ev.len() == 2 {
-        return (ev[0].1 as u32, ev[0].2 as u64);
     }
     // Ends before starts at the same instant.
-    ev.sort_unstable_by_key(|&(t, dc, _)| (t, dc));
-    let (mut c, mut m, mut pc, mut pm) = (0i64, 0i64, 0i64, 0i64);
-    for (_, dc, dm) in ev {
-        c += dc;
-        m += dm;
-        pc = pc.max(c);
-        pm = pm.max(m);
+    ev.sort_unstable_by_key(|&(t, dx, _)| (t, dx));
+    let (mut x, mut y, mut px, mut py) = (0i64, 0i64, 0i64, 0i64);
+    for (_, dx, dy) in ev {
+        x += dx;
+        y += dy;
+        px = px.max(x);
+        py = py.max(y);
     }
-    (pc as u32, pm as u64)
+    (px, py)
 }
 
+/// Peak (compute, memory) over [a, b) of a slot's claims.
+fn peak(claims: &[Claim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u64) {
+    let (c, m) = peak_of(
+        claims
+            .iter()
+            .map(|c| (c.start, c.end, i64::from(c.compute), c.mem_mib as i64, c.reserved)),
+        a,
+        b,
+        with_reserved,
+    );
+    (c as u32, m as u64)
+}
+
+/// Peak (CPU milli, memory bytes) over [a, b) of a node's host claims.
 fn host_peak(claims: &[HostClaim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u64) {
-    let mut ev: Vec<(Millis, i64, i64)> = Vec::new();
-    for c in claims {
-        if (with_reserved || !c.reserved) && overlaps(c.start, c.end, a, b) {
-            ev.push((c.start.max(a), i64::from(c.cpu_milli), c.mem as i64));
-            ev.push((c.end.min(b), -i64::from(c.cpu_milli), -(c.mem as i64)));
-        }
-    }
-    ev.sort_unstable_by_key(|&(t, dc, _)| (t, dc));
-    let (mut c, mut m, mut pc, mut pm) = (0i64, 0i64, 0i64, 0i64);
-    for (_, dc, dm) in ev {
-        c += dc;
-        m += dm;
-        pc = pc.max(c);
-        pm = pm.max(m);
-    }
-    (pc as u32, pm as u64)
+    let (c, m) = peak_of(
+        claims
+            .iter()
+            .map(|h| (h.start, h.end, i64::from(h.cpu_milli), h.mem as i64, h.reserved)),
+        a,
+        b,
+        with_reserved,
+    );
+    (c as u32, m as u64)
 }
 
 fn first_reserved(claims: &[Claim], a: Millis, b: Millis) -> Option<(JobId, Millis)> {

@@ -98,6 +98,35 @@ impl Workload {
         }
     }
 
+    /// `from_counts` over (GPUs, per-GPU milli, CPU milli, models) -> count.
+    pub fn from_shape_counts(counts: impl IntoIterator<Item = ((u32, u32, u32, Vec<String>), u64)>) -> Workload {
+        let mut v: Vec<(TaskShape, u64)> = counts
+            .into_iter()
+            .map(|((gpus, milli, cpu_milli, models), n)| {
+                (
+                    TaskShape {
+                        gpus,
+                        milli,
+                        cpu_milli,
+                        models,
+                        weight: 0.0,
+                    },
+                    n,
+                )
+            })
+            .collect();
+        // A stable order before the count sort, whatever the source's order.
+        v.sort_by(|a, b| {
+            (a.0.gpus, a.0.milli, a.0.cpu_milli, &a.0.models).cmp(&(
+                b.0.gpus,
+                b.0.milli,
+                b.0.cpu_milli,
+                &b.0.models,
+            ))
+        });
+        Workload::from_counts(v, 0.95)
+    }
+
     /// Expected fragmentation of a node in GPU milli: for each task shape, the free GPU
     /// capacity that the shape could not use, weighted by how common the shape is.
     /// `free` is (slot index, free milli) for the node's non-MIG GPUs.
