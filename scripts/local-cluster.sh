@@ -35,7 +35,7 @@ else
   gpu_args=(--fake-gpus 4xA100-80GB)
 fi
 "$bin/gpud" --controller "$GPUCTL_CONTROLLER" --name "$(hostname)" --state-dir "$work/gpud" \
-  "${gpu_args[@]}" 2>"$work/gpud.log" &
+  --allow-root-jobs "${gpu_args[@]}" 2>"$work/gpud.log" &
 gpud_pid=$!
 
 for _ in $(seq 100); do

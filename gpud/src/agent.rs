@@ -12,7 +12,7 @@ use tokio::sync::{Notify, mpsc};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::gpu::{GpuBackend, GpuInfo};
-use crate::launch::{LaunchSpec, Launcher, ProcessGroupLauncher, terminate};
+use crate::launch::{JobLauncher, LaunchSpec, Launcher, resolve_user, terminate};
 use crate::reports::ReportQueue;
 
 pub struct Options {
@@ -23,6 +23,12 @@ pub struct Options {
     pub cpus: u32,
     pub memory_bytes: u64,
     pub heartbeat: Duration,
+    /// Jobs of root run as root (otherwise they are refused).
+    pub allow_root_jobs: bool,
+    /// Where job cgroups go (normally /sys/fs/cgroup).
+    pub cgroup_base: PathBuf,
+    /// Jobs' cgroups are `<cgroup_parent>/job-<id>` under every hierarchy.
+    pub cgroup_parent: String,
 }
 
 struct KillRequest {
@@ -35,6 +41,7 @@ struct Agent {
     name: String,
     state_dir: PathBuf,
     launcher: Box<dyn Launcher>,
+    allow_root_jobs: bool,
     jobs: Mutex<HashMap<u64, mpsc::Sender<KillRequest>>>,
     reports: ReportQueue,
     /// Wakes the reporter when a report is queued.
@@ -85,11 +92,23 @@ pub async fn run(
         .with_context(|| format!("bad --controller URL {:?}", opts.controller))?
         .connect_timeout(Duration::from_secs(3))
         .connect_lazy();
+    let cgroups = crate::cgroup::Mode::detect(&opts.cgroup_base);
+    match cgroups {
+        crate::cgroup::Mode::None => tracing::warn!(
+            "no writable cgroup hierarchy under {}: jobs run in process groups only, without CPU/memory limits",
+            opts.cgroup_base.display()
+        ),
+        ref m => tracing::info!("job limits through {}", m.describe()),
+    }
     let agent = Arc::new(Agent {
         name: opts.name.clone(),
         reports: ReportQueue::open(opts.state_dir.join("reports.pb"))?,
         state_dir: opts.state_dir.clone(),
-        launcher: Box::new(ProcessGroupLauncher),
+        launcher: Box::new(JobLauncher {
+            cgroups,
+            parent: opts.cgroup_parent.clone(),
+        }),
+        allow_root_jobs: opts.allow_root_jobs,
         jobs: Mutex::new(HashMap::new()),
         report_ready: Notify::new(),
     });
@@ -259,16 +278,29 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
         reason,
         time_ms: now_ms(),
     };
-    let spawned = LaunchSpec::from_start(&start, &agent.name, &agent.state_dir.join("scripts"))
+    let user = start
+        .spec
+        .as_ref()
+        .map(|s| s.user.clone())
+        .unwrap_or_default();
+    let spawned = resolve_user(&user, agent.allow_root_jobs)
+        .map_err(std::io::Error::other)
+        .and_then(|run_as| {
+            LaunchSpec::from_start(
+                &start,
+                &agent.name,
+                &agent.state_dir.join("scripts"),
+                run_as,
+            )
+        })
         .and_then(|spec| agent.launcher.spawn(&spec));
     let report = match spawned {
         Err(e) => {
             tracing::warn!(job = id, "cannot start job: {e}");
             ended(JobState::Failed, None, format!("launch failed: {e}"))
         }
-        Ok(mut child) => {
-            let pid = child.id();
-            tracing::info!(job = id, pid, gpus = ?start.gpus, "job started");
+        Ok(mut job) => {
+            tracing::info!(job = id, pid = job.child.id(), gpus = ?start.gpus, cgroup = job.cgroup.is_some(), "job started");
             agent.report(pb::JobReport {
                 node: agent.name.clone(),
                 job_id: id,
@@ -278,24 +310,29 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
             });
             let limit = Duration::from_secs(start.time_limit_secs.max(1));
             let grace = Duration::from_secs(start.kill_grace_secs);
-            let launcher = agent.launcher.as_ref();
             let (status, forced) = tokio::select! {
-                s = child.wait() => (s, None),
+                s = job.child.wait() => (s, None),
                 _ = tokio::time::sleep(limit) => {
                     tracing::info!(job = id, "time limit reached; terminating");
-                    let s = terminate(launcher, &mut child, grace).await;
+                    let s = terminate(&mut job, grace).await;
                     (s, Some((JobState::Timeout, format!("time limit {} reached", humantime::format_duration(limit)))))
                 }
                 Some(k) = kill_rx.recv() => {
                     tracing::info!(job = id, reason = %k.reason, "killing job");
-                    let s = terminate(launcher, &mut child, k.grace).await;
+                    let s = terminate(&mut job, k.grace).await;
                     (s, Some((k.as_state, k.reason)))
                 }
             };
-            // Whatever the job left behind in its process group goes too.
-            if let Some(pid) = pid {
-                launcher.signal(pid, nix::sys::signal::Signal::SIGKILL);
-            }
+            let forced = forced.or_else(|| {
+                job.oom_killed().then(|| {
+                    (
+                        JobState::Failed,
+                        "out of memory: killed at its memory limit".to_string(),
+                    )
+                })
+            });
+            // Whatever the job left behind goes too.
+            job.cleanup();
             exit_report(status, forced, ended)
         }
     };

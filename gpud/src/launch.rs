@@ -13,7 +13,7 @@ use std::time::Duration;
 use gpuctl_proto as pb;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 /// PATH for jobs when the agent has none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -113,6 +113,59 @@ pub struct LaunchSpec {
     pub stdout: PathBuf,
     /// `None`: stderr goes to the stdout file (Slurm's default).
     pub stderr: Option<PathBuf>,
+    /// The user to become; `None`: stay the agent's user.
+    pub run_as: Option<RunAs>,
+    pub limits: crate::cgroup::Limits,
+}
+
+/// A user the job runs as, resolved on the node from the passwd database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    pub home: PathBuf,
+}
+
+/// Who a job runs as: the submitting user, looked up on this node. Root only when
+/// `allow_root`; an agent that is not root can only run jobs as itself.
+pub fn resolve_user(name: &str, allow_root: bool) -> Result<Option<RunAs>, String> {
+    use nix::unistd::{Uid, User, geteuid, getgrouplist};
+    let user = User::from_name(name)
+        .map_err(|e| format!("cannot look up user {name:?}: {e}"))?
+        .ok_or_else(|| format!("user {name:?} does not exist on this node"))?;
+    if user.uid.is_root() && !allow_root {
+        return Err(
+            "refusing to run a job as root (start gpud with --allow-root-jobs to allow it)".into(),
+        );
+    }
+    let me = geteuid();
+    if !me.is_root() {
+        if user.uid == me {
+            return Ok(None);
+        }
+        return Err(format!(
+            "gpud runs as uid {me} and cannot start jobs as {name} (uid {}); run gpud as root",
+            user.uid
+        ));
+    }
+    if user.uid == Uid::from_raw(0) {
+        return Ok(None);
+    }
+    let cname = std::ffi::CString::new(name).map_err(|_| "bad user name".to_string())?;
+    let groups = getgrouplist(&cname, user.gid)
+        .map_err(|e| format!("cannot read the groups of {name}: {e}"))?
+        .into_iter()
+        .map(|g| g.as_raw())
+        .collect();
+    Ok(Some(RunAs {
+        name: user.name,
+        uid: user.uid.as_raw(),
+        gid: user.gid.as_raw(),
+        groups,
+        home: user.dir,
+    }))
 }
 
 impl LaunchSpec {
@@ -121,6 +174,7 @@ impl LaunchSpec {
         start: &pb::StartJob,
         node: &str,
         scratch: &Path,
+        run_as: Option<RunAs>,
     ) -> std::io::Result<LaunchSpec> {
         let spec = start.spec.clone().unwrap_or_default();
         let workdir = PathBuf::from(&spec.workdir);
@@ -130,9 +184,10 @@ impl LaunchSpec {
             std::fs::create_dir_all(scratch)?;
             let path = scratch.join(format!("job-{}.sh", start.job_id));
             std::fs::write(&path, &spec.script)?;
+            use std::os::unix::fs::PermissionsExt;
+            // Readable (and for #! scripts executable) by the job's user, written by root.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
             if spec.script.starts_with("#!") {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
                 (path, Vec::new())
             } else {
                 (PathBuf::from("/bin/sh"), vec![path.display().to_string()])
@@ -143,82 +198,196 @@ impl LaunchSpec {
             .then(|| output_path(&spec.stderr, start.job_id, &spec.name, &workdir))
             .filter(|p| p != &stdout);
         let path = std::env::var("PATH").ok();
+        let mut env = job_env(start, node, path.as_deref());
+        if let Some(u) = &run_as {
+            env.insert("HOME".into(), u.home.display().to_string());
+            env.insert("USER".into(), u.name.clone());
+            env.insert("LOGNAME".into(), u.name.clone());
+        }
+        let res = spec.resources.unwrap_or_default();
         Ok(LaunchSpec {
             job_id: start.job_id,
             program,
             args,
-            env: job_env(start, node, path.as_deref()),
+            env,
             workdir,
             stdout,
             stderr,
+            run_as,
+            limits: crate::cgroup::Limits {
+                cpu_milli: res.cpus.saturating_mul(1000),
+                memory_bytes: res.memory_bytes,
+                pids: 8192,
+            },
         })
     }
 }
 
-/// Starts job processes and signals their whole tree.
-pub trait Launcher: Send + Sync {
-    fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Child>;
-    /// Sends `signal` to everything the job started. Errors for an already-gone job are
-    /// ignored.
-    fn signal(&self, child_pid: u32, signal: Signal);
+/// A started job: its first process, and the cgroup holding everything it starts.
+pub struct Launched {
+    pub child: Child,
+    pub cgroup: Option<crate::cgroup::JobCgroup>,
+    pid: Option<u32>,
 }
 
-/// Each job leads its own process group; signals go to the group.
-pub struct ProcessGroupLauncher;
+impl Launched {
+    /// Sends `sig` to everything the job started: its process group and its cgroup.
+    pub fn signal(&self, sig: Signal) {
+        if let Some(pid) = self.pid {
+            let _ = killpg(Pid::from_raw(pid as i32), sig);
+        }
+        if let Some(cg) = &self.cgroup {
+            cg.signal(sig);
+        }
+    }
 
-impl Launcher for ProcessGroupLauncher {
-    fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Child> {
-        let open = |p: &Path| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .write(true)
-                .truncate(true)
-                .open(p)
-                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+    pub fn oom_killed(&self) -> bool {
+        self.cgroup.as_ref().is_some_and(|c| c.oom_killed())
+    }
+
+    /// Kills whatever is left and removes the cgroup.
+    pub fn cleanup(&self) {
+        self.signal(Signal::SIGKILL);
+        if let Some(cg) = &self.cgroup {
+            cg.destroy();
+        }
+    }
+}
+
+/// Starts job processes.
+pub trait Launcher: Send + Sync {
+    fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Launched>;
+}
+
+/// Each job leads its own process group and, where the host allows, lives in its own
+/// cgroup with its CPU, memory and pid limits. It becomes its user before exec and
+/// opens its output files as that user.
+pub struct JobLauncher {
+    pub cgroups: crate::cgroup::Mode,
+    /// Jobs go to `<parent>/job-<id>` in each hierarchy.
+    pub parent: String,
+}
+
+fn cstr(p: &Path) -> std::io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path with a NUL byte"))
+}
+
+impl Launcher for JobLauncher {
+    fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Launched> {
+        use std::os::unix::process::CommandExt;
+        let cgroup = match self.cgroups.create(&self.parent, spec.job_id, spec.limits) {
+            Ok(cg) if !cg.is_empty() => Some(cg),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(job = spec.job_id, "cannot create the job's cgroup: {e}");
+                None
+            }
         };
-        let out = open(&spec.stdout)?;
-        let err = match &spec.stderr {
-            Some(p) => open(p)?,
-            None => out.try_clone()?,
-        };
-        let mut cmd = Command::new(&spec.program);
+        let procs = cgroup
+            .as_ref()
+            .map(|c| c.open_procs())
+            .transpose()?
+            .unwrap_or_default();
+        let fds = crate::cgroup::raw_fds(&procs);
+        let out = cstr(&spec.stdout)?;
+        let err = spec.stderr.as_deref().map(cstr).transpose()?;
+        let run_as = spec.run_as.clone();
+        let mut cmd = std::process::Command::new(&spec.program);
         cmd.args(&spec.args)
             .current_dir(&spec.workdir)
             .env_clear()
             .envs(&spec.env)
             .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0)
-            .kill_on_drop(false);
-        cmd.spawn().map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("cannot run {}: {e}", spec.program.display()),
-            )
-        })
-    }
-
-    fn signal(&self, child_pid: u32, signal: Signal) {
-        let _ = killpg(Pid::from_raw(child_pid as i32), signal);
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0);
+        // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+        // system calls (write, setgroups, setgid, setuid, open, dup2, close) on data
+        // prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                crate::cgroup::enter(&fds)?;
+                if let Some(u) = &run_as {
+                    let groups: Vec<nix::unistd::Gid> = u
+                        .groups
+                        .iter()
+                        .map(|g| nix::unistd::Gid::from_raw(*g))
+                        .collect();
+                    nix::unistd::setgroups(&groups)?;
+                    nix::unistd::setgid(nix::unistd::Gid::from_raw(u.gid))?;
+                    nix::unistd::setuid(nix::unistd::Uid::from_raw(u.uid))?;
+                }
+                let open = |p: &std::ffi::CString| {
+                    let fd = nix::libc::open(
+                        p.as_ptr(),
+                        nix::libc::O_WRONLY
+                            | nix::libc::O_CREAT
+                            | nix::libc::O_TRUNC
+                            | nix::libc::O_NOFOLLOW,
+                        0o644,
+                    );
+                    if fd < 0 {
+                        Err(std::io::Error::last_os_error())
+                    } else {
+                        Ok(fd)
+                    }
+                };
+                let o = open(&out)?;
+                nix::libc::dup2(o, 1);
+                match &err {
+                    Some(e) => {
+                        let f = open(e)?;
+                        nix::libc::dup2(f, 2);
+                        nix::libc::close(f);
+                    }
+                    None => {
+                        nix::libc::dup2(o, 2);
+                    }
+                }
+                nix::libc::close(o);
+                Ok(())
+            });
+        }
+        let who = spec
+            .run_as
+            .as_ref()
+            .map_or("the agent's user".to_string(), |u| u.name.clone());
+        let child = tokio::process::Command::from(cmd)
+            .kill_on_drop(false)
+            .spawn()
+            .map_err(|e| {
+                if let Some(cg) = &cgroup {
+                    cg.destroy();
+                }
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot run {} as {who} in {} with output to {}: {e}",
+                        spec.program.display(),
+                        spec.workdir.display(),
+                        spec.stdout.display()
+                    ),
+                )
+            })?;
+        drop(procs);
+        let pid = child.id();
+        Ok(Launched { child, cgroup, pid })
     }
 }
 
 /// SIGTERM, wait up to `grace`, then SIGKILL; returns once the main process is reaped.
 pub async fn terminate(
-    launcher: &dyn Launcher,
-    child: &mut Child,
+    job: &mut Launched,
     grace: Duration,
 ) -> std::io::Result<std::process::ExitStatus> {
-    let Some(pid) = child.id() else {
-        return child.wait().await;
-    };
-    launcher.signal(pid, Signal::SIGTERM);
-    match tokio::time::timeout(grace, child.wait()).await {
+    job.signal(Signal::SIGTERM);
+    match tokio::time::timeout(grace, job.child.wait()).await {
         Ok(status) => status,
         Err(_) => {
-            launcher.signal(pid, Signal::SIGKILL);
-            child.wait().await
+            job.signal(Signal::SIGKILL);
+            job.child.wait().await
         }
     }
 }
@@ -341,7 +510,8 @@ mod tests {
             spec: Some(spec()),
             ..pb::StartJob::default()
         };
-        let l = LaunchSpec::from_start(&start, "n", Path::new("/tmp")).unwrap();
+        let l = LaunchSpec::from_start(&start, "n", Path::new("/tmp"), None).unwrap();
+        assert_eq!(l.limits.pids, 8192);
         assert_eq!(l.stdout, PathBuf::from("/home/u/gpuctl-3.out"));
         assert_eq!(l.stderr, None);
         assert_eq!(l.program, PathBuf::from("python"));

@@ -9,6 +9,7 @@
 //! - `host`: facts about this machine (CPUs, memory, hostname).
 
 pub mod agent;
+pub mod cgroup;
 pub mod gpu;
 pub mod host;
 pub mod launch;

@@ -35,6 +35,15 @@ struct Args {
     /// How often to heartbeat.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
+    /// Run jobs submitted by root as root (refused otherwise).
+    #[arg(long)]
+    allow_root_jobs: bool,
+    /// The cgroup filesystem to put jobs in.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    cgroup_base: PathBuf,
+    /// Job cgroups are PARENT/job-ID in each hierarchy (default gpuctl/NODE).
+    #[arg(long)]
+    cgroup_parent: Option<String>,
     /// Print the GPUs the backend finds and exit (non-zero when it finds none).
     #[arg(long)]
     list_gpus: bool,
@@ -90,7 +99,7 @@ async fn main() -> ExitCode {
     }
     let opts = gpud::agent::Options {
         controller: args.controller,
-        name,
+        name: name.clone(),
         state_dir: args.state_dir,
         backend,
         cpus: args.cpus.unwrap_or_else(gpud::host::cpus),
@@ -100,6 +109,11 @@ async fn main() -> ExitCode {
             .or_else(gpud::host::memory_bytes)
             .unwrap_or(0),
         heartbeat: args.heartbeat_interval,
+        allow_root_jobs: args.allow_root_jobs,
+        cgroup_base: args.cgroup_base,
+        cgroup_parent: args
+            .cgroup_parent
+            .unwrap_or_else(|| format!("gpuctl/{name}")),
     };
     match gpud::agent::run(opts, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,

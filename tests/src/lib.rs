@@ -165,7 +165,11 @@ impl Cluster {
                 "64GiB",
                 "--heartbeat-interval",
                 "1s",
+                // The tests run as root and submit as root.
+                "--allow-root-jobs",
             ])
+            .arg("--cgroup-parent")
+            .arg(self.cgroup_parent(name))
             .arg("--state-dir")
             .arg(self.path(&format!("gpud-{name}")))
             .args(extra)
@@ -254,6 +258,19 @@ impl Cluster {
         assert!(ok, "agents did not register");
     }
 
+    /// A cgroup parent no other test cluster uses (tests run in parallel, and every
+    /// cluster has its own job 1).
+    pub fn cgroup_parent(&self, node: &str) -> String {
+        let tag = self
+            .dir
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .replace('.', "");
+        format!("gpuctl-test/{tag}-{node}")
+    }
+
     pub fn kill9_agent(&mut self, name: &str) {
         let i = self.agents.iter().position(|a| a.name == name).unwrap();
         let mut a = self.agents.remove(i);
@@ -264,11 +281,21 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        let names: Vec<String> = self.agents.iter().map(|a| a.name.clone()).collect();
         for a in &mut self.agents {
             let _ = a.child.kill();
             let _ = a.child.wait();
         }
         self.kill9_controller();
+        // Empty job cgroups are removed by the agent; their parents are ours to remove.
+        for hierarchy in ["", "cpu", "memory", "pids", "unified"] {
+            for n in &names {
+                let dir = Path::new("/sys/fs/cgroup")
+                    .join(hierarchy)
+                    .join(self.cgroup_parent(n));
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
     }
 }
 

@@ -224,9 +224,15 @@ fn peak_of(
 /// Peak (compute, memory) over [a, b) of a slot's claims.
 fn peak(claims: &[Claim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u64) {
     let (c, m) = peak_of(
-        claims
-            .iter()
-            .map(|c| (c.start, c.end, i64::from(c.compute), c.mem_mib as i64, c.reserved)),
+        claims.iter().map(|c| {
+            (
+                c.start,
+                c.end,
+                i64::from(c.compute),
+                c.mem_mib as i64,
+                c.reserved,
+            )
+        }),
         a,
         b,
         with_reserved,
@@ -237,9 +243,15 @@ fn peak(claims: &[Claim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u6
 /// Peak (CPU milli, memory bytes) over [a, b) of a node's host claims.
 fn host_peak(claims: &[HostClaim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u64) {
     let (c, m) = peak_of(
-        claims
-            .iter()
-            .map(|h| (h.start, h.end, i64::from(h.cpu_milli), h.mem as i64, h.reserved)),
+        claims.iter().map(|h| {
+            (
+                h.start,
+                h.end,
+                i64::from(h.cpu_milli),
+                h.mem as i64,
+                h.reserved,
+            )
+        }),
         a,
         b,
         with_reserved,

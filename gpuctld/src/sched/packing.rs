@@ -99,7 +99,9 @@ impl Workload {
     }
 
     /// `from_counts` over (GPUs, per-GPU milli, CPU milli, models) -> count.
-    pub fn from_shape_counts(counts: impl IntoIterator<Item = ((u32, u32, u32, Vec<String>), u64)>) -> Workload {
+    pub fn from_shape_counts(
+        counts: impl IntoIterator<Item = ((u32, u32, u32, Vec<String>), u64)>,
+    ) -> Workload {
         let mut v: Vec<(TaskShape, u64)> = counts
             .into_iter()
             .map(|((gpus, milli, cpu_milli, models), n)| {

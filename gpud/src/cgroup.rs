@@ -1,0 +1,373 @@
+//! Job cgroups: cgroup v2 first, v1 (and hybrid) where that is what the host has, and
+//! nothing (with one warning) where neither is writable.
+//!
+//! Each job gets `<root>/gpuctl/job-<id>` with its CPU quota, memory limit and pid limit.
+//! The job's first process moves itself in before it execs (it writes "0" to the
+//! `cgroup.procs` files opened beforehand), so everything it starts is inside.
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// What the host offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Unified hierarchy with the cpu, memory and pids controllers.
+    V2 {
+        root: PathBuf,
+    },
+    /// Per-controller hierarchies; `unified` is a controller-less cgroup2 mount (hybrid)
+    /// used for `cgroup.kill` when present.
+    V1 {
+        cpu: Option<PathBuf>,
+        memory: Option<PathBuf>,
+        pids: Option<PathBuf>,
+        unified: Option<PathBuf>,
+    },
+    None,
+}
+
+/// Limits applied to a job's cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// CPUs (1000 = one CPU); 0 = no quota.
+    pub cpu_milli: u32,
+    /// Bytes; 0 = no limit.
+    pub memory_bytes: u64,
+    pub pids: u32,
+}
+
+/// `cpu.max` (v2) for a CPU quota: "<quota> <period>" in microseconds.
+pub fn cpu_max(cpu_milli: u32) -> String {
+    if cpu_milli == 0 {
+        "max 100000".into()
+    } else {
+        format!("{} 100000", u64::from(cpu_milli) * 100)
+    }
+}
+
+fn writable(dir: &Path) -> bool {
+    nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()
+}
+
+impl Mode {
+    /// Looks at `/sys/fs/cgroup` (or `base` in tests).
+    pub fn detect(base: &Path) -> Mode {
+        let controllers = fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
+        if ["cpu", "memory", "pids"]
+            .iter()
+            .all(|c| controllers.split_whitespace().any(|x| x == *c))
+            && writable(base)
+        {
+            return Mode::V2 {
+                root: base.to_path_buf(),
+            };
+        }
+        let dir = |name: &str| {
+            let p = base.join(name);
+            (p.join("cgroup.procs").exists() && writable(&p)).then_some(p)
+        };
+        let cpu = dir("cpu").or_else(|| dir("cpu,cpuacct"));
+        let memory = dir("memory");
+        let pids = dir("pids");
+        let unified = dir("unified");
+        if cpu.is_none() && memory.is_none() && pids.is_none() {
+            return Mode::None;
+        }
+        Mode::V1 {
+            cpu,
+            memory,
+            pids,
+            unified,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Mode::V2 { root } => format!("cgroup v2 at {}", root.display()),
+            Mode::V1 {
+                cpu,
+                memory,
+                pids,
+                unified,
+            } => format!(
+                "cgroup v1 (cpu: {}, memory: {}, pids: {}, cgroup.kill: {})",
+                cpu.is_some(),
+                memory.is_some(),
+                pids.is_some(),
+                unified.is_some()
+            ),
+            Mode::None => "no writable cgroup hierarchy".into(),
+        }
+    }
+
+    /// Creates the job's cgroup(s), `<parent>/job-<id>` in each hierarchy, with `limits`.
+    pub fn create(&self, parent: &str, job: u64, limits: Limits) -> io::Result<JobCgroup> {
+        let name = format!("{parent}/job-{job}");
+        let mk = |root: &Path| -> io::Result<PathBuf> {
+            let dir = root.join(&name);
+            fs::create_dir_all(&dir)?;
+            Ok(dir)
+        };
+        let w = |dir: &Path, file: &str, value: &str| -> io::Result<()> {
+            fs::write(dir.join(file), value)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.join(file).display())))
+        };
+        let mut cg = JobCgroup::default();
+        match self {
+            Mode::None => {}
+            Mode::V2 { root } => {
+                // Controllers must be enabled on every level on the way down.
+                let mut level = root.clone();
+                let _ = fs::write(level.join("cgroup.subtree_control"), "+cpu +memory +pids");
+                for part in Path::new(parent).components() {
+                    level.push(part);
+                    fs::create_dir_all(&level)?;
+                    let _ = fs::write(level.join("cgroup.subtree_control"), "+cpu +memory +pids");
+                }
+                let dir = mk(root)?;
+                w(&dir, "cpu.max", &cpu_max(limits.cpu_milli))?;
+                if limits.memory_bytes > 0 {
+                    w(&dir, "memory.max", &limits.memory_bytes.to_string())?;
+                    let _ = fs::write(dir.join("memory.swap.max"), "0");
+                }
+                w(&dir, "pids.max", &limits.pids.to_string())?;
+                cg.v2 = Some(dir.clone());
+                cg.dirs.push(dir);
+            }
+            Mode::V1 {
+                cpu,
+                memory,
+                pids,
+                unified,
+            } => {
+                if let Some(root) = cpu {
+                    let dir = mk(root)?;
+                    if limits.cpu_milli > 0 {
+                        w(&dir, "cpu.cfs_period_us", "100000")?;
+                        w(
+                            &dir,
+                            "cpu.cfs_quota_us",
+                            &(u64::from(limits.cpu_milli) * 100).to_string(),
+                        )?;
+                    }
+                    cg.dirs.push(dir);
+                }
+                if let Some(root) = memory {
+                    let dir = mk(root)?;
+                    if limits.memory_bytes > 0 {
+                        w(
+                            &dir,
+                            "memory.limit_in_bytes",
+                            &limits.memory_bytes.to_string(),
+                        )?;
+                        let _ = fs::write(
+                            dir.join("memory.memsw.limit_in_bytes"),
+                            limits.memory_bytes.to_string(),
+                        );
+                    }
+                    cg.v1_memory = Some(dir.clone());
+                    cg.dirs.push(dir);
+                }
+                if let Some(root) = pids {
+                    let dir = mk(root)?;
+                    w(&dir, "pids.max", &limits.pids.to_string())?;
+                    cg.dirs.push(dir);
+                }
+                if let Some(root) = unified {
+                    let dir = mk(root)?;
+                    cg.v2 = Some(dir.clone());
+                    cg.dirs.push(dir);
+                }
+            }
+        }
+        Ok(cg)
+    }
+}
+
+/// One job's cgroup directories (one per hierarchy).
+#[derive(Debug, Default, Clone)]
+pub struct JobCgroup {
+    pub dirs: Vec<PathBuf>,
+    /// The cgroup2 directory (for `cgroup.kill` and `memory.events`).
+    v2: Option<PathBuf>,
+    v1_memory: Option<PathBuf>,
+}
+
+impl JobCgroup {
+    pub fn is_empty(&self) -> bool {
+        self.dirs.is_empty()
+    }
+
+    /// `cgroup.procs` of every hierarchy, opened for the child to write "0" into.
+    pub fn open_procs(&self) -> io::Result<Vec<OwnedFd>> {
+        self.dirs
+            .iter()
+            .map(|d| {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(d.join("cgroup.procs"))
+                    .map(OwnedFd::from)
+            })
+            .collect()
+    }
+
+    /// Pids in the job's cgroup.
+    pub fn pids(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self
+            .dirs
+            .iter()
+            .filter_map(|d| fs::read_to_string(d.join("cgroup.procs")).ok())
+            .flat_map(|s| {
+                s.lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Sends `sig` to every process of the job; SIGKILL uses `cgroup.kill` where there is one.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        if sig == nix::sys::signal::Signal::SIGKILL
+            && let Some(d) = &self.v2
+            && fs::write(d.join("cgroup.kill"), "1").is_ok()
+        {
+            return;
+        }
+        for pid in self.pids() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        }
+    }
+
+    /// Whether the kernel's OOM killer struck inside the job's memory limit.
+    pub fn oom_killed(&self) -> bool {
+        let count = |text: &str, key: &str| {
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix(key)
+                        .map(|v| v.trim().parse::<u64>().unwrap_or(0))
+                })
+                .unwrap_or(0)
+        };
+        if let Some(d) = &self.v2
+            && let Ok(t) = fs::read_to_string(d.join("memory.events"))
+            && count(&t, "oom_kill ") > 0
+        {
+            return true;
+        }
+        if let Some(d) = &self.v1_memory
+            && let Ok(t) = fs::read_to_string(d.join("memory.oom_control"))
+        {
+            return count(&t, "oom_kill ") > 0;
+        }
+        false
+    }
+
+    /// Kills what is left and removes the directories.
+    pub fn destroy(&self) {
+        for _ in 0..50 {
+            if self.pids().is_empty() {
+                break;
+            }
+            self.signal(nix::sys::signal::Signal::SIGKILL);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        for d in &self.dirs {
+            let _ = fs::remove_dir(d);
+        }
+    }
+}
+
+/// In the child, between fork and exec: move this process into the job's cgroups.
+/// Async-signal-safe: only write(2) on descriptors opened before the fork.
+pub fn enter(fds: &[i32]) -> io::Result<()> {
+    for &fd in fds {
+        // SAFETY: fd is an open descriptor owned by the parent's OwnedFd, kept alive
+        // across the fork; the buffer is a static byte string.
+        let n = unsafe { nix::libc::write(fd, b"0".as_ptr().cast(), 1) };
+        if n != 1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+pub fn raw_fds(fds: &[OwnedFd]) -> Vec<i32> {
+    fds.iter().map(AsRawFd::as_raw_fd).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_quota_values() {
+        assert_eq!(cpu_max(2000), "200000 100000");
+        assert_eq!(cpu_max(500), "50000 100000");
+        assert_eq!(cpu_max(0), "max 100000");
+    }
+
+    #[test]
+    fn detect_on_fake_trees() {
+        let t = tempfile::tempdir().unwrap();
+        assert_eq!(Mode::detect(t.path()), Mode::None);
+        std::fs::write(
+            t.path().join("cgroup.controllers"),
+            "cpuset cpu io memory pids",
+        )
+        .unwrap();
+        assert!(matches!(Mode::detect(t.path()), Mode::V2 { .. }));
+        let t = tempfile::tempdir().unwrap();
+        for d in ["memory", "cpu", "unified"] {
+            std::fs::create_dir(t.path().join(d)).unwrap();
+            std::fs::write(t.path().join(d).join("cgroup.procs"), "").unwrap();
+        }
+        std::fs::write(t.path().join("unified/cgroup.controllers"), "").unwrap();
+        let Mode::V1 {
+            cpu,
+            memory,
+            pids,
+            unified,
+        } = Mode::detect(t.path())
+        else {
+            panic!("expected v1");
+        };
+        assert!(cpu.is_some() && memory.is_some() && pids.is_none() && unified.is_some());
+    }
+
+    #[test]
+    fn v2_limits_are_written() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("cgroup.controllers"), "cpu memory pids").unwrap();
+        let mode = Mode::detect(t.path());
+        let cg = mode
+            .create(
+                "gpuctl",
+                7,
+                Limits {
+                    cpu_milli: 1500,
+                    memory_bytes: 1 << 30,
+                    pids: 100,
+                },
+            )
+            .unwrap();
+        let dir = t.path().join("gpuctl/job-7");
+        assert_eq!(cg.dirs, vec![dir.clone()]);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("cpu.max")).unwrap(),
+            "150000 100000"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("memory.max")).unwrap(),
+            "1073741824"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("pids.max")).unwrap(),
+            "100"
+        );
+    }
+}

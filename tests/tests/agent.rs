@@ -1,0 +1,121 @@
+//! The agent on the real OS: jobs run as their user, in cgroups with real limits.
+
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use gpuctl_tests::{Cluster, bin};
+
+const T: Duration = Duration::from_secs(30);
+
+/// Creates (once) a non-root user for the tests; `None` when not root.
+fn test_user() -> Option<(String, u32)> {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to create a user");
+        return None;
+    }
+    let name = "gpuctltest";
+    if nix::unistd::User::from_name(name).ok().flatten().is_none() {
+        let st = std::process::Command::new("useradd")
+            .args(["--create-home", "--shell", "/bin/sh", name])
+            .status()
+            .expect("useradd");
+        assert!(st.success(), "useradd failed");
+    }
+    let u = nix::unistd::User::from_name(name).unwrap().unwrap();
+    Some((name.to_string(), u.uid.as_raw()))
+}
+
+#[test]
+fn job_runs_as_its_user_and_output_belongs_to_it() {
+    let Some((user, uid)) = test_user() else {
+        return;
+    };
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let work = c.path("work");
+    std::fs::create_dir(&work).unwrap();
+    nix::unistd::chown(&work, Some(nix::unistd::Uid::from_raw(uid)), None).unwrap();
+    std::fs::write(
+        work.join("job.toml"),
+        "script = \"id -u; id -un; echo $HOME\"\nstdout = \"me-%j.out\"\n",
+    )
+    .unwrap();
+    // Submit as that user: the controller records the user gpuctl runs as.
+    let out = std::process::Command::new("runuser")
+        .args(["-u", &user, "--"])
+        .arg(bin("gpuctl"))
+        .args(["--controller", &c.url(), "submit", "--json", "job.toml"])
+        .current_dir(&work)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["job_id"]
+        .as_u64()
+        .unwrap();
+    let j = c.wait_state(id, "COMPLETED", T);
+    assert_eq!(j["user"], user.as_str());
+    let path = work.join(format!("me-{id}.out"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let home = nix::unistd::User::from_name(&user).unwrap().unwrap().dir;
+    assert_eq!(text, format!("{uid}\n{user}\n{}\n", home.display()));
+    assert_eq!(std::fs::metadata(&path).unwrap().uid(), uid);
+
+    // The user cannot write where it has no right (a root-owned 0755 dir): the job fails
+    // to start, saying why, and nothing is written there as root.
+    let locked = c.path("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::write(
+        work.join("bad.toml"),
+        format!(
+            "command = [\"true\"]\nstdout = \"{}/x.out\"\n",
+            locked.display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new("runuser")
+        .args(["-u", &user, "--"])
+        .arg(bin("gpuctl"))
+        .args(["--controller", &c.url(), "submit", "--json", "bad.toml"])
+        .current_dir(&work)
+        .output()
+        .unwrap();
+    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["job_id"]
+        .as_u64()
+        .unwrap();
+    let j = c.wait_state(id, "FAILED", T);
+    let reason = j["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("launch failed") && reason.contains("Permission denied"),
+        "{reason}"
+    );
+    assert!(!locked.join("x.out").exists());
+}
+
+#[test]
+fn job_over_its_memory_limit_is_ended() {
+    let memory = std::path::Path::new("/sys/fs/cgroup/memory/cgroup.procs");
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap_or_default();
+    if !memory.exists() && !v2.contains("memory") {
+        eprintln!("skipped: no memory cgroup controller on this host");
+        return;
+    }
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    // `tail -n 1` keeps the last line in memory; /dev/zero has no newline: it grows
+    // until the kernel kills it at the limit.
+    let id = c.submit(
+        "oom.toml",
+        "script = \"head -c 1073741824 /dev/zero | tail -n 1 > /dev/null\"\n[resources]\nmemory = \"64MiB\"\n",
+    );
+    let j = c.wait_state(id, "FAILED", T);
+    let reason = j["reason"].as_str().unwrap();
+    assert!(reason.contains("out of memory"), "{j}");
+    // A job under its limit is unaffected.
+    let ok = c.submit(
+        "fine.toml",
+        "script = \"head -c 16777216 /dev/zero | tail -n 1 > /dev/null\"\n[resources]\nmemory = \"256MiB\"\n",
+    );
+    c.wait_state(ok, "COMPLETED", T);
+}
