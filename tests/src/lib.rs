@@ -287,16 +287,42 @@ impl Drop for Cluster {
             let _ = a.child.wait();
         }
         self.kill9_controller();
-        // Empty job cgroups are removed by the agent; their parents are ours to remove.
+        // Jobs still running when a test ends (their agent was killed) and the cgroup
+        // parents are ours to remove.
         for hierarchy in ["", "cpu", "memory", "pids", "unified"] {
             for n in &names {
                 let dir = Path::new("/sys/fs/cgroup")
                     .join(hierarchy)
                     .join(self.cgroup_parent(n));
-                let _ = std::fs::remove_dir(dir);
+                remove_cgroup_tree(&dir);
             }
         }
     }
+}
+
+/// Kills every process in the job cgroups under `dir`, then removes them and `dir`.
+fn remove_cgroup_tree(dir: &Path) {
+    let Ok(jobs) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for job in jobs.flatten().filter(|e| e.path().is_dir()) {
+        for _ in 0..50 {
+            let procs =
+                std::fs::read_to_string(job.path().join("cgroup.procs")).unwrap_or_default();
+            if procs.trim().is_empty() {
+                break;
+            }
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = std::fs::remove_dir(job.path());
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// Polls `f` every 50 ms until it is true or `timeout` passes.
