@@ -29,6 +29,9 @@ pub struct JobFile {
     pub priority: i32,
     /// Quality of service name (weights come from the controller's config).
     pub qos: Option<Spanned<String>>,
+    /// Requeue the job when its node fails (instead of ending it NODE_FAIL).
+    #[serde(default)]
+    pub requeue: bool,
     #[serde(default)]
     pub resources: ResourcesFile,
 }
@@ -105,6 +108,7 @@ pub struct Job {
     pub env: BTreeMap<String, String>,
     pub priority: i32,
     pub qos: String,
+    pub requeue: bool,
     pub gpus: u32,
     /// A share of one GPU, in milli-GPUs (0 = none).
     pub gpu_milli: u32,
@@ -381,6 +385,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         env: raw.env,
         priority: raw.priority,
         qos,
+        requeue: raw.requeue,
         gpus,
         gpu_milli,
         gpu_memory_mib,
@@ -465,6 +470,7 @@ impl Job {
             uid,
             gid,
             qos: self.qos,
+            requeue: self.requeue,
         }
     }
 }

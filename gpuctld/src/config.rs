@@ -20,6 +20,10 @@ pub struct Config {
     /// A scheduling pass runs on every event and at least this often.
     #[serde(with = "humantime_serde")]
     pub sched_interval: Duration,
+    /// An agent silent (no heartbeat, no stream) this long has failed: its node goes DOWN
+    /// and its jobs end NODE_FAIL (or are requeued when their job file says so).
+    #[serde(with = "humantime_serde")]
+    pub node_timeout: Duration,
     pub scheduler: SchedulerConfig,
 }
 
@@ -68,6 +72,7 @@ impl Default for Config {
             default_time_limit: Duration::from_secs(3600),
             kill_grace: Duration::from_secs(10),
             sched_interval: Duration::from_secs(10),
+            node_timeout: Duration::from_secs(60),
             scheduler: SchedulerConfig::default(),
         }
     }

@@ -40,6 +40,8 @@ struct Cluster {
     jobs: BTreeMap<u64, StoredJob>,
     nodes: BTreeMap<String, StoredNode>,
     conns: HashMap<String, Conn>,
+    /// When a node's agent was last heard from (heartbeat, attach or report), in memory.
+    last_heard: HashMap<String, i64>,
     next_job_id: u64,
     generation: u64,
 }
@@ -367,7 +369,10 @@ impl Controller {
             cluster.next_job_id = cluster.next_job_id.max(id + 1);
             cluster.jobs.insert(id, j);
         }
+        let started = now_ms();
         for n in loaded.nodes {
+            // Agents get a full timeout from the controller's start to come back.
+            cluster.last_heard.insert(n.name.clone(), started);
             cluster.nodes.insert(n.name.clone(), n);
         }
         tracing::info!(
@@ -951,6 +956,7 @@ impl Controller {
                     tx: tx.clone(),
                 },
             );
+            c.last_heard.insert(req.node.clone(), now);
             let rank_kills: Vec<_> = other_kills
                 .into_iter()
                 .filter_map(|(node, id)| {
@@ -973,6 +979,105 @@ impl Controller {
         Ok((rx, generation))
     }
 
+    /// Declares failed every node whose agent has been silent for `node_timeout`: the node
+    /// goes DOWN (its stream is closed, so a live agent re-attaches and is reconciled),
+    /// and its jobs end NODE_FAIL, or go back to the queue if their job file asks.
+    pub async fn check_nodes(&self) -> Result<(), StoreError> {
+        let now = now_ms();
+        let timeout = self.config.node_timeout.as_millis() as i64;
+        let mut kills = Vec::new();
+        let mut changed = false;
+        {
+            let mut c = self.lock();
+            let silent: Vec<String> = c
+                .nodes
+                .keys()
+                .filter(|n| {
+                    let heard = c.last_heard.get(*n).copied().unwrap_or(0);
+                    now - heard > timeout
+                })
+                .cloned()
+                .collect();
+            for node in silent {
+                if c.conns.remove(&node).is_some() {
+                    tracing::warn!(
+                        node,
+                        "agent silent for {:?}: node is DOWN",
+                        self.config.node_timeout
+                    );
+                }
+                let ids: Vec<u64> = c
+                    .jobs
+                    .iter()
+                    .filter(|(_, s)| live_allocs(job_of(s)).any(|a| a.node == node))
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in ids {
+                    let stored = c.jobs.get_mut(&id).expect("key from map");
+                    let j = job_mut(stored);
+                    let requeue = j.spec.as_ref().is_some_and(|s| s.requeue);
+                    let others: Vec<String> = live_allocs(j)
+                        .filter(|a| a.node != node)
+                        .map(|a| a.node.clone())
+                        .collect();
+                    if requeue {
+                        j.set_state(JobState::Pending);
+                        j.allocations.clear();
+                        j.node.clear();
+                        j.gpus.clear();
+                        j.start_time_ms = 0;
+                        j.reason = format!("requeued: node {node} failed");
+                        stored.start_confirmed = false;
+                        tracing::warn!(job = id, node, "node failed; job requeued");
+                    } else {
+                        for a in j.allocations.iter_mut().filter(|a| !a.ended) {
+                            a.ended = true;
+                            a.set_state(JobState::NodeFail);
+                        }
+                        j.set_state(JobState::NodeFail);
+                        j.end_time_ms = now;
+                        j.reason = format!("node {node} stopped responding");
+                        tracing::warn!(job = id, node, "node failed; job NODE_FAIL");
+                    }
+                    self.store.put_job(stored)?;
+                    changed = true;
+                    for other in others {
+                        if let Some(conn) = c.conns.get(&other) {
+                            kills.push((
+                                conn.tx.clone(),
+                                self.kill_cmd(id, "another rank's node failed"),
+                            ));
+                        }
+                    }
+                }
+                // Heard from again only when it re-attaches.
+                c.last_heard.insert(node, i64::MAX / 2);
+            }
+        }
+        if changed {
+            self.store.flush().await?;
+            self.wake_scheduler();
+        }
+        for (tx, cmd) in kills {
+            let _ = tx.send(Ok(cmd)).await;
+        }
+        Ok(())
+    }
+
+    /// Runs `check_nodes` every second until `shutdown` fires.
+    pub async fn watchdog_loop(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => break,
+            }
+            if let Err(e) = self.check_nodes().await {
+                tracing::error!("node check failed: {e}");
+            }
+        }
+    }
+
     /// The agent's command stream closed.
     pub fn disconnected(&self, node: &str, generation: u64) {
         let mut c = self.lock();
@@ -988,8 +1093,10 @@ impl Controller {
     pub fn heartbeat(&self, req: &pb::HeartbeatRequest) -> bool {
         let mut c = self.lock();
         let known = c.conns.contains_key(&req.node);
+        let now = now_ms();
         if let Some(n) = c.nodes.get_mut(&req.node) {
-            n.last_seen_ms = now_ms();
+            n.last_seen_ms = now;
+            c.last_heard.insert(req.node.clone(), now);
         }
         known
     }
@@ -997,6 +1104,9 @@ impl Controller {
     pub async fn report(&self, r: &pb::JobReport) -> Result<(), Status> {
         let kills = {
             let mut c = self.lock();
+            if c.conns.contains_key(&r.node) {
+                c.last_heard.insert(r.node.clone(), now_ms());
+            }
             let others = self.apply_report(&mut c, r).map_err(store_status)?;
             others
                 .into_iter()

@@ -38,7 +38,8 @@ pub async fn run(
     tracing::info!(%addr, state_dir = %opts.state_dir.display(), "gpuctld started");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let sched = tokio::spawn(ctl.clone().scheduler_loop(stop_rx));
+    let sched = tokio::spawn(ctl.clone().scheduler_loop(stop_rx.clone()));
+    let watchdog = tokio::spawn(ctl.clone().watchdog_loop(stop_rx));
 
     let ctl_for_stop = ctl.clone();
     let shutdown = async move {
@@ -61,6 +62,7 @@ pub async fn run(
         .context("gRPC server failed")?;
     let _ = stop_tx.send(true);
     let _ = sched.await;
+    let _ = watchdog.await;
     store.flush().await?;
     tracing::info!("state flushed; bye");
     Ok(())

@@ -29,7 +29,11 @@ impl JobState {
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Timeout
+            JobState::Completed
+                | JobState::Failed
+                | JobState::Cancelled
+                | JobState::Timeout
+                | JobState::NodeFail
         )
     }
 }

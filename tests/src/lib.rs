@@ -72,8 +72,17 @@ impl Cluster {
     }
 
     pub fn controller_only() -> Cluster {
+        Cluster::controller_with_config("")
+    }
+
+    /// A controller whose config is `TEST_CONFIG` plus `extra` (TOML).
+    pub fn controller_with_config(extra: &str) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("gpuctld.toml"), TEST_CONFIG).unwrap();
+        std::fs::write(
+            dir.path().join("gpuctld.toml"),
+            format!("{TEST_CONFIG}{extra}\n"),
+        )
+        .unwrap();
         let mut c = Cluster {
             dir,
             port: 0,
@@ -269,6 +278,12 @@ impl Cluster {
             .to_string_lossy()
             .replace('.', "");
         format!("gpuctl-test/{tag}-{node}")
+    }
+
+    /// Sends `sig` to an agent (SIGSTOP freezes it, SIGCONT thaws it).
+    pub fn signal_agent(&self, name: &str, sig: nix::sys::signal::Signal) {
+        let a = self.agents.iter().find(|a| a.name == name).unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.child.id() as i32), sig).unwrap();
     }
 
     pub fn kill9_agent(&mut self, name: &str) {

@@ -1,0 +1,78 @@
+//! Node failure: an agent that goes silent takes its node DOWN; its jobs end NODE_FAIL or
+//! are requeued; an agent that returns after that is reconciled, never running a job
+//! twice.
+
+use std::time::Duration;
+
+use gpuctl_tests::{Cluster, process_alive, wait_for};
+use nix::sys::signal::Signal;
+
+const T: Duration = Duration::from_secs(30);
+
+fn cluster() -> Cluster {
+    let mut c = Cluster::controller_with_config("node_timeout = \"2s\"");
+    c.add_agent("n1", "2xA100-80GB", &[]);
+    c.wait_nodes_up(1);
+    c
+}
+
+const REQUEUE: &str = "requeue = true\nscript = \"echo $$ > pid-$GPUCTL_JOB_ID-$GPUCTL_NODE; sleep 60\"\n[resources]\ngpus = 1\n";
+const PLAIN: &str = "script = \"sleep 60\"\n[resources]\ngpus = 1\n";
+
+#[test]
+fn lost_agent_fails_or_requeues_its_jobs() {
+    let mut c = cluster();
+    let requeued = c.submit("r.toml", REQUEUE);
+    let failed = c.submit("p.toml", PLAIN);
+    c.wait_state(requeued, "RUNNING", T);
+    c.wait_state(failed, "RUNNING", T);
+    c.add_agent("n2", "2xA100-80GB", &[]);
+    c.wait_nodes_up(2);
+    c.kill9_agent("n1");
+    let j = c.wait_state(failed, "NODE_FAIL", T);
+    assert!(j["reason"].as_str().unwrap().contains("n1"), "{j}");
+    // The requeued job runs again, on the node that is left.
+    assert!(wait_for(T, || {
+        let j = c.job(requeued);
+        j["state"] == "RUNNING" && j["node"] == "n2"
+    }));
+    assert_eq!(c.node_state("n1"), "DOWN");
+    c.gpuctl_ok(&["cancel", &requeued.to_string()]);
+}
+
+#[test]
+fn agent_back_after_being_declared_down_is_reconciled() {
+    let mut c = cluster();
+    let id = c.submit("r.toml", REQUEUE);
+    c.wait_state(id, "RUNNING", T);
+    let first = c.path(&format!("pid-{id}-n1"));
+    assert!(wait_for(T, || first.exists()));
+    let pid: i32 = std::fs::read_to_string(&first)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    c.add_agent("n2", "1xA100-80GB", &[]);
+    c.wait_nodes_up(2);
+    // n1 freezes: no heartbeats. After the timeout its job is requeued onto n2.
+    c.signal_agent("n1", Signal::SIGSTOP);
+    assert!(wait_for(T, || c.job(id)["node"] == "n2"
+        && c.job(id)["state"] == "RUNNING"));
+    assert!(
+        process_alive(pid),
+        "the first copy runs on while n1 is frozen"
+    );
+    // n1 thaws, re-attaches with the job still running: the controller has it elsewhere,
+    // so n1's copy is killed. The job runs once, on n2.
+    c.signal_agent("n1", Signal::SIGCONT);
+    assert!(
+        wait_for(T, || !process_alive(pid)),
+        "n1's copy was not killed"
+    );
+    assert!(wait_for(T, || c.node_state("n1") == "IDLE"));
+    let j = c.job(id);
+    assert_eq!(j["state"], "RUNNING");
+    assert_eq!(j["node"], "n2");
+    c.gpuctl_ok(&["cancel", &id.to_string()]);
+    c.wait_state(id, "CANCELLED", T);
+}
