@@ -456,8 +456,7 @@ impl Controller {
         {
             let mut c = self.lock();
             // Re-check against the state as it is now: things may have moved while planning.
-            let current = c.view();
-            let current_queue = c.pending();
+            let mut ledger = sched::Ledger::new(&c.view());
             let mut accepted = sched::Plan::default();
             for start in &plan.starts {
                 let pending = c
@@ -468,13 +467,12 @@ impl Controller {
                 if !pending || !connected {
                     continue;
                 }
-                accepted.starts.push(start.clone());
-                if let Err(why) = sched::check_plan(&current, &current_queue, &accepted, now) {
-                    tracing::debug!(
+                match ledger.take(start) {
+                    Ok(()) => accepted.starts.push(start.clone()),
+                    Err(why) => tracing::debug!(
                         job = start.job,
                         "placement no longer valid ({why}); next pass retries"
-                    );
-                    accepted.starts.pop();
+                    ),
                 }
             }
             for start in &accepted.starts {

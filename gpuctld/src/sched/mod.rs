@@ -728,6 +728,79 @@ fn explain_of(
     }
 }
 
+/// What is taken right now, slot by slot and node by node: the controller re-checks each
+/// planned start against it (and takes it) in constant time per slot before it commits.
+pub struct Ledger {
+    /// uuid -> (used compute milli, used memory MiB, memory MiB of the slot)
+    slots: HashMap<String, (u32, u64, u64)>,
+    /// node -> (used CPU milli, used memory, CPU milli, memory, eligible)
+    nodes: HashMap<String, (u32, u64, u32, u64, bool)>,
+}
+
+impl Ledger {
+    pub fn new(cluster: &ClusterView) -> Ledger {
+        let mut l = Ledger {
+            slots: HashMap::new(),
+            nodes: HashMap::new(),
+        };
+        for n in &cluster.nodes {
+            l.nodes.insert(
+                n.name.clone(),
+                (0, 0, n.cpu_milli, n.memory_bytes, n.eligible()),
+            );
+            for s in &n.slots {
+                l.slots.insert(s.uuid.clone(), (0, 0, s.memory_mib));
+            }
+        }
+        for r in &cluster.running {
+            l.add(&r.alloc);
+        }
+        l
+    }
+
+    fn add(&mut self, a: &Alloc) {
+        if let Some(n) = self.nodes.get_mut(&a.node) {
+            n.0 += a.cpu_milli;
+            n.1 += a.memory_bytes;
+        }
+        for u in &a.slots {
+            if let Some(s) = self.slots.get_mut(&u.uuid) {
+                s.0 += u.compute_milli;
+                s.1 += u.memory_mib;
+            }
+        }
+    }
+
+    /// Takes `start` if everything it needs is free now; otherwise says why.
+    pub fn take(&mut self, start: &Start) -> Result<(), String> {
+        for a in &start.allocs {
+            let &(cpu, mem, cpu_cap, mem_cap, eligible) = self
+                .nodes
+                .get(&a.node)
+                .ok_or_else(|| format!("unknown node {}", a.node))?;
+            if !eligible {
+                return Err(format!("node {} is not eligible", a.node));
+            }
+            if cpu + a.cpu_milli > cpu_cap || mem + a.memory_bytes > mem_cap {
+                return Err(format!("node {} has no room for the CPUs/memory", a.node));
+            }
+            for u in &a.slots {
+                let &(c, m, cap) = self
+                    .slots
+                    .get(&u.uuid)
+                    .ok_or_else(|| format!("unknown slot {}", u.uuid))?;
+                if c + u.compute_milli > GPU_MILLI || m + u.memory_mib > cap {
+                    return Err(format!("slot {} is taken", u.uuid));
+                }
+            }
+        }
+        for a in &start.allocs {
+            self.add(a);
+        }
+        Ok(())
+    }
+}
+
 /// Checks a plan against the cluster: over time, no slot and no node is ever used beyond
 /// its capacity by running jobs, starts and reservations together; whole GPUs and MIG
 /// instances are never shared; shares never land on MIG instances; starts are on

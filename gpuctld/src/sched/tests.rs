@@ -520,6 +520,32 @@ fn fgd_avoids_breaking_a_whole_gpu() {
     assert_eq!(plan.starts[0].allocs[0].node, "a");
 }
 
+#[test]
+fn ledger_refuses_what_is_taken() {
+    let c = ClusterView {
+        nodes: vec![node("a", 2)],
+        running: vec![running(9, "a", &[0], H)],
+    };
+    let start = |job, gpu: usize, compute| Start {
+        job,
+        allocs: vec![Alloc {
+            node: "a".into(),
+            slots: vec![SlotUse {
+                uuid: format!("GPU-a-{gpu}"),
+                compute_milli: compute,
+                memory_mib: 1000,
+            }],
+            cpu_milli: 1000,
+            memory_bytes: 0,
+        }],
+    };
+    let mut l = Ledger::new(&c);
+    assert!(l.take(&start(1, 0, 300)).is_err(), "GPU 0 is held whole");
+    assert!(l.take(&start(1, 1, 600)).is_ok());
+    assert!(l.take(&start(2, 1, 400)).is_ok());
+    assert!(l.take(&start(3, 1, 1)).is_err(), "GPU 1 is full");
+}
+
 // ---------------------------------------------------------------- properties
 
 fn arb_cluster() -> impl Strategy<Value = ClusterView> {
@@ -631,6 +657,16 @@ proptest! {
         let plan = schedule(&c, &q, &config, 0);
         prop_assert_eq!(check_plan(&c, &q, &plan, 0), Ok(()));
         prop_assert_eq!(plan.starts.len() + plan.waiting.len(), q.len());
+    }
+
+    /// Every start of a plan passes the controller's re-check against the same state.
+    #[test]
+    fn plans_pass_the_ledger(c in arb_cluster(), q in arb_queue(), p in arb_policy()) {
+        let plan = schedule(&c, &q, &cfg(p), 0);
+        let mut l = Ledger::new(&c);
+        for s in &plan.starts {
+            prop_assert_eq!(l.take(s), Ok(()));
+        }
     }
 
     /// Lower-priority jobs never delay a reservation: planning only the jobs ranked at or
