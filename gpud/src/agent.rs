@@ -92,7 +92,14 @@ pub async fn run(
         .with_context(|| format!("bad --controller URL {:?}", opts.controller))?
         .connect_timeout(Duration::from_secs(3))
         .connect_lazy();
-    let cgroups = crate::cgroup::Mode::detect(&opts.cgroup_base);
+    let mut cgroups = crate::cgroup::Mode::detect(&opts.cgroup_base);
+    if let Err(e) = cgroups.verify(&opts.cgroup_parent) {
+        tracing::warn!(
+            "{} is there but a process cannot be moved into it ({e}); not using cgroups",
+            cgroups.describe()
+        );
+        cgroups = crate::cgroup::Mode::None;
+    }
     match cgroups {
         crate::cgroup::Mode::None => tracing::warn!(
             "no writable cgroup hierarchy under {}: jobs run in process groups only, without CPU/memory limits",

@@ -102,6 +102,46 @@ impl Mode {
         }
     }
 
+    /// Checks that a process can really be moved into a cgroup here (a hierarchy can be
+    /// writable and still refuse, e.g. under some container runtimes): starts `true` in a
+    /// probe cgroup the way jobs start.
+    pub fn verify(&self, parent: &str) -> io::Result<()> {
+        use std::os::unix::process::CommandExt;
+        if *self == Mode::None {
+            return Ok(());
+        }
+        let probe = format!("{parent}/probe-{}", std::process::id());
+        let cg = self.create(
+            &probe,
+            0,
+            Limits {
+                cpu_milli: 0,
+                memory_bytes: 0,
+                pids: 64,
+            },
+        )?;
+        let procs = cg.open_procs()?;
+        let fds = raw_fds(&procs);
+        let mut cmd = std::process::Command::new("/bin/true");
+        // SAFETY: only write(2) on descriptors opened before the fork (see `enter`).
+        unsafe {
+            cmd.pre_exec(move || enter(&fds));
+        }
+        let status = cmd.status();
+        drop(procs);
+        cg.destroy();
+        for d in &cg.dirs {
+            if let Some(p) = d.parent() {
+                let _ = fs::remove_dir(p);
+            }
+        }
+        match status {
+            Ok(s) if s.success() => Ok(()),
+            Ok(s) => Err(io::Error::other(format!("probe exited with {s}"))),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Creates the job's cgroup(s), `<parent>/job-<id>` in each hierarchy, with `limits`.
     pub fn create(&self, parent: &str, job: u64, limits: Limits) -> io::Result<JobCgroup> {
         let name = format!("{parent}/job-{job}");
@@ -276,8 +316,16 @@ impl JobCgroup {
             self.signal(nix::sys::signal::Signal::SIGKILL);
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        // The kernel may hold a cgroup busy for a moment after its last process exits.
         for d in &self.dirs {
-            let _ = fs::remove_dir(d);
+            for _ in 0..50 {
+                match fs::remove_dir(d) {
+                    Err(e) if d.exists() && e.raw_os_error() == Some(nix::libc::EBUSY) => {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                    _ => break,
+                }
+            }
         }
     }
 }

@@ -58,6 +58,8 @@ pub struct Cluster {
     pub port: u16,
     ctld: Option<(Child, ChildStdout)>,
     pub agents: Vec<Agent>,
+    /// Agents killed during the test (their cgroups are cleaned up at the end too).
+    gone: Vec<String>,
 }
 
 impl Cluster {
@@ -88,6 +90,7 @@ impl Cluster {
             port: 0,
             ctld: None,
             agents: Vec::new(),
+            gone: Vec::new(),
         };
         c.start_controller();
         c
@@ -291,12 +294,14 @@ impl Cluster {
         let mut a = self.agents.remove(i);
         a.child.kill().unwrap();
         a.child.wait().unwrap();
+        self.gone.push(a.name);
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let names: Vec<String> = self.agents.iter().map(|a| a.name.clone()).collect();
+        let mut names: Vec<String> = self.agents.iter().map(|a| a.name.clone()).collect();
+        names.extend(self.gone.iter().cloned());
         for a in &mut self.agents {
             let _ = a.child.kill();
             let _ = a.child.wait();
