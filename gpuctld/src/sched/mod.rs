@@ -491,26 +491,23 @@ impl<'a> Pass<'a> {
 /// Placement and packing are exactly the scheduler's.
 pub struct Session<'a> {
     pass: Pass<'a>,
-    node_index: HashMap<String, usize>,
-    /// Fragmentation of each node at creation, and after its last change.
-    initial_frag: Vec<f64>,
-    last_frag: HashMap<usize, f64>,
+    /// Each eligible node's fragmentation (0 for the others), kept up to date by
+    /// `start_now`, and their sum.
+    node_frags: Vec<f64>,
+    total_frag: f64,
 }
 
 impl<'a> Session<'a> {
     pub fn new(cluster: &'a ClusterView, config: &'a SchedConfig, now: Millis) -> Session<'a> {
         let mut s = Session {
             pass: Pass::new(cluster, config, now),
-            node_index: cluster
-                .nodes
-                .iter()
-                .enumerate()
-                .map(|(i, n)| (n.name.clone(), i))
-                .collect(),
-            initial_frag: Vec::new(),
-            last_frag: HashMap::new(),
+            node_frags: vec![0.0; cluster.nodes.len()],
+            total_frag: 0.0,
         };
-        s.initial_frag = (0..cluster.nodes.len()).map(|i| s.node_frag(i)).collect();
+        for i in s.pass.eligible.clone() {
+            s.node_frags[i] = s.node_frag(i);
+        }
+        s.total_frag = s.node_frags.iter().sum();
         s
     }
 
@@ -529,6 +526,9 @@ impl<'a> Session<'a> {
             self.pass
                 .claim(job, i, &picks, req, (now, now.saturating_add(d)), false);
             allocs.push(alloc_of(&self.pass.cluster.nodes[i], &picks, req));
+            let after = self.node_frag(i);
+            self.total_frag += after - self.node_frags[i];
+            self.node_frags[i] = after;
         }
         Some(Start { job, allocs })
     }
@@ -549,30 +549,9 @@ impl<'a> Session<'a> {
         p.frag.node_frag(node, &free, p.cals[i].free_now.cpu_milli)
     }
 
-    /// `total` (the fragmentation before `start`) updated for the nodes `start` touched.
-    /// Call after every `start_now` that placed something.
-    pub fn fragmentation_update(&mut self, start: &Start, total: f64) -> f64 {
-        let mut t = total;
-        for a in &start.allocs {
-            let Some(&i) = self.node_index.get(&a.node) else {
-                continue;
-            };
-            let after = self.node_frag(i);
-            let before = self
-                .last_frag
-                .get(&i)
-                .copied()
-                .unwrap_or_else(|| self.initial_frag[i]);
-            t += after - before;
-            self.last_frag.insert(i, after);
-        }
-        t
-    }
-
     /// Cluster fragmentation in GPU milli (FGD's measure, against the config's workload).
     pub fn fragmentation(&self) -> f64 {
-        let p = &self.pass;
-        p.eligible.iter().map(|&i| self.node_frag(i)).sum()
+        self.total_frag
     }
 }
 

@@ -85,21 +85,19 @@ pub fn run_seed(
     let mut frag_pct = vec![f64::NAN; MAX_PCT + 1];
     let (mut arrived, mut allocated) = (0u64, 0u64);
     let (mut placed, mut dropped) = (0, 0);
-    let mut frag = session.fragmentation();
     for (i, p) in arrivals.iter().enumerate() {
         arrived += p.gpu_milli_total();
         match session.start_now(i as u64 + 1, &p.request(), forever) {
-            Some(start) => {
+            Some(_) => {
                 placed += 1;
                 allocated += p.gpu_milli_total();
-                frag = session.fragmentation_update(&start, frag);
             }
             None => dropped += 1,
         }
         let x = (arrived as f64 / capacity as f64 * 100.0).round() as usize;
         if x <= MAX_PCT {
             alloc_pct[x] = allocated as f64 / capacity as f64 * 100.0;
-            frag_pct[x] = frag / capacity as f64 * 100.0;
+            frag_pct[x] = session.fragmentation() / capacity as f64 * 100.0;
         }
     }
     // Bins no arrival landed in carry the value before them (0 before the first).

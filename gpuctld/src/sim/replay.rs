@@ -297,7 +297,8 @@ pub fn replay(
         .collect();
     let infeasible = jobs.len() - feasible.len();
     let mut pending: BTreeMap<u64, &TraceJob> = BTreeMap::new();
-    let mut running: BTreeMap<u64, (Vec<sched::Alloc>, Millis, Millis)> = BTreeMap::new();
+    // job -> (allocations, start, time limit, GPU milli)
+    let mut running: BTreeMap<u64, (Vec<sched::Alloc>, Millis, Millis, u64)> = BTreeMap::new();
     let mut ends: BinaryHeap<Reverse<(Millis, u64)>> = BinaryHeap::new();
     let mut next = 0usize;
     let mut now: Millis = feasible.first().map_or(0, |j| j.submit);
@@ -316,9 +317,8 @@ pub fn replay(
                 break;
             }
             ends.pop();
-            let (_, _, _) = running.remove(&id).expect("running job");
-            let j = jobs.iter().find(|j| j.id == id).expect("known job");
-            alloc_milli -= j.gpu_milli;
+            let (_, _, _, gpu_milli) = running.remove(&id).expect("running job");
+            alloc_milli -= gpu_milli;
             last_end = last_end.max(t);
         }
         while next < feasible.len() && feasible[next].submit <= now {
@@ -330,7 +330,7 @@ pub fn replay(
                 nodes: nodes.to_vec(),
                 running: running
                     .iter()
-                    .flat_map(|(id, (allocs, start, limit))| {
+                    .flat_map(|(id, (allocs, start, limit, _))| {
                         allocs.iter().map(move |a| Running {
                             job: *id,
                             alloc: a.clone(),
@@ -355,7 +355,7 @@ pub fn replay(
             pass_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
             for s in plan.starts {
                 let j = pending.remove(&s.job).expect("pending job");
-                running.insert(j.id, (s.allocs, now, j.time_limit));
+                running.insert(j.id, (s.allocs, now, j.time_limit, j.gpu_milli));
                 ends.push(Reverse((now + j.duration, j.id)));
                 alloc_milli += j.gpu_milli;
                 let wait = (now - j.submit) as f64 / 1000.0;
