@@ -14,7 +14,9 @@ cargo build --quiet --manifest-path "$root/Cargo.toml" -p gpuctl -p gpuctld -p g
 bin=$root/target/debug
 work=$(mktemp -d -t gpuctl-local.XXXXXX)
 port=${GPUCTL_PORT:-7817}
-export GPUCTL_CONTROLLER=http://127.0.0.1:$port
+# Users talk to the controller over its Unix socket (identified by uid); the agent uses
+# TCP and signs with the cluster key gpuctld creates in its state dir.
+export GPUCTL_CONTROLLER=unix:$work/gpuctld.sock
 
 cleanup() {
   if [ -z "${KEEP:-}" ]; then
@@ -24,8 +26,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$bin/gpuctld" --listen "127.0.0.1:$port" --state-dir "$work/ctld" >"$work/gpuctld.out" 2>"$work/gpuctld.log" &
+"$bin/gpuctld" --listen "127.0.0.1:$port" --socket "$work/gpuctld.sock" --state-dir "$work/ctld" \
+  >"$work/gpuctld.out" 2>"$work/gpuctld.log" &
 ctld_pid=$!
+for _ in $(seq 100); do
+  [ -S "$work/gpuctld.sock" ] && [ -f "$work/ctld/cluster.key" ] && break
+  kill -0 "$ctld_pid" 2>/dev/null || { echo "gpuctld failed:"; cat "$work/gpuctld.log"; exit 1; }
+  sleep 0.1
+done
 
 if "$bin/gpud" --list-gpus >"$work/gpus.txt" 2>"$work/nvml.txt"; then
   echo "==> NVML found $(wc -l <"$work/gpus.txt") GPU(s): using real GPUs"
@@ -34,8 +42,8 @@ else
   echo "==> no NVML here ($(head -c 120 "$work/nvml.txt" | tr '\n' ' ')...): using 4 fake A100-80GB GPUs"
   gpu_args=(--fake-gpus 4xA100-80GB)
 fi
-"$bin/gpud" --controller "$GPUCTL_CONTROLLER" --name "$(hostname)" --state-dir "$work/gpud" \
-  --allow-root-jobs "${gpu_args[@]}" 2>"$work/gpud.log" &
+"$bin/gpud" --controller "http://127.0.0.1:$port" --key-file "$work/ctld/cluster.key" \
+  --name "$(hostname)" --state-dir "$work/gpud" --allow-root-jobs "${gpu_args[@]}" 2>"$work/gpud.log" &
 gpud_pid=$!
 
 for _ in $(seq 100); do

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use gpuctl_proto::{self as pb, controller_client::ControllerClient};
 use serde_json::json;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::format;
@@ -29,14 +30,15 @@ pub mod exit {
     about = "Submit and manage GPU jobs on a gpuctl cluster"
 )]
 pub struct Cli {
-    /// Controller URL.
-    #[arg(
-        long,
-        global = true,
-        env = "GPUCTL_CONTROLLER",
-        default_value = "http://127.0.0.1:7817"
-    )]
-    pub controller: String,
+    /// Controller: unix:PATH (the controller's socket; you are who your uid is) or
+    /// http://HOST:PORT (needs an API token). Default: unix:/run/gpuctl/gpuctld.sock
+    /// when that exists, else http://127.0.0.1:7817.
+    #[arg(long, global = true, env = "GPUCTL_CONTROLLER")]
+    pub controller: Option<String>,
+    /// File holding an API token for TCP controllers (default ~/.config/gpuctl/token;
+    /// or set GPUCTL_TOKEN).
+    #[arg(long, global = true)]
+    pub token_file: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -48,6 +50,9 @@ pub enum Command {
         file: PathBuf,
         #[arg(long)]
         json: bool,
+        /// Run the job as this user (admins only).
+        #[arg(long)]
+        user: Option<String>,
     },
     /// Pending and running jobs (like squeue).
     Queue {
@@ -95,6 +100,45 @@ pub enum Command {
         #[command(subcommand)]
         action: NodeAction,
     },
+    /// Who the controller takes you to be, and whether you are an admin.
+    Whoami {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Administration (admins only).
+    Admin {
+        #[command(subcommand)]
+        action: AdminAction,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum AdminAction {
+    /// API tokens for clients that reach the controller over TCP.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TokenAction {
+    /// Create a token for a user; the secret is printed once.
+    Create {
+        #[arg(long)]
+        user: String,
+        #[arg(long, default_value = "")]
+        note: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tokens (ids and users, never secrets).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by id.
+    Revoke { id: String },
 }
 
 #[derive(Subcommand)]
@@ -155,7 +199,76 @@ fn print_json(v: &serde_json::Value) {
     ));
 }
 
-async fn connect(url: &str) -> Result<ControllerClient<Channel>, Failure> {
+/// Adds the API token (if any) to every request.
+#[derive(Clone)]
+pub struct Auth(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub type Client = ControllerClient<InterceptedService<Channel, Auth>>;
+
+/// The socket gpuctld conventionally listens on.
+pub const DEFAULT_SOCKET: &str = "/run/gpuctl/gpuctld.sock";
+
+fn controller_url(cli: &Cli) -> String {
+    cli.controller.clone().unwrap_or_else(|| {
+        if std::path::Path::new(DEFAULT_SOCKET).exists() {
+            format!("unix:{DEFAULT_SOCKET}")
+        } else {
+            "http://127.0.0.1:7817".into()
+        }
+    })
+}
+
+/// The API token: GPUCTL_TOKEN, --token-file, or ~/.config/gpuctl/token.
+fn token(cli: &Cli) -> Result<Option<String>, Failure> {
+    if let Ok(t) = std::env::var("GPUCTL_TOKEN") {
+        if !t.trim().is_empty() {
+            return Ok(Some(t.trim().to_string()));
+        }
+    }
+    let (path, explicit) = match &cli.token_file {
+        Some(p) => (p.clone(), true),
+        None => match std::env::var_os("HOME") {
+            Some(h) => (PathBuf::from(h).join(".config/gpuctl/token"), false),
+            None => return Ok(None),
+        },
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(t) => Ok(Some(t.trim().to_string())),
+        Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(fail(format!(
+            "cannot read token file {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+async fn connect(cli: &Cli) -> Result<Client, Failure> {
+    let url = controller_url(cli);
+    let token = token(cli)?
+        .filter(|_| !url.starts_with("unix:"))
+        .map(|t| {
+            format!("Bearer {t}").parse().map_err(|_| Failure {
+                code: exit::USAGE,
+                message: "the API token has characters a header cannot carry".into(),
+            })
+        })
+        .transpose()?;
+    let channel = channel(&url).await?;
+    Ok(ControllerClient::with_interceptor(channel, Auth(token))
+        // `queue --json` of a 100,000-job queue is tens of MB.
+        .max_decoding_message_size(1 << 30))
+}
+
+async fn channel(url: &str) -> Result<Channel, Failure> {
     let unreachable = |e: String| Failure {
         code: exit::UNREACHABLE,
         message: format!(
@@ -168,7 +281,7 @@ async fn connect(url: &str) -> Result<ControllerClient<Channel>, Failure> {
             message: format!("bad controller URL {url:?}: {e}"),
         })?
         .connect_timeout(std::time::Duration::from_secs(5));
-    let channel = endpoint.connect().await.map_err(|e| {
+    endpoint.connect().await.map_err(|e| {
         let mut msg = e.to_string();
         let mut src = std::error::Error::source(&e);
         while let Some(s) = src {
@@ -176,29 +289,26 @@ async fn connect(url: &str) -> Result<ControllerClient<Channel>, Failure> {
             src = s.source();
         }
         unreachable(msg)
-    })?;
-    Ok(ControllerClient::new(channel))
-}
-
-fn current_user() -> (String, u32, u32) {
-    let uid = nix::unistd::getuid();
-    let gid = nix::unistd::getgid();
-    let name = nix::unistd::User::from_uid(uid)
-        .ok()
-        .flatten()
-        .map_or_else(|| uid.to_string(), |u| u.name);
-    (name, uid.as_raw(), gid.as_raw())
+    })
 }
 
 pub async fn run(cli: Cli) -> Result<(), Failure> {
-    match cli.command {
-        Command::Submit { file, json } => {
-            let job = jobfile::load(&file).map_err(|e| fail(e.to_string()))?;
+    // A bad job file is reported before anything is contacted.
+    let spec = match &cli.command {
+        Command::Submit { file, user, .. } => {
+            let job = jobfile::load(file).map_err(|e| fail(e.to_string()))?;
             let cwd = std::env::current_dir()
                 .map_err(|e| fail(format!("cannot read the current directory: {e}")))?;
-            let (user, uid, gid) = current_user();
-            let spec = job.into_spec(&cwd, &user, uid, gid);
-            let mut client = connect(&cli.controller).await?;
+            // The controller runs the job as the authenticated caller; naming a user
+            // (admins only) asks for another.
+            Some(job.into_spec(&cwd, user.as_deref().unwrap_or(""), 0, 0))
+        }
+        _ => None,
+    };
+    let mut client = connect(&cli).await?;
+    match cli.command {
+        Command::Submit { file, json, .. } => {
+            let spec = spec.expect("parsed above");
             let resp = client
                 .submit(pb::SubmitRequest { spec: Some(spec) })
                 .await
@@ -215,7 +325,6 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Queue { all, start, json } => {
-            let mut client = connect(&cli.controller).await?;
             let jobs = client
                 .list_jobs(pb::ListJobsRequest { all })
                 .await?
@@ -228,7 +337,6 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Show { job_id, json } => {
-            let mut client = connect(&cli.controller).await?;
             let job = client
                 .get_job(pb::GetJobRequest { job_id })
                 .await?
@@ -240,7 +348,6 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Cancel { job_ids } => {
-            let mut client = connect(&cli.controller).await?;
             let results = client
                 .cancel(pb::CancelRequest { job_ids })
                 .await?
@@ -263,7 +370,6 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Nodes { json, stats } => {
-            let mut client = connect(&cli.controller).await?;
             let resp = client
                 .list_nodes(pb::ListNodesRequest {})
                 .await?
@@ -300,7 +406,6 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Explain { job_id, json } => {
-            let mut client = connect(&cli.controller).await?;
             let e = client
                 .explain(pb::GetJobRequest { job_id })
                 .await?
@@ -323,7 +428,6 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Priority { json } => {
-            let mut client = connect(&cli.controller).await?;
             let jobs = client
                 .priorities(pb::PrioritiesRequest {})
                 .await?
@@ -348,7 +452,6 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Node { action } => {
-            let mut client = connect(&cli.controller).await?;
             let node = match action {
                 NodeAction::Drain { name, reason } => {
                     client
@@ -366,6 +469,72 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 format::node_state_name(node.state())
             ));
         }
+        Command::Whoami { json } => {
+            let me = client.who_am_i(pb::WhoAmIRequest {}).await?.into_inner();
+            if json {
+                print_json(&json!({"user": me.user, "admin": me.admin, "via": me.via}));
+            } else {
+                print(&format!(
+                    "{}{} (via {})\n",
+                    me.user,
+                    if me.admin { ", admin" } else { "" },
+                    me.via
+                ));
+            }
+        }
+        Command::Admin {
+            action: AdminAction::Token { action },
+        } => match action {
+            TokenAction::Create { user, note, json } => {
+                let t = client
+                    .create_token(pb::CreateTokenRequest { user, note })
+                    .await?
+                    .into_inner();
+                if json {
+                    print_json(&json!({"id": t.id, "user": t.user, "token": t.token}));
+                } else {
+                    print(&format!(
+                        "Token {} for {} (shown once; give it to the user, who puts it in ~/.config/gpuctl/token or GPUCTL_TOKEN):\n{}\n",
+                        t.id, t.user, t.token
+                    ));
+                }
+            }
+            TokenAction::List { json } => {
+                let tokens = client
+                    .list_tokens(pb::ListTokensRequest {})
+                    .await?
+                    .into_inner()
+                    .tokens;
+                if json {
+                    print_json(
+                        &tokens
+                            .iter()
+                            .map(|t| json!({"id": t.id, "user": t.user, "created_ms": t.created_ms, "note": t.note}))
+                            .collect(),
+                    );
+                } else {
+                    let mut out =
+                        String::from("ID            USER         CREATED               NOTE\n");
+                    for t in tokens {
+                        let created = humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH
+                                + std::time::Duration::from_millis(t.created_ms.max(0) as u64),
+                        );
+                        out.push_str(&format!(
+                            "{:<13} {:<12} {created}  {}\n",
+                            t.id, t.user, t.note
+                        ));
+                    }
+                    print(&out);
+                }
+            }
+            TokenAction::Revoke { id } => {
+                client
+                    .revoke_token(pb::RevokeTokenRequest { id: id.clone() })
+                    .await?;
+                print(&format!("Token {id} revoked\n"));
+            }
+        },
     }
     Ok(())
 }

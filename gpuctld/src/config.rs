@@ -24,7 +24,35 @@ pub struct Config {
     /// and its jobs end NODE_FAIL (or are requeued when their job file says so).
     #[serde(with = "humantime_serde")]
     pub node_timeout: Duration,
+    /// Users who may act on every job, drain nodes and manage tokens (root always may).
+    pub admins: Vec<String>,
     pub scheduler: SchedulerConfig,
+    pub limits: Limits,
+}
+
+/// The `[limits]` table: what one request may ask for.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest gRPC request the controller decodes.
+    pub max_message_bytes: bytesize::ByteSize,
+    /// Largest job (the encoded job spec: command or script, env, paths).
+    pub max_job_bytes: bytesize::ByteSize,
+    /// Most entries in a job's lists (command arguments, env variables, GPU models).
+    pub max_list_len: usize,
+    /// Most pending jobs one user may have; a submit past it is refused.
+    pub max_pending_per_user: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_message_bytes: bytesize::ByteSize::mib(4),
+            max_job_bytes: bytesize::ByteSize::kib(256),
+            max_list_len: 4096,
+            max_pending_per_user: 10_000,
+        }
+    }
 }
 
 /// The `[scheduler]` table.
@@ -73,7 +101,9 @@ impl Default for Config {
             kill_grace: Duration::from_secs(10),
             sched_interval: Duration::from_secs(10),
             node_timeout: Duration::from_secs(60),
+            admins: Vec::new(),
             scheduler: SchedulerConfig::default(),
+            limits: Limits::default(),
         }
     }
 }
@@ -139,6 +169,18 @@ mod tests {
         assert_eq!(c.scheduler.priority.age, 7);
         assert_eq!(c.scheduler.priority.qos_levels["gold"], 3);
         assert_eq!(c.scheduler.priority.size, 1000);
+    }
+
+    #[test]
+    fn limits_and_admins() {
+        let c: Config = toml::from_str(
+            "admins = [\"alice\"]\n[limits]\nmax_job_bytes = \"1KiB\"\nmax_pending_per_user = 3\n",
+        )
+        .unwrap();
+        assert_eq!(c.admins, vec!["alice".to_string()]);
+        assert_eq!(c.limits.max_job_bytes.as_u64(), 1024);
+        assert_eq!(c.limits.max_pending_per_user, 3);
+        assert_eq!(c.limits.max_list_len, 4096);
     }
 
     #[test]

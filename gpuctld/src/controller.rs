@@ -9,11 +9,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gpuctl_proto::store::{StoredJob, StoredNode};
+use gpuctl_proto::auth::ClusterKey;
+use gpuctl_proto::store::{StoredJob, StoredNode, StoredToken};
 use gpuctl_proto::{self as pb, JobState, NodeState};
+use prost::Message as _;
 use tokio::sync::{Notify, mpsc};
 use tonic::Status;
 
+use crate::auth::{Caller, Tokens};
 use crate::config::Config;
 use crate::sched::packing::Workload;
 use crate::sched::{
@@ -44,6 +47,25 @@ struct Cluster {
     last_heard: HashMap<String, i64>,
     next_job_id: u64,
     generation: u64,
+    tokens: Tokens,
+    /// Pending jobs per user (for `max_pending_per_user`), kept exact at every change
+    /// into or out of PENDING.
+    pending_by_user: HashMap<String, usize>,
+}
+
+fn owner(j: &pb::Job) -> &str {
+    j.spec.as_ref().map_or("", |s| s.user.as_str())
+}
+
+impl Cluster {
+    fn pending_changed(&mut self, user: &str, added: bool) {
+        let n = self.pending_by_user.entry(user.to_string()).or_default();
+        if added {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+        }
+    }
 }
 
 /// What running jobs hold on one node, per slot UUID: (compute milli, memory MiB, jobs).
@@ -329,6 +351,8 @@ impl Cluster {
 pub struct Controller {
     cluster: Mutex<Cluster>,
     store: Store,
+    /// The cluster key agents sign with.
+    key: ClusterKey,
     config: Config,
     sched_config: sched::SchedConfig,
     /// Wakes the scheduling loop; several events before it runs make one pass.
@@ -358,15 +382,24 @@ fn final_state(allocs: &[pb::Allocation]) -> (JobState, Option<i32>, String) {
 }
 
 impl Controller {
-    pub fn open(store: Store, config: Config) -> Result<Arc<Controller>, StoreError> {
+    pub fn open(
+        store: Store,
+        config: Config,
+        key: ClusterKey,
+    ) -> Result<Arc<Controller>, StoreError> {
         let loaded = store.load()?;
         let mut cluster = Cluster {
             next_job_id: loaded.next_job_id.max(1),
+            tokens: Tokens::new(loaded.tokens),
             ..Cluster::default()
         };
         for j in loaded.jobs {
             let id = job_of(&j).id;
             cluster.next_job_id = cluster.next_job_id.max(id + 1);
+            if job_of(&j).state() == JobState::Pending {
+                let user = owner(job_of(&j)).to_string();
+                cluster.pending_changed(&user, true);
+            }
             cluster.jobs.insert(id, j);
         }
         let started = now_ms();
@@ -393,6 +426,7 @@ impl Controller {
         Ok(Arc::new(Controller {
             cluster: Mutex::new(cluster),
             store,
+            key,
             config,
             sched_config,
             wake: Notify::new(),
@@ -480,6 +514,8 @@ impl Controller {
                 let stored = c.jobs.get_mut(&start.job).expect("checked above");
                 let j = job_mut(stored);
                 j.set_state(JobState::Running);
+                j.attempt += 1;
+                let user = owner(j).to_string();
                 j.allocations = start
                     .allocs
                     .iter()
@@ -498,7 +534,8 @@ impl Controller {
                 stored.start_confirmed = false;
                 self.store.put_job(stored)?;
                 let j = job_of(stored).clone();
-                tracing::info!(job = j.id, nodes = %j.node, gpus = ?j.gpus, "starting job");
+                c.pending_changed(&user, false);
+                tracing::info!(job = j.id, attempt = j.attempt, nodes = %j.node, gpus = ?j.gpus, "starting job");
                 for a in &j.allocations {
                     let Some(tx) = c.conns.get(&a.node).map(|conn| conn.tx.clone()) else {
                         continue;
@@ -515,7 +552,9 @@ impl Controller {
                                 slots: a.slots.clone(),
                                 rank: a.rank,
                                 nodelist: nodelist.clone(),
+                                attempt: j.attempt,
                             })),
+                            mac: Vec::new(),
                         },
                     ));
                 }
@@ -543,12 +582,49 @@ impl Controller {
 
     // ------------------------------------------------------------ user operations
 
-    pub async fn submit(&self, spec: Option<pb::JobSpec>) -> Result<u64, Status> {
-        let spec = spec.ok_or_else(|| Status::invalid_argument("submit without a job spec"))?;
-        validate_spec(&spec)?;
+    /// Queues a job for `caller`. The job runs as the caller; an admin may name another
+    /// user in the spec (like `sbatch --uid`), anyone else is refused for trying.
+    pub async fn submit(&self, caller: &Caller, spec: Option<pb::JobSpec>) -> Result<u64, Status> {
+        let mut spec = spec.ok_or_else(|| Status::invalid_argument("submit without a job spec"))?;
+        if spec.user.is_empty() || spec.user == caller.user {
+            spec.user = caller.user.clone();
+            spec.uid = caller.uid.unwrap_or(0);
+            spec.gid = caller.gid.unwrap_or(0);
+        } else if caller.admin {
+            if !crate::auth::valid_user_name(&spec.user) {
+                return Err(Status::invalid_argument(format!(
+                    "user {:?} is not a valid user name",
+                    spec.user
+                )));
+            }
+            spec.uid = 0;
+            spec.gid = 0;
+        } else {
+            return Err(caller.deny(&format!(
+                "cannot submit a job as user {:?} (only admins submit for others)",
+                spec.user
+            )));
+        }
+        let limits = &self.config.limits;
+        let size = spec.encoded_len() as u64;
+        if size > limits.max_job_bytes.as_u64() {
+            return Err(Status::invalid_argument(format!(
+                "job is {} encoded, over the controller's limit of {} (limits.max_job_bytes)",
+                bytesize::ByteSize(size),
+                limits.max_job_bytes
+            )));
+        }
+        validate_spec(&spec, limits.max_list_len)?;
         let res = spec.resources.clone().unwrap_or_default();
         let id = {
             let mut c = self.lock();
+            let pending = c.pending_by_user.get(&spec.user).copied().unwrap_or(0);
+            if pending >= limits.max_pending_per_user {
+                return Err(Status::resource_exhausted(format!(
+                    "user {} already has {pending} pending jobs, the most allowed (limits.max_pending_per_user)",
+                    spec.user
+                )));
+            }
             check_feasible(&c.view(), &res)?;
             let id = c.next_job_id;
             let time_limit_secs = if res.time_limit_secs > 0 {
@@ -572,6 +648,8 @@ impl Controller {
                 .insert_new_job(&stored, id + 1)
                 .map_err(store_status)?;
             c.next_job_id = id + 1;
+            let user = owner(job_of(&stored)).to_string();
+            c.pending_changed(&user, true);
             c.jobs.insert(id, stored);
             id
         };
@@ -709,11 +787,31 @@ impl Controller {
         out
     }
 
-    pub async fn cancel(&self, ids: &[u64]) -> Result<Vec<pb::CancelResult>, Status> {
+    /// Cancels jobs. Only their owners or an admin may; if any of `ids` is someone
+    /// else's, nothing is cancelled.
+    pub async fn cancel(
+        &self,
+        caller: &Caller,
+        ids: &[u64],
+    ) -> Result<Vec<pb::CancelResult>, Status> {
         let mut results = Vec::new();
         let mut kills = Vec::new();
         {
             let mut c = self.lock();
+            if !caller.admin {
+                let foreign: Vec<String> = ids
+                    .iter()
+                    .filter_map(|id| c.jobs.get(id).map(|s| (id, owner(job_of(s)))))
+                    .filter(|(_, o)| *o != caller.user)
+                    .map(|(id, o)| format!("job {id} belongs to {o}"))
+                    .collect();
+                if !foreign.is_empty() {
+                    return Err(caller.deny(&format!(
+                        "only a job's owner or an admin may cancel it ({})",
+                        foreign.join(", ")
+                    )));
+                }
+            }
             for &id in ids {
                 let result = |ok: bool, msg: &str| pb::CancelResult {
                     job_id: id,
@@ -729,13 +827,16 @@ impl Controller {
                     JobState::Pending => {
                         j.set_state(JobState::Cancelled);
                         j.end_time_ms = now_ms();
-                        j.reason = "cancelled while pending".into();
+                        j.reason = format!("cancelled while pending by {}", caller.user);
                         j.expected_start_ms = 0;
+                        let user = owner(j).to_string();
                         self.store.put_job(stored).map_err(store_status)?;
+                        c.pending_changed(&user, false);
                         results.push(result(true, "removed from the queue"));
                     }
                     JobState::Running => {
                         let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
+                        let attempt = j.attempt;
                         stored.cancel_requested = true;
                         self.store.put_job(stored).map_err(store_status)?;
                         let mut all_connected = true;
@@ -743,7 +844,11 @@ impl Controller {
                             match c.conns.get(&node) {
                                 Some(conn) => kills.push((
                                     conn.tx.clone(),
-                                    self.kill_cmd(id, "cancelled by user"),
+                                    self.kill_cmd(
+                                        id,
+                                        attempt,
+                                        &format!("cancelled by {}", caller.user),
+                                    ),
                                 )),
                                 None => all_connected = false,
                             }
@@ -772,15 +877,119 @@ impl Controller {
         Ok(results)
     }
 
-    fn kill_cmd(&self, job_id: u64, reason: &str) -> pb::AgentCommand {
+    fn kill_cmd(&self, job_id: u64, attempt: u32, reason: &str) -> pb::AgentCommand {
         pb::AgentCommand {
             command: Some(pb::agent_command::Command::Kill(pb::KillJob {
                 job_id,
                 as_state: JobState::Cancelled as i32,
                 kill_grace_secs: self.config.kill_grace.as_secs(),
                 reason: reason.into(),
+                attempt,
             })),
+            mac: Vec::new(),
         }
+    }
+
+    /// Signs a command for the agent of `node` (done where the stream hands it out).
+    pub fn sign_command(&self, node: &str, cmd: &mut pb::AgentCommand) {
+        self.key.sign_command(node, cmd);
+    }
+
+    /// Checks an agent request's signature.
+    pub fn verify_agent(
+        &self,
+        meta: &tonic::metadata::MetadataMap,
+        method: &str,
+        node: &str,
+        body: &[u8],
+    ) -> Result<(), Status> {
+        use gpuctl_proto::auth::{MAC_HEADER, NODE_HEADER, TIME_HEADER};
+        let get = |k: &str| meta.get(k).and_then(|v| v.to_str().ok());
+        self.key
+            .verify_request(
+                method,
+                node,
+                body,
+                get(NODE_HEADER),
+                get(TIME_HEADER),
+                get(MAC_HEADER),
+                now_ms(),
+            )
+            .map_err(|e| {
+                tracing::warn!(node, method, "agent request refused: {e}");
+                Status::unauthenticated(format!("agent request refused: {e}"))
+            })
+    }
+
+    // ------------------------------------------------------------ users and tokens
+
+    /// Whether `user` is an admin: root and the users the config names.
+    pub fn is_admin(&self, user: &str) -> bool {
+        user == "root" || self.config.admins.iter().any(|a| a == user)
+    }
+
+    /// The user a token secret belongs to.
+    pub fn token_user(&self, secret: &str) -> Option<String> {
+        self.lock().tokens.user_of(secret).map(str::to_string)
+    }
+
+    pub async fn create_token(
+        &self,
+        caller: &Caller,
+        user: &str,
+        note: &str,
+    ) -> Result<pb::CreateTokenResponse, Status> {
+        caller.require_admin("create tokens")?;
+        if !crate::auth::valid_user_name(user) {
+            return Err(Status::invalid_argument(format!(
+                "{user:?} is not a valid user name"
+            )));
+        }
+        let (id, secret) = crate::auth::new_token();
+        let t = StoredToken {
+            id: id.clone(),
+            user: user.to_string(),
+            hash: crate::auth::token_hash(&secret),
+            created_ms: now_ms(),
+            note: note.chars().take(200).collect(),
+        };
+        self.store.put_token(&t).map_err(store_status)?;
+        self.lock().tokens.insert(t);
+        self.store.flush().await.map_err(store_status)?;
+        tracing::info!(by = %caller.user, user, id, "token created");
+        Ok(pb::CreateTokenResponse {
+            token: secret,
+            id,
+            user: user.to_string(),
+        })
+    }
+
+    pub fn list_tokens(&self, caller: &Caller) -> Result<Vec<pb::TokenInfo>, Status> {
+        caller.require_admin("list tokens")?;
+        Ok(self
+            .lock()
+            .tokens
+            .list()
+            .into_iter()
+            .map(|t| pb::TokenInfo {
+                id: t.id,
+                user: t.user,
+                created_ms: t.created_ms,
+                note: t.note,
+            })
+            .collect())
+    }
+
+    pub async fn revoke_token(&self, caller: &Caller, id: &str) -> Result<(), Status> {
+        caller.require_admin("revoke tokens")?;
+        let removed = self.lock().tokens.remove(id);
+        if removed.is_none() {
+            return Err(Status::not_found(format!("no token with id {id:?}")));
+        }
+        self.store.delete_token(id).map_err(store_status)?;
+        self.store.flush().await.map_err(store_status)?;
+        tracing::info!(by = %caller.user, id, "token revoked");
+        Ok(())
     }
 
     pub fn list_nodes(&self) -> pb::ListNodesResponse {
@@ -894,14 +1103,16 @@ impl Controller {
             for r in &req.unacked_reports {
                 other_kills.extend(self.apply_report(&mut c, r).map_err(store_status)?);
             }
-            let running: BTreeSet<u64> = req.running_jobs.iter().copied().collect();
+            let running: BTreeSet<(u64, u32)> =
+                req.running.iter().map(|r| (r.job_id, r.attempt)).collect();
             let ids: Vec<u64> = c.jobs.keys().copied().collect();
+            let mut requeued = Vec::new();
             for id in ids {
                 let stored = c.jobs.get_mut(&id).expect("key from map");
                 let confirmed = stored.start_confirmed;
                 let j = job_mut(stored);
                 let here = live_allocs(j).any(|a| a.node == req.node);
-                if !here || running.contains(&id) {
+                if !here || running.contains(&(id, j.attempt)) {
                     continue;
                 }
                 if confirmed {
@@ -935,16 +1146,29 @@ impl Controller {
                     j.allocations.clear();
                     j.start_time_ms = 0;
                     j.reason = "requeued: start was not delivered".into();
+                    requeued.push(owner(j).to_string());
                     tracing::info!(job = id, "requeued an undelivered start");
                 }
                 self.store.put_job(stored).map_err(store_status)?;
             }
-            for &id in &running {
+            for user in requeued {
+                c.pending_changed(&user, true);
+            }
+            // Fencing: an instance is kept only if it is the job's current start here.
+            for &(id, attempt) in &running {
                 let keep = c.jobs.get(&id).is_some_and(|s| {
-                    live_allocs(job_of(s)).any(|a| a.node == req.node) && !s.cancel_requested
+                    let j = job_of(s);
+                    j.attempt == attempt
+                        && live_allocs(j).any(|a| a.node == req.node)
+                        && !s.cancel_requested
                 });
                 if !keep {
-                    to_kill.push(self.kill_cmd(id, "not running here according to the controller"));
+                    tracing::warn!(job = id, attempt, node = %req.node, "agent runs a stale or unknown job instance; killing it");
+                    to_kill.push(self.kill_cmd(
+                        id,
+                        attempt,
+                        "not running here according to the controller",
+                    ));
                 }
             }
             c.conns.insert(
@@ -960,7 +1184,7 @@ impl Controller {
                 .filter_map(|(node, id)| {
                     c.conns
                         .get(&node)
-                        .map(|conn| (conn.tx.clone(), self.kill_cmd(id, "another rank ended")))
+                        .map(|conn| (conn.tx.clone(), self.kill_cmd(id, 0, "another rank ended")))
                 })
                 .collect();
             (generation, rank_kills)
@@ -972,7 +1196,7 @@ impl Controller {
         for (t, cmd) in rank_kills {
             let _ = t.send(Ok(cmd)).await;
         }
-        tracing::info!(node = %req.node, gpus = req.gpus.len(), running = req.running_jobs.len(), "agent connected");
+        tracing::info!(node = %req.node, gpus = req.gpus.len(), running = req.running.len(), "agent connected");
         self.wake_scheduler();
         Ok((rx, generation))
     }
@@ -1010,6 +1234,7 @@ impl Controller {
                     .filter(|(_, s)| live_allocs(job_of(s)).any(|a| a.node == node))
                     .map(|(id, _)| *id)
                     .collect();
+                let mut requeued_users = Vec::new();
                 for id in ids {
                     let stored = c.jobs.get_mut(&id).expect("key from map");
                     let j = job_mut(stored);
@@ -1019,6 +1244,7 @@ impl Controller {
                         .map(|a| a.node.clone())
                         .collect();
                     if requeue {
+                        requeued_users.push(owner(j).to_string());
                         j.set_state(JobState::Pending);
                         j.allocations.clear();
                         j.node.clear();
@@ -1043,10 +1269,13 @@ impl Controller {
                         if let Some(conn) = c.conns.get(&other) {
                             kills.push((
                                 conn.tx.clone(),
-                                self.kill_cmd(id, "another rank's node failed"),
+                                self.kill_cmd(id, 0, "another rank's node failed"),
                             ));
                         }
                     }
+                }
+                for user in requeued_users {
+                    c.pending_changed(&user, true);
                 }
                 // Heard from again only when it re-attaches.
                 c.last_heard.insert(node, i64::MAX / 2);
@@ -1111,7 +1340,7 @@ impl Controller {
                 .filter_map(|(node, id)| {
                     c.conns
                         .get(&node)
-                        .map(|conn| (conn.tx.clone(), self.kill_cmd(id, "another rank failed")))
+                        .map(|conn| (conn.tx.clone(), self.kill_cmd(id, 0, "another rank failed")))
                 })
                 .collect::<Vec<_>>()
         };
@@ -1136,6 +1365,10 @@ impl Controller {
         };
         let cancel_requested = stored.cancel_requested;
         let j = job_mut(stored);
+        if r.attempt != j.attempt {
+            tracing::info!(job = r.job_id, node = %r.node, attempt = r.attempt, current = j.attempt, "report from an earlier start ignored");
+            return Ok(Vec::new());
+        }
         if !live_allocs(j).any(|a| a.node == r.node) {
             tracing::debug!(job = r.job_id, "stale report ignored");
             return Ok(Vec::new());
@@ -1236,7 +1469,7 @@ pub fn describe_miss(m: &sched::Miss) -> String {
     }
 }
 
-fn validate_spec(spec: &pb::JobSpec) -> Result<(), Status> {
+fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(), Status> {
     let bad = |m: &str| Err(Status::invalid_argument(m.to_string()));
     if spec.command.is_empty() == spec.script.is_empty() {
         return bad("a job needs exactly one of `command` or `script`");
@@ -1244,9 +1477,19 @@ fn validate_spec(spec: &pb::JobSpec) -> Result<(), Status> {
     if spec.command.first().is_some_and(String::is_empty) {
         return bad("`command` needs a program name");
     }
-    if !spec.workdir.starts_with('/') {
-        return bad("workdir must be an absolute path");
+    let models = spec.resources.as_ref().map_or(0, |r| r.gpu_models.len());
+    for (what, n) in [
+        ("command", spec.command.len()),
+        ("env", spec.env.len()),
+        ("gpu_model", models),
+    ] {
+        if n > max_list_len {
+            return Err(Status::invalid_argument(format!(
+                "`{what}` has {n} entries, over the limit of {max_list_len} (limits.max_list_len)"
+            )));
+        }
     }
+    check_paths(spec).map_err(Status::invalid_argument)?;
     if spec.user.is_empty() {
         return bad("the job has no user");
     }
@@ -1269,6 +1512,40 @@ fn validate_spec(spec: &pb::JobSpec) -> Result<(), Status> {
     }
     if r.nodes > 1024 {
         return bad("at most 1024 nodes");
+    }
+    Ok(())
+}
+
+/// Path rules: workdir is absolute and plain; stdout/stderr are absolute, or relative
+/// paths that stay inside the workdir (no `..`). No path holds a NUL byte. The agent
+/// opens output files as the job's user, so the kernel decides where they may go.
+pub fn check_paths(spec: &pb::JobSpec) -> Result<(), String> {
+    use std::path::{Component, Path};
+    let wd = Path::new(&spec.workdir);
+    if !wd.is_absolute() {
+        return Err("workdir must be an absolute path".into());
+    }
+    for (what, p) in [
+        ("workdir", &spec.workdir),
+        ("stdout", &spec.stdout),
+        ("stderr", &spec.stderr),
+    ] {
+        if p.contains('\0') {
+            return Err(format!("{what} contains a NUL byte"));
+        }
+        if p.len() > 4096 {
+            return Err(format!("{what} is longer than 4096 bytes"));
+        }
+        let path = Path::new(p.as_str());
+        let dotdot = path.components().any(|c| c == Component::ParentDir);
+        if what == "workdir" && dotdot {
+            return Err("workdir must not contain `..`".into());
+        }
+        if !path.is_absolute() && dotdot {
+            return Err(format!(
+                "{what} {p:?} leaves the workdir: relative paths resolve inside the workdir and may not use `..`"
+            ));
+        }
     }
     Ok(())
 }

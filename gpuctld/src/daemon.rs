@@ -5,65 +5,124 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
+use gpuctl_proto::auth::ClusterKey;
 use gpuctl_proto::{agent_link_server::AgentLinkServer, controller_server::ControllerServer};
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
 use crate::config::Config;
 use crate::controller::Controller;
-use crate::server::{AgentApi, MAX_MESSAGE_BYTES, UserApi};
+use crate::server::{AgentApi, UserApi};
 use crate::store::Store;
 
 pub struct Options {
     pub listen: SocketAddr,
     pub state_dir: PathBuf,
     pub config: Config,
+    /// Also serve on this Unix socket (users identified by peer credentials).
+    pub socket: Option<PathBuf>,
+}
+
+/// Binds the user socket: a stale file from an earlier run is replaced; anyone may
+/// connect (the controller identifies callers by their uid).
+fn bind_socket(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        anyhow::ensure!(
+            meta.file_type().is_socket(),
+            "{} exists and is not a socket; refusing to replace it",
+            path.display()
+        );
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!("{} is in use by a running gpuctld", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let l = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .with_context(|| format!("cannot make {} world-connectable", path.display()))?;
+    Ok(l)
 }
 
 /// Serves until `shutdown` resolves.
 pub async fn run(
     opts: Options,
-    shutdown: impl std::future::Future<Output = ()>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.state_dir)
         .with_context(|| format!("cannot create state dir {}", opts.state_dir.display()))?;
     let store = Store::open(&opts.state_dir)?;
-    let ctl = Controller::open(store.clone(), opts.config)?;
+    let key_path = opts.state_dir.join("cluster.key");
+    let (key, created) = ClusterKey::load_or_create(&key_path)?;
+    if created {
+        tracing::info!(
+            "created the cluster key {}: copy it to every node and start gpud with --key-file",
+            key_path.display()
+        );
+    }
+    let max_message = opts.config.limits.max_message_bytes.as_u64() as usize;
+    let ctl = Controller::open(store.clone(), opts.config, key)?;
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("cannot listen on {}", opts.listen))?;
     let addr = listener.local_addr()?;
+    let socket = opts.socket.as_deref().map(bind_socket).transpose()?;
     // Scripts and tests read this line to learn the port (with --listen 127.0.0.1:0).
     println!("gpuctld listening on {addr}");
-    tracing::info!(%addr, state_dir = %opts.state_dir.display(), "gpuctld started");
+    tracing::info!(%addr, socket = ?opts.socket, state_dir = %opts.state_dir.display(), "gpuctld started");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sched = tokio::spawn(ctl.clone().scheduler_loop(stop_rx.clone()));
-    let watchdog = tokio::spawn(ctl.clone().watchdog_loop(stop_rx));
+    let watchdog = tokio::spawn(ctl.clone().watchdog_loop(stop_rx.clone()));
 
+    // One shutdown for both listeners.
+    let (serve_stop_tx, serve_stop_rx) = tokio::sync::watch::channel(false);
     let ctl_for_stop = ctl.clone();
-    let shutdown = async move {
+    tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight requests");
         // Agent streams never end by themselves; closing them lets the server stop.
         ctl_for_stop.close_agent_streams();
+        let _ = serve_stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
     };
-    tonic::transport::Server::builder()
-        .add_service(
-            ControllerServer::new(UserApi(ctl.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(
-            AgentLinkServer::new(AgentApi(ctl.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await
-        .context("gRPC server failed")?;
+    let router = || {
+        tonic::transport::Server::builder()
+            .add_service(
+                ControllerServer::new(UserApi(ctl.clone())).max_decoding_message_size(max_message),
+            )
+            .add_service(
+                AgentLinkServer::new(AgentApi(ctl.clone())).max_decoding_message_size(max_message),
+            )
+    };
+    let tcp = router().serve_with_incoming_shutdown(
+        TcpListenerStream::new(listener),
+        stopped(serve_stop_rx.clone()),
+    );
+    match socket {
+        Some(l) => {
+            let unix = router()
+                .serve_with_incoming_shutdown(UnixListenerStream::new(l), stopped(serve_stop_rx));
+            let (a, b) = tokio::join!(tcp, unix);
+            a.context("gRPC server (TCP) failed")?;
+            b.context("gRPC server (Unix socket) failed")?;
+        }
+        None => tcp.await.context("gRPC server failed")?,
+    }
     let _ = stop_tx.send(true);
     let _ = sched.await;
     let _ = watchdog.await;
     store.flush().await?;
+    if let Some(p) = &opts.socket {
+        let _ = std::fs::remove_file(p);
+    }
     tracing::info!("state flushed; bye");
     Ok(())
 }

@@ -5,6 +5,7 @@
 //!   typed reasons). No I/O, no clock, no tokio.
 //! - `controller`: the in-memory cluster state and every operation on it; applies plans,
 //!   persists, dispatches to agents.
+//! - `auth`: who a caller is (Unix-socket peer credentials, API tokens), admin checks.
 //! - `store`: sled persistence with a schema version.
 //! - `server`: the tonic services (`Controller` for users, `AgentLink` for agents).
 //! - `config`: the controller's TOML configuration and its defaults.
@@ -12,6 +13,7 @@
 //! - `trace`: readers for the Alibaba GPU trace and job CSVs (simulator, benchmarks).
 //! - `bench`: the synthetic cluster and trace-mix queue the benchmarks measure.
 
+pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod controller;

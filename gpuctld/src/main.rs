@@ -16,6 +16,9 @@ struct Args {
     /// Directory for the job queue and node records (sled).
     #[arg(long, default_value = "./gpuctl-state")]
     state_dir: PathBuf,
+    /// Also listen on this Unix socket; callers there are identified by their uid.
+    #[arg(long)]
+    socket: Option<PathBuf>,
     /// Controller configuration (TOML); embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -84,6 +87,7 @@ async fn main() -> std::process::ExitCode {
                         listen: args.listen,
                         state_dir: args.state_dir,
                         config,
+                        socket: args.socket,
                     },
                     gpuctld::daemon::signal(),
                 )

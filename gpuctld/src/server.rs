@@ -1,5 +1,6 @@
 //! The gRPC services: `Controller` for users and `AgentLink` for agents. Each handler
-//! decodes, calls the `Controller`, and encodes; no scheduling or state logic lives here.
+//! authenticates the caller, calls the `Controller`, and encodes; no scheduling or state
+//! logic lives here.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -7,16 +8,65 @@ use std::task::{Context, Poll};
 
 use futures::Stream;
 use gpuctl_proto::{self as pb, agent_link_server, controller_server};
+use prost::Message as _;
 use tokio::sync::mpsc;
+use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
+use crate::auth::Caller;
 use crate::controller::Controller;
-
-/// Largest request the controller decodes.
-pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 
 pub struct UserApi(pub Arc<Controller>);
 pub struct AgentApi(pub Arc<Controller>);
+
+impl UserApi {
+    /// Who sent `req`: the peer's uid on the Unix socket, else the API token's user.
+    fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        if let Some(info) = req.extensions().get::<UdsConnectInfo>() {
+            let cred = info.peer_cred.ok_or_else(|| {
+                Status::unauthenticated("cannot read the caller's credentials from the socket")
+            })?;
+            let uid = cred.uid();
+            let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+                .ok_or_else(|| {
+                    Status::permission_denied(format!(
+                        "uid {uid} has no user name on the controller's host"
+                    ))
+                })?;
+            return Ok(Caller {
+                admin: uid == 0 || self.0.is_admin(&user),
+                user,
+                uid: Some(uid),
+                gid: Some(cred.gid()),
+                via: "unix-socket",
+            });
+        }
+        let header = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                Status::unauthenticated(
+                    "no credentials: over TCP, pass an API token (GPUCTL_TOKEN or --token-file; an admin creates one with `gpuctl admin token create --user NAME`), or use the controller's Unix socket (--controller unix:PATH)",
+                )
+            })?;
+        let secret = header.strip_prefix("Bearer ").unwrap_or(header).trim();
+        let user = self.0.token_user(secret).ok_or_else(|| {
+            tracing::warn!("request with an unknown or revoked token refused");
+            Status::unauthenticated("unknown or revoked API token")
+        })?;
+        Ok(Caller {
+            admin: self.0.is_admin(&user),
+            user,
+            uid: None,
+            gid: None,
+            via: "token",
+        })
+    }
+}
 
 #[tonic::async_trait]
 impl controller_server::Controller for UserApi {
@@ -24,7 +74,8 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
-        let job_id = self.0.submit(req.into_inner().spec).await?;
+        let caller = self.caller(&req)?;
+        let job_id = self.0.submit(&caller, req.into_inner().spec).await?;
         Ok(Response::new(pb::SubmitResponse { job_id }))
     }
 
@@ -32,11 +83,13 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        self.caller(&req)?;
         let jobs = self.0.list_jobs(req.into_inner().all);
         Ok(Response::new(pb::ListJobsResponse { jobs }))
     }
 
     async fn get_job(&self, req: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
+        self.caller(&req)?;
         Ok(Response::new(self.0.get_job(req.into_inner().job_id)?))
     }
 
@@ -44,14 +97,16 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
-        let results = self.0.cancel(&req.into_inner().job_ids).await?;
+        let caller = self.caller(&req)?;
+        let results = self.0.cancel(&caller, &req.into_inner().job_ids).await?;
         Ok(Response::new(pb::CancelResponse { results }))
     }
 
     async fn list_nodes(
         &self,
-        _req: Request<pb::ListNodesRequest>,
+        req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        self.caller(&req)?;
         Ok(Response::new(self.0.list_nodes()))
     }
 
@@ -59,6 +114,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::DrainNodeRequest>,
     ) -> Result<Response<pb::Node>, Status> {
+        self.caller(&req)?.require_admin("drain nodes")?;
         let r = req.into_inner();
         if r.reason.trim().is_empty() {
             return Err(Status::invalid_argument("drain needs a reason"));
@@ -72,6 +128,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::GetJobRequest>,
     ) -> Result<Response<pb::Explanation>, Status> {
+        self.caller(&req)?;
         Ok(Response::new(
             self.0.explain(req.into_inner().job_id).await?,
         ))
@@ -79,8 +136,9 @@ impl controller_server::Controller for UserApi {
 
     async fn priorities(
         &self,
-        _req: Request<pb::PrioritiesRequest>,
+        req: Request<pb::PrioritiesRequest>,
     ) -> Result<Response<pb::PrioritiesResponse>, Status> {
+        self.caller(&req)?;
         Ok(Response::new(pb::PrioritiesResponse {
             jobs: self.0.priorities(),
         }))
@@ -90,9 +148,52 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::ResumeNodeRequest>,
     ) -> Result<Response<pb::Node>, Status> {
+        self.caller(&req)?.require_admin("resume nodes")?;
         Ok(Response::new(
             self.0.set_drain(&req.into_inner().name, None).await?,
         ))
+    }
+
+    async fn who_am_i(
+        &self,
+        req: Request<pb::WhoAmIRequest>,
+    ) -> Result<Response<pb::WhoAmIResponse>, Status> {
+        let c = self.caller(&req)?;
+        Ok(Response::new(pb::WhoAmIResponse {
+            user: c.user,
+            admin: c.admin,
+            via: c.via.into(),
+        }))
+    }
+
+    async fn create_token(
+        &self,
+        req: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        Ok(Response::new(
+            self.0.create_token(&caller, &r.user, &r.note).await?,
+        ))
+    }
+
+    async fn list_tokens(
+        &self,
+        req: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensResponse>, Status> {
+        let caller = self.caller(&req)?;
+        Ok(Response::new(pb::ListTokensResponse {
+            tokens: self.0.list_tokens(&caller)?,
+        }))
+    }
+
+    async fn revoke_token(
+        &self,
+        req: Request<pb::RevokeTokenRequest>,
+    ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
+        let caller = self.caller(&req)?;
+        self.0.revoke_token(&caller, &req.into_inner().id).await?;
+        Ok(Response::new(pb::RevokeTokenResponse {}))
     }
 }
 
@@ -109,7 +210,15 @@ impl Stream for CommandStream {
     type Item = Result<pb::AgentCommand, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx)
+        let this = &mut *self;
+        this.rx.poll_recv(cx).map(|item| {
+            item.map(|r| {
+                r.map(|mut cmd| {
+                    this.ctl.sign_command(&this.node, &mut cmd);
+                    cmd
+                })
+            })
+        })
     }
 }
 
@@ -128,7 +237,9 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<Self::AttachStream>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
+        self.0
+            .verify_agent(&meta, "attach", &req.node, &req.encode_to_vec())?;
         let node = req.node.clone();
         let (rx, generation) = self.0.connect(req).await?;
         Ok(Response::new(CommandStream {
@@ -143,7 +254,10 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        let known = self.0.heartbeat(&req.into_inner());
+        let (meta, _, req) = req.into_parts();
+        self.0
+            .verify_agent(&meta, "heartbeat", &req.node, &req.encode_to_vec())?;
+        let known = self.0.heartbeat(&req);
         Ok(Response::new(pb::HeartbeatResponse { known }))
     }
 
@@ -151,7 +265,10 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::JobReport>,
     ) -> Result<Response<pb::JobReportAck>, Status> {
-        self.0.report(&req.into_inner()).await?;
+        let (meta, _, req) = req.into_parts();
+        self.0
+            .verify_agent(&meta, "report", &req.node, &req.encode_to_vec())?;
+        self.0.report(&req).await?;
         Ok(Response::new(pb::JobReportAck {}))
     }
 }

@@ -1,12 +1,12 @@
 //! The controller's durable state in sled: jobs, nodes and the job id counter.
 //!
 //! Records are protobuf (`gpuctl_proto::store`). Keys: `meta/schema`, `meta/next_job_id`,
-//! `job/<id as 8 big-endian bytes>`, `node/<name>`. A state dir written by an incompatible
+//! `job/<id as 8 big-endian bytes>`, `node/<name>`, `token/<id>`. A state dir written by an incompatible
 //! version is refused at open.
 
 use std::path::Path;
 
-use gpuctl_proto::store::{StoredJob, StoredNode};
+use gpuctl_proto::store::{StoredJob, StoredNode, StoredToken};
 use prost::Message;
 
 const SCHEMA_KEY: &[u8] = b"meta/schema";
@@ -15,6 +15,7 @@ pub const SCHEMA: &str = "gpuctld-store-v1";
 const NEXT_ID_KEY: &[u8] = b"meta/next_job_id";
 const JOB_PREFIX: &[u8] = b"job/";
 const NODE_PREFIX: &[u8] = b"node/";
+const TOKEN_PREFIX: &[u8] = b"token/";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -50,6 +51,7 @@ pub enum StoreError {
 pub struct Loaded {
     pub jobs: Vec<StoredJob>,
     pub nodes: Vec<StoredNode>,
+    pub tokens: Vec<StoredToken>,
     /// The next job id to hand out (ids start at 1).
     pub next_job_id: u64,
 }
@@ -127,6 +129,14 @@ impl Store {
             })?;
             loaded.nodes.push(node);
         }
+        for kv in self.db.scan_prefix(TOKEN_PREFIX) {
+            let (k, v) = kv?;
+            let t = StoredToken::decode(v.as_ref()).map_err(|source| StoreError::Corrupt {
+                key: String::from_utf8_lossy(&k).into_owned(),
+                source,
+            })?;
+            loaded.tokens.push(t);
+        }
         Ok(loaded)
     }
 
@@ -148,6 +158,17 @@ impl Store {
 
     pub fn put_node(&self, node: &StoredNode) -> Result<(), StoreError> {
         self.db.insert(node_key(&node.name), node.encode_to_vec())?;
+        Ok(())
+    }
+
+    pub fn put_token(&self, t: &StoredToken) -> Result<(), StoreError> {
+        self.db
+            .insert([TOKEN_PREFIX, t.id.as_bytes()].concat(), t.encode_to_vec())?;
+        Ok(())
+    }
+
+    pub fn delete_token(&self, id: &str) -> Result<(), StoreError> {
+        self.db.remove([TOKEN_PREFIX, id.as_bytes()].concat())?;
         Ok(())
     }
 

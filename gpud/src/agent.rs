@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
+use gpuctl_proto::auth::{ClusterKey, MAC_HEADER, NODE_HEADER, TIME_HEADER};
 use gpuctl_proto::{self as pb, JobState, agent_link_client::AgentLinkClient};
+use prost::Message;
 use tokio::sync::{Notify, mpsc};
 use tonic::transport::{Channel, Endpoint};
 
@@ -29,6 +31,8 @@ pub struct Options {
     pub cgroup_base: PathBuf,
     /// Jobs' cgroups are `<cgroup_parent>/job-<id>` under every hierarchy.
     pub cgroup_parent: String,
+    /// The cluster key (the controller's `<state-dir>/cluster.key`).
+    pub key: ClusterKey,
 }
 
 struct KillRequest {
@@ -42,7 +46,9 @@ struct Agent {
     state_dir: PathBuf,
     launcher: Box<dyn Launcher>,
     allow_root_jobs: bool,
-    jobs: Mutex<HashMap<u64, mpsc::Sender<KillRequest>>>,
+    key: ClusterKey,
+    /// Running job instances by (job id, attempt).
+    jobs: Mutex<HashMap<(u64, u32), mpsc::Sender<KillRequest>>>,
     reports: ReportQueue,
     /// Wakes the reporter when a report is queued.
     report_ready: Notify,
@@ -55,8 +61,8 @@ fn now_ms() -> i64 {
 }
 
 impl Agent {
-    fn running(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self
+    fn running(&self) -> Vec<pb::RunningJob> {
+        let mut v: Vec<(u64, u32)> = self
             .jobs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -64,7 +70,24 @@ impl Agent {
             .copied()
             .collect();
         v.sort_unstable();
-        v
+        v.into_iter()
+            .map(|(job_id, attempt)| pb::RunningJob { job_id, attempt })
+            .collect()
+    }
+
+    /// A request signed with the cluster key (see `gpuctl_proto::auth`).
+    fn signed<T: Message>(&self, method: &str, msg: T) -> tonic::Request<T> {
+        let time = now_ms();
+        let mac = self
+            .key
+            .sign_request(method, &self.name, time, &msg.encode_to_vec());
+        let mut req = tonic::Request::new(msg);
+        let meta = req.metadata_mut();
+        let node = self.name.parse().expect("node names are ASCII");
+        meta.insert(NODE_HEADER, node);
+        meta.insert(TIME_HEADER, time.into());
+        meta.insert(MAC_HEADER, mac.parse().expect("hex is ASCII"));
+        req
     }
 
     fn report(&self, r: pb::JobReport) {
@@ -116,6 +139,7 @@ pub async fn run(
             parent: opts.cgroup_parent.clone(),
         }),
         allow_root_jobs: opts.allow_root_jobs,
+        key: opts.key.clone(),
         jobs: Mutex::new(HashMap::new()),
         report_ready: Notify::new(),
     });
@@ -143,7 +167,7 @@ async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
         }
         for r in pending {
             loop {
-                match client.report_job(r.clone()).await {
+                match client.report_job(agent.signed("report", r.clone())).await {
                     Ok(_) => {
                         agent.reports.ack(std::slice::from_ref(&r));
                         break;
@@ -178,13 +202,16 @@ async fn attach_loop(
             cpus: opts.cpus,
             memory_bytes: opts.memory_bytes,
             gpu_backend: opts.backend.kind().to_string(),
-            running_jobs: agent.running(),
+            running: agent.running(),
             unacked_reports: unacked.clone(),
         };
-        let mut stream = match client.attach(req).await {
+        let mut stream = match client.attach(agent.signed("attach", req)).await {
             Ok(resp) => resp.into_inner(),
             Err(e) => {
-                if e.code() == tonic::Code::InvalidArgument {
+                if matches!(
+                    e.code(),
+                    tonic::Code::InvalidArgument | tonic::Code::Unauthenticated
+                ) {
                     anyhow::bail!("controller refused registration: {}", e.message());
                 }
                 tracing::warn!(
@@ -226,9 +253,9 @@ async fn heartbeats(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>, eve
         tick.tick().await;
         let req = pb::HeartbeatRequest {
             node: agent.name.clone(),
-            running_jobs: agent.running(),
+            running: agent.running(),
         };
-        match client.heartbeat(req).await {
+        match client.heartbeat(agent.signed("heartbeat", req)).await {
             Ok(r) if !r.get_ref().known => {
                 tracing::warn!("controller does not know this agent's stream");
             }
@@ -239,35 +266,49 @@ async fn heartbeats(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>, eve
 }
 
 fn handle(agent: &Arc<Agent>, cmd: pb::AgentCommand) {
+    if let Err(e) = agent.key.verify_command(&agent.name, &cmd) {
+        tracing::error!("dropping a command that does not verify with the cluster key: {e}");
+        return;
+    }
     match cmd.command {
         Some(pb::agent_command::Command::Start(start)) => {
             let (tx, rx) = mpsc::channel(4);
             {
                 let mut jobs = agent.jobs.lock().unwrap_or_else(|p| p.into_inner());
-                if jobs.contains_key(&start.job_id) {
-                    tracing::warn!(job = start.job_id, "duplicate start ignored");
+                let key = (start.job_id, start.attempt);
+                if jobs.contains_key(&key) {
+                    tracing::warn!(
+                        job = start.job_id,
+                        attempt = start.attempt,
+                        "duplicate start ignored"
+                    );
                     return;
                 }
-                jobs.insert(start.job_id, tx);
+                jobs.insert(key, tx);
             }
             tokio::spawn(run_job(agent.clone(), start, rx));
         }
         Some(pb::agent_command::Command::Kill(kill)) => {
-            let tx = agent
+            // attempt 0: whichever instance of the job runs here.
+            let targets: Vec<_> = agent
                 .jobs
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .get(&kill.job_id)
-                .cloned();
-            match tx {
-                Some(tx) => {
-                    let _ = tx.try_send(KillRequest {
-                        as_state: kill.as_state(),
-                        grace: Duration::from_secs(kill.kill_grace_secs),
-                        reason: kill.reason,
-                    });
-                }
-                None => tracing::debug!(job = kill.job_id, "kill for a job not running here"),
+                .iter()
+                .filter(|((id, attempt), _)| {
+                    *id == kill.job_id && (kill.attempt == 0 || *attempt == kill.attempt)
+                })
+                .map(|(_, tx)| tx.clone())
+                .collect();
+            if targets.is_empty() {
+                tracing::debug!(job = kill.job_id, "kill for a job not running here");
+            }
+            for tx in targets {
+                let _ = tx.try_send(KillRequest {
+                    as_state: kill.as_state(),
+                    grace: Duration::from_secs(kill.kill_grace_secs),
+                    reason: kill.reason.clone(),
+                });
             }
         }
         None => {}
@@ -276,6 +317,7 @@ fn handle(agent: &Arc<Agent>, cmd: pb::AgentCommand) {
 
 async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Receiver<KillRequest>) {
     let id = start.job_id;
+    let attempt = start.attempt;
     let ended = |state: JobState, exit_code: Option<i32>, reason: String| pb::JobReport {
         node: agent.name.clone(),
         job_id: id,
@@ -284,6 +326,7 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
         exit_code,
         reason,
         time_ms: now_ms(),
+        attempt,
     };
     let user = start
         .spec
@@ -313,6 +356,7 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
                 job_id: id,
                 kind: pb::job_report::Kind::Started as i32,
                 time_ms: now_ms(),
+                attempt,
                 ..pb::JobReport::default()
             });
             let limit = Duration::from_secs(start.time_limit_secs.max(1));
@@ -349,7 +393,7 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
         .jobs
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .remove(&id);
+        .remove(&(id, attempt));
 }
 
 fn exit_report(

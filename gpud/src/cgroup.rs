@@ -113,7 +113,7 @@ impl Mode {
         let probe = format!("{parent}/probe-{}", std::process::id());
         let cg = self.create(
             &probe,
-            0,
+            "job-0",
             Limits {
                 cpu_milli: 0,
                 memory_bytes: 0,
@@ -142,9 +142,9 @@ impl Mode {
         }
     }
 
-    /// Creates the job's cgroup(s), `<parent>/job-<id>` in each hierarchy, with `limits`.
-    pub fn create(&self, parent: &str, job: u64, limits: Limits) -> io::Result<JobCgroup> {
-        let name = format!("{parent}/job-{job}");
+    /// Creates the job's cgroup(s), `<parent>/<leaf>` in each hierarchy, with `limits`.
+    pub fn create(&self, parent: &str, leaf: &str, limits: Limits) -> io::Result<JobCgroup> {
+        let name = format!("{parent}/{leaf}");
         let mk = |root: &Path| -> io::Result<PathBuf> {
             let dir = root.join(&name);
             fs::create_dir_all(&dir)?;
@@ -395,7 +395,7 @@ mod tests {
         let cg = mode
             .create(
                 "gpuctl",
-                7,
+                "job-7",
                 Limits {
                     cpu_milli: 1500,
                     memory_bytes: 1 << 30,

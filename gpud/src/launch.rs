@@ -106,6 +106,8 @@ pub fn output_path(template: &str, job_id: u64, name: &str, workdir: &Path) -> P
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
     pub job_id: u64,
+    /// Which start of the job (a requeued job starts again with the next number).
+    pub attempt: u32,
     pub program: PathBuf,
     pub args: Vec<String>,
     pub workdir: PathBuf,
@@ -169,6 +171,15 @@ pub fn resolve_user(name: &str, allow_root: bool) -> Result<Option<RunAs>, Strin
 }
 
 impl LaunchSpec {
+    /// The job's cgroup directory name: `job-<id>`, `job-<id>.<attempt>` after a requeue.
+    pub fn cgroup_leaf(&self) -> String {
+        if self.attempt > 1 {
+            format!("job-{}.{}", self.job_id, self.attempt)
+        } else {
+            format!("job-{}", self.job_id)
+        }
+    }
+
     /// Builds the launch from a StartJob. A `script` is written to `scratch` first.
     pub fn from_start(
         start: &pb::StartJob,
@@ -182,7 +193,7 @@ impl LaunchSpec {
             (PathBuf::from(prog), rest.to_vec())
         } else {
             std::fs::create_dir_all(scratch)?;
-            let path = scratch.join(format!("job-{}.sh", start.job_id));
+            let path = scratch.join(format!("job-{}.{}.sh", start.job_id, start.attempt));
             std::fs::write(&path, &spec.script)?;
             use std::os::unix::fs::PermissionsExt;
             // Readable (and for #! scripts executable) by the job's user, written by root.
@@ -207,6 +218,7 @@ impl LaunchSpec {
         let res = spec.resources.unwrap_or_default();
         Ok(LaunchSpec {
             job_id: start.job_id,
+            attempt: start.attempt,
             program,
             args,
             env,
@@ -277,7 +289,10 @@ fn cstr(p: &Path) -> std::io::Result<std::ffi::CString> {
 impl Launcher for JobLauncher {
     fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Launched> {
         use std::os::unix::process::CommandExt;
-        let cgroup = match self.cgroups.create(&self.parent, spec.job_id, spec.limits) {
+        let cgroup = match self
+            .cgroups
+            .create(&self.parent, &spec.cgroup_leaf(), spec.limits)
+        {
             Ok(cg) if !cg.is_empty() => Some(cg),
             Ok(_) => None,
             Err(e) => {

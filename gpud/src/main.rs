@@ -44,6 +44,9 @@ struct Args {
     /// Job cgroups are PARENT/job-ID in each hierarchy (default gpuctl/NODE).
     #[arg(long)]
     cgroup_parent: Option<String>,
+    /// The cluster key: a copy of the controller's <state-dir>/cluster.key (mode 0600).
+    #[arg(long, env = "GPUD_KEY_FILE", default_value = "/etc/gpuctl/cluster.key")]
+    key_file: PathBuf,
     /// Print the GPUs the backend finds and exit (non-zero when it finds none).
     #[arg(long)]
     list_gpus: bool,
@@ -97,7 +100,17 @@ async fn main() -> ExitCode {
             }
         };
     }
+    let key = match gpuctl_proto::auth::ClusterKey::load(&args.key_file) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!(
+                "gpud: error: {e} (the controller creates it as <state-dir>/cluster.key; copy it here or pass --key-file)"
+            );
+            return ExitCode::FAILURE;
+        }
+    };
     let opts = gpud::agent::Options {
+        key,
         controller: args.controller,
         name: name.clone(),
         state_dir: args.state_dir,

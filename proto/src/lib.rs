@@ -5,6 +5,8 @@
 //! controller keeps on disk, re-exported as [`store`]). The module nesting mirrors the
 //! protobuf packages because prost refers across packages by relative paths.
 
+pub mod auth;
+
 #[allow(clippy::all, clippy::pedantic)]
 pub mod gpuctl {
     pub mod v1 {

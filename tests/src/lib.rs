@@ -80,6 +80,11 @@ impl Cluster {
     /// A controller whose config is `TEST_CONFIG` plus `extra` (TOML).
     pub fn controller_with_config(extra: &str) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
+        // Other users (the tests' job users) must reach the socket inside.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        }
         std::fs::write(
             dir.path().join("gpuctld.toml"),
             format!("{TEST_CONFIG}{extra}\n"),
@@ -100,8 +105,19 @@ impl Cluster {
         self.dir.path().join(rel)
     }
 
+    /// Where gpuctl talks to the controller: its Unix socket (callers are who their uid is).
     pub fn url(&self) -> String {
+        format!("unix:{}", self.path("gpuctld.sock").display())
+    }
+
+    /// The controller's TCP address (agents; token clients).
+    pub fn tcp_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The cluster key gpuctld created in its state dir.
+    pub fn key_file(&self) -> PathBuf {
+        self.path("ctld-state/cluster.key")
     }
 
     /// Starts gpuctld (on the port it had before, after the first start).
@@ -117,6 +133,8 @@ impl Cluster {
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--state-dir")
             .arg(self.path("ctld-state"))
+            .arg("--socket")
+            .arg(self.path("gpuctld.sock"))
             .arg("--config")
             .arg(self.path("gpuctld.toml"))
             .stdout(Stdio::piped())
@@ -164,7 +182,7 @@ impl Cluster {
         let child = Command::new(bin("gpud"))
             .args([
                 "--controller",
-                &self.url(),
+                &self.tcp_url(),
                 "--name",
                 name,
                 "--fake-gpus",
@@ -184,6 +202,8 @@ impl Cluster {
             .arg(self.cgroup_parent(name))
             .arg("--state-dir")
             .arg(self.path(&format!("gpud-{name}")))
+            .arg("--key-file")
+            .arg(self.key_file())
             .args(extra)
             .stderr(log)
             .spawn()

@@ -1,0 +1,133 @@
+//! Who a caller is. Users reach the controller over its Unix socket, where the kernel
+//! tells us their uid (peer credentials), or over TCP with an API token an admin created
+//! (`authorization: Bearer <token>`). Agents sign their requests with the cluster key
+//! (`gpuctl_proto::auth`). Nothing a client merely claims is believed.
+
+use std::collections::HashMap;
+
+use gpuctl_proto::store::StoredToken;
+use sha2::{Digest, Sha256};
+use tonic::Status;
+
+/// An authenticated user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub user: String,
+    /// Known for Unix-socket callers.
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub admin: bool,
+    /// "unix-socket" or "token".
+    pub via: &'static str,
+}
+
+impl Caller {
+    /// Refuses (and logs) unless the caller is an admin.
+    pub fn require_admin(&self, action: &str) -> Result<(), Status> {
+        if self.admin {
+            return Ok(());
+        }
+        Err(self.deny(&format!("only admins may {action}")))
+    }
+
+    /// A PERMISSION_DENIED status, logged.
+    pub fn deny(&self, why: &str) -> Status {
+        tracing::warn!(user = %self.user, via = self.via, "permission denied: {why}");
+        Status::permission_denied(format!("permission denied for user {}: {why}", self.user))
+    }
+}
+
+/// SHA-256 of a token secret, hex: what the controller keeps.
+pub fn token_hash(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// A new token: (id, secret). The id is public (lists, revocation); the secret is shown
+/// once.
+pub fn new_token() -> (String, String) {
+    use rand::RngCore;
+    let mut id = [0u8; 6];
+    let mut secret = [0u8; 32];
+    let mut rng = rand::rng();
+    rng.fill_bytes(&mut id);
+    rng.fill_bytes(&mut secret);
+    let id = hex::encode(id);
+    (id.clone(), format!("gpuctl_{id}_{}", hex::encode(secret)))
+}
+
+/// Tokens by hash.
+#[derive(Default)]
+pub struct Tokens {
+    by_hash: HashMap<String, StoredToken>,
+}
+
+impl Tokens {
+    pub fn new(tokens: Vec<StoredToken>) -> Tokens {
+        Tokens {
+            by_hash: tokens.into_iter().map(|t| (t.hash.clone(), t)).collect(),
+        }
+    }
+
+    pub fn user_of(&self, secret: &str) -> Option<&str> {
+        self.by_hash
+            .get(&token_hash(secret))
+            .map(|t| t.user.as_str())
+    }
+
+    pub fn insert(&mut self, t: StoredToken) {
+        self.by_hash.insert(t.hash.clone(), t);
+    }
+
+    pub fn remove(&mut self, id: &str) -> Option<StoredToken> {
+        let hash = self.by_hash.values().find(|t| t.id == id)?.hash.clone();
+        self.by_hash.remove(&hash)
+    }
+
+    pub fn list(&self) -> Vec<StoredToken> {
+        let mut v: Vec<StoredToken> = self.by_hash.values().cloned().collect();
+        v.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
+        v
+    }
+}
+
+/// A user name the controller accepts for tokens and jobs (the POSIX portable set).
+pub fn valid_user_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_found_by_secret_only() {
+        let (id, secret) = new_token();
+        assert!(secret.starts_with(&format!("gpuctl_{id}_")));
+        let mut t = Tokens::default();
+        t.insert(StoredToken {
+            id: id.clone(),
+            user: "alice".into(),
+            hash: token_hash(&secret),
+            ..StoredToken::default()
+        });
+        assert_eq!(t.user_of(&secret), Some("alice"));
+        assert_eq!(t.user_of(&id), None);
+        assert_eq!(t.user_of(&format!("{secret}x")), None);
+        assert!(t.remove(&id).is_some());
+        assert_eq!(t.user_of(&secret), None);
+    }
+
+    #[test]
+    fn user_names() {
+        assert!(valid_user_name("alice.b-c_1"));
+        assert!(!valid_user_name(""));
+        assert!(!valid_user_name("-rf"));
+        assert!(!valid_user_name("a b"));
+        assert!(!valid_user_name("a/b"));
+    }
+}
