@@ -178,6 +178,12 @@ impl Cluster {
     }
 
     pub fn add_agent(&mut self, name: &str, spec: &str, extra: &[&str]) {
+        let key = self.key_file();
+        self.add_agent_with_key(name, spec, &key, extra);
+    }
+
+    /// Starts gpud with the given cluster key file.
+    pub fn add_agent_with_key(&mut self, name: &str, spec: &str, key: &Path, extra: &[&str]) {
         let log = std::fs::File::create(self.path(&format!("gpud-{name}.log"))).unwrap();
         let child = Command::new(bin("gpud"))
             .args([
@@ -203,7 +209,7 @@ impl Cluster {
             .arg("--state-dir")
             .arg(self.path(&format!("gpud-{name}")))
             .arg("--key-file")
-            .arg(self.key_file())
+            .arg(key)
             .args(extra)
             .stderr(log)
             .spawn()
@@ -304,6 +310,12 @@ impl Cluster {
     }
 
     /// Sends `sig` to an agent (SIGSTOP freezes it, SIGCONT thaws it).
+    /// The agent's exit status once it has exited.
+    pub fn agent_exited(&mut self, name: &str) -> Option<std::process::ExitStatus> {
+        let a = self.agents.iter_mut().find(|a| a.name == name).unwrap();
+        a.child.try_wait().unwrap()
+    }
+
     pub fn signal_agent(&self, name: &str, sig: nix::sys::signal::Signal) {
         let a = self.agents.iter().find(|a| a.name == name).unwrap();
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.child.id() as i32), sig).unwrap();
@@ -389,5 +401,51 @@ pub fn process_alive(pid: i32) -> bool {
             .trim_start()
             .starts_with('Z'),
         Err(_) => false,
+    }
+}
+
+/// Creates (once) a non-root user for the tests and returns its uid; `None` when the
+/// tests do not run as root. Several test processes may race here: useradd holds a
+/// lock on /etc/passwd, so a failed attempt is retried.
+pub fn ensure_user(name: &str) -> Option<u32> {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to create user {name}");
+        return None;
+    }
+    for _ in 0..50 {
+        if let Some(u) = nix::unistd::User::from_name(name).ok().flatten() {
+            return Some(u.uid.as_raw());
+        }
+        let _ = Command::new("useradd")
+            .args(["--create-home", "--shell", "/bin/sh", name])
+            .stderr(Stdio::null())
+            .status();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("cannot create user {name}");
+}
+
+impl Cluster {
+    /// Runs gpuctl as `user` (through runuser) in `cwd`, against the controller's socket.
+    pub fn gpuctl_as(&self, user: &str, cwd: &Path, args: &[&str]) -> Output {
+        Command::new("runuser")
+            .args(["-u", user, "--"])
+            .arg(bin("gpuctl"))
+            .arg("--controller")
+            .arg(self.url())
+            .args(args)
+            .env_remove("GPUCTL_TOKEN")
+            .current_dir(cwd)
+            .output()
+            .expect("run gpuctl through runuser")
+    }
+
+    /// A directory `user` owns, inside the cluster dir.
+    pub fn user_dir(&self, user: &str) -> PathBuf {
+        let dir = self.path(&format!("home-{user}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let u = nix::unistd::User::from_name(user).unwrap().unwrap();
+        nix::unistd::chown(&dir, Some(u.uid), Some(u.gid)).unwrap();
+        dir
     }
 }

@@ -7,22 +7,10 @@ use gpuctl_tests::{Cluster, bin};
 
 const T: Duration = Duration::from_secs(30);
 
-/// Creates (once) a non-root user for the tests; `None` when not root.
+/// The tests' non-root user; `None` when not root.
 fn test_user() -> Option<(String, u32)> {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root to create a user");
-        return None;
-    }
     let name = "gpuctltest";
-    if nix::unistd::User::from_name(name).ok().flatten().is_none() {
-        let st = std::process::Command::new("useradd")
-            .args(["--create-home", "--shell", "/bin/sh", name])
-            .status()
-            .expect("useradd");
-        assert!(st.success(), "useradd failed");
-    }
-    let u = nix::unistd::User::from_name(name).unwrap().unwrap();
-    Some((name.to_string(), u.uid.as_raw()))
+    gpuctl_tests::ensure_user(name).map(|uid| (name.to_string(), uid))
 }
 
 #[test]
