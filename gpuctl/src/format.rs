@@ -68,6 +68,7 @@ pub fn job_json(j: &pb::Job) -> Value {
         "gpus": j.gpus,
         "reason": j.reason,
         "exit_code": j.exit_code,
+        "attempt": j.attempt,
         "submit_time": rfc3339(j.submit_time_ms),
         "start_time": rfc3339(j.start_time_ms),
         "end_time": rfc3339(j.end_time_ms),

@@ -532,6 +532,7 @@ impl Controller {
                 j.expected_start_ms = 0;
                 j.reason = String::new();
                 stored.start_confirmed = false;
+                stored.requeued_from = None;
                 self.store.put_job(stored)?;
                 let j = job_of(stored).clone();
                 c.pending_changed(&user, false);
@@ -1154,6 +1155,17 @@ impl Controller {
             for user in requeued {
                 c.pending_changed(&user, true);
             }
+            // A requeued job whose start is still running here is adopted again.
+            for &(id, attempt) in &running {
+                if let Some(stored) = c.jobs.get_mut(&id) {
+                    if readopt(stored, &req.node, attempt) {
+                        let user = owner(job_of(stored)).to_string();
+                        self.store.put_job(stored).map_err(store_status)?;
+                        c.pending_changed(&user, false);
+                        tracing::info!(job = id, attempt, node = %req.node, "requeued job found still running on its returning node; adopted again");
+                    }
+                }
+            }
             // Fencing: an instance is kept only if it is the job's current start here.
             for &(id, attempt) in &running {
                 let keep = c.jobs.get(&id).is_some_and(|s| {
@@ -1245,6 +1257,7 @@ impl Controller {
                         .collect();
                     if requeue {
                         requeued_users.push(owner(j).to_string());
+                        let before = j.clone();
                         j.set_state(JobState::Pending);
                         j.allocations.clear();
                         j.node.clear();
@@ -1252,6 +1265,7 @@ impl Controller {
                         j.start_time_ms = 0;
                         j.reason = format!("requeued: node {node} failed");
                         stored.start_confirmed = false;
+                        stored.requeued_from = Some(before);
                         tracing::warn!(job = id, node, "node failed; job requeued");
                     } else {
                         for a in j.allocations.iter_mut().filter(|a| !a.ended) {
@@ -1363,6 +1377,12 @@ impl Controller {
             tracing::warn!(job = r.job_id, node = %r.node, "report for an unknown job");
             return Ok(Vec::new());
         };
+        if readopt(stored, &r.node, r.attempt) {
+            let user = owner(job_of(stored)).to_string();
+            c.pending_changed(&user, false);
+            tracing::info!(job = r.job_id, node = %r.node, "report from a requeued job's returning node; adopted again");
+        }
+        let stored = c.jobs.get_mut(&r.job_id).expect("looked up above");
         let cancel_requested = stored.cancel_requested;
         let j = job_mut(stored);
         if r.attempt != j.attempt {
@@ -1419,6 +1439,30 @@ impl Controller {
     pub fn close_agent_streams(&self) {
         self.lock().conns.clear();
     }
+}
+
+/// Takes a requeued job back to RUNNING as it was, when its returning node (`node`) still
+/// runs (or has just ended) the very start it was requeued from. Only single-node jobs:
+/// a gang job's other ranks were killed at requeue.
+fn readopt(stored: &mut StoredJob, node: &str, attempt: u32) -> bool {
+    let Some(before) = &stored.requeued_from else {
+        return false;
+    };
+    let j = job_of(stored);
+    let fits = j.state() == JobState::Pending
+        && j.attempt == attempt
+        && before.attempt == attempt
+        && !before.allocations.is_empty()
+        && before.allocations.iter().all(|a| a.node == node);
+    if !fits {
+        return false;
+    }
+    let mut before = stored.requeued_from.take().expect("checked above");
+    before.reason = String::new();
+    before.expected_start_ms = 0;
+    stored.job = Some(before);
+    stored.start_confirmed = true;
+    true
 }
 
 /// One line on why a job does not fit a node.

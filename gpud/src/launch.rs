@@ -42,6 +42,7 @@ pub fn job_env(start: &pb::StartJob, node: &str, path: Option<&str>) -> BTreeMap
     env.insert("CUDA_VISIBLE_DEVICES".into(), gpus.join(","));
     env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
     env.insert("GPUCTL_JOB_ID".into(), job_id.to_string());
+    env.insert("GPUCTL_JOB_ATTEMPT".into(), start.attempt.to_string());
     env.insert("GPUCTL_JOB_NAME".into(), spec.name.clone());
     env.insert("GPUCTL_NODE".into(), node.to_string());
     env.insert("GPUCTL_GPUS".into(), gpus.len().to_string());

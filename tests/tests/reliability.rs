@@ -76,3 +76,54 @@ fn agent_back_after_being_declared_down_is_reconciled() {
     c.gpuctl_ok(&["cancel", &id.to_string()]);
     c.wait_state(id, "CANCELLED", T);
 }
+
+fn attempt_job(c: &Cluster, sleep: u32) -> u64 {
+    c.submit(
+        "r.toml",
+        &format!("requeue = true\nscript = \"echo start-$GPUCTL_JOB_ATTEMPT >> log-$GPUCTL_JOB_ID; sleep {sleep}; echo end-$GPUCTL_JOB_ATTEMPT >> log-$GPUCTL_JOB_ID\"\n[resources]\ngpus = 1\n"),
+    )
+}
+
+fn log_lines(c: &Cluster, id: u64) -> Vec<String> {
+    std::fs::read_to_string(c.path(&format!("log-{id}")))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// One node: its agent freezes, the job is requeued (nowhere else to go), the agent
+/// thaws with the start still running: the controller adopts it again rather than
+/// running the job a second time.
+#[test]
+fn requeued_job_still_running_on_returning_node_is_adopted_not_rerun() {
+    let c = cluster();
+    let id = attempt_job(&c, 6);
+    assert_eq!(c.wait_state(id, "RUNNING", T)["attempt"], 1);
+    assert!(wait_for(T, || log_lines(&c, id).len() == 1));
+    c.signal_agent("n1", Signal::SIGSTOP);
+    assert!(wait_for(T, || c.job(id)["state"] == "PENDING"));
+    c.signal_agent("n1", Signal::SIGCONT);
+    assert!(wait_for(T, || c.job(id)["state"] != "PENDING"));
+    let j = c.wait_state(id, "COMPLETED", T);
+    assert_eq!(j["attempt"], 1, "{j}");
+    assert_eq!(log_lines(&c, id), ["start-1", "end-1"]);
+}
+
+/// The same, but the job ends while its agent is frozen: the end the agent reports on
+/// return is the job's real end; it does not run again.
+#[test]
+fn requeued_job_that_ended_meanwhile_gets_its_real_end() {
+    let c = cluster();
+    let id = attempt_job(&c, 3);
+    c.wait_state(id, "RUNNING", T);
+    assert!(wait_for(T, || log_lines(&c, id).len() == 1));
+    c.signal_agent("n1", Signal::SIGSTOP);
+    assert!(wait_for(T, || c.job(id)["state"] == "PENDING"));
+    assert!(wait_for(T, || log_lines(&c, id).len() == 2));
+    c.signal_agent("n1", Signal::SIGCONT);
+    let j = c.wait_state(id, "COMPLETED", T);
+    assert_eq!(j["attempt"], 1, "{j}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(log_lines(&c, id), ["start-1", "end-1"]);
+}
