@@ -229,10 +229,10 @@ fn controller_url(cli: &Cli) -> String {
 
 /// The API token: GPUCTL_TOKEN, --token-file, or ~/.config/gpuctl/token.
 fn token(cli: &Cli) -> Result<Option<String>, Failure> {
-    if let Ok(t) = std::env::var("GPUCTL_TOKEN") {
-        if !t.trim().is_empty() {
-            return Ok(Some(t.trim().to_string()));
-        }
+    if let Ok(t) = std::env::var("GPUCTL_TOKEN")
+        && !t.trim().is_empty()
+    {
+        return Ok(Some(t.trim().to_string()));
     }
     let (path, explicit) = match &cli.token_file {
         Some(p) => (p.clone(), true),

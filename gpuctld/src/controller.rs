@@ -1157,13 +1157,13 @@ impl Controller {
             }
             // A requeued job whose start is still running here is adopted again.
             for &(id, attempt) in &running {
-                if let Some(stored) = c.jobs.get_mut(&id) {
-                    if readopt(stored, &req.node, attempt) {
-                        let user = owner(job_of(stored)).to_string();
-                        self.store.put_job(stored).map_err(store_status)?;
-                        c.pending_changed(&user, false);
-                        tracing::info!(job = id, attempt, node = %req.node, "requeued job found still running on its returning node; adopted again");
-                    }
+                if let Some(stored) = c.jobs.get_mut(&id)
+                    && readopt(stored, &req.node, attempt)
+                {
+                    let user = owner(job_of(stored)).to_string();
+                    self.store.put_job(stored).map_err(store_status)?;
+                    c.pending_changed(&user, false);
+                    tracing::info!(job = id, attempt, node = %req.node, "requeued job found still running on its returning node; adopted again");
                 }
             }
             // Fencing: an instance is kept only if it is the job's current start here.
