@@ -48,6 +48,9 @@ struct Cluster {
     next_job_id: u64,
     generation: u64,
     tokens: Tokens,
+    /// Ids of jobs that may not be final (pending or running): a superset, pruned at
+    /// every scheduling pass, so that passes and submits do not walk finished jobs.
+    active: BTreeSet<u64>,
     /// Pending jobs per user (for `max_pending_per_user`), kept exact at every change
     /// into or out of PENDING.
     pending_by_user: HashMap<String, usize>,
@@ -58,6 +61,20 @@ fn owner(j: &pb::Job) -> &str {
 }
 
 impl Cluster {
+    /// Pending and running jobs (via the `active` index).
+    fn active_jobs(&self) -> impl Iterator<Item = &StoredJob> {
+        self.active
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .filter(|s| !job_of(s).state().is_final())
+    }
+
+    fn prune_active(&mut self) {
+        let jobs = &self.jobs;
+        self.active
+            .retain(|id| jobs.get(id).is_some_and(|s| !job_of(s).state().is_final()));
+    }
+
     fn pending_changed(&mut self, user: &str, added: bool) {
         let n = self.pending_by_user.entry(user.to_string()).or_default();
         if added {
@@ -190,7 +207,7 @@ fn live_allocs(j: &pb::Job) -> impl Iterator<Item = &pb::Allocation> {
 impl Cluster {
     fn usage(&self) -> HashMap<&str, Usage> {
         let mut u: HashMap<&str, Usage> = HashMap::new();
-        for s in self.jobs.values() {
+        for s in self.active_jobs() {
             let j = job_of(s);
             for a in live_allocs(j) {
                 let e = u.entry(a.node.as_str()).or_default();
@@ -219,6 +236,13 @@ impl Cluster {
     }
 
     fn view(&self) -> ClusterView {
+        let mut v = self.node_views();
+        v.running = self.running_views();
+        v
+    }
+
+    /// The nodes alone (what `fits_empty` needs).
+    fn node_views(&self) -> ClusterView {
         let nodes = self
             .nodes
             .values()
@@ -230,8 +254,15 @@ impl Cluster {
                 memory_bytes: n.memory_bytes,
             })
             .collect();
+        ClusterView {
+            nodes,
+            running: Vec::new(),
+        }
+    }
+
+    fn running_views(&self) -> Vec<sched::Running> {
         let mut running = Vec::new();
-        for s in self.jobs.values() {
+        for s in self.active_jobs() {
             let j = job_of(s);
             let end_ms = j.start_time_ms + (j.time_limit_secs as i64) * 1000;
             for a in live_allocs(j) {
@@ -242,22 +273,22 @@ impl Cluster {
                 });
             }
         }
-        ClusterView { nodes, running }
+        running
     }
 
     fn pending(&self) -> Vec<PendingJob> {
-        self.jobs
-            .values()
+        let none = pb::Resources::default();
+        self.active_jobs()
             .map(job_of)
             .filter(|j| j.state() == JobState::Pending)
             .map(|j| {
-                let spec = j.spec.clone().unwrap_or_default();
+                let spec = j.spec.as_ref();
                 PendingJob {
                     id: j.id,
-                    priority: spec.priority,
-                    qos: spec.qos.clone(),
+                    priority: spec.map_or(0, |s| s.priority),
+                    qos: spec.map(|s| s.qos.clone()).unwrap_or_default(),
                     submit_ms: j.submit_time_ms,
-                    request: request_of(&spec.resources.unwrap_or_default()),
+                    request: request_of(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none)),
                     duration_ms: (j.time_limit_secs as i64).saturating_mul(1000),
                 }
             })
@@ -400,6 +431,9 @@ impl Controller {
                 let user = owner(job_of(&j)).to_string();
                 cluster.pending_changed(&user, true);
             }
+            if !job_of(&j).state().is_final() {
+                cluster.active.insert(id);
+            }
             cluster.jobs.insert(id, j);
         }
         let started = now_ms();
@@ -456,17 +490,24 @@ impl Controller {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => break,
             }
+            let started = std::time::Instant::now();
             if let Err(e) = self.schedule_pass().await {
                 tracing::error!("scheduling pass failed: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
+            // Events arriving meanwhile coalesce into the next pass. Waiting as long as
+            // the pass took (10 ms to 1 s) keeps scheduling at most about half of the
+            // controller's time under a storm of submits.
+            let took = started.elapsed();
+            tokio::time::sleep(took.clamp(Duration::from_millis(10), Duration::from_secs(1))).await;
         }
     }
 
     /// A snapshot for the pure scheduler: cluster, queue and config (with the current
     /// workload mix).
     fn snapshot(&self) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
-        let c = self.lock();
+        let mut c = self.lock();
+        c.prune_active();
         let mut cfg = self.sched_config.clone();
         if cfg.policy == sched::packing::Policy::Fgd {
             cfg.workload = c.workload();
@@ -626,7 +667,7 @@ impl Controller {
                     spec.user
                 )));
             }
-            check_feasible(&c.view(), &res)?;
+            check_feasible(&c.node_views(), &res)?;
             let id = c.next_job_id;
             let time_limit_secs = if res.time_limit_secs > 0 {
                 res.time_limit_secs
@@ -652,6 +693,7 @@ impl Controller {
             let user = owner(job_of(&stored)).to_string();
             c.pending_changed(&user, true);
             c.jobs.insert(id, stored);
+            c.active.insert(id);
             id
         };
         // Acknowledge only once durable.
@@ -663,12 +705,11 @@ impl Controller {
 
     pub fn list_jobs(&self, all: bool) -> Vec<pb::Job> {
         let c = self.lock();
-        c.jobs
-            .values()
-            .map(job_of)
-            .filter(|j| all || !j.state().is_final())
-            .cloned()
-            .collect()
+        if all {
+            c.jobs.values().map(job_of).cloned().collect()
+        } else {
+            c.active_jobs().map(job_of).cloned().collect()
+        }
     }
 
     pub fn get_job(&self, id: u64) -> Result<pb::Job, Status> {
@@ -1106,10 +1147,12 @@ impl Controller {
             }
             let running: BTreeSet<(u64, u32)> =
                 req.running.iter().map(|r| (r.job_id, r.attempt)).collect();
-            let ids: Vec<u64> = c.jobs.keys().copied().collect();
+            let ids: Vec<u64> = c.active.iter().copied().collect();
             let mut requeued = Vec::new();
             for id in ids {
-                let stored = c.jobs.get_mut(&id).expect("key from map");
+                let Some(stored) = c.jobs.get_mut(&id) else {
+                    continue;
+                };
                 let confirmed = stored.start_confirmed;
                 let j = job_mut(stored);
                 let here = live_allocs(j).any(|a| a.node == req.node);
@@ -1241,10 +1284,9 @@ impl Controller {
                     );
                 }
                 let ids: Vec<u64> = c
-                    .jobs
-                    .iter()
-                    .filter(|(_, s)| live_allocs(job_of(s)).any(|a| a.node == node))
-                    .map(|(id, _)| *id)
+                    .active_jobs()
+                    .filter(|s| live_allocs(job_of(s)).any(|a| a.node == node))
+                    .map(|s| job_of(s).id)
                     .collect();
                 let mut requeued_users = Vec::new();
                 for id in ids {
