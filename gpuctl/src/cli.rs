@@ -192,6 +192,22 @@ fn print(text: &str) {
     }
 }
 
+/// Serializes straight into a buffered stdout (large outputs: `queue --json`).
+fn print_json_streamed(v: &impl serde::Serialize) {
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+    let result = serde_json::to_writer_pretty(&mut out, v)
+        .map_err(std::io::Error::from)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = result {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("gpuctl: cannot write output: {e}");
+        std::process::exit(exit::FAILED.into());
+    }
+}
+
 fn print_json(v: &serde_json::Value) {
     print(&format!(
         "{}\n",
@@ -331,7 +347,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 .into_inner()
                 .jobs;
             if json {
-                print_json(&jobs.iter().map(format::job_json).collect());
+                print_json_streamed(&jobs.iter().map(format::JobJson).collect::<Vec<_>>());
             } else {
                 print(&format::queue_table(&jobs, start));
             }

@@ -191,6 +191,29 @@ fn main() {
         &sustained,
     );
 
+    let rpc_ms = rt.block_on(async {
+        let url = format!("unix:{}", socket.display());
+        let channel = tonic::transport::Endpoint::from_shared(url)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = ControllerClient::new(channel).max_decoding_message_size(1 << 30);
+        let t = Instant::now();
+        let n = client
+            .list_jobs(pb::ListJobsRequest { all: false })
+            .await
+            .unwrap()
+            .into_inner()
+            .jobs
+            .len();
+        assert_eq!(n, queue + measure);
+        t.elapsed().as_secs_f64() * 1000.0
+    });
+    println!(
+        "ListJobs RPC alone ({} jobs, decoded): {rpc_ms:.0} ms",
+        queue + measure
+    );
     let runs: Vec<(f64, usize)> = (0..3)
         .map(|_| time_gpuctl(&bin, &socket, &["queue", "--json"]))
         .collect();

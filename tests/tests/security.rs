@@ -301,3 +301,45 @@ fn agent_without_the_key_cannot_register_or_report() {
     c.gpuctl_ok(&["cancel", &id.to_string()]);
     c.wait_state(id, "CANCELLED", T);
 }
+
+#[test]
+fn limits_and_path_rules_give_clear_errors() {
+    let c = Cluster::controller_with_config(
+        "[limits]\nmax_pending_per_user = 2\nmax_job_bytes = \"2KiB\"\nmax_list_len = 8\n",
+    );
+    let ok = "command = [\"true\"]\n";
+    c.submit("a.toml", ok);
+    c.submit("b.toml", ok);
+    let refused = |name: &str, toml: &str, want: &str| {
+        std::fs::write(c.path(name), toml).unwrap();
+        let out = c.gpuctl(&["submit", name]);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let err = stderr(&out);
+        assert!(err.contains(want), "{name}: {err}");
+    };
+    refused(
+        "c.toml",
+        ok,
+        "already has 2 pending jobs, the most allowed (limits.max_pending_per_user)",
+    );
+    let id = c.json(&["queue"])[0]["id"].as_u64().unwrap();
+    c.gpuctl_ok(&["cancel", &id.to_string()]);
+    refused(
+        "big.toml",
+        &format!("script = \"echo {}\"\n", "x".repeat(4000)),
+        "over the controller's limit of 2.0 KiB (limits.max_job_bytes)",
+    );
+    refused(
+        "args.toml",
+        "command = [\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"]\n",
+        "`command` has 9 entries, over the limit of 8",
+    );
+    refused(
+        "escape.toml",
+        "command = [\"true\"]\nstdout = \"../../etc/cron.d/x\"\n",
+        "leaves the workdir",
+    );
+    // Refusals queue nothing.
+    assert_eq!(c.json(&["queue"]).as_array().unwrap().len(), 1);
+    c.submit("d.toml", ok);
+}
