@@ -296,7 +296,11 @@ async fn channel(url: &str) -> Result<Channel, Failure> {
             code: exit::USAGE,
             message: format!("bad controller URL {url:?}: {e}"),
         })?
-        .connect_timeout(std::time::Duration::from_secs(5));
+        .connect_timeout(std::time::Duration::from_secs(5))
+        // Large replies (the queue of a busy cluster) arrive without waiting on HTTP/2
+        // flow control every 64 KiB.
+        .initial_stream_window_size(16 << 20)
+        .initial_connection_window_size(32 << 20);
     endpoint.connect().await.map_err(|e| {
         let mut msg = e.to_string();
         let mut src = std::error::Error::source(&e);

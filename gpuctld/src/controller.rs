@@ -601,11 +601,18 @@ impl Controller {
                     ));
                 }
             }
+            // Under the lock for every pending job: no allocation unless a reason changed.
+            let mut reason = String::new();
             for w in &plan.waiting {
                 if let Some(s) = c.jobs.get_mut(&w.job) {
                     let j = job_mut(s);
                     if j.state() == JobState::Pending {
-                        j.reason = w.reason.to_string();
+                        use std::fmt::Write as _;
+                        reason.clear();
+                        let _ = write!(reason, "{}", w.reason);
+                        if j.reason != reason {
+                            j.reason.clone_from(&reason);
+                        }
                         j.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);
                     }
                 }

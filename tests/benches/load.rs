@@ -195,6 +195,8 @@ fn main() {
         let url = format!("unix:{}", socket.display());
         let channel = tonic::transport::Endpoint::from_shared(url)
             .unwrap()
+            .initial_stream_window_size(16 << 20)
+            .initial_connection_window_size(32 << 20)
             .connect()
             .await
             .unwrap();
