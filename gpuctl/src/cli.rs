@@ -361,10 +361,35 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 .get_job(pb::GetJobRequest { job_id })
                 .await?
                 .into_inner();
-            if json {
-                print_json(&format::job_json(&job));
+            let gpu_use = if job.state() == pb::JobState::Running {
+                let nodes = client
+                    .list_nodes(pb::ListNodesRequest {})
+                    .await?
+                    .into_inner()
+                    .nodes;
+                format::job_gpu_use(job_id, &nodes)
             } else {
-                print(&format::show_job(&job));
+                Vec::new()
+            };
+            if json {
+                let mut v = format::job_json(&job);
+                v["gpu_use"] = serde_json::Value::Array(gpu_use);
+                print_json(&v);
+            } else {
+                let mut text = format::show_job(&job);
+                for u in &gpu_use {
+                    text.push_str(&format!(
+                        "      GpuUse: {} {} util {}% job memory {} MiB ({} processes) temp {}C power {:.0}W\n",
+                        u["node"].as_str().unwrap_or(""),
+                        u["gpu"].as_str().unwrap_or(""),
+                        u["util_pct"],
+                        u["job_mem_used_mib"],
+                        u["job_processes"],
+                        u["temp_c"],
+                        u["power_w"].as_f64().unwrap_or(0.0)
+                    ));
+                }
+                print(&text);
             }
         }
         Command::Cancel { job_ids } => {
@@ -422,7 +447,12 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             } else if json {
                 print_json(&nodes.iter().map(format::node_json).collect());
             } else {
-                print(&format::nodes_table(nodes));
+                let gpus = format::gpus_table(nodes);
+                if gpus.is_empty() {
+                    print(&format::nodes_table(nodes));
+                } else {
+                    print(&format!("{}\n{gpus}", format::nodes_table(nodes)));
+                }
             }
         }
         Command::Explain { job_id, json } => {

@@ -85,7 +85,7 @@ impl serde::Serialize for AllocJson<'_> {
         m.serialize_entry("rank", &a.rank)?;
         m.serialize_entry(
             "slots",
-            &a.slots.iter().map(|s| SlotJson(s)).collect::<Vec<_>>(),
+            &a.slots.iter().map(SlotJson).collect::<Vec<_>>(),
         )?;
         m.serialize_entry("cpu_milli", &a.cpu_milli)?;
         m.serialize_entry("memory_bytes", &a.memory_bytes)?;
@@ -194,6 +194,7 @@ pub fn node_json(n: &pb::Node) -> Value {
                 "memory_mib": m.memory_mib,
                 "job_id": if m.allocated_to == 0 { Value::Null } else { json!(m.allocated_to) },
             })).collect::<Vec<_>>(),
+            "metrics": g.metrics.as_ref().map(metrics_json),
         })).collect::<Vec<_>>(),
         "cpus": n.cpus,
         "cpus_allocated": n.cpus_allocated,
@@ -396,6 +397,89 @@ pub fn priority_table(jobs: &[pb::JobPriority]) -> String {
         .collect();
     let h: Vec<&str> = header.iter().map(String::as_str).collect();
     table(&h, rows)
+}
+
+pub fn metrics_json(m: &pb::GpuMetrics) -> Value {
+    json!({
+        "util_pct": m.util_pct,
+        "mem_util_pct": m.mem_util_pct,
+        "mem_used_mib": m.mem_used_mib,
+        "temp_c": m.temp_c,
+        "fan_pct": m.fan_pct,
+        "power_w": m.power_w,
+        "power_limit_w": m.power_limit_w,
+        "ecc_uncorrected": m.ecc_uncorrected,
+        "jobs": m.jobs.iter().map(|j| json!({
+            "job_id": j.job_id, "mem_used_mib": j.mem_used_mib, "processes": j.processes,
+        })).collect::<Vec<_>>(),
+        "time": rfc3339(m.time_ms),
+    })
+}
+
+/// One row per GPU with its latest metrics (`gpuctl nodes`, below the node table).
+pub fn gpus_table(nodes: &[pb::Node]) -> String {
+    let mut rows = Vec::new();
+    for n in nodes {
+        for g in &n.gpus {
+            let Some(m) = &g.metrics else { continue };
+            rows.push(vec![
+                n.name.clone(),
+                g.index.to_string(),
+                g.model.clone(),
+                format!("{}%", m.util_pct),
+                format!(
+                    "{:.1}/{:.0}GiB",
+                    m.mem_used_mib as f64 / 1024.0,
+                    g.memory_mib as f64 / 1024.0
+                ),
+                format!("{}C", m.temp_c),
+                format!("{:.0}/{:.0}W", m.power_w, m.power_limit_w),
+                if g.jobs.is_empty() {
+                    "-".into()
+                } else {
+                    g.jobs
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
+            ]);
+        }
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    table(
+        &[
+            "NODE", "GPU", "MODEL", "UTIL", "MEMORY", "TEMP", "POWER", "JOBS",
+        ],
+        rows,
+    )
+}
+
+/// A job's current use of its GPUs, from the nodes' latest metrics.
+pub fn job_gpu_use(job: u64, nodes: &[pb::Node]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for n in nodes {
+        for g in &n.gpus {
+            let Some(m) = &g.metrics else { continue };
+            if !g.jobs.contains(&job) {
+                continue;
+            }
+            let mine = m.jobs.iter().find(|u| u.job_id == job);
+            out.push(json!({
+                "node": n.name,
+                "gpu": g.uuid,
+                "util_pct": m.util_pct,
+                "job_mem_used_mib": mine.map_or(0, |u| u.mem_used_mib),
+                "job_processes": mine.map_or(0, |u| u.processes),
+                "gpu_mem_used_mib": m.mem_used_mib,
+                "temp_c": m.temp_c,
+                "power_w": m.power_w,
+            }));
+        }
+    }
+    out
 }
 
 pub fn nodes_table(nodes: &[pb::Node]) -> String {

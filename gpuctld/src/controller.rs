@@ -51,6 +51,8 @@ struct Cluster {
     /// Ids of jobs that may not be final (pending or running): a superset, pruned at
     /// every scheduling pass, so that passes and submits do not walk finished jobs.
     active: BTreeSet<u64>,
+    /// The latest GPU metrics each agent sent with its heartbeat (memory only).
+    metrics: HashMap<String, Vec<pb::GpuMetrics>>,
     /// Pending jobs per user (for `max_pending_per_user`), kept exact at every change
     /// into or out of PENDING.
     pending_by_user: HashMap<String, usize>,
@@ -339,6 +341,13 @@ impl Cluster {
                 jobs.sort_unstable();
                 jobs.dedup();
                 g.allocated_to = jobs.first().copied().unwrap_or(0);
+                if connected {
+                    g.metrics = self
+                        .metrics
+                        .get(&n.name)
+                        .and_then(|ms| ms.iter().find(|m| m.uuid == g.uuid))
+                        .cloned();
+                }
                 let full = if g.mig.is_empty() {
                     g.compute_allocated_milli >= 1000
                 } else {
@@ -1387,6 +1396,9 @@ impl Controller {
         if let Some(n) = c.nodes.get_mut(&req.node) {
             n.last_seen_ms = now;
             c.last_heard.insert(req.node.clone(), now);
+            if !req.metrics.is_empty() {
+                c.metrics.insert(req.node.clone(), req.metrics.clone());
+            }
         }
         known
     }
@@ -1477,6 +1489,10 @@ impl Controller {
                     tracing::info!(job = j.id, state = state.as_str_name(), exit_code = ?j.exit_code, "job ended");
                 }
                 stored.start_confirmed = true;
+            }
+            pb::job_report::Kind::Warning => {
+                tracing::warn!(job = j.id, node = %r.node, "{}", r.reason);
+                j.reason = r.reason.clone();
             }
             pb::job_report::Kind::Unspecified => return Ok(Vec::new()),
         }

@@ -203,6 +203,19 @@ fn write_corpus() {
                 job_id: 1,
                 attempt: 1,
             }],
+            metrics: vec![pb::GpuMetrics {
+                uuid: "GPU-0".into(),
+                util_pct: 90,
+                mem_used_mib: 1000,
+                temp_c: 70,
+                power_w: 300.0,
+                jobs: vec![pb::JobGpuUse {
+                    job_id: 1,
+                    mem_used_mib: 1000,
+                    processes: 2,
+                }],
+                ..pb::GpuMetrics::default()
+            }],
         }
         .encode_to_vec(),
     );

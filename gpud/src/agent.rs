@@ -15,13 +15,14 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::gpu::{GpuBackend, GpuInfo};
 use crate::launch::{JobLauncher, LaunchSpec, Launcher, resolve_user, terminate};
+use crate::monitor::{Enforcer, Exporter, Watched};
 use crate::reports::ReportQueue;
 
 pub struct Options {
     pub controller: String,
     pub name: String,
     pub state_dir: PathBuf,
-    pub backend: Box<dyn GpuBackend>,
+    pub backend: Arc<dyn GpuBackend>,
     pub cpus: u32,
     pub memory_bytes: u64,
     pub heartbeat: Duration,
@@ -33,6 +34,12 @@ pub struct Options {
     pub cgroup_parent: String,
     /// The cluster key (the controller's `<state-dir>/cluster.key`).
     pub key: ClusterKey,
+    /// How often GPUs are sampled.
+    pub sample_interval: Duration,
+    /// A job over its GPU memory share this long is ended.
+    pub gpu_memory_grace: Duration,
+    /// Serve Prometheus metrics here.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 struct KillRequest {
@@ -49,6 +56,10 @@ struct Agent {
     key: ClusterKey,
     /// Running job instances by (job id, attempt).
     jobs: Mutex<HashMap<(u64, u32), mpsc::Sender<KillRequest>>>,
+    /// What the monitor watches of each running instance, and its kill grace.
+    watched: Mutex<HashMap<(u64, u32), (Watched, Duration)>>,
+    /// The latest GPU sample, for heartbeats.
+    latest: Mutex<Vec<pb::GpuMetrics>>,
     reports: ReportQueue,
     /// Wakes the reporter when a report is queued.
     report_ready: Notify,
@@ -141,6 +152,8 @@ pub async fn run(
         allow_root_jobs: opts.allow_root_jobs,
         key: opts.key.clone(),
         jobs: Mutex::new(HashMap::new()),
+        watched: Mutex::new(HashMap::new()),
+        latest: Mutex::new(Vec::new()),
         report_ready: Notify::new(),
     });
 
@@ -148,13 +161,147 @@ pub async fn run(
         agent.clone(),
         AgentLinkClient::new(channel.clone()),
     ));
+    let exporter = Arc::new(Exporter::new());
+    if let Some(addr) = opts.metrics_listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
+        tracing::info!("Prometheus metrics on http://{}/metrics", l.local_addr()?);
+        tokio::spawn(crate::monitor::serve(l, exporter.clone()));
+    }
+    let sampler = tokio::spawn(sampler(
+        agent.clone(),
+        opts.backend.clone(),
+        gpus.clone(),
+        opts.sample_interval,
+        opts.gpu_memory_grace,
+        exporter,
+    ));
     let link = attach_loop(agent.clone(), channel, gpus, opts);
     tokio::select! {
         r = link => r?,
         _ = shutdown => tracing::info!("shutting down; running jobs keep running"),
     }
     reporter.abort();
+    sampler.abort();
     Ok(())
+}
+
+/// Samples the GPUs every `every`: metrics for heartbeats and Prometheus, and GPU
+/// memory shares enforced (warning, then the job ends after `grace`).
+async fn sampler(
+    agent: Arc<Agent>,
+    backend: Arc<dyn GpuBackend>,
+    gpus: Vec<GpuInfo>,
+    every: Duration,
+    grace: Duration,
+    exporter: Arc<Exporter>,
+) {
+    let started = std::time::Instant::now();
+    let mut enforcer = Enforcer::default();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let t0 = std::time::Instant::now();
+        let secs = started.elapsed().as_secs_f64();
+        let b = backend.clone();
+        let samples = match tokio::task::spawn_blocking(move || b.sample(secs)).await {
+            Ok(Ok(s)) => {
+                failing = false;
+                s
+            }
+            Ok(Err(e)) => {
+                if !failing {
+                    tracing::warn!("cannot sample GPUs: {e}");
+                }
+                failing = true;
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let watched: Vec<(Watched, Duration)> = agent
+            .watched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let jobs: Vec<Watched> = watched.iter().map(|w| w.0.clone()).collect();
+        let usage = crate::monitor::job_memory(&samples, &jobs, crate::monitor::pgid_of);
+        let verdicts = enforcer.check(&gpus, &jobs, &usage, grace, std::time::Instant::now());
+        for o in verdicts.warn {
+            let why = format!(
+                "GPU memory {} MiB on {} is over its share of {} MiB; it ends in {} unless it drops",
+                o.used_mib,
+                o.gpu,
+                o.share_mib,
+                humantime::format_duration(grace)
+            );
+            tracing::warn!(job = o.job_id, "{why}");
+            let attempt = watched
+                .iter()
+                .find(|w| w.0.job_id == o.job_id)
+                .map_or(0, |w| w.0.attempt);
+            agent.report(pb::JobReport {
+                node: agent.name.clone(),
+                job_id: o.job_id,
+                kind: pb::job_report::Kind::Warning as i32,
+                reason: format!("warning: {why}"),
+                time_ms: now_ms(),
+                attempt,
+                ..pb::JobReport::default()
+            });
+        }
+        for o in verdicts.kill {
+            let reason = format!(
+                "GPU memory {} MiB on {} over its share of {} MiB for {}",
+                o.used_mib,
+                o.gpu,
+                o.share_mib,
+                humantime::format_duration(grace)
+            );
+            tracing::warn!(job = o.job_id, "ending job: {reason}");
+            let kill_grace = watched
+                .iter()
+                .find(|w| w.0.job_id == o.job_id)
+                .map_or(Duration::from_secs(10), |w| w.1);
+            let txs: Vec<_> = agent
+                .jobs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter(|((id, _), _)| *id == o.job_id)
+                .map(|(_, tx)| tx.clone())
+                .collect();
+            for tx in txs {
+                let _ = tx.try_send(KillRequest {
+                    as_state: JobState::Failed,
+                    grace: kill_grace,
+                    reason: reason.clone(),
+                });
+            }
+        }
+        // GPU (parent UUID) -> jobs holding it or one of its MIG instances.
+        let mut holders: HashMap<String, Vec<u64>> = HashMap::new();
+        for w in &jobs {
+            for slot in &w.slots {
+                let parent = gpus
+                    .iter()
+                    .find(|g| g.uuid == slot.uuid || g.mig.iter().any(|m| m.uuid == slot.uuid));
+                if let Some(g) = parent {
+                    let e = holders.entry(g.uuid.clone()).or_default();
+                    if !e.contains(&w.job_id) {
+                        e.push(w.job_id);
+                    }
+                }
+            }
+        }
+        exporter.update(&agent.name, &gpus, &samples, &usage, &holders, t0.elapsed());
+        *agent.latest.lock().unwrap_or_else(|p| p.into_inner()) =
+            crate::monitor::to_pb(&samples, &usage, now_ms());
+    }
 }
 
 /// Sends queued reports in order, retrying until the controller acknowledges each.
@@ -254,6 +401,11 @@ async fn heartbeats(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>, eve
         let req = pb::HeartbeatRequest {
             node: agent.name.clone(),
             running: agent.running(),
+            metrics: agent
+                .latest
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         };
         match client.heartbeat(agent.signed("heartbeat", req)).await {
             Ok(r) if !r.get_ref().known => {
@@ -351,6 +503,22 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
         }
         Ok(mut job) => {
             tracing::info!(job = id, pid = job.child.id(), gpus = ?start.gpus, cgroup = job.cgroup.is_some(), "job started");
+            agent
+                .watched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    (id, attempt),
+                    (
+                        Watched {
+                            job_id: id,
+                            attempt,
+                            pgid: job.child.id().map_or(0, |p| p as i32),
+                            slots: start.slots.clone(),
+                        },
+                        Duration::from_secs(start.kill_grace_secs),
+                    ),
+                );
             agent.report(pb::JobReport {
                 node: agent.name.clone(),
                 job_id: id,
@@ -389,6 +557,11 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
     };
     tracing::info!(job = id, state = report.state().as_str_name(), exit_code = ?report.exit_code, "job ended");
     agent.report(report);
+    agent
+        .watched
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(id, attempt));
     agent
         .jobs
         .lock()

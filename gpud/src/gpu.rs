@@ -62,16 +62,154 @@ pub enum GpuError {
     FakeSpec { spec: String, why: String },
 }
 
+/// One sample of one GPU.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuSample {
+    pub uuid: String,
+    pub util_pct: u32,
+    pub mem_util_pct: u32,
+    pub mem_used_mib: u64,
+    pub temp_c: u32,
+    pub fan_pct: Option<u32>,
+    pub power_w: f64,
+    pub power_limit_w: f64,
+    pub ecc_uncorrected: Option<u64>,
+    /// Processes using the GPU (or one of its MIG instances) and their memory.
+    pub processes: Vec<ProcessUse>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessUse {
+    pub pid: u32,
+    pub mem_used_mib: u64,
+}
+
 /// Where the agent's GPUs come from.
 pub trait GpuBackend: Send + Sync {
     /// "nvml" or "fake"; shown in `gpuctl nodes --json`.
     fn kind(&self) -> &'static str;
     fn discover(&self) -> Result<Vec<GpuInfo>, GpuError>;
+    /// Current metrics of every GPU, `secs` seconds after the agent started.
+    fn sample(&self, secs: f64) -> Result<Vec<GpuSample>, GpuError>;
+}
+
+/// A metric over time: (seconds since the agent started, value) points, linear in
+/// between, the last value held after the last point.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Curve(pub Vec<(f64, f64)>);
+
+impl Curve {
+    pub fn at(&self, t: f64) -> Option<f64> {
+        let pts = &self.0;
+        let first = pts.first()?;
+        if t <= first.0 {
+            return Some(first.1);
+        }
+        for w in pts.windows(2) {
+            let ((t0, v0), (t1, v1)) = (w[0], w[1]);
+            if t <= t1 {
+                let f = if t1 > t0 { (t - t0) / (t1 - t0) } else { 1.0 };
+                return Some(v0 + (v1 - v0) * f);
+            }
+        }
+        pts.last().map(|p| p.1)
+    }
+}
+
+/// Scripted metrics of fake GPUs (from `--fake-gpus-file`); unset ones are derived
+/// from the GPU's processes.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FakeMetrics {
+    pub utilization: Curve,
+    pub temperature: Curve,
+    pub power: Curve,
+    pub fan: Curve,
+    pub memory_used_mib: Curve,
+    pub ecc_uncorrected: Curve,
 }
 
 /// Fake GPUs with stable UUIDs derived from the node name and index.
 pub struct FakeGpus {
     gpus: Vec<GpuInfo>,
+    metrics: Vec<FakeMetrics>,
+}
+
+/// `--fake-gpus-file`: GPUs, MIG layouts and scripted metric curves.
+///
+/// ```toml
+/// [[gpus]]
+/// count = 2
+/// model = "A100-80GB"
+/// mig = ["3g.40gb", "2g.20gb"]      # optional
+/// [gpus.metrics]
+/// temperature = [[0, 40], [60, 85]]  # [seconds, value]: rising over a minute
+/// utilization = [[0, 100]]
+/// ```
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FakeFile {
+    gpus: Vec<FakeGroup>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FakeGroup {
+    #[serde(default = "one")]
+    count: u32,
+    model: String,
+    #[serde(default)]
+    mig: Vec<String>,
+    #[serde(default)]
+    metrics: FakeMetrics,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// The env variable a process sets to "use" GPU memory on fake GPUs (MiB), so that
+/// tests can play a process going over its share. It counts once per process group,
+/// on the GPUs in the process's `CUDA_VISIBLE_DEVICES`.
+pub const FAKE_MEMORY_ENV: &str = "GPUCTL_FAKE_GPU_MEMORY_MIB";
+
+/// Processes that declare fake GPU memory: (pid, MiB, CUDA_VISIBLE_DEVICES entries).
+fn fake_processes() -> Vec<(u32, u64, Vec<String>)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let mut mib = None;
+        let mut devices = Vec::new();
+        for kv in env.split(|b| *b == 0) {
+            let kv = String::from_utf8_lossy(kv);
+            if let Some(v) = kv
+                .strip_prefix(FAKE_MEMORY_ENV)
+                .and_then(|r| r.strip_prefix('='))
+            {
+                mib = v.trim().parse::<u64>().ok();
+            } else if let Some(v) = kv.strip_prefix("CUDA_VISIBLE_DEVICES=") {
+                devices = v.split(',').map(str::to_string).collect();
+            }
+        }
+        if let Some(m) = mib {
+            let pgid = crate::monitor::pgid_of(pid).unwrap_or(pid as i32);
+            out.push((pgid, pid, m, devices));
+        }
+    }
+    // A job's processes inherit the variable: it counts once per process group (at
+    // the group's lowest pid), as the memory of the whole group.
+    out.sort_by_key(|p| (p.0, p.1));
+    out.dedup_by_key(|p| p.0);
+    out.into_iter().map(|(_, pid, m, d)| (pid, m, d)).collect()
 }
 
 impl FakeGpus {
@@ -155,7 +293,32 @@ impl FakeGpus {
         if gpus.is_empty() || gpus.len() > 64 {
             return Err(err("between 1 and 64 GPUs"));
         }
-        Ok(FakeGpus { gpus })
+        let metrics = vec![FakeMetrics::default(); gpus.len()];
+        Ok(FakeGpus { gpus, metrics })
+    }
+
+    /// Reads a `--fake-gpus-file` (see [`FakeFile`]).
+    pub fn from_file(path: &std::path::Path, node: &str) -> Result<FakeGpus, GpuError> {
+        let shown = path.display().to_string();
+        let err = |why: String| GpuError::FakeSpec {
+            spec: shown.clone(),
+            why,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let file: FakeFile = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+        let mut spec = Vec::new();
+        let mut metrics = Vec::new();
+        for g in &file.gpus {
+            let mut item = format!("{}x{}", g.count, g.model);
+            if !g.mig.is_empty() {
+                item.push_str(&format!(":mig={}", g.mig.join("+")));
+            }
+            spec.push(item);
+            metrics.extend(std::iter::repeat_n(g.metrics.clone(), g.count as usize));
+        }
+        let mut f = FakeGpus::parse(&spec.join(","), node).map_err(|e| err(e.to_string()))?;
+        f.metrics = metrics;
+        Ok(f)
     }
 }
 
@@ -166,6 +329,44 @@ impl GpuBackend for FakeGpus {
 
     fn discover(&self) -> Result<Vec<GpuInfo>, GpuError> {
         Ok(self.gpus.clone())
+    }
+
+    fn sample(&self, secs: f64) -> Result<Vec<GpuSample>, GpuError> {
+        let procs = fake_processes();
+        Ok(self
+            .gpus
+            .iter()
+            .zip(&self.metrics)
+            .map(|(g, m)| {
+                let mine = |dev: &String| *dev == g.uuid || g.mig.iter().any(|x| x.uuid == *dev);
+                let processes: Vec<ProcessUse> = procs
+                    .iter()
+                    .filter(|(_, _, devs)| devs.iter().any(mine))
+                    .map(|&(pid, mib, _)| ProcessUse {
+                        pid,
+                        mem_used_mib: mib,
+                    })
+                    .collect();
+                let busy = if processes.is_empty() { 0.0 } else { 100.0 };
+                let util = m.utilization.at(secs).unwrap_or(busy).clamp(0.0, 100.0);
+                let used = m.memory_used_mib.at(secs).map_or_else(
+                    || processes.iter().map(|p| p.mem_used_mib).sum::<u64>(),
+                    |v| v.max(0.0) as u64,
+                );
+                GpuSample {
+                    uuid: g.uuid.clone(),
+                    util_pct: util as u32,
+                    mem_util_pct: (util * 0.6) as u32,
+                    mem_used_mib: used.min(g.memory_mib),
+                    temp_c: m.temperature.at(secs).unwrap_or(35.0 + util * 0.4) as u32,
+                    fan_pct: Some(m.fan.at(secs).unwrap_or(30.0 + util * 0.5) as u32),
+                    power_w: m.power.at(secs).unwrap_or(60.0 + util * 3.4),
+                    power_limit_w: 400.0,
+                    ecc_uncorrected: Some(m.ecc_uncorrected.at(secs).unwrap_or(0.0) as u64),
+                    processes,
+                }
+            })
+            .collect())
     }
 }
 
@@ -259,6 +460,52 @@ impl GpuBackend for Nvml {
         }
         Ok(gpus)
     }
+
+    fn sample(&self, _secs: f64) -> Result<Vec<GpuSample>, GpuError> {
+        use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+        use nvml_wrapper::enums::device::UsedGpuMemory;
+        let e = |e: nvml_wrapper::error::NvmlError| GpuError::Nvml(e.to_string());
+        let count = self.nvml.device_count().map_err(e)?;
+        let mut out = Vec::new();
+        for index in 0..count {
+            let d = self.nvml.device_by_index(index).map_err(e)?;
+            let util = d.utilization_rates().ok();
+            let mem = d.memory_info().map_err(e)?;
+            // Compute and graphics processes; on MIG GPUs NVML lists them on the parent.
+            let mut processes: Vec<ProcessUse> = d
+                .running_compute_processes()
+                .unwrap_or_default()
+                .into_iter()
+                .chain(d.running_graphics_processes().unwrap_or_default())
+                .map(|p| ProcessUse {
+                    pid: p.pid,
+                    mem_used_mib: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => b / (1024 * 1024),
+                        UsedGpuMemory::Unavailable => 0,
+                    },
+                })
+                .collect();
+            processes.sort_by_key(|p| p.pid);
+            processes.dedup_by_key(|p| p.pid);
+            out.push(GpuSample {
+                uuid: d.uuid().map_err(e)?,
+                util_pct: util.as_ref().map_or(0, |u| u.gpu),
+                mem_util_pct: util.as_ref().map_or(0, |u| u.memory),
+                mem_used_mib: mem.used / (1024 * 1024),
+                temp_c: d.temperature(TemperatureSensor::Gpu).unwrap_or(0),
+                fan_pct: d.fan_speed(0).ok(),
+                power_w: d.power_usage().map_or(0.0, |mw| f64::from(mw) / 1000.0),
+                power_limit_w: d
+                    .enforced_power_limit()
+                    .map_or(0.0, |mw| f64::from(mw) / 1000.0),
+                ecc_uncorrected: d
+                    .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                    .ok(),
+                processes,
+            });
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -300,6 +547,39 @@ mod tests {
         let mut u: Vec<_> = a.iter().map(|g| &g.uuid).collect();
         u.dedup();
         assert_eq!(u.len(), 4);
+    }
+
+    #[test]
+    fn curves_interpolate_and_hold() {
+        let c = Curve(vec![(0.0, 40.0), (60.0, 85.0)]);
+        assert_eq!(c.at(-1.0), Some(40.0));
+        assert_eq!(c.at(30.0), Some(62.5));
+        assert_eq!(c.at(600.0), Some(85.0));
+        assert_eq!(Curve::default().at(1.0), None);
+    }
+
+    #[test]
+    fn fake_file_with_mig_and_scripted_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("gpus.toml");
+        std::fs::write(
+            &p,
+            "[[gpus]]\ncount = 2\nmodel = \"A100-80GB\"\n[gpus.metrics]\ntemperature = [[0, 40], [60, 85]]\npower = [[0, 100]]\n\n[[gpus]]\nmodel = \"A100-80GB\"\nmig = [\"3g.40gb\", \"2g.20gb\"]\n",
+        )
+        .unwrap();
+        let f = FakeGpus::from_file(&p, "n1").unwrap();
+        let g = f.discover().unwrap();
+        assert_eq!(g.len(), 3);
+        assert_eq!(g[2].mig.len(), 2);
+        let s = f.sample(30.0).unwrap();
+        assert_eq!(s[0].temp_c, 62);
+        assert_eq!(s[1].power_w, 100.0);
+        // Unscripted: derived from the (absent) processes.
+        assert_eq!(s[2].util_pct, 0);
+        assert_eq!(s[2].temp_c, 35);
+        std::fs::write(&p, "[[gpus]]\nmodel = \"A100\"\n").unwrap();
+        let e = FakeGpus::from_file(&p, "n1").err().unwrap().to_string();
+        assert!(e.contains("gpus.toml") && e.contains("-<N>GB"), "{e}");
     }
 
     #[test]

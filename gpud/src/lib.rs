@@ -4,6 +4,8 @@
 //! - `gpu`: the `GpuBackend` trait with the NVML backend and the fake one.
 //! - `launch`: the environment and output paths a job gets (pure), and the `Launcher`
 //!   trait that starts and signals job processes.
+//! - `monitor`: GPU sampling mapped to jobs, GPU-memory share enforcement, the
+//!   Prometheus exporter (DCGM names).
 //! - `reports`: job reports kept on disk until the controller acknowledges them.
 //! - `agent`: registration, the command stream, heartbeats, job lifecycles.
 //! - `host`: facts about this machine (CPUs, memory, hostname).
@@ -13,4 +15,5 @@ pub mod cgroup;
 pub mod gpu;
 pub mod host;
 pub mod launch;
+pub mod monitor;
 pub mod reports;

@@ -24,8 +24,20 @@ struct Args {
     #[arg(long, default_value = "./gpud-state")]
     state_dir: PathBuf,
     /// Fake GPUs instead of NVML, e.g. 4xA100-80GB or 2xA100-80GB,1xT4-16GB.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fake_gpus_file")]
     fake_gpus: Option<String>,
+    /// Fake GPUs from a TOML file: models, MIG layouts and scripted metric curves.
+    #[arg(long)]
+    fake_gpus_file: Option<PathBuf>,
+    /// How often to sample GPU metrics.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    sample_interval: Duration,
+    /// A job using more GPU memory than its share this long is ended.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    gpu_memory_grace: Duration,
+    /// Serve Prometheus metrics (DCGM exporter names) at http://ADDR/metrics.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// CPUs to offer (default: all of this host's).
     #[arg(long)]
     cpus: Option<u32>,
@@ -63,16 +75,19 @@ async fn main() -> ExitCode {
         .init();
     let args = Args::parse();
     let name = args.name.unwrap_or_else(gpud::host::hostname);
-    let backend: Box<dyn GpuBackend> = match &args.fake_gpus {
-        Some(spec) => match FakeGpus::parse(spec, &name) {
-            Ok(f) => Box::new(f),
-            Err(e) => {
-                eprintln!("gpud: error: {e}");
-                return ExitCode::from(2);
-            }
-        },
+    let fake = match (&args.fake_gpus, &args.fake_gpus_file) {
+        (Some(spec), _) => Some(FakeGpus::parse(spec, &name)),
+        (None, Some(file)) => Some(FakeGpus::from_file(file, &name)),
+        (None, None) => None,
+    };
+    let backend: std::sync::Arc<dyn GpuBackend> = match fake {
+        Some(Ok(f)) => std::sync::Arc::new(f),
+        Some(Err(e)) => {
+            eprintln!("gpud: error: {e}");
+            return ExitCode::from(2);
+        }
         None => match Nvml::init() {
-            Ok(n) => Box::new(n),
+            Ok(n) => std::sync::Arc::new(n),
             Err(e) => {
                 eprintln!("gpud: error: {e}");
                 return ExitCode::FAILURE;
@@ -111,6 +126,9 @@ async fn main() -> ExitCode {
     };
     let opts = gpud::agent::Options {
         key,
+        sample_interval: args.sample_interval,
+        gpu_memory_grace: args.gpu_memory_grace,
+        metrics_listen: args.metrics_listen,
         controller: args.controller,
         name: name.clone(),
         state_dir: args.state_dir,

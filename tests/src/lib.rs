@@ -182,18 +182,22 @@ impl Cluster {
         self.add_agent_with_key(name, spec, &key, extra);
     }
 
+    /// Starts gpud with only `args` for its GPUs (e.g. `--fake-gpus-file F`).
+    pub fn add_agent_raw(&mut self, name: &str, args: &[&str]) {
+        let key = self.key_file();
+        self.spawn_agent(name, None, &key, args);
+    }
+
     /// Starts gpud with the given cluster key file.
     pub fn add_agent_with_key(&mut self, name: &str, spec: &str, key: &Path, extra: &[&str]) {
+        self.spawn_agent(name, Some(spec), key, extra);
+    }
+
+    fn spawn_agent(&mut self, name: &str, spec: Option<&str>, key: &Path, extra: &[&str]) {
         let log = std::fs::File::create(self.path(&format!("gpud-{name}.log"))).unwrap();
         let child = Command::new(bin("gpud"))
-            .args([
-                "--controller",
-                &self.tcp_url(),
-                "--name",
-                name,
-                "--fake-gpus",
-                spec,
-            ])
+            .args(["--controller", &self.tcp_url(), "--name", name])
+            .args(spec.map(|s| ["--fake-gpus", s]).into_iter().flatten())
             .args([
                 "--cpus",
                 "16",

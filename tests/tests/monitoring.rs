@@ -1,0 +1,158 @@
+//! GPU monitoring: metrics reach the controller and Prometheus (DCGM names, job label),
+//! and a job over its GPU memory share is warned, then ended with the reason.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use gpuctl_tests::{Cluster, wait_for};
+
+const T: Duration = Duration::from_secs(30);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scrape(port: u16) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
+
+#[test]
+fn job_over_its_gpu_memory_share_is_warned_then_ended() {
+    let mut c = Cluster::controller_only();
+    c.add_agent(
+        "mon-share",
+        "1xA100-80GB",
+        &["--sample-interval", "500ms", "--gpu-memory-grace", "2s"],
+    );
+    c.wait_nodes_up(1);
+    let id = c.submit(
+        "over.toml",
+        "script = \"sleep 60\"\n[env]\nGPUCTL_FAKE_GPU_MEMORY_MIB = \"12000\"\n[resources]\ngpu_memory = \"10GiB\"\n",
+    );
+    c.wait_state(id, "RUNNING", T);
+    // The warning shows as the job's reason while it still runs.
+    assert!(wait_for(T, || {
+        let j = c.job(id);
+        j["state"] != "RUNNING"
+            || j["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("warning: GPU memory 12000 MiB")
+    }));
+    let j = c.wait_state(id, "FAILED", T);
+    let reason = j["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("GPU memory 12000 MiB") && reason.contains("over its share of 10240 MiB"),
+        "{reason}"
+    );
+    let log = std::fs::read_to_string(c.path("gpud-mon-share.log")).unwrap();
+    assert!(log.contains("is over its share of 10240 MiB"), "{log}");
+}
+
+#[test]
+fn metrics_reach_prometheus_nodes_and_show() {
+    let mut c = Cluster::controller_only();
+    std::fs::write(
+        c.path("gpus.toml"),
+        "[[gpus]]\ncount = 2\nmodel = \"A100-80GB\"\n[gpus.metrics]\ntemperature = [[0, 50], [3600, 90]]\npower = [[0, 250]]\n",
+    )
+    .unwrap();
+    let port = free_port();
+    let file = c.path("gpus.toml");
+    let listen = format!("127.0.0.1:{port}");
+    // --fake-gpus-file instead of --fake-gpus: the harness passes the latter, so the
+    // file comes through the extra arguments and the spec is a dummy it overrides.
+    c.add_agent_raw(
+        "mon-prom",
+        &[
+            "--fake-gpus-file",
+            file.to_str().unwrap(),
+            "--sample-interval",
+            "500ms",
+            "--metrics-listen",
+            &listen,
+        ],
+    );
+    c.wait_nodes_up(1);
+    let id = c.submit(
+        "use.toml",
+        "script = \"sleep 60\"\n[env]\nGPUCTL_FAKE_GPU_MEMORY_MIB = \"3000\"\n[resources]\ngpu_memory = \"10GiB\"\n",
+    );
+    let j = c.wait_state(id, "RUNNING", T);
+    let uuid = j["gpus"][0].as_str().unwrap().to_string();
+
+    // Prometheus: DCGM names with gpu/UUID/Hostname/job labels, and the job's memory.
+    let mut parsed = None;
+    assert!(wait_for(T, || {
+        let body = scrape(port);
+        let s = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+            .expect("Prometheus text parses");
+        let found = s.samples.iter().any(|x| {
+            x.metric == "gpuctl_job_gpu_memory_used_mib"
+                && x.labels.get("job") == Some(id.to_string().as_str())
+        });
+        if found {
+            parsed = Some(s);
+        }
+        found
+    }));
+    let s = parsed.unwrap();
+    let value = |m: &str, uuid: &str| {
+        s.samples
+            .iter()
+            .find(|x| x.metric == m && x.labels.get("UUID") == Some(uuid))
+            .map(|x| match x.value {
+                prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+                _ => panic!("{m} is not a gauge"),
+            })
+            .unwrap_or_else(|| panic!("no {m} for {uuid}"))
+    };
+    let temp = s
+        .samples
+        .iter()
+        .find(|x| x.metric == "DCGM_FI_DEV_GPU_TEMP" && x.labels.get("UUID") == Some(uuid.as_str()))
+        .unwrap();
+    assert_eq!(temp.labels.get("Hostname"), Some("mon-prom"));
+    assert_eq!(temp.labels.get("job"), Some(id.to_string().as_str()));
+    assert!((50.0..=51.0).contains(&value("DCGM_FI_DEV_GPU_TEMP", &uuid)));
+    assert_eq!(value("DCGM_FI_DEV_POWER_USAGE", &uuid), 250.0);
+    assert_eq!(value("DCGM_FI_DEV_FB_USED", &uuid), 3000.0);
+    assert_eq!(value("DCGM_FI_DEV_GPU_UTIL", &uuid), 100.0);
+    assert_eq!(value("gpuctl_job_gpu_memory_used_mib", &uuid), 3000.0);
+    let idle = s
+        .samples
+        .iter()
+        .find(|x| x.metric == "DCGM_FI_DEV_GPU_UTIL" && x.labels.get("UUID") != Some(uuid.as_str()))
+        .unwrap();
+    assert_eq!(idle.labels.get("job"), Some(""));
+
+    // The controller has them from the heartbeat: nodes and show.
+    assert!(wait_for(T, || {
+        let n = c.nodes();
+        n[0]["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["uuid"] == uuid.as_str() && g["metrics"]["mem_used_mib"] == 3000)
+    }));
+    let shown = c.job(id);
+    assert_eq!(shown["gpu_use"][0]["job_mem_used_mib"], 3000, "{shown}");
+    assert_eq!(shown["gpu_use"][0]["gpu"], uuid.as_str());
+    let table = c.gpuctl_ok(&["nodes"]);
+    assert!(
+        table.contains("UTIL") && table.contains("250/400W"),
+        "{table}"
+    );
+    c.gpuctl_ok(&["cancel", &id.to_string()]);
+}
