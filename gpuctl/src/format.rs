@@ -83,10 +83,7 @@ impl serde::Serialize for AllocJson<'_> {
         let mut m = ser.serialize_map(Some(8))?;
         m.serialize_entry("node", &a.node)?;
         m.serialize_entry("rank", &a.rank)?;
-        m.serialize_entry(
-            "slots",
-            &a.slots.iter().map(SlotJson).collect::<Vec<_>>(),
-        )?;
+        m.serialize_entry("slots", &a.slots.iter().map(SlotJson).collect::<Vec<_>>())?;
         m.serialize_entry("cpu_milli", &a.cpu_milli)?;
         m.serialize_entry("memory_bytes", &a.memory_bytes)?;
         m.serialize_entry("ended", &a.ended)?;

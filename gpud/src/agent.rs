@@ -141,6 +141,7 @@ pub async fn run(
         ),
         ref m => tracing::info!("job limits through {}", m.describe()),
     }
+    let cgroups_for_adoption = cgroups.clone();
     let agent = Arc::new(Agent {
         name: opts.name.clone(),
         reports: ReportQueue::open(opts.state_dir.join("reports.pb"))?,
@@ -157,6 +158,7 @@ pub async fn run(
         report_ready: Notify::new(),
     });
 
+    adopt_jobs(&agent, &cgroups_for_adoption, &opts.cgroup_parent);
     let reporter = tokio::spawn(reporter(
         agent.clone(),
         AgentLinkClient::new(channel.clone()),
@@ -438,7 +440,7 @@ fn handle(agent: &Arc<Agent>, cmd: pb::AgentCommand) {
                 }
                 jobs.insert(key, tx);
             }
-            tokio::spawn(run_job(agent.clone(), start, rx));
+            tokio::spawn(run_job(agent.clone(), start, rx, None));
         }
         Some(pb::agent_command::Command::Kill(kill)) => {
             // attempt 0: whichever instance of the job runs here.
@@ -467,7 +469,93 @@ fn handle(agent: &Arc<Agent>, cmd: pb::AgentCommand) {
     }
 }
 
-async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Receiver<KillRequest>) {
+/// What the agent keeps on disk for each job it runs (`<state>/jobs/ID.ATTEMPT.json`),
+/// so that a restarted agent finds its jobs again.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct JobRecord {
+    job_id: u64,
+    attempt: u32,
+    /// The shim's pid and its start time (clock ticks), against pid reuse.
+    pid: u32,
+    start_ticks: u64,
+    started_ms: i64,
+    cgroup_leaf: String,
+    /// The StartJob, protobuf-encoded.
+    start: Vec<u8>,
+}
+
+fn record_path(state: &std::path::Path, id: u64, attempt: u32, ext: &str) -> PathBuf {
+    state.join("jobs").join(format!("{id}.{attempt}.{ext}"))
+}
+
+/// A job found running (or ended) after an agent restart.
+struct Adopted {
+    job: crate::launch::Launched,
+    started_ms: i64,
+}
+
+/// Jobs an earlier agent process left: running ones are adopted (watched again, with
+/// their kill channels registered before the agent registers), ended ones are reported
+/// with the status their shim wrote.
+fn adopt_jobs(agent: &Arc<Agent>, cgroups: &crate::cgroup::Mode, parent: &str) {
+    let dir = agent.state_dir.join("jobs");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let rec: JobRecord = match std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("unreadable job record {}: {e}", path.display());
+                continue;
+            }
+        };
+        let Ok(start) = <pb::StartJob as Message>::decode(rec.start.as_slice()) else {
+            tracing::error!("corrupt StartJob in {}", path.display());
+            continue;
+        };
+        let status = record_path(&agent.state_dir, rec.job_id, rec.attempt, "status");
+        let cgroup = cgroups.existing(parent, &rec.cgroup_leaf);
+        let job = crate::launch::Launched::adopt(rec.pid, cgroup, status);
+        let (tx, rx) = mpsc::channel(4);
+        agent
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((rec.job_id, rec.attempt), tx);
+        let running = crate::launch::alive(rec.pid, rec.start_ticks);
+        tracing::info!(
+            job = rec.job_id,
+            attempt = rec.attempt,
+            pid = rec.pid,
+            running,
+            "found a job from before the agent restarted"
+        );
+        tokio::spawn(run_job(
+            agent.clone(),
+            start,
+            rx,
+            Some(Adopted {
+                job,
+                started_ms: rec.started_ms,
+            }),
+        ));
+    }
+}
+
+async fn run_job(
+    agent: Arc<Agent>,
+    start: pb::StartJob,
+    mut kill_rx: mpsc::Receiver<KillRequest>,
+    adopted: Option<Adopted>,
+) {
     let id = start.job_id;
     let attempt = start.attempt;
     let ended = |state: JobState, exit_code: Option<i32>, reason: String| pb::JobReport {
@@ -485,24 +573,18 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
         .as_ref()
         .map(|s| s.user.clone())
         .unwrap_or_default();
-    let spawned = resolve_user(&user, agent.allow_root_jobs)
-        .map_err(std::io::Error::other)
-        .and_then(|run_as| {
-            LaunchSpec::from_start(
-                &start,
-                &agent.name,
-                &agent.state_dir.join("scripts"),
-                run_as,
-            )
-        })
-        .and_then(|spec| agent.launcher.spawn(&spec));
+    let was_adopted = adopted.is_some();
+    let (spawned, started_ms) = match adopted {
+        Some(a) => (Ok(a.job), a.started_ms),
+        None => (spawn_recorded(&agent, &start, &user), now_ms()),
+    };
     let report = match spawned {
         Err(e) => {
             tracing::warn!(job = id, "cannot start job: {e}");
             ended(JobState::Failed, None, format!("launch failed: {e}"))
         }
         Ok(mut job) => {
-            tracing::info!(job = id, pid = job.child.id(), gpus = ?start.gpus, cgroup = job.cgroup.is_some(), "job started");
+            tracing::info!(job = id, pid = job.id(), gpus = ?start.gpus, cgroup = job.cgroup.is_some(), adopted = was_adopted, "job started");
             agent
                 .watched
                 .lock()
@@ -513,28 +595,33 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
                         Watched {
                             job_id: id,
                             attempt,
-                            pgid: job.child.id().map_or(0, |p| p as i32),
+                            pgid: job.id().map_or(0, |p| p as i32),
                             slots: start.slots.clone(),
                         },
                         Duration::from_secs(start.kill_grace_secs),
                     ),
                 );
-            agent.report(pb::JobReport {
-                node: agent.name.clone(),
-                job_id: id,
-                kind: pb::job_report::Kind::Started as i32,
-                time_ms: now_ms(),
-                attempt,
-                ..pb::JobReport::default()
-            });
-            let limit = Duration::from_secs(start.time_limit_secs.max(1));
+            if !was_adopted {
+                agent.report(pb::JobReport {
+                    node: agent.name.clone(),
+                    job_id: id,
+                    kind: pb::job_report::Kind::Started as i32,
+                    time_ms: started_ms,
+                    attempt,
+                    ..pb::JobReport::default()
+                });
+            }
+            let full = Duration::from_secs(start.time_limit_secs.max(1));
+            // An adopted job keeps the deadline it had.
+            let ran = Duration::from_millis((now_ms() - started_ms).max(0) as u64);
+            let limit = full.saturating_sub(ran);
             let grace = Duration::from_secs(start.kill_grace_secs);
             let (status, forced) = tokio::select! {
-                s = job.child.wait() => (s, None),
+                s = job.wait() => (s, None),
                 _ = tokio::time::sleep(limit) => {
                     tracing::info!(job = id, "time limit reached; terminating");
                     let s = terminate(&mut job, grace).await;
-                    (s, Some((JobState::Timeout, format!("time limit {} reached", humantime::format_duration(limit)))))
+                    (s, Some((JobState::Timeout, format!("time limit {} reached", humantime::format_duration(full)))))
                 }
                 Some(k) = kill_rx.recv() => {
                     tracing::info!(job = id, reason = %k.reason, "killing job");
@@ -556,7 +643,12 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
         }
     };
     tracing::info!(job = id, state = report.state().as_str_name(), exit_code = ?report.exit_code, "job ended");
+    // The report is on disk before the record goes: a crash in between re-reports the
+    // same end, which the controller ignores.
     agent.report(report);
+    for ext in ["json", "status"] {
+        let _ = std::fs::remove_file(record_path(&agent.state_dir, id, attempt, ext));
+    }
     agent
         .watched
         .lock()
@@ -567,6 +659,40 @@ async fn run_job(agent: Arc<Agent>, start: pb::StartJob, mut kill_rx: mpsc::Rece
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&(id, attempt));
+}
+
+/// Starts a job under the shim and records it on disk.
+fn spawn_recorded(
+    agent: &Arc<Agent>,
+    start: &pb::StartJob,
+    user: &str,
+) -> std::io::Result<crate::launch::Launched> {
+    let run_as = resolve_user(user, agent.allow_root_jobs).map_err(std::io::Error::other)?;
+    let mut spec =
+        LaunchSpec::from_start(start, &agent.name, &agent.state_dir.join("scripts"), run_as)?;
+    std::fs::create_dir_all(agent.state_dir.join("jobs"))?;
+    let status = record_path(&agent.state_dir, start.job_id, start.attempt, "status");
+    let _ = std::fs::remove_file(&status);
+    spec.shim = Some((std::env::current_exe()?, status));
+    let job = agent.launcher.spawn(&spec)?;
+    let pid = job.id().unwrap_or(0);
+    let rec = JobRecord {
+        job_id: start.job_id,
+        attempt: start.attempt,
+        pid,
+        start_ticks: crate::launch::proc_start(pid).map_or(0, |x| x.1),
+        started_ms: now_ms(),
+        cgroup_leaf: spec.cgroup_leaf(),
+        start: start.encode_to_vec(),
+    };
+    let path = record_path(&agent.state_dir, start.job_id, start.attempt, "json");
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec(&rec).map_err(std::io::Error::other)?,
+    )?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(job)
 }
 
 fn exit_report(

@@ -142,6 +142,41 @@ impl Mode {
         }
     }
 
+    /// The job's existing cgroup(s) `<parent>/<leaf>` (after an agent restart), limits
+    /// untouched; `None` when there is none.
+    pub fn existing(&self, parent: &str, leaf: &str) -> Option<JobCgroup> {
+        let name = format!("{parent}/{leaf}");
+        let at = |root: &Path| Some(root.join(&name)).filter(|d| d.is_dir());
+        let mut cg = JobCgroup::default();
+        match self {
+            Mode::None => return None,
+            Mode::V2 { root } => {
+                let dir = at(root)?;
+                cg.v2 = Some(dir.clone());
+                cg.dirs.push(dir);
+            }
+            Mode::V1 {
+                cpu,
+                memory,
+                pids,
+                unified,
+            } => {
+                for root in [cpu, pids].into_iter().flatten() {
+                    cg.dirs.extend(at(root));
+                }
+                if let Some(root) = memory {
+                    cg.v1_memory = at(root);
+                    cg.dirs.extend(cg.v1_memory.clone());
+                }
+                if let Some(root) = unified {
+                    cg.v2 = at(root);
+                    cg.dirs.extend(cg.v2.clone());
+                }
+            }
+        }
+        (!cg.dirs.is_empty()).then_some(cg)
+    }
+
     /// Creates the job's cgroup(s), `<parent>/<leaf>` in each hierarchy, with `limits`.
     pub fn create(&self, parent: &str, leaf: &str, limits: Limits) -> io::Result<JobCgroup> {
         let name = format!("{parent}/{leaf}");

@@ -119,6 +119,9 @@ pub struct LaunchSpec {
     /// The user to become; `None`: stay the agent's user.
     pub run_as: Option<RunAs>,
     pub limits: crate::cgroup::Limits,
+    /// Run the program under `gpud __shim` (this executable), which writes the job's
+    /// wait status to this file when it ends (see `shim`).
+    pub shim: Option<(PathBuf, PathBuf)>,
 }
 
 /// A user the job runs as, resolved on the node from the passwd database.
@@ -227,6 +230,7 @@ impl LaunchSpec {
             stdout,
             stderr,
             run_as,
+            shim: None,
             limits: crate::cgroup::Limits {
                 cpu_milli: res.cpus.saturating_mul(1000),
                 memory_bytes: res.memory_bytes,
@@ -238,12 +242,72 @@ impl LaunchSpec {
 
 /// A started job: its first process, and the cgroup holding everything it starts.
 pub struct Launched {
-    pub child: Child,
+    /// The process the agent started; `None` for a job adopted after an agent restart.
+    pub child: Option<Child>,
     pub cgroup: Option<crate::cgroup::JobCgroup>,
     pid: Option<u32>,
+    /// Where the shim writes the job's wait status.
+    status_file: Option<PathBuf>,
+}
+
+/// Whether `pid` is a live (not zombie) process that started at `start_ticks`.
+pub fn alive(pid: u32, start_ticks: u64) -> bool {
+    proc_start(pid).is_some_and(|(state, t)| state != 'Z' && t == start_ticks)
+}
+
+/// A process's state letter and start time (clock ticks after boot), from /proc.
+pub fn proc_start(pid: u32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3 of stat, starttime field 22.
+    let state = fields.first()?.chars().next()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((state, start))
 }
 
 impl Launched {
+    /// A job whose shim is `pid` (started by an earlier agent process).
+    pub fn adopt(
+        pid: u32,
+        cgroup: Option<crate::cgroup::JobCgroup>,
+        status_file: PathBuf,
+    ) -> Launched {
+        Launched {
+            child: None,
+            cgroup,
+            pid: Some(pid),
+            status_file: Some(status_file),
+        }
+    }
+
+    pub fn id(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// Waits for the job to end. For an adopted job: polls the pid, then reads the
+    /// status the shim left.
+    pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        if let Some(child) = &mut self.child {
+            return child.wait().await;
+        }
+        let pid = self.pid.unwrap_or(0);
+        let start = proc_start(pid).map(|x| x.1);
+        while start.is_some_and(|t| alive(pid, t)) {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        self.recorded_status().ok_or_else(|| {
+            std::io::Error::other("the job ended while its agent was down and left no exit status")
+        })
+    }
+
+    /// The status the shim wrote, if it did.
+    pub fn recorded_status(&self) -> Option<std::process::ExitStatus> {
+        self.status_file
+            .as_deref()
+            .and_then(crate::shim::read_status)
+    }
+
     /// Sends `sig` to everything the job started: its process group and its cgroup.
     pub fn signal(&self, sig: Signal) {
         if let Some(pid) = self.pid {
@@ -309,8 +373,20 @@ impl Launcher for JobLauncher {
         let fds = crate::cgroup::raw_fds(&procs);
         let out = cstr(&spec.stdout)?;
         let err = spec.stderr.as_deref().map(cstr).transpose()?;
+        let status = spec
+            .shim
+            .as_ref()
+            .map(|(_, status)| cstr(status))
+            .transpose()?;
         let run_as = spec.run_as.clone();
-        let mut cmd = std::process::Command::new(&spec.program);
+        let mut cmd = match &spec.shim {
+            Some((exe, _)) => {
+                let mut c = std::process::Command::new(exe);
+                c.arg(crate::shim::ARG).arg(&spec.program);
+                c
+            }
+            None => std::process::Command::new(&spec.program),
+        };
         cmd.args(&spec.args)
             .current_dir(&spec.workdir)
             .env_clear()
@@ -325,6 +401,22 @@ impl Launcher for JobLauncher {
         unsafe {
             cmd.pre_exec(move || {
                 crate::cgroup::enter(&fds)?;
+                // The shim's status file, opened as the agent (root) before dropping to
+                // the job's user, handed over as fd 3.
+                if let Some(st) = &status {
+                    let fd = nix::libc::open(
+                        st.as_ptr(),
+                        nix::libc::O_WRONLY | nix::libc::O_CREAT | nix::libc::O_TRUNC,
+                        0o600,
+                    );
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if fd != crate::shim::STATUS_FD {
+                        nix::libc::dup2(fd, crate::shim::STATUS_FD);
+                        nix::libc::close(fd);
+                    }
+                }
                 if let Some(u) = &run_as {
                     let groups: Vec<nix::unistd::Gid> = u
                         .groups
@@ -389,7 +481,12 @@ impl Launcher for JobLauncher {
             })?;
         drop(procs);
         let pid = child.id();
-        Ok(Launched { child, cgroup, pid })
+        Ok(Launched {
+            child: Some(child),
+            cgroup,
+            pid,
+            status_file: spec.shim.as_ref().map(|s| s.1.clone()),
+        })
     }
 }
 
@@ -399,11 +496,11 @@ pub async fn terminate(
     grace: Duration,
 ) -> std::io::Result<std::process::ExitStatus> {
     job.signal(Signal::SIGTERM);
-    match tokio::time::timeout(grace, job.child.wait()).await {
+    match tokio::time::timeout(grace, job.wait()).await {
         Ok(status) => status,
         Err(_) => {
             job.signal(Signal::SIGKILL);
-            job.child.wait().await
+            job.wait().await
         }
     }
 }

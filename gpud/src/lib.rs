@@ -8,6 +8,8 @@
 //!   Prometheus exporter (DCGM names).
 //! - `reports`: job reports kept on disk until the controller acknowledges them.
 //! - `agent`: registration, the command stream, heartbeats, job lifecycles.
+//! - `shim`: `gpud __shim`, the job's top process that records how it ended, so that
+//!   a restarted agent learns a job's real end.
 //! - `host`: facts about this machine (CPUs, memory, hostname).
 
 pub mod agent;
@@ -17,3 +19,4 @@ pub mod host;
 pub mod launch;
 pub mod monitor;
 pub mod reports;
+pub mod shim;

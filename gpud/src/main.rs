@@ -64,8 +64,22 @@ struct Args {
     list_gpus: bool,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // `gpud __shim PROGRAM ARGS...` (the agent starts jobs under it): no runtime, no
+    // logging, just the job.
+    let mut args = std::env::args_os();
+    let _ = args.next();
+    if args.next().is_some_and(|a| a == gpud::shim::ARG) {
+        gpud::shim::run(args.collect());
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("start the tokio runtime")
+        .block_on(agent_main())
+}
+
+async fn agent_main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("GPUCTL_LOG")

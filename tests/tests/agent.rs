@@ -115,3 +115,46 @@ fn job_over_its_memory_limit_is_ended() {
     );
     c.wait_state(ok, "COMPLETED", T);
 }
+
+/// `kill -9 gpud` while jobs run, then start it again: the running job is found again
+/// and ends with its real state; a job that ended while the agent was down gets its
+/// real exit code; nothing runs twice.
+#[test]
+fn jobs_survive_an_agent_kill9_and_restart() {
+    let mut c = Cluster::start(&[("readopt", "2xA100-80GB")]);
+    let long = c.submit(
+        "long.toml",
+        "script = \"echo start >> long.log; sleep 4; echo end >> long.log; exit 3\"\n[resources]\ngpus = 1\n",
+    );
+    let short = c.submit(
+        "short.toml",
+        "script = \"echo start >> short.log; sleep 1; echo end >> short.log\"\n[resources]\ngpus = 1\n",
+    );
+    c.wait_state(long, "RUNNING", T);
+    c.wait_state(short, "RUNNING", T);
+    assert!(gpuctl_tests::wait_for(T, || c.path("short.log").exists()
+        && c.path("long.log").exists()));
+    c.kill9_agent("readopt");
+    // The short job ends while no agent watches it.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        std::fs::read_to_string(c.path("short.log")).unwrap(),
+        "start\nend\n"
+    );
+    c.add_agent("readopt", "2xA100-80GB", &[]);
+    let s = c.wait_state(short, "COMPLETED", T);
+    assert_eq!(s["exit_code"], 0);
+    let l = c.wait_state(long, "FAILED", T);
+    assert_eq!(l["exit_code"], 3, "{l}");
+    assert_eq!(l["attempt"], 1);
+    assert_eq!(
+        std::fs::read_to_string(c.path("long.log")).unwrap(),
+        "start\nend\n",
+        "ran once"
+    );
+    let log = std::fs::read_to_string(c.path("gpud-readopt.log")).unwrap();
+    assert!(
+        log.contains("found a job from before the agent restarted"),
+        "{log}"
+    );
+}

@@ -1,0 +1,86 @@
+//! The job shim: `gpud __shim PROGRAM ARGS...` runs as the job's top process (in its
+//! cgroup, as its user) and waits for PROGRAM. When PROGRAM ends, the shim writes its
+//! raw wait status to fd 3 (a file the agent opened, as root, in the agent's state dir)
+//! and ends the same way (same exit code, or the same signal). The agent normally
+//! waits for the shim as its child; an agent restarted after a crash is no longer the
+//! parent, so it watches the pid and reads the status the shim left: a job's real end
+//! survives the agent.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::FromRawFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+
+use nix::sys::signal::{SigHandler, Signal, signal};
+
+/// The first argument that selects the shim.
+pub const ARG: &str = "__shim";
+
+/// The fd the status is written to.
+pub const STATUS_FD: i32 = 3;
+
+/// Runs the shim (never returns).
+pub fn run(args: Vec<OsString>) -> ! {
+    let Some((program, rest)) = args.split_first() else {
+        eprintln!("gpud {ARG}: no program");
+        std::process::exit(127);
+    };
+    // The status fd must not leak into the job.
+    // SAFETY: fcntl on an fd number; harmless if it is not open.
+    unsafe {
+        nix::libc::fcntl(STATUS_FD, nix::libc::F_SETFD, nix::libc::FD_CLOEXEC);
+    }
+    // The shim outlives the signals the agent sends the job's group, so that it records
+    // how the job ended; SIGKILL still ends it.
+    let ignored = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
+    for s in ignored {
+        // SAFETY: installing SIG_IGN for a standard signal.
+        unsafe {
+            let _ = signal(s, SigHandler::SigIgn);
+        }
+    }
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(rest);
+    // SAFETY: only resets signal dispositions (async-signal-safe) before exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for s in ignored {
+                let _ = signal(s, SigHandler::SigDfl);
+            }
+            Ok(())
+        });
+    }
+    let status = match cmd.status() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("gpuctl: cannot run {}: {e}", program.to_string_lossy());
+            // 127: like a shell's "command not found".
+            std::process::ExitStatus::from_raw(127 << 8)
+        }
+    };
+    // SAFETY: fd 3 was opened for us by the agent; we own it from here.
+    let mut f = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
+    let _ = writeln!(f, "{}", status.into_raw());
+    let _ = f.sync_all();
+    drop(f);
+    if let Some(sig) = status.signal() {
+        if let Ok(s) = Signal::try_from(sig) {
+            // SAFETY: restore the default action, then end the same way the job did.
+            unsafe {
+                let _ = signal(s, SigHandler::SigDfl);
+            }
+            let _ = nix::sys::signal::raise(s);
+        }
+        std::process::exit(128 + sig);
+    }
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+/// Reads a status file the shim wrote.
+pub fn read_status(path: &std::path::Path) -> Option<std::process::ExitStatus> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.trim()
+        .parse::<i32>()
+        .ok()
+        .map(std::process::ExitStatus::from_raw)
+}
