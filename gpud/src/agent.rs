@@ -629,14 +629,19 @@ async fn run_job(
                     (s, Some((k.as_state, k.reason)))
                 }
             };
-            let forced = forced.or_else(|| {
-                job.oom_killed().then(|| {
-                    (
-                        JobState::Failed,
-                        "out of memory: killed at its memory limit".to_string(),
-                    )
+            let forced = forced
+                .or_else(|| {
+                    job.launch_error()
+                        .map(|e| (JobState::Failed, format!("launch failed: {e}")))
                 })
-            });
+                .or_else(|| {
+                    job.oom_killed().then(|| {
+                        (
+                            JobState::Failed,
+                            "out of memory: killed at its memory limit".to_string(),
+                        )
+                    })
+                });
             // Whatever the job left behind goes too.
             job.cleanup();
             exit_report(status, forced, ended)

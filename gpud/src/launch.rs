@@ -301,6 +301,13 @@ impl Launched {
         })
     }
 
+    /// Why the shim could not start the program, if it could not.
+    pub fn launch_error(&self) -> Option<String> {
+        self.status_file
+            .as_deref()
+            .and_then(crate::shim::read_launch_error)
+    }
+
     /// The status the shim wrote, if it did.
     pub fn recorded_status(&self) -> Option<std::process::ExitStatus> {
         self.status_file

@@ -16,6 +16,9 @@ use nix::sys::signal::{SigHandler, Signal, signal};
 /// The first argument that selects the shim.
 pub const ARG: &str = "__shim";
 
+/// A status file line that says the program could not be started.
+pub const LAUNCH_ERROR: &str = "error: ";
+
 /// The fd the status is written to.
 pub const STATUS_FD: i32 = 3;
 
@@ -50,16 +53,18 @@ pub fn run(args: Vec<OsString>) -> ! {
             Ok(())
         });
     }
+    // SAFETY: fd 3 was opened for us by the agent; we own it from here.
+    let mut f = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
     let status = match cmd.status() {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("gpuctl: cannot run {}: {e}", program.to_string_lossy());
+            let msg = format!("cannot run {}: {e}", program.to_string_lossy());
+            eprintln!("gpuctl: {msg}");
+            let _ = writeln!(f, "{LAUNCH_ERROR}{msg}");
             // 127: like a shell's "command not found".
-            std::process::ExitStatus::from_raw(127 << 8)
+            std::process::exit(127);
         }
     };
-    // SAFETY: fd 3 was opened for us by the agent; we own it from here.
-    let mut f = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
     let _ = writeln!(f, "{}", status.into_raw());
     let _ = f.sync_all();
     drop(f);
@@ -74,6 +79,12 @@ pub fn run(args: Vec<OsString>) -> ! {
         std::process::exit(128 + sig);
     }
     std::process::exit(status.code().unwrap_or(1));
+}
+
+/// Why the shim could not start the program, if that is what happened.
+pub fn read_launch_error(path: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.trim().strip_prefix(LAUNCH_ERROR).map(str::to_string)
 }
 
 /// Reads a status file the shim wrote.

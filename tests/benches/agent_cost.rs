@@ -1,0 +1,190 @@
+//! The agent's own cost (not a test): a release `gpud` with 8 fake GPUs, sampling every
+//! second, heartbeating every second, with 16 running jobs (two half-GPU shares per GPU),
+//! observed for a while: CPU time it used (as % of one core) and its resident memory.
+//! Targets: under 1% of one core, under 30 MB.
+//!
+//!   cargo bench -p gpuctl-tests --bench agent_cost [-- --seconds 60]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn release_bins(root: &Path) -> PathBuf {
+    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "gpuctld",
+            "-p",
+            "gpuctl",
+            "-p",
+            "gpud",
+        ])
+        .current_dir(root)
+        .status()
+        .expect("cargo build --release");
+    assert!(st.success());
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("release")
+}
+
+/// (utime + stime in clock ticks, resident KiB) of a process.
+fn usage(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    (ticks, rss)
+}
+
+fn main() {
+    let seconds = arg("--seconds", 60);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let bin = release_bins(root);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let socket = d.join("gpuctld.sock");
+    std::fs::write(d.join("gpuctld.toml"), "default_time_limit = \"1h\"\n").unwrap();
+    let mut ctld = Command::new(bin.join("gpuctld"))
+        .args(["--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(d.join("ctld"))
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--config")
+        .arg(d.join("gpuctld.toml"))
+        .env("GPUCTL_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(ctld.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+    let mut gpud = Command::new(bin.join("gpud"))
+        .args(["--controller", &format!("http://{addr}"), "--name", "bench"])
+        .args([
+            "--fake-gpus",
+            "8xA100-80GB",
+            "--cpus",
+            "64",
+            "--memory",
+            "512GiB",
+        ])
+        .args(["--sample-interval", "1s", "--heartbeat-interval", "1s"])
+        .args([
+            "--allow-root-jobs",
+            "--cgroup-parent",
+            "gpuctl-bench/agent-cost",
+        ])
+        .arg("--key-file")
+        .arg(d.join("ctld/cluster.key"))
+        .arg("--state-dir")
+        .arg(d.join("gpud"))
+        .env("GPUCTL_LOG", "warn")
+        .spawn()
+        .unwrap();
+    let gpuctl = |args: &[&str]| {
+        let out = Command::new(bin.join("gpuctl"))
+            .arg("--controller")
+            .arg(format!("unix:{}", socket.display()))
+            .args(args)
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    std::fs::write(
+        d.join("job.toml"),
+        "script = \"sleep 3600\"\n[resources]\ngpus = 0.5\ncpus = 1\n",
+    )
+    .unwrap();
+    let t = Instant::now();
+    while !gpuctl(&["nodes"]).contains("IDLE") {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "agent did not register"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for _ in 0..16 {
+        gpuctl(&["submit", "job.toml"]);
+    }
+    let t = Instant::now();
+    loop {
+        let q = gpuctl(&["queue"]);
+        if q.matches("RUNNING").count() == 16 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "jobs did not start:\n{q}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Let start-up settle, then measure.
+    std::thread::sleep(Duration::from_secs(3));
+    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap_or(100) as f64;
+    let (c0, _) = usage(gpud.id());
+    let t0 = Instant::now();
+    let mut peak_rss = 0;
+    while t0.elapsed() < Duration::from_secs(seconds) {
+        std::thread::sleep(Duration::from_secs(1));
+        peak_rss = peak_rss.max(usage(gpud.id()).1);
+    }
+    let (c1, rss) = usage(gpud.id());
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu_pct = (c1 - c0) as f64 / tick / wall * 100.0;
+    println!(
+        "gpud, 8 fake GPUs, 16 running jobs, 1 s sampling and heartbeats, {wall:.0} s: CPU {cpu_pct:.2}% of one core ({:.2} s), resident memory {:.1} MB now, {:.1} MB peak",
+        (c1 - c0) as f64 / tick,
+        rss as f64 / 1024.0,
+        peak_rss as f64 / 1024.0
+    );
+    let ids: Vec<String> = gpuctl(&["queue", "--json"])
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("\"id\": "))
+        .map(|v| v.trim_end_matches(',').to_string())
+        .collect();
+    let mut args = vec!["cancel"];
+    args.extend(ids.iter().map(String::as_str));
+    gpuctl(&args);
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = gpud.kill();
+    let _ = ctld.kill();
+    let _ = gpud.wait();
+    let _ = ctld.wait();
+}
