@@ -164,6 +164,7 @@ impl serde::Serialize for JobJson<'_> {
         m.serialize_entry("submit_time", &time_str(j.submit_time_ms))?;
         m.serialize_entry("time_limit_secs", &j.time_limit_secs)?;
         m.serialize_entry("user", &spec.user)?;
+        m.serialize_entry("warnings", &j.warnings)?;
         m.serialize_entry("workdir", &spec.workdir)?;
         m.end()
     }
@@ -587,6 +588,9 @@ pub fn show_job(j: &pb::Job) -> String {
         "TimeLimit",
         humantime::format_duration(Duration::from_secs(j.time_limit_secs)).to_string(),
     );
+    for w in &j.warnings {
+        line("Warning", w.clone());
+    }
     line("SubmitTime", s("submit_time"));
     line("StartTime", s("start_time"));
     line("EndTime", s("end_time"));

@@ -1493,6 +1493,10 @@ impl Controller {
             pb::job_report::Kind::Warning => {
                 tracing::warn!(job = j.id, node = %r.node, "{}", r.reason);
                 j.reason = r.reason.clone();
+                let w = format!("{}: {}", r.node, r.reason);
+                if !j.warnings.contains(&w) && j.warnings.len() < 20 {
+                    j.warnings.push(w);
+                }
             }
             pb::job_report::Kind::Unspecified => return Ok(Vec::new()),
         }

@@ -40,6 +40,8 @@ pub struct Options {
     pub gpu_memory_grace: Duration,
     /// Serve Prometheus metrics here.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// `nvidia-cuda-mps-control` (default: looked up on $PATH).
+    pub mps_control: Option<PathBuf>,
 }
 
 struct KillRequest {
@@ -60,6 +62,7 @@ struct Agent {
     watched: Mutex<HashMap<(u64, u32), (Watched, Duration)>>,
     /// The latest GPU sample, for heartbeats.
     latest: Mutex<Vec<pb::GpuMetrics>>,
+    mps: crate::mps::Mps,
     reports: ReportQueue,
     /// Wakes the reporter when a report is queued.
     report_ready: Notify,
@@ -155,6 +158,7 @@ pub async fn run(
         jobs: Mutex::new(HashMap::new()),
         watched: Mutex::new(HashMap::new()),
         latest: Mutex::new(Vec::new()),
+        mps: crate::mps::Mps::find(opts.mps_control.clone(), &opts.state_dir.join("mps")),
         report_ready: Notify::new(),
     });
 
@@ -574,9 +578,42 @@ async fn run_job(
         .map(|s| s.user.clone())
         .unwrap_or_default();
     let was_adopted = adopted.is_some();
+    // GPUs this job holds a fractional share of (MIG instances are isolated already).
+    let shared: Vec<String> = start
+        .slots
+        .iter()
+        .filter(|s| s.compute_milli < 1000 && !s.uuid.starts_with("MIG-"))
+        .map(|s| s.uuid.clone())
+        .collect();
+    let mut mps_held = Vec::new();
+    let mut mps_env = Vec::new();
+    if was_adopted {
+        for g in &shared {
+            agent.mps.hold(g);
+            mps_held.push(g.clone());
+        }
+    } else {
+        for g in &shared {
+            match agent.mps.acquire(g) {
+                Ok(env) => {
+                    mps_env.extend(env);
+                    mps_held.push(g.clone());
+                }
+                Err(why) => agent.report(pb::JobReport {
+                    node: agent.name.clone(),
+                    job_id: id,
+                    kind: pb::job_report::Kind::Warning as i32,
+                    reason: format!("warning: {why}"),
+                    time_ms: now_ms(),
+                    attempt,
+                    ..pb::JobReport::default()
+                }),
+            }
+        }
+    }
     let (spawned, started_ms) = match adopted {
         Some(a) => (Ok(a.job), a.started_ms),
-        None => (spawn_recorded(&agent, &start, &user), now_ms()),
+        None => (spawn_recorded(&agent, &start, &user, &mps_env), now_ms()),
     };
     let report = match spawned {
         Err(e) => {
@@ -651,6 +688,9 @@ async fn run_job(
     // The report is on disk before the record goes: a crash in between re-reports the
     // same end, which the controller ignores.
     agent.report(report);
+    for g in &mps_held {
+        agent.mps.release(g);
+    }
     for ext in ["json", "status"] {
         let _ = std::fs::remove_file(record_path(&agent.state_dir, id, attempt, ext));
     }
@@ -671,10 +711,12 @@ fn spawn_recorded(
     agent: &Arc<Agent>,
     start: &pb::StartJob,
     user: &str,
+    extra_env: &[(String, String)],
 ) -> std::io::Result<crate::launch::Launched> {
     let run_as = resolve_user(user, agent.allow_root_jobs).map_err(std::io::Error::other)?;
     let mut spec =
         LaunchSpec::from_start(start, &agent.name, &agent.state_dir.join("scripts"), run_as)?;
+    spec.env.extend(extra_env.iter().cloned());
     std::fs::create_dir_all(agent.state_dir.join("jobs"))?;
     let status = record_path(&agent.state_dir, start.job_id, start.attempt, "status");
     let _ = std::fs::remove_file(&status);

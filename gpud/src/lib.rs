@@ -6,6 +6,7 @@
 //!   trait that starts and signals job processes.
 //! - `monitor`: GPU sampling mapped to jobs, GPU-memory share enforcement, the
 //!   Prometheus exporter (DCGM names).
+//! - `mps`: the CUDA MPS control daemon per GPU for fractional shares.
 //! - `reports`: job reports kept on disk until the controller acknowledges them.
 //! - `agent`: registration, the command stream, heartbeats, job lifecycles.
 //! - `shim`: `gpud __shim`, the job's top process that records how it ended, so that
@@ -18,5 +19,6 @@ pub mod gpu;
 pub mod host;
 pub mod launch;
 pub mod monitor;
+pub mod mps;
 pub mod reports;
 pub mod shim;

@@ -38,6 +38,11 @@ struct Args {
     /// Serve Prometheus metrics (DCGM exporter names) at http://ADDR/metrics.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// The CUDA MPS control program for fractional GPU shares (default:
+    /// nvidia-cuda-mps-control on $PATH; without it shares run without MPS, with a
+    /// warning on the job).
+    #[arg(long)]
+    mps_control: Option<PathBuf>,
     /// CPUs to offer (default: all of this host's).
     #[arg(long)]
     cpus: Option<u32>,
@@ -143,6 +148,7 @@ async fn agent_main() -> ExitCode {
         sample_interval: args.sample_interval,
         gpu_memory_grace: args.gpu_memory_grace,
         metrics_listen: args.metrics_listen,
+        mps_control: args.mps_control,
         controller: args.controller,
         name: name.clone(),
         state_dir: args.state_dir,

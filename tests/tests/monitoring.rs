@@ -156,3 +156,58 @@ fn metrics_reach_prometheus_nodes_and_show() {
     );
     c.gpuctl_ok(&["cancel", &id.to_string()]);
 }
+
+#[test]
+fn share_jobs_get_an_mps_daemon_or_a_warning_saying_there_is_none() {
+    // With an MPS control program (a stand-in that logs its calls).
+    let mut c = Cluster::controller_only();
+    let calls = c.path("mps-calls");
+    let exe = c.path("fake-mps-control");
+    std::fs::write(
+        &exe,
+        format!(
+            "#!/bin/sh\nin=$(cat)\necho \"$* [$CUDA_VISIBLE_DEVICES] $in\" >> {}\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    c.add_agent(
+        "mps-yes",
+        "1xA100-80GB",
+        &["--mps-control", exe.to_str().unwrap()],
+    );
+    c.wait_nodes_up(1);
+    let job = "script = \"echo pipe=$CUDA_MPS_PIPE_DIRECTORY\"\nstdout = \"mps-%j.out\"\n[resources]\ngpus = 0.5\n";
+    let a = c.submit("a.toml", job);
+    let j = c.wait_state(a, "COMPLETED", T);
+    let uuid = j["gpus"][0].as_str().unwrap().to_string();
+    let out = std::fs::read_to_string(c.path(&format!("mps-{a}.out"))).unwrap();
+    assert!(out.contains(&format!("mps/{uuid}/pipe")), "{out}");
+    assert!(wait_for(T, || std::fs::read_to_string(&calls)
+        .is_ok_and(|s| s.lines().count() == 2)));
+    assert_eq!(
+        std::fs::read_to_string(&calls).unwrap(),
+        format!("-d [{uuid}] \n [{uuid}] quit\n")
+    );
+    assert_eq!(j["warnings"], serde_json::json!([]));
+
+    // Without one: the job runs and its record says so.
+    let mut c = Cluster::controller_only();
+    c.add_agent(
+        "mps-no",
+        "1xA100-80GB",
+        &["--mps-control", "/nonexistent/nvidia-cuda-mps-control"],
+    );
+    c.wait_nodes_up(1);
+    let b = c.submit("b.toml", "script = \"sleep 1\"\n[resources]\ngpus = 0.5\n");
+    let j = c.wait_state(b, "COMPLETED", T);
+    let w = j["warnings"][0].as_str().unwrap_or("");
+    assert!(
+        w.contains("cannot run /nonexistent/nvidia-cuda-mps-control"),
+        "{j}"
+    );
+}
