@@ -42,6 +42,8 @@ pub struct Options {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// `nvidia-cuda-mps-control` (default: looked up on $PATH).
     pub mps_control: Option<PathBuf>,
+    /// How often the GPU inventory (GPUs, MIG layouts) is discovered again.
+    pub inventory_interval: Duration,
 }
 
 struct KillRequest {
@@ -63,6 +65,9 @@ struct Agent {
     /// The latest GPU sample, for heartbeats.
     latest: Mutex<Vec<pb::GpuMetrics>>,
     mps: crate::mps::Mps,
+    /// The GPUs as last discovered; a change re-registers the agent.
+    gpus: Mutex<Vec<GpuInfo>>,
+    gpus_changed: Notify,
     reports: ReportQueue,
     /// Wakes the reporter when a report is queued.
     report_ready: Notify,
@@ -159,6 +164,8 @@ pub async fn run(
         watched: Mutex::new(HashMap::new()),
         latest: Mutex::new(Vec::new()),
         mps: crate::mps::Mps::find(opts.mps_control.clone(), &opts.state_dir.join("mps")),
+        gpus: Mutex::new(gpus.clone()),
+        gpus_changed: Notify::new(),
         report_ready: Notify::new(),
     });
 
@@ -178,12 +185,12 @@ pub async fn run(
     let sampler = tokio::spawn(sampler(
         agent.clone(),
         opts.backend.clone(),
-        gpus.clone(),
         opts.sample_interval,
+        opts.inventory_interval,
         opts.gpu_memory_grace,
         exporter,
     ));
-    let link = attach_loop(agent.clone(), channel, gpus, opts);
+    let link = attach_loop(agent.clone(), channel, opts);
     tokio::select! {
         r = link => r?,
         _ = shutdown => tracing::info!("shutting down; running jobs keep running"),
@@ -198,8 +205,8 @@ pub async fn run(
 async fn sampler(
     agent: Arc<Agent>,
     backend: Arc<dyn GpuBackend>,
-    gpus: Vec<GpuInfo>,
     every: Duration,
+    inventory_every: Duration,
     grace: Duration,
     exporter: Arc<Exporter>,
 ) {
@@ -208,8 +215,28 @@ async fn sampler(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
+    let mut inventory_at = std::time::Instant::now();
     loop {
         tick.tick().await;
+        // The inventory (GPUs, MIG layouts) is discovered again now and then; a change
+        // is reported by registering again.
+        if inventory_at.elapsed() >= inventory_every {
+            inventory_at = std::time::Instant::now();
+            let b = backend.clone();
+            if let Ok(Ok(now)) = tokio::task::spawn_blocking(move || b.discover()).await {
+                let mut cur = agent.gpus.lock().unwrap_or_else(|p| p.into_inner());
+                if *cur != now {
+                    tracing::info!(
+                        before = cur.len(),
+                        now = now.len(),
+                        "GPU inventory changed; registering again"
+                    );
+                    *cur = now;
+                    agent.gpus_changed.notify_one();
+                }
+            }
+        }
+        let gpus = agent.gpus.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let t0 = std::time::Instant::now();
         let secs = started.elapsed().as_secs_f64();
         let b = backend.clone();
@@ -339,19 +366,20 @@ async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
     }
 }
 
-async fn attach_loop(
-    agent: Arc<Agent>,
-    channel: Channel,
-    gpus: Vec<GpuInfo>,
-    opts: Options,
-) -> anyhow::Result<()> {
+async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyhow::Result<()> {
     let mut client = AgentLinkClient::new(channel);
     let mut backoff = Duration::from_millis(100);
     loop {
         let unacked = agent.reports.snapshot();
         let req = pb::RegisterRequest {
             node: agent.name.clone(),
-            gpus: gpus.iter().map(GpuInfo::to_pb).collect(),
+            gpus: agent
+                .gpus
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(GpuInfo::to_pb)
+                .collect(),
             cpus: opts.cpus,
             memory_bytes: opts.memory_bytes,
             gpu_backend: opts.backend.kind().to_string(),
@@ -383,7 +411,11 @@ async fn attach_loop(
 
         let hb = tokio::spawn(heartbeats(agent.clone(), client.clone(), opts.heartbeat));
         loop {
-            match stream.message().await {
+            let msg = tokio::select! {
+                m = stream.message() => m,
+                _ = agent.gpus_changed.notified() => break,
+            };
+            match msg {
                 Ok(Some(cmd)) => handle(&agent, cmd),
                 Ok(None) => {
                     tracing::warn!("controller closed the stream; reconnecting");

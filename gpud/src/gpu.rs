@@ -134,6 +134,9 @@ pub struct FakeMetrics {
 pub struct FakeGpus {
     gpus: Vec<GpuInfo>,
     metrics: Vec<FakeMetrics>,
+    /// `--fake-gpus-file`: read again at every discovery, so a test can change the
+    /// inventory under a running agent.
+    file: Option<(std::path::PathBuf, String)>,
 }
 
 /// `--fake-gpus-file`: GPUs, MIG layouts and scripted metric curves.
@@ -294,7 +297,11 @@ impl FakeGpus {
             return Err(err("between 1 and 64 GPUs"));
         }
         let metrics = vec![FakeMetrics::default(); gpus.len()];
-        Ok(FakeGpus { gpus, metrics })
+        Ok(FakeGpus {
+            gpus,
+            metrics,
+            file: None,
+        })
     }
 
     /// Reads a `--fake-gpus-file` (see [`FakeFile`]).
@@ -318,6 +325,7 @@ impl FakeGpus {
         }
         let mut f = FakeGpus::parse(&spec.join(","), node).map_err(|e| err(e.to_string()))?;
         f.metrics = metrics;
+        f.file = Some((path.to_path_buf(), node.to_string()));
         Ok(f)
     }
 }
@@ -328,15 +336,24 @@ impl GpuBackend for FakeGpus {
     }
 
     fn discover(&self) -> Result<Vec<GpuInfo>, GpuError> {
-        Ok(self.gpus.clone())
+        match &self.file {
+            Some((path, node)) => Ok(FakeGpus::from_file(path, node)?.gpus),
+            None => Ok(self.gpus.clone()),
+        }
     }
 
     fn sample(&self, secs: f64) -> Result<Vec<GpuSample>, GpuError> {
         let procs = fake_processes();
-        Ok(self
+        // With a file, its current content (GPUs and curves) is what is sampled.
+        let reloaded = match &self.file {
+            Some((path, node)) => Some(FakeGpus::from_file(path, node)?),
+            None => None,
+        };
+        let me = reloaded.as_ref().unwrap_or(self);
+        Ok(me
             .gpus
             .iter()
-            .zip(&self.metrics)
+            .zip(&me.metrics)
             .map(|(g, m)| {
                 let mine = |dev: &String| *dev == g.uuid || g.mig.iter().any(|x| x.uuid == *dev);
                 let processes: Vec<ProcessUse> = procs

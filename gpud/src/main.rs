@@ -32,6 +32,10 @@ struct Args {
     /// How often to sample GPU metrics.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     sample_interval: Duration,
+    /// How often to discover the GPUs again (a changed inventory or MIG layout is
+    /// reported to the controller).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    inventory_interval: Duration,
     /// A job using more GPU memory than its share this long is ended.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     gpu_memory_grace: Duration,
@@ -149,6 +153,7 @@ async fn agent_main() -> ExitCode {
         gpu_memory_grace: args.gpu_memory_grace,
         metrics_listen: args.metrics_listen,
         mps_control: args.mps_control,
+        inventory_interval: args.inventory_interval,
         controller: args.controller,
         name: name.clone(),
         state_dir: args.state_dir,

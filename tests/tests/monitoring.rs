@@ -82,6 +82,8 @@ fn metrics_reach_prometheus_nodes_and_show() {
             "500ms",
             "--metrics-listen",
             &listen,
+            "--inventory-interval",
+            "1s",
         ],
     );
     c.wait_nodes_up(1);
@@ -154,6 +156,21 @@ fn metrics_reach_prometheus_nodes_and_show() {
         table.contains("UTIL") && table.contains("250/400W"),
         "{table}"
     );
+
+    // The inventory changes under the running agent (a GPU more, with a MIG layout):
+    // the agent registers again, the running job stays.
+    std::fs::write(
+        c.path("gpus.toml"),
+        "[[gpus]]\ncount = 2\nmodel = \"A100-80GB\"\n[[gpus]]\nmodel = \"A100-80GB\"\nmig = [\"3g.40gb\"]\n",
+    )
+    .unwrap();
+    assert!(wait_for(T, || c.nodes()[0]["gpus"]
+        .as_array()
+        .unwrap()
+        .len()
+        == 3));
+    assert_eq!(c.nodes()[0]["gpus"][2]["mig"][0]["profile"], "3g.40gb");
+    assert_eq!(c.job(id)["state"], "RUNNING");
     c.gpuctl_ok(&["cancel", &id.to_string()]);
 }
 
