@@ -300,7 +300,8 @@ async fn channel(url: &str) -> Result<Channel, Failure> {
         // Large replies (the queue of a busy cluster) arrive without waiting on HTTP/2
         // flow control every 64 KiB.
         .initial_stream_window_size(16 << 20)
-        .initial_connection_window_size(32 << 20);
+        .initial_connection_window_size(32 << 20)
+        .max_frame_size(1 << 20);
     endpoint.connect().await.map_err(|e| {
         let mut msg = e.to_string();
         let mut src = std::error::Error::source(&e);

@@ -95,6 +95,8 @@ pub async fn run(
     };
     let router = || {
         tonic::transport::Server::builder()
+            // Large replies (ListJobs of a big queue) in fewer, bigger HTTP/2 frames.
+            .max_frame_size(1 << 20)
             .add_service(
                 ControllerServer::new(UserApi(ctl.clone())).max_decoding_message_size(max_message),
             )

@@ -197,6 +197,7 @@ fn main() {
             .unwrap()
             .initial_stream_window_size(16 << 20)
             .initial_connection_window_size(32 << 20)
+            .max_frame_size(1 << 20)
             .connect()
             .await
             .unwrap();
