@@ -346,11 +346,14 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Queue { all, start, json } => {
-            let jobs = client
-                .list_jobs(pb::ListJobsRequest { all })
+            let mut pages = client
+                .list_jobs_paged(pb::ListJobsRequest { all })
                 .await?
-                .into_inner()
-                .jobs;
+                .into_inner();
+            let mut jobs = Vec::new();
+            while let Some(page) = pages.message().await? {
+                jobs.extend(page.jobs);
+            }
             if json {
                 print_json_streamed(&jobs.iter().map(format::JobJson).collect::<Vec<_>>());
             } else {

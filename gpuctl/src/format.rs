@@ -93,6 +93,21 @@ impl serde::Serialize for AllocJson<'_> {
     }
 }
 
+#[derive(serde::Serialize)]
+struct DepJson {
+    kind: &'static str,
+    job_id: u64,
+}
+
+/// `afterok`, `afterany`, `afternotok` (the job file's words).
+pub fn dependency_kind(k: pb::dependency::Kind) -> &'static str {
+    match k {
+        pb::dependency::Kind::AfterOk => "afterok",
+        pb::dependency::Kind::AfterNotOk => "afternotok",
+        pb::dependency::Kind::AfterAny | pb::dependency::Kind::Unspecified => "afterany",
+    }
+}
+
 struct SlotJson<'a>(&'a pb::SlotUse);
 
 impl serde::Serialize for SlotJson<'_> {
@@ -143,6 +158,15 @@ impl serde::Serialize for JobJson<'_> {
         )?;
         m.serialize_entry("attempt", &j.attempt)?;
         m.serialize_entry("command", &spec.command)?;
+        m.serialize_entry(
+            "dependencies",
+            &spec
+                .dependencies
+                .iter()
+                .map(|d| (dependency_kind(d.kind()), d.job_id))
+                .map(|(kind, job_id)| DepJson { kind, job_id })
+                .collect::<Vec<_>>(),
+        )?;
         m.serialize_entry("elapsed_secs", &(elapsed_ms(j, now_ms()) / 1000))?;
         m.serialize_entry("end_time", &time_str(j.end_time_ms))?;
         m.serialize_entry("env", &env)?;
@@ -588,6 +612,16 @@ pub fn show_job(j: &pb::Job) -> String {
         "TimeLimit",
         humantime::format_duration(Duration::from_secs(j.time_limit_secs)).to_string(),
     );
+    if !spec.dependencies.is_empty() {
+        line(
+            "Dependency",
+            spec.dependencies
+                .iter()
+                .map(|d| format!("{}:{}", dependency_kind(d.kind()), d.job_id))
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+    }
     for w in &j.warnings {
         line("Warning", w.clone());
     }

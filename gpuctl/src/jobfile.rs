@@ -32,6 +32,8 @@ pub struct JobFile {
     /// Requeue the job when its node fails (instead of ending it NODE_FAIL).
     #[serde(default)]
     pub requeue: bool,
+    /// Like sbatch: "afterok:12:13,afterany:14,afternotok:15".
+    pub dependency: Option<Spanned<String>>,
     #[serde(default)]
     pub resources: ResourcesFile,
 }
@@ -109,6 +111,7 @@ pub struct Job {
     pub priority: i32,
     pub qos: String,
     pub requeue: bool,
+    pub dependencies: Vec<(pb::dependency::Kind, u64)>,
     pub gpus: u32,
     /// A share of one GPU, in milli-GPUs (0 = none).
     pub gpu_milli: u32,
@@ -375,7 +378,12 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         None => String::new(),
     };
 
+    let dependencies = match &raw.dependency {
+        Some(d) => parse_dependency(d.get_ref()).map_err(|m| at(d.span(), m))?,
+        None => Vec::new(),
+    };
     Ok(Job {
+        dependencies,
         name,
         command,
         script,
@@ -397,6 +405,45 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         memory_bytes,
         time_limit,
     })
+}
+
+/// `afterok:12:13,afterany:14` -> [(AfterOk, 12), (AfterOk, 13), (AfterAny, 14)].
+pub fn parse_dependency(text: &str) -> Result<Vec<(pb::dependency::Kind, u64)>, String> {
+    use pb::dependency::Kind;
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let mut it = part.split(':');
+        let kind = match it.next().unwrap_or("") {
+            "afterok" => Kind::AfterOk,
+            "afterany" => Kind::AfterAny,
+            "afternotok" => Kind::AfterNotOk,
+            other => {
+                return Err(format!(
+                    "`dependency`: {other:?} is not afterok, afterany or afternotok (write e.g. \"afterok:12:13,afterany:14\")"
+                ));
+            }
+        };
+        let mut any = false;
+        for id in it {
+            let id: u64 = id
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("`dependency`: {id:?} is not a job id"))?;
+            out.push((kind, id));
+            any = true;
+        }
+        if !any {
+            return Err(format!(
+                "`dependency`: {part:?} names no job (afterok:ID[:ID...])"
+            ));
+        }
+    }
+    if out.is_empty() {
+        return Err("`dependency` is empty".into());
+    }
+    Ok(out)
 }
 
 fn default_name(command: &[String], file: &str) -> String {
@@ -471,6 +518,14 @@ impl Job {
             gid,
             qos: self.qos,
             requeue: self.requeue,
+            dependencies: self
+                .dependencies
+                .iter()
+                .map(|&(kind, job_id)| pb::Dependency {
+                    kind: kind as i32,
+                    job_id,
+                })
+                .collect(),
         }
     }
 }

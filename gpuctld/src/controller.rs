@@ -514,20 +514,91 @@ impl Controller {
 
     /// A snapshot for the pure scheduler: cluster, queue and config (with the current
     /// workload mix).
-    fn snapshot(&self) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
+    /// Also settles dependencies: pending jobs that wait for others are left out (REASON
+    /// `Dependency`), those whose dependencies can never be met are cancelled. Returns
+    /// whether it changed stored state.
+    fn snapshot(
+        &self,
+    ) -> Result<(ClusterView, Vec<PendingJob>, sched::SchedConfig, bool), StoreError> {
         let mut c = self.lock();
         c.prune_active();
+        let (waiting, changed) = self.settle_dependencies(&mut c)?;
         let mut cfg = self.sched_config.clone();
         if cfg.policy == sched::packing::Policy::Fgd {
             cfg.workload = c.workload();
         }
-        (c.view(), c.pending(), cfg)
+        let mut queue = c.pending();
+        if !waiting.is_empty() {
+            queue.retain(|p| !waiting.contains(&p.id));
+        }
+        Ok((c.view(), queue, cfg, changed))
+    }
+
+    /// Evaluates the dependencies of pending jobs (`sched::deps`). Returns the jobs
+    /// that must wait, and whether any job was cancelled.
+    fn settle_dependencies(&self, c: &mut Cluster) -> Result<(BTreeSet<u64>, bool), StoreError> {
+        use sched::deps::Verdict;
+        let with_deps: BTreeMap<u64, Vec<(pb::dependency::Kind, u64)>> = c
+            .active_jobs()
+            .map(job_of)
+            .filter(|j| j.state() == JobState::Pending)
+            .filter_map(|j| {
+                let d = &j.spec.as_ref()?.dependencies;
+                (!d.is_empty()).then(|| (j.id, d.iter().map(|x| (x.kind(), x.job_id)).collect()))
+            })
+            .collect();
+        if with_deps.is_empty() {
+            return Ok((BTreeSet::new(), false));
+        }
+        let verdicts =
+            sched::deps::evaluate(&with_deps, |id| c.jobs.get(&id).map(|s| job_of(s).state()));
+        let mut waiting = BTreeSet::new();
+        let mut changed = false;
+        let now = now_ms();
+        for (id, v) in verdicts {
+            let Some(stored) = c.jobs.get_mut(&id) else {
+                continue;
+            };
+            let j = job_mut(stored);
+            match v {
+                Verdict::Ready => {}
+                Verdict::Waiting { on } => {
+                    waiting.insert(id);
+                    j.reason = "Dependency".into();
+                    j.expected_start_ms = 0;
+                    let _ = on;
+                }
+                Verdict::Never { job, state } => {
+                    let why = match state {
+                        Some(s) => format!("job {job} ended {}", s.as_str_name()),
+                        None => format!("job {job} is unknown"),
+                    };
+                    j.set_state(JobState::Cancelled);
+                    j.end_time_ms = now;
+                    j.expected_start_ms = 0;
+                    j.reason = format!("DependencyNeverSatisfied: {why}");
+                    let user = owner(j).to_string();
+                    tracing::info!(
+                        job = id,
+                        "cancelled: its dependency can never be satisfied ({why})"
+                    );
+                    self.store.put_job(stored)?;
+                    c.pending_changed(&user, false);
+                    changed = true;
+                    waiting.insert(id);
+                }
+            }
+        }
+        Ok((waiting, changed))
     }
 
     /// One pass: snapshot, plan (pure, outside the lock and off the async threads),
     /// re-check and apply, persist, then dispatch.
     pub async fn schedule_pass(&self) -> Result<(), StoreError> {
-        let (view, queue, cfg) = self.snapshot();
+        let (view, queue, cfg, changed) = self.snapshot()?;
+        if changed {
+            self.store.flush().await?;
+        }
         if queue.is_empty() {
             return Ok(());
         }
@@ -684,6 +755,7 @@ impl Controller {
                 )));
             }
             check_feasible(&c.node_views(), &res)?;
+            check_dependencies(&c, &spec)?;
             let id = c.next_job_id;
             let time_limit_secs = if res.time_limit_secs > 0 {
                 res.time_limit_secs
@@ -728,6 +800,27 @@ impl Controller {
         }
     }
 
+    /// Ids of the jobs `list_jobs(all)` would return, in order.
+    pub fn job_ids(&self, all: bool) -> Vec<u64> {
+        let c = self.lock();
+        if all {
+            c.jobs.keys().copied().collect()
+        } else {
+            c.active_jobs().map(|s| job_of(s).id).collect()
+        }
+    }
+
+    /// These jobs (those that still exist), for one page of a listing.
+    pub fn jobs_by_id(&self, ids: &[u64], all: bool) -> Vec<pb::Job> {
+        let c = self.lock();
+        ids.iter()
+            .filter_map(|id| c.jobs.get(id))
+            .map(job_of)
+            .filter(|j| all || !j.state().is_final())
+            .cloned()
+            .collect()
+    }
+
     pub fn get_job(&self, id: u64) -> Result<pb::Job, Status> {
         let c = self.lock();
         c.jobs
@@ -752,7 +845,24 @@ impl Controller {
             };
             return Ok(out);
         }
-        let (view, queue, cfg) = self.snapshot();
+        let (view, queue, cfg, _) = self.snapshot().map_err(store_status)?;
+        if !queue.iter().any(|p| p.id == id) {
+            // Left out of passes: it waits for other jobs.
+            let deps = job
+                .spec
+                .as_ref()
+                .map(|s| {
+                    s.dependencies
+                        .iter()
+                        .map(|d| format!("{:?} {}", d.kind(), d.job_id))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default();
+            out.reason = "Dependency".into();
+            out.summary = format!("waits for its dependencies ({deps})");
+            return Ok(out);
+        }
         let now = now_ms();
         let ex = tokio::task::spawn_blocking(move || sched::explain(&view, &queue, &cfg, now, id))
             .await
@@ -816,7 +926,9 @@ impl Controller {
     }
 
     pub fn priorities(&self) -> Vec<pb::JobPriority> {
-        let (view, queue, cfg) = self.snapshot();
+        let Ok((view, queue, cfg, _)) = self.snapshot() else {
+            return Vec::new();
+        };
         let c = self.lock();
         let now = now_ms();
         let norm = sched::size_norm(&view);
@@ -1594,6 +1706,7 @@ fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(), Status> 
     for (what, n) in [
         ("command", spec.command.len()),
         ("env", spec.env.len()),
+        ("dependency", spec.dependencies.len()),
         ("gpu_model", models),
     ] {
         if n > max_list_len {
@@ -1658,6 +1771,35 @@ pub fn check_paths(spec: &pb::JobSpec) -> Result<(), String> {
             return Err(format!(
                 "{what} {p:?} leaves the workdir: relative paths resolve inside the workdir and may not use `..`"
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses dependencies on unknown jobs, and ones that can already never be met.
+fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), Status> {
+    for d in &spec.dependencies {
+        let Some(s) = c.jobs.get(&d.job_id) else {
+            return Err(Status::invalid_argument(format!(
+                "dependency on job {}, which does not exist",
+                d.job_id
+            )));
+        };
+        let state = job_of(s).state();
+        let kind = d.kind();
+        let never = state.is_final()
+            && match kind {
+                pb::dependency::Kind::AfterOk => state != JobState::Completed,
+                pb::dependency::Kind::AfterNotOk => state == JobState::Completed,
+                _ => false,
+            };
+        if never {
+            return Err(Status::invalid_argument(format!(
+                "dependency {} on job {} can never be met: it ended {}",
+                kind.as_str_name().to_lowercase().replace('_', ""),
+                d.job_id,
+                state.as_str_name()
+            )));
         }
     }
     Ok(())

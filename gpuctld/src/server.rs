@@ -68,8 +68,38 @@ impl UserApi {
     }
 }
 
+/// Jobs per `ListJobsPaged` page.
+const PAGE: usize = 2000;
+
 #[tonic::async_trait]
 impl controller_server::Controller for UserApi {
+    type ListJobsPagedStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::ListJobsResponse, Status>>;
+
+    async fn list_jobs_paged(
+        &self,
+        req: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<Self::ListJobsPagedStream>, Status> {
+        self.caller(&req)?;
+        let all = req.into_inner().all;
+        let ctl = self.0.clone();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            // The ids now; each page is copied under the lock on its own, so the lock is
+            // never held for the whole queue.
+            let ids = ctl.job_ids(all);
+            for chunk in ids.chunks(PAGE) {
+                let jobs = ctl.jobs_by_id(chunk, all);
+                if tx.send(Ok(pb::ListJobsResponse { jobs })).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
     async fn submit(
         &self,
         req: Request<pb::SubmitRequest>,

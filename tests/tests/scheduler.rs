@@ -157,3 +157,85 @@ nodes = 2
     assert!(wait_for(T, || c.node_state("n1") == "IDLE"
         && c.node_state("n2") == "IDLE"));
 }
+
+/// Dependencies like sbatch --dependency: afterok waits and then runs; a dependency that
+/// can never be met cancels the job (and, through it, the jobs waiting on it);
+/// afternotok runs after a failure; unknown or already-impossible ones are refused.
+#[test]
+fn dependencies_wait_run_or_are_never_satisfied() {
+    let c = Cluster::start(&[("deps", "2xA100-80GB")]);
+    let a = c.submit("a.toml", "script = \"sleep 2\"\n[resources]\ngpus = 1\n");
+    let fail = c.submit("f.toml", "script = \"exit 1\"\n");
+    let b = c.submit(
+        "b.toml",
+        &format!("command = [\"true\"]\ndependency = \"afterok:{a}\"\n[resources]\ngpus = 1\n"),
+    );
+    let never = c.submit(
+        "n.toml",
+        &format!("command = [\"true\"]\ndependency = \"afterok:{fail}\"\n"),
+    );
+    let chained = c.submit(
+        "ch.toml",
+        &format!("command = [\"true\"]\ndependency = \"afterok:{never}\"\n"),
+    );
+    let notok = c.submit(
+        "no.toml",
+        &format!("command = [\"true\"]\ndependency = \"afternotok:{fail}\"\n"),
+    );
+    // b waits while a runs, though a GPU is free.
+    c.wait_state(a, "RUNNING", T);
+    let jb = c.job(b);
+    assert_eq!(jb["state"], "PENDING");
+    assert_eq!(jb["reason"], "Dependency");
+    assert_eq!(jb["dependencies"][0]["kind"], "afterok");
+    let ja = c.wait_state(a, "COMPLETED", T);
+    let jb = c.wait_state(b, "COMPLETED", T);
+    assert!(jb["start_time"].as_str().unwrap() >= ja["end_time"].as_str().unwrap());
+
+    c.wait_state(fail, "FAILED", T);
+    let jn = c.wait_state(never, "CANCELLED", T);
+    assert!(
+        jn["reason"].as_str().unwrap().contains(&format!(
+            "DependencyNeverSatisfied: job {fail} ended FAILED"
+        )),
+        "{jn}"
+    );
+    let jc = c.wait_state(chained, "CANCELLED", T);
+    assert!(
+        jc["reason"]
+            .as_str()
+            .unwrap()
+            .contains("DependencyNeverSatisfied")
+    );
+    c.wait_state(notok, "COMPLETED", T);
+
+    // Refused at submit: an unknown job, and one that can already never be met.
+    for (dep, want) in [
+        ("afterok:9999".to_string(), "job 9999, which does not exist"),
+        (
+            format!("afterok:{fail}"),
+            "can never be met: it ended FAILED",
+        ),
+    ] {
+        std::fs::write(
+            c.path("bad.toml"),
+            format!("command = [\"true\"]\ndependency = \"{dep}\"\n"),
+        )
+        .unwrap();
+        let out = c.gpuctl(&["submit", "bad.toml"]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{err}");
+    }
+    // A malformed one is the job file's error, with its position.
+    std::fs::write(
+        c.path("bad.toml"),
+        "command = [\"true\"]\ndependency = \"after:1\"\n",
+    )
+    .unwrap();
+    let err = String::from_utf8_lossy(&c.gpuctl(&["submit", "bad.toml"]).stderr).into_owned();
+    assert!(
+        err.contains("bad.toml:2:") && err.contains("afterok, afterany or afternotok"),
+        "{err}"
+    );
+}

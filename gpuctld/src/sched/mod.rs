@@ -23,6 +23,7 @@
 //! `packing` (placement policies and FGD's fragmentation measure).
 
 pub mod calendar;
+pub mod deps;
 pub mod model;
 pub mod packing;
 pub mod priority;
