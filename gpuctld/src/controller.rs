@@ -53,6 +53,9 @@ struct Cluster {
     active: BTreeSet<u64>,
     /// The latest GPU metrics each agent sent with its heartbeat (memory only).
     metrics: HashMap<String, Vec<pb::GpuMetrics>>,
+    /// Jobs submitted with dependencies that may still be pending (pruned as they leave
+    /// PENDING), so that passes do not look for them among all jobs.
+    with_deps: BTreeSet<u64>,
     /// Pending jobs per user (for `max_pending_per_user`), kept exact at every change
     /// into or out of PENDING.
     pending_by_user: HashMap<String, usize>,
@@ -443,6 +446,14 @@ impl Controller {
             if !job_of(&j).state().is_final() {
                 cluster.active.insert(id);
             }
+            if job_of(&j).state() == JobState::Pending
+                && job_of(&j)
+                    .spec
+                    .as_ref()
+                    .is_some_and(|s| !s.dependencies.is_empty())
+            {
+                cluster.with_deps.insert(id);
+            }
             cluster.jobs.insert(id, j);
         }
         let started = now_ms();
@@ -504,11 +515,12 @@ impl Controller {
                 tracing::error!("scheduling pass failed: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            // Events arriving meanwhile coalesce into the next pass. Waiting as long as
-            // the pass took (10 ms to 1 s) keeps scheduling at most about half of the
-            // controller's time under a storm of submits.
-            let took = started.elapsed();
-            tokio::time::sleep(took.clamp(Duration::from_millis(10), Duration::from_secs(1))).await;
+            // Events arriving meanwhile coalesce into the next pass. Waiting twice as
+            // long as the pass took (50 ms to 2 s, like Slurm's sched_min_interval) keeps
+            // scheduling to about a third of the controller's time under a storm of
+            // submits.
+            let took = started.elapsed() * 2;
+            tokio::time::sleep(took.clamp(Duration::from_millis(50), Duration::from_secs(2))).await;
         }
     }
 
@@ -538,10 +550,16 @@ impl Controller {
     /// that must wait, and whether any job was cancelled.
     fn settle_dependencies(&self, c: &mut Cluster) -> Result<(BTreeSet<u64>, bool), StoreError> {
         use sched::deps::Verdict;
+        let jobs = &c.jobs;
+        c.with_deps.retain(|id| {
+            jobs.get(id)
+                .is_some_and(|s| job_of(s).state() == JobState::Pending)
+        });
         let with_deps: BTreeMap<u64, Vec<(pb::dependency::Kind, u64)>> = c
-            .active_jobs()
+            .with_deps
+            .iter()
+            .filter_map(|id| c.jobs.get(id))
             .map(job_of)
-            .filter(|j| j.state() == JobState::Pending)
             .filter_map(|j| {
                 let d = &j.spec.as_ref()?.dependencies;
                 (!d.is_empty()).then(|| (j.id, d.iter().map(|x| (x.kind(), x.job_id)).collect()))
@@ -780,6 +798,13 @@ impl Controller {
             c.next_job_id = id + 1;
             let user = owner(job_of(&stored)).to_string();
             c.pending_changed(&user, true);
+            if !job_of(&stored)
+                .spec
+                .as_ref()
+                .is_none_or(|s| s.dependencies.is_empty())
+            {
+                c.with_deps.insert(id);
+            }
             c.jobs.insert(id, stored);
             c.active.insert(id);
             id
