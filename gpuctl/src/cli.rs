@@ -350,13 +350,42 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 .list_jobs_paged(pb::ListJobsRequest { all })
                 .await?
                 .into_inner();
-            let mut jobs = Vec::new();
-            while let Some(page) = pages.message().await? {
-                jobs.extend(page.jobs);
-            }
             if json {
-                print_json_streamed(&jobs.iter().map(format::JobJson).collect::<Vec<_>>());
+                // Pages are printed as they arrive: receiving, decoding and writing
+                // JSON overlap. The first page decides a failure before any output.
+                let first = pages.message().await?;
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<pb::Job>>(4);
+                let writer = tokio::task::spawn_blocking(move || {
+                    print_json_streamed(&format::StreamedJobs::new(rx));
+                });
+                if let Some(p) = first {
+                    let _ = tx.send(p.jobs);
+                }
+                let mut failed = None;
+                loop {
+                    match pages.message().await {
+                        Ok(Some(p)) => {
+                            if tx.send(p.jobs).is_err() {
+                                break;
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                }
+                drop(tx);
+                let _ = writer.await;
+                if let Some(e) = failed {
+                    return Err(e.into());
+                }
             } else {
+                let mut jobs = Vec::new();
+                while let Some(page) = pages.message().await? {
+                    jobs.extend(page.jobs);
+                }
                 print(&format::queue_table(&jobs, start));
             }
         }

@@ -64,6 +64,30 @@ pub fn job_json(j: &pb::Job) -> Value {
 /// (no intermediate `Value`: `queue --json` of 100,000 jobs streams).
 pub struct JobJson<'a>(pub &'a pb::Job);
 
+/// A JSON array of jobs serialized while its pages are still arriving (pulled from
+/// `rx` until it closes).
+pub struct StreamedJobs(std::sync::Mutex<std::sync::mpsc::Receiver<Vec<pb::Job>>>);
+
+impl StreamedJobs {
+    pub fn new(rx: std::sync::mpsc::Receiver<Vec<pb::Job>>) -> StreamedJobs {
+        StreamedJobs(std::sync::Mutex::new(rx))
+    }
+}
+
+impl serde::Serialize for StreamedJobs {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let rx = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seq = ser.serialize_seq(None)?;
+        while let Ok(page) = rx.recv() {
+            for j in &page {
+                seq.serialize_element(&JobJson(j))?;
+            }
+        }
+        seq.end()
+    }
+}
+
 fn time_str(ms: i64) -> Option<String> {
     (ms > 0).then(|| {
         humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms as u64)).to_string()
