@@ -113,6 +113,19 @@ impl Agent {
         self.reports.push(r);
         self.report_ready.notify_one();
     }
+
+    /// A warning about a running job, kept on its record by the controller.
+    fn warn(&self, job_id: u64, attempt: u32, why: &str) {
+        self.report(pb::JobReport {
+            node: self.name.clone(),
+            job_id,
+            kind: pb::job_report::Kind::Warning as i32,
+            reason: format!("warning: {why}"),
+            time_ms: now_ms(),
+            attempt,
+            ..pb::JobReport::default()
+        });
+    }
 }
 
 /// Runs the agent until `shutdown` resolves. Running jobs are left running.
@@ -264,6 +277,7 @@ async fn sampler(
         let jobs: Vec<Watched> = watched.iter().map(|w| w.0.clone()).collect();
         let usage = crate::monitor::job_memory(&samples, &jobs, crate::monitor::pgid_of);
         let verdicts = enforcer.check(&gpus, &jobs, &usage, grace, std::time::Instant::now());
+        let of_job = |id: u64| watched.iter().find(|w| w.0.job_id == id);
         for o in verdicts.warn {
             let why = format!(
                 "GPU memory {} MiB on {} is over its share of {} MiB; it ends in {} unless it drops",
@@ -273,19 +287,7 @@ async fn sampler(
                 humantime::format_duration(grace)
             );
             tracing::warn!(job = o.job_id, "{why}");
-            let attempt = watched
-                .iter()
-                .find(|w| w.0.job_id == o.job_id)
-                .map_or(0, |w| w.0.attempt);
-            agent.report(pb::JobReport {
-                node: agent.name.clone(),
-                job_id: o.job_id,
-                kind: pb::job_report::Kind::Warning as i32,
-                reason: format!("warning: {why}"),
-                time_ms: now_ms(),
-                attempt,
-                ..pb::JobReport::default()
-            });
+            agent.warn(o.job_id, of_job(o.job_id).map_or(0, |w| w.0.attempt), &why);
         }
         for o in verdicts.kill {
             let reason = format!(
@@ -296,10 +298,7 @@ async fn sampler(
                 humantime::format_duration(grace)
             );
             tracing::warn!(job = o.job_id, "ending job: {reason}");
-            let kill_grace = watched
-                .iter()
-                .find(|w| w.0.job_id == o.job_id)
-                .map_or(Duration::from_secs(10), |w| w.1);
+            let kill_grace = of_job(o.job_id).map_or(Duration::from_secs(10), |w| w.1);
             let txs: Vec<_> = agent
                 .jobs
                 .lock()
@@ -631,15 +630,7 @@ async fn run_job(
                     mps_env.extend(env);
                     mps_held.push(g.clone());
                 }
-                Err(why) => agent.report(pb::JobReport {
-                    node: agent.name.clone(),
-                    job_id: id,
-                    kind: pb::job_report::Kind::Warning as i32,
-                    reason: format!("warning: {why}"),
-                    time_ms: now_ms(),
-                    attempt,
-                    ..pb::JobReport::default()
-                }),
+                Err(why) => agent.warn(id, attempt, &why),
             }
         }
     }

@@ -5,41 +5,10 @@
 //!
 //!   cargo bench -p gpuctl-tests --bench agent_cost [-- --seconds 60]
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn release_bins(root: &Path) -> PathBuf {
-    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args([
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "gpuctld",
-            "-p",
-            "gpuctl",
-            "-p",
-            "gpud",
-        ])
-        .current_dir(root)
-        .status()
-        .expect("cargo build --release");
-    assert!(st.success());
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("release")
-}
+use gpuctl_tests::{bench_arg, release_bins};
 
 /// (utime + stime in clock ticks, resident KiB) of a process.
 fn usage(pid: u32) -> (u64, u64) {
@@ -62,9 +31,8 @@ fn usage(pid: u32) -> (u64, u64) {
 }
 
 fn main() {
-    let seconds = arg("--seconds", 60);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let bin = release_bins(root);
+    let seconds = bench_arg("--seconds", 60);
+    let bin = release_bins(&["gpuctld", "gpuctl", "gpud"]);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let socket = d.join("gpuctld.sock");

@@ -6,43 +6,14 @@
 //!
 //!   cargo bench -p gpuctl-tests --bench load [-- --queue 100000 --clients 16 --measure 20000]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuctl_proto::{self as pb, controller_client::ControllerClient};
+use gpuctl_tests::{bench_arg, release_bins};
 use tokio::sync::Mutex;
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn release_bins(root: &Path) -> PathBuf {
-    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args([
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "gpuctld",
-            "-p",
-            "gpuctl",
-        ])
-        .current_dir(root)
-        .status()
-        .expect("cargo build --release");
-    assert!(st.success());
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("release")
-}
 
 fn spec(i: usize) -> pb::JobSpec {
     pb::JobSpec {
@@ -146,11 +117,10 @@ fn time_gpuctl(bin: &Path, socket: &Path, args: &[&str]) -> (f64, usize) {
 
 fn main() {
     // `cargo bench` passes --bench; libtest-style filters are ignored.
-    let queue = arg("--queue", 100_000);
-    let clients = arg("--clients", 16);
-    let measure = arg("--measure", 20_000);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let bin = release_bins(root);
+    let queue = bench_arg("--queue", 100_000) as usize;
+    let clients = bench_arg("--clients", 16) as usize;
+    let measure = bench_arg("--measure", 20_000) as usize;
+    let bin = release_bins(&["gpuctld", "gpuctl"]);
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("gpuctld.sock");
     std::fs::write(

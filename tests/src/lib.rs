@@ -453,3 +453,30 @@ impl Cluster {
         dir
     }
 }
+
+/// For the benchmarks in `tests/benches`: the value of `--name N` on the command line.
+pub fn bench_arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// For the benchmarks: builds `packages` in release mode and returns the directory of
+/// the binaries (the tests use debug builds; numbers come from release ones).
+pub fn release_bins(packages: &[&str]) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "--quiet"])
+        .args(packages.iter().flat_map(|p| ["-p", p]))
+        .current_dir(root)
+        .status()
+        .expect("cargo build --release");
+    assert!(st.success(), "release build failed");
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("release")
+}
