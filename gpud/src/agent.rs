@@ -114,6 +114,34 @@ impl Agent {
         self.report_ready.notify_one();
     }
 
+    /// Asks the running instance(s) of a job to end (`attempt` 0: whichever runs here).
+    /// Returns whether one was running.
+    fn kill(
+        &self,
+        job_id: u64,
+        attempt: u32,
+        state: JobState,
+        grace: Duration,
+        reason: &str,
+    ) -> bool {
+        let targets: Vec<_> = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|((id, a), _)| *id == job_id && (attempt == 0 || *a == attempt))
+            .map(|(_, tx)| tx.clone())
+            .collect();
+        for tx in &targets {
+            let _ = tx.try_send(KillRequest {
+                as_state: state,
+                grace,
+                reason: reason.to_string(),
+            });
+        }
+        !targets.is_empty()
+    }
+
     /// A warning about a running job, kept on its record by the controller.
     fn warn(&self, job_id: u64, attempt: u32, why: &str) {
         self.report(pb::JobReport {
@@ -298,22 +326,9 @@ async fn sampler(
                 humantime::format_duration(grace)
             );
             tracing::warn!(job = o.job_id, "ending job: {reason}");
-            let kill_grace = of_job(o.job_id).map_or(Duration::from_secs(10), |w| w.1);
-            let txs: Vec<_> = agent
-                .jobs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .filter(|((id, _), _)| *id == o.job_id)
-                .map(|(_, tx)| tx.clone())
-                .collect();
-            for tx in txs {
-                let _ = tx.try_send(KillRequest {
-                    as_state: JobState::Failed,
-                    grace: kill_grace,
-                    reason: reason.clone(),
-                });
-            }
+            let (attempt, kill_grace) =
+                of_job(o.job_id).map_or((0, Duration::from_secs(10)), |w| (w.0.attempt, w.1));
+            agent.kill(o.job_id, attempt, JobState::Failed, kill_grace, &reason);
         }
         // GPU (parent UUID) -> jobs holding it or one of its MIG instances.
         let mut holders: HashMap<String, Vec<u64>> = HashMap::new();
@@ -478,26 +493,15 @@ fn handle(agent: &Arc<Agent>, cmd: pb::AgentCommand) {
             tokio::spawn(run_job(agent.clone(), start, rx, None));
         }
         Some(pb::agent_command::Command::Kill(kill)) => {
-            // attempt 0: whichever instance of the job runs here.
-            let targets: Vec<_> = agent
-                .jobs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .filter(|((id, attempt), _)| {
-                    *id == kill.job_id && (kill.attempt == 0 || *attempt == kill.attempt)
-                })
-                .map(|(_, tx)| tx.clone())
-                .collect();
-            if targets.is_empty() {
+            let grace = Duration::from_secs(kill.kill_grace_secs);
+            if !agent.kill(
+                kill.job_id,
+                kill.attempt,
+                kill.as_state(),
+                grace,
+                &kill.reason,
+            ) {
                 tracing::debug!(job = kill.job_id, "kill for a job not running here");
-            }
-            for tx in targets {
-                let _ = tx.try_send(KillRequest {
-                    as_state: kill.as_state(),
-                    grace: Duration::from_secs(kill.kill_grace_secs),
-                    reason: kill.reason.clone(),
-                });
             }
         }
         None => {}
