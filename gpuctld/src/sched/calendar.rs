@@ -87,11 +87,13 @@ pub enum Miss {
 
 /// Usage over time as a step function: `pts[i] = (t, c, m)` means usage (c, m) from t
 /// until the next point; usage is 0 before the first point and after the last (which
-/// always has usage 0). Kept up to date on every claim, so peaks and tails need no
-/// sorting.
+/// always has usage 0). Kept up to date on every claim, with its suffix maxima, so peaks
+/// need no sorting and tails are a binary search.
 #[derive(Debug, Clone, Default)]
 pub struct Profile {
     pts: Vec<(Millis, i64, i64)>,
+    /// `suf[i]`: the highest (c, m) from `pts[i]` on (each part on its own).
+    suf: Vec<(i64, i64)>,
 }
 
 impl Profile {
@@ -105,6 +107,7 @@ impl Profile {
                     (self.pts[i - 1].1, self.pts[i - 1].2)
                 };
                 self.pts.insert(i, (t, c, m));
+                self.suf.insert(i, (0, 0));
                 i
             }
         }
@@ -119,6 +122,12 @@ impl Profile {
         for p in &mut self.pts[i..j] {
             p.1 += c;
             p.2 += m;
+        }
+        // Suffix maxima from `j` on are unchanged (point `j` itself may be new).
+        let mut acc = self.suf.get(j + 1).copied().unwrap_or((0, 0));
+        for k in (0..=j).rev() {
+            acc = (acc.0.max(self.pts[k].1), acc.1.max(self.pts[k].2));
+            self.suf[k] = acc;
         }
     }
 
@@ -142,17 +151,13 @@ impl Profile {
 
     /// Earliest T >= lb from which usage + need stays within cap for good.
     pub fn tail(&self, lb: Millis, need: (i64, i64), cap: (i64, i64)) -> Millis {
-        for i in (0..self.pts.len()).rev() {
-            let p = self.pts[i];
-            if p.1 + need.0 > cap.0 || p.2 + need.1 > cap.1 {
-                let end = self.pts.get(i + 1).map_or(p.0, |q| q.0);
-                return end.max(lb);
-            }
-            if p.0 <= lb {
-                break;
-            }
+        // Points whose usage does not leave room form a prefix of the suffix maxima.
+        let over_c = self.suf.partition_point(|s| s.0 + need.0 > cap.0);
+        let over_m = self.suf.partition_point(|s| s.1 + need.1 > cap.1);
+        match over_c.max(over_m) {
+            0 => lb,
+            k => self.pts.get(k).map_or(self.pts[k - 1].0, |q| q.0).max(lb),
         }
-        lb
     }
 
     /// When the last use ends (`lb` if none after it).
@@ -174,10 +179,13 @@ pub struct Calendar {
     pub free_now: FreeNow,
     /// Per slot (free compute milli, free memory MiB) at `now`, ignoring reservations.
     pub slot_free_now: Vec<(u32, u64)>,
-    /// Earliest start of any reservation here (`Millis::MAX`: none). A window that ends
-    /// by then sees only running jobs, whose usage never grows after `now`, so the
-    /// `slot_free_now` snapshot answers `fit` exactly (the fast path).
-    pub reserved_from: Millis,
+    /// Start times of the reservations here, sorted. A window sees only the
+    /// reservations that start before it ends, so `fit` over [now, b) gives the same
+    /// answer for every b with the same count of starts before it (and the same
+    /// `version`): the planner caches on that. A window that meets none sees only
+    /// running jobs, whose usage never grows after `now`, so the `slot_free_now`
+    /// snapshot answers `fit` exactly (the fast path).
+    pub res_starts: Vec<Millis>,
     pub now: Millis,
 }
 
@@ -272,7 +280,6 @@ impl Calendar {
         Calendar {
             slots: vec![Vec::new(); node.slots.len()],
             slot_prof: vec![Profile::default(); node.slots.len()],
-            reserved_from: Millis::MAX,
             now: Millis::MIN,
             ..Calendar::default()
         }
@@ -299,7 +306,8 @@ impl Calendar {
             });
         }
         if reserved {
-            self.reserved_from = self.reserved_from.min(a);
+            let k = self.res_starts.partition_point(|&t| t <= a);
+            self.res_starts.insert(k, a);
         }
         if cpu_milli > 0 || mem > 0 {
             self.host_prof.add(a, b, i64::from(cpu_milli), mem as i64);
@@ -315,12 +323,41 @@ impl Calendar {
         self.version += 1;
     }
 
+    /// Peak (compute milli, memory MiB) over [a, b) on slot `i`, reservations included.
+    fn slot_peak(&self, i: usize, a: Millis, b: Millis) -> (u32, u64) {
+        let (c, m) = self.slot_prof[i].peak(a, b);
+        (c as u32, m as u64)
+    }
+
+    /// Peak (CPU milli, memory bytes) over [a, b) on the host, reservations included.
+    fn host_peak(&self, a: Millis, b: Millis) -> (u32, u64) {
+        let (c, m) = self.host_prof.peak(a, b);
+        (c as u32, m as u64)
+    }
+
+    /// Earliest start of any reservation here (`Millis::MAX`: none).
+    pub fn reserved_from(&self) -> Millis {
+        self.res_starts.first().copied().unwrap_or(Millis::MAX)
+    }
+
+    /// How many reservations start before `b` (those a window ending at `b` meets).
+    pub fn reservations_before(&self, b: Millis) -> usize {
+        self.res_starts.partition_point(|&t| t < b)
+    }
+
     pub fn refresh_free_now(&mut self, node: &NodeView, now: Millis) {
+        // What running jobs hold at `now` (reservations are not running).
+        let held = |s: Millis, e: Millis, reserved: bool| !reserved && s <= now && now < e;
         let mut f = FreeNow::default();
         self.now = now;
         self.slot_free_now.clear();
         for (s, claims) in node.slots.iter().zip(&self.slots) {
-            let (c, m) = peak(claims, now, now + 1, false);
+            let (c, m) = claims
+                .iter()
+                .filter(|c| held(c.start, c.end, c.reserved))
+                .fold((0u32, 0u64), |acc, c| {
+                    (acc.0 + c.compute, acc.1 + c.mem_mib)
+                });
             self.slot_free_now
                 .push((GPU_MILLI.saturating_sub(c), s.memory_mib.saturating_sub(m)));
             if s.is_mig() {
@@ -332,7 +369,11 @@ impl Calendar {
                 }
             }
         }
-        let (c, m) = host_peak(&self.host, now, now + 1, false);
+        let (c, m) = self
+            .host
+            .iter()
+            .filter(|h| held(h.start, h.end, h.reserved))
+            .fold((0u32, 0u64), |acc, h| (acc.0 + h.cpu_milli, acc.1 + h.mem));
         f.cpu_milli = node.cpu_milli.saturating_sub(c);
         f.mem = node.memory_bytes.saturating_sub(m);
         self.free_now = f;
@@ -340,7 +381,7 @@ impl Calendar {
 
     /// Free compute milli per non-MIG GPU at `at`, with reservations (for packing scores).
     pub fn gpu_free_milli(&self, node: &NodeView, at: Millis) -> Vec<(usize, u32)> {
-        if at == self.now && at < self.reserved_from {
+        if at == self.now && at < self.reserved_from() {
             return node
                 .slots
                 .iter()
@@ -353,12 +394,7 @@ impl Calendar {
             .iter()
             .enumerate()
             .filter(|(_, s)| !s.is_mig())
-            .map(|(i, _)| {
-                (
-                    i,
-                    GPU_MILLI.saturating_sub(peak(&self.slots[i], at, at + 1, true).0),
-                )
-            })
+            .map(|(i, _)| (i, GPU_MILLI.saturating_sub(self.slot_peak(i, at, at + 1).0)))
             .collect()
     }
 
@@ -384,14 +420,14 @@ impl Calendar {
             return Err(Miss::TooSmall { what: "memory" });
         }
         if a == self.now
-            && b <= self.reserved_from
+            && b <= self.reserved_from()
             && let Some(picks) = self.fit_fast(node, req, policy)
         {
             return Ok(picks);
         }
         let picks = self.fit_gpus(node, req, a, b, policy, frag)?;
         if req.cpu_milli > 0 || req.memory_bytes > 0 {
-            let (c, m) = host_peak(&self.host, a, b, true);
+            let (c, m) = self.host_peak(a, b);
             let cpu_ok = c + req.cpu_milli <= node.cpu_milli;
             let mem_ok = m + req.memory_bytes <= node.memory_bytes;
             if !cpu_ok || !mem_ok {
@@ -527,12 +563,11 @@ impl Calendar {
                         Miss::Gpus { need: *count, free }
                     }
                 }),
-            GpuRequest::Mig { profile, count } => {
-                let want = profile.to_ascii_lowercase();
-                self.fit_exclusive(node, req, a, b, *count, |s| {
+            GpuRequest::Mig { profile, count } => self
+                .fit_exclusive(node, req, a, b, *count, |s| {
                     s.mig_profile
                         .as_ref()
-                        .is_some_and(|p| p.to_ascii_lowercase() == want)
+                        .is_some_and(|p| p.eq_ignore_ascii_case(profile))
                 })
                 .map_err(|(usable, free, reserved)| {
                     if usable == 0 {
@@ -552,8 +587,7 @@ impl Calendar {
                             free,
                         }
                     }
-                })
-            }
+                }),
             GpuRequest::Share { .. } => self.fit_share(node, req, a, b, policy, frag),
         }
     }
@@ -628,7 +662,7 @@ impl Calendar {
             };
             usable += 1;
             need_shown = (c, m);
-            let (uc, um) = peak(&self.slots[i], a, b, true);
+            let (uc, um) = self.slot_peak(i, a, b);
             if uc + c <= GPU_MILLI && um + m <= s.memory_mib {
                 candidates.push(Pick {
                     slot: i,
@@ -679,31 +713,27 @@ impl Calendar {
                 .iter()
                 .min_by_key(|p| {
                     (
-                        GPU_MILLI - peak(&self.slots[p.slot], a, b, true).0 - p.compute,
+                        GPU_MILLI - self.slot_peak(p.slot, a, b).0 - p.compute,
                         p.slot,
                     )
                 })
                 .expect("non-empty"),
             Policy::Fgd => {
-                let free = self.gpu_free_milli(node, a);
-                let cpus_free = node
-                    .cpu_milli
-                    .saturating_sub(host_peak(&self.host, a, b, true).0);
-                let before = frag.node_frag(node, &free, cpus_free);
-                *candidates
-                    .iter()
-                    .min_by(|p, q| {
-                        let f = |x: &Pick| {
-                            let after: Vec<(usize, u32)> = free
-                                .iter()
-                                .map(|&(i, f)| (i, if i == x.slot { f - x.compute } else { f }))
-                                .collect();
-                            frag.node_frag(node, &after, cpus_free.saturating_sub(req.cpu_milli))
-                                - before
-                        };
-                        f(p).total_cmp(&f(q)).then(p.slot.cmp(&q.slot))
-                    })
-                    .expect("non-empty")
+                let mut free = self.gpu_free_milli(node, a);
+                let cpus_free = node.cpu_milli.saturating_sub(self.host_peak(a, b).0);
+                let cpus_after = cpus_free.saturating_sub(req.cpu_milli);
+                // Fragmentation after each candidate (the "before" is the same for all).
+                let mut best: Option<(f64, Pick)> = None;
+                for p in &candidates {
+                    let k = free.iter().position(|x| x.0 == p.slot).expect("a GPU");
+                    free[k].1 -= p.compute;
+                    let after = frag.node_frag(node, &free, cpus_after);
+                    free[k].1 += p.compute;
+                    if best.is_none_or(|b| after < b.0) {
+                        best = Some((after, *p));
+                    }
+                }
+                best.expect("non-empty").1
             }
         };
         Ok(vec![pick])
@@ -815,17 +845,14 @@ impl Calendar {
         let (gpu_t, picks) = match &req.gpu {
             GpuRequest::None => (lb, Vec::new()),
             GpuRequest::Whole { count } => exclusive(&|s: &SlotView| !s.is_mig(), *count)?,
-            GpuRequest::Mig { profile, count } => {
-                let want = profile.to_ascii_lowercase();
-                exclusive(
-                    &|s: &SlotView| {
-                        s.mig_profile
-                            .as_ref()
-                            .is_some_and(|p| p.to_ascii_lowercase() == want)
-                    },
-                    *count,
-                )?
-            }
+            GpuRequest::Mig { profile, count } => exclusive(
+                &|s: &SlotView| {
+                    s.mig_profile
+                        .as_ref()
+                        .is_some_and(|p| p.eq_ignore_ascii_case(profile))
+                },
+                *count,
+            )?,
             GpuRequest::Share { .. } => node
                 .slots
                 .iter()

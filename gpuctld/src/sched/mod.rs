@@ -194,15 +194,87 @@ type NodePicks = (usize, Vec<Pick>);
 /// Min-heap of (earliest time, node index, node version when computed).
 type TailHeap = BinaryHeap<Reverse<(Millis, usize, u64)>>;
 
+/// A node's answer to `fit` over [now, b) for one shape, valid while the node's calendar
+/// `version` and the number of reservations starting before b stay the same (see
+/// `Calendar::res_starts`). Small and `Copy`: a pass keeps one per (shape, node).
+#[derive(Clone, Copy)]
+struct CachedFit {
+    version: u64,
+    before: usize,
+    outcome: Outcome,
+}
+
+#[derive(Clone, Copy)]
+enum Outcome {
+    /// It fits, with this packing score (the picks are taken again for the node chosen).
+    Fits(f64),
+    /// Only a reservation is in the way.
+    Reserved(JobId),
+    /// Something else is (resources held now).
+    Busy,
+    /// A miss no claim made during the pass can undo.
+    Never,
+}
+
+/// What one pass has learnt about one request shape (jobs with equal requests), so
+/// that the next job of that shape pays only for the nodes that changed since.
+#[derive(Default)]
+struct ShapeState {
+    /// Eligible nodes where it may still fit now, in node order. What is free now only
+    /// shrinks during a pass, so a node that cannot hold it now (or ever) leaves for good.
+    live: Vec<usize>,
+    /// Per node (empty until the shape's first `fit_now`).
+    fits: Vec<Option<CachedFit>>,
+    /// Its tail class (see `Pass::tail_class`), found on its first reservation.
+    tail_class: Option<usize>,
+    /// The shortest time limit for which it fitted nowhere now, and the reservation then
+    /// in the way. Claims only add up during a pass, so a job of this shape with a
+    /// limit at least as long fits nowhere either.
+    no_fit: Option<(Millis, Option<JobId>)>,
+}
+
+/// The request whose tails order nodes for `req`'s reservations: its GPU part alone
+/// (so that shapes differing only in CPUs and memory share one heap), or all of it
+/// for a request without GPUs. Its tail on a node is never later than `req`'s.
+fn tail_class_of(req: &Request) -> Request {
+    match req.gpu {
+        GpuRequest::None => Request {
+            nodes: 1,
+            ..req.clone()
+        },
+        _ => Request {
+            cpu_milli: 0,
+            memory_bytes: 0,
+            nodes: 1,
+            ..req.clone()
+        },
+    }
+}
+
+/// A miss that no claim made during the pass can undo.
+fn permanent(m: &Miss) -> bool {
+    matches!(
+        m,
+        Miss::Drained
+            | Miss::Down
+            | Miss::GpuModel { .. }
+            | Miss::TooSmall { .. }
+            | Miss::NoMigProfile { .. }
+    )
+}
+
 struct Pass<'a> {
     cluster: &'a ClusterView,
     config: &'a SchedConfig,
     now: Millis,
     cals: Vec<Calendar>,
-    /// Lazily built per request shape: earliest "free for good" time per node. Keys only
-    /// grow as claims are added, so a stale entry is a lower bound and is recomputed when
-    /// it reaches the top.
-    tails: HashMap<Request, TailHeap>,
+    shape_ids: HashMap<Request, usize>,
+    shapes: Vec<ShapeState>,
+    /// Per tail class: each eligible node's earliest "free for good" time for the
+    /// class's request. Times only grow as claims are added, so a stale entry (older
+    /// calendar version) is a lower bound and is recomputed when it reaches the top.
+    tail_ids: HashMap<Request, usize>,
+    tail_heaps: Vec<TailHeap>,
     eligible: Vec<usize>,
     /// Upper bounds of what any eligible node has free now, for a quick "cannot start".
     max_free: calendar::FreeNow,
@@ -273,23 +345,18 @@ impl<'a> Pass<'a> {
                 (free - used.min(free)) as f64 * 1e6 + f64::from(cpu_left)
             }
             Policy::Fgd => {
-                let free = cal.gpu_free_milli(node, self.now);
+                let mut free = cal.gpu_free_milli(node, self.now);
                 let cpu = cal.free_now.cpu_milli;
                 let before = self.frag.node_frag(node, &free, cpu);
-                let after: Vec<(usize, u32)> = free
-                    .iter()
-                    .map(|&(s, f)| {
-                        let took: u32 = picks
-                            .iter()
-                            .filter(|p| p.slot == s)
-                            .map(|p| p.compute)
-                            .sum();
-                        (s, f.saturating_sub(took))
-                    })
-                    .collect();
+                for p in picks {
+                    if let Some(f) = free.iter_mut().find(|f| f.0 == p.slot) {
+                        f.1 = f.1.saturating_sub(p.compute);
+                    }
+                }
+                let after = &free;
                 let delta = self
                     .frag
-                    .node_frag(node, &after, cpu.saturating_sub(req.cpu_milli))
+                    .node_frag(node, after, cpu.saturating_sub(req.cpu_milli))
                     - before;
                 // FGD's own scorer quantises the growth (an integer 0..100 through a
                 // sigmoid); growth within one step of FGD_STEP_MILLI counts as equal, and
@@ -302,41 +369,139 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Nodes where `req` fits now (around reservations), best first, at most `want`.
-    /// Misses of the nodes looked at go to `misses`; `exhaustive` looks at every node
-    /// (for explain), otherwise nodes that cannot fit even ignoring reservations are
-    /// skipped.
+    /// The shape id of `req` (jobs with equal requests share what the pass learns).
+    fn shape(&mut self, req: &Request) -> usize {
+        if let Some(&id) = self.shape_ids.get(req) {
+            return id;
+        }
+        let id = self.shapes.len();
+        self.shape_ids.insert(req.clone(), id);
+        self.shapes.push(ShapeState::default());
+        id
+    }
+
+    /// `fit` over [now, now + d) and the placement's score.
+    fn fit_scored(&self, i: usize, req: &Request, d: Millis) -> Result<(f64, Vec<Pick>), Miss> {
+        let node = &self.cluster.nodes[i];
+        let picks = self.cals[i].fit(
+            node,
+            req,
+            self.now,
+            self.now + d,
+            self.config.policy,
+            &self.frag,
+        )?;
+        Ok((self.score(i, req, &picks), picks))
+    }
+
+    /// How many nodes that fit to look at before taking the best of them.
+    fn enough(&self, want: usize) -> usize {
+        match self.config.policy {
+            Policy::FirstFit => want,
+            _ => want.max(self.config.max_scored_nodes.unwrap_or(usize::MAX)),
+        }
+    }
+
+    /// Nodes where a job of `shape` (request `req`, time limit `d`) fits now, around
+    /// reservations: best first, at most `want`; and, when they are fewer, the job whose
+    /// reservation is in the way on the first node where one is. Nodes that cannot fit
+    /// even ignoring reservations are skipped.
     fn fit_now(
+        &mut self,
+        shape: usize,
+        req: &Request,
+        d: Millis,
+        want: usize,
+    ) -> (Vec<(usize, Vec<Pick>)>, Option<JobId>) {
+        self.refresh_max_free();
+        if !Self::may_fit(&self.max_free, req) {
+            return (Vec::new(), None);
+        }
+        if let Some((shortest, blocker)) = self.shapes[shape].no_fit
+            && d >= shortest
+        {
+            return (Vec::new(), blocker);
+        }
+        let b = self.now + d;
+        let enough = self.enough(want);
+        let mut st = std::mem::take(&mut self.shapes[shape]);
+        if st.fits.is_empty() {
+            st.live = self.eligible.clone();
+            st.fits = vec![None; self.cluster.nodes.len()];
+        }
+        let mut found: Vec<(f64, usize)> = Vec::new();
+        let mut blocker = None;
+        let (mut keep, mut next) = (0, 0);
+        while next < st.live.len() && found.len() < enough {
+            let i = st.live[next];
+            next += 1;
+            let cal = &self.cals[i];
+            if !Self::may_fit(&cal.free_now, req) {
+                continue;
+            }
+            let before = cal.reservations_before(b);
+            let outcome = match st.fits[i] {
+                Some(c) if c.version == cal.version && c.before == before => c.outcome,
+                _ => {
+                    let outcome = match self.fit_scored(i, req, d) {
+                        Ok((score, _)) => Outcome::Fits(score),
+                        Err(m) if permanent(&m) => Outcome::Never,
+                        Err(Miss::Reserved { job, .. }) => Outcome::Reserved(job),
+                        Err(_) => Outcome::Busy,
+                    };
+                    st.fits[i] = Some(CachedFit {
+                        version: cal.version,
+                        before,
+                        outcome,
+                    });
+                    outcome
+                }
+            };
+            match outcome {
+                Outcome::Fits(score) => found.push((score, i)),
+                Outcome::Never => continue,
+                Outcome::Reserved(job) => {
+                    blocker.get_or_insert(job);
+                }
+                Outcome::Busy => {}
+            }
+            st.live[keep] = i;
+            keep += 1;
+        }
+        let rest = st.live.len() - next;
+        st.live.copy_within(next.., keep);
+        st.live.truncate(keep + rest);
+        if found.len() < want {
+            st.no_fit = Some((d, blocker));
+        }
+        self.shapes[shape] = st;
+        found.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        found.truncate(want);
+        let picked = found
+            .into_iter()
+            .map(|(_, i)| {
+                let (_, picks) = self.fit_scored(i, req, d).expect("cached as fitting");
+                (i, picks)
+            })
+            .collect();
+        (picked, blocker)
+    }
+
+    /// `fit_now` for `explain`: every node looked at and every miss recorded, no cache;
+    /// the same choice as `fit_now`.
+    fn fit_now_all(
         &mut self,
         req: &Request,
         d: Millis,
         want: usize,
         misses: &mut Vec<(usize, Miss)>,
-        exhaustive: bool,
     ) -> Vec<(usize, Vec<Pick>)> {
-        self.refresh_max_free();
-        if !exhaustive && !Self::may_fit(&self.max_free, req) {
-            return Vec::new();
-        }
-        let (a, b) = (self.now, self.now + d);
+        let enough = self.enough(want);
         let mut found: Vec<(f64, usize, Vec<Pick>)> = Vec::new();
         for i in 0..self.cluster.nodes.len() {
-            let node = &self.cluster.nodes[i];
-            if !exhaustive && (!node.eligible() || !Self::may_fit(&self.cals[i].free_now, req)) {
-                continue;
-            }
-            match self.cals[i].fit(node, req, a, b, self.config.policy, &self.frag) {
-                Ok(picks) => {
-                    let s = self.score(i, req, &picks);
-                    found.push((s, i, picks));
-                    let enough = match self.config.policy {
-                        Policy::FirstFit => want,
-                        _ => want.max(self.config.max_scored_nodes.unwrap_or(usize::MAX)),
-                    };
-                    if found.len() >= enough && !exhaustive {
-                        break;
-                    }
-                }
+            match self.fit_scored(i, req, d) {
+                Ok(_) if found.len() >= enough => {}
+                Ok((s, picks)) => found.push((s, i, picks)),
                 Err(m) => misses.push((i, m)),
             }
         }
@@ -362,33 +527,80 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Earliest reservation for a single-node job: (time, node, picks).
-    fn earliest_one(&mut self, req: &Request, lb: Millis) -> Option<(Millis, usize, Vec<Pick>)> {
-        let (cluster, cals, eligible, now) = (self.cluster, &self.cals, &self.eligible, self.now);
-        let heap = self.tails.entry(req.clone()).or_insert_with(|| {
-            eligible
-                .iter()
-                .filter_map(|&i| {
-                    cals[i]
-                        .tail_time(&cluster.nodes[i], req, now)
-                        .map(|t| Reverse((t, i, cals[i].version)))
-                })
-                .collect()
-        });
-        while let Some(Reverse((t, i, v))) = heap.pop() {
-            let node = &cluster.nodes[i];
-            if v == cals[i].version {
-                let (t2, picks) = cals[i].tail(node, req, now).expect("was feasible");
-                debug_assert_eq!(t, t2);
-                // Keep a (now stale) entry: the node may still serve later jobs.
-                heap.push(Reverse((t, i, v)));
-                return Some((t.max(lb), i, picks));
+    /// The tail heap of `shape`'s class, built on first use.
+    fn tail_class(&mut self, shape: usize, req: &Request) -> usize {
+        if let Some(c) = self.shapes[shape].tail_class {
+            return c;
+        }
+        let class = tail_class_of(req);
+        let c = match self.tail_ids.get(&class) {
+            Some(&c) => c,
+            None => {
+                let heap = self
+                    .eligible
+                    .iter()
+                    .filter_map(|&i| {
+                        self.cals[i]
+                            .tail_time(&self.cluster.nodes[i], &class, self.now)
+                            .map(|t| Reverse((t, i, self.cals[i].version)))
+                    })
+                    .collect();
+                self.tail_heaps.push(heap);
+                self.tail_ids.insert(class, self.tail_heaps.len() - 1);
+                self.tail_heaps.len() - 1
             }
-            if let Some(t2) = cals[i].tail_time(node, req, now) {
-                heap.push(Reverse((t2, i, cals[i].version)));
+        };
+        self.shapes[shape].tail_class = Some(c);
+        c
+    }
+
+    /// Earliest reservation for a single-node job: (time, node, picks). Nodes come off
+    /// the class heap in order of the class's tail, a lower bound of the job's own; the
+    /// search stops when the best found is no later than the next bound.
+    fn earliest_one(
+        &mut self,
+        shape: usize,
+        req: &Request,
+        lb: Millis,
+    ) -> Option<(Millis, usize, Vec<Pick>)> {
+        let c = self.tail_class(shape, req);
+        let class = tail_class_of(req);
+        let (cluster, cals, now) = (self.cluster, &self.cals, self.now);
+        let heap = &mut self.tail_heaps[c];
+        let mut looked: Vec<Reverse<(Millis, usize, u64)>> = Vec::new();
+        let mut best: Option<(Millis, usize)> = None;
+        while let Some(&Reverse((t, i, v))) = heap.peek() {
+            if best.is_some_and(|b| b < (t, i)) {
+                break;
+            }
+            heap.pop();
+            let node = &cluster.nodes[i];
+            if v != cals[i].version {
+                if let Some(t2) = cals[i].tail_time(node, &class, now) {
+                    heap.push(Reverse((t2, i, cals[i].version)));
+                }
+                continue;
+            }
+            looked.push(Reverse((t, i, v)));
+            let own = if class == *req {
+                Some(t)
+            } else {
+                cals[i].tail_time(node, req, now)
+            };
+            if let Some(t2) = own
+                && best.is_none_or(|b| (t2, i) < b)
+            {
+                best = Some((t2, i));
             }
         }
-        None
+        // The nodes looked at may serve later jobs: back they go (stale after a claim).
+        heap.extend(looked);
+        let (t, i) = best?;
+        let (t2, picks) = cals[i]
+            .tail(&cluster.nodes[i], req, now)
+            .expect("was feasible");
+        debug_assert_eq!(t, t2);
+        Some((t.max(lb), i, picks))
     }
 
     /// Earliest reservation for a gang job: `n` distinct nodes free for good from T.
@@ -435,7 +647,10 @@ impl<'a> Pass<'a> {
             config,
             now,
             cals: cluster.nodes.iter().map(Calendar::new).collect(),
-            tails: HashMap::new(),
+            shape_ids: HashMap::new(),
+            shapes: Vec::new(),
+            tail_ids: HashMap::new(),
+            tail_heaps: Vec::new(),
             eligible: (0..cluster.nodes.len())
                 .filter(|&i| cluster.nodes[i].eligible())
                 .collect(),
@@ -515,9 +730,9 @@ impl<'a> Session<'a> {
     /// Starts the job now if it fits now, holding its slots for `duration_ms`.
     pub fn start_now(&mut self, job: JobId, req: &Request, duration_ms: Millis) -> Option<Start> {
         let gang = req.nodes.max(1) as usize;
-        let mut misses = Vec::new();
         let d = duration_ms.max(1);
-        let fits = self.pass.fit_now(req, d, gang, &mut misses, false);
+        let shape = self.pass.shape(req);
+        let (fits, _) = self.pass.fit_now(shape, req, d, gang);
         if fits.len() < gang {
             return None;
         }
@@ -580,8 +795,21 @@ fn plan(
         let may_start = config.backfill || first_blocked.is_none();
         let mut misses: Vec<(usize, Miss)> = Vec::new();
 
+        let shape = pass.shape(req);
+        let mut reserved_by = None;
         let placed = if may_start || explaining {
-            let fits = pass.fit_now(req, d, gang, &mut misses, explaining);
+            let fits = if explaining {
+                let fits = pass.fit_now_all(req, d, gang, &mut misses);
+                reserved_by = misses.iter().find_map(|(_, m)| match m {
+                    Miss::Reserved { job, .. } => Some(*job),
+                    _ => None,
+                });
+                fits
+            } else {
+                let (fits, blocker) = pass.fit_now(shape, req, d, gang);
+                reserved_by = blocker;
+                fits
+            };
             (may_start && fits.len() == gang).then_some(fits)
         } else {
             None
@@ -610,17 +838,15 @@ fn plan(
             continue;
         }
 
-        // Not now: the misses tell Resources from Priority; reserve its earliest slots.
-        let reserved_by = misses.iter().find_map(|(_, m)| match m {
-            Miss::Reserved { job, .. } => Some(*job),
-            _ => None,
-        });
+        // Not now: a reservation in the way tells Priority from Resources; reserve its
+        // earliest slots.
         let lb = if config.backfill { now } else { strict_lb };
         let within_depth = config.reservation_depth.is_none_or(|d| reservations < d);
         let reservation = if !within_depth {
             None
         } else if gang == 1 {
-            pass.earliest_one(req, lb).map(|(t, i, picks)| {
+            let r = pass.earliest_one(shape, req, lb);
+            r.map(|(t, i, picks)| {
                 pass.claim(job.id, i, &picks, req, (t, t + d), true);
                 Reservation {
                     start: t,

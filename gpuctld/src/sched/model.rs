@@ -144,12 +144,7 @@ impl Request {
     }
 
     pub fn model_ok(&self, model: &str) -> bool {
-        self.models.is_empty() || {
-            let m = model.to_ascii_lowercase();
-            self.models
-                .iter()
-                .any(|want| m.contains(&want.to_ascii_lowercase()))
-        }
+        models_allow(&self.models, model)
     }
 
     /// GPU milli over all nodes (for the size factor and for accounting).
@@ -189,6 +184,17 @@ impl Request {
         };
         ((1..=GPU_MILLI).contains(&c) && m <= total).then_some((c, m))
     }
+}
+
+/// Whether `model` matches one of `wanted` (case-insensitive substrings; none = any).
+/// Allocation-free: it runs for every slot the scheduler looks at.
+pub fn models_allow(wanted: &[String], model: &str) -> bool {
+    let m = model.as_bytes();
+    wanted.is_empty()
+        || wanted.iter().any(|w| {
+            let w = w.as_bytes();
+            w.is_empty() || m.windows(w.len()).any(|x| x.eq_ignore_ascii_case(w))
+        })
 }
 
 /// A job waiting to be scheduled.

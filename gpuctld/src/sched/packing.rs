@@ -144,7 +144,9 @@ impl Workload {
             .unwrap_or("");
         let mut frag = 0.0;
         for m in &self.shapes {
-            let lost = if m.gpus == 0 || m.cpu_milli > cpu_free || !model_allowed(&m.models, model)
+            let lost = if m.gpus == 0
+                || m.cpu_milli > cpu_free
+                || !super::model::models_allow(&m.models, model)
             {
                 idle
             } else {
@@ -174,7 +176,8 @@ pub struct FragMemo<'a> {
     workload: &'a Workload,
     /// Distinct CPU needs of the shapes, sorted: free CPU enters only through its rank.
     cpu_steps: Vec<u32>,
-    models: RefCell<HashMap<String, u32>>,
+    /// Model names seen so far; a model's id is its index (there are only a few).
+    models: RefCell<Vec<String>>,
     /// Nodes with at most 8 GPUs (nearly all), keyed by a packed u128 and a cheap hash.
     small: RefCell<HashMap<u128, f64, BuildHasherDefault<MixHasher>>>,
     cache: RefCell<HashMap<FragKey, f64>>,
@@ -230,13 +233,12 @@ impl<'a> FragMemo<'a> {
             .first()
             .map(|&(i, _)| node.slots[i].model.as_str())
             .unwrap_or("");
-        let known = self.models.borrow().get(model).copied();
+        let known = self.models.borrow().iter().position(|m| m == model);
         let model_id = known.unwrap_or_else(|| {
             let mut m = self.models.borrow_mut();
-            let n = m.len() as u32;
-            m.insert(model.to_string(), n);
-            n
-        });
+            m.push(model.to_string());
+            m.len() - 1
+        }) as u32;
         let rank = self.cpu_steps.partition_point(|&c| c <= cpu_free) as u32;
         if free.len() <= 8 && model_id < 1 << 16 && rank < 1 << 16 {
             let mut m = [0u16; 8];
@@ -273,13 +275,6 @@ impl<'a> FragMemo<'a> {
         }
         cache.insert(key, v);
         v
-    }
-}
-
-fn model_allowed(models: &[String], model: &str) -> bool {
-    models.is_empty() || {
-        let m = model.to_ascii_lowercase();
-        models.iter().any(|w| m.contains(&w.to_ascii_lowercase()))
     }
 }
 

@@ -1,0 +1,34 @@
+//! One full scheduling pass on the benchmark's inputs, repeated, printing the minimum and
+//! median: a quick loop for profiling (`perf record`) without criterion's harness.
+//!
+//! cargo run --release -p gpuctld --example sched_pass -- [PENDING] [REPEATS]
+//! (MSN=N overrides `max_scored_nodes`.)
+
+use gpuctld::bench;
+use gpuctld::sched::{self, SchedConfig};
+use std::time::Instant;
+fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .map_or(10_000, |s| s.parse().unwrap());
+    let reps: usize = std::env::args().nth(2).map_or(5, |s| s.parse().unwrap());
+    let (pods, _) = bench::pods();
+    let cluster = bench::cluster(1000, 1);
+    let queue = bench::queue(&pods, n, 2);
+    let mut config = SchedConfig {
+        workload: gpuctld::trace::workload(&pods),
+        ..SchedConfig::default()
+    };
+    if let Ok(m) = std::env::var("MSN") {
+        config.max_scored_nodes = Some(m.parse().unwrap());
+    }
+    let mut t = Vec::new();
+    for _ in 0..reps {
+        let s = Instant::now();
+        let plan = sched::schedule(&cluster, &queue, &config, 0);
+        t.push(s.elapsed().as_secs_f64() * 1e3);
+        std::hint::black_box(plan);
+    }
+    t.sort_by(f64::total_cmp);
+    eprintln!("{n}: min {:.1} ms, median {:.1} ms", t[0], t[t.len() / 2]);
+}
