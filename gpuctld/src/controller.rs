@@ -476,6 +476,7 @@ impl Controller {
             reservation_depth: sc.reservation_depth,
             workload: Workload::default(),
             max_scored_nodes: sc.max_scored_nodes,
+            expected_starts: true,
         };
         Ok(Arc::new(Controller {
             cluster: Mutex::new(cluster),

@@ -123,10 +123,15 @@ impl Profile {
             p.1 += c;
             p.2 += m;
         }
-        // Suffix maxima from `j` on are unchanged (point `j` itself may be new).
+        // Suffix maxima after `j` are unchanged (point `j` itself may be new). Before `i`
+        // the points are as they were, so once a maximum comes out as it was, so do all
+        // the earlier ones.
         let mut acc = self.suf.get(j + 1).copied().unwrap_or((0, 0));
         for k in (0..=j).rev() {
             acc = (acc.0.max(self.pts[k].1), acc.1.max(self.pts[k].2));
+            if k < i && self.suf[k] == acc {
+                break;
+            }
             self.suf[k] = acc;
         }
     }
@@ -175,6 +180,9 @@ pub struct Calendar {
     pub host: Vec<HostClaim>,
     /// Bumped on every change; cached answers about this node are stale when it moves.
     pub version: u64,
+    /// Bumped on every claim that is not a reservation (what is held from now on).
+    /// With `reservations_before`, it tells whether a window starting now has changed.
+    pub held_version: u64,
     /// Free resources at `now`, ignoring reservations: a quick upper bound for `fit`.
     pub free_now: FreeNow,
     /// Per slot (free compute milli, free memory MiB) at `now`, ignoring reservations.
@@ -321,6 +329,9 @@ impl Calendar {
             });
         }
         self.version += 1;
+        if !reserved {
+            self.held_version += 1;
+        }
     }
 
     /// Peak (compute milli, memory MiB) over [a, b) on slot `i`, reservations included.
@@ -425,39 +436,49 @@ impl Calendar {
         {
             return Ok(picks);
         }
-        let picks = self.fit_gpus(node, req, a, b, policy, frag)?;
-        if req.cpu_milli > 0 || req.memory_bytes > 0 {
-            let (c, m) = self.host_peak(a, b);
-            let cpu_ok = c + req.cpu_milli <= node.cpu_milli;
-            let mem_ok = m + req.memory_bytes <= node.memory_bytes;
-            if !cpu_ok || !mem_ok {
-                let (c0, m0) = host_peak(&self.host, a, b, false);
-                if c0 + req.cpu_milli <= node.cpu_milli
-                    && m0 + req.memory_bytes <= node.memory_bytes
-                {
-                    let (job, from) = self
-                        .host
-                        .iter()
-                        .filter(|h| h.reserved && overlaps(h.start, h.end, a, b))
-                        .map(|h| (h.job, h.start))
-                        .min_by_key(|&(j, s)| (s, j))
-                        .unwrap_or((0, a));
-                    return Err(Miss::Reserved { job, from });
-                }
-                return Err(if !cpu_ok {
-                    Miss::Cpus {
-                        need: req.cpu_milli,
-                        free: node.cpu_milli.saturating_sub(c0),
-                    }
-                } else {
-                    Miss::Memory {
-                        need: req.memory_bytes,
-                        free: node.memory_bytes.saturating_sub(m0),
-                    }
-                });
-            }
+        // A reservation in the way is the reason only if the job would fit without
+        // any: GPUs, CPUs and memory.
+        let gpus = self.fit_gpus(node, req, a, b, policy, frag);
+        if matches!(gpus, Err(ref m) if !matches!(m, Miss::Reserved { .. })) {
+            return gpus;
         }
-        Ok(picks)
+        if req.cpu_milli == 0 && req.memory_bytes == 0 {
+            return gpus;
+        }
+        let (c, m) = self.host_peak(a, b);
+        let host_ok =
+            c + req.cpu_milli <= node.cpu_milli && m + req.memory_bytes <= node.memory_bytes;
+        if host_ok && gpus.is_ok() {
+            return gpus;
+        }
+        let (c0, m0) = host_peak(&self.host, a, b, false);
+        if c0 + req.cpu_milli > node.cpu_milli {
+            return Err(Miss::Cpus {
+                need: req.cpu_milli,
+                free: node.cpu_milli.saturating_sub(c0),
+            });
+        }
+        if m0 + req.memory_bytes > node.memory_bytes {
+            return Err(Miss::Memory {
+                need: req.memory_bytes,
+                free: node.memory_bytes.saturating_sub(m0),
+            });
+        }
+        if host_ok {
+            return gpus;
+        }
+        let (job, from) = self
+            .host
+            .iter()
+            .filter(|h| h.reserved && overlaps(h.start, h.end, a, b))
+            .map(|h| (h.job, h.start))
+            .min_by_key(|&(j, s)| (s, j))
+            .unwrap_or((0, a));
+        match gpus {
+            // Both are in the way; the GPUs' reservation is named.
+            Err(m) => Err(m),
+            Ok(_) => Err(Miss::Reserved { job, from }),
+        }
     }
 
     /// `fit` from the snapshot at `now`, for windows that meet no reservation. `None`
@@ -816,15 +837,7 @@ impl Calendar {
                     .iter()
                     .enumerate()
                     .filter(|(_, s)| pred(s) && req.model_ok(&s.model))
-                    .map(|(i, _)| {
-                        let t = self.slots[i]
-                            .iter()
-                            .map(|c| c.end)
-                            .max()
-                            .unwrap_or(lb)
-                            .max(lb);
-                        (t, i)
-                    })
+                    .map(|(i, _)| (self.slot_prof[i].last_end(lb), i))
                     .collect();
                 if (tails.len() as u32) < count {
                     return None;
@@ -886,6 +899,42 @@ impl Calendar {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A profile built by adds agrees with its claims: peaks over any window, and
+        /// tails (checked against a scan of every instant after them).
+        #[test]
+        fn profile_matches_its_claims(
+            adds in proptest::collection::vec((0i64..40, 1i64..20, 1i64..600, 0i64..50), 0..25),
+            windows in proptest::collection::vec((0i64..70, 1i64..30), 1..8),
+            need in 1i64..1000,
+        ) {
+            let mut p = Profile::default();
+            let mut cs = Vec::new();
+            for &(a, len, c, m) in &adds {
+                p.add(a, a + len, c, m);
+                cs.push(Claim { start: a, end: a + len, job: 1, compute: c as u32, mem_mib: m as u64, reserved: false });
+            }
+            let usage = |t: i64| -> (i64, i64) {
+                cs.iter().filter(|c| c.start <= t && t < c.end)
+                    .fold((0, 0), |s, c| (s.0 + i64::from(c.compute), s.1 + c.mem_mib as i64))
+            };
+            for &(a, len) in &windows {
+                let (pc, pm) = peak(&cs, a, a + len, true);
+                prop_assert_eq!(p.peak(a, a + len), (i64::from(pc), pm as i64));
+                let room = |x: i64| {
+                    let u = usage(x);
+                    u.0 + need <= 1000 && u.1 <= 200
+                };
+                let t = p.tail(a, (need, 0), (1000, 200));
+                prop_assert!(t >= a);
+                let fits_for_good = (t..80).all(room);
+                prop_assert!(fits_for_good, "no room after tail {}", t);
+                prop_assert!(t == a || !room(t - 1), "tail {} is not the earliest", t);
+            }
+        }
+    }
 
     fn claim(start: Millis, end: Millis, compute: u32, reserved: bool) -> Claim {
         Claim {

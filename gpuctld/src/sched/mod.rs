@@ -51,6 +51,10 @@ pub struct SchedConfig {
     /// Best-fit and FGD score at most this many feasible nodes per job (in node order),
     /// like kube-scheduler's percentageOfNodesToScore; `None` scores them all.
     pub max_scored_nodes: Option<usize>,
+    /// Give every pending job an expected start (the controller: `queue --start`,
+    /// `explain`). Off, a pass stops reserving once no job left can start now: the
+    /// same starts, for callers that need only those (the trace replay).
+    pub expected_starts: bool,
 }
 
 impl Default for SchedConfig {
@@ -62,6 +66,7 @@ impl Default for SchedConfig {
             reservation_depth: None,
             workload: Workload::default(),
             max_scored_nodes: Some(64),
+            expected_starts: true,
         }
     }
 }
@@ -194,12 +199,13 @@ type NodePicks = (usize, Vec<Pick>);
 /// Min-heap of (earliest time, node index, node version when computed).
 type TailHeap = BinaryHeap<Reverse<(Millis, usize, u64)>>;
 
-/// A node's answer to `fit` over [now, b) for one shape, valid while the node's calendar
-/// `version` and the number of reservations starting before b stay the same (see
-/// `Calendar::res_starts`). Small and `Copy`: a pass keeps one per (shape, node).
+/// A node's answer to `fit` over [now, b) for one shape, valid while the node's
+/// `held_version` and the number of reservations starting before b stay the same (a
+/// reservation starting later is outside the window; see `Calendar::res_starts`).
+/// Small and `Copy`: a pass keeps one per (shape, node).
 #[derive(Clone, Copy)]
 struct CachedFit {
-    version: u64,
+    held_version: u64,
     before: usize,
     outcome: Outcome,
 }
@@ -229,7 +235,7 @@ struct ShapeState {
     tail_class: Option<usize>,
     /// The shortest time limit for which it fitted nowhere now, and the reservation then
     /// in the way. Claims only add up during a pass, so a job of this shape with a
-    /// limit at least as long fits nowhere either.
+    /// limit at least as long fits nowhere either (used without expected starts).
     no_fit: Option<(Millis, Option<JobId>)>,
 }
 
@@ -314,6 +320,14 @@ impl<'a> Pass<'a> {
         }
         self.max_free = m;
         self.max_free_dirty = false;
+    }
+
+    /// Could `job` (of `shape`) still start now? `false` is for good: what is free only
+    /// shrinks during a pass.
+    fn may_start(&self, shape: usize, job: &PendingJob) -> bool {
+        let shortest_miss = self.shapes[shape].no_fit.map(|(d, _)| d);
+        Self::may_fit(&self.max_free, &job.request)
+            && shortest_miss.is_none_or(|d| job.duration_ms.max(1000) < d)
     }
 
     /// Could `req` fit now on a node with these free resources (ignoring reservations)?
@@ -417,8 +431,11 @@ impl<'a> Pass<'a> {
         if !Self::may_fit(&self.max_free, req) {
             return (Vec::new(), None);
         }
+        // The shortcut's blocker may be out of date (a reservation made since could be
+        // in the way now), so it is taken only where reasons are not reported.
         if let Some((shortest, blocker)) = self.shapes[shape].no_fit
             && d >= shortest
+            && !self.config.expected_starts
         {
             return (Vec::new(), blocker);
         }
@@ -441,7 +458,7 @@ impl<'a> Pass<'a> {
             }
             let before = cal.reservations_before(b);
             let outcome = match st.fits[i] {
-                Some(c) if c.version == cal.version && c.before == before => c.outcome,
+                Some(c) if c.held_version == cal.held_version && c.before == before => c.outcome,
                 _ => {
                     let outcome = match self.fit_scored(i, req, d) {
                         Ok((score, _)) => Outcome::Fits(score),
@@ -450,7 +467,7 @@ impl<'a> Pass<'a> {
                         Err(_) => Outcome::Busy,
                     };
                     st.fits[i] = Some(CachedFit {
-                        version: cal.version,
+                        held_version: cal.held_version,
                         before,
                         outcome,
                     });
@@ -787,7 +804,33 @@ fn plan(
     let mut strict_lb = now;
     let mut reservations = 0usize;
 
-    for (rank, (job, prio)) in ranked.into_iter().enumerate() {
+    let shapes: Vec<usize> = ranked.iter().map(|(j, _)| pass.shape(&j.request)).collect();
+    // Without expected starts: the first job (from the current rank on) that might still
+    // start now. What is free now only shrinks, so this only moves forward.
+    let mut may_start_from = 0;
+    for (rank, &(job, prio)) in ranked.iter().enumerate() {
+        if !config.expected_starts && explain_job.is_none() {
+            pass.refresh_max_free();
+            may_start_from = may_start_from.max(rank);
+            while ranked
+                .get(may_start_from)
+                .is_some_and(|&(j, _)| !pass.may_start(shapes[may_start_from], j))
+            {
+                may_start_from += 1;
+            }
+            let any_start =
+                may_start_from < ranked.len() && (config.backfill || first_blocked.is_none());
+            if !any_start {
+                // Nothing left can start: the rest wait, without reservations.
+                plan.waiting
+                    .extend(ranked[rank..].iter().map(|(j, _)| Waiting {
+                        job: j.id,
+                        reason: Blocked::Resources,
+                        reservation: None,
+                    }));
+                break;
+            }
+        }
         let req = &job.request;
         let d = job.duration_ms.max(1000);
         let gang = req.nodes.max(1) as usize;
@@ -795,7 +838,7 @@ fn plan(
         let may_start = config.backfill || first_blocked.is_none();
         let mut misses: Vec<(usize, Miss)> = Vec::new();
 
-        let shape = pass.shape(req);
+        let shape = shapes[rank];
         let mut reserved_by = None;
         let placed = if may_start || explaining {
             let fits = if explaining {

@@ -688,6 +688,33 @@ proptest! {
         }
     }
 
+    /// A pass that stops reserving once nothing else can start (the replay's mode)
+    /// starts exactly the same jobs in the same places.
+    #[test]
+    fn starts_only_gives_the_same_starts(c in arb_cluster(), q in arb_queue(), p in arb_policy(), backfill in any::<bool>()) {
+        let full = SchedConfig { backfill, ..cfg(p) };
+        let quick = SchedConfig { expected_starts: false, ..full.clone() };
+        let a = schedule(&c, &q, &full, 0);
+        let b = schedule(&c, &q, &quick, 0);
+        prop_assert_eq!(&a.starts, &b.starts);
+        prop_assert_eq!(a.starts.len() + b.waiting.len(), q.len());
+    }
+
+    /// `explain` recomputes a job's turn with no caches and every node looked at; its
+    /// outcome is the plan's (so the pass's per-shape caches change nothing).
+    #[test]
+    fn explain_agrees_with_the_plan(c in arb_cluster(), q in arb_queue(), p in arb_policy()) {
+        let config = cfg(p);
+        let plan = schedule(&c, &q, &config, 0);
+        for j in q.iter().take(6) {
+            let e = explain(&c, &q, &config, 0, j.id).expect("a pending job");
+            match e.outcome {
+                Ok(start) => prop_assert_eq!(Some(&start), plan.starts.iter().find(|s| s.job == j.id)),
+                Err(w) => prop_assert_eq!(Some(&w), plan.waiting(j.id)),
+            }
+        }
+    }
+
     /// The same input gives the same plan.
     #[test]
     fn deterministic(c in arb_cluster(), q in arb_queue(), p in arb_policy()) {

@@ -273,6 +273,8 @@ fn config_for(policy: &str, packing: Policy, depth: Option<usize>) -> anyhow::Re
         weights,
         backfill,
         reservation_depth: depth,
+        // The replay needs only the starts (the same with or without every reservation).
+        expected_starts: false,
         ..SchedConfig::default()
     })
 }
