@@ -175,6 +175,9 @@ impl Profile {
 pub struct Calendar {
     /// Usage profiles (with reservations) per slot and for the host's CPU/memory.
     pub slot_prof: Vec<Profile>,
+    /// Per slot, kept next to each other for the tail searches: when its last use ends
+    /// and its highest (compute, memory) use at any time.
+    slot_sum: Vec<(Millis, i64, i64)>,
     pub host_prof: Profile,
     pub slots: Vec<Vec<Claim>>,
     pub host: Vec<HostClaim>,
@@ -288,6 +291,7 @@ impl Calendar {
         Calendar {
             slots: vec![Vec::new(); node.slots.len()],
             slot_prof: vec![Profile::default(); node.slots.len()],
+            slot_sum: vec![(Millis::MIN, 0, 0); node.slots.len()],
             now: Millis::MIN,
             ..Calendar::default()
         }
@@ -303,7 +307,10 @@ impl Calendar {
         reserved: bool,
     ) {
         for p in picks {
-            self.slot_prof[p.slot].add(a, b, i64::from(p.compute), p.mem_mib as i64);
+            let prof = &mut self.slot_prof[p.slot];
+            prof.add(a, b, i64::from(p.compute), p.mem_mib as i64);
+            let (c, m) = prof.suf.first().copied().unwrap_or((0, 0));
+            self.slot_sum[p.slot] = (prof.last_end(Millis::MIN), c, m);
             self.slots[p.slot].push(Claim {
                 start: a,
                 end: b,
@@ -773,15 +780,15 @@ impl Calendar {
             (i64::from(node.cpu_milli), node.memory_bytes as i64),
         );
         let kth = |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<Millis> {
-            let mut buf = [Millis::MAX; 64];
+            let mut buf = [Millis::MAX; 16];
             let mut n = 0;
             for (i, s) in node.slots.iter().enumerate() {
                 if pred(s) && req.model_ok(&s.model) {
                     if n == buf.len() {
-                        // More than 64 slots: let `tail` do it the general way.
+                        // More than 16 slots: let `tail` do it the general way.
                         return self.tail(node, req, lb).map(|t| t.0);
                     }
-                    buf[n] = self.slot_prof[i].last_end(lb);
+                    buf[n] = self.slot_sum[i].0.max(lb);
                     n += 1;
                 }
             }
@@ -810,6 +817,13 @@ impl Calendar {
                 .filter(|(_, s)| !s.is_mig() && req.model_ok(&s.model))
                 .filter_map(|(i, s)| {
                     let (c, m) = req.share_on(s)?;
+                    let (_, max_c, max_m) = self.slot_sum[i];
+                    if max_c + i64::from(c) <= i64::from(GPU_MILLI)
+                        && max_m + m as i64 <= s.memory_mib as i64
+                    {
+                        // Room at all times: no need to look at the profile.
+                        return Some(lb);
+                    }
                     Some(self.slot_prof[i].tail(
                         lb,
                         (i64::from(c), m as i64),

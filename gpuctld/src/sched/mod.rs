@@ -282,6 +282,9 @@ struct Pass<'a> {
     tail_ids: HashMap<Request, usize>,
     tail_heaps: Vec<TailHeap>,
     eligible: Vec<usize>,
+    /// Each node's `Calendar::free_now`, side by side (the scans read nothing else of
+    /// the nodes they skip).
+    frees: Vec<calendar::FreeNow>,
     /// Upper bounds of what any eligible node has free now, for a quick "cannot start".
     max_free: calendar::FreeNow,
     max_free_dirty: bool,
@@ -311,7 +314,7 @@ impl<'a> Pass<'a> {
         }
         let mut m = calendar::FreeNow::default();
         for &i in &self.eligible {
-            let f = self.cals[i].free_now;
+            let f = self.frees[i];
             m.whole = m.whole.max(f.whole);
             m.max_share_milli = m.max_share_milli.max(f.max_share_milli);
             m.mig = m.mig.max(f.mig);
@@ -452,10 +455,10 @@ impl<'a> Pass<'a> {
         while next < st.live.len() && found.len() < enough {
             let i = st.live[next];
             next += 1;
-            let cal = &self.cals[i];
-            if !Self::may_fit(&cal.free_now, req) {
+            if !Self::may_fit(&self.frees[i], req) {
                 continue;
             }
+            let cal = &self.cals[i];
             let before = cal.reservations_before(b);
             let outcome = match st.fits[i] {
                 Some(c) if c.held_version == cal.held_version && c.before == before => c.outcome,
@@ -540,7 +543,16 @@ impl<'a> Pass<'a> {
         if !reserved {
             let node = &self.cluster.nodes[i];
             self.cals[i].refresh_free_now(node, self.now);
-            self.max_free_dirty = true;
+            let (old, new) = (self.frees[i], self.cals[i].free_now);
+            self.frees[i] = new;
+            // The maxima move only if this node held one of them.
+            let m = &self.max_free;
+            self.max_free_dirty |= (old.whole == m.whole && new.whole < old.whole)
+                || (old.max_share_milli == m.max_share_milli
+                    && new.max_share_milli < old.max_share_milli)
+                || (old.mig == m.mig && new.mig < old.mig)
+                || (old.cpu_milli == m.cpu_milli && new.cpu_milli < old.cpu_milli)
+                || (old.mem == m.mem && new.mem < old.mem);
         }
     }
 
@@ -672,6 +684,7 @@ impl<'a> Pass<'a> {
                 .filter(|&i| cluster.nodes[i].eligible())
                 .collect(),
             max_free: calendar::FreeNow::default(),
+            frees: Vec::new(),
             max_free_dirty: true,
             frag: FragMemo::new(&config.workload),
         };
@@ -715,6 +728,7 @@ impl<'a> Pass<'a> {
         for (i, node) in cluster.nodes.iter().enumerate() {
             pass.cals[i].refresh_free_now(node, now);
         }
+        pass.frees = pass.cals.iter().map(|c| c.free_now).collect();
         pass
     }
 }
