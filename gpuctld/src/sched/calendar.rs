@@ -171,13 +171,48 @@ impl Profile {
     }
 }
 
+/// What the tail searches need to know of a slot's profile, most of the time.
+#[derive(Debug, Clone, Copy)]
+struct SlotSummary {
+    /// When its last use ends.
+    last_end: Millis,
+    /// Its highest and lowest (compute, memory) use before `last_end` (each on its own).
+    max: (i64, i64),
+    min: (i64, i64),
+}
+
+impl Default for SlotSummary {
+    fn default() -> Self {
+        SlotSummary {
+            last_end: Millis::MIN,
+            max: (0, 0),
+            min: (0, 0),
+        }
+    }
+}
+
+impl SlotSummary {
+    fn of(p: &Profile) -> SlotSummary {
+        let Some((_, used)) = p.pts.split_last() else {
+            return SlotSummary::default();
+        };
+        let min = used
+            .iter()
+            .fold((i64::MAX, i64::MAX), |a, q| (a.0.min(q.1), a.1.min(q.2)));
+        SlotSummary {
+            last_end: p.last_end(Millis::MIN),
+            max: p.suf.first().copied().unwrap_or((0, 0)),
+            min: if used.is_empty() { (0, 0) } else { min },
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Calendar {
     /// Usage profiles (with reservations) per slot and for the host's CPU/memory.
     pub slot_prof: Vec<Profile>,
-    /// Per slot, kept next to each other for the tail searches: when its last use ends
-    /// and its highest (compute, memory) use at any time.
-    slot_sum: Vec<(Millis, i64, i64)>,
+    /// Per slot, kept next to each other for the tail searches (see `slot_tail`).
+    slot_sum: Vec<SlotSummary>,
     pub host_prof: Profile,
     pub slots: Vec<Vec<Claim>>,
     pub host: Vec<HostClaim>,
@@ -291,7 +326,7 @@ impl Calendar {
         Calendar {
             slots: vec![Vec::new(); node.slots.len()],
             slot_prof: vec![Profile::default(); node.slots.len()],
-            slot_sum: vec![(Millis::MIN, 0, 0); node.slots.len()],
+            slot_sum: vec![SlotSummary::default(); node.slots.len()],
             now: Millis::MIN,
             ..Calendar::default()
         }
@@ -309,8 +344,7 @@ impl Calendar {
         for p in picks {
             let prof = &mut self.slot_prof[p.slot];
             prof.add(a, b, i64::from(p.compute), p.mem_mib as i64);
-            let (c, m) = prof.suf.first().copied().unwrap_or((0, 0));
-            self.slot_sum[p.slot] = (prof.last_end(Millis::MIN), c, m);
+            self.slot_sum[p.slot] = SlotSummary::of(prof);
             self.slots[p.slot].push(Claim {
                 start: a,
                 end: b,
@@ -351,6 +385,23 @@ impl Calendar {
     fn host_peak(&self, a: Millis, b: Millis) -> (u32, u64) {
         let (c, m) = self.host_prof.peak(a, b);
         (c as u32, m as u64)
+    }
+
+    /// Earliest T >= lb from which a share of (compute, memory) fits slot `i` for good.
+    /// The summary answers the common cases (room at all times; no room at any time
+    /// before the last use ends) without reading the profile.
+    fn slot_tail(&self, i: usize, slot: &SlotView, (c, m): (u32, u64), lb: Millis) -> Millis {
+        let need = (i64::from(c), m as i64);
+        let cap = (i64::from(GPU_MILLI), slot.memory_mib as i64);
+        let sum = &self.slot_sum[i];
+        let room = |u: (i64, i64)| u.0 + need.0 <= cap.0 && u.1 + need.1 <= cap.1;
+        if room(sum.max) {
+            lb
+        } else if !room(sum.min) {
+            sum.last_end.max(lb)
+        } else {
+            self.slot_prof[i].tail(lb, need, cap)
+        }
     }
 
     /// Earliest start of any reservation here (`Millis::MAX`: none).
@@ -788,7 +839,7 @@ impl Calendar {
                         // More than 16 slots: let `tail` do it the general way.
                         return self.tail(node, req, lb).map(|t| t.0);
                     }
-                    buf[n] = self.slot_sum[i].0.max(lb);
+                    buf[n] = self.slot_sum[i].last_end.max(lb);
                     n += 1;
                 }
             }
@@ -817,18 +868,7 @@ impl Calendar {
                 .filter(|(_, s)| !s.is_mig() && req.model_ok(&s.model))
                 .filter_map(|(i, s)| {
                     let (c, m) = req.share_on(s)?;
-                    let (_, max_c, max_m) = self.slot_sum[i];
-                    if max_c + i64::from(c) <= i64::from(GPU_MILLI)
-                        && max_m + m as i64 <= s.memory_mib as i64
-                    {
-                        // Room at all times: no need to look at the profile.
-                        return Some(lb);
-                    }
-                    Some(self.slot_prof[i].tail(
-                        lb,
-                        (i64::from(c), m as i64),
-                        (i64::from(GPU_MILLI), s.memory_mib as i64),
-                    ))
+                    Some(self.slot_tail(i, s, (c, m), lb))
                 })
                 .min()?,
         };
@@ -887,11 +927,7 @@ impl Calendar {
                 .filter(|(_, s)| !s.is_mig() && req.model_ok(&s.model))
                 .filter_map(|(i, s)| {
                     let (c, m) = req.share_on(s)?;
-                    let t = self.slot_prof[i].tail(
-                        lb,
-                        (i64::from(c), m as i64),
-                        (i64::from(GPU_MILLI), s.memory_mib as i64),
-                    );
+                    let t = self.slot_tail(i, s, (c, m), lb);
                     Some((t, i, c, m))
                 })
                 .min_by_key(|&(t, i, _, _)| (t, i))
