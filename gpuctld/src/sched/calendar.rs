@@ -156,6 +156,10 @@ impl Profile {
 
     /// Earliest T >= lb from which usage + need stays within cap for good.
     pub fn tail(&self, lb: Millis, need: (i64, i64), cap: (i64, i64)) -> Millis {
+        match self.suf.first() {
+            Some(top) if top.0 + need.0 > cap.0 || top.1 + need.1 > cap.1 => {}
+            _ => return lb,
+        }
         // Points whose usage does not leave room form a prefix of the suffix maxima.
         let over_c = self.suf.partition_point(|s| s.0 + need.0 > cap.0);
         let over_m = self.suf.partition_point(|s| s.1 + need.1 > cap.1);
@@ -402,6 +406,18 @@ impl Calendar {
         } else {
             self.slot_prof[i].tail(lb, need, cap)
         }
+    }
+
+    /// Earliest T >= lb from which the host has room for `req`'s CPUs and memory for good.
+    fn host_tail(&self, node: &NodeView, req: &Request, lb: Millis) -> Millis {
+        if req.cpu_milli == 0 && req.memory_bytes == 0 {
+            return lb;
+        }
+        self.host_prof.tail(
+            lb,
+            (i64::from(req.cpu_milli), req.memory_bytes as i64),
+            (i64::from(node.cpu_milli), node.memory_bytes as i64),
+        )
     }
 
     /// Earliest start of any reservation here (`Millis::MAX`: none).
@@ -825,11 +841,7 @@ impl Calendar {
         if node.cpu_milli < req.cpu_milli || node.memory_bytes < req.memory_bytes {
             return None;
         }
-        let host_t = self.host_prof.tail(
-            lb,
-            (i64::from(req.cpu_milli), req.memory_bytes as i64),
-            (i64::from(node.cpu_milli), node.memory_bytes as i64),
-        );
+        let host_t = self.host_tail(node, req, lb);
         let kth = |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<Millis> {
             let mut buf = [Millis::MAX; 16];
             let mut n = 0;
@@ -879,11 +891,7 @@ impl Calendar {
         if node.cpu_milli < req.cpu_milli || node.memory_bytes < req.memory_bytes {
             return None;
         }
-        let host_t = self.host_prof.tail(
-            lb,
-            (i64::from(req.cpu_milli), req.memory_bytes as i64),
-            (i64::from(node.cpu_milli), node.memory_bytes as i64),
-        );
+        let host_t = self.host_tail(node, req, lb);
         let exclusive =
             |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<(Millis, Vec<Pick>)> {
                 let mut tails: Vec<(Millis, usize)> = node
