@@ -592,11 +592,7 @@ impl Calendar {
                 if f.mig < *count {
                     return None;
                 }
-                exclusive(*count, &|s| {
-                    s.mig_profile
-                        .as_ref()
-                        .is_some_and(|p| p.eq_ignore_ascii_case(profile))
-                })
+                exclusive(*count, &|s| s.is_profile(profile))
             }
             GpuRequest::Share { .. } => {
                 if policy == Policy::Fgd {
@@ -659,11 +655,7 @@ impl Calendar {
                     }
                 }),
             GpuRequest::Mig { profile, count } => self
-                .fit_exclusive(node, req, a, b, *count, |s| {
-                    s.mig_profile
-                        .as_ref()
-                        .is_some_and(|p| p.eq_ignore_ascii_case(profile))
-                })
+                .fit_exclusive(node, req, a, b, *count, |s| s.is_profile(profile))
                 .map_err(|(usable, free, reserved)| {
                     if usable == 0 {
                         Miss::NoMigProfile {
@@ -865,14 +857,9 @@ impl Calendar {
         let gpu_t = match &req.gpu {
             GpuRequest::None => lb,
             GpuRequest::Whole { count } => kth(&|s: &SlotView| !s.is_mig(), *count)?,
-            GpuRequest::Mig { profile, count } => kth(
-                &|s: &SlotView| {
-                    s.mig_profile
-                        .as_ref()
-                        .is_some_and(|p| p.eq_ignore_ascii_case(profile))
-                },
-                *count,
-            )?,
+            GpuRequest::Mig { profile, count } => {
+                kth(&|s: &SlotView| s.is_profile(profile), *count)?
+            }
             GpuRequest::Share { .. } => node
                 .slots
                 .iter()
@@ -920,14 +907,9 @@ impl Calendar {
         let (gpu_t, picks) = match &req.gpu {
             GpuRequest::None => (lb, Vec::new()),
             GpuRequest::Whole { count } => exclusive(&|s: &SlotView| !s.is_mig(), *count)?,
-            GpuRequest::Mig { profile, count } => exclusive(
-                &|s: &SlotView| {
-                    s.mig_profile
-                        .as_ref()
-                        .is_some_and(|p| p.eq_ignore_ascii_case(profile))
-                },
-                *count,
-            )?,
+            GpuRequest::Mig { profile, count } => {
+                exclusive(&|s: &SlotView| s.is_profile(profile), *count)?
+            }
             GpuRequest::Share { .. } => node
                 .slots
                 .iter()

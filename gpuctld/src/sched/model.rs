@@ -34,6 +34,13 @@ impl SlotView {
     pub fn is_mig(&self) -> bool {
         self.mig_profile.is_some()
     }
+
+    /// A MIG instance of `profile` (names compared without case).
+    pub fn is_profile(&self, profile: &str) -> bool {
+        self.mig_profile
+            .as_ref()
+            .is_some_and(|p| p.eq_ignore_ascii_case(profile))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
