@@ -232,7 +232,7 @@ pub struct Calendar {
     /// Start times of the reservations here, sorted. A window sees only the
     /// reservations that start before it ends, so `fit` over [now, b) gives the same
     /// answer for every b with the same count of starts before it (and the same
-    /// `version`): the planner caches on that. A window that meets none sees only
+    /// `held_version`): the planner caches on that. A window that meets none sees only
     /// running jobs, whose usage never grows after `now`, so the `slot_free_now`
     /// snapshot answers `fit` exactly (the fast path).
     pub res_starts: Vec<Millis>,
