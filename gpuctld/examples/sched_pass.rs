@@ -2,10 +2,13 @@
 //! median: a quick loop for profiling (`perf record`) without criterion's harness.
 //!
 //! cargo run --release -p gpuctld --example sched_pass -- [PENDING] [REPEATS]
-//! (MSN=N overrides `max_scored_nodes`.)
+//! (MSN=N overrides `max_scored_nodes`.) It also prints a digest of the plan, so that a
+//! change meant only to be faster can be checked to plan exactly the same.
 
 use gpuctld::bench;
 use gpuctld::sched::{self, SchedConfig};
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::time::Instant;
 fn main() {
     let n: usize = std::env::args()
@@ -23,12 +26,26 @@ fn main() {
         config.max_scored_nodes = Some(m.parse().unwrap());
     }
     let mut t = Vec::new();
+    let mut digest = String::new();
     for _ in 0..reps {
         let s = Instant::now();
         let plan = sched::schedule(&cluster, &queue, &config, 0);
         t.push(s.elapsed().as_secs_f64() * 1e3);
+        if digest.is_empty() {
+            // A fingerprint of the whole plan: a speed-up must leave it as it was.
+            let mut h = DefaultHasher::new();
+            format!("{plan:?}").hash(&mut h);
+            let reserved = plan.waiting.iter().filter(|w| w.reservation.is_some());
+            digest = format!(
+                "{} starts, {} reservations, plan digest {:016x}",
+                plan.starts.len(),
+                reserved.count(),
+                h.finish()
+            );
+        }
         std::hint::black_box(plan);
     }
     t.sort_by(f64::total_cmp);
+    eprintln!("{n}: {digest}");
     eprintln!("{n}: min {:.1} ms, median {:.1} ms", t[0], t[t.len() / 2]);
 }

@@ -8,6 +8,13 @@
 
 use super::model::*;
 use super::packing::{FragMemo, Policy};
+use smallvec::SmallVec;
+
+/// (slot, free compute milli) per non-MIG GPU of a node: on the stack for up to 8 GPUs.
+pub type GpuFree = SmallVec<[(usize, u32); 8]>;
+
+/// The slots a job would take on one node: nearly always one or two.
+pub type Picks = SmallVec<[Pick; 2]>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
@@ -465,7 +472,7 @@ impl Calendar {
     }
 
     /// Free compute milli per non-MIG GPU at `at`, with reservations (for packing scores).
-    pub fn gpu_free_milli(&self, node: &NodeView, at: Millis) -> Vec<(usize, u32)> {
+    pub fn gpu_free_milli(&self, node: &NodeView, at: Millis) -> GpuFree {
         if at == self.now && at < self.reserved_from() {
             return node
                 .slots
@@ -492,7 +499,7 @@ impl Calendar {
         b: Millis,
         policy: Policy,
         frag: &FragMemo<'_>,
-    ) -> Result<Vec<Pick>, Miss> {
+    ) -> Result<Picks, Miss> {
         match node.eligibility {
             Eligibility::Drained => return Err(Miss::Drained),
             Eligibility::Down => return Err(Miss::Down),
@@ -558,13 +565,13 @@ impl Calendar {
     /// `fit` from the snapshot at `now`, for windows that meet no reservation. `None`
     /// means "does not fit" (the slow path then says why). FGD's choice of GPU for a
     /// share is left to the slow path, which scores candidates.
-    fn fit_fast(&self, node: &NodeView, req: &Request, policy: Policy) -> Option<Vec<Pick>> {
+    fn fit_fast(&self, node: &NodeView, req: &Request, policy: Policy) -> Option<Picks> {
         let f = &self.free_now;
         if f.cpu_milli < req.cpu_milli || f.mem < req.memory_bytes {
             return None;
         }
-        let exclusive = |count: u32, kind: &dyn Fn(&SlotView) -> bool| -> Option<Vec<Pick>> {
-            let mut picks = Vec::with_capacity(count as usize);
+        let exclusive = |count: u32, kind: &dyn Fn(&SlotView) -> bool| -> Option<Picks> {
+            let mut picks = Picks::with_capacity(count as usize);
             for (i, s) in node.slots.iter().enumerate() {
                 if picks.len() as u32 == count {
                     break;
@@ -581,7 +588,7 @@ impl Calendar {
             (picks.len() as u32 == count).then_some(picks)
         };
         match &req.gpu {
-            GpuRequest::None => Some(Vec::new()),
+            GpuRequest::None => Some(Picks::new()),
             GpuRequest::Whole { count } => {
                 if f.whole < *count {
                     return None;
@@ -616,14 +623,14 @@ impl Calendar {
                         mem_mib: m,
                     };
                     if policy == Policy::FirstFit {
-                        return Some(vec![p]);
+                        return Some(smallvec::smallvec![p]);
                     }
                     let left = fc - c;
                     if best.is_none_or(|b| (left, i) < (b.0, b.1)) {
                         best = Some((left, i, p));
                     }
                 }
-                best.map(|b| vec![b.2])
+                best.map(|b| smallvec::smallvec![b.2])
             }
         }
     }
@@ -636,9 +643,9 @@ impl Calendar {
         b: Millis,
         policy: Policy,
         frag: &FragMemo<'_>,
-    ) -> Result<Vec<Pick>, Miss> {
+    ) -> Result<Picks, Miss> {
         match &req.gpu {
-            GpuRequest::None => Ok(Vec::new()),
+            GpuRequest::None => Ok(Picks::new()),
             GpuRequest::Whole { count } => self
                 .fit_exclusive(node, req, a, b, *count, |s| !s.is_mig())
                 .map_err(|(usable, free, reserved)| {
@@ -690,8 +697,8 @@ impl Calendar {
         b: Millis,
         count: u32,
         kind: impl Fn(&SlotView) -> bool,
-    ) -> Result<Vec<Pick>, (u32, u32, Option<(JobId, Millis)>)> {
-        let mut picks = Vec::new();
+    ) -> Result<Picks, (u32, u32, Option<(JobId, Millis)>)> {
+        let mut picks = Picks::new();
         let (mut usable, mut reserved_only) = (0u32, 0u32);
         let mut blocker = None;
         for (i, s) in node.slots.iter().enumerate() {
@@ -735,8 +742,8 @@ impl Calendar {
         b: Millis,
         policy: Policy,
         frag: &FragMemo<'_>,
-    ) -> Result<Vec<Pick>, Miss> {
-        let mut candidates: Vec<Pick> = Vec::new();
+    ) -> Result<Picks, Miss> {
+        let mut candidates: SmallVec<[Pick; 8]> = SmallVec::new();
         let (mut usable, mut best_free) = (0u32, (0u32, 0u64));
         let mut blocker: Option<(JobId, Millis)> = None;
         let mut need_shown = (0u32, 0u64);
@@ -823,7 +830,7 @@ impl Calendar {
                 best.expect("non-empty").1
             }
         };
-        Ok(vec![pick])
+        Ok(smallvec::smallvec![pick])
     }
 
     /// Earliest T >= lb from which `req` fits on this node for good, and the slots it
@@ -874,38 +881,37 @@ impl Calendar {
         Some(gpu_t.max(host_t))
     }
 
-    pub fn tail(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<(Millis, Vec<Pick>)> {
+    pub fn tail(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<(Millis, Picks)> {
         if node.cpu_milli < req.cpu_milli || node.memory_bytes < req.memory_bytes {
             return None;
         }
         let host_t = self.host_tail(node, req, lb);
-        let exclusive =
-            |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<(Millis, Vec<Pick>)> {
-                let mut tails: Vec<(Millis, usize)> = node
-                    .slots
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| pred(s) && req.model_ok(&s.model))
-                    .map(|(i, _)| (self.slot_prof[i].last_end(lb), i))
-                    .collect();
-                if (tails.len() as u32) < count {
-                    return None;
-                }
-                tails.sort_unstable();
-                tails.truncate(count as usize);
-                let t = tails.last().map_or(lb, |x| x.0);
-                let picks = tails
-                    .iter()
-                    .map(|&(_, i)| Pick {
-                        slot: i,
-                        compute: GPU_MILLI,
-                        mem_mib: node.slots[i].memory_mib,
-                    })
-                    .collect();
-                Some((t, picks))
-            };
+        let exclusive = |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<(Millis, Picks)> {
+            let mut tails: Vec<(Millis, usize)> = node
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| pred(s) && req.model_ok(&s.model))
+                .map(|(i, _)| (self.slot_prof[i].last_end(lb), i))
+                .collect();
+            if (tails.len() as u32) < count {
+                return None;
+            }
+            tails.sort_unstable();
+            tails.truncate(count as usize);
+            let t = tails.last().map_or(lb, |x| x.0);
+            let picks = tails
+                .iter()
+                .map(|&(_, i)| Pick {
+                    slot: i,
+                    compute: GPU_MILLI,
+                    mem_mib: node.slots[i].memory_mib,
+                })
+                .collect();
+            Some((t, picks))
+        };
         let (gpu_t, picks) = match &req.gpu {
-            GpuRequest::None => (lb, Vec::new()),
+            GpuRequest::None => (lb, Picks::new()),
             GpuRequest::Whole { count } => exclusive(&|s: &SlotView| !s.is_mig(), *count)?,
             GpuRequest::Mig { profile, count } => {
                 exclusive(&|s: &SlotView| s.is_profile(profile), *count)?
@@ -924,7 +930,7 @@ impl Calendar {
                 .map(|(t, i, c, m)| {
                     (
                         t,
-                        vec![Pick {
+                        smallvec::smallvec![Pick {
                             slot: i,
                             compute: c,
                             mem_mib: m,

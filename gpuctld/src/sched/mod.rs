@@ -32,7 +32,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 pub use calendar::Miss;
-use calendar::{Calendar, Pick};
+use calendar::{Calendar, GpuFree, Pick, Picks};
 pub use model::*;
 use packing::{FragMemo, Policy, Workload};
 use priority::PriorityWeights;
@@ -194,7 +194,7 @@ pub fn fits_empty(node: &NodeView, req: &Request) -> bool {
 }
 
 /// The slots a job would take on one node (by node index).
-type NodePicks = (usize, Vec<Pick>);
+type NodePicks = (usize, Picks);
 
 /// Min-heap of (earliest time, node index, node version when computed).
 type TailHeap = BinaryHeap<Reverse<(Millis, usize, u64)>>;
@@ -289,6 +289,19 @@ struct Pass<'a> {
     max_free: calendar::FreeNow,
     max_free_dirty: bool,
     frag: FragMemo<'a>,
+    /// Per node, what the packing scores start from (see `NodeBase`).
+    bases: Vec<NodeBase>,
+    /// `fit_now`'s (score, node) buffer, kept between calls.
+    found: Vec<(f64, usize)>,
+}
+
+/// What packing scores need of a node as it is now: its GPUs' free milli (with any
+/// reservation starting now) and, for FGD, its fragmentation. Kept up to date by
+/// `Pass::claim`, so that scoring a candidate placement computes only the "after".
+struct NodeBase {
+    free: GpuFree,
+    free_total: u64,
+    frag: f64,
 }
 
 fn alloc_of(node: &NodeView, picks: &[Pick], req: &Request) -> Alloc {
@@ -346,35 +359,45 @@ impl<'a> Pass<'a> {
         gpu_ok && f.cpu_milli >= req.cpu_milli && f.mem >= req.memory_bytes
     }
 
+    fn base_of(&self, i: usize) -> NodeBase {
+        let node = &self.cluster.nodes[i];
+        let cal = &self.cals[i];
+        let free = cal.gpu_free_milli(node, self.now);
+        let frag = match self.config.policy {
+            Policy::Fgd => self.frag.node_frag(node, &free, cal.free_now.cpu_milli),
+            _ => 0.0,
+        };
+        NodeBase {
+            free_total: free.iter().map(|x| u64::from(x.1)).sum(),
+            free,
+            frag,
+        }
+    }
+
     fn score(&self, i: usize, req: &Request, picks: &[Pick]) -> f64 {
         let node = &self.cluster.nodes[i];
         let cal = &self.cals[i];
+        let base = &self.bases[i];
         match self.config.policy {
             Policy::FirstFit => 0.0,
             Policy::BestFit => {
-                let free: u64 = cal
-                    .gpu_free_milli(node, self.now)
-                    .iter()
-                    .map(|x| u64::from(x.1))
-                    .sum();
+                let free = base.free_total;
                 let used: u64 = picks.iter().map(|p| u64::from(p.compute)).sum();
                 let cpu_left = cal.free_now.cpu_milli.saturating_sub(req.cpu_milli);
                 (free - used.min(free)) as f64 * 1e6 + f64::from(cpu_left)
             }
             Policy::Fgd => {
-                let mut free = cal.gpu_free_milli(node, self.now);
+                let mut after = base.free.clone();
                 let cpu = cal.free_now.cpu_milli;
-                let before = self.frag.node_frag(node, &free, cpu);
                 for p in picks {
-                    if let Some(f) = free.iter_mut().find(|f| f.0 == p.slot) {
+                    if let Some(f) = after.iter_mut().find(|f| f.0 == p.slot) {
                         f.1 = f.1.saturating_sub(p.compute);
                     }
                 }
-                let after = &free;
                 let delta = self
                     .frag
-                    .node_frag(node, after, cpu.saturating_sub(req.cpu_milli))
-                    - before;
+                    .node_frag(node, &after, cpu.saturating_sub(req.cpu_milli))
+                    - base.frag;
                 // FGD's own scorer quantises the growth (an integer 0..100 through a
                 // sigmoid); growth within one step of FGD_STEP_MILLI counts as equal, and
                 // equal growth goes to the node left with less free GPU, as best-fit.
@@ -397,17 +420,21 @@ impl<'a> Pass<'a> {
         id
     }
 
-    /// `fit` over [now, now + d) and the placement's score.
-    fn fit_scored(&self, i: usize, req: &Request, d: Millis) -> Result<(f64, Vec<Pick>), Miss> {
-        let node = &self.cluster.nodes[i];
-        let picks = self.cals[i].fit(
-            node,
+    /// `fit` on node `i` over [now, now + d).
+    fn fit(&self, i: usize, req: &Request, d: Millis) -> Result<Picks, Miss> {
+        self.cals[i].fit(
+            &self.cluster.nodes[i],
             req,
             self.now,
             self.now + d,
             self.config.policy,
             &self.frag,
-        )?;
+        )
+    }
+
+    /// `fit` and the placement's score.
+    fn fit_scored(&self, i: usize, req: &Request, d: Millis) -> Result<(f64, Picks), Miss> {
+        let picks = self.fit(i, req, d)?;
         Ok((self.score(i, req, &picks), picks))
     }
 
@@ -429,7 +456,7 @@ impl<'a> Pass<'a> {
         req: &Request,
         d: Millis,
         want: usize,
-    ) -> (Vec<(usize, Vec<Pick>)>, Option<JobId>) {
+    ) -> (Vec<(usize, Picks)>, Option<JobId>) {
         self.refresh_max_free();
         if !Self::may_fit(&self.max_free, req) {
             return (Vec::new(), None);
@@ -449,7 +476,8 @@ impl<'a> Pass<'a> {
             st.live = self.eligible.clone();
             st.fits = vec![None; self.cluster.nodes.len()];
         }
-        let mut found: Vec<(f64, usize)> = Vec::new();
+        let mut found = std::mem::take(&mut self.found);
+        found.clear();
         let mut blocker = None;
         let (mut keep, mut next) = (0, 0);
         while next < st.live.len() && found.len() < enough {
@@ -495,15 +523,21 @@ impl<'a> Pass<'a> {
             st.no_fit = Some((d, blocker));
         }
         self.shapes[shape] = st;
-        found.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        // The best `want` of them, best first (scores tie-break on the node index).
+        let order = |x: &(f64, usize), y: &(f64, usize)| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1));
+        if found.len() > want && want > 0 {
+            found.select_nth_unstable_by(want - 1, order);
+        }
         found.truncate(want);
+        found.sort_unstable_by(order);
         let picked = found
-            .into_iter()
-            .map(|(_, i)| {
-                let (_, picks) = self.fit_scored(i, req, d).expect("cached as fitting");
+            .iter()
+            .map(|&(_, i)| {
+                let picks = self.fit(i, req, d).expect("cached as fitting");
                 (i, picks)
             })
             .collect();
+        self.found = found;
         (picked, blocker)
     }
 
@@ -515,9 +549,9 @@ impl<'a> Pass<'a> {
         d: Millis,
         want: usize,
         misses: &mut Vec<(usize, Miss)>,
-    ) -> Vec<(usize, Vec<Pick>)> {
+    ) -> Vec<(usize, Picks)> {
         let enough = self.enough(want);
-        let mut found: Vec<(f64, usize, Vec<Pick>)> = Vec::new();
+        let mut found: Vec<(f64, usize, Picks)> = Vec::new();
         for i in 0..self.cluster.nodes.len() {
             match self.fit_scored(i, req, d) {
                 Ok(_) if found.len() >= enough => {}
@@ -540,6 +574,7 @@ impl<'a> Pass<'a> {
         reserved: bool,
     ) {
         self.cals[i].add(job, picks, req.cpu_milli, req.memory_bytes, span, reserved);
+        let base_moves = span.0 <= self.now;
         if !reserved {
             let node = &self.cluster.nodes[i];
             self.cals[i].refresh_free_now(node, self.now);
@@ -553,6 +588,9 @@ impl<'a> Pass<'a> {
                 || (old.mig == m.mig && new.mig < old.mig)
                 || (old.cpu_milli == m.cpu_milli && new.cpu_milli < old.cpu_milli)
                 || (old.mem == m.mem && new.mem < old.mem);
+        }
+        if base_moves {
+            self.bases[i] = self.base_of(i);
         }
     }
 
@@ -591,7 +629,7 @@ impl<'a> Pass<'a> {
         shape: usize,
         req: &Request,
         lb: Millis,
-    ) -> Option<(Millis, usize, Vec<Pick>)> {
+    ) -> Option<(Millis, usize, Picks)> {
         let c = self.tail_class(shape, req);
         let class = tail_class_of(req);
         let (cluster, cals, now) = (self.cluster, &self.cals, self.now);
@@ -639,7 +677,7 @@ impl<'a> Pass<'a> {
         n: usize,
         lb: Millis,
     ) -> Option<(Millis, Vec<NodePicks>)> {
-        let mut tails: Vec<(Millis, usize, Vec<Pick>)> = self
+        let mut tails: Vec<(Millis, usize, Picks)> = self
             .eligible
             .iter()
             .filter_map(|&i| {
@@ -687,6 +725,8 @@ impl<'a> Pass<'a> {
             frees: Vec::new(),
             max_free_dirty: true,
             frag: FragMemo::new(&config.workload),
+            bases: Vec::new(),
+            found: Vec::new(),
         };
         let node_index: HashMap<&str, usize> = cluster
             .nodes
@@ -699,7 +739,7 @@ impl<'a> Pass<'a> {
                 continue;
             };
             let node = &cluster.nodes[i];
-            let picks: Vec<Pick> = r
+            let picks: Picks = r
                 .alloc
                 .slots
                 .iter()
@@ -729,6 +769,7 @@ impl<'a> Pass<'a> {
             pass.cals[i].refresh_free_now(node, now);
         }
         pass.frees = pass.cals.iter().map(|c| c.free_now).collect();
+        pass.bases = (0..cluster.nodes.len()).map(|i| pass.base_of(i)).collect();
         pass
     }
 }
