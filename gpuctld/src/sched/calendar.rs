@@ -225,6 +225,10 @@ pub struct Calendar {
     /// Per slot, kept next to each other for the tail searches (see `slot_tail`).
     slot_sum: Vec<SlotSummary>,
     pub host_prof: Profile,
+    /// The same for held claims alone (no reservations): what a window would meet if
+    /// every reservation moved away, which tells "reserved" from "busy" misses.
+    slot_held: Vec<Profile>,
+    host_held: Profile,
     pub slots: Vec<Vec<Claim>>,
     pub host: Vec<HostClaim>,
     /// Bumped on every change; cached answers about this node are stale when it moves.
@@ -260,7 +264,8 @@ fn overlaps(s: Millis, e: Millis, a: Millis, b: Millis) -> bool {
 }
 
 /// Peak of summed (x, y) over [a, b) of intervals (start, end, x, y, reserved),
-/// optionally without reservations.
+/// optionally without reservations: the brute-force oracle for the profiles.
+#[cfg(test)]
 fn peak_of(
     items: impl Iterator<Item = (Millis, Millis, i64, i64, bool)>,
     a: Millis,
@@ -287,6 +292,7 @@ fn peak_of(
 }
 
 /// Peak (compute, memory) over [a, b) of a slot's claims.
+#[cfg(test)]
 fn peak(claims: &[Claim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u64) {
     let (c, m) = peak_of(
         claims.iter().map(|c| {
@@ -296,25 +302,6 @@ fn peak(claims: &[Claim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u6
                 i64::from(c.compute),
                 c.mem_mib as i64,
                 c.reserved,
-            )
-        }),
-        a,
-        b,
-        with_reserved,
-    );
-    (c as u32, m as u64)
-}
-
-/// Peak (CPU milli, memory bytes) over [a, b) of a node's host claims.
-fn host_peak(claims: &[HostClaim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u64) {
-    let (c, m) = peak_of(
-        claims.iter().map(|h| {
-            (
-                h.start,
-                h.end,
-                i64::from(h.cpu_milli),
-                h.mem as i64,
-                h.reserved,
             )
         }),
         a,
@@ -337,6 +324,7 @@ impl Calendar {
         Calendar {
             slots: vec![Vec::new(); node.slots.len()],
             slot_prof: vec![Profile::default(); node.slots.len()],
+            slot_held: vec![Profile::default(); node.slots.len()],
             slot_sum: vec![SlotSummary::default(); node.slots.len()],
             now: Millis::MIN,
             ..Calendar::default()
@@ -356,6 +344,9 @@ impl Calendar {
             let prof = &mut self.slot_prof[p.slot];
             prof.add(a, b, i64::from(p.compute), p.mem_mib as i64);
             self.slot_sum[p.slot] = SlotSummary::of(prof);
+            if !reserved {
+                self.slot_held[p.slot].add(a, b, i64::from(p.compute), p.mem_mib as i64);
+            }
             self.slots[p.slot].push(Claim {
                 start: a,
                 end: b,
@@ -371,6 +362,9 @@ impl Calendar {
         }
         if cpu_milli > 0 || mem > 0 {
             self.host_prof.add(a, b, i64::from(cpu_milli), mem as i64);
+            if !reserved {
+                self.host_held.add(a, b, i64::from(cpu_milli), mem as i64);
+            }
             self.host.push(HostClaim {
                 start: a,
                 end: b,
@@ -532,7 +526,8 @@ impl Calendar {
         if host_ok && gpus.is_ok() {
             return gpus;
         }
-        let (c0, m0) = host_peak(&self.host, a, b, false);
+        let (c0, m0) = self.host_held.peak(a, b);
+        let (c0, m0) = (c0 as u32, m0 as u64);
         if c0 + req.cpu_milli > node.cpu_milli {
             return Err(Miss::Cpus {
                 need: req.cpu_milli,
@@ -765,7 +760,8 @@ impl Calendar {
                 });
                 continue;
             }
-            let (rc, rm) = peak(&self.slots[i], a, b, false);
+            let (rc, rm) = self.slot_held[i].peak(a, b);
+            let (rc, rm) = (rc as u32, rm as u64);
             let free = (
                 GPU_MILLI.saturating_sub(rc),
                 s.memory_mib.saturating_sub(rm),

@@ -202,6 +202,7 @@ type TailHeap = BinaryHeap<Reverse<(Millis, usize, u64)>>;
 /// A node's answer to `fit` over [now, b) for one shape, valid while the node's
 /// `held_version` and the number of reservations starting before b stay the same (a
 /// reservation starting later is outside the window; see `Calendar::res_starts`).
+/// `Busy` needs only the same `held_version`: it is decided by held claims alone.
 /// Small and `Copy`: a pass keeps one per (shape, node).
 #[derive(Clone, Copy)]
 struct CachedFit {
@@ -487,10 +488,17 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let cal = &self.cals[i];
-            let before = cal.reservations_before(b);
-            let outcome = match st.fits[i] {
-                Some(c) if c.held_version == cal.held_version && c.before == before => c.outcome,
+            let cached = st.fits[i].filter(|c| c.held_version == cal.held_version);
+            let outcome = match cached {
+                // A busy node stays busy whatever is reserved since: held claims alone
+                // decide it (and they, like the window's start, are unchanged).
+                Some(CachedFit {
+                    outcome: Outcome::Busy,
+                    ..
+                }) => Outcome::Busy,
+                Some(c) if c.before == cal.reservations_before(b) => c.outcome,
                 _ => {
+                    let before = cal.reservations_before(b);
                     let outcome = match self.fit_scored(i, req, d) {
                         Ok((score, _)) => Outcome::Fits(score),
                         Err(m) if permanent(&m) => Outcome::Never,
