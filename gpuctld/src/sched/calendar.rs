@@ -829,6 +829,15 @@ impl Calendar {
         Ok(smallvec::smallvec![pick])
     }
 
+    /// Earliest T >= lb from which the host has room for `req`'s CPUs and memory for
+    /// good (`None`: never).
+    pub fn host_tail_time(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<Millis> {
+        if node.cpu_milli < req.cpu_milli || node.memory_bytes < req.memory_bytes {
+            return None;
+        }
+        Some(self.host_tail(node, req, lb))
+    }
+
     /// Earliest T >= lb from which `req` fits on this node for good, and the slots it
     /// would take then. `None`: never (the node is too small or has no matching slots).
     /// The time `tail` would give, without choosing slots (the hot path of reservations).

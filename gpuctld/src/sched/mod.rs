@@ -197,6 +197,9 @@ pub fn fits_empty(node: &NodeView, req: &Request) -> bool {
 type NodePicks = (usize, Picks);
 
 /// Min-heap of (earliest time, node index, node version when computed).
+/// Request lookups happen once per pending job: a fast (fixed-seed, deterministic) hash.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+
 type TailHeap = BinaryHeap<Reverse<(Millis, usize, u64)>>;
 
 /// A node's answer to `fit` over [now, b) for one shape, valid while the node's
@@ -275,12 +278,12 @@ struct Pass<'a> {
     config: &'a SchedConfig,
     now: Millis,
     cals: Vec<Calendar>,
-    shape_ids: HashMap<Request, usize>,
+    shape_ids: FastMap<Request, usize>,
     shapes: Vec<ShapeState>,
     /// Per tail class: each eligible node's earliest "free for good" time for the
     /// class's request. Times only grow as claims are added, so a stale entry (older
     /// calendar version) is a lower bound and is recomputed when it reaches the top.
-    tail_ids: HashMap<Request, usize>,
+    tail_ids: FastMap<Request, usize>,
     tail_heaps: Vec<TailHeap>,
     eligible: Vec<usize>,
     /// Each node's `Calendar::free_now`, side by side (the scans read nothing else of
@@ -657,10 +660,14 @@ impl<'a> Pass<'a> {
                 continue;
             }
             looked.push(Reverse((t, i, v)));
+            // The class asks for the same GPUs without CPUs or memory: the job's own tail
+            // is the later of the class's (fresh here) and the host's.
             let own = if class == *req {
                 Some(t)
-            } else {
+            } else if matches!(req.gpu, GpuRequest::None) {
                 cals[i].tail_time(node, req, now)
+            } else {
+                cals[i].host_tail_time(node, req, now).map(|h| h.max(t))
             };
             if let Some(t2) = own
                 && best.is_none_or(|b| (t2, i) < b)
@@ -722,9 +729,9 @@ impl<'a> Pass<'a> {
             config,
             now,
             cals: cluster.nodes.iter().map(Calendar::new).collect(),
-            shape_ids: HashMap::new(),
+            shape_ids: FastMap::default(),
             shapes: Vec::new(),
-            tail_ids: HashMap::new(),
+            tail_ids: FastMap::default(),
             tail_heaps: Vec::new(),
             eligible: (0..cluster.nodes.len())
                 .filter(|&i| cluster.nodes[i].eligible())
