@@ -108,6 +108,11 @@ impl Profile {
         match self.pts.binary_search_by_key(&t, |p| p.0) {
             Ok(i) => i,
             Err(i) => {
+                if self.pts.capacity() == 0 {
+                    // Nearly every profile that is used at all gets a few claims.
+                    self.pts.reserve(8);
+                    self.suf.reserve(8);
+                }
                 let (c, m) = if i == 0 {
                     (0, 0)
                 } else {
@@ -426,9 +431,13 @@ impl Calendar {
         self.res_starts.first().copied().unwrap_or(Millis::MAX)
     }
 
-    /// How many reservations start before `b` (those a window ending at `b` meets).
-    pub fn reservations_before(&self, b: Millis) -> usize {
-        self.res_starts.partition_point(|&t| t < b)
+    /// How many reservations start before `b` (those a window ending at `b` meets), and
+    /// the window ends that meet the same ones: (lo, hi].
+    pub fn reservations_before(&self, b: Millis) -> (usize, (Millis, Millis)) {
+        let k = self.res_starts.partition_point(|&t| t < b);
+        let lo = k.checked_sub(1).map_or(Millis::MIN, |j| self.res_starts[j]);
+        let hi = self.res_starts.get(k).copied().unwrap_or(Millis::MAX);
+        (k, (lo, hi))
     }
 
     pub fn refresh_free_now(&mut self, node: &NodeView, now: Millis) {
@@ -892,12 +901,12 @@ impl Calendar {
         }
         let host_t = self.host_tail(node, req, lb);
         let exclusive = |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<(Millis, Picks)> {
-            let mut tails: Vec<(Millis, usize)> = node
+            let mut tails: SmallVec<[(Millis, usize); 16]> = node
                 .slots
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| pred(s) && req.model_ok(&s.model))
-                .map(|(i, _)| (self.slot_prof[i].last_end(lb), i))
+                .map(|(i, _)| (self.slot_sum[i].last_end.max(lb), i))
                 .collect();
             if (tails.len() as u32) < count {
                 return None;

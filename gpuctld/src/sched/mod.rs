@@ -209,8 +209,12 @@ type TailHeap = BinaryHeap<Reverse<(Millis, usize, u64)>>;
 /// Small and `Copy`: a pass keeps one per (shape, node).
 #[derive(Clone, Copy)]
 struct CachedFit {
+    /// The node's `version` then: unchanged, the answer holds without more checks.
+    version: u64,
     held_version: u64,
     before: usize,
+    /// The window ends (b) that meet the same `before` reservations: (lo, hi].
+    window: (Millis, Millis),
     outcome: Outcome,
 }
 
@@ -297,6 +301,8 @@ struct Pass<'a> {
     bases: Vec<NodeBase>,
     /// `fit_now`'s (score, node) buffer, kept between calls.
     found: Vec<(f64, usize)>,
+    /// Each node's `Calendar::version`, side by side for `fit_now`'s scan.
+    versions: Vec<u64>,
 }
 
 /// What packing scores need of a node as it is now: its GPUs' free milli (with any
@@ -482,42 +488,64 @@ impl<'a> Pass<'a> {
         }
         let mut found = std::mem::take(&mut self.found);
         found.clear();
+        // The best so far (score, node) and how many fit: single-node jobs need no list.
+        let (mut best, mut fitting): (Option<(f64, usize)>, usize) = (None, 0);
+        let order = |x: &(f64, usize), y: &(f64, usize)| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1));
         let mut blocker = None;
         let (mut keep, mut next) = (0, 0);
-        while next < st.live.len() && found.len() < enough {
+        while next < st.live.len() && fitting < enough {
             let i = st.live[next];
             next += 1;
             if !Self::may_fit(&self.frees[i], req) {
                 continue;
             }
-            let cal = &self.cals[i];
-            let cached = st.fits[i].filter(|c| c.held_version == cal.held_version);
-            let outcome = match cached {
+            let outcome = match st.fits[i] {
+                // Nothing changed here since, and the window meets the same reservations.
+                Some(c) if c.version == self.versions[i] && c.window.0 < b && b <= c.window.1 => {
+                    c.outcome
+                }
                 // A busy node stays busy whatever is reserved since: held claims alone
                 // decide it (and they, like the window's start, are unchanged).
                 Some(CachedFit {
+                    held_version,
                     outcome: Outcome::Busy,
                     ..
-                }) => Outcome::Busy,
-                Some(c) if c.before == cal.reservations_before(b) => c.outcome,
-                _ => {
-                    let before = cal.reservations_before(b);
-                    let outcome = match self.fit_scored(i, req, d) {
-                        Ok((score, _)) => Outcome::Fits(score),
-                        Err(m) if permanent(&m) => Outcome::Never,
-                        Err(Miss::Reserved { job, .. }) => Outcome::Reserved(job),
-                        Err(_) => Outcome::Busy,
+                }) if held_version == self.cals[i].held_version => Outcome::Busy,
+                cached => {
+                    let cal = &self.cals[i];
+                    let (before, window) = cal.reservations_before(b);
+                    let outcome = match cached {
+                        Some(c) if c.held_version == cal.held_version && c.before == before => {
+                            c.outcome
+                        }
+                        _ => match self.fit_scored(i, req, d) {
+                            Ok((score, _)) => Outcome::Fits(score),
+                            Err(m) if permanent(&m) => Outcome::Never,
+                            Err(Miss::Reserved { job, .. }) => Outcome::Reserved(job),
+                            Err(_) => Outcome::Busy,
+                        },
                     };
                     st.fits[i] = Some(CachedFit {
+                        version: cal.version,
                         held_version: cal.held_version,
                         before,
+                        window,
                         outcome,
                     });
                     outcome
                 }
             };
             match outcome {
-                Outcome::Fits(score) => found.push((score, i)),
+                Outcome::Fits(score) => {
+                    fitting += 1;
+                    if want == 1 {
+                        if best.is_none_or(|b| order(&(score, i), &b).is_lt()) {
+                            best = Some((score, i));
+                        }
+                    } else {
+                        found.push((score, i));
+                    }
+                }
                 Outcome::Never => continue,
                 Outcome::Reserved(job) => {
                     blocker.get_or_insert(job);
@@ -530,17 +558,20 @@ impl<'a> Pass<'a> {
         let rest = st.live.len() - next;
         st.live.copy_within(next.., keep);
         st.live.truncate(keep + rest);
-        if found.len() < want {
+        if fitting < want {
             st.no_fit = Some((d, blocker));
         }
         self.shapes[shape] = st;
         // The best `want` of them, best first (scores tie-break on the node index).
-        let order = |x: &(f64, usize), y: &(f64, usize)| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1));
-        if found.len() > want && want > 0 {
-            found.select_nth_unstable_by(want - 1, order);
+        if want == 1 {
+            found.extend(best);
+        } else {
+            if found.len() > want && want > 0 {
+                found.select_nth_unstable_by(want - 1, order);
+            }
+            found.truncate(want);
+            found.sort_unstable_by(order);
         }
-        found.truncate(want);
-        found.sort_unstable_by(order);
         let picked = found
             .iter()
             .map(|&(_, i)| {
@@ -585,6 +616,7 @@ impl<'a> Pass<'a> {
         reserved: bool,
     ) {
         self.cals[i].add(job, picks, req.cpu_milli, req.memory_bytes, span, reserved);
+        self.versions[i] = self.cals[i].version;
         let base_moves = span.0 <= self.now;
         if !reserved {
             let node = &self.cluster.nodes[i];
@@ -742,6 +774,7 @@ impl<'a> Pass<'a> {
             frag: FragMemo::new(&config.workload),
             bases: Vec::new(),
             found: Vec::new(),
+            versions: Vec::new(),
         };
         let node_index: HashMap<&str, usize> = cluster
             .nodes
@@ -784,6 +817,7 @@ impl<'a> Pass<'a> {
             pass.cals[i].refresh_free_now(node, now);
         }
         pass.frees = pass.cals.iter().map(|c| c.free_now).collect();
+        pass.versions = pass.cals.iter().map(|c| c.version).collect();
         pass.bases = (0..cluster.nodes.len()).map(|i| pass.base_of(i)).collect();
         pass
     }
