@@ -7,6 +7,10 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use gpuctld::bench;
 use gpuctld::sched::{self, SchedConfig};
 
+/// The allocator of the daemon (see main.rs).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn pass(c: &mut Criterion) {
     let (pods, source) = bench::pods();
     eprintln!("task mix: {source}");

@@ -197,6 +197,9 @@ pub fn fits_empty(node: &NodeView, req: &Request) -> bool {
 type NodePicks = (usize, Picks);
 
 /// Min-heap of (earliest time, node index, node version when computed).
+/// A node that has left a `ShapeState::live` list.
+const GONE: usize = usize::MAX;
+
 /// Request lookups happen once per pending job: a fast (fixed-seed, deterministic) hash.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
@@ -235,8 +238,11 @@ enum Outcome {
 #[derive(Default)]
 struct ShapeState {
     /// Eligible nodes where it may still fit now, in node order. What is free now only
-    /// shrinks during a pass, so a node that cannot hold it now (or ever) leaves for good.
+    /// shrinks during a pass, so a node that cannot hold it now (or ever) leaves for good:
+    /// its entry becomes `GONE`, and the list is compacted once half of it is gone (so
+    /// that a scan does not move the rest of the list each time it drops a node).
     live: Vec<usize>,
+    gone: usize,
     /// Per node (empty until the shape's first `fit_now`).
     fits: Vec<Option<CachedFit>>,
     /// Its tail class (see `Pass::tail_class`), found on its first reservation.
@@ -492,11 +498,16 @@ impl<'a> Pass<'a> {
         let (mut best, mut fitting): (Option<(f64, usize)>, usize) = (None, 0);
         let order = |x: &(f64, usize), y: &(f64, usize)| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1));
         let mut blocker = None;
-        let (mut keep, mut next) = (0, 0);
+        let mut next = 0;
         while next < st.live.len() && fitting < enough {
             let i = st.live[next];
             next += 1;
+            if i == GONE {
+                continue;
+            }
             if !Self::may_fit(&self.frees[i], req) {
+                st.live[next - 1] = GONE;
+                st.gone += 1;
                 continue;
             }
             let outcome = match st.fits[i] {
@@ -546,18 +557,20 @@ impl<'a> Pass<'a> {
                         found.push((score, i));
                     }
                 }
-                Outcome::Never => continue,
+                Outcome::Never => {
+                    st.live[next - 1] = GONE;
+                    st.gone += 1;
+                }
                 Outcome::Reserved(job) => {
                     blocker.get_or_insert(job);
                 }
                 Outcome::Busy => {}
             }
-            st.live[keep] = i;
-            keep += 1;
         }
-        let rest = st.live.len() - next;
-        st.live.copy_within(next.., keep);
-        st.live.truncate(keep + rest);
+        if st.gone * 2 > st.live.len() {
+            st.live.retain(|&i| i != GONE);
+            st.gone = 0;
+        }
         if fitting < want {
             st.no_fit = Some((d, blocker));
         }
