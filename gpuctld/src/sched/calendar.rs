@@ -148,6 +148,14 @@ impl Profile {
         }
     }
 
+    /// Usage at instant t.
+    pub fn at(&self, t: Millis) -> (i64, i64) {
+        match self.pts.partition_point(|p| p.0 <= t) {
+            0 => (0, 0),
+            k => (self.pts[k - 1].1, self.pts[k - 1].2),
+        }
+    }
+
     /// Peak usage over [a, b).
     pub fn peak(&self, a: Millis, b: Millis) -> (i64, i64) {
         let start = self.pts.partition_point(|p| p.0 <= a).saturating_sub(1);
@@ -252,6 +260,9 @@ pub struct Calendar {
     /// running jobs, whose usage never grows after `now`, so the `slot_free_now`
     /// snapshot answers `fit` exactly (the fast path).
     pub res_starts: Vec<Millis>,
+    /// The reservations that take CPUs or memory here, as (start, job, end), sorted: the
+    /// first that meets a window is the one a host miss names.
+    host_res: Vec<(Millis, JobId, Millis)>,
     pub now: Millis,
 }
 
@@ -366,6 +377,10 @@ impl Calendar {
             self.res_starts.insert(k, a);
         }
         if cpu_milli > 0 || mem > 0 {
+            if reserved {
+                let k = self.host_res.partition_point(|&r| r < (a, job, b));
+                self.host_res.insert(k, (a, job, b));
+            }
             self.host_prof.add(a, b, i64::from(cpu_milli), mem as i64);
             if !reserved {
                 self.host_held.add(a, b, i64::from(cpu_milli), mem as i64);
@@ -442,17 +457,12 @@ impl Calendar {
 
     pub fn refresh_free_now(&mut self, node: &NodeView, now: Millis) {
         // What running jobs hold at `now` (reservations are not running).
-        let held = |s: Millis, e: Millis, reserved: bool| !reserved && s <= now && now < e;
         let mut f = FreeNow::default();
         self.now = now;
         self.slot_free_now.clear();
-        for (s, claims) in node.slots.iter().zip(&self.slots) {
-            let (c, m) = claims
-                .iter()
-                .filter(|c| held(c.start, c.end, c.reserved))
-                .fold((0u32, 0u64), |acc, c| {
-                    (acc.0 + c.compute, acc.1 + c.mem_mib)
-                });
+        for (s, held) in node.slots.iter().zip(&self.slot_held) {
+            let (c, m) = held.at(now);
+            let (c, m) = (c as u32, m as u64);
             self.slot_free_now
                 .push((GPU_MILLI.saturating_sub(c), s.memory_mib.saturating_sub(m)));
             if s.is_mig() {
@@ -464,11 +474,8 @@ impl Calendar {
                 }
             }
         }
-        let (c, m) = self
-            .host
-            .iter()
-            .filter(|h| held(h.start, h.end, h.reserved))
-            .fold((0u32, 0u64), |acc, h| (acc.0 + h.cpu_milli, acc.1 + h.mem));
+        let (c, m) = self.host_held.at(now);
+        let (c, m) = (c as u32, m as u64);
         f.cpu_milli = node.cpu_milli.saturating_sub(c);
         f.mem = node.memory_bytes.saturating_sub(m);
         self.free_now = f;
@@ -553,12 +560,11 @@ impl Calendar {
             return gpus;
         }
         let (job, from) = self
-            .host
+            .host_res
             .iter()
-            .filter(|h| h.reserved && overlaps(h.start, h.end, a, b))
-            .map(|h| (h.job, h.start))
-            .min_by_key(|&(j, s)| (s, j))
-            .unwrap_or((0, a));
+            .take_while(|r| r.0 < b)
+            .find(|r| overlaps(r.0, r.2, a, b))
+            .map_or((0, a), |r| (r.1, r.0));
         match gpus {
             // Both are in the way; the GPUs' reservation is named.
             Err(m) => Err(m),
@@ -983,6 +989,7 @@ mod tests {
             for &(a, len) in &windows {
                 let (pc, pm) = peak(&cs, a, a + len, true);
                 prop_assert_eq!(p.peak(a, a + len), (i64::from(pc), pm as i64));
+                prop_assert_eq!(p.at(a), usage(a));
                 let room = |x: i64| {
                     let u = usage(x);
                     u.0 + need <= 1000 && u.1 <= 200
