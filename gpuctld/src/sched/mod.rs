@@ -205,10 +205,14 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
 type TailHeap = BinaryHeap<Reverse<(Millis, usize, u64)>>;
 
-/// A node's answer to `fit` over [now, b) for one shape, valid while the node's
-/// `held_version` and the number of reservations starting before b stay the same (a
-/// reservation starting later is outside the window; see `Calendar::res_starts`).
-/// `Busy` needs only the same `held_version`: it is decided by held claims alone.
+/// A node's answer to `fit` over [now, b) for one shape. It depends only on what is held
+/// (`held_version`) and on the set of reservations starting before b (the window meets
+/// exactly those; see `Calendar::res_starts`). Reservations are only added during a pass,
+/// so the set is the same for a later window end b' when b' lies in `window` (no earlier
+/// reservation starts between b and b') and as many reservations start before b' as
+/// `before` (none added since does). `Busy` needs only the same `held_version`: it is
+/// decided by held claims alone; `Reserved` stays blocked while every reservation it
+/// met still starts before b'.
 /// Small and `Copy`: a pass keeps one per (shape, node).
 #[derive(Clone, Copy)]
 struct CachedFit {
@@ -522,11 +526,32 @@ impl<'a> Pass<'a> {
                     outcome: Outcome::Busy,
                     ..
                 }) if held_version == self.cals[i].held_version => Outcome::Busy,
+                // Every reservation it met still starts inside this window (and more may):
+                // it stays blocked. Only the job named could differ, and only the first
+                // blocker found is reported.
+                Some(CachedFit {
+                    held_version,
+                    window,
+                    outcome: o @ Outcome::Reserved(_),
+                    ..
+                }) if blocker.is_some()
+                    && held_version == self.cals[i].held_version
+                    && window.0 < b =>
+                {
+                    o
+                }
                 cached => {
                     let cal = &self.cals[i];
                     let (before, window) = cal.reservations_before(b);
                     let outcome = match cached {
-                        Some(c) if c.held_version == cal.held_version && c.before == before => {
+                        // The same reservations as then: those that met it then and no
+                        // new ones (the count before b is the same).
+                        Some(c)
+                            if c.held_version == cal.held_version
+                                && c.before == before
+                                && c.window.0 < b
+                                && b <= c.window.1 =>
+                        {
                             c.outcome
                         }
                         _ => match self.fit_scored(i, req, d) {

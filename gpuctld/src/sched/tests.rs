@@ -375,6 +375,48 @@ fn drained_down_and_unavailable() {
     assert_eq!(ex.nodes[2].1, Some(Miss::TooSmall { what: "GPUs" }));
 }
 
+/// The pass caches a node's answer per request shape. Jobs of one shape can have
+/// different time limits, so a later job's window can meet a different set of
+/// reservations even when as many of them start inside it: here job 2's window met job
+/// 1's reservation (from 20h), job 4's shorter one meets only job 3's (from 5h, CPUs
+/// only). Job 4 fits now on GPU 0; a cache keyed on the count alone said "reserved".
+#[test]
+fn a_shorter_window_meeting_other_reservations_is_not_taken_from_the_cache() {
+    // CPUs: 64 on the node, 63 held now (1 until 20h), job 3 takes 62 from 5h to 6h.
+    let mut cpus = running(101, "a", &[], 5 * H);
+    cpus.alloc.cpu_milli = 62_000;
+    let c = ClusterView {
+        nodes: vec![node("a", 2)],
+        running: vec![running(100, "a", &[1], 20 * H), cpus],
+    };
+    let cpu_only = Request {
+        cpu_milli: 62_000,
+        ..Request::default()
+    };
+    let q = [
+        job(1, 4, whole(2), 100),
+        job(2, 3, whole(1), 50),
+        job(3, 2, cpu_only, 1),
+        job(4, 1, whole(1), 10),
+    ];
+    let config = cfg(Policy::FirstFit);
+    let plan = run(&c, &q, &config);
+    let start_of = |j: JobId| {
+        plan.waiting(j)
+            .and_then(|w| w.reservation.as_ref())
+            .map(|r| r.start)
+    };
+    assert_eq!(start_of(1), Some(20 * H));
+    assert_eq!(start_of(3), Some(5 * H));
+    assert_eq!(
+        plan.waiting(2).map(|w| &w.reason),
+        Some(&Blocked::Priority { behind: 1 })
+    );
+    assert_eq!(started(&plan), vec![4]);
+    let ex = explain(&c, &q, &config, 0, 4).unwrap();
+    assert!(ex.outcome.is_ok(), "{:?}", ex.outcome);
+}
+
 #[test]
 fn cpus_and_memory_count() {
     let mut n = node("a", 4);
