@@ -51,6 +51,9 @@ fn main() {
         let s = Instant::now();
         drop(std::hint::black_box(plan));
         t.push((planned + s.elapsed()).as_secs_f64() * 1e3);
+        if std::env::var("EACH").is_ok() {
+            eprintln!("{:.1}", t.last().unwrap());
+        }
     }
     t.sort_by(f64::total_cmp);
     eprintln!("{n}: {digest}");

@@ -313,6 +313,8 @@ struct Pass<'a> {
     found: Vec<(f64, usize)>,
     /// Each node's `Calendar::version`, side by side for `fit_now`'s scan.
     versions: Vec<u64>,
+    /// `earliest_one`'s buffer of heap entries looked at, kept between calls.
+    looked: Vec<Reverse<(Millis, usize, u64)>>,
 }
 
 /// What packing scores need of a node as it is now: its GPUs' free milli (with any
@@ -715,7 +717,8 @@ impl<'a> Pass<'a> {
         let class = tail_class_of(req);
         let (cluster, cals, now) = (self.cluster, &self.cals, self.now);
         let heap = &mut self.tail_heaps[c];
-        let mut looked: Vec<Reverse<(Millis, usize, u64)>> = Vec::new();
+        let looked = &mut self.looked;
+        looked.clear();
         let mut best: Option<(Millis, usize)> = None;
         while let Some(&Reverse((t, i, v))) = heap.peek() {
             if best.is_some_and(|b| b < (t, i)) {
@@ -746,7 +749,7 @@ impl<'a> Pass<'a> {
             }
         }
         // The nodes looked at may serve later jobs: back they go (stale after a claim).
-        heap.extend(looked);
+        heap.extend(looked.drain(..));
         let (t, i) = best?;
         let (t2, picks) = cals[i]
             .tail(&cluster.nodes[i], req, now)
@@ -813,6 +816,7 @@ impl<'a> Pass<'a> {
             bases: Vec::new(),
             found: Vec::new(),
             versions: Vec::new(),
+            looked: Vec::new(),
         };
         let node_index: HashMap<&str, usize> = cluster
             .nodes
