@@ -406,6 +406,22 @@ impl Calendar {
         (c as u32, m as u64)
     }
 
+    /// Does the window [a, b) start now and meet no reservation? Then only running jobs
+    /// are in it, whose use never grows after `now`: the snapshot at `now` is its peak.
+    fn meets_no_reservation(&self, a: Millis, b: Millis) -> bool {
+        a == self.now && b <= self.reserved_from()
+    }
+
+    /// `slot_peak`, from the snapshot when the window meets no reservation.
+    fn slot_use(&self, slot: &SlotView, i: usize, a: Millis, b: Millis) -> (u32, u64) {
+        if self.meets_no_reservation(a, b) {
+            let (c, m) = self.slot_free_now[i];
+            (GPU_MILLI - c, slot.memory_mib.saturating_sub(m))
+        } else {
+            self.slot_peak(i, a, b)
+        }
+    }
+
     /// Peak (CPU milli, memory bytes) over [a, b) on the host, reservations included.
     fn host_peak(&self, a: Millis, b: Millis) -> (u32, u64) {
         let (c, m) = self.host_prof.peak(a, b);
@@ -521,8 +537,7 @@ impl Calendar {
         if node.memory_bytes < req.memory_bytes {
             return Err(Miss::TooSmall { what: "memory" });
         }
-        if a == self.now
-            && b <= self.reserved_from()
+        if self.meets_no_reservation(a, b)
             && let Some(picks) = self.fit_fast(node, req, policy)
         {
             return Ok(picks);
@@ -766,7 +781,7 @@ impl Calendar {
             };
             usable += 1;
             need_shown = (c, m);
-            let (uc, um) = self.slot_peak(i, a, b);
+            let (uc, um) = self.slot_use(s, i, a, b);
             if uc + c <= GPU_MILLI && um + m <= s.memory_mib {
                 candidates.push(Pick {
                     slot: i,
@@ -818,14 +833,18 @@ impl Calendar {
                 .iter()
                 .min_by_key(|p| {
                     (
-                        GPU_MILLI - self.slot_peak(p.slot, a, b).0 - p.compute,
+                        GPU_MILLI - self.slot_use(&node.slots[p.slot], p.slot, a, b).0 - p.compute,
                         p.slot,
                     )
                 })
                 .expect("non-empty"),
             Policy::Fgd => {
                 let mut free = self.gpu_free_milli(node, a);
-                let cpus_free = node.cpu_milli.saturating_sub(self.host_peak(a, b).0);
+                let cpus_free = if self.meets_no_reservation(a, b) {
+                    self.free_now.cpu_milli
+                } else {
+                    node.cpu_milli.saturating_sub(self.host_peak(a, b).0)
+                };
                 let cpus_after = cpus_free.saturating_sub(req.cpu_milli);
                 // Fragmentation after each candidate (the "before" is the same for all).
                 let mut best: Option<(f64, Pick)> = None;
