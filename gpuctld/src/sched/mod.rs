@@ -210,9 +210,8 @@ type TailHeap = BinaryHeap<Reverse<(Millis, usize, u64)>>;
 /// exactly those; see `Calendar::res_starts`). Reservations are only added during a pass,
 /// so the set is the same for a later window end b' when b' lies in `window` (no earlier
 /// reservation starts between b and b') and as many reservations start before b' as
-/// `before` (none added since does). `Busy` needs only the same `held_version`: it is
-/// decided by held claims alone; `Reserved` stays blocked while every reservation it
-/// met still starts before b'.
+/// `before` (none added since does). `Reserved` stays blocked while every reservation
+/// it met still starts before b'. (`Busy` and `Never` nodes leave the shape's list.)
 /// Small and `Copy`: a pass keeps one per (shape, node).
 #[derive(Clone, Copy)]
 struct CachedFit {
@@ -231,7 +230,7 @@ enum Outcome {
     Fits(f64),
     /// Only a reservation is in the way.
     Reserved(JobId),
-    /// Something else is (resources held now).
+    /// Something else is: resources held now (for good, during a pass).
     Busy,
     /// A miss no claim made during the pass can undo.
     Never,
@@ -521,13 +520,6 @@ impl<'a> Pass<'a> {
                 Some(c) if c.version == self.versions[i] && c.window.0 < b && b <= c.window.1 => {
                     c.outcome
                 }
-                // A busy node stays busy whatever is reserved since: held claims alone
-                // decide it (and they, like the window's start, are unchanged).
-                Some(CachedFit {
-                    held_version,
-                    outcome: Outcome::Busy,
-                    ..
-                }) if held_version == self.cals[i].held_version => Outcome::Busy,
                 // Every reservation it met still starts inside this window (and more may):
                 // it stays blocked. Only the job named could differ, and only the first
                 // blocker found is reported.
@@ -584,14 +576,15 @@ impl<'a> Pass<'a> {
                         found.push((score, i));
                     }
                 }
-                Outcome::Never => {
+                // Busy is for good too: held claims alone decide it, they only add up
+                // during a pass, and their use is highest at `now` whatever the window.
+                Outcome::Never | Outcome::Busy => {
                     st.live[next - 1] = GONE;
                     st.gone += 1;
                 }
                 Outcome::Reserved(job) => {
                     blocker.get_or_insert(job);
                 }
-                Outcome::Busy => {}
             }
         }
         if st.gone * 2 > st.live.len() {
