@@ -90,12 +90,30 @@ pub struct Breakdown {
 /// `size_norm`: the GPU milli of the largest node (a job that large gets the full size
 /// weight).
 pub fn breakdown(job: &PendingJob, w: &PriorityWeights, now: Millis, size_norm: u64) -> Breakdown {
+    let factors = factors(job, w, now, size_norm);
+    Breakdown {
+        job: job.id,
+        total: total(&factors),
+        factors: factors.to_vec(),
+    }
+}
+
+fn total(factors: &[(Factor, i64)]) -> i64 {
+    factors.iter().map(|f| f.1).fold(0i64, i64::saturating_add)
+}
+
+fn factors(
+    job: &PendingJob,
+    w: &PriorityWeights,
+    now: Millis,
+    size_norm: u64,
+) -> [(Factor, i64); 4] {
     let age_max = (w.age_max.as_millis() as i64).max(1);
     let age = (now - job.submit_ms).clamp(0, age_max);
     let size_norm = size_norm.max(1);
     let size = job.request.gpu_milli_total().min(size_norm);
     let qos = w.qos_levels.get(&job.qos).copied().unwrap_or(0);
-    let factors = vec![
+    [
         (Factor::Age, w.age.saturating_mul(age) / age_max),
         (
             Factor::Size,
@@ -103,12 +121,7 @@ pub fn breakdown(job: &PendingJob, w: &PriorityWeights, now: Millis, size_norm: 
         ),
         (Factor::User, w.user.saturating_mul(i64::from(job.priority))),
         (Factor::Qos, w.qos.saturating_mul(qos)),
-    ];
-    Breakdown {
-        job: job.id,
-        total: factors.iter().map(|f| f.1).fold(0i64, i64::saturating_add),
-        factors,
-    }
+    ]
 }
 
 /// Jobs in scheduling order: highest priority first, then earlier submit, then lower id.
@@ -120,7 +133,7 @@ pub fn rank<'a>(
 ) -> Vec<(&'a PendingJob, i64)> {
     let mut v: Vec<(&PendingJob, i64)> = queue
         .iter()
-        .map(|j| (j, breakdown(j, w, now, size_norm).total))
+        .map(|j| (j, total(&factors(j, w, now, size_norm))))
         .collect();
     // The key ends with the (unique) id: a total order, so an unstable sort gives the same.
     v.sort_unstable_by_key(|(j, p)| (std::cmp::Reverse(*p), j.submit_ms, j.id));
