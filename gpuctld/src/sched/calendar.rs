@@ -16,6 +16,8 @@ pub type GpuFree = SmallVec<[(usize, u32); 8]>;
 /// The slots a job would take on one node: nearly always one or two.
 pub type Picks = SmallVec<[Pick; 2]>;
 
+/// One claim on a slot (the tests' brute-force oracle for the profiles).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
     pub start: Millis,
@@ -27,14 +29,21 @@ pub struct Claim {
     pub reserved: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostClaim {
-    pub start: Millis,
-    pub end: Millis,
-    pub job: JobId,
-    pub cpu_milli: u32,
-    pub mem: u64,
-    pub reserved: bool,
+/// A reservation on a slot or a host: (start, job, end). Kept sorted, so the first that
+/// meets a window is the one a miss names.
+type Res = (Millis, JobId, Millis);
+
+/// The first reservation in `res` (sorted) that meets [a, b): (job, start).
+fn first_reserved(res: &[Res], a: Millis, b: Millis) -> Option<(JobId, Millis)> {
+    res.iter()
+        .take_while(|r| r.0 < b)
+        .find(|r| overlaps(r.0, r.2, a, b))
+        .map(|r| (r.1, r.0))
+}
+
+fn insert_sorted(res: &mut Vec<Res>, r: Res) {
+    let k = res.partition_point(|&x| x < r);
+    res.insert(k, r);
 }
 
 /// What a job would take on one slot of a node.
@@ -156,6 +165,21 @@ impl Profile {
         }
     }
 
+    /// No use at all over [a, b)? (Stops at the first use.)
+    pub fn idle(&self, a: Millis, b: Millis) -> bool {
+        let start = self.pts.partition_point(|p| p.0 <= a).saturating_sub(1);
+        for (k, p) in self.pts[start..].iter().enumerate() {
+            if p.0 >= b {
+                break;
+            }
+            let next = self.pts.get(start + k + 1).map_or(Millis::MAX, |q| q.0);
+            if next > a && (p.1 != 0 || p.2 != 0) {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Peak usage over [a, b).
     pub fn peak(&self, a: Millis, b: Millis) -> (i64, i64) {
         let start = self.pts.partition_point(|p| p.0 <= a).saturating_sub(1);
@@ -242,8 +266,8 @@ pub struct Calendar {
     /// every reservation moved away, which tells "reserved" from "busy" misses.
     slot_held: Vec<Profile>,
     host_held: Profile,
-    pub slots: Vec<Vec<Claim>>,
-    pub host: Vec<HostClaim>,
+    /// Per slot, its reservations (sorted).
+    slot_res: Vec<Vec<Res>>,
     /// Bumped on every change; cached answers about this node are stale when it moves.
     pub version: u64,
     /// Bumped on every claim that is not a reservation (what is held from now on).
@@ -260,9 +284,8 @@ pub struct Calendar {
     /// running jobs, whose usage never grows after `now`, so the `slot_free_now`
     /// snapshot answers `fit` exactly (the fast path).
     pub res_starts: Vec<Millis>,
-    /// The reservations that take CPUs or memory here, as (start, job, end), sorted: the
-    /// first that meets a window is the one a host miss names.
-    host_res: Vec<(Millis, JobId, Millis)>,
+    /// The reservations that take CPUs or memory here (sorted).
+    host_res: Vec<Res>,
     pub now: Millis,
 }
 
@@ -327,18 +350,10 @@ fn peak(claims: &[Claim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u6
     (c as u32, m as u64)
 }
 
-fn first_reserved(claims: &[Claim], a: Millis, b: Millis) -> Option<(JobId, Millis)> {
-    claims
-        .iter()
-        .filter(|c| c.reserved && overlaps(c.start, c.end, a, b))
-        .map(|c| (c.job, c.start))
-        .min_by_key(|&(j, s)| (s, j))
-}
-
 impl Calendar {
     pub fn new(node: &NodeView) -> Calendar {
         Calendar {
-            slots: vec![Vec::new(); node.slots.len()],
+            slot_res: vec![Vec::new(); node.slots.len()],
             slot_prof: vec![Profile::default(); node.slots.len()],
             slot_held: vec![Profile::default(); node.slots.len()],
             slot_sum: vec![SlotSummary::default(); node.slots.len()],
@@ -357,20 +372,21 @@ impl Calendar {
         reserved: bool,
     ) {
         for p in picks {
+            // A claim of nothing at all (only malformed input has one) still takes the
+            // slot: it counts as one milli, so that "no use" means "no claim".
+            let c = if p.compute == 0 && p.mem_mib == 0 {
+                1
+            } else {
+                i64::from(p.compute)
+            };
             let prof = &mut self.slot_prof[p.slot];
-            prof.add(a, b, i64::from(p.compute), p.mem_mib as i64);
+            prof.add(a, b, c, p.mem_mib as i64);
             self.slot_sum[p.slot] = SlotSummary::of(prof);
-            if !reserved {
-                self.slot_held[p.slot].add(a, b, i64::from(p.compute), p.mem_mib as i64);
+            if reserved {
+                insert_sorted(&mut self.slot_res[p.slot], (a, job, b));
+            } else {
+                self.slot_held[p.slot].add(a, b, c, p.mem_mib as i64);
             }
-            self.slots[p.slot].push(Claim {
-                start: a,
-                end: b,
-                job,
-                compute: p.compute,
-                mem_mib: p.mem_mib,
-                reserved,
-            });
         }
         if reserved {
             let k = self.res_starts.partition_point(|&t| t <= a);
@@ -378,21 +394,12 @@ impl Calendar {
         }
         if cpu_milli > 0 || mem > 0 {
             if reserved {
-                let k = self.host_res.partition_point(|&r| r < (a, job, b));
-                self.host_res.insert(k, (a, job, b));
+                insert_sorted(&mut self.host_res, (a, job, b));
             }
             self.host_prof.add(a, b, i64::from(cpu_milli), mem as i64);
             if !reserved {
                 self.host_held.add(a, b, i64::from(cpu_milli), mem as i64);
             }
-            self.host.push(HostClaim {
-                start: a,
-                end: b,
-                job,
-                cpu_milli,
-                mem,
-                reserved,
-            });
         }
         self.version += 1;
         if !reserved {
@@ -410,6 +417,18 @@ impl Calendar {
     /// are in it, whose use never grows after `now`: the snapshot at `now` is its peak.
     fn meets_no_reservation(&self, a: Millis, b: Millis) -> bool {
         a == self.now && b <= self.reserved_from()
+    }
+
+    /// Peak held use of slot `i` over [a, b): the snapshot for a window from `now` (held
+    /// claims start at or before it, so their use only falls after it).
+    fn held_peak(&self, slot: &SlotView, i: usize, a: Millis, b: Millis) -> (u32, u64) {
+        if a == self.now {
+            let (c, m) = self.slot_free_now[i];
+            (GPU_MILLI - c, slot.memory_mib.saturating_sub(m))
+        } else {
+            let (c, m) = self.slot_held[i].peak(a, b);
+            (c as u32, m as u64)
+        }
     }
 
     /// `slot_peak`, from the snapshot when the window meets no reservation.
@@ -574,12 +593,7 @@ impl Calendar {
         if host_ok {
             return gpus;
         }
-        let (job, from) = self
-            .host_res
-            .iter()
-            .take_while(|r| r.0 < b)
-            .find(|r| overlaps(r.0, r.2, a, b))
-            .map_or((0, a), |r| (r.1, r.0));
+        let (job, from) = first_reserved(&self.host_res, a, b).unwrap_or((0, a));
         match gpus {
             // Both are in the way; the GPUs' reservation is named.
             Err(m) => Err(m),
@@ -731,8 +745,13 @@ impl Calendar {
                 continue;
             }
             usable += 1;
-            let claims = &self.slots[i];
-            if !claims.iter().any(|c| overlaps(c.start, c.end, a, b)) {
+            // Free in the window: its last use ends before it, or no use in it.
+            let idle = if self.meets_no_reservation(a, b) {
+                self.slot_free_now[i] == (GPU_MILLI, s.memory_mib)
+            } else {
+                self.slot_sum[i].last_end <= a || self.slot_prof[i].idle(a, b)
+            };
+            if idle {
                 if (picks.len() as u32) < count {
                     picks.push(Pick {
                         slot: i,
@@ -740,12 +759,9 @@ impl Calendar {
                         mem_mib: s.memory_mib,
                     });
                 }
-            } else if !claims
-                .iter()
-                .any(|c| !c.reserved && overlaps(c.start, c.end, a, b))
-            {
+            } else if self.held_peak(s, i, a, b) == (0, 0) {
                 reserved_only += 1;
-                let r = first_reserved(claims, a, b);
+                let r = first_reserved(&self.slot_res[i], a, b);
                 if blocker.is_none() || r.map(|x| x.1) < blocker.map(|x: (JobId, Millis)| x.1) {
                     blocker = r;
                 }
@@ -790,8 +806,7 @@ impl Calendar {
                 });
                 continue;
             }
-            let (rc, rm) = self.slot_held[i].peak(a, b);
-            let (rc, rm) = (rc as u32, rm as u64);
+            let (rc, rm) = self.held_peak(s, i, a, b);
             let free = (
                 GPU_MILLI.saturating_sub(rc),
                 s.memory_mib.saturating_sub(rm),
@@ -800,7 +815,7 @@ impl Calendar {
                 best_free = free;
             }
             if rc + c <= GPU_MILLI && rm + m <= s.memory_mib && blocker.is_none() {
-                blocker = first_reserved(&self.slots[i], a, b);
+                blocker = first_reserved(&self.slot_res[i], a, b);
             }
         }
         if candidates.is_empty() {
@@ -1009,6 +1024,7 @@ mod tests {
                 let (pc, pm) = peak(&cs, a, a + len, true);
                 prop_assert_eq!(p.peak(a, a + len), (i64::from(pc), pm as i64));
                 prop_assert_eq!(p.at(a), usage(a));
+                prop_assert_eq!(p.idle(a, a + len), (pc, pm) == (0, 0));
                 let room = |x: i64| {
                     let u = usage(x);
                     u.0 + need <= 1000 && u.1 <= 200
