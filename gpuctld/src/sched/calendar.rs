@@ -863,10 +863,11 @@ impl Calendar {
                 let cpus_after = cpus_free.saturating_sub(req.cpu_milli);
                 // Fragmentation after each candidate (the "before" is the same for all).
                 let mut best: Option<(f64, Pick)> = None;
+                let model_id = frag.model_id(node, &free);
                 for p in &candidates {
                     let k = free.iter().position(|x| x.0 == p.slot).expect("a GPU");
                     free[k].1 -= p.compute;
-                    let after = frag.node_frag(node, &free, cpus_after);
+                    let after = frag.node_frag_of(model_id, node, &free, cpus_after);
                     free[k].1 += p.compute;
                     if best.is_none_or(|b| after < b.0) {
                         best = Some((after, *p));

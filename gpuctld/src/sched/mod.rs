@@ -323,6 +323,8 @@ struct NodeBase {
     free: GpuFree,
     free_total: u64,
     frag: f64,
+    /// `FragMemo::model_id` of the node.
+    model_id: u32,
 }
 
 fn alloc_of(node: &NodeView, picks: &[Pick], req: &Request) -> Alloc {
@@ -384,14 +386,18 @@ impl<'a> Pass<'a> {
         let node = &self.cluster.nodes[i];
         let cal = &self.cals[i];
         let free = cal.gpu_free_milli(node, self.now);
+        let model_id = self.frag.model_id(node, &free);
         let frag = match self.config.policy {
-            Policy::Fgd => self.frag.node_frag(node, &free, cal.free_now.cpu_milli),
+            Policy::Fgd => self
+                .frag
+                .node_frag_of(model_id, node, &free, cal.free_now.cpu_milli),
             _ => 0.0,
         };
         NodeBase {
             free_total: free.iter().map(|x| u64::from(x.1)).sum(),
             free,
             frag,
+            model_id,
         }
     }
 
@@ -415,10 +421,12 @@ impl<'a> Pass<'a> {
                         f.1 = f.1.saturating_sub(p.compute);
                     }
                 }
-                let delta = self
-                    .frag
-                    .node_frag(node, &after, cpu.saturating_sub(req.cpu_milli))
-                    - base.frag;
+                let delta = self.frag.node_frag_of(
+                    base.model_id,
+                    node,
+                    &after,
+                    cpu.saturating_sub(req.cpu_milli),
+                ) - base.frag;
                 // FGD's own scorer quantises the growth (an integer 0..100 through a
                 // sigmoid); growth within one step of FGD_STEP_MILLI counts as equal, and
                 // equal growth goes to the node left with less free GPU, as best-fit.

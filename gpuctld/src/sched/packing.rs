@@ -225,20 +225,35 @@ impl<'a> FragMemo<'a> {
         self.workload
     }
 
-    pub fn node_frag(&self, node: &NodeView, free: &[(usize, u32)], cpu_free: u32) -> f64 {
-        if self.workload.shapes.is_empty() {
-            return 0.0;
-        }
+    /// The id of a node's GPU model (of the GPUs in `free`), for `node_frag_of`.
+    pub fn model_id(&self, node: &NodeView, free: &[(usize, u32)]) -> u32 {
         let model = free
             .first()
             .map(|&(i, _)| node.slots[i].model.as_str())
             .unwrap_or("");
         let known = self.models.borrow().iter().position(|m| m == model);
-        let model_id = known.unwrap_or_else(|| {
+        known.unwrap_or_else(|| {
             let mut m = self.models.borrow_mut();
             m.push(model.to_string());
             m.len() - 1
-        }) as u32;
+        }) as u32
+    }
+
+    pub fn node_frag(&self, node: &NodeView, free: &[(usize, u32)], cpu_free: u32) -> f64 {
+        self.node_frag_of(self.model_id(node, free), node, free, cpu_free)
+    }
+
+    /// `node_frag` with the node's `model_id` known (the scoring loop keeps it per node).
+    pub fn node_frag_of(
+        &self,
+        model_id: u32,
+        node: &NodeView,
+        free: &[(usize, u32)],
+        cpu_free: u32,
+    ) -> f64 {
+        if self.workload.shapes.is_empty() {
+            return 0.0;
+        }
         let rank = self.cpu_steps.partition_point(|&c| c <= cpu_free) as u32;
         if free.len() <= 8 && model_id < 1 << 16 && rank < 1 << 16 {
             let mut m = [0u16; 8];
