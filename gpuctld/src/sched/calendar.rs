@@ -419,12 +419,17 @@ impl Calendar {
         a == self.now && b <= self.reserved_from()
     }
 
+    /// What held claims use of slot `i` at `now` (from the snapshot).
+    fn held_now(&self, slot: &SlotView, i: usize) -> (u32, u64) {
+        let (c, m) = self.slot_free_now[i];
+        (GPU_MILLI - c, slot.memory_mib.saturating_sub(m))
+    }
+
     /// Peak held use of slot `i` over [a, b): the snapshot for a window from `now` (held
     /// claims start at or before it, so their use only falls after it).
     fn held_peak(&self, slot: &SlotView, i: usize, a: Millis, b: Millis) -> (u32, u64) {
         if a == self.now {
-            let (c, m) = self.slot_free_now[i];
-            (GPU_MILLI - c, slot.memory_mib.saturating_sub(m))
+            self.held_now(slot, i)
         } else {
             let (c, m) = self.slot_held[i].peak(a, b);
             (c as u32, m as u64)
@@ -434,8 +439,7 @@ impl Calendar {
     /// `slot_peak`, from the snapshot when the window meets no reservation.
     fn slot_use(&self, slot: &SlotView, i: usize, a: Millis, b: Millis) -> (u32, u64) {
         if self.meets_no_reservation(a, b) {
-            let (c, m) = self.slot_free_now[i];
-            (GPU_MILLI - c, slot.memory_mib.saturating_sub(m))
+            self.held_now(slot, i)
         } else {
             self.slot_peak(i, a, b)
         }

@@ -196,13 +196,13 @@ pub fn fits_empty(node: &NodeView, req: &Request) -> bool {
 /// The slots a job would take on one node (by node index).
 type NodePicks = (usize, Picks);
 
-/// Min-heap of (earliest time, node index, node version when computed).
 /// A node that has left a `ShapeState::live` list.
 const GONE: usize = usize::MAX;
 
 /// Request lookups happen once per pending job: a fast (fixed-seed, deterministic) hash.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
+/// Min-heap of (earliest time, node index, node version when computed).
 type TailHeap = BinaryHeap<Reverse<(Millis, usize, u64)>>;
 
 /// A node's answer to `fit` over [now, b) for one shape. It depends only on what is held
