@@ -518,16 +518,16 @@ impl<'a> Pass<'a> {
             if i == GONE {
                 continue;
             }
-            if !Self::may_fit(&self.frees[i], req) {
+            let unchanged = st.fits[i].filter(|c| c.version == self.versions[i]);
+            // (An unchanged node passed this check when its answer was cached.)
+            if unchanged.is_none() && !Self::may_fit(&self.frees[i], req) {
                 st.live[next - 1] = GONE;
                 st.gone += 1;
                 continue;
             }
             let outcome = match st.fits[i] {
                 // Nothing changed here since, and the window meets the same reservations.
-                Some(c) if c.version == self.versions[i] && c.window.0 < b && b <= c.window.1 => {
-                    c.outcome
-                }
+                Some(c) if unchanged.is_some() && c.window.0 < b && b <= c.window.1 => c.outcome,
                 // Every reservation it met still starts inside this window (and more may):
                 // it stays blocked. Only the job named could differ, and only the first
                 // blocker found is reported.
