@@ -304,6 +304,9 @@ struct Pass<'a> {
     frees: Vec<calendar::FreeNow>,
     /// Upper bounds of what any eligible node has free now, for a quick "cannot start".
     max_free: calendar::FreeNow,
+    /// How many eligible nodes have each of `max_free`'s figures (in `parts` order): a
+    /// maximum moves only when the last node that has it shrinks.
+    at_max: [usize; 5],
     max_free_dirty: bool,
     frag: FragMemo<'a>,
     /// Per node, what the packing scores start from (see `NodeBase`).
@@ -325,6 +328,17 @@ struct NodeBase {
     frag: f64,
     /// `FragMemo::model_id` of the node.
     model_id: u32,
+}
+
+/// `FreeNow`'s figures side by side.
+fn parts(f: &calendar::FreeNow) -> [u64; 5] {
+    [
+        u64::from(f.whole),
+        u64::from(f.max_share_milli),
+        u64::from(f.mig),
+        u64::from(f.cpu_milli),
+        f.mem,
+    ]
 }
 
 fn alloc_of(node: &NodeView, picks: &[Pick], req: &Request) -> Alloc {
@@ -356,6 +370,13 @@ impl<'a> Pass<'a> {
             m.mig = m.mig.max(f.mig);
             m.cpu_milli = m.cpu_milli.max(f.cpu_milli);
             m.mem = m.mem.max(f.mem);
+        }
+        let top = parts(&m);
+        self.at_max = [0; 5];
+        for &i in &self.eligible {
+            for (k, v) in parts(&self.frees[i]).into_iter().enumerate() {
+                self.at_max[k] += usize::from(v == top[k]);
+            }
         }
         self.max_free = m;
         self.max_free_dirty = false;
@@ -414,7 +435,7 @@ impl<'a> Pass<'a> {
                 (free - used.min(free)) as f64 * 1e6 + f64::from(cpu_left)
             }
             Policy::Fgd => {
-                let mut after = base.free.clone();
+                let mut after = GpuFree::from_slice(&base.free);
                 let cpu = cal.free_now.cpu_milli;
                 for p in picks {
                     if let Some(f) = after.iter_mut().find(|f| f.0 == p.slot) {
@@ -664,14 +685,14 @@ impl<'a> Pass<'a> {
             self.cals[i].refresh_free_now(node, self.now);
             let (old, new) = (self.frees[i], self.cals[i].free_now);
             self.frees[i] = new;
-            // The maxima move only if this node held one of them.
-            let m = &self.max_free;
-            self.max_free_dirty |= (old.whole == m.whole && new.whole < old.whole)
-                || (old.max_share_milli == m.max_share_milli
-                    && new.max_share_milli < old.max_share_milli)
-                || (old.mig == m.mig && new.mig < old.mig)
-                || (old.cpu_milli == m.cpu_milli && new.cpu_milli < old.cpu_milli)
-                || (old.mem == m.mem && new.mem < old.mem);
+            // A maximum moves only when the last node that had it shrinks.
+            let (old, new, top) = (parts(&old), parts(&new), parts(&self.max_free));
+            for k in 0..5 {
+                if old[k] == top[k] && new[k] < old[k] {
+                    self.at_max[k] -= 1;
+                    self.max_free_dirty |= self.at_max[k] == 0;
+                }
+            }
         }
         if base_moves {
             self.bases[i] = self.base_of(i);
@@ -812,6 +833,7 @@ impl<'a> Pass<'a> {
                 .collect(),
             max_free: calendar::FreeNow::default(),
             frees: Vec::new(),
+            at_max: [0; 5],
             max_free_dirty: true,
             frag: FragMemo::new(&config.workload),
             bases: Vec::new(),
