@@ -892,6 +892,34 @@ impl Calendar {
         Some(self.host_tail(node, req, lb))
     }
 
+    /// The slot a share fits for good from earliest (the first such slot), as
+    /// (time, slot, compute, memory). No slot does better than `lb`, so the search stops
+    /// at the first that has room from then on.
+    fn share_tail(
+        &self,
+        node: &NodeView,
+        req: &Request,
+        lb: Millis,
+    ) -> Option<(Millis, usize, u32, u64)> {
+        let mut best: Option<(Millis, usize, u32, u64)> = None;
+        for (i, s) in node.slots.iter().enumerate() {
+            if s.is_mig() || !req.model_ok(&s.model) {
+                continue;
+            }
+            let Some((c, m)) = req.share_on(s) else {
+                continue;
+            };
+            let t = self.slot_tail(i, s, (c, m), lb);
+            if best.is_none_or(|b| t < b.0) {
+                best = Some((t, i, c, m));
+                if t == lb {
+                    break;
+                }
+            }
+        }
+        best
+    }
+
     /// Earliest T >= lb from which `req` fits on this node for good, and the slots it
     /// would take then. `None`: never (the node is too small or has no matching slots).
     /// The time `tail` would give, without choosing slots (the hot path of reservations).
@@ -926,16 +954,7 @@ impl Calendar {
             GpuRequest::Mig { profile, count } => {
                 kth(&|s: &SlotView| s.is_profile(profile), *count)?
             }
-            GpuRequest::Share { .. } => node
-                .slots
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| !s.is_mig() && req.model_ok(&s.model))
-                .filter_map(|(i, s)| {
-                    let (c, m) = req.share_on(s)?;
-                    Some(self.slot_tail(i, s, (c, m), lb))
-                })
-                .min()?,
+            GpuRequest::Share { .. } => self.share_tail(node, req, lb)?.0,
         };
         Some(gpu_t.max(host_t))
     }
@@ -975,27 +994,16 @@ impl Calendar {
             GpuRequest::Mig { profile, count } => {
                 exclusive(&|s: &SlotView| s.is_profile(profile), *count)?
             }
-            GpuRequest::Share { .. } => node
-                .slots
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| !s.is_mig() && req.model_ok(&s.model))
-                .filter_map(|(i, s)| {
-                    let (c, m) = req.share_on(s)?;
-                    let t = self.slot_tail(i, s, (c, m), lb);
-                    Some((t, i, c, m))
-                })
-                .min_by_key(|&(t, i, _, _)| (t, i))
-                .map(|(t, i, c, m)| {
-                    (
-                        t,
-                        smallvec::smallvec![Pick {
-                            slot: i,
-                            compute: c,
-                            mem_mib: m,
-                        }],
-                    )
-                })?,
+            GpuRequest::Share { .. } => self.share_tail(node, req, lb).map(|(t, i, c, m)| {
+                (
+                    t,
+                    smallvec::smallvec![Pick {
+                        slot: i,
+                        compute: c,
+                        mem_mib: m,
+                    }],
+                )
+            })?,
         };
         Some((gpu_t.max(host_t), picks))
     }
