@@ -140,17 +140,23 @@ impl Profile {
         }
         let i = self.split_at(a);
         let j = self.split_at(b);
-        for p in &mut self.pts[i..j] {
+        // One walk back from `j`: the use in [i, j) grows and the suffix maxima follow.
+        // After `j` they are unchanged (point `j` itself may be new). Before `i` the points
+        // are as they were, so once a maximum comes out as it was, so do all earlier ones.
+        let top = |acc: (i64, i64), p: &(Millis, i64, i64)| (acc.0.max(p.1), acc.1.max(p.2));
+        let mut acc = self.suf.get(j + 1).copied().unwrap_or((0, 0));
+        acc = top(acc, &self.pts[j]);
+        self.suf[j] = acc;
+        for k in (i..j).rev() {
+            let p = &mut self.pts[k];
             p.1 += c;
             p.2 += m;
+            acc = top(acc, p);
+            self.suf[k] = acc;
         }
-        // Suffix maxima after `j` are unchanged (point `j` itself may be new). Before `i`
-        // the points are as they were, so once a maximum comes out as it was, so do all
-        // the earlier ones.
-        let mut acc = self.suf.get(j + 1).copied().unwrap_or((0, 0));
-        for k in (0..=j).rev() {
-            acc = (acc.0.max(self.pts[k].1), acc.1.max(self.pts[k].2));
-            if k < i && self.suf[k] == acc {
+        for k in (0..i).rev() {
+            acc = top(acc, &self.pts[k]);
+            if self.suf[k] == acc {
                 break;
             }
             self.suf[k] = acc;
