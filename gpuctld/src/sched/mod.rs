@@ -770,14 +770,36 @@ impl<'a> Pass<'a> {
                 best = Some((t2, i));
             }
         }
-        // The nodes looked at may serve later jobs: back they go (stale after a claim).
-        heap.extend(looked.drain(..));
+        // The nodes looked at may serve later jobs: back they go, but for the one chosen,
+        // which the caller claims and puts back fresh (`reserve_one`).
+        let chosen = best.map(|b| b.1);
+        heap.extend(looked.drain(..).filter(|e| Some(e.0.1) != chosen));
         let (t, i) = best?;
         let (t2, picks) = cals[i]
             .tail(&cluster.nodes[i], req, now)
             .expect("was feasible");
         debug_assert_eq!(t, t2);
         Some((t.max(lb), i, picks))
+    }
+
+    /// Reserves the earliest slots for a single-node job (`earliest_one`), and puts the
+    /// node back into its class's heap with its tail after the claim.
+    fn reserve_one(
+        &mut self,
+        job: JobId,
+        shape: usize,
+        req: &Request,
+        lb: Millis,
+        d: Millis,
+    ) -> Option<(Millis, usize, Picks)> {
+        let (t, i, picks) = self.earliest_one(shape, req, lb)?;
+        self.claim(job, i, &picks, req, (t, t + d), true);
+        let c = self.tail_class(shape, req);
+        let cal = &self.cals[i];
+        if let Some(t2) = cal.tail_time(&self.cluster.nodes[i], &tail_class_of(req), self.now) {
+            self.tail_heaps[c].push(Reverse((t2, i, cal.version)));
+        }
+        Some((t, i, picks))
     }
 
     /// Earliest reservation for a gang job: `n` distinct nodes free for good from T.
@@ -1057,14 +1079,11 @@ fn plan(
         let reservation = if !within_depth {
             None
         } else if gang == 1 {
-            let r = pass.earliest_one(shape, req, lb);
-            r.map(|(t, i, picks)| {
-                pass.claim(job.id, i, &picks, req, (t, t + d), true);
-                Reservation {
+            pass.reserve_one(job.id, shape, req, lb, d)
+                .map(|(t, i, picks)| Reservation {
                     start: t,
                     allocs: vec![alloc_of(&cluster.nodes[i], &picks, req)],
-                }
-            })
+                })
         } else {
             pass.earliest_gang(req, gang, lb).map(|(t, picks)| {
                 let mut allocs = Vec::new();
