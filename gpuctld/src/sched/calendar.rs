@@ -926,14 +926,9 @@ impl Calendar {
         best
     }
 
-    /// Earliest T >= lb from which `req` fits on this node for good, and the slots it
-    /// would take then. `None`: never (the node is too small or has no matching slots).
     /// The time `tail` would give, without choosing slots (the hot path of reservations).
     pub fn tail_time(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<Millis> {
-        if node.cpu_milli < req.cpu_milli || node.memory_bytes < req.memory_bytes {
-            return None;
-        }
-        let host_t = self.host_tail(node, req, lb);
+        let host_t = self.host_tail_time(node, req, lb)?;
         let kth = |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<Millis> {
             let mut buf = [Millis::MAX; 16];
             let mut n = 0;
@@ -965,11 +960,10 @@ impl Calendar {
         Some(gpu_t.max(host_t))
     }
 
+    /// Earliest T >= lb from which `req` fits on this node for good, and the slots it
+    /// would take then. `None`: never (the node is too small or has no matching slots).
     pub fn tail(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<(Millis, Picks)> {
-        if node.cpu_milli < req.cpu_milli || node.memory_bytes < req.memory_bytes {
-            return None;
-        }
-        let host_t = self.host_tail(node, req, lb);
+        let host_t = self.host_tail_time(node, req, lb)?;
         let exclusive = |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<(Millis, Picks)> {
             let mut tails: SmallVec<[(Millis, usize); 16]> = node
                 .slots

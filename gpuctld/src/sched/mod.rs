@@ -297,7 +297,8 @@ struct Pass<'a> {
     /// class's request. Times only grow as claims are added, so a stale entry (older
     /// calendar version) is a lower bound and is recomputed when it reaches the top.
     tail_ids: FastMap<Request, usize>,
-    tail_heaps: Vec<TailHeap>,
+    /// Each tail class's request and heap.
+    tail_heaps: Vec<(Request, TailHeap)>,
     eligible: Vec<usize>,
     /// Each node's `Calendar::free_now`, side by side (the scans read nothing else of
     /// the nodes they skip).
@@ -717,7 +718,7 @@ impl<'a> Pass<'a> {
                             .map(|t| Reverse((t, i, self.cals[i].version)))
                     })
                     .collect();
-                self.tail_heaps.push(heap);
+                self.tail_heaps.push((class.clone(), heap));
                 self.tail_ids.insert(class, self.tail_heaps.len() - 1);
                 self.tail_heaps.len() - 1
             }
@@ -736,9 +737,9 @@ impl<'a> Pass<'a> {
         lb: Millis,
     ) -> Option<(Millis, usize, Picks)> {
         let c = self.tail_class(shape, req);
-        let class = tail_class_of(req);
         let (cluster, cals, now) = (self.cluster, &self.cals, self.now);
-        let heap = &mut self.tail_heaps[c];
+        let (class, heap) = &mut self.tail_heaps[c];
+        let class: &Request = class;
         let looked = &mut self.looked;
         looked.clear();
         let mut best: Option<(Millis, usize)> = None;
@@ -749,7 +750,7 @@ impl<'a> Pass<'a> {
             heap.pop();
             let node = &cluster.nodes[i];
             if v != cals[i].version {
-                if let Some(t2) = cals[i].tail_time(node, &class, now) {
+                if let Some(t2) = cals[i].tail_time(node, class, now) {
                     heap.push(Reverse((t2, i, cals[i].version)));
                 }
                 continue;
@@ -757,7 +758,7 @@ impl<'a> Pass<'a> {
             looked.push(Reverse((t, i, v)));
             // The class asks for the same GPUs without CPUs or memory: the job's own tail
             // is the later of the class's (fresh here) and the host's.
-            let own = if class == *req {
+            let own = if *class == *req {
                 Some(t)
             } else if matches!(req.gpu, GpuRequest::None) {
                 cals[i].tail_time(node, req, now)
@@ -796,8 +797,9 @@ impl<'a> Pass<'a> {
         self.claim(job, i, &picks, req, (t, t + d), true);
         let c = self.tail_class(shape, req);
         let cal = &self.cals[i];
-        if let Some(t2) = cal.tail_time(&self.cluster.nodes[i], &tail_class_of(req), self.now) {
-            self.tail_heaps[c].push(Reverse((t2, i, cal.version)));
+        let (class, heap) = &mut self.tail_heaps[c];
+        if let Some(t2) = cal.tail_time(&self.cluster.nodes[i], class, self.now) {
+            heap.push(Reverse((t2, i, cal.version)));
         }
         Some((t, i, picks))
     }
