@@ -965,28 +965,30 @@ impl Calendar {
     pub fn tail(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<(Millis, Picks)> {
         let host_t = self.host_tail_time(node, req, lb)?;
         let exclusive = |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<(Millis, Picks)> {
-            let mut tails: SmallVec<[(Millis, usize); 16]> = node
-                .slots
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| pred(s) && req.model_ok(&s.model))
-                .map(|(i, _)| (self.slot_sum[i].last_end.max(lb), i))
-                .collect();
+            let pick = |i: usize| Pick {
+                slot: i,
+                compute: GPU_MILLI,
+                mem_mib: node.slots[i].memory_mib,
+            };
+            let mut tails: SmallVec<[(Millis, usize); 16]> = SmallVec::new();
+            let models_ok = req.models.is_empty();
+            for (i, s) in node.slots.iter().enumerate() {
+                if pred(s) && (models_ok || req.model_ok(&s.model)) {
+                    tails.push((self.slot_sum[i].last_end.max(lb), i));
+                }
+            }
             if (tails.len() as u32) < count {
                 return None;
+            }
+            if count == 1 {
+                // The earliest slot (the lowest index among equals), as the sort would.
+                let &(t, i) = tails.iter().min().expect("one slot at least");
+                return Some((t, smallvec::smallvec![pick(i)]));
             }
             tails.sort_unstable();
             tails.truncate(count as usize);
             let t = tails.last().map_or(lb, |x| x.0);
-            let picks = tails
-                .iter()
-                .map(|&(_, i)| Pick {
-                    slot: i,
-                    compute: GPU_MILLI,
-                    mem_mib: node.slots[i].memory_mib,
-                })
-                .collect();
-            Some((t, picks))
+            Some((t, tails.iter().map(|&(_, i)| pick(i)).collect()))
         };
         let (gpu_t, picks) = match &req.gpu {
             GpuRequest::None => (lb, Picks::new()),

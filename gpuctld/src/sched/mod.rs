@@ -205,6 +205,30 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 /// Min-heap of (earliest time, node index, node version when computed).
 type TailHeap = BinaryHeap<Reverse<(Millis, usize, u64)>>;
 
+/// One tail class: its request, its heap, and per node the slots its tail takes (with
+/// the calendar version they were computed at). A job of the class asks for the same
+/// GPUs, so its picks are the class's; only its time can be later (CPUs, memory).
+struct TailClass {
+    req: Request,
+    heap: TailHeap,
+    picks: Vec<(u64, Picks)>,
+}
+
+impl TailClass {
+    /// The node's tail for the class, recorded with its picks; `None`: never.
+    fn compute(
+        &mut self,
+        cal: &Calendar,
+        node: &NodeView,
+        i: usize,
+        now: Millis,
+    ) -> Option<Millis> {
+        let (t, picks) = cal.tail(node, &self.req, now)?;
+        self.picks[i] = (cal.version, picks);
+        Some(t)
+    }
+}
+
 /// A node's answer to `fit` over [now, b) for one shape. It depends only on what is held
 /// (`held_version`) and on the set of reservations starting before b (the window meets
 /// exactly those; see `Calendar::res_starts`). Reservations are only added during a pass,
@@ -297,8 +321,8 @@ struct Pass<'a> {
     /// class's request. Times only grow as claims are added, so a stale entry (older
     /// calendar version) is a lower bound and is recomputed when it reaches the top.
     tail_ids: FastMap<Request, usize>,
-    /// Each tail class's request and heap.
-    tail_heaps: Vec<(Request, TailHeap)>,
+    /// The tail classes, by id.
+    tail_heaps: Vec<TailClass>,
     eligible: Vec<usize>,
     /// Each node's `Calendar::free_now`, side by side (the scans read nothing else of
     /// the nodes they skip).
@@ -709,16 +733,20 @@ impl<'a> Pass<'a> {
         let c = match self.tail_ids.get(&class) {
             Some(&c) => c,
             None => {
-                let heap = self
-                    .eligible
-                    .iter()
-                    .filter_map(|&i| {
-                        self.cals[i]
-                            .tail_time(&self.cluster.nodes[i], &class, self.now)
-                            .map(|t| Reverse((t, i, self.cals[i].version)))
-                    })
-                    .collect();
-                self.tail_heaps.push((class.clone(), heap));
+                let mut tc = TailClass {
+                    req: class.clone(),
+                    heap: TailHeap::new(),
+                    picks: vec![(u64::MAX, Picks::new()); self.cluster.nodes.len()],
+                };
+                let mut heap = Vec::with_capacity(self.eligible.len());
+                for &i in &self.eligible {
+                    let cal = &self.cals[i];
+                    if let Some(t) = tc.compute(cal, &self.cluster.nodes[i], i, self.now) {
+                        heap.push(Reverse((t, i, cal.version)));
+                    }
+                }
+                tc.heap = heap.into();
+                self.tail_heaps.push(tc);
                 self.tail_ids.insert(class, self.tail_heaps.len() - 1);
                 self.tail_heaps.len() - 1
             }
@@ -738,27 +766,27 @@ impl<'a> Pass<'a> {
     ) -> Option<(Millis, usize, Picks)> {
         let c = self.tail_class(shape, req);
         let (cluster, cals, now) = (self.cluster, &self.cals, self.now);
-        let (class, heap) = &mut self.tail_heaps[c];
-        let class: &Request = class;
+        let tc = &mut self.tail_heaps[c];
+        let same = tc.req == *req;
         let looked = &mut self.looked;
         looked.clear();
         let mut best: Option<(Millis, usize)> = None;
-        while let Some(&Reverse((t, i, v))) = heap.peek() {
+        while let Some(&Reverse((t, i, v))) = tc.heap.peek() {
             if best.is_some_and(|b| b < (t, i)) {
                 break;
             }
-            heap.pop();
+            tc.heap.pop();
             let node = &cluster.nodes[i];
             if v != cals[i].version {
-                if let Some(t2) = cals[i].tail_time(node, class, now) {
-                    heap.push(Reverse((t2, i, cals[i].version)));
+                if let Some(t2) = tc.compute(&cals[i], node, i, now) {
+                    tc.heap.push(Reverse((t2, i, cals[i].version)));
                 }
                 continue;
             }
             looked.push(Reverse((t, i, v)));
             // The class asks for the same GPUs without CPUs or memory: the job's own tail
             // is the later of the class's (fresh here) and the host's.
-            let own = if *class == *req {
+            let own = if same {
                 Some(t)
             } else if matches!(req.gpu, GpuRequest::None) {
                 cals[i].tail_time(node, req, now)
@@ -774,12 +802,20 @@ impl<'a> Pass<'a> {
         // The nodes looked at may serve later jobs: back they go, but for the one chosen,
         // which the caller claims and puts back fresh (`reserve_one`).
         let chosen = best.map(|b| b.1);
-        heap.extend(looked.drain(..).filter(|e| Some(e.0.1) != chosen));
+        tc.heap
+            .extend(looked.drain(..).filter(|e| Some(e.0.1) != chosen));
         let (t, i) = best?;
-        let (t2, picks) = cals[i]
-            .tail(&cluster.nodes[i], req, now)
-            .expect("was feasible");
-        debug_assert_eq!(t, t2);
+        // The chosen entry was fresh, so the class's picks recorded with it are too.
+        let picks = match &tc.picks[i] {
+            (v, p) if *v == cals[i].version && !matches!(req.gpu, GpuRequest::None) => p.clone(),
+            _ => {
+                let (t2, picks) = cals[i]
+                    .tail(&cluster.nodes[i], req, now)
+                    .expect("was feasible");
+                debug_assert_eq!(t, t2);
+                picks
+            }
+        };
         Some((t.max(lb), i, picks))
     }
 
@@ -797,9 +833,9 @@ impl<'a> Pass<'a> {
         self.claim(job, i, &picks, req, (t, t + d), true);
         let c = self.tail_class(shape, req);
         let cal = &self.cals[i];
-        let (class, heap) = &mut self.tail_heaps[c];
-        if let Some(t2) = cal.tail_time(&self.cluster.nodes[i], class, self.now) {
-            heap.push(Reverse((t2, i, cal.version)));
+        let tc = &mut self.tail_heaps[c];
+        if let Some(t2) = tc.compute(cal, &self.cluster.nodes[i], i, self.now) {
+            tc.heap.push(Reverse((t2, i, cal.version)));
         }
         Some((t, i, picks))
     }
