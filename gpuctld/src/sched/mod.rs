@@ -199,6 +199,18 @@ type NodePicks = (usize, Picks);
 /// A node that has left a `ShapeState::live` list.
 const GONE: usize = usize::MAX;
 
+/// `slot_mask` of picks it cannot tell apart (a slot index past 30).
+const NO_MASK: u32 = u32::MAX;
+
+/// The picks' slots as a bit set. Jobs of one shape take the same share of a slot, so
+/// for a shape the set tells its picks apart.
+fn slot_mask(picks: &[Pick]) -> u32 {
+    picks
+        .iter()
+        .try_fold(0u32, |m, p| (p.slot < 31).then(|| m | 1 << p.slot))
+        .unwrap_or(NO_MASK)
+}
+
 /// Request lookups happen once per pending job: a fast (fixed-seed, deterministic) hash.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
@@ -250,8 +262,9 @@ struct CachedFit {
 
 #[derive(Clone, Copy)]
 enum Outcome {
-    /// It fits, with this packing score (the picks are taken again for the node chosen).
-    Fits(f64),
+    /// It fits, with this packing score and the picks' slots (`slot_mask`; the picks are
+    /// taken again for the node chosen).
+    Fits(f64, u32),
     /// Only a reservation is in the way.
     Reserved(JobId),
     /// Something else is: resources held now (for good, during a pass).
@@ -602,8 +615,26 @@ impl<'a> Pass<'a> {
                         {
                             c.outcome
                         }
-                        _ => match self.fit_scored(i, req, d) {
-                            Ok((score, _)) => Outcome::Fits(score),
+                        _ => match self.fit(i, req, d) {
+                            Ok(picks) => {
+                                // A score depends only on what is held and on the picks:
+                                // new reservations that leave the same picks leave it.
+                                let mask = slot_mask(&picks);
+                                let score = match cached {
+                                    Some(CachedFit {
+                                        held_version,
+                                        outcome: Outcome::Fits(score, m),
+                                        ..
+                                    }) if held_version == cal.held_version
+                                        && m == mask
+                                        && mask != NO_MASK =>
+                                    {
+                                        score
+                                    }
+                                    _ => self.score(i, req, &picks),
+                                };
+                                Outcome::Fits(score, mask)
+                            }
                             Err(m) if permanent(&m) => Outcome::Never,
                             Err(Miss::Reserved { job, .. }) => Outcome::Reserved(job),
                             Err(_) => Outcome::Busy,
@@ -620,7 +651,7 @@ impl<'a> Pass<'a> {
                 }
             };
             match outcome {
-                Outcome::Fits(score) => {
+                Outcome::Fits(score, _) => {
                     fitting += 1;
                     if want == 1 {
                         if best.is_none_or(|b| order(&(score, i), &b).is_lt()) {
