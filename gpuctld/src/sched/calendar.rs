@@ -621,12 +621,12 @@ impl Calendar {
         }
         let exclusive = |count: u32, kind: &dyn Fn(&SlotView) -> bool| -> Option<Picks> {
             let mut picks = Picks::with_capacity(count as usize);
-            for (i, s) in node.slots.iter().enumerate() {
+            for ((i, s), &(c, m)) in node.slots.iter().enumerate().zip(&self.slot_free_now) {
                 if picks.len() as u32 == count {
                     break;
                 }
-                let (c, m) = self.slot_free_now[i];
-                if kind(s) && c == GPU_MILLI && m == s.memory_mib && req.model_ok(&s.model) {
+                // The cheap test first: most slots of a busy node are taken.
+                if c == GPU_MILLI && m == s.memory_mib && kind(s) && req.model_ok(&s.model) {
                     picks.push(Pick {
                         slot: i,
                         compute: GPU_MILLI,
