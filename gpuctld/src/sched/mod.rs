@@ -257,6 +257,8 @@ struct CachedFit {
     before: usize,
     /// The window ends (b) that meet the same `before` reservations: (lo, hi].
     window: (Millis, Millis),
+    /// The node's `NodeBase::stamp` when a `Fits` was scored.
+    base_stamp: u64,
     outcome: Outcome,
 }
 
@@ -366,6 +368,9 @@ struct NodeBase {
     frag: f64,
     /// `FragMemo::model_id` of the node.
     model_id: u32,
+    /// How many times it was taken again during the pass: a score computed at the same
+    /// stamp with the same picks is the same.
+    stamp: u64,
 }
 
 /// `FreeNow`'s figures side by side.
@@ -457,6 +462,7 @@ impl<'a> Pass<'a> {
             free,
             frag,
             model_id,
+            stamp: 0,
         }
     }
 
@@ -617,15 +623,16 @@ impl<'a> Pass<'a> {
                         }
                         _ => match self.fit(i, req, d) {
                             Ok(picks) => {
-                                // A score depends only on what is held and on the picks:
-                                // new reservations that leave the same picks leave it.
+                                // A score depends only on the node's base (what is held
+                                // now) and on the picks: reservations added since that
+                                // leave the same picks leave it.
                                 let mask = slot_mask(&picks);
                                 let score = match cached {
                                     Some(CachedFit {
-                                        held_version,
+                                        base_stamp,
                                         outcome: Outcome::Fits(score, m),
                                         ..
-                                    }) if held_version == cal.held_version
+                                    }) if base_stamp == self.bases[i].stamp
                                         && m == mask
                                         && mask != NO_MASK =>
                                     {
@@ -643,6 +650,7 @@ impl<'a> Pass<'a> {
                     st.fits[i] = Some(CachedFit {
                         version: cal.version,
                         held_version: cal.held_version,
+                        base_stamp: self.bases[i].stamp,
                         before,
                         window,
                         outcome,
@@ -751,7 +759,11 @@ impl<'a> Pass<'a> {
             }
         }
         if base_moves {
-            self.bases[i] = self.base_of(i);
+            let stamp = self.bases[i].stamp + 1;
+            self.bases[i] = NodeBase {
+                stamp,
+                ..self.base_of(i)
+            };
         }
     }
 
