@@ -971,9 +971,8 @@ impl Calendar {
                 mem_mib: node.slots[i].memory_mib,
             };
             let mut tails: SmallVec<[(Millis, usize); 16]> = SmallVec::new();
-            let models_ok = req.models.is_empty();
             for (i, s) in node.slots.iter().enumerate() {
-                if pred(s) && (models_ok || req.model_ok(&s.model)) {
+                if pred(s) && req.model_ok(&s.model) {
                     tails.push((self.slot_sum[i].last_end.max(lb), i));
                 }
             }
