@@ -101,34 +101,48 @@ pub enum Miss {
     },
 }
 
-/// Usage over time as a step function: `pts[i] = (t, c, m)` means usage (c, m) from t
-/// until the next point; usage is 0 before the first point and after the last (which
-/// always has usage 0). Kept up to date on every claim, with its suffix maxima, so peaks
-/// need no sorting and tails are a binary search.
+/// Usage over time as a step function: point `i` (`t`, `c`, `m`) means usage (c, m) from
+/// t until the next point; usage is 0 before the first point and after the last (which
+/// always has usage 0). Each point also holds the suffix maxima from it on (`sc`, `sm`:
+/// the highest c and m from it on, each on its own), kept up to date on every claim, so
+/// peaks need no sorting and tails are a binary search. One vector: a claim makes one
+/// allocation and moves one array.
 #[derive(Debug, Clone, Default)]
 pub struct Profile {
-    pts: Vec<(Millis, i64, i64)>,
-    /// `suf[i]`: the highest (c, m) from `pts[i]` on (each part on its own).
-    suf: Vec<(i64, i64)>,
+    pts: Vec<Point>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Point {
+    t: Millis,
+    c: i64,
+    m: i64,
+    sc: i64,
+    sm: i64,
 }
 
 impl Profile {
     fn split_at(&mut self, t: Millis) -> usize {
-        match self.pts.binary_search_by_key(&t, |p| p.0) {
+        match self.pts.binary_search_by_key(&t, |p| p.t) {
             Ok(i) => i,
             Err(i) => {
                 if self.pts.capacity() == 0 {
                     // Nearly every profile that is used at all gets a few claims.
                     self.pts.reserve(8);
-                    self.suf.reserve(8);
                 }
                 let (c, m) = if i == 0 {
                     (0, 0)
                 } else {
-                    (self.pts[i - 1].1, self.pts[i - 1].2)
+                    (self.pts[i - 1].c, self.pts[i - 1].m)
                 };
-                self.pts.insert(i, (t, c, m));
-                self.suf.insert(i, (0, 0));
+                let p = Point {
+                    t,
+                    c,
+                    m,
+                    sc: 0,
+                    sm: 0,
+                };
+                self.pts.insert(i, p);
                 i
             }
         }
@@ -143,43 +157,42 @@ impl Profile {
         // One walk back from `j`: the use in [i, j) grows and the suffix maxima follow.
         // After `j` they are unchanged (point `j` itself may be new). Before `i` the points
         // are as they were, so once a maximum comes out as it was, so do all earlier ones.
-        let top = |acc: (i64, i64), p: &(Millis, i64, i64)| (acc.0.max(p.1), acc.1.max(p.2));
-        let mut acc = self.suf.get(j + 1).copied().unwrap_or((0, 0));
-        acc = top(acc, &self.pts[j]);
-        self.suf[j] = acc;
-        for k in (i..j).rev() {
-            let p = &mut self.pts[k];
-            p.1 += c;
-            p.2 += m;
-            acc = top(acc, p);
-            self.suf[k] = acc;
+        let mut acc = self.pts.get(j + 1).map_or((0, 0), |q| (q.sc, q.sm));
+        let pj = &mut self.pts[j];
+        acc = (acc.0.max(pj.c), acc.1.max(pj.m));
+        (pj.sc, pj.sm) = acc;
+        for p in self.pts[i..j].iter_mut().rev() {
+            p.c += c;
+            p.m += m;
+            acc = (acc.0.max(p.c), acc.1.max(p.m));
+            (p.sc, p.sm) = acc;
         }
-        for k in (0..i).rev() {
-            acc = top(acc, &self.pts[k]);
-            if self.suf[k] == acc {
+        for p in self.pts[..i].iter_mut().rev() {
+            acc = (acc.0.max(p.c), acc.1.max(p.m));
+            if (p.sc, p.sm) == acc {
                 break;
             }
-            self.suf[k] = acc;
+            (p.sc, p.sm) = acc;
         }
     }
 
     /// Usage at instant t.
     pub fn at(&self, t: Millis) -> (i64, i64) {
-        match self.pts.partition_point(|p| p.0 <= t) {
+        match self.pts.partition_point(|p| p.t <= t) {
             0 => (0, 0),
-            k => (self.pts[k - 1].1, self.pts[k - 1].2),
+            k => (self.pts[k - 1].c, self.pts[k - 1].m),
         }
     }
 
     /// No use at all over [a, b)? (Stops at the first use.)
     pub fn idle(&self, a: Millis, b: Millis) -> bool {
-        let start = self.pts.partition_point(|p| p.0 <= a).saturating_sub(1);
+        let start = self.pts.partition_point(|p| p.t <= a).saturating_sub(1);
         for (k, p) in self.pts[start..].iter().enumerate() {
-            if p.0 >= b {
+            if p.t >= b {
                 break;
             }
-            let next = self.pts.get(start + k + 1).map_or(Millis::MAX, |q| q.0);
-            if next > a && (p.1 != 0 || p.2 != 0) {
+            let next = self.pts.get(start + k + 1).map_or(Millis::MAX, |q| q.t);
+            if next > a && (p.c != 0 || p.m != 0) {
                 return false;
             }
         }
@@ -188,40 +201,45 @@ impl Profile {
 
     /// Peak usage over [a, b).
     pub fn peak(&self, a: Millis, b: Millis) -> (i64, i64) {
-        let start = self.pts.partition_point(|p| p.0 <= a).saturating_sub(1);
+        let start = self.pts.partition_point(|p| p.t <= a).saturating_sub(1);
         let (mut pc, mut pm) = (0, 0);
         for (k, p) in self.pts[start..].iter().enumerate() {
-            if p.0 >= b {
+            if p.t >= b {
                 break;
             }
-            let next = self.pts.get(start + k + 1).map_or(Millis::MAX, |q| q.0);
+            let next = self.pts.get(start + k + 1).map_or(Millis::MAX, |q| q.t);
             if next <= a {
                 continue;
             }
-            pc = pc.max(p.1);
-            pm = pm.max(p.2);
+            pc = pc.max(p.c);
+            pm = pm.max(p.m);
         }
         (pc, pm)
     }
 
     /// Earliest T >= lb from which usage + need stays within cap for good.
     pub fn tail(&self, lb: Millis, need: (i64, i64), cap: (i64, i64)) -> Millis {
-        match self.suf.first() {
-            Some(top) if top.0 + need.0 > cap.0 || top.1 + need.1 > cap.1 => {}
+        match self.pts.first() {
+            Some(top) if top.sc + need.0 > cap.0 || top.sm + need.1 > cap.1 => {}
             _ => return lb,
         }
         // Points whose usage does not leave room form a prefix of the suffix maxima.
-        let over_c = self.suf.partition_point(|s| s.0 + need.0 > cap.0);
-        let over_m = self.suf.partition_point(|s| s.1 + need.1 > cap.1);
+        let over_c = self.pts.partition_point(|p| p.sc + need.0 > cap.0);
+        let over_m = self.pts.partition_point(|p| p.sm + need.1 > cap.1);
         match over_c.max(over_m) {
             0 => lb,
-            k => self.pts.get(k).map_or(self.pts[k - 1].0, |q| q.0).max(lb),
+            k => self.pts.get(k).map_or(self.pts[k - 1].t, |q| q.t).max(lb),
         }
     }
 
     /// When the last use ends (`lb` if none after it).
     pub fn last_end(&self, lb: Millis) -> Millis {
-        self.pts.last().map_or(lb, |p| p.0).max(lb)
+        self.pts.last().map_or(lb, |p| p.t).max(lb)
+    }
+
+    /// The highest (c, m) use over all time (each on its own).
+    fn top(&self) -> (i64, i64) {
+        self.pts.first().map_or((0, 0), |p| (p.sc, p.sm))
     }
 }
 
@@ -252,10 +270,10 @@ impl SlotSummary {
         };
         let min = used
             .iter()
-            .fold((i64::MAX, i64::MAX), |a, q| (a.0.min(q.1), a.1.min(q.2)));
+            .fold((i64::MAX, i64::MAX), |a, q| (a.0.min(q.c), a.1.min(q.m)));
         SlotSummary {
             last_end: p.last_end(Millis::MIN),
-            max: p.suf.first().copied().unwrap_or((0, 0)),
+            max: p.top(),
             min: if used.is_empty() { (0, 0) } else { min },
         }
     }
