@@ -663,7 +663,10 @@ impl<'a> Pass<'a> {
                 Outcome::Fits(score, _) => {
                     fitting += 1;
                     if want == 1 {
-                        if best.is_none_or(|b| order(&(score, i), &b).is_lt()) {
+                        // The list is in node order: on equal scores the earlier stays,
+                        // as `order` has it.
+                        debug_assert!(best.is_none_or(|b| b.1 < i));
+                        if best.is_none_or(|b| score.total_cmp(&b.0).is_lt()) {
                             best = Some((score, i));
                         }
                     } else {
