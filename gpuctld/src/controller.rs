@@ -775,6 +775,13 @@ impl Controller {
             }
             check_feasible(&c.node_views(), &res)?;
             check_dependencies(&c, &spec)?;
+            // Like the pass would say: it waits while a job it depends on has not ended
+            // (those that can never be met were refused above).
+            let waits = spec.dependencies.iter().any(|d| {
+                c.jobs
+                    .get(&d.job_id)
+                    .is_some_and(|s| !job_of(s).state().is_final())
+            });
             let id = c.next_job_id;
             let time_limit_secs = if res.time_limit_secs > 0 {
                 res.time_limit_secs
@@ -786,7 +793,7 @@ impl Controller {
                     id,
                     spec: Some(spec),
                     state: JobState::Pending as i32,
-                    reason: "None".into(),
+                    reason: if waits { "Dependency" } else { "None" }.into(),
                     submit_time_ms: now_ms(),
                     time_limit_secs,
                     ..pb::Job::default()
