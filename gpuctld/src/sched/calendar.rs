@@ -944,40 +944,6 @@ impl Calendar {
         best
     }
 
-    /// The time `tail` would give, without choosing slots (the hot path of reservations).
-    pub fn tail_time(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<Millis> {
-        let host_t = self.host_tail_time(node, req, lb)?;
-        let kth = |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<Millis> {
-            let mut buf = [Millis::MAX; 16];
-            let mut n = 0;
-            for (i, s) in node.slots.iter().enumerate() {
-                if pred(s) && req.model_ok(&s.model) {
-                    if n == buf.len() {
-                        // More than 16 slots: let `tail` do it the general way.
-                        return self.tail(node, req, lb).map(|t| t.0);
-                    }
-                    buf[n] = self.slot_sum[i].last_end.max(lb);
-                    n += 1;
-                }
-            }
-            let k = count as usize;
-            if k == 0 || n < k {
-                return None;
-            }
-            let (_, t, _) = buf[..n].select_nth_unstable(k - 1);
-            Some(*t)
-        };
-        let gpu_t = match &req.gpu {
-            GpuRequest::None => lb,
-            GpuRequest::Whole { count } => kth(&|s: &SlotView| !s.is_mig(), *count)?,
-            GpuRequest::Mig { profile, count } => {
-                kth(&|s: &SlotView| s.is_profile(profile), *count)?
-            }
-            GpuRequest::Share { .. } => self.share_tail(node, req, lb)?.0,
-        };
-        Some(gpu_t.max(host_t))
-    }
-
     /// Earliest T >= lb from which `req` fits on this node for good, and the slots it
     /// would take then. `None`: never (the node is too small or has no matching slots).
     pub fn tail(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<(Millis, Picks)> {

@@ -831,12 +831,11 @@ impl<'a> Pass<'a> {
                 continue;
             }
             looked.push(Reverse((t, i, v)));
-            // The class asks for the same GPUs without CPUs or memory: the job's own tail
-            // is the later of the class's (fresh here) and the host's.
+            // The class asks for the same GPUs without CPUs or memory (or, for a job
+            // without GPUs, is the job): the job's own tail is the later of the class's
+            // (fresh here) and the host's.
             let own = if same {
                 Some(t)
-            } else if matches!(req.gpu, GpuRequest::None) {
-                cals[i].tail_time(node, req, now)
             } else {
                 cals[i].host_tail_time(node, req, now).map(|h| h.max(t))
             };
