@@ -112,7 +112,7 @@ pub struct Profile {
     pts: Vec<Point>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 struct Point {
     t: Millis,
     c: i64,
@@ -219,9 +219,9 @@ impl Profile {
 
     /// Earliest T >= lb from which usage + need stays within cap for good.
     pub fn tail(&self, lb: Millis, need: (i64, i64), cap: (i64, i64)) -> Millis {
-        match self.pts.first() {
-            Some(top) if top.sc + need.0 > cap.0 || top.sm + need.1 > cap.1 => {}
-            _ => return lb,
+        let top = self.top();
+        if top.0 + need.0 <= cap.0 && top.1 + need.1 <= cap.1 {
+            return lb;
         }
         // Points whose usage does not leave room form a prefix of the suffix maxima.
         let over_c = self.pts.partition_point(|p| p.sc + need.0 > cap.0);

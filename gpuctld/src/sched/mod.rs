@@ -851,17 +851,11 @@ impl<'a> Pass<'a> {
         tc.heap
             .extend(looked.drain(..).filter(|e| Some(e.0.1) != chosen));
         let (t, i) = best?;
-        // The chosen entry was fresh, so the class's picks recorded with it are too.
-        let picks = match &tc.picks[i] {
-            (v, p) if *v == cals[i].version && !matches!(req.gpu, GpuRequest::None) => p.clone(),
-            _ => {
-                let (t2, picks) = cals[i]
-                    .tail(&cluster.nodes[i], req, now)
-                    .expect("was feasible");
-                debug_assert_eq!(t, t2);
-                picks
-            }
-        };
+        // Every heap entry is pushed by `TailClass::compute`, which records the picks at
+        // the same version: the chosen entry was fresh, so its picks are too.
+        let (v, picks) = &tc.picks[i];
+        debug_assert_eq!(*v, cals[i].version);
+        let picks = picks.clone();
         Some((t.max(lb), i, picks))
     }
 
