@@ -302,19 +302,14 @@ impl Cluster {
 
     /// The typical workload (for FGD): the shapes of the jobs the controller knows.
     fn workload(&self) -> Workload {
-        let mut counts: HashMap<(u32, u32, u32, Vec<String>), u64> = HashMap::new();
-        for s in self.jobs.values().rev().take(10_000) {
-            let r = request_of(&resources(job_of(s)));
-            let (gpus, milli) = match &r.gpu {
-                GpuRequest::None | GpuRequest::Mig { .. } => (0, 0),
-                GpuRequest::Whole { count } => (*count, 1000),
-                GpuRequest::Share { compute_milli, .. } => (1, compute_milli.unwrap_or(500)),
-            };
-            *counts
-                .entry((gpus, milli, r.cpu_milli, r.models))
-                .or_default() += 1;
-        }
-        Workload::from_shape_counts(counts)
+        let reqs: Vec<Request> = self
+            .jobs
+            .values()
+            .rev()
+            .take(10_000)
+            .map(|s| request_of(&resources(job_of(s))))
+            .collect();
+        Workload::from_requests(&reqs)
     }
 
     fn node_pb(&self, n: &StoredNode, usage: &HashMap<&str, Usage>) -> pb::Node {
@@ -1221,9 +1216,11 @@ impl Controller {
                 })
                 .collect();
             idle += free.iter().map(|x| u64::from(x.1)).sum::<u64>();
-            let cpu_free = (n.cpus.saturating_mul(1000))
-                .saturating_sub(usage.get(nv.name.as_str()).map_or(0, |u| u.cpu_milli));
-            frag += workload.node_frag(nv, &free, cpu_free);
+            let used = usage.get(nv.name.as_str());
+            let cpu_free =
+                (n.cpus.saturating_mul(1000)).saturating_sub(used.map_or(0, |u| u.cpu_milli));
+            let mem_free = nv.memory_bytes.saturating_sub(used.map_or(0, |u| u.memory));
+            frag += workload.node_frag(nv, &free, (cpu_free, mem_free));
         }
         pb::ListNodesResponse {
             nodes,

@@ -159,13 +159,15 @@ impl Pod {
 pub fn workload(pods: &[Pod]) -> crate::sched::packing::Workload {
     use crate::sched::packing::Workload;
     use std::collections::BTreeMap;
-    let mut counts: BTreeMap<(u32, u32, u32, Vec<String>), u64> = BTreeMap::new();
+    let mut counts: BTreeMap<crate::sched::packing::ShapeKey, (u64, u64)> = BTreeMap::new();
     for p in pods {
-        let models = p.request().models;
+        let req = p.request();
         let milli = if p.num_gpu == 0 { 0 } else { p.gpu_milli };
-        *counts
-            .entry((p.num_gpu, milli, p.cpu_milli, models))
-            .or_default() += 1;
+        let c = counts
+            .entry((p.num_gpu, milli, p.cpu_milli, req.models))
+            .or_default();
+        c.0 += 1;
+        c.1 += req.memory_bytes;
     }
     Workload::from_shape_counts(counts)
 }

@@ -375,6 +375,11 @@ fn peak(claims: &[Claim], a: Millis, b: Millis, with_reserved: bool) -> (u32, u6
 }
 
 impl Calendar {
+    /// Free (CPU milli, memory bytes) now, ignoring reservations.
+    pub fn host_free_now(&self) -> (u32, u64) {
+        (self.free_now.cpu_milli, self.free_now.mem)
+    }
+
     pub fn new(node: &NodeView) -> Calendar {
         Calendar {
             slot_res: vec![Vec::new(); node.slots.len()],
@@ -888,14 +893,22 @@ impl Calendar {
                 } else {
                     node.cpu_milli.saturating_sub(self.host_peak(a, b).0)
                 };
-                let cpus_after = cpus_free.saturating_sub(req.cpu_milli);
+                let mem_free = if self.meets_no_reservation(a, b) {
+                    self.free_now.mem
+                } else {
+                    node.memory_bytes.saturating_sub(self.host_peak(a, b).1)
+                };
+                let host_after = (
+                    cpus_free.saturating_sub(req.cpu_milli),
+                    mem_free.saturating_sub(req.memory_bytes),
+                );
                 // Fragmentation after each candidate (the "before" is the same for all).
                 let mut best: Option<(f64, Pick)> = None;
                 let model_id = frag.model_id(node, &free);
                 for p in &candidates {
                     let k = free.iter().position(|x| x.0 == p.slot).expect("a GPU");
                     free[k].1 -= p.compute;
-                    let after = frag.node_frag_of(model_id, node, &free, cpus_after);
+                    let after = frag.node_frag_of(model_id, node, &free, host_after);
                     free[k].1 += p.compute;
                     if best.is_none_or(|b| after < b.0) {
                         best = Some((after, *p));

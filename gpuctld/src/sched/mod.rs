@@ -71,8 +71,15 @@ impl Default for SchedConfig {
     }
 }
 
-/// Fragmentation growth smaller than this (in GPU milli) does not tell placements apart.
-pub const FGD_STEP_MILLI: f64 = 200.0;
+/// A placement's score (lower is better) from the fragmentation growth it causes, in
+/// GPU milli. This is FGD's own scorer: the growth goes through a sigmoid into an integer
+/// 0..100, truncated, so growth within about 40 milli of zero ties, any growth scores
+/// below no growth, and large growths are told apart coarsely. Ties go to the first node
+/// in node order. Measured on the Alibaba trace (docs/benchmarks.md): comparing growth
+/// exactly packs worse, because tiny differences from rare shapes then decide.
+pub fn fgd_score(growth_milli: f64) -> f64 {
+    -(100.0 / (1.0 + (growth_milli / 1000.0).exp())).trunc()
+}
 
 /// One job to start now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -455,7 +462,7 @@ impl<'a> Pass<'a> {
         let frag = match self.config.policy {
             Policy::Fgd => self
                 .frag
-                .node_frag_of(model_id, node, &free, cal.free_now.cpu_milli),
+                .node_frag_of(model_id, node, &free, cal.host_free_now()),
             _ => 0.0,
         };
         NodeBase {
@@ -481,7 +488,7 @@ impl<'a> Pass<'a> {
             }
             Policy::Fgd => {
                 let mut after = GpuFree::from_slice(&base.free);
-                let cpu = cal.free_now.cpu_milli;
+                let host = cal.host_free_now();
                 for p in picks {
                     if let Some(f) = after.iter_mut().find(|f| f.0 == p.slot) {
                         f.1 = f.1.saturating_sub(p.compute);
@@ -491,15 +498,12 @@ impl<'a> Pass<'a> {
                     base.model_id,
                     node,
                     &after,
-                    cpu.saturating_sub(req.cpu_milli),
+                    (
+                        host.0.saturating_sub(req.cpu_milli),
+                        host.1.saturating_sub(req.memory_bytes),
+                    ),
                 ) - base.frag;
-                // FGD's own scorer quantises the growth (an integer 0..100 through a
-                // sigmoid); growth within one step of FGD_STEP_MILLI counts as equal, and
-                // equal growth goes to the node left with less free GPU, as best-fit.
-                // Measured on the Alibaba trace (docs/benchmarks.md): exact comparison
-                // packs worse than this.
-                let left: u32 = after.iter().map(|x| x.1).sum();
-                (delta / FGD_STEP_MILLI).round() + f64::from(left) * 1e-7
+                fgd_score(delta)
             }
         }
     }
@@ -1048,7 +1052,7 @@ impl<'a> Session<'a> {
         let p = &self.pass;
         let node = &p.cluster.nodes[i];
         let free = p.cals[i].gpu_free_milli(node, p.now);
-        p.frag.node_frag(node, &free, p.cals[i].free_now.cpu_milli)
+        p.frag.node_frag(node, &free, p.cals[i].host_free_now())
     }
 
     /// Cluster fragmentation in GPU milli (FGD's measure, against the config's workload).

@@ -10,6 +10,9 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::str::FromStr;
 
+use smallvec::SmallVec;
+
+use super::GPU_MILLI;
 use super::model::*;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,7 +59,12 @@ pub struct TaskShape {
     pub models: Vec<String>,
     /// Popularity; the shapes' weights sum to 1.
     pub weight: f64,
+    /// Host memory per task (the mean over the shape's tasks; 0 = none or not known).
+    pub mem_bytes: u64,
 }
+
+/// A task shape's (GPUs, per-GPU milli, CPU milli, allowed models).
+pub type ShapeKey = (u32, u32, u32, Vec<String>);
 
 /// The typical workload FGD measures fragmentation against.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -99,13 +107,12 @@ impl Workload {
         }
     }
 
-    /// `from_counts` over (GPUs, per-GPU milli, CPU milli, models) -> count.
-    pub fn from_shape_counts(
-        counts: impl IntoIterator<Item = ((u32, u32, u32, Vec<String>), u64)>,
-    ) -> Workload {
+    /// `from_counts` over (GPUs, per-GPU milli, CPU milli, models) -> (count, the tasks'
+    /// total host memory in bytes). A shape's memory is its tasks' mean.
+    pub fn from_shape_counts(counts: impl IntoIterator<Item = (ShapeKey, (u64, u64))>) -> Workload {
         let mut v: Vec<(TaskShape, u64)> = counts
             .into_iter()
-            .map(|((gpus, milli, cpu_milli, models), n)| {
+            .map(|((gpus, milli, cpu_milli, models), (n, mem))| {
                 (
                     TaskShape {
                         gpus,
@@ -113,6 +120,7 @@ impl Workload {
                         cpu_milli,
                         models,
                         weight: 0.0,
+                        mem_bytes: mem.checked_div(n).unwrap_or(0),
                     },
                     n,
                 )
@@ -130,10 +138,37 @@ impl Workload {
         Workload::from_counts(v, 0.95)
     }
 
+    /// The workload of a set of jobs (the controller's recent jobs, a replay's trace).
+    pub fn from_requests<'r>(reqs: impl IntoIterator<Item = &'r Request>) -> Workload {
+        let mut counts: HashMap<ShapeKey, (u64, u64)> = HashMap::new();
+        for r in reqs {
+            let (gpus, milli) = match &r.gpu {
+                GpuRequest::None | GpuRequest::Mig { .. } => (0, 0),
+                GpuRequest::Whole { count } => (*count, GPU_MILLI),
+                GpuRequest::Share { compute_milli, .. } => (1, compute_milli.unwrap_or(500)),
+            };
+            let c = counts
+                .entry((gpus, milli, r.cpu_milli, r.models.clone()))
+                .or_default();
+            c.0 += 1;
+            c.1 += r.memory_bytes;
+        }
+        Workload::from_shape_counts(counts)
+    }
+
     /// Expected fragmentation of a node in GPU milli: for each task shape, the free GPU
     /// capacity that the shape could not use, weighted by how common the shape is.
-    /// `free` is (slot index, free milli) for the node's non-MIG GPUs.
-    pub fn node_frag(&self, node: &NodeView, free: &[(usize, u32)], cpu_free: u32) -> f64 {
+    /// `free` is (slot index, free milli) for the node's non-MIG GPUs; `host` is the
+    /// node's free (CPU milli, memory bytes).
+    ///
+    /// This is FGD's measure, with one change for GPU shares: FGD counts every GPU with
+    /// room for a share as usable by it, however few copies of the share the node's CPU
+    /// and memory can still hold. Here a share can use only as many GPUs as the copies
+    /// the host has room for take (the emptiest GPUs first); the rest of the idle GPU is
+    /// lost to it. Whole-GPU shapes keep FGD's rule (measured: capping them too packs
+    /// worse, docs/benchmarks.md).
+    pub fn node_frag(&self, node: &NodeView, free: &[(usize, u32)], host: (u32, u64)) -> f64 {
+        let cpu_free = host.0;
         let idle: u64 = free.iter().map(|&(_, f)| u64::from(f)).sum();
         if idle == 0 {
             return 0.0;
@@ -153,6 +188,8 @@ impl Workload {
                 let fits = free.iter().filter(|&&(_, f)| f >= m.milli).count() as u32;
                 if fits < m.gpus {
                     idle
+                } else if m.milli < GPU_MILLI {
+                    idle - share_usable(m, free, host)
                 } else {
                     free.iter()
                         .filter(|&&(_, f)| f < m.milli)
@@ -166,20 +203,53 @@ impl Workload {
     }
 }
 
-/// (model id, rank of the free CPU among the shapes' needs, sorted free milli per GPU).
-type FragKey = (u32, u32, Vec<u32>);
+/// The free milli a share shape `m` (one GPU, `m.milli` < 1000) can use on a node: that
+/// of every GPU with room for it (FGD's rule) when the host can hold as many copies as
+/// those GPUs can, else that of the emptiest GPUs that the copies the host can hold
+/// would take, each GPU taking as many as fit in it.
+fn share_usable(m: &TaskShape, free: &[(usize, u32)], (cpu_free, mem_free): (u32, u64)) -> u64 {
+    let milli = m.milli.max(1);
+    let by_gpu: u64 = free.iter().map(|&(_, f)| u64::from(f / milli)).sum();
+    let by_cpu = cpu_free
+        .checked_div(m.cpu_milli)
+        .map_or(u64::MAX, u64::from);
+    let by_host = by_cpu.min(mem_free.checked_div(m.mem_bytes).unwrap_or(u64::MAX));
+    let mut room: SmallVec<[u32; 8]> = free
+        .iter()
+        .map(|&(_, f)| f)
+        .filter(|&f| f >= milli)
+        .collect();
+    if by_host >= by_gpu {
+        return room.iter().map(|&f| u64::from(f)).sum();
+    }
+    room.sort_unstable_by(|a, b| b.cmp(a));
+    let (mut left, mut usable) = (by_host, 0u64);
+    for f in room {
+        if left == 0 {
+            break;
+        }
+        left -= u64::from(f / milli).min(left);
+        usable += u64::from(f);
+    }
+    usable
+}
+
+/// (model id and sorted free milli per GPU packed, free CPU milli, free memory bytes).
+type SmallKey = (u128, u32, u64);
+
+/// (model id, free CPU milli, free memory bytes, sorted free milli per GPU).
+type FragKey = (u32, u32, u64, Vec<u32>);
 
 /// Memoised `Workload::node_frag`. A node's fragmentation depends only on its GPU model,
-/// on which task shapes its free CPU can hold, and on the multiset of its GPUs' free
-/// milli, so nodes (and hypothetical placements) in the same state share one answer.
+/// on its free CPU and memory, and on the multiset of its GPUs' free milli, so nodes (and
+/// hypothetical placements) in the same state share one answer.
 pub struct FragMemo<'a> {
     workload: &'a Workload,
-    /// Distinct CPU needs of the shapes, sorted: free CPU enters only through its rank.
-    cpu_steps: Vec<u32>,
     /// Model names seen so far; a model's id is its index (there are only a few).
     models: RefCell<Vec<String>>,
-    /// Nodes with at most 8 GPUs (nearly all), keyed by a packed u128 and a cheap hash.
-    small: RefCell<HashMap<u128, f64, BuildHasherDefault<MixHasher>>>,
+    /// Nodes with at most 8 GPUs (nearly all): model and free milli packed in a u128,
+    /// with the free CPU and memory, under a cheap hash.
+    small: RefCell<HashMap<SmallKey, f64, BuildHasherDefault<MixHasher>>>,
     cache: RefCell<HashMap<FragKey, f64>>,
 }
 
@@ -200,21 +270,24 @@ impl Hasher for MixHasher {
     }
 
     fn write_u128(&mut self, v: u128) {
-        let x = (v as u64) ^ ((v >> 64) as u64).rotate_left(29);
+        self.write_u64((v as u64) ^ ((v >> 64) as u64).rotate_left(29));
+    }
+
+    fn write_u64(&mut self, x: u64) {
         self.0 = (self.0 ^ x)
             .wrapping_mul(0x9e37_79b9_7f4a_7c15)
             .rotate_left(31);
+    }
+
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
     }
 }
 
 impl<'a> FragMemo<'a> {
     pub fn new(workload: &'a Workload) -> FragMemo<'a> {
-        let mut cpu_steps: Vec<u32> = workload.shapes.iter().map(|s| s.cpu_milli).collect();
-        cpu_steps.sort_unstable();
-        cpu_steps.dedup();
         FragMemo {
             workload,
-            cpu_steps,
             models: RefCell::default(),
             small: RefCell::default(),
             cache: RefCell::default(),
@@ -239,8 +312,8 @@ impl<'a> FragMemo<'a> {
         }) as u32
     }
 
-    pub fn node_frag(&self, node: &NodeView, free: &[(usize, u32)], cpu_free: u32) -> f64 {
-        self.node_frag_of(self.model_id(node, free), node, free, cpu_free)
+    pub fn node_frag(&self, node: &NodeView, free: &[(usize, u32)], host: (u32, u64)) -> f64 {
+        self.node_frag_of(self.model_id(node, free), node, free, host)
     }
 
     /// `node_frag` with the node's `model_id` known (the scoring loop keeps it per node).
@@ -249,27 +322,27 @@ impl<'a> FragMemo<'a> {
         model_id: u32,
         node: &NodeView,
         free: &[(usize, u32)],
-        cpu_free: u32,
+        host: (u32, u64),
     ) -> f64 {
         if self.workload.shapes.is_empty() {
             return 0.0;
         }
-        let rank = self.cpu_steps.partition_point(|&c| c <= cpu_free) as u32;
-        if free.len() <= 8 && model_id < 1 << 16 && rank < 1 << 16 {
+        if free.len() <= 8 && model_id < 1 << 16 {
             let mut m = [0u16; 8];
             for (x, &(_, f)) in m.iter_mut().zip(free) {
                 // Free milli is 0..=1000; +1 tells "no GPU" (0) from "0 free".
                 *x = f.min(2046) as u16 + 1;
             }
             m.sort_unstable();
-            let mut key = u128::from(model_id) << 104 | u128::from(rank) << 88;
+            let mut packed = u128::from(model_id) << 88;
             for (i, x) in m.iter().enumerate() {
-                key |= u128::from(*x) << (11 * i);
+                packed |= u128::from(*x) << (11 * i);
             }
+            let key = (packed, host.0, host.1);
             if let Some(v) = self.small.borrow().get(&key) {
                 return *v;
             }
-            let v = self.workload.node_frag(node, free, cpu_free);
+            let v = self.workload.node_frag(node, free, host);
             let mut small = self.small.borrow_mut();
             if small.len() > 1_000_000 {
                 small.clear();
@@ -279,11 +352,11 @@ impl<'a> FragMemo<'a> {
         }
         let mut milli: Vec<u32> = free.iter().map(|&(_, f)| f).collect();
         milli.sort_unstable();
-        let key = (model_id, rank, milli);
+        let key = (model_id, host.0, host.1, milli);
         if let Some(v) = self.cache.borrow().get(&key) {
             return *v;
         }
-        let v = self.workload.node_frag(node, free, cpu_free);
+        let v = self.workload.node_frag(node, free, host);
         let mut cache = self.cache.borrow_mut();
         if cache.len() > 1_000_000 {
             cache.clear();
@@ -322,6 +395,7 @@ mod tests {
             cpu_milli: 1000,
             models: vec![],
             weight,
+            mem_bytes: 0,
         }
     }
 
@@ -333,14 +407,45 @@ mod tests {
         let n = node(2);
         // One GPU full free, one with 300 free: the whole-GPU task loses 300, the half
         // task loses 300 too.
-        let f = w.node_frag(&n, &[(0, 1000), (1, 300)], 8000);
+        let f = w.node_frag(&n, &[(0, 1000), (1, 300)], (8000, u64::MAX));
         assert!((f - 300.0).abs() < 1e-9, "{f}");
         // Nothing fits the whole-GPU task: all 600 idle milli lost for it; 100 for the half.
-        let f = w.node_frag(&n, &[(0, 500), (1, 100)], 8000);
+        let f = w.node_frag(&n, &[(0, 500), (1, 100)], (8000, u64::MAX));
         assert!((f - (0.5 * 600.0 + 0.5 * 100.0)).abs() < 1e-9, "{f}");
         // No CPU left: everything idle is lost.
-        let f = w.node_frag(&n, &[(0, 1000), (1, 1000)], 0);
+        let f = w.node_frag(&n, &[(0, 1000), (1, 1000)], (0, u64::MAX));
         assert!((f - 2000.0).abs() < 1e-9, "{f}");
+    }
+
+    #[test]
+    fn shares_can_use_only_what_the_host_can_hold() {
+        // A half-GPU share needing 4 CPUs and 10 GiB, on four free GPUs.
+        let w = Workload {
+            shapes: vec![TaskShape {
+                mem_bytes: 10 << 30,
+                cpu_milli: 4000,
+                ..shape(1, 500, 1.0)
+            }],
+        };
+        let n = node(4);
+        let free = [(0, 1000), (1, 1000), (2, 600), (3, 200)];
+        // Room on the host for 5 copies, the GPUs take 4 (2 + 2 + 1 + 0): FGD's rule,
+        // only the 200 free on GPU 3 is lost.
+        assert_eq!(w.node_frag(&n, &free, (20_000, 1 << 40)), 200.0);
+        // CPU for 3 copies: they fill GPU 0 and half of GPU 1, so GPUs 2 and 3 are lost.
+        assert_eq!(w.node_frag(&n, &free, (12_000, 1 << 40)), 800.0);
+        // Memory for 1 copy: it takes GPU 0; the rest is lost.
+        assert_eq!(w.node_frag(&n, &free, (64_000, 15 << 30)), 1800.0);
+        // No room for one: all idle GPU is lost.
+        assert_eq!(w.node_frag(&n, &free, (3_999, 1 << 40)), 2800.0);
+        // Whole-GPU shapes keep FGD's rule: fitting once is enough.
+        let whole = Workload {
+            shapes: vec![TaskShape {
+                cpu_milli: 4000,
+                ..shape(1, 1000, 1.0)
+            }],
+        };
+        assert_eq!(whole.node_frag(&n, &free, (4_000, 1 << 40)), 800.0);
     }
 
     #[test]
@@ -360,16 +465,19 @@ mod tests {
         ] {
             for cpu in [0, 999, 1000, 64_000] {
                 let f = [(0, free[0]), (1, free[1])];
-                let a = memo.node_frag(&n, &f, cpu);
-                let b = memo.node_frag(&n, &f, cpu);
-                assert_eq!(a, w.node_frag(&n, &f, cpu), "{free:?} {cpu}");
+                let a = memo.node_frag(&n, &f, (cpu, u64::MAX));
+                let b = memo.node_frag(&n, &f, (cpu, u64::MAX));
+                assert_eq!(a, w.node_frag(&n, &f, (cpu, u64::MAX)), "{free:?} {cpu}");
                 assert_eq!(a, b);
             }
         }
         // Nine GPUs take the general path.
         let n9 = node(9);
         let f: Vec<(usize, u32)> = (0..9).map(|i| (i, 100 * i as u32)).collect();
-        assert_eq!(memo.node_frag(&n9, &f, 5000), w.node_frag(&n9, &f, 5000));
+        assert_eq!(
+            memo.node_frag(&n9, &f, (5000, u64::MAX)),
+            w.node_frag(&n9, &f, (5000, u64::MAX))
+        );
     }
 
     #[test]

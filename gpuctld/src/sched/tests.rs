@@ -546,6 +546,7 @@ fn fgd_avoids_breaking_a_whole_gpu() {
                     cpu_milli: 1000,
                     models: vec![],
                     weight: 0.5,
+                    mem_bytes: 0,
                 },
                 TaskShape {
                     gpus: 1,
@@ -553,6 +554,7 @@ fn fgd_avoids_breaking_a_whole_gpu() {
                     cpu_milli: 1000,
                     models: vec![],
                     weight: 0.5,
+                    mem_bytes: 0,
                 },
             ],
         },

@@ -16,6 +16,9 @@ use crate::sched::packing::{Policy, Workload};
 use crate::sched::{ClusterView, GPU_MILLI, Millis, SchedConfig, Session};
 use crate::trace::Pod;
 
+/// Mixed into the seed for the node order, so that it does not follow the task order.
+const NODE_ORDER_STREAM: u64 = 0x5eed;
+
 /// Bins 0..=MAX_PCT of arrived request, in percent of capacity.
 pub const MAX_PCT: usize = 130;
 
@@ -72,6 +75,13 @@ pub fn run_seed(
         .map(|n| n.slots.len() as u64 * u64::from(GPU_MILLI))
         .sum();
     let arrivals = inflate(pods, capacity, tune, seed);
+    // FGD's protocol permutes the node order per run (a random prefix on node names), so
+    // node order decides nothing systematically: placements that tie go to a random node.
+    let mut permuted = nodes.clone();
+    permuted
+        .nodes
+        .shuffle(&mut StdRng::seed_from_u64(seed ^ NODE_ORDER_STREAM));
+    let nodes = &permuted;
     let config = SchedConfig {
         policy,
         workload: workload.clone(),

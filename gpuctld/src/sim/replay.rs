@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::sched::packing::Policy;
+use crate::sched::packing::{Policy, Workload};
 use crate::sched::priority::PriorityWeights;
 use crate::sched::{
     self, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request, Running,
@@ -261,7 +261,14 @@ pub struct Sample {
     pub queued: usize,
 }
 
-fn config_for(policy: &str, packing: Policy, depth: Option<usize>) -> anyhow::Result<SchedConfig> {
+/// The scheduler's configuration for a replay policy; FGD measures fragmentation against
+/// the shapes of the replayed jobs (as the controller does with the jobs it knows).
+fn config_for(
+    policy: &str,
+    packing: Policy,
+    depth: Option<usize>,
+    jobs: &[TraceJob],
+) -> anyhow::Result<SchedConfig> {
     let (backfill, weights) = match policy {
         "fifo" => (false, PriorityWeights::fifo()),
         "priority" => (false, PriorityWeights::default()),
@@ -275,6 +282,7 @@ fn config_for(policy: &str, packing: Policy, depth: Option<usize>) -> anyhow::Re
         reservation_depth: depth,
         // The replay needs only the starts (the same with or without every reservation).
         expected_starts: false,
+        workload: Workload::from_requests(jobs.iter().map(|j| &j.request)),
         ..SchedConfig::default()
     })
 }
@@ -540,7 +548,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         .collect();
     let mut progress = super::Progress::new(combos.len() as u64, "replaying");
     for (policy, packing) in combos {
-        let config = config_for(&policy, packing, a.reservation_depth)?;
+        let config = config_for(&policy, packing, a.reservation_depth, &jobs)?;
         let (summary, samples) = replay(&nodes, &jobs, &config, &policy);
         let stem = format!("{policy}-{packing}");
         std::fs::write(
@@ -585,7 +593,7 @@ mod tests {
 
     fn run(jobs: &[TraceJob], policy: &str) -> Summary {
         let nodes = parse_cluster("1x2xA100-80GB").unwrap();
-        let config = config_for(policy, Policy::FirstFit, None).unwrap();
+        let config = config_for(policy, Policy::FirstFit, None, jobs).unwrap();
         replay(&nodes, jobs, &config, policy).0
     }
 
@@ -635,7 +643,7 @@ mod tests {
         assert_eq!(jobs[0].request.nodes, 2);
         assert_eq!(jobs[0].request.gpu, GpuRequest::Whole { count: 2 });
         assert_eq!(jobs[0].time_limit, 20_000);
-        let config = config_for("backfill", Policy::Fgd, None).unwrap();
+        let config = config_for("backfill", Policy::Fgd, None, &jobs).unwrap();
         let (s, samples) = replay(&nodes, &jobs, &config, "backfill");
         assert_eq!((s.jobs, s.infeasible), (2, 1));
         // The gang takes all four GPUs at 0; the 1-GPU job waits until 10.
