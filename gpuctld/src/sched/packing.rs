@@ -161,14 +161,15 @@ impl Workload {
     /// `free` is (slot index, free milli) for the node's non-MIG GPUs; `host` is the
     /// node's free (CPU milli, memory bytes).
     ///
-    /// This is FGD's measure, with one change for GPU shares: FGD counts every GPU with
-    /// room for a share as usable by it, however few copies of the share the node's CPU
-    /// and memory can still hold. Here a share can use only as many GPUs as the copies
-    /// the host has room for take (the emptiest GPUs first); the rest of the idle GPU is
-    /// lost to it. Whole-GPU shapes keep FGD's rule (measured: capping them too packs
-    /// worse, docs/benchmarks.md).
+    /// This is FGD's measure, with two changes. A shape whose memory does not fit loses
+    /// all the idle GPU, as one whose CPUs do not fit does in FGD. And FGD counts every
+    /// GPU with room for a share as usable by it, however few copies of the share the
+    /// node's CPU and memory can still hold; here a share can use only the GPUs that the
+    /// copies the host has room for would take (the emptiest first), and the rest of the
+    /// idle GPU is lost to it. Whole-GPU shapes are not capped so (measured: capping
+    /// them too packs worse, docs/benchmarks.md).
     pub fn node_frag(&self, node: &NodeView, free: &[(usize, u32)], host: (u32, u64)) -> f64 {
-        let cpu_free = host.0;
+        let (cpu_free, mem_free) = host;
         let idle: u64 = free.iter().map(|&(_, f)| u64::from(f)).sum();
         if idle == 0 {
             return 0.0;
@@ -181,6 +182,7 @@ impl Workload {
         for m in &self.shapes {
             let lost = if m.gpus == 0
                 || m.cpu_milli > cpu_free
+                || m.mem_bytes > mem_free
                 || !super::model::models_allow(&m.models, model)
             {
                 idle
@@ -245,6 +247,9 @@ type FragKey = (u32, u32, u64, Vec<u32>);
 /// hypothetical placements) in the same state share one answer.
 pub struct FragMemo<'a> {
     workload: &'a Workload,
+    /// Free CPU and memory above which a node of at most 8 GPUs measures the same: every
+    /// shape fits, and the host holds more copies of each share than 8 GPUs can.
+    host_cap: (u32, u64),
     /// Model names seen so far; a model's id is its index (there are only a few).
     models: RefCell<Vec<String>>,
     /// Nodes with at most 8 GPUs (nearly all): model and free milli packed in a u128,
@@ -286,8 +291,19 @@ impl Hasher for MixHasher {
 
 impl<'a> FragMemo<'a> {
     pub fn new(workload: &'a Workload) -> FragMemo<'a> {
+        let copies = |s: &TaskShape| match s.milli {
+            1..GPU_MILLI => 8 * (GPU_MILLI / s.milli),
+            _ => 1,
+        };
+        let host_cap = workload.shapes.iter().fold((0u32, 0u64), |(c, m), s| {
+            (
+                c.max(s.cpu_milli.saturating_mul(copies(s))),
+                m.max(s.mem_bytes.saturating_mul(u64::from(copies(s)))),
+            )
+        });
         FragMemo {
             workload,
+            host_cap,
             models: RefCell::default(),
             small: RefCell::default(),
             cache: RefCell::default(),
@@ -338,7 +354,11 @@ impl<'a> FragMemo<'a> {
             for (i, x) in m.iter().enumerate() {
                 packed |= u128::from(*x) << (11 * i);
             }
-            let key = (packed, host.0, host.1);
+            let key = (
+                packed,
+                host.0.min(self.host_cap.0),
+                host.1.min(self.host_cap.1),
+            );
             if let Some(v) = self.small.borrow().get(&key) {
                 return *v;
             }
@@ -446,6 +466,15 @@ mod tests {
             }],
         };
         assert_eq!(whole.node_frag(&n, &free, (4_000, 1 << 40)), 800.0);
+        // ... but memory counts as CPU does: no room for one copy, all idle GPU is lost.
+        let big = Workload {
+            shapes: vec![TaskShape {
+                mem_bytes: 64 << 30,
+                ..shape(1, 1000, 1.0)
+            }],
+        };
+        assert_eq!(big.node_frag(&n, &free, (64_000, 63 << 30)), 2800.0);
+        assert_eq!(big.node_frag(&n, &free, (64_000, 64 << 30)), 800.0);
     }
 
     #[test]
@@ -469,6 +498,22 @@ mod tests {
                 let b = memo.node_frag(&n, &f, (cpu, u64::MAX));
                 assert_eq!(a, w.node_frag(&n, &f, (cpu, u64::MAX)), "{free:?} {cpu}");
                 assert_eq!(a, b);
+            }
+        }
+        // Hosts beyond the cap share one key, and the answers still agree.
+        let rich = Workload {
+            shapes: vec![TaskShape {
+                cpu_milli: 4000,
+                mem_bytes: 1 << 30,
+                ..shape(1, 250, 1.0)
+            }],
+        };
+        let rich_memo = FragMemo::new(&rich);
+        let f = [(0, 1000), (1, 700)];
+        for cpu in [0, 4000, 8000, 12_000, 127_999, 128_000, 500_000, 999_999] {
+            for mem in [0, 1 << 30, 5 << 30, 32 << 30, 1 << 40] {
+                let want = rich.node_frag(&n, &f, (cpu, mem));
+                assert_eq!(rich_memo.node_frag(&n, &f, (cpu, mem)), want, "{cpu} {mem}");
             }
         }
         // Nine GPUs take the general path.
