@@ -73,8 +73,9 @@ impl Default for SchedConfig {
 
 /// A placement's score (lower is better) from the fragmentation growth it causes, in
 /// GPU milli. This is FGD's own scorer: the growth goes through a sigmoid into an integer
-/// 0..100, truncated, so growth within about 40 milli of zero ties, any growth scores
-/// below no growth, and large growths are told apart coarsely. Ties go to the first node
+/// 0..100, truncated: a growth of 0 down to about -40 milli scores as none, any growth
+/// above 0 scores below none, and large growths are told apart coarsely. Ties go to the
+/// first node
 /// in node order. Measured on the Alibaba trace (docs/benchmarks.md): comparing growth
 /// exactly packs worse, because tiny differences from rare shapes then decide.
 pub fn fgd_score(growth_milli: f64) -> f64 {
