@@ -157,19 +157,8 @@ impl Pod {
 /// FGD's typical workload from a pod list: the most popular task shapes covering 95% of
 /// the tasks (FGD_EVAL.md).
 pub fn workload(pods: &[Pod]) -> crate::sched::packing::Workload {
-    use crate::sched::packing::Workload;
-    use std::collections::BTreeMap;
-    let mut counts: BTreeMap<crate::sched::packing::ShapeKey, (u64, u64)> = BTreeMap::new();
-    for p in pods {
-        let req = p.request();
-        let milli = if p.num_gpu == 0 { 0 } else { p.gpu_milli };
-        let c = counts
-            .entry((p.num_gpu, milli, p.cpu_milli, req.models))
-            .or_default();
-        c.0 += 1;
-        c.1 += req.memory_bytes;
-    }
-    Workload::from_shape_counts(counts)
+    let reqs: Vec<_> = pods.iter().map(Pod::request).collect();
+    crate::sched::packing::Workload::from_requests(&reqs)
 }
 
 pub fn read_pods(path: &Path) -> Result<Vec<Pod>, TraceError> {
