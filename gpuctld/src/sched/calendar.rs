@@ -888,15 +888,14 @@ impl Calendar {
                 .expect("non-empty"),
             Policy::Fgd => {
                 let mut free = self.gpu_free_milli(node, a);
-                let cpus_free = if self.meets_no_reservation(a, b) {
-                    self.free_now.cpu_milli
+                let (cpus_free, mem_free) = if self.meets_no_reservation(a, b) {
+                    self.host_free_now()
                 } else {
-                    node.cpu_milli.saturating_sub(self.host_peak(a, b).0)
-                };
-                let mem_free = if self.meets_no_reservation(a, b) {
-                    self.free_now.mem
-                } else {
-                    node.memory_bytes.saturating_sub(self.host_peak(a, b).1)
+                    let (c, m) = self.host_peak(a, b);
+                    (
+                        node.cpu_milli.saturating_sub(c),
+                        node.memory_bytes.saturating_sub(m),
+                    )
                 };
                 let host_after = (
                     cpus_free.saturating_sub(req.cpu_milli),
