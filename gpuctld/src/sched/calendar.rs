@@ -897,10 +897,7 @@ impl Calendar {
                         node.memory_bytes.saturating_sub(m),
                     )
                 };
-                let host_after = (
-                    cpus_free.saturating_sub(req.cpu_milli),
-                    mem_free.saturating_sub(req.memory_bytes),
-                );
+                let host_after = super::packing::host_left((cpus_free, mem_free), req);
                 // Fragmentation after each candidate (the "before" is the same for all).
                 let mut best: Option<(f64, Pick)> = None;
                 let model_id = frag.model_id(node, &free);

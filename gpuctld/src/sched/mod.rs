@@ -34,7 +34,7 @@ use std::collections::{BinaryHeap, HashMap};
 pub use calendar::Miss;
 use calendar::{Calendar, GpuFree, Pick, Picks};
 pub use model::*;
-use packing::{FragMemo, Policy, Workload};
+use packing::{FragMemo, Policy, Workload, host_left};
 use priority::PriorityWeights;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -75,9 +75,9 @@ impl Default for SchedConfig {
 /// GPU milli. This is FGD's own scorer: the growth goes through a sigmoid into an integer
 /// 0..100, truncated: a growth of 0 down to about -40 milli scores as none, any growth
 /// above 0 scores below none, and large growths are told apart coarsely. Ties go to the
-/// first node
-/// in node order. Measured on the Alibaba trace (docs/benchmarks.md): comparing growth
-/// exactly packs worse, because tiny differences from rare shapes then decide.
+/// first node in node order. Measured on the Alibaba trace (docs/benchmarks.md):
+/// comparing growth exactly packs worse, because tiny differences from rare shapes then
+/// decide.
 pub fn fgd_score(growth_milli: f64) -> f64 {
     -(100.0 / (1.0 + (growth_milli / 1000.0).exp())).trunc()
 }
@@ -495,15 +495,10 @@ impl<'a> Pass<'a> {
                         f.1 = f.1.saturating_sub(p.compute);
                     }
                 }
-                let delta = self.frag.node_frag_of(
-                    base.model_id,
-                    node,
-                    &after,
-                    (
-                        host.0.saturating_sub(req.cpu_milli),
-                        host.1.saturating_sub(req.memory_bytes),
-                    ),
-                ) - base.frag;
+                let delta =
+                    self.frag
+                        .node_frag_of(base.model_id, node, &after, host_left(host, req))
+                        - base.frag;
                 fgd_score(delta)
             }
         }

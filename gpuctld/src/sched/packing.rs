@@ -64,7 +64,7 @@ pub struct TaskShape {
 }
 
 /// A task shape's (GPUs, per-GPU milli, CPU milli, allowed models).
-pub type ShapeKey = (u32, u32, u32, Vec<String>);
+type ShapeKey = (u32, u32, u32, Vec<String>);
 
 /// The typical workload FGD measures fragmentation against.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -109,7 +109,7 @@ impl Workload {
 
     /// `from_counts` over (GPUs, per-GPU milli, CPU milli, models) -> (count, the tasks'
     /// total host memory in bytes). A shape's memory is its tasks' mean.
-    pub fn from_shape_counts(counts: impl IntoIterator<Item = (ShapeKey, (u64, u64))>) -> Workload {
+    fn from_shape_counts(counts: impl IntoIterator<Item = (ShapeKey, (u64, u64))>) -> Workload {
         let mut v: Vec<(TaskShape, u64)> = counts
             .into_iter()
             .map(|((gpus, milli, cpu_milli, models), (n, mem))| {
@@ -203,6 +203,14 @@ impl Workload {
         }
         frag
     }
+}
+
+/// A host's free (CPU milli, memory bytes) once `req` is placed there.
+pub fn host_left((cpu, mem): (u32, u64), req: &Request) -> (u32, u64) {
+    (
+        cpu.saturating_sub(req.cpu_milli),
+        mem.saturating_sub(req.memory_bytes),
+    )
 }
 
 /// The free milli a share shape `m` (one GPU, `m.milli` < 1000) can use on a node: that
