@@ -57,7 +57,7 @@ pub struct TaskShape {
     pub cpu_milli: u32,
     /// Allowed models (empty = any).
     pub models: Vec<String>,
-    /// Popularity; the shapes' weights sum to 1.
+    /// Share of the measure (count x `size_factor`); the shapes' weights sum to 1.
     pub weight: f64,
     /// Host memory per task (the mean over the shape's tasks; 0 = none or not known).
     pub mem_bytes: u64,
@@ -164,7 +164,7 @@ impl Workload {
     }
 
     /// Expected fragmentation of a node in GPU milli: for each task shape, the free GPU
-    /// capacity that the shape could not use, weighted by how common the shape is.
+    /// capacity that the shape could not use, weighted by the shape's `weight`.
     /// `free` is (slot index, free milli) for the node's non-MIG GPUs; `host` is the
     /// node's free (CPU milli, memory bytes).
     ///
