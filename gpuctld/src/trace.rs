@@ -155,7 +155,7 @@ impl Pod {
 }
 
 /// FGD's typical workload from a pod list: the most popular task shapes covering 95% of
-/// the tasks (FGD_EVAL.md).
+/// the tasks (FGD_EVAL.md), weighted as `Workload::from_counts` does.
 pub fn workload(pods: &[Pod]) -> crate::sched::packing::Workload {
     let reqs: Vec<_> = pods.iter().map(Pod::request).collect();
     crate::sched::packing::Workload::from_requests(&reqs)

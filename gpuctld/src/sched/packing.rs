@@ -114,39 +114,9 @@ impl Workload {
         }
     }
 
-    /// `from_counts` over (GPUs, per-GPU milli, CPU milli, models) -> (count, the tasks'
-    /// total host memory in bytes). A shape's memory is its tasks' mean.
-    fn from_shape_counts(counts: impl IntoIterator<Item = (ShapeKey, (u64, u64))>) -> Workload {
-        let mut v: Vec<(TaskShape, u64)> = counts
-            .into_iter()
-            .map(|((gpus, milli, cpu_milli, models), (n, mem))| {
-                (
-                    TaskShape {
-                        gpus,
-                        milli,
-                        cpu_milli,
-                        models,
-                        weight: 0.0,
-                        mem_bytes: mem.checked_div(n).unwrap_or(0),
-                    },
-                    n,
-                )
-            })
-            .collect();
-        // A stable order before the count sort, whatever the source's order.
-        v.sort_by(|a, b| {
-            (a.0.gpus, a.0.milli, a.0.cpu_milli, &a.0.models).cmp(&(
-                b.0.gpus,
-                b.0.milli,
-                b.0.cpu_milli,
-                &b.0.models,
-            ))
-        });
-        Workload::from_counts(v, 0.95)
-    }
-
     /// The workload of a set of jobs (the controller's recent jobs, a replay's trace).
     pub fn from_requests<'r>(reqs: impl IntoIterator<Item = &'r Request>) -> Workload {
+        // Shape -> (count, the tasks' total host memory in bytes).
         let mut counts: HashMap<ShapeKey, (u64, u64)> = HashMap::new();
         for r in reqs {
             let (gpus, milli) = match &r.gpu {
@@ -160,7 +130,24 @@ impl Workload {
             c.0 += 1;
             c.1 += r.memory_bytes;
         }
-        Workload::from_shape_counts(counts)
+        // `from_counts` orders the shapes totally (count, then the key), so the map's
+        // order does not matter.
+        let shapes = counts
+            .into_iter()
+            .map(|((gpus, milli, cpu_milli, models), (n, mem))| {
+                let shape = TaskShape {
+                    gpus,
+                    milli,
+                    cpu_milli,
+                    models,
+                    weight: 0.0,
+                    // The shape's tasks' mean.
+                    mem_bytes: mem.checked_div(n).unwrap_or(0),
+                };
+                (shape, n)
+            })
+            .collect();
+        Workload::from_counts(shapes, 0.95)
     }
 
     /// Expected fragmentation of a node in GPU milli: for each task shape, the free GPU
