@@ -24,6 +24,12 @@ use crate::sched::{
 };
 use crate::store::{Store, StoreError};
 
+mod agents;
+mod validate;
+
+pub use validate::check_paths;
+use validate::{check_dependencies, check_feasible, validate_spec};
+
 pub type CommandTx = mpsc::Sender<Result<pb::AgentCommand, Status>>;
 
 pub fn now_ms() -> i64 {
@@ -36,6 +42,12 @@ struct Conn {
     /// Which registration this is; a stale connection's drop must not mark a newer one down.
     generation: u64,
     tx: CommandTx,
+    /// The session (the Attach nonce) and the request numbers seen on it.
+    session: Vec<u8>,
+    window: gpuctl_proto::auth::ReplayWindow,
+    /// The identity the agent keeps in its state dir, and where it connected from.
+    agent_id: String,
+    peer: String,
 }
 
 #[derive(Default)]
@@ -43,6 +55,8 @@ struct Cluster {
     jobs: BTreeMap<u64, StoredJob>,
     nodes: BTreeMap<String, StoredNode>,
     conns: HashMap<String, Conn>,
+    /// Nonces handed out by `challenge`, per node, with when they expire (Unix ms).
+    challenges: HashMap<String, Vec<(Vec<u8>, i64)>>,
     /// When a node's agent was last heard from (heartbeat, attach or report), in memory.
     last_heard: HashMap<String, i64>,
     next_job_id: u64,
@@ -671,6 +685,10 @@ impl Controller {
                 self.store.put_job(stored)?;
                 let j = job_of(stored).clone();
                 c.pending_changed(&user, false);
+                let addresses: Vec<String> = nodelist
+                    .iter()
+                    .map(|n| c.nodes.get(n).map(|x| x.address.clone()).unwrap_or_default())
+                    .collect();
                 tracing::info!(job = j.id, attempt = j.attempt, nodes = %j.node, gpus = ?j.gpus, "starting job");
                 for a in &j.allocations {
                     let Some(tx) = c.conns.get(&a.node).map(|conn| conn.tx.clone()) else {
@@ -689,8 +707,9 @@ impl Controller {
                                 rank: a.rank,
                                 nodelist: nodelist.clone(),
                                 attempt: j.attempt,
+                                addresses: addresses.clone(),
                             })),
-                            mac: Vec::new(),
+                            ..pb::AgentCommand::default()
                         },
                     ));
                 }
@@ -1075,50 +1094,6 @@ impl Controller {
         Ok(results)
     }
 
-    fn kill_cmd(&self, job_id: u64, attempt: u32, reason: &str) -> pb::AgentCommand {
-        pb::AgentCommand {
-            command: Some(pb::agent_command::Command::Kill(pb::KillJob {
-                job_id,
-                as_state: JobState::Cancelled as i32,
-                kill_grace_secs: self.config.kill_grace.as_secs(),
-                reason: reason.into(),
-                attempt,
-            })),
-            mac: Vec::new(),
-        }
-    }
-
-    /// Signs a command for the agent of `node` (done where the stream hands it out).
-    pub fn sign_command(&self, node: &str, cmd: &mut pb::AgentCommand) {
-        self.key.sign_command(node, cmd);
-    }
-
-    /// Checks an agent request's signature.
-    pub fn verify_agent(
-        &self,
-        meta: &tonic::metadata::MetadataMap,
-        method: &str,
-        node: &str,
-        body: &[u8],
-    ) -> Result<(), Status> {
-        use gpuctl_proto::auth::{MAC_HEADER, NODE_HEADER, TIME_HEADER};
-        let get = |k: &str| meta.get(k).and_then(|v| v.to_str().ok());
-        self.key
-            .verify_request(
-                method,
-                node,
-                body,
-                get(NODE_HEADER),
-                get(TIME_HEADER),
-                get(MAC_HEADER),
-                now_ms(),
-            )
-            .map_err(|e| {
-                tracing::warn!(node, method, "agent request refused: {e}");
-                Status::unauthenticated(format!("agent request refused: {e}"))
-            })
-    }
-
     // ------------------------------------------------------------ users and tokens
 
     /// Whether `user` is an admin: root and the users the config names.
@@ -1254,427 +1229,8 @@ impl Controller {
 
     // ------------------------------------------------------------ agent operations
 
-    /// Registers an agent (or re-registers after a disconnect or a controller restart)
-    /// and reconciles what it runs with what the controller believes.
-    pub async fn connect(
-        self: &Arc<Self>,
-        req: pb::RegisterRequest,
-    ) -> Result<(mpsc::Receiver<Result<pb::AgentCommand, Status>>, u64), Status> {
-        if req.node.is_empty()
-            || req.node.len() > 255
-            || req.node.contains('/')
-            || req.node.contains(',')
-        {
-            return Err(Status::invalid_argument(
-                "node name must be 1 to 255 characters without '/' or ','",
-            ));
-        }
-        let (tx, rx) = mpsc::channel(1024);
-        let now = now_ms();
-        let mut to_kill = Vec::new();
-        let mut other_kills = Vec::new();
-        let (generation, rank_kills) = {
-            let mut c = self.lock();
-            c.generation += 1;
-            let generation = c.generation;
-            let drain_reason = c.nodes.get(&req.node).and_then(|n| n.drain_reason.clone());
-            let node = StoredNode {
-                name: req.node.clone(),
-                gpus: req
-                    .gpus
-                    .iter()
-                    .map(|g| pb::Gpu {
-                        allocated_to: 0,
-                        compute_allocated_milli: 0,
-                        memory_allocated_mib: 0,
-                        jobs: Vec::new(),
-                        ..g.clone()
-                    })
-                    .collect(),
-                cpus: req.cpus,
-                memory_bytes: req.memory_bytes,
-                drain_reason,
-                gpu_backend: req.gpu_backend.clone(),
-                last_seen_ms: now,
-            };
-            self.store.put_node(&node).map_err(store_status)?;
-            c.nodes.insert(req.node.clone(), node);
-
-            for r in &req.unacked_reports {
-                other_kills.extend(self.apply_report(&mut c, r).map_err(store_status)?);
-            }
-            let running: BTreeSet<(u64, u32)> =
-                req.running.iter().map(|r| (r.job_id, r.attempt)).collect();
-            let ids: Vec<u64> = c.active.iter().copied().collect();
-            let mut requeued = Vec::new();
-            for id in ids {
-                let Some(stored) = c.jobs.get_mut(&id) else {
-                    continue;
-                };
-                let confirmed = stored.start_confirmed;
-                let j = job_mut(stored);
-                let here = live_allocs(j).any(|a| a.node == req.node);
-                if !here || running.contains(&(id, j.attempt)) {
-                    continue;
-                }
-                if confirmed {
-                    for a in j
-                        .allocations
-                        .iter_mut()
-                        .filter(|a| a.node == req.node && !a.ended)
-                    {
-                        a.ended = true;
-                        a.set_state(JobState::Failed);
-                        a.reason = "agent restarted without the job (lost)".into();
-                    }
-                    tracing::warn!(job = id, node = %req.node, "running job lost by its agent");
-                    if j.allocations.iter().all(|a| a.ended) {
-                        let (state, code, reason) = final_state(&j.allocations);
-                        j.set_state(state);
-                        j.exit_code = code;
-                        j.reason = reason;
-                        j.end_time_ms = now;
-                    }
-                } else {
-                    // Never confirmed started, and the agent does not run it: safe to requeue.
-                    for a in &j.allocations {
-                        if a.node != req.node {
-                            other_kills.push((a.node.clone(), id));
-                        }
-                    }
-                    j.set_state(JobState::Pending);
-                    j.node.clear();
-                    j.gpus.clear();
-                    j.allocations.clear();
-                    j.start_time_ms = 0;
-                    j.reason = "requeued: start was not delivered".into();
-                    requeued.push(owner(j).to_string());
-                    tracing::info!(job = id, "requeued an undelivered start");
-                }
-                self.store.put_job(stored).map_err(store_status)?;
-            }
-            for user in requeued {
-                c.pending_changed(&user, true);
-            }
-            // A requeued job whose start is still running here is adopted again.
-            for &(id, attempt) in &running {
-                if let Some(stored) = c.jobs.get_mut(&id)
-                    && readopt(stored, &req.node, attempt)
-                {
-                    let user = owner(job_of(stored)).to_string();
-                    self.store.put_job(stored).map_err(store_status)?;
-                    c.pending_changed(&user, false);
-                    tracing::info!(job = id, attempt, node = %req.node, "requeued job found still running on its returning node; adopted again");
-                }
-            }
-            // Fencing: an instance is kept only if it is the job's current start here.
-            for &(id, attempt) in &running {
-                let keep = c.jobs.get(&id).is_some_and(|s| {
-                    let j = job_of(s);
-                    j.attempt == attempt
-                        && live_allocs(j).any(|a| a.node == req.node)
-                        && !s.cancel_requested
-                });
-                if !keep {
-                    tracing::warn!(job = id, attempt, node = %req.node, "agent runs a stale or unknown job instance; killing it");
-                    to_kill.push(self.kill_cmd(
-                        id,
-                        attempt,
-                        "not running here according to the controller",
-                    ));
-                }
-            }
-            c.conns.insert(
-                req.node.clone(),
-                Conn {
-                    generation,
-                    tx: tx.clone(),
-                },
-            );
-            c.last_heard.insert(req.node.clone(), now);
-            let rank_kills: Vec<_> = other_kills
-                .into_iter()
-                .filter_map(|(node, id)| {
-                    c.conns
-                        .get(&node)
-                        .map(|conn| (conn.tx.clone(), self.kill_cmd(id, 0, "another rank ended")))
-                })
-                .collect();
-            (generation, rank_kills)
-        };
-        self.store.flush().await.map_err(store_status)?;
-        for cmd in to_kill {
-            let _ = tx.send(Ok(cmd)).await;
-        }
-        for (t, cmd) in rank_kills {
-            let _ = t.send(Ok(cmd)).await;
-        }
-        tracing::info!(node = %req.node, gpus = req.gpus.len(), running = req.running.len(), "agent connected");
-        self.wake_scheduler();
-        Ok((rx, generation))
-    }
-
-    /// Declares failed every node whose agent has been silent for `node_timeout`: the node
-    /// goes DOWN (its stream is closed, so a live agent re-attaches and is reconciled),
-    /// and its jobs end NODE_FAIL, or go back to the queue if their job file asks.
-    pub async fn check_nodes(&self) -> Result<(), StoreError> {
-        let now = now_ms();
-        let timeout = self.config.node_timeout.as_millis() as i64;
-        let mut kills = Vec::new();
-        let mut changed = false;
-        {
-            let mut c = self.lock();
-            let silent: Vec<String> = c
-                .nodes
-                .keys()
-                .filter(|n| {
-                    let heard = c.last_heard.get(*n).copied().unwrap_or(0);
-                    now - heard > timeout
-                })
-                .cloned()
-                .collect();
-            for node in silent {
-                if c.conns.remove(&node).is_some() {
-                    tracing::warn!(
-                        node,
-                        "agent silent for {:?}: node is DOWN",
-                        self.config.node_timeout
-                    );
-                }
-                let ids: Vec<u64> = c
-                    .active_jobs()
-                    .filter(|s| live_allocs(job_of(s)).any(|a| a.node == node))
-                    .map(|s| job_of(s).id)
-                    .collect();
-                let mut requeued_users = Vec::new();
-                for id in ids {
-                    let stored = c.jobs.get_mut(&id).expect("key from map");
-                    let j = job_mut(stored);
-                    let requeue = j.spec.as_ref().is_some_and(|s| s.requeue);
-                    let others: Vec<String> = live_allocs(j)
-                        .filter(|a| a.node != node)
-                        .map(|a| a.node.clone())
-                        .collect();
-                    if requeue {
-                        requeued_users.push(owner(j).to_string());
-                        let before = j.clone();
-                        j.set_state(JobState::Pending);
-                        j.allocations.clear();
-                        j.node.clear();
-                        j.gpus.clear();
-                        j.start_time_ms = 0;
-                        j.reason = format!("requeued: node {node} failed");
-                        stored.start_confirmed = false;
-                        stored.requeued_from = Some(before);
-                        tracing::warn!(job = id, node, "node failed; job requeued");
-                    } else {
-                        for a in j.allocations.iter_mut().filter(|a| !a.ended) {
-                            a.ended = true;
-                            a.set_state(JobState::NodeFail);
-                        }
-                        j.set_state(JobState::NodeFail);
-                        j.end_time_ms = now;
-                        j.reason = format!("node {node} stopped responding");
-                        tracing::warn!(job = id, node, "node failed; job NODE_FAIL");
-                    }
-                    self.store.put_job(stored)?;
-                    changed = true;
-                    for other in others {
-                        if let Some(conn) = c.conns.get(&other) {
-                            kills.push((
-                                conn.tx.clone(),
-                                self.kill_cmd(id, 0, "another rank's node failed"),
-                            ));
-                        }
-                    }
-                }
-                for user in requeued_users {
-                    c.pending_changed(&user, true);
-                }
-                // Heard from again only when it re-attaches.
-                c.last_heard.insert(node, i64::MAX / 2);
-            }
-        }
-        if changed {
-            self.store.flush().await?;
-            self.wake_scheduler();
-        }
-        for (tx, cmd) in kills {
-            let _ = tx.send(Ok(cmd)).await;
-        }
-        Ok(())
-    }
-
-    /// Runs `check_nodes` every second until `shutdown` fires.
-    pub async fn watchdog_loop(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.changed() => break,
-            }
-            if let Err(e) = self.check_nodes().await {
-                tracing::error!("node check failed: {e}");
-            }
-        }
-    }
-
-    /// The agent's command stream closed.
-    pub fn disconnected(&self, node: &str, generation: u64) {
-        let mut c = self.lock();
-        if c.conns
-            .get(node)
-            .is_some_and(|conn| conn.generation == generation)
-        {
-            c.conns.remove(node);
-            tracing::warn!(node, "agent disconnected; node is DOWN");
-        }
-    }
-
-    pub fn heartbeat(&self, req: &pb::HeartbeatRequest) -> bool {
-        let mut c = self.lock();
-        let known = c.conns.contains_key(&req.node);
-        let now = now_ms();
-        if let Some(n) = c.nodes.get_mut(&req.node) {
-            n.last_seen_ms = now;
-            c.last_heard.insert(req.node.clone(), now);
-            if !req.metrics.is_empty() {
-                c.metrics.insert(req.node.clone(), req.metrics.clone());
-            }
-        }
-        known
-    }
-
-    pub async fn report(&self, r: &pb::JobReport) -> Result<(), Status> {
-        let kills = {
-            let mut c = self.lock();
-            if c.conns.contains_key(&r.node) {
-                c.last_heard.insert(r.node.clone(), now_ms());
-            }
-            let others = self.apply_report(&mut c, r).map_err(store_status)?;
-            others
-                .into_iter()
-                .filter_map(|(node, id)| {
-                    c.conns
-                        .get(&node)
-                        .map(|conn| (conn.tx.clone(), self.kill_cmd(id, 0, "another rank failed")))
-                })
-                .collect::<Vec<_>>()
-        };
-        self.store.flush().await.map_err(store_status)?;
-        for (tx, cmd) in kills {
-            let _ = tx.send(Ok(cmd)).await;
-        }
-        self.wake_scheduler();
-        Ok(())
-    }
-
-    /// Applies one agent report. Returns (node, job) pairs whose other ranks must be
-    /// killed (a rank of a gang job failed).
-    fn apply_report(
-        &self,
-        c: &mut Cluster,
-        r: &pb::JobReport,
-    ) -> Result<Vec<(String, u64)>, StoreError> {
-        let Some(stored) = c.jobs.get_mut(&r.job_id) else {
-            tracing::warn!(job = r.job_id, node = %r.node, "report for an unknown job");
-            return Ok(Vec::new());
-        };
-        if readopt(stored, &r.node, r.attempt) {
-            let user = owner(job_of(stored)).to_string();
-            c.pending_changed(&user, false);
-            tracing::info!(job = r.job_id, node = %r.node, "report from a requeued job's returning node; adopted again");
-        }
-        let stored = c.jobs.get_mut(&r.job_id).expect("looked up above");
-        let cancel_requested = stored.cancel_requested;
-        let j = job_mut(stored);
-        if r.attempt != j.attempt {
-            tracing::info!(job = r.job_id, node = %r.node, attempt = r.attempt, current = j.attempt, "report from an earlier start ignored");
-            return Ok(Vec::new());
-        }
-        if !live_allocs(j).any(|a| a.node == r.node) {
-            tracing::debug!(job = r.job_id, "stale report ignored");
-            return Ok(Vec::new());
-        }
-        let mut kill_others = Vec::new();
-        match r.kind() {
-            pb::job_report::Kind::Started => {
-                stored.start_confirmed = true;
-            }
-            pb::job_report::Kind::Ended => {
-                let state = match r.state() {
-                    s @ (JobState::Completed
-                    | JobState::Failed
-                    | JobState::Cancelled
-                    | JobState::Timeout) => s,
-                    _ => JobState::Failed,
-                };
-                for a in j
-                    .allocations
-                    .iter_mut()
-                    .filter(|a| a.node == r.node && !a.ended)
-                {
-                    a.ended = true;
-                    a.set_state(state);
-                    a.exit_code = r.exit_code;
-                    a.reason = r.reason.clone();
-                }
-                if state != JobState::Completed && !cancel_requested {
-                    kill_others = live_allocs(j).map(|a| (a.node.clone(), j.id)).collect();
-                }
-                if j.allocations.iter().all(|a| a.ended) {
-                    let (state, code, reason) = final_state(&j.allocations);
-                    j.set_state(state);
-                    j.exit_code = code;
-                    j.reason = reason;
-                    j.end_time_ms = if r.time_ms > 0 { r.time_ms } else { now_ms() };
-                    tracing::info!(job = j.id, state = state.as_str_name(), exit_code = ?j.exit_code, "job ended");
-                }
-                stored.start_confirmed = true;
-            }
-            pb::job_report::Kind::Warning => {
-                tracing::warn!(job = j.id, node = %r.node, "{}", r.reason);
-                j.reason = r.reason.clone();
-                let w = format!("{}: {}", r.node, r.reason);
-                if !j.warnings.contains(&w) && j.warnings.len() < 20 {
-                    j.warnings.push(w);
-                }
-            }
-            pb::job_report::Kind::Unspecified => return Ok(Vec::new()),
-        }
-        self.store.put_job(stored)?;
-        Ok(kill_others)
-    }
-
-    /// Drops every agent connection so that their streams end (for shutdown).
-    pub fn close_agent_streams(&self) {
-        self.lock().conns.clear();
-    }
 }
 
-/// Takes a requeued job back to RUNNING as it was, when its returning node (`node`) still
-/// runs (or has just ended) the very start it was requeued from. Only single-node jobs:
-/// a gang job's other ranks were killed at requeue.
-fn readopt(stored: &mut StoredJob, node: &str, attempt: u32) -> bool {
-    let Some(before) = &stored.requeued_from else {
-        return false;
-    };
-    let j = job_of(stored);
-    let fits = j.state() == JobState::Pending
-        && j.attempt == attempt
-        && before.attempt == attempt
-        && !before.allocations.is_empty()
-        && before.allocations.iter().all(|a| a.node == node);
-    if !fits {
-        return false;
-    }
-    let mut before = stored.requeued_from.take().expect("checked above");
-    before.reason = String::new();
-    before.expected_start_ms = 0;
-    stored.job = Some(before);
-    stored.start_confirmed = true;
-    true
-}
 
 /// One line on why a job does not fit a node.
 pub fn describe_miss(m: &sched::Miss) -> String {
@@ -1724,167 +1280,3 @@ pub fn describe_miss(m: &sched::Miss) -> String {
     }
 }
 
-fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(), Status> {
-    let bad = |m: &str| Err(Status::invalid_argument(m.to_string()));
-    if spec.command.is_empty() == spec.script.is_empty() {
-        return bad("a job needs exactly one of `command` or `script`");
-    }
-    if spec.command.first().is_some_and(String::is_empty) {
-        return bad("`command` needs a program name");
-    }
-    let models = spec.resources.as_ref().map_or(0, |r| r.gpu_models.len());
-    for (what, n) in [
-        ("command", spec.command.len()),
-        ("env", spec.env.len()),
-        ("dependency", spec.dependencies.len()),
-        ("gpu_model", models),
-    ] {
-        if n > max_list_len {
-            return Err(Status::invalid_argument(format!(
-                "`{what}` has {n} entries, over the limit of {max_list_len} (limits.max_list_len)"
-            )));
-        }
-    }
-    check_paths(spec).map_err(Status::invalid_argument)?;
-    if spec.user.is_empty() {
-        return bad("the job has no user");
-    }
-    let r = spec.resources.clone().unwrap_or_default();
-    if r.cpus == 0 {
-        return bad("cpus must be at least 1");
-    }
-    let share = r.gpu_milli > 0 || r.gpu_memory_mib > 0;
-    let mig = !r.mig_profile.is_empty();
-    if u32::from(share) + u32::from(mig) + u32::from(r.gpus > 0) > 1 {
-        return bad(
-            "ask for one of: whole GPUs (`gpus`), a share (`gpus` < 1, `gpu_memory`), or MIG (`mig`)",
-        );
-    }
-    if r.gpu_milli > 1000 {
-        return bad("a GPU share is at most one GPU");
-    }
-    if r.nodes > 1 && (share || mig) {
-        return bad("multi-node jobs take whole GPUs");
-    }
-    if r.nodes > 1024 {
-        return bad("at most 1024 nodes");
-    }
-    Ok(())
-}
-
-/// Path rules: workdir is absolute and plain; stdout/stderr are absolute, or relative
-/// paths that stay inside the workdir (no `..`). No path holds a NUL byte. The agent
-/// opens output files as the job's user, so the kernel decides where they may go.
-pub fn check_paths(spec: &pb::JobSpec) -> Result<(), String> {
-    use std::path::{Component, Path};
-    let wd = Path::new(&spec.workdir);
-    if !wd.is_absolute() {
-        return Err("workdir must be an absolute path".into());
-    }
-    for (what, p) in [
-        ("workdir", &spec.workdir),
-        ("stdout", &spec.stdout),
-        ("stderr", &spec.stderr),
-    ] {
-        if p.contains('\0') {
-            return Err(format!("{what} contains a NUL byte"));
-        }
-        if p.len() > 4096 {
-            return Err(format!("{what} is longer than 4096 bytes"));
-        }
-        let path = Path::new(p.as_str());
-        let dotdot = path.components().any(|c| c == Component::ParentDir);
-        if what == "workdir" && dotdot {
-            return Err("workdir must not contain `..`".into());
-        }
-        if !path.is_absolute() && dotdot {
-            return Err(format!(
-                "{what} {p:?} leaves the workdir: relative paths resolve inside the workdir and may not use `..`"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Refuses dependencies on unknown jobs, and ones that can already never be met.
-fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), Status> {
-    for d in &spec.dependencies {
-        let Some(s) = c.jobs.get(&d.job_id) else {
-            return Err(Status::invalid_argument(format!(
-                "dependency on job {}, which does not exist",
-                d.job_id
-            )));
-        };
-        let state = job_of(s).state();
-        let kind = d.kind();
-        let never = state.is_final()
-            && match kind {
-                pb::dependency::Kind::AfterOk => state != JobState::Completed,
-                pb::dependency::Kind::AfterNotOk => state == JobState::Completed,
-                _ => false,
-            };
-        if never {
-            return Err(Status::invalid_argument(format!(
-                "dependency {} on job {} can never be met: it ended {}",
-                kind.as_str_name().to_lowercase().replace('_', ""),
-                d.job_id,
-                state.as_str_name()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Refuses a job that no known node could ever run. With no node known yet, the job waits.
-fn check_feasible(view: &ClusterView, r: &pb::Resources) -> Result<(), Status> {
-    if view.nodes.is_empty() {
-        return Ok(());
-    }
-    let req = request_of(r);
-    let fitting = view
-        .nodes
-        .iter()
-        .filter(|n| sched::fits_empty(n, &req))
-        .count();
-    if fitting >= req.nodes as usize {
-        return Ok(());
-    }
-    let max_gpus = view
-        .nodes
-        .iter()
-        .map(|n| n.slots.iter().filter(|s| !s.is_mig()).count())
-        .max()
-        .unwrap_or(0);
-    let max_cpus = view
-        .nodes
-        .iter()
-        .map(|n| n.cpu_milli / 1000)
-        .max()
-        .unwrap_or(0);
-    let max_mem = view.nodes.iter().map(|n| n.memory_bytes).max().unwrap_or(0);
-    let what = match &req.gpu {
-        GpuRequest::None => "no GPU".to_string(),
-        GpuRequest::Whole { count } => format!("{count} GPUs"),
-        GpuRequest::Share {
-            compute_milli,
-            memory_mib,
-        } => format!(
-            "a GPU share ({}{})",
-            compute_milli.map_or(String::new(), |c| format!("{}% compute ", c / 10)),
-            memory_mib.map_or(String::new(), |m| format!("{m} MiB"))
-        ),
-        GpuRequest::Mig { profile, count } => format!("{count} MIG {profile} instances"),
-    };
-    let models = if req.models.is_empty() {
-        String::new()
-    } else {
-        format!(" of model {}", req.models.join("|"))
-    };
-    Err(Status::invalid_argument(format!(
-        "impossible request: no node can ever run it (asked {what}{models}, {} CPUs, {} memory on each of {} node(s); {fitting} node(s) could; the largest node has {max_gpus} GPUs, {max_cpus} CPUs, {})",
-        req.cpu_milli / 1000,
-        bytesize::ByteSize(req.memory_bytes),
-        req.nodes,
-        bytesize::ByteSize(max_mem),
-    )))
-}

@@ -234,21 +234,35 @@ pub struct CommandStream {
     ctl: Arc<Controller>,
     node: String,
     generation: u64,
+    /// Number of the last command sent in this session.
+    seq: u64,
 }
 
 impl Stream for CommandStream {
-    type Item = Result<pb::AgentCommand, Status>;
+    type Item = Result<pb::SignedCommand, Status>;
 
+    /// Each command is numbered and signed as it leaves; once the session is no longer
+    /// the node's live one, the stream ends and nothing queued for it is sent.
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        this.rx.poll_recv(cx).map(|item| {
-            item.map(|r| {
-                r.map(|mut cmd| {
-                    this.ctl.sign_command(&this.node, &mut cmd);
-                    cmd
-                })
-            })
-        })
+        match this.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(Some(Ok(cmd))) => {
+                this.seq += 1;
+                match this
+                    .ctl
+                    .sign_command(&this.node, this.generation, this.seq, cmd)
+                {
+                    Some(signed) => Poll::Ready(Some(Ok(signed))),
+                    None => {
+                        tracing::info!(node = %this.node, "session ended; its queued commands are dropped");
+                        Poll::Ready(None)
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -263,20 +277,33 @@ impl Drop for CommandStream {
 impl agent_link_server::AgentLink for AgentApi {
     type AttachStream = CommandStream;
 
+    async fn challenge(
+        &self,
+        req: Request<pb::ChallengeRequest>,
+    ) -> Result<Response<pb::ChallengeResponse>, Status> {
+        let (meta, _, req) = req.into_parts();
+        self.0
+            .verify_agent(&meta, "challenge", &req.node, &req.encode_to_vec())?;
+        Ok(Response::new(self.0.challenge(&req.node)))
+    }
+
     async fn attach(
         &self,
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<Self::AttachStream>, Status> {
+        let peer = req.remote_addr();
         let (meta, _, req) = req.into_parts();
+        // The nonce in the (signed) body is the session; Attach itself names none.
         self.0
             .verify_agent(&meta, "attach", &req.node, &req.encode_to_vec())?;
         let node = req.node.clone();
-        let (rx, generation) = self.0.connect(req).await?;
+        let (rx, generation) = self.0.connect(req, peer).await?;
         Ok(Response::new(CommandStream {
             rx,
             ctl: self.0.clone(),
             node,
             generation,
+            seq: 0,
         }))
     }
 
@@ -285,10 +312,11 @@ impl agent_link_server::AgentLink for AgentApi {
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let (meta, _, req) = req.into_parts();
-        self.0
+        let signed = self
+            .0
             .verify_agent(&meta, "heartbeat", &req.node, &req.encode_to_vec())?;
-        let known = self.0.heartbeat(&req);
-        Ok(Response::new(pb::HeartbeatResponse { known }))
+        self.0.check_session(&req.node, &signed)?;
+        Ok(Response::new(self.0.heartbeat(&req)))
     }
 
     async fn report_job(
@@ -296,9 +324,10 @@ impl agent_link_server::AgentLink for AgentApi {
         req: Request<pb::JobReport>,
     ) -> Result<Response<pb::JobReportAck>, Status> {
         let (meta, _, req) = req.into_parts();
-        self.0
+        let signed = self
+            .0
             .verify_agent(&meta, "report", &req.node, &req.encode_to_vec())?;
-        self.0.report(&req).await?;
-        Ok(Response::new(pb::JobReportAck {}))
+        self.0.check_session(&req.node, &signed)?;
+        Ok(Response::new(self.0.report(&req).await?))
     }
 }

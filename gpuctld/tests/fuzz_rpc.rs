@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use gpuctl_proto::agent_link_server::AgentLink as _;
-use gpuctl_proto::auth::{ClusterKey, MAC_HEADER, NODE_HEADER, TIME_HEADER};
+use gpuctl_proto::auth::{
+    ClusterKey, MAC_HEADER, NODE_HEADER, SEQ_HEADER, SESSION_HEADER, Signed, TIME_HEADER,
+};
 use gpuctl_proto::controller_server::Controller as _;
 use gpuctl_proto::{self as pb};
 use gpuctld::auth::Caller;
@@ -192,6 +194,9 @@ fn write_corpus() {
                 attempt: 1,
                 ..pb::JobReport::default()
             }],
+            agent_id: "agent-1".into(),
+            address: "10.0.0.1".into(),
+            ..pb::RegisterRequest::default()
         }
         .encode_to_vec(),
     );
@@ -253,6 +258,10 @@ struct Harness {
     key: ClusterKey,
     admin_token: String,
     user_token: String,
+    /// Each node's live session (its nonce) and the last request number used in it.
+    sessions: std::sync::Mutex<std::collections::HashMap<String, (Vec<u8>, u64)>>,
+    /// Attach streams kept open, so that later heartbeats and reports find the session.
+    streams: std::sync::Mutex<Vec<gpuctld::server::CommandStream>>,
 }
 
 fn harness(rt: &tokio::runtime::Runtime) -> Harness {
@@ -278,6 +287,8 @@ fn harness(rt: &tokio::runtime::Runtime) -> Harness {
         key,
         admin_token,
         user_token,
+        sessions: Default::default(),
+        streams: Default::default(),
     }
 }
 
@@ -288,14 +299,34 @@ fn user_req<T>(msg: T, token: &str) -> tonic::Request<T> {
     r
 }
 
-fn agent_req<T: Message>(key: &ClusterKey, method: &str, node: &str, msg: T) -> tonic::Request<T> {
+fn agent_req<T: Message>(h: &Harness, method: &str, node: &str, msg: T) -> tonic::Request<T> {
     let now = now_ms();
-    let mac = key.sign_request(method, node, now, &msg.encode_to_vec());
+    let signed = match method {
+        "attach" | "challenge" => Signed {
+            session: Vec::new(),
+            seq: 0,
+        },
+        _ => {
+            let mut s = h.sessions.lock().unwrap();
+            let e = s.entry(node.to_string()).or_default();
+            e.1 += 1;
+            Signed {
+                session: e.0.clone(),
+                seq: e.1,
+            }
+        }
+    };
+    let mac = h
+        .key
+        .sign_request(method, node, now, &signed, &msg.encode_to_vec());
     let mut r = tonic::Request::new(msg);
     // A fuzzed node name may not be a valid header value; then the request goes unsigned.
     if let Ok(v) = node.parse() {
         r.metadata_mut().insert(NODE_HEADER, v);
         r.metadata_mut().insert(TIME_HEADER, now.into());
+        r.metadata_mut()
+            .insert(SESSION_HEADER, hex::encode(&signed.session).parse().unwrap());
+        r.metadata_mut().insert(SEQ_HEADER, signed.seq.into());
         r.metadata_mut().insert(MAC_HEADER, mac.parse().unwrap());
     }
     r
@@ -346,12 +377,24 @@ async fn call(h: &Harness, kind: &str, bytes: &[u8], admin: bool) -> bool {
             }
         }
         "attach" => {
-            let Ok(m) = pb::RegisterRequest::decode(bytes) else {
+            let Ok(mut m) = pb::RegisterRequest::decode(bytes) else {
                 return false;
             };
             let node = m.node.clone();
-            // The stream is dropped at once: the node connects and disconnects.
-            let _ = agent.attach(agent_req(&h.key, "attach", &node, m)).await;
+            let ch = pb::ChallengeRequest { node: node.clone() };
+            if let Ok(ch) = agent.challenge(agent_req(h, "challenge", &node, ch)).await {
+                m.nonce = ch.into_inner().nonce;
+            }
+            let nonce = m.nonce.clone();
+            if let Ok(stream) = agent.attach(agent_req(h, "attach", &node, m)).await {
+                h.sessions.lock().unwrap().insert(node, (nonce, 0));
+                let mut streams = h.streams.lock().unwrap();
+                // A few stay open; older ones are dropped (their nodes disconnect).
+                if streams.len() > 4 {
+                    streams.remove(0);
+                }
+                streams.push(stream.into_inner());
+            }
         }
         "heartbeat" => {
             let Ok(m) = pb::HeartbeatRequest::decode(bytes) else {
@@ -359,7 +402,7 @@ async fn call(h: &Harness, kind: &str, bytes: &[u8], admin: bool) -> bool {
             };
             let node = m.node.clone();
             let _ = agent
-                .heartbeat(agent_req(&h.key, "heartbeat", &node, m))
+                .heartbeat(agent_req(h, "heartbeat", &node, m))
                 .await;
         }
         "report" => {
@@ -368,7 +411,7 @@ async fn call(h: &Harness, kind: &str, bytes: &[u8], admin: bool) -> bool {
             };
             let node = m.node.clone();
             let _ = agent
-                .report_job(agent_req(&h.key, "report", &node, m))
+                .report_job(agent_req(h, "report", &node, m))
                 .await;
         }
         other => unreachable!("kind {other}"),

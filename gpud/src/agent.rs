@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use gpuctl_proto::auth::{ClusterKey, MAC_HEADER, NODE_HEADER, TIME_HEADER};
+use gpuctl_proto::auth::{
+    ClusterKey, MAC_HEADER, NODE_HEADER, SEQ_HEADER, SESSION_HEADER, Signed, TIME_HEADER,
+};
 use gpuctl_proto::{self as pb, JobState, agent_link_client::AgentLinkClient};
 use prost::Message;
 use tokio::sync::{Notify, mpsc};
@@ -30,8 +32,9 @@ pub struct Options {
     pub allow_root_jobs: bool,
     /// Where job cgroups go (normally /sys/fs/cgroup).
     pub cgroup_base: PathBuf,
-    /// Jobs' cgroups are `<cgroup_parent>/job-<id>` under every hierarchy.
-    pub cgroup_parent: String,
+    /// Jobs' cgroups are `<cgroup_parent>/job-<id>` under every hierarchy (default
+    /// `gpuctl/<name>-<first 8 of the agent id>`).
+    pub cgroup_parent: Option<String>,
     /// The cluster key (the controller's `<state-dir>/cluster.key`).
     pub key: ClusterKey,
     /// How often GPUs are sampled.
@@ -44,6 +47,23 @@ pub struct Options {
     pub mps_control: Option<PathBuf>,
     /// How often the GPU inventory (GPUs, MIG layouts) is discovered again.
     pub inventory_interval: Duration,
+    /// The address other nodes reach this one at (default: the local address of the
+    /// route to the controller).
+    pub address: Option<String>,
+}
+
+/// The session of the current Attach: every request names it with a growing number,
+/// every command must carry it.
+struct Session {
+    id: Vec<u8>,
+    /// Number of the last request sent.
+    seq: std::sync::atomic::AtomicU64,
+    /// Number of the last command run.
+    last_cmd: std::sync::atomic::AtomicU64,
+    /// When the controller last answered a heartbeat (or the attach), and how long it
+    /// waits before it declares this node down.
+    confirmed: Mutex<std::time::Instant>,
+    node_timeout: Duration,
 }
 
 struct KillRequest {
@@ -71,6 +91,9 @@ struct Agent {
     reports: ReportQueue,
     /// Wakes the reporter when a report is queued.
     report_ready: Notify,
+    /// The live session; `None` while not attached.
+    session: Mutex<Option<Arc<Session>>>,
+    session_ready: Notify,
 }
 
 fn now_ms() -> i64 {
@@ -94,17 +117,40 @@ impl Agent {
             .collect()
     }
 
-    /// A request signed with the cluster key (see `gpuctl_proto::auth`).
-    fn signed<T: Message>(&self, method: &str, msg: T) -> tonic::Request<T> {
+    fn current_session(&self) -> Option<Arc<Session>> {
+        self.session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A request signed with the cluster key (see `gpuctl_proto::auth`), numbered in
+    /// `session` (`None`: Challenge and Attach, which belong to none yet).
+    fn signed<T: Message>(
+        &self,
+        method: &str,
+        session: Option<&Session>,
+        msg: T,
+    ) -> tonic::Request<T> {
+        use std::sync::atomic::Ordering;
         let time = now_ms();
+        let signed = Signed {
+            session: session.map(|s| s.id.clone()).unwrap_or_default(),
+            seq: session.map_or(0, |s| s.seq.fetch_add(1, Ordering::SeqCst) + 1),
+        };
         let mac = self
             .key
-            .sign_request(method, &self.name, time, &msg.encode_to_vec());
+            .sign_request(method, &self.name, time, &signed, &msg.encode_to_vec());
         let mut req = tonic::Request::new(msg);
         let meta = req.metadata_mut();
         let node = self.name.parse().expect("node names are ASCII");
         meta.insert(NODE_HEADER, node);
         meta.insert(TIME_HEADER, time.into());
+        meta.insert(
+            SESSION_HEADER,
+            hex::encode(&signed.session).parse().expect("hex is ASCII"),
+        );
+        meta.insert(SEQ_HEADER, signed.seq.into());
         meta.insert(MAC_HEADER, mac.parse().expect("hex is ASCII"));
         req
     }
@@ -163,6 +209,11 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.state_dir)
         .with_context(|| format!("cannot create state dir {}", opts.state_dir.display()))?;
+    let id = agent_id(&opts.state_dir)?;
+    let cgroup_parent = opts
+        .cgroup_parent
+        .clone()
+        .unwrap_or_else(|| format!("gpuctl/{}-{}", opts.name, &id[..id.len().min(8)]));
     let gpus = opts.backend.discover()?;
     tracing::info!(
         node = %opts.name,
@@ -176,7 +227,7 @@ pub async fn run(
         .connect_timeout(Duration::from_secs(3))
         .connect_lazy();
     let mut cgroups = crate::cgroup::Mode::detect(&opts.cgroup_base);
-    if let Err(e) = cgroups.verify(&opts.cgroup_parent) {
+    if let Err(e) = cgroups.verify(&cgroup_parent) {
         tracing::warn!(
             "{} is there but a process cannot be moved into it ({e}); not using cgroups",
             cgroups.describe()
@@ -197,7 +248,7 @@ pub async fn run(
         state_dir: opts.state_dir.clone(),
         launcher: Box::new(JobLauncher {
             cgroups,
-            parent: opts.cgroup_parent.clone(),
+            parent: cgroup_parent.clone(),
         }),
         allow_root_jobs: opts.allow_root_jobs,
         key: opts.key.clone(),
@@ -208,9 +259,11 @@ pub async fn run(
         gpus: Mutex::new(gpus.clone()),
         gpus_changed: Notify::new(),
         report_ready: Notify::new(),
+        session: Mutex::new(None),
+        session_ready: Notify::new(),
     });
 
-    adopt_jobs(&agent, &cgroups_for_adoption, &opts.cgroup_parent);
+    adopt_jobs(&agent, &cgroups_for_adoption, &cgroup_parent);
     let reporter = tokio::spawn(reporter(
         agent.clone(),
         AgentLinkClient::new(channel.clone()),
@@ -361,9 +414,19 @@ async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
         }
         for r in pending {
             loop {
-                match client.report_job(agent.signed("report", r.clone())).await {
-                    Ok(_) => {
+                let Some(session) = agent.current_session() else {
+                    // Not attached: reports wait for the session (Attach carries them too).
+                    agent.session_ready.notified().await;
+                    continue;
+                };
+                let req = agent.signed("report", Some(&session), r.clone());
+                match client.report_job(req).await {
+                    Ok(ack) => {
                         agent.reports.ack(std::slice::from_ref(&r));
+                        if ack.get_ref().stale {
+                            tracing::warn!(job = r.job_id, attempt = r.attempt, "the controller no longer holds this start (node declared down or job cancelled); killing it");
+                            agent.kill(r.job_id, r.attempt, JobState::Cancelled, Duration::ZERO, "stale start");
+                        }
                         break;
                     }
                     Err(e) => {
@@ -380,37 +443,104 @@ async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
     }
 }
 
+/// The stable identity of this agent: created once in its state dir.
+fn agent_id(state_dir: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = state_dir.join("agent-id");
+    if let Ok(id) = std::fs::read_to_string(&path) {
+        let id = id.trim().to_string();
+        if !id.is_empty() {
+            return Ok(id);
+        }
+    }
+    use rand::RngCore;
+    let mut b = [0u8; 16];
+    rand::rng().fill_bytes(&mut b);
+    let id = hex::encode(b);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(id.as_bytes())?;
+    f.sync_all()?;
+    Ok(id)
+}
+
+/// The local address of the route to the controller: where other nodes reach this one.
+fn local_address(controller: &str) -> Option<String> {
+    let uri: tonic::transport::Uri = controller.parse().ok()?;
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    let port = uri.port_u16().unwrap_or(80);
+    let sock = std::net::UdpSocket::bind(if host.contains(':') { "[::]:0" } else { "0.0.0.0:0" }).ok()?;
+    sock.connect((host, port)).ok()?;
+    Some(sock.local_addr().ok()?.ip().to_string())
+}
+
+/// Whether an attach error means this agent must stop (not retry).
+fn fatal_attach(e: &tonic::Status) -> bool {
+    matches!(
+        e.code(),
+        tonic::Code::InvalidArgument | tonic::Code::Unauthenticated | tonic::Code::AlreadyExists
+    )
+}
+
 async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyhow::Result<()> {
     let mut client = AgentLinkClient::new(channel);
     let mut backoff = Duration::from_millis(100);
+    let id = agent_id(&opts.state_dir)?;
+    let address = opts
+        .address
+        .clone()
+        .or_else(|| local_address(&opts.controller))
+        .unwrap_or_default();
+    tracing::info!(agent_id = %id, %address, "agent identity");
     loop {
-        let unacked = agent.reports.snapshot();
-        let req = pb::RegisterRequest {
+        *agent.session.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let challenge = pb::ChallengeRequest {
             node: agent.name.clone(),
-            gpus: agent
-                .gpus
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .map(GpuInfo::to_pb)
-                .collect(),
-            cpus: opts.cpus,
-            memory_bytes: opts.memory_bytes,
-            gpu_backend: opts.backend.kind().to_string(),
-            running: agent.running(),
-            unacked_reports: unacked.clone(),
         };
-        let mut stream = match client.attach(agent.signed("attach", req)).await {
-            Ok(resp) => resp.into_inner(),
+        let attached = match client.challenge(agent.signed("challenge", None, challenge)).await {
+            Ok(ch) => {
+                let ch = ch.into_inner();
+                let unacked = agent.reports.snapshot();
+                let req = pb::RegisterRequest {
+                    node: agent.name.clone(),
+                    gpus: agent
+                        .gpus
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .map(GpuInfo::to_pb)
+                        .collect(),
+                    cpus: opts.cpus,
+                    memory_bytes: opts.memory_bytes,
+                    gpu_backend: opts.backend.kind().to_string(),
+                    running: agent.running(),
+                    unacked_reports: unacked.clone(),
+                    nonce: ch.nonce.clone(),
+                    agent_id: id.clone(),
+                    address: address.clone(),
+                    allow_root_jobs: agent.allow_root_jobs,
+                };
+                client
+                    .attach(agent.signed("attach", None, req))
+                    .await
+                    .map(|r| (r.into_inner(), ch, unacked))
+            }
+            Err(e) => Err(e),
+        };
+        let (mut stream, ch, unacked) = match attached {
+            Ok(x) => x,
             Err(e) => {
-                if matches!(
-                    e.code(),
-                    tonic::Code::InvalidArgument | tonic::Code::Unauthenticated
-                ) {
+                if fatal_attach(&e) {
                     anyhow::bail!("controller refused registration: {}", e.message());
                 }
                 tracing::warn!(
-                    "cannot reach controller at {}: {}; retrying",
+                    "cannot attach to the controller at {}: {}; retrying",
                     opts.controller,
                     e.message()
                 );
@@ -420,17 +550,31 @@ async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyh
             }
         };
         agent.reports.ack(&unacked);
+        let session = Arc::new(Session {
+            id: ch.nonce,
+            seq: Default::default(),
+            last_cmd: Default::default(),
+            confirmed: Mutex::new(std::time::Instant::now()),
+            node_timeout: Duration::from_millis(ch.node_timeout_ms.max(1000)),
+        });
+        *agent.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(session.clone());
+        agent.session_ready.notify_waiters();
         backoff = Duration::from_millis(100);
         tracing::info!("registered with controller {}", opts.controller);
 
-        let hb = tokio::spawn(heartbeats(agent.clone(), client.clone(), opts.heartbeat));
+        let hb = tokio::spawn(heartbeats(
+            agent.clone(),
+            client.clone(),
+            opts.heartbeat,
+            session.clone(),
+        ));
         loop {
             let msg = tokio::select! {
                 m = stream.message() => m,
                 _ = agent.gpus_changed.notified() => break,
             };
             match msg {
-                Ok(Some(cmd)) => handle(&agent, cmd),
+                Ok(Some(cmd)) => handle(&agent, &session, cmd),
                 Ok(None) => {
                     tracing::warn!("controller closed the stream; reconnecting");
                     break;
@@ -446,7 +590,12 @@ async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyh
     }
 }
 
-async fn heartbeats(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>, every: Duration) {
+async fn heartbeats(
+    agent: Arc<Agent>,
+    mut client: AgentLinkClient<Channel>,
+    every: Duration,
+    session: Arc<Session>,
+) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
@@ -459,23 +608,63 @@ async fn heartbeats(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>, eve
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
         };
-        match client.heartbeat(agent.signed("heartbeat", req)).await {
-            Ok(r) if !r.get_ref().known => {
-                tracing::warn!("controller does not know this agent's stream");
+        let sent = std::time::Instant::now();
+        match client
+            .heartbeat(agent.signed("heartbeat", Some(&session), req))
+            .await
+        {
+            Ok(r) => {
+                let r = r.into_inner();
+                if !r.known {
+                    tracing::warn!("controller does not know this agent's stream");
+                }
+                *session.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+                for s in r.stale {
+                    tracing::warn!(job = s.job_id, attempt = s.attempt, "the controller holds this instance as ended; killing it");
+                    agent.kill(s.job_id, s.attempt, JobState::Cancelled, Duration::ZERO, "stale instance");
+                }
             }
-            Ok(_) => {}
             Err(e) => tracing::debug!("heartbeat failed: {}", e.message()),
         }
     }
 }
 
-fn handle(agent: &Arc<Agent>, cmd: pb::AgentCommand) {
-    if let Err(e) = agent.key.verify_command(&agent.name, &cmd) {
-        tracing::error!("dropping a command that does not verify with the cluster key: {e}");
+/// Runs one command of the live session: it must verify with the cluster key (over the
+/// bytes received), belong to this session, and come after the last one run. A start
+/// that arrives when no heartbeat has been answered for the controller's node timeout
+/// is not run: the controller has declared this node down and the job failed or was
+/// requeued (an agent that was stalled reads such starts late).
+fn handle(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand) {
+    use std::sync::atomic::Ordering;
+    let cmd = match agent.key.verify_command(&agent.name, &signed) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(
+                "dropping a command that does not verify with the cluster key: {e}"
+            );
+            return;
+        }
+    };
+    if cmd.session != session.id {
+        tracing::error!("dropping a command of another session (replayed?)");
+        return;
+    }
+    if cmd.seq <= session.last_cmd.fetch_max(cmd.seq, Ordering::SeqCst) {
+        tracing::error!(seq = cmd.seq, "dropping a command seen before (replayed?)");
         return;
     }
     match cmd.command {
         Some(pb::agent_command::Command::Start(start)) => {
+            let confirmed = *session.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+            if confirmed.elapsed() > session.node_timeout {
+                tracing::warn!(
+                    job = start.job_id,
+                    attempt = start.attempt,
+                    "not starting: no heartbeat answered for {:?}, so the controller has declared this node down",
+                    confirmed.elapsed()
+                );
+                return;
+            }
             let (tx, rx) = mpsc::channel(4);
             {
                 let mut jobs = agent.jobs.lock().unwrap_or_else(|p| p.into_inner());
@@ -525,6 +714,11 @@ struct JobRecord {
 
 fn record_path(state: &std::path::Path, id: u64, attempt: u32, ext: &str) -> PathBuf {
     state.join("jobs").join(format!("{id}.{attempt}.{ext}"))
+}
+
+/// Where a job's script is written (see `launch::write_script`).
+fn script_path(state: &std::path::Path, id: u64, attempt: u32) -> PathBuf {
+    state.join("scripts").join(format!("job-{id}.{attempt}.sh"))
 }
 
 /// A job found running (or ended) after an agent restart.
@@ -640,7 +834,14 @@ async fn run_job(
     }
     let (spawned, started_ms) = match adopted {
         Some(a) => (Ok(a.job), a.started_ms),
-        None => (spawn_recorded(&agent, &start, &user, &mps_env), now_ms()),
+        None => {
+            // Off the runtime's threads: nothing a launch touches may stall heartbeats.
+            let (a, s) = (agent.clone(), start.clone());
+            let spawned = tokio::task::spawn_blocking(move || spawn_recorded(&a, &s, &user, &mps_env))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(format!("launch panicked: {e}"))));
+            (spawned, now_ms())
+        }
     };
     let report = match spawned {
         Err(e) => {
@@ -706,9 +907,14 @@ async fn run_job(
                         )
                     })
                 });
+            let ended_ms = job.ended_ms();
             // Whatever the job left behind goes too.
             job.cleanup();
-            exit_report(status, forced, ended)
+            let mut r = exit_report(status, forced, ended);
+            if let Some(t) = ended_ms.filter(|&t| t > 0) {
+                r.time_ms = t;
+            }
+            r
         }
     };
     tracing::info!(job = id, state = report.state().as_str_name(), exit_code = ?report.exit_code, "job ended");
@@ -721,6 +927,7 @@ async fn run_job(
     for ext in ["json", "status"] {
         let _ = std::fs::remove_file(record_path(&agent.state_dir, id, attempt, ext));
     }
+    let _ = std::fs::remove_file(script_path(&agent.state_dir, id, attempt));
     agent
         .watched
         .lock()
@@ -744,7 +951,13 @@ fn spawn_recorded(
     let mut spec =
         LaunchSpec::from_start(start, &agent.name, &agent.state_dir.join("scripts"), run_as)?;
     spec.env.extend(extra_env.iter().cloned());
-    std::fs::create_dir_all(agent.state_dir.join("jobs"))?;
+    let jobs = agent.state_dir.join("jobs");
+    std::fs::create_dir_all(&jobs)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // Job records hold the StartJob with its env: root's alone.
+        std::fs::set_permissions(&jobs, std::fs::Permissions::from_mode(0o700))?;
+    }
     let status = record_path(&agent.state_dir, start.job_id, start.attempt, "status");
     let _ = std::fs::remove_file(&status);
     spec.shim = Some((std::env::current_exe()?, status));
@@ -761,10 +974,17 @@ fn spawn_recorded(
     };
     let path = record_path(&agent.state_dir, start.job_id, start.attempt, "json");
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(
-        &tmp,
-        serde_json::to_vec(&rec).map_err(std::io::Error::other)?,
-    )?;
+    {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&serde_json::to_vec(&rec).map_err(std::io::Error::other)?)?;
+    }
     std::fs::rename(&tmp, &path)?;
     Ok(job)
 }

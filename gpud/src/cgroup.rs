@@ -180,10 +180,32 @@ impl Mode {
     /// Creates the job's cgroup(s), `<parent>/<leaf>` in each hierarchy, with `limits`.
     pub fn create(&self, parent: &str, leaf: &str, limits: Limits) -> io::Result<JobCgroup> {
         let name = format!("{parent}/{leaf}");
+        // A job's cgroup is this agent's own: one left over from an earlier start is
+        // reused only when empty, never joined while another process lives in it (an
+        // agent touches only what it created; a kill there must not reach anyone else's).
         let mk = |root: &Path| -> io::Result<PathBuf> {
             let dir = root.join(&name);
-            fs::create_dir_all(&dir)?;
-            Ok(dir)
+            if let Some(p) = dir.parent() {
+                fs::create_dir_all(p)?;
+            }
+            match fs::create_dir(&dir) {
+                Ok(()) => Ok(dir),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                    if procs.trim().is_empty() {
+                        Ok(dir)
+                    } else {
+                        Err(io::Error::new(
+                            io::ErrorKind::AlreadyExists,
+                            format!(
+                                "cgroup {} already holds processes this job did not start; refusing to share it",
+                                dir.display()
+                            ),
+                        ))
+                    }
+                }
+                Err(e) => Err(e),
+            }
         };
         let w = |dir: &Path, file: &str, value: &str| -> io::Result<()> {
             fs::write(dir.join(file), value)

@@ -15,12 +15,17 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::Child;
 
-/// PATH for jobs when the agent has none.
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// PATH for jobs: the system's directories, never the agent's own PATH (root's may
+/// hold directories the job's user cannot search, which turns a missing program into
+/// "Permission denied").
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// The environment a job runs with: a clean base, the job file's `env`, then the
-/// variables gpuctl owns (these win). A pure function of the StartJob.
-pub fn job_env(start: &pb::StartJob, node: &str, path: Option<&str>) -> BTreeMap<String, String> {
+/// The environment a job runs with: a login-like base (PATH, LANG, TMPDIR; HOME, SHELL,
+/// USER are added for its user by `LaunchSpec::from_start`), the rendezvous variables
+/// frameworks read (the job's `env` may override MASTER_ADDR and MASTER_PORT), the job
+/// file's `env`, then the variables gpuctl owns (these win). A pure function of the
+/// StartJob.
+pub fn job_env(start: &pb::StartJob, node: &str, lang: Option<&str>) -> BTreeMap<String, String> {
     let job_id = start.job_id;
     let default_spec = pb::JobSpec::default();
     let spec = start.spec.as_ref().unwrap_or(&default_spec);
@@ -30,11 +35,27 @@ pub fn job_env(start: &pb::StartJob, node: &str, path: Option<&str>) -> BTreeMap
         start.slots.iter().map(|s| s.uuid.clone()).collect()
     };
     let mut env = BTreeMap::new();
-    env.insert("PATH".to_string(), path.unwrap_or(DEFAULT_PATH).to_string());
+    env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
+    env.insert("LANG".into(), lang.unwrap_or("C.UTF-8").to_string());
+    env.insert("TMPDIR".into(), "/tmp".into());
     if !spec.user.is_empty() {
         env.insert("USER".into(), spec.user.clone());
         env.insert("LOGNAME".into(), spec.user.clone());
     }
+    // Multi-node: who is who. One process per node, so a node's rank is its rank.
+    let nodelist = if start.nodelist.is_empty() {
+        vec![node.to_string()]
+    } else {
+        start.nodelist.clone()
+    };
+    let master = start
+        .addresses
+        .first()
+        .filter(|a| !a.is_empty())
+        .cloned()
+        .unwrap_or_else(|| nodelist[0].clone());
+    env.insert("MASTER_ADDR".into(), master);
+    env.insert("MASTER_PORT".into(), (20_000 + job_id % 10_000).to_string());
     for (k, v) in &spec.env {
         env.insert(k.clone(), v.clone());
     }
@@ -60,27 +81,55 @@ pub fn job_env(start: &pb::StartJob, node: &str, path: Option<&str>) -> BTreeMap
         env.insert("GPUCTL_GPU_SHARE_MILLI".into(), s.compute_milli.to_string());
         env.insert("GPUCTL_GPU_MEMORY_MIB".into(), s.memory_mib.to_string());
     }
-    // Multi-node: who is who.
-    let nodelist = if start.nodelist.is_empty() {
-        vec![node.to_string()]
-    } else {
-        start.nodelist.clone()
-    };
     env.insert("GPUCTL_NODELIST".into(), nodelist.join(","));
     env.insert("GPUCTL_NUM_NODES".into(), nodelist.len().to_string());
     env.insert("GPUCTL_NODE_RANK".into(), start.rank.to_string());
-    env.insert("MASTER_ADDR".into(), nodelist[0].clone());
-    env.insert("MASTER_PORT".into(), (20_000 + job_id % 10_000).to_string());
+    // What torch.distributed and friends read without a launcher.
+    env.insert("RANK".into(), start.rank.to_string());
+    env.insert("NODE_RANK".into(), start.rank.to_string());
+    env.insert("WORLD_SIZE".into(), nodelist.len().to_string());
+    env.insert("LOCAL_RANK".into(), "0".into());
+    env.insert("LOCAL_WORLD_SIZE".into(), "1".into());
     env
 }
 
-/// Expands `%j` (job id), `%x` (job name) and `%%` in an output file name, and resolves
-/// a relative name against the workdir. An empty template gives `gpuctl-%j.out`.
-pub fn output_path(template: &str, job_id: u64, name: &str, workdir: &Path) -> PathBuf {
-    let template = if template.is_empty() {
-        "gpuctl-%j.out"
+/// Where one rank's output goes.
+#[derive(Debug, Clone, Copy)]
+pub struct OutputVars<'a> {
+    pub job_id: u64,
+    pub name: &'a str,
+    pub node: &'a str,
+    pub rank: u32,
+    /// Ranks in the job (1 for a one-node job).
+    pub ranks: usize,
+}
+
+/// A value put into a file name: never a path separator or NUL, never `.` or `..`.
+fn file_name_part(v: &str) -> String {
+    let cleaned: String = v
+        .chars()
+        .map(|c| if c == '/' || c == '\0' || c.is_control() { '_' } else { c })
+        .collect();
+    if cleaned == "." || cleaned == ".." {
+        cleaned.replace('.', "_")
     } else {
-        template
+        cleaned
+    }
+}
+
+/// The `%` patterns output paths may use (the controller refuses others at submit).
+pub const OUTPUT_PATTERNS: &str = "%j (job id), %x (job name), %N (node), %t (rank), %%";
+
+/// Expands `%j` (job id), `%x` (job name), `%N` (node), `%t` (rank) and `%%` in an output
+/// file name, and resolves a relative name against the workdir. An expanded value never
+/// adds a path separator. An empty template gives `gpuctl-%j.out`, and for a job on
+/// several nodes `gpuctl-%j.%t.out` (one file per rank). Unknown patterns are kept as
+/// they are (the controller refuses them at submit).
+pub fn output_path(template: &str, v: &OutputVars<'_>, workdir: &Path) -> PathBuf {
+    let template = match template {
+        "" if v.ranks > 1 => "gpuctl-%j.%t.out",
+        "" => "gpuctl-%j.out",
+        t => t,
     };
     let mut out = String::new();
     let mut chars = template.chars();
@@ -90,8 +139,10 @@ pub fn output_path(template: &str, job_id: u64, name: &str, workdir: &Path) -> P
             continue;
         }
         match chars.next() {
-            Some('j') => out.push_str(&job_id.to_string()),
-            Some('x') => out.push_str(name),
+            Some('j') => out.push_str(&v.job_id.to_string()),
+            Some('x') => out.push_str(&file_name_part(v.name)),
+            Some('N') => out.push_str(&file_name_part(v.node)),
+            Some('t') => out.push_str(&v.rank.to_string()),
             Some('%') => out.push('%'),
             Some(other) => {
                 out.push('%');
@@ -101,6 +152,12 @@ pub fn output_path(template: &str, job_id: u64, name: &str, workdir: &Path) -> P
         }
     }
     workdir.join(out)
+}
+
+/// Whether every rank of a gang job writes the same file (no `%t` or `%N`): then they
+/// all append to it, so that no rank truncates another's lines.
+pub fn shared_output(template: &str, ranks: usize) -> bool {
+    ranks > 1 && !template.is_empty() && !template.contains("%t") && !template.contains("%N")
 }
 
 /// Everything needed to start one job's process.
@@ -116,6 +173,10 @@ pub struct LaunchSpec {
     pub stdout: PathBuf,
     /// `None`: stderr goes to the stdout file (Slurm's default).
     pub stderr: Option<PathBuf>,
+    /// Open outputs for appending (ranks of a gang job sharing one file), not truncated.
+    pub append: bool,
+    /// The script file written for the job (removed when it ends).
+    pub script: Option<PathBuf>,
     /// The user to become; `None`: stay the agent's user.
     pub run_as: Option<RunAs>,
     pub limits: crate::cgroup::Limits,
@@ -132,6 +193,7 @@ pub struct RunAs {
     pub gid: u32,
     pub groups: Vec<u32>,
     pub home: PathBuf,
+    pub shell: PathBuf,
 }
 
 /// Who a job runs as: the submitting user, looked up on this node. Root only when
@@ -171,6 +233,7 @@ pub fn resolve_user(name: &str, allow_root: bool) -> Result<Option<RunAs>, Strin
         gid: user.gid.as_raw(),
         groups,
         home: user.dir,
+        shell: user.shell,
     }))
 }
 
@@ -184,7 +247,8 @@ impl LaunchSpec {
         }
     }
 
-    /// Builds the launch from a StartJob. A `script` is written to `scratch` first.
+    /// Builds the launch from a StartJob. A `script` is written to `scratch` first,
+    /// readable by the job's user alone (scratch itself lists for nobody but root).
     pub fn from_start(
         start: &pb::StartJob,
         node: &str,
@@ -193,31 +257,49 @@ impl LaunchSpec {
     ) -> std::io::Result<LaunchSpec> {
         let spec = start.spec.clone().unwrap_or_default();
         let workdir = PathBuf::from(&spec.workdir);
+        let mut script = None;
         let (program, args) = if let Some((prog, rest)) = spec.command.split_first() {
             (PathBuf::from(prog), rest.to_vec())
         } else {
-            std::fs::create_dir_all(scratch)?;
-            let path = scratch.join(format!("job-{}.{}.sh", start.job_id, start.attempt));
-            std::fs::write(&path, &spec.script)?;
-            use std::os::unix::fs::PermissionsExt;
-            // Readable (and for #! scripts executable) by the job's user, written by root.
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+            let path = write_script(scratch, start, run_as.as_ref())?;
+            script = Some(path.clone());
             if spec.script.starts_with("#!") {
                 (path, Vec::new())
             } else {
                 (PathBuf::from("/bin/sh"), vec![path.display().to_string()])
             }
         };
-        let stdout = output_path(&spec.stdout, start.job_id, &spec.name, &workdir);
+        let ranks = start.nodelist.len().max(1);
+        let vars = OutputVars {
+            job_id: start.job_id,
+            name: &spec.name,
+            node,
+            rank: start.rank,
+            ranks,
+        };
+        let stdout = output_path(&spec.stdout, &vars, &workdir);
         let stderr = (!spec.stderr.is_empty())
-            .then(|| output_path(&spec.stderr, start.job_id, &spec.name, &workdir))
+            .then(|| output_path(&spec.stderr, &vars, &workdir))
             .filter(|p| p != &stdout);
-        let path = std::env::var("PATH").ok();
-        let mut env = job_env(start, node, path.as_deref());
+        let append = shared_output(&spec.stdout, ranks) || shared_output(&spec.stderr, ranks);
+        let lang = std::env::var("LANG").ok();
+        let mut env = job_env(start, node, lang.as_deref());
         if let Some(u) = &run_as {
             env.insert("HOME".into(), u.home.display().to_string());
+            env.insert("SHELL".into(), u.shell.display().to_string());
             env.insert("USER".into(), u.name.clone());
             env.insert("LOGNAME".into(), u.name.clone());
+        } else if let Ok(Some(me)) = nix::unistd::User::from_uid(nix::unistd::geteuid()) {
+            env.entry("HOME".into())
+                .or_insert_with(|| me.dir.display().to_string());
+            env.entry("SHELL".into())
+                .or_insert_with(|| me.shell.display().to_string());
+        }
+        // The job's own env wins over the login defaults it names.
+        for (k, v) in &spec.env {
+            if matches!(k.as_str(), "HOME" | "SHELL" | "LANG" | "TMPDIR" | "PATH") {
+                env.insert(k.clone(), v.clone());
+            }
         }
         let res = spec.resources.unwrap_or_default();
         Ok(LaunchSpec {
@@ -229,6 +311,8 @@ impl LaunchSpec {
             workdir,
             stdout,
             stderr,
+            append,
+            script,
             run_as,
             shim: None,
             limits: crate::cgroup::Limits {
@@ -238,6 +322,36 @@ impl LaunchSpec {
             },
         })
     }
+}
+
+/// Writes a job's script to `scratch/job-ID.ATTEMPT.sh`: owned by the job's user, mode
+/// 0500, in a directory only root lists (0711): the user runs it, nobody else reads it.
+fn write_script(
+    scratch: &Path,
+    start: &pb::StartJob,
+    run_as: Option<&RunAs>,
+) -> std::io::Result<PathBuf> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::create_dir_all(scratch)?;
+    std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o711))?;
+    let path = scratch.join(format!("job-{}.{}.sh", start.job_id, start.attempt));
+    let _ = std::fs::remove_file(&path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o500)
+        .open(&path)?;
+    let text = start.spec.as_ref().map_or("", |s| s.script.as_str());
+    f.write_all(text.as_bytes())?;
+    if let Some(u) = run_as {
+        nix::unistd::fchown(
+            &f,
+            Some(nix::unistd::Uid::from_raw(u.uid)),
+            Some(nix::unistd::Gid::from_raw(u.gid)),
+        )?;
+    }
+    Ok(path)
 }
 
 /// A started job: its first process, and the cgroup holding everything it starts.
@@ -308,6 +422,13 @@ impl Launched {
             .and_then(crate::shim::read_launch_error)
     }
 
+    /// When the job ended, as the shim recorded it (Unix ms).
+    pub fn ended_ms(&self) -> Option<i64> {
+        self.status_file
+            .as_deref()
+            .and_then(crate::shim::read_end_ms)
+    }
+
     /// The status the shim wrote, if it did.
     pub fn recorded_status(&self) -> Option<std::process::ExitStatus> {
         self.status_file
@@ -358,8 +479,104 @@ fn cstr(p: &Path) -> std::io::Result<std::ffi::CString> {
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path with a NUL byte"))
 }
 
+/// The steps of a launch between fork and exec, in order; a failing child writes its
+/// step's number to a pipe so that the error names what failed.
+const STEPS: [&str; 7] = [
+    "enter the job's cgroup",
+    "open the job's status file",
+    "become the job's user",
+    "enter the workdir",
+    "open the stdout file",
+    "open the stderr file",
+    "start the program",
+];
+
+/// Opens an output file as the (already switched) job's user, without ever blocking:
+/// O_NONBLOCK so that a FIFO without a reader fails at once (ENXIO) instead of hanging,
+/// O_NOFOLLOW against a symlink, and then only a regular file or /dev/null is taken.
+/// Runs between fork and exec: only async-signal-safe calls.
+fn open_output(path: &std::ffi::CString, append: bool) -> std::io::Result<i32> {
+    use nix::libc;
+    let mode = if append {
+        libc::O_APPEND
+    } else {
+        libc::O_TRUNC
+    };
+    // SAFETY: open/fstat/fcntl/close on a NUL-terminated path and our own fd.
+    unsafe {
+        let fd = libc::open(
+            path.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | mode,
+            0o644,
+        );
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            let e = std::io::Error::last_os_error();
+            libc::close(fd);
+            return Err(e);
+        }
+        let kind = st.st_mode & libc::S_IFMT;
+        // /dev/null is char device 1:3.
+        let dev_null = kind == libc::S_IFCHR && libc::major(st.st_rdev) == 1 && libc::minor(st.st_rdev) == 3;
+        if kind != libc::S_IFREG && !dev_null {
+            libc::close(fd);
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        Ok(fd)
+    }
+}
+
+/// Explains a launch that failed at `step` with `e`.
+fn launch_error(spec: &LaunchSpec, step: Option<usize>, e: &std::io::Error) -> String {
+    let who = spec
+        .run_as
+        .as_ref()
+        .map_or("the agent's user".to_string(), |u| u.name.clone());
+    let errno = e.raw_os_error();
+    match step {
+        Some(3) => format!(
+            "cannot enter workdir {} as {who}: {e}",
+            spec.workdir.display()
+        ),
+        Some(s @ (4 | 5)) => {
+            let path = if s == 4 {
+                &spec.stdout
+            } else {
+                spec.stderr.as_ref().unwrap_or(&spec.stdout)
+            };
+            let what = if s == 4 { "stdout" } else { "stderr" };
+            match errno {
+                Some(nix::libc::EINVAL) => format!(
+                    "{what} {} is not a regular file (only regular files and /dev/null are written)",
+                    path.display()
+                ),
+                Some(nix::libc::ENXIO) => format!(
+                    "{what} {} is a FIFO or socket with no reader (only regular files and /dev/null are written)",
+                    path.display()
+                ),
+                Some(nix::libc::ELOOP) => {
+                    format!("{what} {} is a symbolic link (refused)", path.display())
+                }
+                _ => format!("cannot open {what} {} as {who}: {e}", path.display()),
+            }
+        }
+        Some(s) if s < STEPS.len() => format!("cannot {}: {e}", STEPS[s]),
+        _ => format!(
+            "cannot run {} as {who} in {}: {e}",
+            spec.program.display(),
+            spec.workdir.display()
+        ),
+    }
+}
+
 impl Launcher for JobLauncher {
     fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Launched> {
+        use std::os::fd::{AsRawFd, OwnedFd};
         use std::os::unix::process::CommandExt;
         let cgroup = match self
             .cgroups
@@ -367,6 +584,7 @@ impl Launcher for JobLauncher {
         {
             Ok(cg) if !cg.is_empty() => Some(cg),
             Ok(_) => None,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(e),
             Err(e) => {
                 tracing::warn!(job = spec.job_id, "cannot create the job's cgroup: {e}");
                 None
@@ -380,11 +598,17 @@ impl Launcher for JobLauncher {
         let fds = crate::cgroup::raw_fds(&procs);
         let out = cstr(&spec.stdout)?;
         let err = spec.stderr.as_deref().map(cstr).transpose()?;
+        let workdir = cstr(&spec.workdir)?;
+        let append = spec.append;
         let status = spec
             .shim
             .as_ref()
             .map(|(_, status)| cstr(status))
             .transpose()?;
+        // The failing step's number travels back through this pipe (closed on exec).
+        let (step_r, step_w): (OwnedFd, OwnedFd) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK).map_err(std::io::Error::from)?;
+        let step_fd = step_w.as_raw_fd();
         let run_as = spec.run_as.clone();
         let mut cmd = match &spec.shim {
             Some((exe, _)) => {
@@ -395,7 +619,6 @@ impl Launcher for JobLauncher {
             None => std::process::Command::new(&spec.program),
         };
         cmd.args(&spec.args)
-            .current_dir(&spec.workdir)
             .env_clear()
             .envs(&spec.env)
             .stdin(Stdio::null())
@@ -403,21 +626,27 @@ impl Launcher for JobLauncher {
             .stderr(Stdio::null())
             .process_group(0);
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-        // system calls (write, setgroups, setgid, setuid, open, dup2, close) on data
-        // prepared before the fork.
+        // system calls (write, setgroups, setgid, setuid, chdir, open, fstat, fcntl, dup2,
+        // close) on data prepared before the fork.
         unsafe {
             cmd.pre_exec(move || {
-                crate::cgroup::enter(&fds)?;
+                let fail = |step: u8, e: std::io::Error| {
+                    nix::libc::write(step_fd, [step].as_ptr().cast(), 1);
+                    Err(e)
+                };
+                if let Err(e) = crate::cgroup::enter(&fds) {
+                    return fail(0, e);
+                }
                 // The shim's status file, opened as the agent (root) before dropping to
                 // the job's user, handed over as fd 3.
                 if let Some(st) = &status {
                     let fd = nix::libc::open(
                         st.as_ptr(),
-                        nix::libc::O_WRONLY | nix::libc::O_CREAT | nix::libc::O_TRUNC,
+                        nix::libc::O_WRONLY | nix::libc::O_CREAT | nix::libc::O_TRUNC | nix::libc::O_NOFOLLOW,
                         0o600,
                     );
                     if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
+                        return fail(1, std::io::Error::last_os_error());
                     }
                     if fd != crate::shim::STATUS_FD {
                         nix::libc::dup2(fd, crate::shim::STATUS_FD);
@@ -430,30 +659,28 @@ impl Launcher for JobLauncher {
                         .iter()
                         .map(|g| nix::unistd::Gid::from_raw(*g))
                         .collect();
-                    nix::unistd::setgroups(&groups)?;
-                    nix::unistd::setgid(nix::unistd::Gid::from_raw(u.gid))?;
-                    nix::unistd::setuid(nix::unistd::Uid::from_raw(u.uid))?;
-                }
-                let open = |p: &std::ffi::CString| {
-                    let fd = nix::libc::open(
-                        p.as_ptr(),
-                        nix::libc::O_WRONLY
-                            | nix::libc::O_CREAT
-                            | nix::libc::O_TRUNC
-                            | nix::libc::O_NOFOLLOW,
-                        0o644,
-                    );
-                    if fd < 0 {
-                        Err(std::io::Error::last_os_error())
-                    } else {
-                        Ok(fd)
+                    let became = nix::unistd::setgroups(&groups)
+                        .and_then(|()| nix::unistd::setgid(nix::unistd::Gid::from_raw(u.gid)))
+                        .and_then(|()| nix::unistd::setuid(nix::unistd::Uid::from_raw(u.uid)));
+                    if let Err(e) = became {
+                        return fail(2, e.into());
                     }
+                }
+                // Every path from here on is resolved as the job's user.
+                if nix::libc::chdir(workdir.as_ptr()) != 0 {
+                    return fail(3, std::io::Error::last_os_error());
+                }
+                let o = match open_output(&out, append) {
+                    Ok(fd) => fd,
+                    Err(e) => return fail(4, e),
                 };
-                let o = open(&out)?;
                 nix::libc::dup2(o, 1);
                 match &err {
                     Some(e) => {
-                        let f = open(e)?;
+                        let f = match open_output(e, append) {
+                            Ok(fd) => fd,
+                            Err(e) => return fail(5, e),
+                        };
                         nix::libc::dup2(f, 2);
                         nix::libc::close(f);
                     }
@@ -465,27 +692,21 @@ impl Launcher for JobLauncher {
                 Ok(())
             });
         }
-        let who = spec
-            .run_as
-            .as_ref()
-            .map_or("the agent's user".to_string(), |u| u.name.clone());
-        let child = tokio::process::Command::from(cmd)
+        let spawned = tokio::process::Command::from(cmd)
             .kill_on_drop(false)
-            .spawn()
-            .map_err(|e| {
-                if let Some(cg) = &cgroup {
-                    cg.destroy();
-                }
-                std::io::Error::new(
-                    e.kind(),
-                    format!(
-                        "cannot run {} as {who} in {} with output to {}: {e}",
-                        spec.program.display(),
-                        spec.workdir.display(),
-                        spec.stdout.display()
-                    ),
-                )
-            })?;
+            .spawn();
+        drop(step_w);
+        let child = spawned.map_err(|e| {
+            if let Some(cg) = &cgroup {
+                cg.destroy();
+            }
+            let mut b = [0u8; 1];
+            let step = match nix::unistd::read(&step_r, &mut b) {
+                Ok(1) => Some(b[0] as usize),
+                _ => None,
+            };
+            std::io::Error::new(e.kind(), launch_error(spec, step, &e))
+        })?;
         drop(procs);
         let pid = child.id();
         Ok(Launched {
@@ -554,7 +775,7 @@ mod tests {
         let env = job_env(
             &start(&[("GPU-a", 1000, 81920), ("GPU-b", 1000, 81920)]),
             "node1",
-            Some("/bin"),
+            Some("de_DE.UTF-8"),
         );
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
         assert_eq!(env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
@@ -562,7 +783,10 @@ mod tests {
         assert_eq!(env["GPUCTL_NODE"], "node1");
         assert_eq!(env["GPUCTL_GPUS"], "2");
         assert_eq!(env["FOO"], "bar");
-        assert_eq!(env["PATH"], "/bin");
+        // Never the agent's PATH.
+        assert_eq!(env["PATH"], DEFAULT_PATH);
+        assert_eq!(env["LANG"], "de_DE.UTF-8");
+        assert_eq!(env["TMPDIR"], "/tmp");
         assert_eq!(env["USER"], "u");
         assert_eq!(env["GPUCTL_NUM_NODES"], "1");
         assert_eq!(env["MASTER_ADDR"], "node1");
@@ -573,7 +797,7 @@ mod tests {
     fn env_for_one_and_no_gpu() {
         let env = job_env(&start(&[("GPU-a", 1000, 81920)]), "n", None);
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-a");
-        assert_eq!(env["PATH"], DEFAULT_PATH);
+        assert_eq!(env["LANG"], "C.UTF-8");
         // A job without GPUs sees none, whatever its env says.
         let env = job_env(&start(&[]), "n", None);
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "");
@@ -603,24 +827,82 @@ mod tests {
         assert_eq!(env["GPUCTL_NUM_NODES"], "2");
         assert_eq!(env["MASTER_ADDR"], "n1");
         assert_eq!(env["MASTER_PORT"], "20007");
+        assert_eq!(env["RANK"], "1");
+        assert_eq!(env["NODE_RANK"], "1");
+        assert_eq!(env["WORLD_SIZE"], "2");
+        assert_eq!(env["LOCAL_RANK"], "0");
+        assert_eq!(env["LOCAL_WORLD_SIZE"], "1");
+        // With the agents' addresses, MASTER_ADDR is rank 0's address; the job's env
+        // may still name its own.
+        s.addresses = vec!["10.1.2.3".into(), "10.1.2.4".into()];
+        assert_eq!(job_env(&s, "n2", None)["MASTER_ADDR"], "10.1.2.3");
+        if let Some(spec) = s.spec.as_mut() {
+            spec.env.insert("MASTER_ADDR".into(), "192.168.0.9".into());
+            spec.env.insert("MASTER_PORT".into(), "29500".into());
+        }
+        let env = job_env(&s, "n2", None);
+        assert_eq!(env["MASTER_ADDR"], "192.168.0.9");
+        assert_eq!(env["MASTER_PORT"], "29500");
+    }
+
+    fn vars<'a>(name: &'a str, node: &'a str, rank: u32, ranks: usize) -> OutputVars<'a> {
+        OutputVars {
+            job_id: 5,
+            name,
+            node,
+            rank,
+            ranks,
+        }
     }
 
     #[test]
     fn output_paths_expand() {
         let wd = Path::new("/w");
+        let one = vars("x", "n1", 0, 1);
+        assert_eq!(output_path("", &one, wd), PathBuf::from("/w/gpuctl-5.out"));
         assert_eq!(
-            output_path("", 5, "x", wd),
-            PathBuf::from("/w/gpuctl-5.out")
-        );
-        assert_eq!(
-            output_path("%x-%j.log", 5, "t", wd),
+            output_path("%x-%j.log", &vars("t", "n1", 0, 1), wd),
             PathBuf::from("/w/t-5.log")
         );
         assert_eq!(
-            output_path("/abs/%j%%", 5, "t", wd),
+            output_path("/abs/%j%%", &one, wd),
             PathBuf::from("/abs/5%")
         );
-        assert_eq!(output_path("a%q%", 5, "t", wd), PathBuf::from("/w/a%q%"));
+        assert_eq!(output_path("a%q%", &one, wd), PathBuf::from("/w/a%q%"));
+        assert_eq!(
+            output_path("o-%N-%t.txt", &vars("x", "gpu7", 3, 4), wd),
+            PathBuf::from("/w/o-gpu7-3.txt")
+        );
+    }
+
+    /// A name (or node) never adds a path separator: `%x` of `../../../var/tmp/x` stays
+    /// one file name inside the workdir.
+    #[test]
+    fn expanded_names_never_climb_out() {
+        let wd = Path::new("/w");
+        let p = output_path("%x.out", &vars("../../../var/tmp/x", "n", 0, 1), wd);
+        assert_eq!(p, PathBuf::from("/w/.._.._.._var_tmp_x.out"));
+        assert_eq!(p.parent(), Some(wd));
+        let p = output_path("%x", &vars("..", "n", 0, 1), wd);
+        assert_eq!(p, PathBuf::from("/w/__"));
+        let p = output_path("%x", &vars("a\nb\u{1b}", "n", 0, 1), wd);
+        assert_eq!(p, PathBuf::from("/w/a_b_"));
+    }
+
+    #[test]
+    fn gang_outputs_lose_nothing() {
+        let wd = Path::new("/w");
+        // By default one file per rank.
+        assert_eq!(
+            output_path("", &vars("x", "n2", 1, 2), wd),
+            PathBuf::from("/w/gpuctl-5.1.out")
+        );
+        // One file named for all ranks: every rank appends.
+        assert!(shared_output("out.txt", 2));
+        assert!(!shared_output("out.txt", 1));
+        assert!(!shared_output("out-%t.txt", 2));
+        assert!(!shared_output("out-%N.txt", 2));
+        assert!(!shared_output("", 2));
     }
 
     #[test]

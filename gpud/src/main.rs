@@ -62,12 +62,18 @@ struct Args {
     /// The cgroup filesystem to put jobs in.
     #[arg(long, default_value = "/sys/fs/cgroup")]
     cgroup_base: PathBuf,
-    /// Job cgroups are PARENT/job-ID in each hierarchy (default gpuctl/NODE).
+    /// Job cgroups are PARENT/job-ID in each hierarchy (default gpuctl/NODE-AGENTID,
+    /// AGENTID from the state dir, so that two agents or clusters on one host never share
+    /// one).
     #[arg(long)]
     cgroup_parent: Option<String>,
     /// The cluster key: a copy of the controller's <state-dir>/cluster.key (mode 0600).
     #[arg(long, env = "GPUD_KEY_FILE", default_value = "/etc/gpuctl/cluster.key")]
     key_file: PathBuf,
+    /// The address other nodes reach this one at (MASTER_ADDR of gang jobs; default:
+    /// this host's address on the route to the controller).
+    #[arg(long)]
+    address: Option<String>,
     /// Print the GPUs the backend finds and exit (non-zero when it finds none).
     #[arg(long)]
     list_gpus: bool,
@@ -167,9 +173,8 @@ async fn agent_main() -> ExitCode {
         heartbeat: args.heartbeat_interval,
         allow_root_jobs: args.allow_root_jobs,
         cgroup_base: args.cgroup_base,
-        cgroup_parent: args
-            .cgroup_parent
-            .unwrap_or_else(|| format!("gpuctl/{name}")),
+        cgroup_parent: args.cgroup_parent,
+        address: args.address,
     };
     match gpud::agent::run(opts, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -58,14 +58,27 @@ pub fn run(args: Vec<OsString>) -> ! {
     let status = match cmd.status() {
         Ok(s) => s,
         Err(e) => {
-            let msg = format!("cannot run {}: {e}", program.to_string_lossy());
+            let msg = if e.kind() == std::io::ErrorKind::NotFound {
+                format!(
+                    "{}: command not found (PATH={})",
+                    program.to_string_lossy(),
+                    std::env::var("PATH").unwrap_or_default()
+                )
+            } else {
+                format!("cannot run {}: {e}", program.to_string_lossy())
+            };
             eprintln!("gpuctl: {msg}");
             let _ = writeln!(f, "{LAUNCH_ERROR}{msg}");
             // 127: like a shell's "command not found".
             std::process::exit(127);
         }
     };
-    let _ = writeln!(f, "{}", status.into_raw());
+    // The wait status and when the job ended (Unix ms): an agent that was down when
+    // the job ended reports the real end, not the time it came back.
+    let end_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let _ = writeln!(f, "{} {end_ms}", status.into_raw());
     let _ = f.sync_all();
     drop(f);
     if let Some(sig) = status.signal() {
@@ -90,8 +103,15 @@ pub fn read_launch_error(path: &std::path::Path) -> Option<String> {
 /// Reads a status file the shim wrote.
 pub fn read_status(path: &std::path::Path) -> Option<std::process::ExitStatus> {
     let text = std::fs::read_to_string(path).ok()?;
-    text.trim()
+    text.split_whitespace()
+        .next()?
         .parse::<i32>()
         .ok()
         .map(std::process::ExitStatus::from_raw)
+}
+
+/// When the job ended (Unix ms), as the shim recorded it.
+pub fn read_end_ms(path: &std::path::Path) -> Option<i64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.split_whitespace().nth(1)?.parse().ok()
 }

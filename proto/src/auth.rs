@@ -1,12 +1,21 @@
 //! Agent authentication with a shared cluster key, like munge: whoever holds the key is
 //! a trusted agent (or the controller).
 //!
-//! Every `AgentLink` request carries three metadata entries: the node, the time in Unix
-//! milliseconds, and an HMAC-SHA256 over `method`, node, time and the SHA-256 of the
+//! Every `AgentLink` request carries five metadata entries: the node, the time in Unix
+//! milliseconds, the session (hex; empty before Attach), a sequence number, and an
+//! HMAC-SHA256 over `method`, node, time, session, sequence and the SHA-256 of the
 //! encoded request. The controller recomputes it over the request it decoded and
 //! refuses a wrong MAC, a node that differs from the request's, or a time too far from
-//! its clock (replays are bounded by that window; the agent messages are idempotent).
-//! Commands going the other way carry a MAC in `AgentCommand.mac`.
+//! its clock.
+//!
+//! Replays: the MAC alone does not stop a captured request from being sent again. So an
+//! agent's connection is a session: `Challenge` hands out a fresh single-use nonce,
+//! `Attach` must carry it (a replayed Attach carries a used one and is refused), and
+//! every later request names that session with a sequence number that must grow (a
+//! replayed heartbeat or report is refused). Commands going the other way are
+//! `SignedCommand`s: a MAC over exactly the bytes sent (never a re-encoding, whose map
+//! order differs between processes), and inside them the session and a growing number,
+//! so that an agent runs no command of an old session and none twice.
 
 use std::io::Write as _;
 use std::path::Path;
@@ -15,11 +24,13 @@ use hmac::{Hmac, Mac};
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::AgentCommand;
+use crate::{AgentCommand, SignedCommand};
 
 pub const NODE_HEADER: &str = "x-gpuctl-node";
 pub const TIME_HEADER: &str = "x-gpuctl-time";
 pub const MAC_HEADER: &str = "x-gpuctl-mac";
+pub const SESSION_HEADER: &str = "x-gpuctl-session";
+pub const SEQ_HEADER: &str = "x-gpuctl-seq";
 
 /// How far a request's time may be from the controller's clock.
 pub const MAX_SKEW_MS: i64 = 5 * 60 * 1000;
@@ -65,6 +76,53 @@ pub enum AuthError {
     Skew { skew_s: i64 },
     #[error("bad signature: the agent's cluster key differs from the controller's")]
     BadMac,
+    #[error("the command does not decode after its signature verified: {0}")]
+    Undecodable(String),
+}
+
+/// What a verified request says about its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signed {
+    /// The session (the Attach nonce); empty for Challenge and Attach themselves.
+    pub session: Vec<u8>,
+    pub seq: u64,
+}
+
+/// Which sequence numbers of one session were seen: the highest, and a bitmap of the 64
+/// below it (the anti-replay window of IPsec, RFC 4303). Requests of one session may
+/// arrive slightly out of order (a heartbeat and a report in flight together), so a
+/// number below the highest is accepted once, if it is within the window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayWindow {
+    top: u64,
+    seen: u64,
+}
+
+impl ReplayWindow {
+    /// Records `seq`; false when it was seen before or is too old to tell (a replay).
+    /// Sequence numbers start at 1.
+    pub fn accept(&mut self, seq: u64) -> bool {
+        if seq == 0 {
+            return false;
+        }
+        if seq > self.top {
+            let shift = seq - self.top;
+            self.seen = if shift >= 64 { 0 } else { self.seen << shift };
+            self.seen |= 1;
+            self.top = seq;
+            return true;
+        }
+        let back = self.top - seq;
+        if back >= 64 {
+            return false;
+        }
+        let bit = 1u64 << back;
+        if self.seen & bit != 0 {
+            return false;
+        }
+        self.seen |= bit;
+        true
+    }
 }
 
 /// The shared secret.
@@ -143,49 +201,72 @@ impl ClusterKey {
         HmacSha256::new_from_slice(&self.0).expect("HMAC takes keys of any length")
     }
 
-    fn request_mac(&self, method: &str, node: &str, time_ms: i64, body: &[u8]) -> HmacSha256 {
+    fn request_mac(
+        &self,
+        method: &str,
+        node: &str,
+        time_ms: i64,
+        signed: &Signed,
+        body: &[u8],
+    ) -> HmacSha256 {
         let mut m = self.mac();
-        m.update(b"gpuctl-agent-v1\n");
+        m.update(b"gpuctl-agent-v2\n");
         m.update(method.as_bytes());
         m.update(b"\n");
         m.update(node.as_bytes());
         m.update(b"\n");
         m.update(time_ms.to_string().as_bytes());
         m.update(b"\n");
+        m.update(hex::encode(&signed.session).as_bytes());
+        m.update(b"\n");
+        m.update(signed.seq.to_string().as_bytes());
+        m.update(b"\n");
         m.update(&Sha256::digest(body));
         m
     }
 
     /// The MAC (hex) an agent puts on a request.
-    pub fn sign_request(&self, method: &str, node: &str, time_ms: i64, body: &[u8]) -> String {
+    pub fn sign_request(
+        &self,
+        method: &str,
+        node: &str,
+        time_ms: i64,
+        signed: &Signed,
+        body: &[u8],
+    ) -> String {
         hex::encode(
-            self.request_mac(method, node, time_ms, body)
+            self.request_mac(method, node, time_ms, signed, body)
                 .finalize()
                 .into_bytes(),
         )
     }
 
-    /// Checks a request's metadata values against the request body and `now_ms`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn verify_request(
+    /// Checks a request's metadata (looked up by `get`) against the request body and
+    /// `now_ms`; returns the session and sequence number it was signed with (the caller
+    /// checks them against the live session).
+    pub fn verify_request<'a>(
         &self,
         method: &str,
         named_node: &str,
         body: &[u8],
-        node: Option<&str>,
-        time: Option<&str>,
-        mac: Option<&str>,
+        get: impl Fn(&str) -> Option<&'a str>,
         now_ms: i64,
-    ) -> Result<(), AuthError> {
-        let node = node.ok_or(AuthError::Missing(NODE_HEADER))?;
-        let time = time.ok_or(AuthError::Missing(TIME_HEADER))?;
-        let mac = mac.ok_or(AuthError::Missing(MAC_HEADER))?;
+    ) -> Result<Signed, AuthError> {
+        let node = get(NODE_HEADER).ok_or(AuthError::Missing(NODE_HEADER))?;
+        let time = get(TIME_HEADER).ok_or(AuthError::Missing(TIME_HEADER))?;
+        let mac = get(MAC_HEADER).ok_or(AuthError::Missing(MAC_HEADER))?;
+        let session = get(SESSION_HEADER).ok_or(AuthError::Missing(SESSION_HEADER))?;
+        let seq = get(SEQ_HEADER).ok_or(AuthError::Missing(SEQ_HEADER))?;
         let time_ms: i64 = time
             .parse()
             .map_err(|_| AuthError::Malformed(TIME_HEADER))?;
+        let signed = Signed {
+            session: hex::decode(session).map_err(|_| AuthError::Malformed(SESSION_HEADER))?,
+            seq: seq.parse().map_err(|_| AuthError::Malformed(SEQ_HEADER))?,
+        };
         let mac = hex::decode(mac).map_err(|_| AuthError::Malformed(MAC_HEADER))?;
         // The MAC first, so that an unkeyed caller learns nothing about the rest.
-        self.request_mac(method, node, time_ms, body)
+        self.request_mac(method, node, time_ms, &signed, body)
             .verify_slice(&mac)
             .map_err(|_| AuthError::BadMac)?;
         if node != named_node {
@@ -200,31 +281,40 @@ impl ClusterKey {
                 skew_s: skew / 1000,
             });
         }
-        Ok(())
+        Ok(signed)
     }
 
-    fn command_mac(&self, node: &str, cmd: &AgentCommand) -> HmacSha256 {
-        let unsigned = AgentCommand {
-            mac: Vec::new(),
-            ..cmd.clone()
-        };
+    fn command_mac(&self, node: &str, bytes: &[u8]) -> HmacSha256 {
         let mut m = self.mac();
-        m.update(b"gpuctl-command-v1\n");
+        m.update(b"gpuctl-command-v2\n");
         m.update(node.as_bytes());
         m.update(b"\n");
-        m.update(&unsigned.encode_to_vec());
+        m.update(bytes);
         m
     }
 
-    /// Sets `cmd.mac` for the agent of `node`.
-    pub fn sign_command(&self, node: &str, cmd: &mut AgentCommand) {
-        cmd.mac = self.command_mac(node, cmd).finalize().into_bytes().to_vec();
+    /// Encodes `cmd` once and signs those bytes for the agent of `node`.
+    pub fn sign_command(&self, node: &str, cmd: &AgentCommand) -> SignedCommand {
+        let command = cmd.encode_to_vec();
+        let mac = self
+            .command_mac(node, &command)
+            .finalize()
+            .into_bytes()
+            .to_vec();
+        SignedCommand { command, mac }
     }
 
-    pub fn verify_command(&self, node: &str, cmd: &AgentCommand) -> Result<(), AuthError> {
-        self.command_mac(node, cmd)
-            .verify_slice(&cmd.mac)
-            .map_err(|_| AuthError::BadMac)
+    /// Verifies the bytes received, then decodes them.
+    pub fn verify_command(
+        &self,
+        node: &str,
+        signed: &SignedCommand,
+    ) -> Result<AgentCommand, AuthError> {
+        self.command_mac(node, &signed.command)
+            .verify_slice(&signed.mac)
+            .map_err(|_| AuthError::BadMac)?;
+        AgentCommand::decode(signed.command.as_slice())
+            .map_err(|e| AuthError::Undecodable(e.to_string()))
     }
 }
 
@@ -241,21 +331,62 @@ mod tests {
     fn request_roundtrip_and_every_refusal() {
         let k = key(1);
         let body = b"hello";
-        let mac = k.sign_request("heartbeat", "n1", 1_000_000, body);
-        let check = |k: &ClusterKey, method, named, body: &[u8], node, mac: &str, now| {
+        let signed = Signed {
+            session: vec![0xab, 0xcd],
+            seq: 7,
+        };
+        let mac = k.sign_request("heartbeat", "n1", 1_000_000, &signed, body);
+        let meta = |node: &'static str, mac: String, session: &'static str, seq: &'static str| {
+            move |h: &str| -> Option<String> {
+                match h {
+                    NODE_HEADER => Some(node.to_string()),
+                    TIME_HEADER => Some("1000000".to_string()),
+                    MAC_HEADER => Some(mac.clone()),
+                    SESSION_HEADER => Some(session.to_string()),
+                    SEQ_HEADER => Some(seq.to_string()),
+                    _ => None,
+                }
+            }
+        };
+        let verify = |k: &ClusterKey,
+                      method: &str,
+                      named: &str,
+                      body: &[u8],
+                      m: &dyn Fn(&str) -> Option<String>,
+                      now: i64| {
+            let values: Vec<(String, String)> = [
+                NODE_HEADER,
+                TIME_HEADER,
+                MAC_HEADER,
+                SESSION_HEADER,
+                SEQ_HEADER,
+            ]
+            .iter()
+            .filter_map(|h| m(h).map(|v| (h.to_string(), v)))
+            .collect();
             k.verify_request(
                 method,
                 named,
                 body,
-                Some(node),
-                Some("1000000"),
-                Some(mac),
+                |h| values.iter().find(|(k, _)| k == h).map(|(_, v)| v.as_str()),
                 now,
             )
         };
+        let check = |k: &ClusterKey, method, named, body: &[u8], node, mac: &str, now| {
+            verify(k, method, named, body, &meta(node, mac.to_string(), "abcd", "7"), now)
+        };
         assert_eq!(
             check(&k, "heartbeat", "n1", body, "n1", &mac, 1_000_500),
-            Ok(())
+            Ok(signed.clone())
+        );
+        // The session and the sequence number are signed: a replay cannot renumber.
+        assert_eq!(
+            verify(&k, "heartbeat", "n1", body, &meta("n1", mac.clone(), "abcd", "8"), 1_000_000),
+            Err(AuthError::BadMac)
+        );
+        assert_eq!(
+            verify(&k, "heartbeat", "n1", body, &meta("n1", mac.clone(), "abce", "7"), 1_000_000),
+            Err(AuthError::BadMac)
         );
         assert_eq!(
             check(&key(2), "heartbeat", "n1", body, "n1", &mac, 1_000_000),
@@ -289,8 +420,9 @@ mod tests {
             ),
             Err(AuthError::Skew { skew_s: 301 })
         );
+        let no_time = |h: &str| (h != TIME_HEADER).then(|| "x");
         assert_eq!(
-            k.verify_request("heartbeat", "n1", body, Some("n1"), None, Some(&mac), 0),
+            k.verify_request("heartbeat", "n1", body, no_time, 0),
             Err(AuthError::Missing(TIME_HEADER))
         );
     }
@@ -298,22 +430,89 @@ mod tests {
     #[test]
     fn commands_are_bound_to_their_node_and_content() {
         let k = key(7);
-        let mut cmd = AgentCommand {
+        let cmd = AgentCommand {
             command: Some(Command::Kill(KillJob {
                 job_id: 4,
                 ..KillJob::default()
             })),
-            mac: Vec::new(),
+            session: vec![1, 2, 3],
+            seq: 1,
         };
-        k.sign_command("n1", &mut cmd);
-        assert_eq!(k.verify_command("n1", &cmd), Ok(()));
-        assert_eq!(k.verify_command("n2", &cmd), Err(AuthError::BadMac));
-        assert_eq!(key(8).verify_command("n1", &cmd), Err(AuthError::BadMac));
-        let mut changed = cmd.clone();
-        if let Some(Command::Kill(k)) = &mut changed.command {
-            k.job_id = 5;
-        }
+        let signed = k.sign_command("n1", &cmd);
+        assert_eq!(k.verify_command("n1", &signed), Ok(cmd.clone()));
+        assert_eq!(k.verify_command("n2", &signed), Err(AuthError::BadMac));
+        assert_eq!(key(8).verify_command("n1", &signed), Err(AuthError::BadMac));
+        let mut changed = signed.clone();
+        let last = changed.command.len() - 1;
+        changed.command[last] ^= 1;
         assert_eq!(k.verify_command("n1", &changed), Err(AuthError::BadMac));
+    }
+
+    /// The MAC covers the bytes sent: a start with many env entries verifies, however
+    /// the receiving process would order the map if it encoded the command again.
+    #[test]
+    fn commands_with_maps_verify_as_sent() {
+        use crate::{JobSpec, StartJob};
+        let k = key(9);
+        for n in 0..40 {
+            let env = (0..n).map(|i| (format!("K{i}"), format!("v{i}"))).collect();
+            let cmd = AgentCommand {
+                command: Some(Command::Start(StartJob {
+                    job_id: n,
+                    spec: Some(JobSpec {
+                        env,
+                        ..JobSpec::default()
+                    }),
+                    ..StartJob::default()
+                })),
+                session: vec![9],
+                seq: n,
+            };
+            let signed = k.sign_command("n1", &cmd);
+            let wire = signed.encode_to_vec();
+            let received = SignedCommand::decode(wire.as_slice()).unwrap();
+            assert_eq!(k.verify_command("n1", &received), Ok(cmd));
+        }
+    }
+
+    #[test]
+    fn replay_window_accepts_each_number_once() {
+        let mut w = ReplayWindow::default();
+        assert!(!w.accept(0));
+        assert!(w.accept(1));
+        assert!(!w.accept(1));
+        assert!(w.accept(3));
+        // Out of order, but new: accepted once.
+        assert!(w.accept(2));
+        assert!(!w.accept(2));
+        assert!(w.accept(100));
+        assert!(!w.accept(3), "too old to tell: refused");
+        assert!(w.accept(37));
+        assert!(!w.accept(36));
+        assert!(!w.accept(100));
+        assert!(w.accept(u64::MAX));
+        assert!(!w.accept(u64::MAX));
+    }
+
+    proptest::proptest! {
+        /// Whatever order numbers come in, none is accepted twice, and every number
+        /// above everything seen so far is accepted.
+        #[test]
+        fn replay_window_never_accepts_twice(seqs in proptest::collection::vec(1u64..300, 0..200)) {
+            let mut w = ReplayWindow::default();
+            let mut accepted = std::collections::HashSet::new();
+            let mut top = 0;
+            for s in seqs {
+                let ok = w.accept(s);
+                if ok {
+                    proptest::prop_assert!(accepted.insert(s), "{} accepted twice", s);
+                }
+                if s > top {
+                    proptest::prop_assert!(ok);
+                    top = s;
+                }
+            }
+        }
     }
 
     #[test]

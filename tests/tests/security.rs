@@ -281,9 +281,19 @@ fn agent_without_the_key_cannot_register_or_report() {
             .as_millis() as i64;
         let mut req = tonic::Request::new(report.clone());
         use prost::Message;
-        let mac = key.sign_request("report", "n1", now, &report.encode_to_vec());
+        let signed = gpuctl_proto::auth::Signed {
+            session: vec![1; 16],
+            seq: 1,
+        };
+        let mac = key.sign_request("report", "n1", now, &signed, &report.encode_to_vec());
         req.metadata_mut()
             .insert(NODE_HEADER, "n1".parse().unwrap());
+        req.metadata_mut().insert(
+            gpuctl_proto::auth::SESSION_HEADER,
+            "01010101010101010101010101010101".parse().unwrap(),
+        );
+        req.metadata_mut()
+            .insert(gpuctl_proto::auth::SEQ_HEADER, 1u64.into());
         req.metadata_mut().insert(TIME_HEADER, now.into());
         req.metadata_mut().insert(MAC_HEADER, mac.parse().unwrap());
         let forged = client.report_job(req).await.unwrap_err();

@@ -1,0 +1,647 @@
+//! The agent side of the controller: sessions (challenge, attach, the replay window),
+//! heartbeats, reports, and failed nodes.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuctl_proto::auth::{ReplayWindow, Signed};
+use gpuctl_proto::store::{StoredJob, StoredNode};
+use gpuctl_proto::{self as pb, JobState};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use super::{Conn, Controller, Cluster, final_state, job_mut, job_of, live_allocs, now_ms, owner, store_status};
+use crate::store::StoreError;
+
+impl Controller {
+    pub(super) fn kill_cmd(&self, job_id: u64, attempt: u32, reason: &str) -> pb::AgentCommand {
+        pb::AgentCommand {
+            command: Some(pb::agent_command::Command::Kill(pb::KillJob {
+                job_id,
+                as_state: JobState::Cancelled as i32,
+                kill_grace_secs: self.config.kill_grace.as_secs(),
+                reason: reason.into(),
+                attempt,
+            })),
+            ..pb::AgentCommand::default()
+        }
+    }
+
+    /// Encodes and signs the `seq`th command of `session` for the agent of `node`, or
+    /// `None` when that session is no longer the node's live one (the node was declared
+    /// down, or the agent attached again): what was queued for it is never sent.
+    pub fn sign_command(
+        &self,
+        node: &str,
+        generation: u64,
+        seq: u64,
+        cmd: pb::AgentCommand,
+    ) -> Option<pb::SignedCommand> {
+        let session = {
+            let c = self.lock();
+            let conn = c.conns.get(node).filter(|x| x.generation == generation)?;
+            conn.session.clone()
+        };
+        let cmd = pb::AgentCommand {
+            session,
+            seq,
+            ..cmd
+        };
+        Some(self.key.sign_command(node, &cmd))
+    }
+
+    /// Checks an agent request's signature; returns the session and number it carries.
+    pub fn verify_agent(
+        &self,
+        meta: &tonic::metadata::MetadataMap,
+        method: &str,
+        node: &str,
+        body: &[u8],
+    ) -> Result<Signed, Status> {
+        let get = |k: &str| meta.get(k).and_then(|v| v.to_str().ok());
+        self.key
+            .verify_request(method, node, body, get, now_ms())
+            .map_err(|e| {
+                tracing::warn!(node, method, "agent request refused: {e}");
+                Status::unauthenticated(format!("agent request refused: {e}"))
+            })
+    }
+
+    /// Checks that a request belongs to the node's live session and was not seen on it
+    /// before (a replay), and counts the agent as heard from.
+    pub fn check_session(&self, node: &str, signed: &Signed) -> Result<(), Status> {
+        let mut c = self.lock();
+        let Some(conn) = c.conns.get_mut(node) else {
+            return Err(Status::failed_precondition(format!(
+                "node {node} has no attached session; the agent must attach again"
+            )));
+        };
+        if conn.session != signed.session {
+            tracing::warn!(node, "request of an old or unknown session refused");
+            return Err(Status::failed_precondition(
+                "request of an old or unknown agent session (replayed, or the agent attached again)",
+            ));
+        }
+        if !conn.window.accept(signed.seq) {
+            tracing::warn!(node, seq = signed.seq, "replayed agent request refused");
+            return Err(Status::failed_precondition(format!(
+                "request number {} of this session was already seen (a replay)",
+                signed.seq
+            )));
+        }
+        c.last_heard.insert(node.to_string(), now_ms());
+        Ok(())
+    }
+
+    /// A fresh nonce for the next Attach of `node` (valid for 30 s, single use).
+    pub fn challenge(&self, node: &str) -> pb::ChallengeResponse {
+        use rand::RngCore;
+        let mut nonce = vec![0u8; 16];
+        rand::rng().fill_bytes(&mut nonce);
+        let now = now_ms();
+        let mut c = self.lock();
+        let list = c.challenges.entry(node.to_string()).or_default();
+        list.retain(|(_, until)| *until > now);
+        // A key holder asking again and again keeps only the newest few.
+        if list.len() >= 8 {
+            list.remove(0);
+        }
+        list.push((nonce.clone(), now + 30_000));
+        pb::ChallengeResponse {
+            nonce,
+            node_timeout_ms: self.config.node_timeout.as_millis() as u64,
+        }
+    }
+
+    /// Takes the nonce of an Attach: it must have been handed out for this node, unused
+    /// and unexpired.
+    fn take_nonce(c: &mut Cluster, node: &str, nonce: &[u8]) -> Result<(), Status> {
+        let now = now_ms();
+        let list = c.challenges.entry(node.to_string()).or_default();
+        let found = list
+            .iter()
+            .position(|(n, until)| n.as_slice() == nonce && *until > now);
+        match found {
+            Some(i) => {
+                list.remove(i);
+                Ok(())
+            }
+            None => {
+                tracing::warn!(node, "attach with an unknown, used or expired nonce refused (a replay?)");
+                Err(Status::failed_precondition(
+                    "attach refused: its challenge nonce is unknown, used or expired (ask for a new one)",
+                ))
+            }
+        }
+    }
+
+    /// Refuses an agent that would take over a name another agent holds: attached now,
+    /// or heard from within the node timeout, under another identity.
+    fn check_identity(&self, c: &Cluster, req: &pb::RegisterRequest) -> Result<(), Status> {
+        if req.agent_id.is_empty() || req.agent_id.len() > 128 {
+            return Err(Status::invalid_argument(
+                "agent_id must be 1 to 128 characters",
+            ));
+        }
+        let now = now_ms();
+        let timeout = self.config.node_timeout.as_millis() as i64;
+        let heard = c.last_heard.get(&req.node).copied().unwrap_or(0);
+        let live = c.conns.get(&req.node);
+        let known = c.nodes.get(&req.node).map(|n| n.agent_id.as_str());
+        let other = match live {
+            Some(conn) if conn.agent_id != req.agent_id => {
+                Some((conn.agent_id.clone(), conn.peer.clone()))
+            }
+            None if now - heard <= timeout
+                && known.is_some_and(|k| !k.is_empty() && k != req.agent_id) =>
+            {
+                let addr = c.nodes.get(&req.node).map(|n| n.address.clone());
+                Some((known.unwrap_or_default().to_string(), addr.unwrap_or_default()))
+            }
+            _ => None,
+        };
+        if let Some((id, addr)) = other {
+            tracing::warn!(node = %req.node, other = %id, %addr, new = %req.agent_id, "a second agent tried to attach under a live name; refused");
+            return Err(Status::already_exists(format!(
+                "node name {:?} is held by another agent (id {id}, at {addr}); stop that agent or start this one with another --name",
+                req.node
+            )));
+        }
+        if known.is_some_and(|k| !k.is_empty() && k != req.agent_id) {
+            tracing::warn!(node = %req.node, before = known.unwrap_or_default(), now = %req.agent_id, "node name taken over by a new agent identity (its old agent has been silent)");
+        }
+        Ok(())
+    }
+
+
+    /// Registers an agent (or re-registers after a disconnect or a controller restart)
+    /// and reconciles what it runs with what the controller believes.
+    pub async fn connect(
+        self: &Arc<Self>,
+        req: pb::RegisterRequest,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Result<(mpsc::Receiver<Result<pb::AgentCommand, Status>>, u64), Status> {
+        if req.node.is_empty()
+            || req.node.len() > 255
+            || req.node.contains('/')
+            || req.node.contains(',')
+        {
+            return Err(Status::invalid_argument(
+                "node name must be 1 to 255 characters without '/' or ','",
+            ));
+        }
+        let (tx, rx) = mpsc::channel(1024);
+        let now = now_ms();
+        let mut to_kill = Vec::new();
+        let mut other_kills = Vec::new();
+        let peer_ip = peer.map(|p| p.ip().to_string()).unwrap_or_default();
+        let address = if req.address.is_empty() {
+            peer_ip.clone()
+        } else {
+            req.address.clone()
+        };
+        let (generation, rank_kills) = {
+            let mut c = self.lock();
+            Self::take_nonce(&mut c, &req.node, &req.nonce)?;
+            self.check_identity(&c, &req)?;
+            c.generation += 1;
+            let generation = c.generation;
+            let drain_reason = c.nodes.get(&req.node).and_then(|n| n.drain_reason.clone());
+            let node = StoredNode {
+                name: req.node.clone(),
+                gpus: req
+                    .gpus
+                    .iter()
+                    .map(|g| pb::Gpu {
+                        allocated_to: 0,
+                        compute_allocated_milli: 0,
+                        memory_allocated_mib: 0,
+                        jobs: Vec::new(),
+                        ..g.clone()
+                    })
+                    .collect(),
+                cpus: req.cpus,
+                memory_bytes: req.memory_bytes,
+                drain_reason,
+                gpu_backend: req.gpu_backend.clone(),
+                last_seen_ms: now,
+                agent_id: req.agent_id.clone(),
+                address: address.clone(),
+                allow_root_jobs: req.allow_root_jobs,
+            };
+            self.store.put_node(&node).map_err(store_status)?;
+            c.nodes.insert(req.node.clone(), node);
+
+            for r in &req.unacked_reports {
+                other_kills.extend(self.apply_report(&mut c, r).map_err(store_status)?);
+            }
+            let running: BTreeSet<(u64, u32)> =
+                req.running.iter().map(|r| (r.job_id, r.attempt)).collect();
+            let ids: Vec<u64> = c.active.iter().copied().collect();
+            let mut requeued = Vec::new();
+            for id in ids {
+                let Some(stored) = c.jobs.get_mut(&id) else {
+                    continue;
+                };
+                let confirmed = stored.start_confirmed;
+                let j = job_mut(stored);
+                let here = live_allocs(j).any(|a| a.node == req.node);
+                if !here || running.contains(&(id, j.attempt)) {
+                    continue;
+                }
+                if confirmed {
+                    for a in j
+                        .allocations
+                        .iter_mut()
+                        .filter(|a| a.node == req.node && !a.ended)
+                    {
+                        a.ended = true;
+                        a.set_state(JobState::Failed);
+                        a.reason = "agent restarted without the job (lost)".into();
+                    }
+                    tracing::warn!(job = id, node = %req.node, "running job lost by its agent");
+                    if j.allocations.iter().all(|a| a.ended) {
+                        let (state, code, reason) = final_state(&j.allocations);
+                        j.set_state(state);
+                        j.exit_code = code;
+                        j.reason = reason;
+                        j.end_time_ms = now;
+                    }
+                } else {
+                    // Never confirmed started, and the agent does not run it: safe to requeue.
+                    for a in &j.allocations {
+                        if a.node != req.node {
+                            other_kills.push((a.node.clone(), id));
+                        }
+                    }
+                    j.set_state(JobState::Pending);
+                    j.node.clear();
+                    j.gpus.clear();
+                    j.allocations.clear();
+                    j.start_time_ms = 0;
+                    j.reason = "requeued: start was not delivered".into();
+                    requeued.push(owner(j).to_string());
+                    tracing::info!(job = id, "requeued an undelivered start");
+                }
+                self.store.put_job(stored).map_err(store_status)?;
+            }
+            for user in requeued {
+                c.pending_changed(&user, true);
+            }
+            // A requeued job whose start is still running here is adopted again.
+            for &(id, attempt) in &running {
+                if let Some(stored) = c.jobs.get_mut(&id)
+                    && readopt(stored, &req.node, attempt)
+                {
+                    let user = owner(job_of(stored)).to_string();
+                    self.store.put_job(stored).map_err(store_status)?;
+                    c.pending_changed(&user, false);
+                    tracing::info!(job = id, attempt, node = %req.node, "requeued job found still running on its returning node; adopted again");
+                }
+            }
+            // Fencing: an instance is kept only if it is the job's current start here.
+            for &(id, attempt) in &running {
+                let keep = c.jobs.get(&id).is_some_and(|s| {
+                    let j = job_of(s);
+                    j.attempt == attempt
+                        && live_allocs(j).any(|a| a.node == req.node)
+                        && !s.cancel_requested
+                });
+                if !keep {
+                    tracing::warn!(job = id, attempt, node = %req.node, "agent runs a stale or unknown job instance; killing it");
+                    to_kill.push(self.kill_cmd(
+                        id,
+                        attempt,
+                        "not running here according to the controller",
+                    ));
+                }
+            }
+            c.conns.insert(
+                req.node.clone(),
+                Conn {
+                    generation,
+                    tx: tx.clone(),
+                    session: req.nonce.clone(),
+                    window: ReplayWindow::default(),
+                    agent_id: req.agent_id.clone(),
+                    peer: peer.map(|p| p.to_string()).unwrap_or_default(),
+                },
+            );
+            c.last_heard.insert(req.node.clone(), now);
+            let rank_kills: Vec<_> = other_kills
+                .into_iter()
+                .filter_map(|(node, id)| {
+                    c.conns
+                        .get(&node)
+                        .map(|conn| (conn.tx.clone(), self.kill_cmd(id, 0, "another rank ended")))
+                })
+                .collect();
+            (generation, rank_kills)
+        };
+        self.store.flush().await.map_err(store_status)?;
+        for cmd in to_kill {
+            let _ = tx.send(Ok(cmd)).await;
+        }
+        for (t, cmd) in rank_kills {
+            let _ = t.send(Ok(cmd)).await;
+        }
+        tracing::info!(node = %req.node, gpus = req.gpus.len(), running = req.running.len(), "agent connected");
+        self.wake_scheduler();
+        Ok((rx, generation))
+    }
+
+    /// Declares failed every node whose agent has been silent for `node_timeout`: the node
+    /// goes DOWN (its stream is closed, so a live agent re-attaches and is reconciled),
+    /// and its jobs end NODE_FAIL, or go back to the queue if their job file asks.
+    pub async fn check_nodes(&self) -> Result<(), StoreError> {
+        let now = now_ms();
+        let timeout = self.config.node_timeout.as_millis() as i64;
+        let mut kills = Vec::new();
+        let mut changed = false;
+        {
+            let mut c = self.lock();
+            let silent: Vec<String> = c
+                .nodes
+                .keys()
+                .filter(|n| {
+                    let heard = c.last_heard.get(*n).copied().unwrap_or(0);
+                    now - heard > timeout
+                })
+                .cloned()
+                .collect();
+            for node in silent {
+                if c.conns.remove(&node).is_some() {
+                    tracing::warn!(
+                        node,
+                        "agent silent for {:?}: node is DOWN",
+                        self.config.node_timeout
+                    );
+                }
+                let ids: Vec<u64> = c
+                    .active_jobs()
+                    .filter(|s| live_allocs(job_of(s)).any(|a| a.node == node))
+                    .map(|s| job_of(s).id)
+                    .collect();
+                let mut requeued_users = Vec::new();
+                for id in ids {
+                    let stored = c.jobs.get_mut(&id).expect("key from map");
+                    let j = job_mut(stored);
+                    let requeue = j.spec.as_ref().is_some_and(|s| s.requeue);
+                    let others: Vec<String> = live_allocs(j)
+                        .filter(|a| a.node != node)
+                        .map(|a| a.node.clone())
+                        .collect();
+                    if requeue {
+                        requeued_users.push(owner(j).to_string());
+                        let before = j.clone();
+                        j.set_state(JobState::Pending);
+                        j.allocations.clear();
+                        j.node.clear();
+                        j.gpus.clear();
+                        j.start_time_ms = 0;
+                        j.reason = format!("requeued: node {node} failed");
+                        stored.start_confirmed = false;
+                        stored.requeued_from = Some(before);
+                        tracing::warn!(job = id, node, "node failed; job requeued");
+                    } else {
+                        for a in j.allocations.iter_mut().filter(|a| !a.ended) {
+                            a.ended = true;
+                            a.set_state(JobState::NodeFail);
+                        }
+                        j.set_state(JobState::NodeFail);
+                        j.end_time_ms = now;
+                        j.reason = format!("node {node} stopped responding");
+                        tracing::warn!(job = id, node, "node failed; job NODE_FAIL");
+                    }
+                    self.store.put_job(stored)?;
+                    changed = true;
+                    for other in others {
+                        if let Some(conn) = c.conns.get(&other) {
+                            kills.push((
+                                conn.tx.clone(),
+                                self.kill_cmd(id, 0, "another rank's node failed"),
+                            ));
+                        }
+                    }
+                }
+                for user in requeued_users {
+                    c.pending_changed(&user, true);
+                }
+                // Heard from again only when it re-attaches.
+                c.last_heard.insert(node, i64::MAX / 2);
+            }
+        }
+        if changed {
+            self.store.flush().await?;
+            self.wake_scheduler();
+        }
+        for (tx, cmd) in kills {
+            let _ = tx.send(Ok(cmd)).await;
+        }
+        Ok(())
+    }
+
+    /// Runs `check_nodes` every second until `shutdown` fires.
+    pub async fn watchdog_loop(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => break,
+            }
+            if let Err(e) = self.check_nodes().await {
+                tracing::error!("node check failed: {e}");
+            }
+        }
+    }
+
+    /// The agent's command stream closed.
+    pub fn disconnected(&self, node: &str, generation: u64) {
+        let mut c = self.lock();
+        if c.conns
+            .get(node)
+            .is_some_and(|conn| conn.generation == generation)
+        {
+            c.conns.remove(node);
+            tracing::warn!(node, "agent disconnected; node is DOWN");
+        }
+    }
+
+    /// A heartbeat of a live session (checked by `check_session`). Answers with the
+    /// instances the agent runs that the controller holds as ended or replaced.
+    pub fn heartbeat(&self, req: &pb::HeartbeatRequest) -> pb::HeartbeatResponse {
+        let mut c = self.lock();
+        let known = c.conns.contains_key(&req.node);
+        let now = now_ms();
+        if let Some(n) = c.nodes.get_mut(&req.node) {
+            n.last_seen_ms = now;
+            c.last_heard.insert(req.node.clone(), now);
+            if !req.metrics.is_empty() {
+                c.metrics.insert(req.node.clone(), req.metrics.clone());
+            }
+        }
+        let stale = req
+            .running
+            .iter()
+            .filter(|r| {
+                c.jobs.get(&r.job_id).is_none_or(|s| {
+                    let j = job_of(s);
+                    r.attempt < j.attempt || (r.attempt == j.attempt && j.state().is_final())
+                })
+            })
+            .cloned()
+            .collect();
+        pb::HeartbeatResponse { known, stale }
+    }
+
+    /// Whether `(job, attempt)` runs on `node` as far as the controller knows.
+    fn holds(c: &Cluster, node: &str, job: u64, attempt: u32) -> bool {
+        c.jobs.get(&job).is_some_and(|s| {
+            let j = job_of(s);
+            j.attempt == attempt
+                && !j.state().is_final()
+                && !s.cancel_requested
+                && live_allocs(j).any(|a| a.node == node)
+        })
+    }
+
+    /// Applies an agent's report. For a STARTED report, answers whether the instance is
+    /// stale (the controller no longer holds it as running there): the agent kills it.
+    pub async fn report(&self, r: &pb::JobReport) -> Result<pb::JobReportAck, Status> {
+        let mut stale = false;
+        let kills = {
+            let mut c = self.lock();
+            if c.conns.contains_key(&r.node) {
+                c.last_heard.insert(r.node.clone(), now_ms());
+            }
+            let others = self.apply_report(&mut c, r).map_err(store_status)?;
+            if r.kind() == pb::job_report::Kind::Started
+                && !Self::holds(&c, &r.node, r.job_id, r.attempt)
+            {
+                tracing::warn!(job = r.job_id, attempt = r.attempt, node = %r.node, "a start the controller no longer holds ran; the agent kills it");
+                stale = true;
+            }
+            others
+                .into_iter()
+                .filter_map(|(node, id)| {
+                    c.conns
+                        .get(&node)
+                        .map(|conn| (conn.tx.clone(), self.kill_cmd(id, 0, "another rank failed")))
+                })
+                .collect::<Vec<_>>()
+        };
+        self.store.flush().await.map_err(store_status)?;
+        for (tx, cmd) in kills {
+            let _ = tx.send(Ok(cmd)).await;
+        }
+        self.wake_scheduler();
+        Ok(pb::JobReportAck { stale })
+    }
+
+    /// Applies one agent report. Returns (node, job) pairs whose other ranks must be
+    /// killed (a rank of a gang job failed).
+    fn apply_report(
+        &self,
+        c: &mut Cluster,
+        r: &pb::JobReport,
+    ) -> Result<Vec<(String, u64)>, StoreError> {
+        let Some(stored) = c.jobs.get_mut(&r.job_id) else {
+            tracing::warn!(job = r.job_id, node = %r.node, "report for an unknown job");
+            return Ok(Vec::new());
+        };
+        if readopt(stored, &r.node, r.attempt) {
+            let user = owner(job_of(stored)).to_string();
+            c.pending_changed(&user, false);
+            tracing::info!(job = r.job_id, node = %r.node, "report from a requeued job's returning node; adopted again");
+        }
+        let stored = c.jobs.get_mut(&r.job_id).expect("looked up above");
+        let cancel_requested = stored.cancel_requested;
+        let j = job_mut(stored);
+        if r.attempt != j.attempt {
+            tracing::info!(job = r.job_id, node = %r.node, attempt = r.attempt, current = j.attempt, "report from an earlier start ignored");
+            return Ok(Vec::new());
+        }
+        if !live_allocs(j).any(|a| a.node == r.node) {
+            tracing::debug!(job = r.job_id, "stale report ignored");
+            return Ok(Vec::new());
+        }
+        let mut kill_others = Vec::new();
+        match r.kind() {
+            pb::job_report::Kind::Started => {
+                stored.start_confirmed = true;
+            }
+            pb::job_report::Kind::Ended => {
+                let state = match r.state() {
+                    s @ (JobState::Completed
+                    | JobState::Failed
+                    | JobState::Cancelled
+                    | JobState::Timeout) => s,
+                    _ => JobState::Failed,
+                };
+                for a in j
+                    .allocations
+                    .iter_mut()
+                    .filter(|a| a.node == r.node && !a.ended)
+                {
+                    a.ended = true;
+                    a.set_state(state);
+                    a.exit_code = r.exit_code;
+                    a.reason = r.reason.clone();
+                }
+                if state != JobState::Completed && !cancel_requested {
+                    kill_others = live_allocs(j).map(|a| (a.node.clone(), j.id)).collect();
+                }
+                if j.allocations.iter().all(|a| a.ended) {
+                    let (state, code, reason) = final_state(&j.allocations);
+                    j.set_state(state);
+                    j.exit_code = code;
+                    j.reason = reason;
+                    j.end_time_ms = if r.time_ms > 0 { r.time_ms } else { now_ms() };
+                    tracing::info!(job = j.id, state = state.as_str_name(), exit_code = ?j.exit_code, "job ended");
+                }
+                stored.start_confirmed = true;
+            }
+            pb::job_report::Kind::Warning => {
+                tracing::warn!(job = j.id, node = %r.node, "{}", r.reason);
+                j.reason = r.reason.clone();
+                let w = format!("{}: {}", r.node, r.reason);
+                if !j.warnings.contains(&w) && j.warnings.len() < 20 {
+                    j.warnings.push(w);
+                }
+            }
+            pb::job_report::Kind::Unspecified => return Ok(Vec::new()),
+        }
+        self.store.put_job(stored)?;
+        Ok(kill_others)
+    }
+
+    /// Drops every agent connection so that their streams end (for shutdown).
+    pub fn close_agent_streams(&self) {
+        self.lock().conns.clear();
+    }
+}
+
+/// Takes a requeued job back to RUNNING as it was, when its returning node (`node`) still
+/// runs (or has just ended) the very start it was requeued from. Only single-node jobs:
+/// a gang job's other ranks were killed at requeue.
+fn readopt(stored: &mut StoredJob, node: &str, attempt: u32) -> bool {
+    let Some(before) = &stored.requeued_from else {
+        return false;
+    };
+    let j = job_of(stored);
+    let fits = j.state() == JobState::Pending
+        && j.attempt == attempt
+        && before.attempt == attempt
+        && !before.allocations.is_empty()
+        && before.allocations.iter().all(|a| a.node == node);
+    if !fits {
+        return false;
+    }
+    let mut before = stored.requeued_from.take().expect("checked above");
+    before.reason = String::new();
+    before.expected_start_ms = 0;
+    stored.job = Some(before);
+    stored.start_confirmed = true;
+    true
+}

@@ -1,0 +1,173 @@
+//! What the controller checks of a job before it is queued: the spec's shape, paths,
+//! names and sizes, dependencies, and whether any node could ever run it.
+
+use gpuctl_proto::{self as pb, JobState};
+use tonic::Status;
+
+use super::{Cluster, job_of, request_of};
+use crate::sched::{self, ClusterView, GpuRequest};
+
+pub(super) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(), Status> {
+    let bad = |m: &str| Err(Status::invalid_argument(m.to_string()));
+    if spec.command.is_empty() == spec.script.is_empty() {
+        return bad("a job needs exactly one of `command` or `script`");
+    }
+    if spec.command.first().is_some_and(String::is_empty) {
+        return bad("`command` needs a program name");
+    }
+    let models = spec.resources.as_ref().map_or(0, |r| r.gpu_models.len());
+    for (what, n) in [
+        ("command", spec.command.len()),
+        ("env", spec.env.len()),
+        ("dependency", spec.dependencies.len()),
+        ("gpu_model", models),
+    ] {
+        if n > max_list_len {
+            return Err(Status::invalid_argument(format!(
+                "`{what}` has {n} entries, over the limit of {max_list_len} (limits.max_list_len)"
+            )));
+        }
+    }
+    check_paths(spec).map_err(Status::invalid_argument)?;
+    if spec.user.is_empty() {
+        return bad("the job has no user");
+    }
+    let r = spec.resources.clone().unwrap_or_default();
+    if r.cpus == 0 {
+        return bad("cpus must be at least 1");
+    }
+    let share = r.gpu_milli > 0 || r.gpu_memory_mib > 0;
+    let mig = !r.mig_profile.is_empty();
+    if u32::from(share) + u32::from(mig) + u32::from(r.gpus > 0) > 1 {
+        return bad(
+            "ask for one of: whole GPUs (`gpus`), a share (`gpus` < 1, `gpu_memory`), or MIG (`mig`)",
+        );
+    }
+    if r.gpu_milli > 1000 {
+        return bad("a GPU share is at most one GPU");
+    }
+    if r.nodes > 1 && (share || mig) {
+        return bad("multi-node jobs take whole GPUs");
+    }
+    if r.nodes > 1024 {
+        return bad("at most 1024 nodes");
+    }
+    Ok(())
+}
+
+/// Path rules: workdir is absolute and plain; stdout/stderr are absolute, or relative
+/// paths that stay inside the workdir (no `..`). No path holds a NUL byte. The agent
+/// opens output files as the job's user, so the kernel decides where they may go.
+pub fn check_paths(spec: &pb::JobSpec) -> Result<(), String> {
+    use std::path::{Component, Path};
+    let wd = Path::new(&spec.workdir);
+    if !wd.is_absolute() {
+        return Err("workdir must be an absolute path".into());
+    }
+    for (what, p) in [
+        ("workdir", &spec.workdir),
+        ("stdout", &spec.stdout),
+        ("stderr", &spec.stderr),
+    ] {
+        if p.contains('\0') {
+            return Err(format!("{what} contains a NUL byte"));
+        }
+        if p.len() > 4096 {
+            return Err(format!("{what} is longer than 4096 bytes"));
+        }
+        let path = Path::new(p.as_str());
+        let dotdot = path.components().any(|c| c == Component::ParentDir);
+        if what == "workdir" && dotdot {
+            return Err("workdir must not contain `..`".into());
+        }
+        if !path.is_absolute() && dotdot {
+            return Err(format!(
+                "{what} {p:?} leaves the workdir: relative paths resolve inside the workdir and may not use `..`"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses dependencies on unknown jobs, and ones that can already never be met.
+pub(super) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), Status> {
+    for d in &spec.dependencies {
+        let Some(s) = c.jobs.get(&d.job_id) else {
+            return Err(Status::invalid_argument(format!(
+                "dependency on job {}, which does not exist",
+                d.job_id
+            )));
+        };
+        let state = job_of(s).state();
+        let kind = d.kind();
+        let never = state.is_final()
+            && match kind {
+                pb::dependency::Kind::AfterOk => state != JobState::Completed,
+                pb::dependency::Kind::AfterNotOk => state == JobState::Completed,
+                _ => false,
+            };
+        if never {
+            return Err(Status::invalid_argument(format!(
+                "dependency {} on job {} can never be met: it ended {}",
+                kind.as_str_name().to_lowercase().replace('_', ""),
+                d.job_id,
+                state.as_str_name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a job that no known node could ever run. With no node known yet, the job waits.
+pub(super) fn check_feasible(view: &ClusterView, r: &pb::Resources) -> Result<(), Status> {
+    if view.nodes.is_empty() {
+        return Ok(());
+    }
+    let req = request_of(r);
+    let fitting = view
+        .nodes
+        .iter()
+        .filter(|n| sched::fits_empty(n, &req))
+        .count();
+    if fitting >= req.nodes as usize {
+        return Ok(());
+    }
+    let max_gpus = view
+        .nodes
+        .iter()
+        .map(|n| n.slots.iter().filter(|s| !s.is_mig()).count())
+        .max()
+        .unwrap_or(0);
+    let max_cpus = view
+        .nodes
+        .iter()
+        .map(|n| n.cpu_milli / 1000)
+        .max()
+        .unwrap_or(0);
+    let max_mem = view.nodes.iter().map(|n| n.memory_bytes).max().unwrap_or(0);
+    let what = match &req.gpu {
+        GpuRequest::None => "no GPU".to_string(),
+        GpuRequest::Whole { count } => format!("{count} GPUs"),
+        GpuRequest::Share {
+            compute_milli,
+            memory_mib,
+        } => format!(
+            "a GPU share ({}{})",
+            compute_milli.map_or(String::new(), |c| format!("{}% compute ", c / 10)),
+            memory_mib.map_or(String::new(), |m| format!("{m} MiB"))
+        ),
+        GpuRequest::Mig { profile, count } => format!("{count} MIG {profile} instances"),
+    };
+    let models = if req.models.is_empty() {
+        String::new()
+    } else {
+        format!(" of model {}", req.models.join("|"))
+    };
+    Err(Status::invalid_argument(format!(
+        "impossible request: no node can ever run it (asked {what}{models}, {} CPUs, {} memory on each of {} node(s); {fitting} node(s) could; the largest node has {max_gpus} GPUs, {max_cpus} CPUs, {})",
+        req.cpu_milli / 1000,
+        bytesize::ByteSize(req.memory_bytes),
+        req.nodes,
+        bytesize::ByteSize(max_mem),
+    )))
+}
