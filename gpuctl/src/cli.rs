@@ -377,7 +377,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                     }
                 }
                 drop(tx);
-                let _ = writer.await;
+                if writer.await.is_err() {
+                    return Err(fail("writing the JSON failed; the output above is incomplete"));
+                }
                 if let Some(e) = failed {
                     return Err(e.into());
                 }
@@ -501,9 +503,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                     "summary": e.summary,
                     "rank": e.rank,
                     "priority": e.priority,
-                    "expected_start": if e.expected_start_ms > 0 {
-                        json!(humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(e.expected_start_ms as u64)).to_string())
-                    } else { serde_json::Value::Null },
+                    "expected_start": format::time_string(e.expected_start_ms),
                     "nodes": e.nodes.iter().map(|n| json!({"node": n.node, "reason": if n.reason.is_empty() { serde_json::Value::Null } else { json!(n.reason) }})).collect::<Vec<_>>(),
                 }));
             } else {
@@ -599,10 +599,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                     let mut out =
                         String::from("ID            USER         CREATED               NOTE\n");
                     for t in tokens {
-                        let created = humantime::format_rfc3339_seconds(
-                            std::time::UNIX_EPOCH
-                                + std::time::Duration::from_millis(t.created_ms.max(0) as u64),
-                        );
+                        let created = format::time_string(t.created_ms).unwrap_or_default();
                         out.push_str(&format!(
                             "{:<13} {:<12} {created}  {}\n",
                             t.id, t.user, t.note

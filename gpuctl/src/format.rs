@@ -6,12 +6,20 @@ use gpuctl_proto::{self as pb, JobState, NodeState};
 use serde_json::{Value, json};
 use tabled::settings::Style;
 
+/// The last instant RFC 3339 can write (9999-12-31T23:59:59Z), in Unix ms.
+const MAX_RFC3339_MS: i64 = 253_402_300_799_000;
+
+/// A Unix-ms time as RFC 3339; `None` for "not yet" (0 or less). Times past year 9999
+/// (which no formatter writes) show as the last one it can.
+pub fn time_string(ms: i64) -> Option<String> {
+    (ms > 0).then(|| {
+        let t = UNIX_EPOCH + Duration::from_millis(ms.min(MAX_RFC3339_MS) as u64);
+        humantime::format_rfc3339_seconds(t).to_string()
+    })
+}
+
 fn rfc3339(ms: i64) -> Value {
-    if ms <= 0 {
-        return Value::Null;
-    }
-    let t = UNIX_EPOCH + Duration::from_millis(ms as u64);
-    Value::String(humantime::format_rfc3339_seconds(t).to_string())
+    time_string(ms).map_or(Value::Null, Value::String)
 }
 
 pub fn state_name(s: JobState) -> &'static str {
@@ -89,9 +97,7 @@ impl serde::Serialize for StreamedJobs {
 }
 
 fn time_str(ms: i64) -> Option<String> {
-    (ms > 0).then(|| {
-        humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms as u64)).to_string()
-    })
+    time_string(ms)
 }
 
 fn non_empty(s: &str) -> Option<&str> {
@@ -251,7 +257,40 @@ pub fn node_json(n: &pb::Node) -> Value {
     })
 }
 
-fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+/// Whether a character may reach a terminal as it is: no control characters (ESC,
+/// newline, NUL, ...) and no bidirectional overrides that reorder what follows.
+fn printable_char(c: char) -> bool {
+    !(c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'))
+}
+
+/// `s` with every character that is not `printable_char` escaped (`\u{1b}`, `\n`):
+/// what other users named cannot move the cursor, forge rows or recolour a terminal.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().all(printable_char) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if printable_char(c) {
+            out.push(c);
+        } else {
+            out.extend(c.escape_default());
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+fn clean_rows(rows: &mut [Vec<String>]) {
+    for cell in rows.iter_mut().flatten() {
+        if let std::borrow::Cow::Owned(o) = printable(cell) {
+            *cell = o;
+        }
+    }
+}
+
+fn table(header: &[&str], mut rows: Vec<Vec<String>>) -> String {
+    clean_rows(&mut rows);
     if rows.len() > 200 {
         return plain_table(header, &rows);
     }
@@ -318,13 +357,10 @@ pub fn gpu_request(r: &pb::Resources) -> String {
 }
 
 fn short_time(ms: i64) -> String {
-    if ms <= 0 {
+    let Some(t) = time_string(ms) else {
         return "N/A".into();
-    }
-    let t = UNIX_EPOCH + Duration::from_millis(ms as u64);
-    humantime::format_rfc3339_seconds(t)
-        .to_string()
-        .replace('T', " ")
+    };
+    t.replace('T', " ")
         .trim_end_matches('Z')
         .to_string()
 }
@@ -375,6 +411,14 @@ pub fn queue_table(jobs: &[pb::Job], with_start: bool) -> String {
 }
 
 pub fn explain_text(e: &pb::Explanation) -> String {
+    let mut e = e.clone();
+    e.reason = printable(&e.reason).into_owned();
+    e.summary = printable(&e.summary).into_owned();
+    for n in &mut e.nodes {
+        n.node = printable(&n.node).into_owned();
+        n.reason = printable(&n.reason).into_owned();
+    }
+    let e = &e;
     let mut out = format!(
         "Job {}: {}\n  reason: {}\n",
         e.job_id,
@@ -585,7 +629,7 @@ pub fn show_job(j: &pb::Job) -> String {
         other => other.to_string(),
     };
     let mut out = String::new();
-    let mut line = |k: &str, val: String| out.push_str(&format!("{k:>12}: {val}\n"));
+    let mut line = |k: &str, val: String| out.push_str(&format!("{k:>12}: {}\n", printable(&val)));
     line("JobId", j.id.to_string());
     line("Name", spec.name.clone());
     line("User", spec.user.clone());
@@ -681,6 +725,35 @@ mod tests {
         assert_eq!(slurm_duration(65_000), "1:05");
         assert_eq!(slurm_duration(3_600_000 + 61_000), "1:01:01");
         assert_eq!(slurm_duration(90_000_000), "1-01:00:00");
+    }
+
+    #[test]
+    fn unprintable_characters_are_escaped_in_tables() {
+        assert_eq!(printable("plain ünïcode"), "plain ünïcode");
+        assert_eq!(printable("a\u{1b}[31mred"), "a\\u{1b}[31mred");
+        assert_eq!(printable("x\ny"), "x\\ny");
+        assert_eq!(printable("\u{202e}abc"), "\\u{202e}abc");
+        let t = table(&["NAME"], vec![vec!["evil\n 99  forged\u{1b}[2J".into()]]);
+        assert_eq!(t.lines().count(), 2, "{t}");
+        assert!(!t.contains('\u{1b}'));
+    }
+
+    #[test]
+    fn times_past_year_9999_do_not_panic() {
+        assert_eq!(time_string(0), None);
+        assert_eq!(
+            time_string(i64::MAX).as_deref(),
+            Some("9999-12-31T23:59:59Z")
+        );
+        let j = pb::Job {
+            start_time_ms: 1,
+            expected_start_ms: i64::MAX,
+            time_limit_secs: u64::MAX,
+            ..pb::Job::default()
+        };
+        let _ = job_json(&j);
+        let _ = show_job(&j);
+        let _ = queue_table(&[j], true);
     }
 
     #[test]

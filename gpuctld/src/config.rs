@@ -1,5 +1,6 @@
 //! The controller's configuration: a TOML file with embedded defaults.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -28,6 +29,53 @@ pub struct Config {
     pub admins: Vec<String>,
     pub scheduler: SchedulerConfig,
     pub limits: Limits,
+    /// The QoS levels jobs may name (`qos = "..."`), and who may use each:
+    /// `[qos.high]` with `priority = 10000` and `allowed_users = ["alice"]`. Unknown
+    /// names are refused at submit. When no `[qos]` table is given, the built-in levels
+    /// are `low` (0) and `normal` (1000), open to everyone, and `high` (10000), for
+    /// admins only.
+    pub qos: BTreeMap<String, QosConfig>,
+}
+
+/// One `[qos.NAME]` table.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct QosConfig {
+    /// Its value in the multifactor priority (times `scheduler.priority.qos`).
+    pub priority: i64,
+    /// Who may submit with it besides admins; absent = everyone.
+    #[serde(default)]
+    pub allowed_users: Option<Vec<String>>,
+}
+
+impl QosConfig {
+    pub fn allows(&self, user: &str, admin: bool) -> bool {
+        admin
+            || self
+                .allowed_users
+                .as_ref()
+                .is_none_or(|u| u.iter().any(|x| x == user))
+    }
+}
+
+fn default_qos() -> BTreeMap<String, QosConfig> {
+    let open = |priority| QosConfig {
+        priority,
+        allowed_users: None,
+    };
+    [
+        ("low".to_string(), open(0)),
+        ("normal".to_string(), open(1000)),
+        (
+            "high".to_string(),
+            QosConfig {
+                priority: 10_000,
+                allowed_users: Some(Vec::new()),
+            },
+        ),
+    ]
+    .into_iter()
+    .collect()
 }
 
 /// The `[limits]` table: what one request may ask for.
@@ -42,6 +90,9 @@ pub struct Limits {
     pub max_list_len: usize,
     /// Most pending jobs one user may have; a submit past it is refused.
     pub max_pending_per_user: usize,
+    /// Longest time limit a job may ask for (and the cap of `default_time_limit`).
+    #[serde(with = "humantime_serde")]
+    pub max_time_limit: Duration,
 }
 
 impl Default for Limits {
@@ -51,6 +102,7 @@ impl Default for Limits {
             max_job_bytes: bytesize::ByteSize::kib(256),
             max_list_len: 4096,
             max_pending_per_user: 10_000,
+            max_time_limit: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -104,6 +156,7 @@ impl Default for Config {
             admins: Vec::new(),
             scheduler: SchedulerConfig::default(),
             limits: Limits::default(),
+            qos: default_qos(),
         }
     }
 }
@@ -127,15 +180,52 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// One source of truth for QoS: a config that names levels only the old way
+    /// (`scheduler.priority.qos_levels`) gets them as open QoS; otherwise the
+    /// priorities of `[qos]` become the levels the scheduler weighs.
+    pub fn resolve_qos(&mut self) {
+        let levels = &self.scheduler.priority.qos_levels;
+        let default_levels = crate::sched::priority::PriorityWeights::default().qos_levels;
+        if *levels != default_levels && self.qos == default_qos() {
+            self.qos = levels
+                .iter()
+                .map(|(k, &priority)| {
+                    let q = QosConfig {
+                        priority,
+                        allowed_users: None,
+                    };
+                    (k.clone(), q)
+                })
+                .collect();
+        }
+        self.scheduler.priority.qos_levels =
+            self.qos.iter().map(|(k, q)| (k.clone(), q.priority)).collect();
+    }
+
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        let config: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        let mut config: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
             path: path.display().to_string(),
             source,
         })?;
+        let invalid = |why: String| ConfigError::Invalid {
+            path: path.display().to_string(),
+            why,
+        };
+        if config.default_time_limit > config.limits.max_time_limit {
+            return Err(invalid(format!(
+                "default_time_limit {} is over limits.max_time_limit {}",
+                humantime::format_duration(config.default_time_limit),
+                humantime::format_duration(config.limits.max_time_limit)
+            )));
+        }
+        if config.limits.max_time_limit > Duration::from_secs(100 * 365 * 24 * 3600) {
+            return Err(invalid("limits.max_time_limit is over 100 years".into()));
+        }
+        config.resolve_qos();
         config
             .scheduler
             .policy()
@@ -181,6 +271,25 @@ mod tests {
         assert_eq!(c.limits.max_job_bytes.as_u64(), 1024);
         assert_eq!(c.limits.max_pending_per_user, 3);
         assert_eq!(c.limits.max_list_len, 4096);
+    }
+
+    #[test]
+    fn qos_tables_and_access() {
+        let mut c: Config = toml::from_str(
+            "[qos.gold]\npriority = 5\nallowed_users = [\"alice\"]\n[qos.open]\npriority = 1\n",
+        )
+        .unwrap();
+        c.resolve_qos();
+        assert_eq!(c.scheduler.priority.qos_levels["gold"], 5);
+        assert!(!c.scheduler.priority.qos_levels.contains_key("high"));
+        assert!(c.qos["gold"].allows("alice", false));
+        assert!(!c.qos["gold"].allows("bob", false));
+        assert!(c.qos["gold"].allows("bob", true));
+        assert!(c.qos["open"].allows("bob", false));
+        let d = Config::default();
+        assert!(!d.qos["high"].allows("bob", false));
+        assert!(d.qos["normal"].allows("bob", false));
+        assert_eq!(d.limits.max_time_limit, Duration::from_secs(30 * 86400));
     }
 
     #[test]

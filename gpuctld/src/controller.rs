@@ -28,7 +28,13 @@ mod agents;
 mod validate;
 
 pub use validate::check_paths;
-use validate::{check_dependencies, check_feasible, validate_spec};
+use validate::{check_dependencies, check_feasible, check_policy, check_text, validate_spec};
+
+/// A time limit in ms, saturating (a stored limit is capped at submit, but records of
+/// older versions and the arithmetic must never wrap).
+fn limit_ms(secs: u64) -> i64 {
+    i64::try_from(secs).unwrap_or(i64::MAX).saturating_mul(1000)
+}
 
 pub type CommandTx = mpsc::Sender<Result<pb::AgentCommand, Status>>;
 
@@ -283,7 +289,7 @@ impl Cluster {
         let mut running = Vec::new();
         for s in self.active_jobs() {
             let j = job_of(s);
-            let end_ms = j.start_time_ms + (j.time_limit_secs as i64) * 1000;
+            let end_ms = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
             for a in live_allocs(j) {
                 running.push(sched::Running {
                     job: j.id,
@@ -308,7 +314,7 @@ impl Cluster {
                     qos: spec.map(|s| s.qos.clone()).unwrap_or_default(),
                     submit_ms: j.submit_time_ms,
                     request: request_of(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none)),
-                    duration_ms: (j.time_limit_secs as i64).saturating_mul(1000),
+                    duration_ms: limit_ms(j.time_limit_secs),
                 }
             })
             .collect()
@@ -777,6 +783,8 @@ impl Controller {
             )));
         }
         validate_spec(&spec, limits.max_list_len)?;
+        check_text(&spec)?;
+        check_policy(&self.config, caller, &spec)?;
         let res = spec.resources.clone().unwrap_or_default();
         let id = {
             let mut c = self.lock();
@@ -789,6 +797,12 @@ impl Controller {
             }
             check_feasible(&c.node_views(), &res)?;
             check_dependencies(&c, &spec)?;
+            // Like the agents would: a job of root runs only where an agent allows it.
+            if spec.user == "root" && !c.nodes.is_empty() && !c.nodes.values().any(|n| n.allow_root_jobs) {
+                return Err(Status::failed_precondition(
+                    "jobs of root are refused: no agent of this cluster runs them (start gpud with --allow-root-jobs, or submit as an ordinary user)",
+                ));
+            }
             // Like the pass would say: it waits while a job it depends on has not ended
             // (those that can never be met were refused above).
             let waits = spec.dependencies.iter().any(|d| {
@@ -801,7 +815,8 @@ impl Controller {
                 res.time_limit_secs
             } else {
                 self.config.default_time_limit.as_secs()
-            };
+            }
+            .min(self.config.limits.max_time_limit.as_secs());
             let stored = StoredJob {
                 job: Some(pb::Job {
                     id,

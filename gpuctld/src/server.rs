@@ -68,6 +68,23 @@ impl UserApi {
     }
 }
 
+/// What a caller may see of a job: everything of their own (and admins of every job);
+/// of other users' jobs the metadata only: their env, script and command arguments may
+/// hold secrets.
+pub fn redact(caller: &Caller, job: &mut pb::Job) {
+    let Some(spec) = job.spec.as_mut() else {
+        return;
+    };
+    if caller.admin || spec.user == caller.user {
+        return;
+    }
+    spec.env.clear();
+    if !spec.script.is_empty() {
+        spec.script = "(hidden: another user's script)".into();
+    }
+    spec.command.truncate(1);
+}
+
 /// Jobs per `ListJobsPaged` page.
 const PAGE: usize = 2000;
 
@@ -80,7 +97,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<Self::ListJobsPagedStream>, Status> {
-        self.caller(&req)?;
+        let caller = self.caller(&req)?;
         let all = req.into_inner().all;
         let ctl = self.0.clone();
         let (tx, rx) = mpsc::channel(4);
@@ -89,7 +106,8 @@ impl controller_server::Controller for UserApi {
             // never held for the whole queue.
             let ids = ctl.job_ids(all);
             for chunk in ids.chunks(PAGE) {
-                let jobs = ctl.jobs_by_id(chunk, all);
+                let mut jobs = ctl.jobs_by_id(chunk, all);
+                jobs.iter_mut().for_each(|j| redact(&caller, j));
                 if tx.send(Ok(pb::ListJobsResponse { jobs })).await.is_err() {
                     break;
                 }
@@ -113,14 +131,17 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
-        self.caller(&req)?;
-        let jobs = self.0.list_jobs(req.into_inner().all);
+        let caller = self.caller(&req)?;
+        let mut jobs = self.0.list_jobs(req.into_inner().all);
+        jobs.iter_mut().for_each(|j| redact(&caller, j));
         Ok(Response::new(pb::ListJobsResponse { jobs }))
     }
 
     async fn get_job(&self, req: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
-        self.caller(&req)?;
-        Ok(Response::new(self.0.get_job(req.into_inner().job_id)?))
+        let caller = self.caller(&req)?;
+        let mut job = self.0.get_job(req.into_inner().job_id)?;
+        redact(&caller, &mut job);
+        Ok(Response::new(job))
     }
 
     async fn cancel(

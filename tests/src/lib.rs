@@ -224,6 +224,35 @@ impl Cluster {
         });
     }
 
+    /// Starts gpud with only its name, the cluster key and `args` (no fake GPUs, state
+    /// dir, cgroup parent or `--allow-root-jobs` unless `args` give them), logging to
+    /// `gpud-<label>.log`; the harness knows it as `label`.
+    pub fn add_agent_custom(&mut self, label: &str, name: &str, args: &[&str]) {
+        let log = std::fs::File::create(self.path(&format!("gpud-{label}.log"))).unwrap();
+        let child = Command::new(bin("gpud"))
+            .args(["--name", name, "--heartbeat-interval", "1s"])
+            .arg("--key-file")
+            .arg(self.key_file())
+            .args(args)
+            .stderr(log)
+            .spawn()
+            .expect("start gpud");
+        self.agents.push(Agent {
+            name: label.to_string(),
+            child,
+        });
+    }
+
+    /// The text an agent logged so far.
+    pub fn agent_log(&self, label: &str) -> String {
+        std::fs::read_to_string(self.path(&format!("gpud-{label}.log"))).unwrap_or_default()
+    }
+
+    /// The text the controller logged so far.
+    pub fn controller_log(&self) -> String {
+        std::fs::read_to_string(self.path("gpuctld.log")).unwrap_or_default()
+    }
+
     /// Runs gpuctl in the cluster's dir and returns its output, whatever the exit code.
     pub fn gpuctl(&self, args: &[&str]) -> Output {
         Command::new(bin("gpuctl"))

@@ -122,12 +122,12 @@ nodes = 2
         .map(|r| std::fs::read_to_string(c.path(&format!("gang-{r}.out"))).unwrap())
         .collect();
     assert!(
-        starts[0].starts_with("n1 rank=0 of 2 list=n1,n2 master=n1 gpus=GPU-"),
+        starts[0].starts_with("n1 rank=0 of 2 list=n1,n2 master=127.0.0.1 gpus=GPU-"),
         "{}",
         starts[0]
     );
     assert!(
-        starts[1].starts_with("n2 rank=1 of 2 list=n1,n2 master=n1 gpus=GPU-"),
+        starts[1].starts_with("n2 rank=1 of 2 list=n1,n2 master=127.0.0.1 gpus=GPU-"),
         "{}",
         starts[1]
     );

@@ -5,7 +5,125 @@ use gpuctl_proto::{self as pb, JobState};
 use tonic::Status;
 
 use super::{Cluster, job_of, request_of};
+use crate::auth::Caller;
+use crate::config::Config;
 use crate::sched::{self, ClusterView, GpuRequest};
+
+/// Longest job name, QoS name, env key.
+const MAX_NAME: usize = 256;
+/// Longest env value and command argument.
+const MAX_VALUE: usize = 32 * 1024;
+
+/// Text other users may see (names, QoS) or that reaches a process (env, argv): no
+/// control characters in names, env keys shell-like, nothing over its size.
+pub(super) fn check_text(spec: &pb::JobSpec) -> Result<(), Status> {
+    let bad = |m: String| Err(Status::invalid_argument(m));
+    let shown = |v: &str| {
+        let mut s: String = v.chars().take(40).flat_map(char::escape_default).collect();
+        if v.chars().count() > 40 {
+            s.push_str("...");
+        }
+        s
+    };
+    for (what, v) in [("name", &spec.name), ("qos", &spec.qos)] {
+        if v.len() > MAX_NAME {
+            return bad(format!("`{what}` is {} bytes, over {MAX_NAME}", v.len()));
+        }
+        if v.chars().any(|c| c.is_control()) {
+            return bad(format!(
+                "`{what}` \"{}\" holds control characters (newline, escape, NUL...)",
+                shown(v)
+            ));
+        }
+    }
+    for (k, v) in &spec.env {
+        let shell_name = k
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !shell_name || k.len() > MAX_NAME {
+            return bad(format!(
+                "env key \"{}\" is not a variable name (letters, digits and _, not starting with a digit, at most {MAX_NAME})",
+                shown(k)
+            ));
+        }
+        if v.len() > MAX_VALUE || v.contains('\0') {
+            return bad(format!(
+                "env {k}: the value is over {MAX_VALUE} bytes or holds a NUL byte"
+            ));
+        }
+    }
+    for a in &spec.command {
+        if a.len() > MAX_VALUE || a.contains('\0') {
+            return bad(format!(
+                "command argument \"{}\" is over {MAX_VALUE} bytes or holds a NUL byte",
+                shown(a)
+            ));
+        }
+    }
+    if spec.script.contains('\0') {
+        return bad("the script holds a NUL byte".into());
+    }
+    Ok(())
+}
+
+/// What only admins decide: raising a job's priority (users may lower it, like
+/// Slurm's `nice`), the QoS a user may choose, and time limits past the cap.
+pub(super) fn check_policy(cfg: &Config, caller: &Caller, spec: &pb::JobSpec) -> Result<(), Status> {
+    if spec.priority > 0 && !caller.admin {
+        return Err(Status::permission_denied(format!(
+            "only admins raise a job's priority ({} asked); a negative priority lowers it",
+            spec.priority
+        )));
+    }
+    if !spec.qos.is_empty() {
+        let names = || cfg.qos.keys().cloned().collect::<Vec<_>>().join(", ");
+        let Some(q) = cfg.qos.get(&spec.qos) else {
+            return Err(Status::invalid_argument(format!(
+                "unknown qos {:?}; this cluster has: {}",
+                spec.qos,
+                names()
+            )));
+        };
+        if !q.allows(&caller.user, caller.admin) {
+            return Err(Status::permission_denied(format!(
+                "user {} may not use qos {:?} (ask an admin; qos.{}.allowed_users)",
+                caller.user, spec.qos, spec.qos
+            )));
+        }
+    }
+    let limit = spec.resources.as_ref().map_or(0, |r| r.time_limit_secs);
+    let max = cfg.limits.max_time_limit;
+    if limit > max.as_secs() {
+        return Err(Status::invalid_argument(format!(
+            "time limit {} is over the cluster's maximum of {} (limits.max_time_limit)",
+            humantime::format_duration(std::time::Duration::from_secs(limit.min(1 << 40))),
+            humantime::format_duration(max)
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses `%` patterns in an output path that are not expanded.
+fn check_patterns(what: &str, p: &str) -> Result<(), String> {
+    let mut chars = p.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            continue;
+        }
+        match chars.next() {
+            Some('j' | 'x' | 'N' | 't' | '%') => {}
+            other => {
+                return Err(format!(
+                    "{what} {p:?}: unknown pattern %{}; output paths may use %j (job id), %x (job name), %N (node), %t (rank) and %% (a %)",
+                    other.map(String::from).unwrap_or_default()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
 
 pub(super) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(), Status> {
     let bad = |m: &str| Err(Status::invalid_argument(m.to_string()));
@@ -71,6 +189,12 @@ pub fn check_paths(spec: &pb::JobSpec) -> Result<(), String> {
     ] {
         if p.contains('\0') {
             return Err(format!("{what} contains a NUL byte"));
+        }
+        if p.chars().any(|c| c.is_control()) {
+            return Err(format!("{what} contains control characters"));
+        }
+        if what != "workdir" {
+            check_patterns(what, p)?;
         }
         if p.len() > 4096 {
             return Err(format!("{what} is longer than 4096 bytes"));

@@ -521,7 +521,7 @@ impl<'a> Pass<'a> {
             &self.cluster.nodes[i],
             req,
             self.now,
-            self.now + d,
+            self.now.saturating_add(d),
             self.config.policy,
             &self.frag,
         )
@@ -564,7 +564,7 @@ impl<'a> Pass<'a> {
         {
             return (Vec::new(), blocker);
         }
-        let b = self.now + d;
+        let b = self.now.saturating_add(d);
         let enough = self.enough(want);
         let mut st = std::mem::take(&mut self.shapes[shape]);
         if st.fits.is_empty() {
@@ -870,7 +870,7 @@ impl<'a> Pass<'a> {
         d: Millis,
     ) -> Option<(Millis, usize, Picks)> {
         let (t, i, picks) = self.earliest_one(shape, req, lb)?;
-        self.claim(job, i, &picks, req, (t, t + d), true);
+        self.claim(job, i, &picks, req, (t, t.saturating_add(d)), true);
         let c = self.tail_class(shape, req);
         let cal = &self.cals[i];
         let tc = &mut self.tail_heaps[c];
@@ -968,7 +968,7 @@ impl<'a> Pass<'a> {
                 })
                 .collect();
             // A job past its limit is being ended; plan as if it ends a second from now.
-            let end = r.end_ms.max(now + 1000);
+            let end = r.end_ms.max(now.saturating_add(1000));
             pass.cals[i].add(
                 r.job,
                 &picks,
@@ -1129,7 +1129,7 @@ fn plan(
         if let Some(fits) = placed {
             let mut allocs = Vec::new();
             for (i, picks) in fits {
-                pass.claim(job.id, i, &picks, req, (now, now + d), false);
+                pass.claim(job.id, i, &picks, req, (now, now.saturating_add(d)), false);
                 allocs.push(alloc_of(&cluster.nodes[i], &picks, req));
             }
             let start = Start {
@@ -1166,7 +1166,7 @@ fn plan(
             pass.earliest_gang(req, gang, lb).map(|(t, picks)| {
                 let mut allocs = Vec::new();
                 for (i, p) in picks {
-                    pass.claim(job.id, i, &p, req, (t, t + d), true);
+                    pass.claim(job.id, i, &p, req, (t, t.saturating_add(d)), true);
                     allocs.push(alloc_of(&cluster.nodes[i], &p, req));
                 }
                 Reservation { start: t, allocs }
@@ -1380,7 +1380,7 @@ pub fn check_plan(
         Ok(())
     };
     for r in &cluster.running {
-        add(&r.alloc, now, r.end_ms.max(now + 1000), r.job, None)?;
+        add(&r.alloc, now, r.end_ms.max(now.saturating_add(1000)), r.job, None)?;
     }
     for s in &plan.starts {
         let j = duration
@@ -1397,7 +1397,7 @@ pub fn check_plan(
             add(
                 a,
                 now,
-                now + j.duration_ms.max(1000),
+                now.saturating_add(j.duration_ms.max(1000)),
                 s.job,
                 Some(&j.request),
             )?;
@@ -1413,7 +1413,7 @@ pub fn check_plan(
                 add(
                     a,
                     r.start,
-                    r.start + j.duration_ms.max(1000),
+                    r.start.saturating_add(j.duration_ms.max(1000)),
                     w.job,
                     Some(&j.request),
                 )?;
