@@ -551,7 +551,7 @@ fn launch_error(spec: &LaunchSpec, step: Option<usize>, e: &std::io::Error) -> S
             };
             let what = if s == 4 { "stdout" } else { "stderr" };
             match errno {
-                Some(nix::libc::EINVAL) => format!(
+                Some(nix::libc::EINVAL | nix::libc::EISDIR) => format!(
                     "{what} {} is not a regular file (only regular files and /dev/null are written)",
                     path.display()
                 ),
