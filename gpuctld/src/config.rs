@@ -93,6 +93,10 @@ pub struct Limits {
     /// Longest time limit a job may ask for (and the cap of `default_time_limit`).
     #[serde(with = "humantime_serde")]
     pub max_time_limit: Duration,
+    /// Submits are refused while the state dir's filesystem has less free than this,
+    /// so that the store never runs into a full disk (job ends and node updates, which
+    /// are small, are still written).
+    pub min_free_disk: bytesize::ByteSize,
 }
 
 impl Default for Limits {
@@ -103,6 +107,7 @@ impl Default for Limits {
             max_list_len: 4096,
             max_pending_per_user: 10_000,
             max_time_limit: Duration::from_secs(30 * 24 * 3600),
+            min_free_disk: bytesize::ByteSize::mib(64),
         }
     }
 }

@@ -417,9 +417,20 @@ pub struct Controller {
     wake: Notify,
 }
 
+/// A store failure as the caller sees it: the controller is up (so not UNAVAILABLE,
+/// which clients read as "unreachable"), the change is not durable.
 fn store_status(e: StoreError) -> Status {
     tracing::error!("state store: {e}");
-    Status::unavailable(format!("controller cannot write its state: {e}"))
+    let full = matches!(&e, StoreError::Stalled(_))
+        || matches!(&e, StoreError::Io(sled::Error::Io(io)) if io.raw_os_error() == Some(nix::libc::ENOSPC));
+    let msg = format!(
+        "the controller could not write its state ({e}); the request was not acknowledged"
+    );
+    if full {
+        Status::resource_exhausted(msg)
+    } else {
+        Status::internal(msg)
+    }
 }
 
 /// The final state of a job from the ends of its allocations: a rank's own failure
@@ -784,6 +795,21 @@ impl Controller {
         }
         validate_spec(&spec, limits.max_list_len)?;
         check_text(&spec)?;
+        if self.store.failed() {
+            return Err(Status::resource_exhausted(
+                "the controller's state store failed (disk full?); it restarts from its durable state once space is back; nothing was queued",
+            ));
+        }
+        if let Some(free) = self.store.free_bytes()
+            && free < limits.min_free_disk.as_u64()
+        {
+            tracing::warn!(free, "submit refused: the state dir's disk is nearly full");
+            return Err(Status::resource_exhausted(format!(
+                "the controller's disk is nearly full ({} free, under limits.min_free_disk {}): submits resume once space is freed; nothing was queued",
+                bytesize::ByteSize(free),
+                limits.min_free_disk
+            )));
+        }
         check_policy(&self.config, caller, &spec)?;
         let res = spec.resources.clone().unwrap_or_default();
         let id = {

@@ -14,6 +14,9 @@ use crate::controller::Controller;
 use crate::server::{AgentApi, UserApi};
 use crate::store::Store;
 
+/// The longest a shutdown may take after SIGTERM.
+pub const SHUTDOWN_BOUND: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub struct Options {
     pub listen: SocketAddr,
     pub state_dir: PathBuf,
@@ -65,6 +68,7 @@ pub async fn run(
         );
     }
     let max_message = opts.config.limits.max_message_bytes.as_u64() as usize;
+    let min_free = opts.config.limits.min_free_disk.as_u64();
     let ctl = Controller::open(store.clone(), opts.config, key)?;
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
@@ -76,6 +80,7 @@ pub async fn run(
     println!("gpuctld listening on {addr}");
     tracing::info!(%addr, socket = ?opts.socket, state_dir = %opts.state_dir.display(), "gpuctld started");
 
+    tokio::spawn(restart_when_disk_recovers(store.clone(), min_free));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sched = tokio::spawn(ctl.clone().scheduler_loop(stop_rx.clone()));
     let watchdog = tokio::spawn(ctl.clone().watchdog_loop(stop_rx.clone()));
@@ -93,6 +98,15 @@ pub async fn run(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
+    // Shutdown always ends: requests still in flight this long after the signal (a
+    // write stuck on a failing disk) are abandoned; acknowledged work is already durable.
+    let mut deadline_rx = serve_stop_rx.clone();
+    tokio::spawn(async move {
+        let _ = deadline_rx.wait_for(|v| *v).await;
+        tokio::time::sleep(SHUTDOWN_BOUND).await;
+        tracing::error!("shutdown did not finish within {SHUTDOWN_BOUND:?}; exiting anyway");
+        std::process::exit(1);
+    });
     let router = || {
         tonic::transport::Server::builder()
             // Large replies (ListJobs of a big queue) in fewer, bigger HTTP/2 frames.
@@ -127,6 +141,35 @@ pub async fn run(
     }
     tracing::info!("state flushed; bye");
     Ok(())
+}
+
+/// sled does not come back from a full disk in place (after ENOSPC its flushes hang).
+/// Once the store has failed, this waits until the state dir's disk has room again
+/// (`min_free_disk`, at least 16 MiB) and then re-executes gpuctld with the same
+/// arguments: the new process recovers from the durable state as after a crash, binds
+/// the same addresses, and agents re-attach by themselves. Nothing acknowledged is lost:
+/// acknowledgements wait for a flush that succeeded.
+async fn restart_when_disk_recovers(store: Store, min_free: u64) {
+    let need = min_free.max(16 << 20);
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        if !store.failed() {
+            continue;
+        }
+        if store.free_bytes().is_some_and(|f| f >= need) {
+            tracing::warn!("state store failed earlier and the disk has room again: restarting from the durable state");
+            use std::os::unix::process::CommandExt;
+            let exe = std::env::current_exe();
+            let err = match exe {
+                Ok(exe) => std::process::Command::new(exe)
+                    .args(std::env::args_os().skip(1))
+                    .exec(),
+                Err(e) => e,
+            };
+            tracing::error!("cannot restart gpuctld: {err}; exiting for the supervisor to restart it");
+            std::process::exit(1);
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -46,7 +46,21 @@ pub enum StoreError {
     /// Retryable: an I/O error from sled.
     #[error("state store I/O error: {0}")]
     Io(#[from] sled::Error),
+    /// Retryable: a flush did not finish in time (a full or failing disk); nothing
+    /// waiting on it is acknowledged.
+    #[error("the state store did not reach the disk within {0:?} (is the disk full or failing?)")]
+    Stalled(std::time::Duration),
 }
+
+impl StoreError {
+    /// Whether a retry may succeed once the disk has space or recovers.
+    pub fn retryable(&self) -> bool {
+        matches!(self, StoreError::Io(_) | StoreError::Stalled(_))
+    }
+}
+
+/// How long one flush may take before callers get `Stalled` instead of waiting.
+pub const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Everything read back at start.
 #[derive(Debug, Default)]
@@ -62,6 +76,7 @@ pub struct Loaded {
 pub struct Store {
     db: sled::Db,
     commit: Arc<GroupCommit>,
+    dir: std::path::PathBuf,
 }
 
 /// Group commit: one flush at a time, and each covers every write made before it
@@ -77,6 +92,10 @@ struct GroupCommit {
     lock: tokio::sync::Mutex<()>,
     /// Flushes actually done (for tests and stats).
     flushes: AtomicU64,
+    /// A write or flush failed with the disk full or stalled: sled does not recover
+    /// from that in place (its flushes hang), so the daemon restarts itself from the
+    /// durable state once space is back (`daemon::restart_when_disk_recovers`).
+    failed: std::sync::atomic::AtomicBool,
 }
 
 fn job_key(id: u64) -> Vec<u8> {
@@ -119,7 +138,15 @@ impl Store {
         Ok(Store {
             db,
             commit: Arc::default(),
+            dir: dir.to_path_buf(),
         })
+    }
+
+    /// Bytes free to unprivileged writers on the state dir's filesystem (`None` when
+    /// it cannot be read).
+    pub fn free_bytes(&self) -> Option<u64> {
+        let st = nix::sys::statvfs::statvfs(&self.dir).ok()?;
+        Some((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
     }
 
     pub fn load(&self) -> Result<Loaded, StoreError> {
@@ -167,20 +194,24 @@ impl Store {
         let mut batch = sled::Batch::default();
         batch.insert(job_key(id), job.encode_to_vec());
         batch.insert(NEXT_ID_KEY, &next_job_id.to_be_bytes());
-        self.db.apply_batch(batch)?;
+        self.check(self.db.apply_batch(batch).map_err(StoreError::from))?;
         self.wrote();
         Ok(())
     }
 
     pub fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
         let id = job.job.as_ref().map_or(0, |j| j.id);
-        self.db.insert(job_key(id), job.encode_to_vec())?;
+        self.check(self.db.insert(job_key(id), job.encode_to_vec()).map_err(StoreError::from))?;
         self.wrote();
         Ok(())
     }
 
     pub fn put_node(&self, node: &StoredNode) -> Result<(), StoreError> {
-        self.db.insert(node_key(&node.name), node.encode_to_vec())?;
+        self.check(
+            self.db
+                .insert(node_key(&node.name), node.encode_to_vec())
+                .map_err(StoreError::from),
+        )?;
         self.wrote();
         Ok(())
     }
@@ -196,6 +227,23 @@ impl Store {
         self.db.remove([TOKEN_PREFIX, id.as_bytes()].concat())?;
         self.wrote();
         Ok(())
+    }
+
+    /// Whether the store has failed (see `GroupCommit::failed`).
+    pub fn failed(&self) -> bool {
+        self.commit.failed.load(Ordering::Acquire)
+    }
+
+    fn check<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &r
+            && e.retryable()
+        {
+            if !self.failed() {
+                tracing::error!("state store failed: {e}; submits are refused until it recovers");
+            }
+            self.commit.failed.store(true, Ordering::Release);
+        }
+        r
     }
 
     fn wrote(&self) {
@@ -216,9 +264,20 @@ impl Store {
         }
         let upto = c.written.load(Ordering::Acquire);
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || db.flush())
-            .await
-            .expect("sled flush panicked")?;
+        // A flush stuck on a full disk must not hold every later caller (and shutdown)
+        // forever: they get `Stalled` and may retry.
+        if self.failed() {
+            return Err(StoreError::Stalled(FLUSH_TIMEOUT));
+        }
+        let flushed =
+            tokio::time::timeout(FLUSH_TIMEOUT, tokio::task::spawn_blocking(move || db.flush()))
+                .await;
+        match flushed {
+            Ok(r) => {
+                self.check(r.expect("sled flush panicked").map_err(StoreError::from))?;
+            }
+            Err(_) => return self.check(Err(StoreError::Stalled(FLUSH_TIMEOUT))),
+        }
         c.flushed.fetch_max(upto, Ordering::AcqRel);
         c.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())

@@ -682,3 +682,169 @@ else:
         "rank0 got [1] world 2\n"
     );
 }
+
+/// Unmounts a tmpfs when dropped.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Defect 6: with the state dir's disk nearly full, submits are refused with a clear
+/// reason (not "unreachable"), the controller recovers by itself once space is freed,
+/// and SIGTERM always finishes.
+#[test]
+fn a_full_disk_refuses_submits_and_recovers() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to mount a tmpfs");
+        return;
+    }
+    let mut c = Cluster::controller_with_config("[limits]\nmin_free_disk = \"4MiB\"");
+    c.add_agent("n1", "1xA100-80GB", &[]);
+    c.wait_nodes_up(1);
+    // Move the controller's state onto a 20 MiB tmpfs.
+    c.stop_controller();
+    let state = c.path("ctld-state");
+    let saved = c.path("ctld-state.saved");
+    std::fs::rename(&state, &saved).unwrap();
+    std::fs::create_dir(&state).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=20m", "tmpfs"])
+        .arg(&state)
+        .status()
+        .unwrap();
+    if !mounted.success() {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return;
+    }
+    let _guard = Mounted(state.clone());
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", saved.display()))
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    c.start_controller();
+    c.wait_nodes_up(1);
+    let ok = c.submit("a.toml", "script = \"true\"\n");
+    c.wait_state(ok, "COMPLETED", T);
+
+    // Fill the disk until 2 MiB are left.
+    let st = nix::sys::statvfs::statvfs(&state).unwrap();
+    let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+    let filler = state.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    let mut left = free.saturating_sub(2 << 20);
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        if f.write_all(&chunk[..n]).is_err() {
+            break;
+        }
+        left -= n as u64;
+    }
+    drop(f);
+    std::fs::write(c.path("b.toml"), "script = \"true\"\n").unwrap();
+    let out = c.gpuctl(&["submit", "b.toml"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("disk is nearly full"), "{}", stderr(&out));
+    assert_eq!(c.json(&["queue", "--all"]).as_array().unwrap().len(), 1);
+
+    // Space back: submits work again, with no restart.
+    std::fs::remove_file(&filler).unwrap();
+    let again = c.submit("c.toml", "script = \"true\"\n");
+    c.wait_state(again, "COMPLETED", T);
+    let t0 = std::time::Instant::now();
+    let status = c.stop_controller();
+    assert!(status.success(), "{status}");
+    assert!(t0.elapsed() < Duration::from_secs(35));
+}
+
+/// Defect 6, the hard case: the disk fills up anyway (here: with no reserve) and sled
+/// hits ENOSPC. Submits fail at once with the reason (never hang), and once space is
+/// back the controller restarts itself from its durable state: acknowledged jobs are
+/// all there and new submits work, with nobody restarting it.
+#[test]
+fn a_disk_that_fills_up_anyway_recovers_by_itself() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to mount a tmpfs");
+        return;
+    }
+    let mut c = Cluster::controller_with_config("[limits]\nmin_free_disk = \"0B\"");
+    c.add_agent("n1", "1xA100-80GB", &[]);
+    c.wait_nodes_up(1);
+    c.stop_controller();
+    let state = c.path("ctld-state");
+    let saved = c.path("ctld-state.saved");
+    std::fs::rename(&state, &saved).unwrap();
+    std::fs::create_dir(&state).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=20m", "tmpfs"])
+        .arg(&state)
+        .status()
+        .unwrap();
+    if !mounted.success() {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return;
+    }
+    let _guard = Mounted(state.clone());
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", saved.display()))
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    c.start_controller();
+    c.wait_nodes_up(1);
+    let acked = c.submit("a.toml", "script = \"sleep 600\"\n");
+    c.wait_state(acked, "RUNNING", T);
+    let filler = state.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    while f.write_all(&chunk).is_ok() {}
+    drop(f);
+    std::fs::write(
+        c.path("b.toml"),
+        format!("script = \"{}\"\n", "x".repeat(200_000)),
+    )
+    .unwrap();
+    for _ in 0..3 {
+        let t0 = std::time::Instant::now();
+        let out = c.gpuctl(&["submit", "b.toml"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        let e = stderr(&out);
+        assert!(
+            e.contains("No space left on device") || e.contains("state store failed"),
+            "{e}"
+        );
+    }
+    std::fs::remove_file(&filler).unwrap();
+    std::fs::write(c.path("c.toml"), "script = \"true\"\n").unwrap();
+    let mut id = None;
+    assert!(
+        wait_for(T, || {
+            let out = c.gpuctl(&["submit", "--json", "c.toml"]);
+            if out.status.success() {
+                id = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["job_id"]
+                    .as_u64();
+            }
+            id.is_some()
+        }),
+        "no recovery: {}",
+        c.controller_log()
+    );
+    assert!(c.controller_log().contains("restarting from the durable state"));
+    c.wait_state(id.unwrap(), "COMPLETED", T);
+    assert_eq!(c.job(acked)["state"], "RUNNING");
+    c.gpuctl_ok(&["cancel", &acked.to_string()]);
+    c.wait_state(acked, "CANCELLED", T);
+    assert!(c.stop_controller().success());
+}
