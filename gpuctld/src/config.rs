@@ -35,6 +35,29 @@ pub struct Config {
     /// are `low` (0) and `normal` (1000), open to everyone, and `high` (10000), for
     /// admins only.
     pub qos: BTreeMap<String, QosConfig>,
+    pub retention: Retention,
+}
+
+/// The `[retention]` table: how long finished jobs are kept (for `show`, `queue
+/// --all` and dependencies). A finished job keeps its metadata only: its env, script
+/// and command arguments are dropped when it ends.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retention {
+    /// Finished jobs older than this (since their end) are removed.
+    #[serde(with = "humantime_serde")]
+    pub max_age: Duration,
+    /// At most this many finished jobs are kept (the oldest go first).
+    pub max_jobs: usize,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            max_age: Duration::from_secs(30 * 24 * 3600),
+            max_jobs: 100_000,
+        }
+    }
 }
 
 /// One `[qos.NAME]` table.
@@ -162,6 +185,7 @@ impl Default for Config {
             scheduler: SchedulerConfig::default(),
             limits: Limits::default(),
             qos: default_qos(),
+            retention: Retention::default(),
         }
     }
 }

@@ -25,6 +25,7 @@ use crate::sched::{
 use crate::store::{Store, StoreError};
 
 mod agents;
+mod retention;
 mod validate;
 
 pub use validate::check_paths;
@@ -79,6 +80,8 @@ struct Cluster {
     /// Pending jobs per user (for `max_pending_per_user`), kept exact at every change
     /// into or out of PENDING.
     pending_by_user: HashMap<String, usize>,
+    /// Finished jobs by (end time, id), for retention (`retention.rs`).
+    finished: BTreeSet<(i64, u64)>,
 }
 
 fn owner(j: &pb::Job) -> &str {
@@ -94,10 +97,18 @@ impl Cluster {
             .filter(|s| !job_of(s).state().is_final())
     }
 
-    fn prune_active(&mut self) {
+    /// Drops jobs that became final from `active`; returns them.
+    fn prune_active(&mut self) -> Vec<u64> {
         let jobs = &self.jobs;
-        self.active
-            .retain(|id| jobs.get(id).is_some_and(|s| !job_of(s).state().is_final()));
+        let mut ended = Vec::new();
+        self.active.retain(|id| {
+            let live = jobs.get(id).is_some_and(|s| !job_of(s).state().is_final());
+            if !live {
+                ended.push(*id);
+            }
+            live
+        });
+        ended
     }
 
     fn pending_changed(&mut self, user: &str, added: bool) {
@@ -462,14 +473,20 @@ impl Controller {
             tokens: Tokens::new(loaded.tokens),
             ..Cluster::default()
         };
-        for j in loaded.jobs {
+        for mut j in loaded.jobs {
             let id = job_of(&j).id;
+            // Records of finished jobs written before compaction existed.
+            if job_of(&j).state().is_final() && retention::compact(&mut j) {
+                store.put_job(&j)?;
+            }
             cluster.next_job_id = cluster.next_job_id.max(id + 1);
             if job_of(&j).state() == JobState::Pending {
                 let user = owner(job_of(&j)).to_string();
                 cluster.pending_changed(&user, true);
             }
-            if !job_of(&j).state().is_final() {
+            if job_of(&j).state().is_final() {
+                cluster.finished.insert((job_of(&j).end_time_ms, id));
+            } else {
                 cluster.active.insert(id);
             }
             if job_of(&j).state() == JobState::Pending
@@ -560,8 +577,10 @@ impl Controller {
         &self,
     ) -> Result<(ClusterView, Vec<PendingJob>, sched::SchedConfig, bool), StoreError> {
         let mut c = self.lock();
-        c.prune_active();
+        let ended = c.prune_active();
+        let retired = self.retire(&mut c, &ended, now_ms())?;
         let (waiting, changed) = self.settle_dependencies(&mut c)?;
+        let changed = changed || retired;
         let mut cfg = self.sched_config.clone();
         if cfg.policy == sched::packing::Policy::Fgd {
             cfg.workload = c.workload();

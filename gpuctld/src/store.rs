@@ -206,6 +206,13 @@ impl Store {
         Ok(())
     }
 
+    /// Removes a job's record (retention). Durable after `flush`.
+    pub fn delete_job(&self, id: u64) -> Result<(), StoreError> {
+        self.check(self.db.remove(job_key(id)).map(|_| ()).map_err(StoreError::from))?;
+        self.wrote();
+        Ok(())
+    }
+
     pub fn put_node(&self, node: &StoredNode) -> Result<(), StoreError> {
         self.check(
             self.db

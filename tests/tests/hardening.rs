@@ -848,3 +848,43 @@ fn a_disk_that_fills_up_anyway_recovers_by_itself() {
     c.wait_state(acked, "CANCELLED", T);
     assert!(c.stop_controller().success());
 }
+
+/// Defect 8: finished jobs keep their metadata only, and no more of them than the
+/// retention allows; it holds after a restart.
+#[test]
+fn finished_jobs_are_compacted_and_retained_as_configured() {
+    let mut c = Cluster::controller_with_config(
+        "[retention]\nmax_jobs = 3\nmax_age = \"1h\"",
+    );
+    c.add_agent("n1", "4xA100-80GB", &[]);
+    c.wait_nodes_up(1);
+    let big = format!("true # {}", "x".repeat(200 * 1024));
+    let toml = format!("script = \"{big}\"\n[env]\nTOKEN = \"s3cr3t\"\n");
+    let ids: Vec<u64> = (0..6).map(|_| c.submit("b.toml", &toml)).collect();
+    assert!(wait_for(T, || c.json(&["queue"]).as_array().unwrap().is_empty()));
+    let check = |c: &Cluster| {
+        assert!(wait_for(T, || {
+            c.json(&["queue", "--all"]).as_array().unwrap().len() == 3
+        }));
+        let out = c.gpuctl(&["queue", "--all", "--json"]);
+        assert!(out.stdout.len() < 20_000, "{} bytes", out.stdout.len());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains("s3cr3t") && !text.contains("xxxxxxxx"));
+        let kept: Vec<u64> = c.json(&["queue", "--all"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_u64().unwrap())
+            .collect();
+        assert_eq!(kept, ids[3..].to_vec());
+        for id in kept {
+            assert_eq!(c.job(id)["state"], "COMPLETED");
+        }
+    };
+    check(&c);
+    c.kill9_controller();
+    c.start_controller();
+    check(&c);
+    let out = c.gpuctl(&["show", &ids[0].to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+}
