@@ -39,6 +39,10 @@ pub struct Cli {
     /// or set GPUCTL_TOKEN).
     #[arg(long, global = true)]
     pub token_file: Option<PathBuf>,
+    /// Give up on a request the controller has not answered after this long (a
+    /// stopped controller never hangs the CLI).
+    #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub timeout: std::time::Duration,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -161,16 +165,54 @@ pub struct Failure {
 
 impl From<tonic::Status> for Failure {
     fn from(s: tonic::Status) -> Self {
-        let code = if s.code() == tonic::Code::Unavailable {
+        use tonic::Code;
+        let m = s.message();
+        // tonic reports its own request timeout as CANCELLED "Timeout expired".
+        let timed_out = s.code() == Code::DeadlineExceeded || m.contains("Timeout expired");
+        let code = if s.code() == Code::Unavailable || timed_out {
             exit::UNREACHABLE
         } else {
             exit::FAILED
         };
-        Failure {
-            code,
-            message: s.message().to_string(),
-        }
+        let broken = ["transport error", "h2 protocol error", "operation was canceled"];
+        let message = if !timed_out && broken.iter().any(|b| m.contains(b)) {
+            format!(
+                "{m}: the connection broke: the controller did not answer as gRPC (is --controller / GPUCTL_CONTROLLER gpuctld's address?) or it went away"
+            )
+        } else if timed_out {
+            format!("{m}: no answer from the controller within --timeout (is it stopped or overloaded?)")
+        } else {
+            m.to_string()
+        };
+        Failure { code, message }
     }
+}
+
+/// Whether a failed request may or may not have reached the controller (the
+/// connection broke, or no answer came): only then is a retry needed to know.
+fn outcome_unknown(s: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        s.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+    )
+}
+
+/// A random id for a submit, so that a retry is recognised (16 bytes of the kernel's
+/// randomness, as hex).
+fn request_id() -> String {
+    let mut b = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read as _;
+        let _ = f.read_exact(&mut b);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut out: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    out.push_str(&format!("-{:x}-{}", t, std::process::id()));
+    out.truncate(64);
+    out
 }
 
 fn fail(message: impl Into<String>) -> Failure {
@@ -269,8 +311,13 @@ fn token(cli: &Cli) -> Result<Option<String>, Failure> {
 
 async fn connect(cli: &Cli) -> Result<Client, Failure> {
     let url = controller_url(cli);
-    let token = token(cli)?
-        .filter(|_| !url.starts_with("unix:"))
+    // On the socket the caller is their uid: no token is read (nor required readable).
+    let token = if url.starts_with("unix:") {
+        None
+    } else {
+        token(cli)?
+    };
+    let token = token
         .map(|t| {
             format!("Bearer {t}").parse().map_err(|_| Failure {
                 code: exit::USAGE,
@@ -278,13 +325,13 @@ async fn connect(cli: &Cli) -> Result<Client, Failure> {
             })
         })
         .transpose()?;
-    let channel = channel(&url).await?;
+    let channel = channel(&url, cli.timeout).await?;
     Ok(ControllerClient::with_interceptor(channel, Auth(token))
         // `queue --json` of a 100,000-job queue is tens of MB.
         .max_decoding_message_size(1 << 30))
 }
 
-async fn channel(url: &str) -> Result<Channel, Failure> {
+async fn channel(url: &str, timeout: std::time::Duration) -> Result<Channel, Failure> {
     let unreachable = |e: String| Failure {
         code: exit::UNREACHABLE,
         message: format!(
@@ -297,6 +344,7 @@ async fn channel(url: &str) -> Result<Channel, Failure> {
             message: format!("bad controller URL {url:?}: {e}"),
         })?
         .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(timeout)
         // Large replies (the queue of a busy cluster) arrive without waiting on HTTP/2
         // flow control every 64 KiB.
         .initial_stream_window_size(16 << 20)
@@ -311,6 +359,45 @@ async fn channel(url: &str) -> Result<Channel, Failure> {
         }
         unreachable(msg)
     })
+}
+
+/// Submits, and when the answer is lost (the connection broke, the controller
+/// restarted), asks again with the same request id for up to `--timeout`: the
+/// controller answers a repeat with the job it already queued, so the job is queued
+/// once. Only if the controller stays silent is the outcome reported as unknown.
+async fn submit_with_retry(
+    cli: &Cli,
+    client: &mut Client,
+    file: &std::path::Path,
+    req: pb::SubmitRequest,
+) -> Result<u64, Failure> {
+    let started = std::time::Instant::now();
+    loop {
+        let s = match client.submit(req.clone()).await {
+            Ok(r) => return Ok(r.into_inner().job_id),
+            Err(s) if outcome_unknown(&s) => s,
+            Err(s) => {
+                let mut f = Failure::from(s);
+                f.message = format!("{}: rejected: {}", file.display(), f.message);
+                return Err(f);
+            }
+        };
+        if started.elapsed() >= cli.timeout {
+            return Err(Failure {
+                code: exit::UNREACHABLE,
+                message: format!(
+                    "{}: the controller did not confirm the submit ({}); the job may or may not have been queued: `gpuctl queue` shows it if it was (request id {})",
+                    file.display(),
+                    s.message(),
+                    req.request_id
+                ),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        if let Ok(c) = connect(cli).await {
+            *client = c;
+        }
+    }
 }
 
 pub async fn run(cli: Cli) -> Result<(), Failure> {
@@ -328,17 +415,13 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     };
     let mut client = connect(&cli).await?;
     match cli.command {
-        Command::Submit { file, json, .. } => {
+        Command::Submit { ref file, json, .. } => {
             let spec = spec.expect("parsed above");
-            let resp = client
-                .submit(pb::SubmitRequest { spec: Some(spec) })
-                .await
-                .map_err(|s| {
-                    let mut f = Failure::from(s);
-                    f.message = format!("{}: rejected: {}", file.display(), f.message);
-                    f
-                })?;
-            let id = resp.into_inner().job_id;
+            let req = pb::SubmitRequest {
+                spec: Some(spec),
+                request_id: request_id(),
+            };
+            let id = submit_with_retry(&cli, &mut client, file, req).await?;
             if json {
                 print_json(&json!({ "job_id": id }));
             } else {

@@ -459,6 +459,33 @@ fn default_name(command: &[String], file: &str) -> String {
         .unwrap_or_else(|| "script".into())
 }
 
+/// The offending line with a caret under the span: at most `SNIPPET` characters of it,
+/// around the column (a 400 KB line is not echoed whole), control characters escaped.
+const SNIPPET: usize = 100;
+
+fn snippet(line: &str, column: usize, width: usize) -> String {
+    let chars: Vec<char> = line.chars().collect();
+    let from = if chars.len() <= SNIPPET {
+        0
+    } else {
+        (column - 1).saturating_sub(SNIPPET / 3).min(chars.len() - SNIPPET)
+    };
+    let to = (from + SNIPPET).min(chars.len());
+    let shown: String = chars[from..to]
+        .iter()
+        .map(|&c| if c.is_control() { '?' } else { c })
+        .collect();
+    let pre = if from > 0 { "..." } else { "" };
+    let post = if to < chars.len() { "..." } else { "" };
+    let caret_at = pre.len() + (column - 1).saturating_sub(from);
+    let width = width.min(to.saturating_sub(column - 1).max(1));
+    format!(
+        "  | {pre}{shown}{post}\n  | {}{}",
+        " ".repeat(caret_at),
+        "^".repeat(width)
+    )
+}
+
 fn at_span(file: &str, text: &str, span: Range<usize>, message: String) -> JobFileError {
     let start = span.start.min(text.len());
     let before = &text[..start];
@@ -470,11 +497,7 @@ fn at_span(file: &str, text: &str, span: Range<usize>, message: String) -> JobFi
         .lines()
         .next()
         .map_or(1, |s| s.chars().count().max(1));
-    let snippet = format!(
-        "  | {line_text}\n  | {}{}",
-        " ".repeat(column - 1),
-        "^".repeat(width)
-    );
+    let snippet = snippet(line_text, column, width);
     JobFileError::At {
         file: file.to_string(),
         line,

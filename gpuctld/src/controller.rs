@@ -82,6 +82,8 @@ struct Cluster {
     pending_by_user: HashMap<String, usize>,
     /// Finished jobs by (end time, id), for retention (`retention.rs`).
     finished: BTreeSet<(i64, u64)>,
+    /// Submits by (user, client request id): a repeated submit gets the same job.
+    requests: HashMap<(String, String), u64>,
 }
 
 fn owner(j: &pb::Job) -> &str {
@@ -497,6 +499,10 @@ impl Controller {
             {
                 cluster.with_deps.insert(id);
             }
+            if !j.request_id.is_empty() {
+                let key = (owner(job_of(&j)).to_string(), j.request_id.clone());
+                cluster.requests.insert(key, id);
+            }
             cluster.jobs.insert(id, j);
         }
         let started = now_ms();
@@ -782,8 +788,18 @@ impl Controller {
 
     /// Queues a job for `caller`. The job runs as the caller; an admin may name another
     /// user in the spec (like `sbatch --uid`), anyone else is refused for trying.
-    pub async fn submit(&self, caller: &Caller, spec: Option<pb::JobSpec>) -> Result<u64, Status> {
+    pub async fn submit(
+        &self,
+        caller: &Caller,
+        spec: Option<pb::JobSpec>,
+        request_id: &str,
+    ) -> Result<u64, Status> {
         let mut spec = spec.ok_or_else(|| Status::invalid_argument("submit without a job spec"))?;
+        if request_id.len() > 64 || request_id.chars().any(|c| !c.is_ascii_graphic()) {
+            return Err(Status::invalid_argument(
+                "request_id must be at most 64 printable ASCII characters",
+            ));
+        }
         if spec.user.is_empty() || spec.user == caller.user {
             spec.user = caller.user.clone();
             spec.uid = caller.uid.unwrap_or(0);
@@ -831,6 +847,18 @@ impl Controller {
         }
         check_policy(&self.config, caller, &spec)?;
         let res = spec.resources.clone().unwrap_or_default();
+        let earlier = (!request_id.is_empty())
+            .then(|| {
+                let key = (spec.user.clone(), request_id.to_string());
+                self.lock().requests.get(&key).copied()
+            })
+            .flatten();
+        if let Some(id) = earlier {
+            // The first submit may still be on its way to the disk.
+            self.store.flush().await.map_err(store_status)?;
+            tracing::info!(job = id, request_id, "repeated submit answered with its job");
+            return Ok(id);
+        }
         let id = {
             let mut c = self.lock();
             let pending = c.pending_by_user.get(&spec.user).copied().unwrap_or(0);
@@ -872,12 +900,17 @@ impl Controller {
                     time_limit_secs,
                     ..pb::Job::default()
                 }),
+                request_id: request_id.to_string(),
                 ..StoredJob::default()
             };
             self.store
                 .insert_new_job(&stored, id + 1)
                 .map_err(store_status)?;
             c.next_job_id = id + 1;
+            if !request_id.is_empty() {
+                let key = (owner(job_of(&stored)).to_string(), request_id.to_string());
+                c.requests.insert(key, id);
+            }
             let user = owner(job_of(&stored)).to_string();
             c.pending_changed(&user, true);
             if !job_of(&stored)
@@ -1176,6 +1209,12 @@ impl Controller {
         if !crate::auth::valid_user_name(user) {
             return Err(Status::invalid_argument(format!(
                 "{user:?} is not a valid user name"
+            )));
+        }
+        // A token for a user that exists nowhere would submit jobs no node can run.
+        if !matches!(nix::unistd::User::from_name(user), Ok(Some(_))) {
+            return Err(Status::invalid_argument(format!(
+                "user {user:?} does not exist on the controller's host (create it, or check the spelling)"
             )));
         }
         let (id, secret) = crate::auth::new_token();

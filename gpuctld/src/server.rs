@@ -123,7 +123,8 @@ impl controller_server::Controller for UserApi {
         req: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let caller = self.caller(&req)?;
-        let job_id = self.0.submit(&caller, req.into_inner().spec).await?;
+        let r = req.into_inner();
+        let job_id = self.0.submit(&caller, r.spec, &r.request_id).await?;
         Ok(Response::new(pb::SubmitResponse { job_id }))
     }
 

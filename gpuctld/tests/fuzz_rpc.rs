@@ -105,6 +105,7 @@ fn write_corpus() {
         "submit-1.bin",
         pb::SubmitRequest {
             spec: Some(spec(1)),
+            request_id: "req-1".into(),
         }
         .encode_to_vec(),
     );
@@ -115,14 +116,14 @@ fn write_corpus() {
     share.stdout = "out/%j.log".into();
     w(
         "submit-2.bin",
-        pb::SubmitRequest { spec: Some(share) }.encode_to_vec(),
+        pb::SubmitRequest { spec: Some(share), request_id: String::new() }.encode_to_vec(),
     );
     let mut mig = spec(0);
     mig.resources.as_mut().unwrap().mig_profile = "3g.40gb".into();
     mig.resources.as_mut().unwrap().mig_count = 1;
     w(
         "submit-3.bin",
-        pb::SubmitRequest { spec: Some(mig) }.encode_to_vec(),
+        pb::SubmitRequest { spec: Some(mig), request_id: String::new() }.encode_to_vec(),
     );
     let mut gang = spec(2);
     gang.resources.as_mut().unwrap().nodes = 2;
@@ -130,7 +131,7 @@ fn write_corpus() {
     gang.command.clear();
     w(
         "submit-4.bin",
-        pb::SubmitRequest { spec: Some(gang) }.encode_to_vec(),
+        pb::SubmitRequest { spec: Some(gang), request_id: String::new() }.encode_to_vec(),
     );
     w(
         "cancel-1.bin",
@@ -278,7 +279,7 @@ fn harness(rt: &tokio::runtime::Runtime) -> Harness {
     };
     let (admin_token, user_token) = rt.block_on(async {
         let a = ctl.create_token(&root, "root", "").await.unwrap().token;
-        let u = ctl.create_token(&root, "alice", "").await.unwrap().token;
+        let u = ctl.create_token(&root, "nobody", "").await.unwrap().token;
         (a, u)
     });
     Harness {

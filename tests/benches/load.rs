@@ -65,6 +65,7 @@ async fn submit_many(socket: &Path, clients: usize, total: usize) -> Phase {
                 client
                     .submit(pb::SubmitRequest {
                         spec: Some(spec(i)),
+                        request_id: format!("load-{i}"),
                     })
                     .await
                     .expect("submit acknowledged");

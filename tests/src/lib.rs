@@ -158,6 +158,12 @@ impl Cluster {
         self.ctld = Some((child, reader.into_inner()));
     }
 
+    /// The controller's pid.
+    pub fn controller_pid(&self) -> nix::unistd::Pid {
+        let (child, _) = self.ctld.as_ref().expect("controller running");
+        nix::unistd::Pid::from_raw(child.id() as i32)
+    }
+
     /// `kill -9` the controller.
     pub fn kill9_controller(&mut self) {
         if let Some((mut child, _)) = self.ctld.take() {

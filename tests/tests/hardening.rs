@@ -888,3 +888,121 @@ fn finished_jobs_are_compacted_and_retained_as_configured() {
     let out = c.gpuctl(&["show", &ids[0].to_string()]);
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// Defect 15: submits are idempotent by request id; a submit cut off by a controller
+/// crash is retried by the CLI and queued once; the CLI never hangs on a stopped
+/// controller; on the socket no token file is read; a port that is not gRPC is named
+/// as such; tokens exist only for real users.
+#[test]
+fn submits_retry_safely_and_errors_say_what_happened() {
+    let mut c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    // The same request id twice: one job.
+    let token = c.json(&["admin", "token", "create", "--user", "root"])["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let tcp = c.tcp_url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ids = rt.block_on(async {
+        let mut client = gpuctl_proto::controller_client::ControllerClient::connect(tcp)
+            .await
+            .unwrap();
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            let mut req = tonic::Request::new(gpuctl_proto::SubmitRequest {
+                spec: Some(gpuctl_proto::JobSpec {
+                    script: "true".into(),
+                    workdir: "/tmp".into(),
+                    resources: Some(gpuctl_proto::Resources {
+                        cpus: 1,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                request_id: "retry-me".into(),
+            });
+            req.metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+            ids.push(client.submit(req).await.unwrap().into_inner().job_id);
+        }
+        ids
+    });
+    assert_eq!(ids[0], ids[1]);
+    assert_eq!(c.json(&["queue", "--all"]).as_array().unwrap().len(), 1);
+
+    // A submit sent to a frozen controller that then crashes: the CLI retries against
+    // the restarted one and the job is queued once.
+    std::fs::write(c.path("s.toml"), "script = \"true\"\n").unwrap();
+    let pid = c.controller_pid();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let cli = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
+        .args(["--controller", &c.url(), "submit", "--json", "s.toml"])
+        .current_dir(c.dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    c.kill9_controller();
+    c.start_controller();
+    let out = cli.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(c.json(&["queue", "--all"]).as_array().unwrap().len(), 2);
+
+    // A stopped controller: the CLI gives up after --timeout, saying so.
+    let pid = c.controller_pid();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let t0 = std::time::Instant::now();
+    let out = c.gpuctl(&["--timeout", "2s", "queue"]);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    let t0 = std::time::Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let out = c.gpuctl(&["--timeout", "2s", "submit", "s.toml"]);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("may or may not have been queued"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(t0.elapsed() < Duration::from_secs(15));
+
+    // On the socket, an unreadable token file does not matter.
+    let home = c.path("home-with-bad-token");
+    std::fs::create_dir_all(home.join(".config/gpuctl/token")).unwrap();
+    let out = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
+        .args(["--controller", &c.url(), "queue"])
+        .env("HOME", &home)
+        .env_remove("GPUCTL_TOKEN")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // Something that is not gpuctld.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let mut s = s;
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi");
+        }
+    });
+    let out = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
+        .args(["--controller", &format!("http://127.0.0.1:{port}"), "queue"])
+        .env("GPUCTL_TOKEN", "x")
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("did not answer as gRPC"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Tokens only for users that exist.
+    let out = c.gpuctl(&["admin", "token", "create", "--user", "nosuchuser4711"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+}

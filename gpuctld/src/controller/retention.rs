@@ -52,7 +52,12 @@ impl Controller {
             }
             c.finished.pop_first();
             if c.jobs.get(&id).is_some_and(|s| job_of(s).state().is_final()) {
-                c.jobs.remove(&id);
+                if let Some(s) = c.jobs.remove(&id)
+                    && !s.request_id.is_empty()
+                {
+                    let key = (super::owner(job_of(&s)).to_string(), s.request_id.clone());
+                    c.requests.remove(&key);
+                }
                 self.store.delete_job(id)?;
                 wrote = true;
             }
