@@ -57,6 +57,11 @@ pub enum Command {
         /// Run the job as this user (admins only).
         #[arg(long)]
         user: Option<String>,
+        /// Pass this shell's environment to the job (like sbatch --export): ALL, NONE
+        /// (the default: the job gets a login-like environment and its file's `env`),
+        /// or a comma-separated list of NAME or NAME=VALUE. The job file's `env` wins.
+        #[arg(long, value_name = "ALL|NONE|NAME[=VALUE],...")]
+        export: Option<String>,
     },
     /// Pending and running jobs (like squeue).
     Queue {
@@ -361,6 +366,44 @@ async fn channel(url: &str, timeout: std::time::Duration) -> Result<Channel, Fai
     })
 }
 
+/// What `--export` passes: ALL of `vars` (those with variable names and UTF-8 values;
+/// never GPUCTL_TOKEN), NONE, or the listed NAME / NAME=VALUE entries.
+pub fn exported_env(
+    spec: &str,
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<Vec<(String, String)>, String> {
+    let valid = |k: &str| {
+        k.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let vars: Vec<(String, String)> = vars
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| valid(k) && k != "GPUCTL_TOKEN")
+        .collect();
+    match spec {
+        "ALL" => Ok(vars),
+        "NONE" | "" => Ok(Vec::new()),
+        list => list
+            .split(',')
+            .map(|item| match item.split_once('=') {
+                Some((k, v)) if valid(k) => Ok((k.to_string(), v.to_string())),
+                None if valid(item) => Ok((
+                    item.to_string(),
+                    vars.iter()
+                        .find(|(k, _)| k == item)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or_default(),
+                )),
+                _ => Err(format!(
+                    "--export: {item:?} is not NAME or NAME=VALUE (or ALL, NONE)"
+                )),
+            })
+            .collect(),
+    }
+}
+
 /// Submits, and when the answer is lost (the connection broke, the controller
 /// restarted), asks again with the same request id for up to `--timeout`: the
 /// controller answers a repeat with the job it already queued, so the job is queued
@@ -403,13 +446,22 @@ async fn submit_with_retry(
 pub async fn run(cli: Cli) -> Result<(), Failure> {
     // A bad job file is reported before anything is contacted.
     let spec = match &cli.command {
-        Command::Submit { file, user, .. } => {
+        Command::Submit {
+            file, user, export, ..
+        } => {
             let job = jobfile::load(file).map_err(|e| fail(e.to_string()))?;
             let cwd = std::env::current_dir()
                 .map_err(|e| fail(format!("cannot read the current directory: {e}")))?;
             // The controller runs the job as the authenticated caller; naming a user
             // (admins only) asks for another.
-            Some(job.into_spec(&cwd, user.as_deref().unwrap_or(""), 0, 0))
+            let mut spec = job.into_spec(&cwd, user.as_deref().unwrap_or(""), 0, 0);
+            if let Some(e) = export {
+                let exported = exported_env(e, std::env::vars_os()).map_err(fail)?;
+                for (k, v) in exported {
+                    spec.env.entry(k).or_insert(v);
+                }
+            }
+            Some(spec)
         }
         _ => None,
     };
@@ -700,4 +752,36 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         },
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exported_env;
+
+    fn vars() -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)> {
+        [
+            ("PATH", "/home/u/bin:/usr/bin"),
+            ("CONDA_PREFIX", "/opt/conda"),
+            ("GPUCTL_TOKEN", "secret"),
+            ("BASH_FUNC_x%%", "() { :; }"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+    }
+
+    #[test]
+    fn export_all_none_and_lists() {
+        let all = exported_env("ALL", vars()).unwrap();
+        let names: Vec<&str> = all.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["PATH", "CONDA_PREFIX"]);
+        assert!(exported_env("NONE", vars()).unwrap().is_empty());
+        assert_eq!(
+            exported_env("CONDA_PREFIX,SEED=7", vars()).unwrap(),
+            vec![
+                ("CONDA_PREFIX".to_string(), "/opt/conda".to_string()),
+                ("SEED".to_string(), "7".to_string())
+            ]
+        );
+        assert!(exported_env("A B", vars()).unwrap_err().contains("not NAME"));
+    }
 }
