@@ -9,8 +9,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 job=${1:-$root/examples/hello.toml}
 job=$(cd "$(dirname "$job")" && pwd)/$(basename "$job")
 
-echo "==> building gpuctl, gpuctld, gpud"
-cargo build --quiet --manifest-path "$root/Cargo.toml" -p gpuctl -p gpuctld -p gpud
+echo "==> building gpuctl, gpuctld, gpud (the first build compiles about 300 crates: several minutes; later ones take seconds)"
+cargo build --manifest-path "$root/Cargo.toml" -p gpuctl -p gpuctld -p gpud
 bin=$root/target/debug
 work=$(mktemp -d -t gpuctl-local.XXXXXX)
 port=${GPUCTL_PORT:-7817}
