@@ -179,13 +179,19 @@ impl From<tonic::Status> for Failure {
         } else {
             exit::FAILED
         };
-        let broken = ["transport error", "h2 protocol error", "operation was canceled"];
+        let broken = [
+            "transport error",
+            "h2 protocol error",
+            "operation was canceled",
+        ];
         let message = if !timed_out && broken.iter().any(|b| m.contains(b)) {
             format!(
                 "{m}: the connection broke: the controller did not answer as gRPC (is --controller / GPUCTL_CONTROLLER gpuctld's address?) or it went away"
             )
         } else if timed_out {
-            format!("{m}: no answer from the controller within --timeout (is it stopped or overloaded?)")
+            format!(
+                "{m}: no answer from the controller within --timeout (is it stopped or overloaded?)"
+            )
         } else {
             m.to_string()
         };
@@ -513,7 +519,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 }
                 drop(tx);
                 if writer.await.is_err() {
-                    return Err(fail("writing the JSON failed; the output above is incomplete"));
+                    return Err(fail(
+                        "writing the JSON failed; the output above is incomplete",
+                    ));
                 }
                 if let Some(e) = failed {
                     return Err(e.into());
@@ -782,6 +790,10 @@ mod tests {
                 ("SEED".to_string(), "7".to_string())
             ]
         );
-        assert!(exported_env("A B", vars()).unwrap_err().contains("not NAME"));
+        assert!(
+            exported_env("A B", vars())
+                .unwrap_err()
+                .contains("not NAME")
+        );
     }
 }

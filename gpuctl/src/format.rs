@@ -360,9 +360,7 @@ fn short_time(ms: i64) -> String {
     let Some(t) = time_string(ms) else {
         return "N/A".into();
     };
-    t.replace('T', " ")
-        .trim_end_matches('Z')
-        .to_string()
+    t.replace('T', " ").trim_end_matches('Z').to_string()
 }
 
 pub fn queue_table(jobs: &[pb::Job], with_start: bool) -> String {

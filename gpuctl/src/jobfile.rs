@@ -468,7 +468,9 @@ fn snippet(line: &str, column: usize, width: usize) -> String {
     let from = if chars.len() <= SNIPPET {
         0
     } else {
-        (column - 1).saturating_sub(SNIPPET / 3).min(chars.len() - SNIPPET)
+        (column - 1)
+            .saturating_sub(SNIPPET / 3)
+            .min(chars.len() - SNIPPET)
     };
     let to = (from + SNIPPET).min(chars.len());
     let shown: String = chars[from..to]

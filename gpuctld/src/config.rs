@@ -227,8 +227,11 @@ impl Config {
                 })
                 .collect();
         }
-        self.scheduler.priority.qos_levels =
-            self.qos.iter().map(|(k, q)| (k.clone(), q.priority)).collect();
+        self.scheduler.priority.qos_levels = self
+            .qos
+            .iter()
+            .map(|(k, q)| (k.clone(), q.priority))
+            .collect();
     }
 
     pub fn load(path: &Path) -> Result<Config, ConfigError> {

@@ -436,9 +436,8 @@ fn store_status(e: StoreError) -> Status {
     tracing::error!("state store: {e}");
     let full = matches!(&e, StoreError::Stalled(_))
         || matches!(&e, StoreError::Io(sled::Error::Io(io)) if io.raw_os_error() == Some(nix::libc::ENOSPC));
-    let msg = format!(
-        "the controller could not write its state ({e}); the request was not acknowledged"
-    );
+    let msg =
+        format!("the controller could not write its state ({e}); the request was not acknowledged");
     if full {
         Status::resource_exhausted(msg)
     } else {
@@ -729,7 +728,12 @@ impl Controller {
                 c.pending_changed(&user, false);
                 let addresses: Vec<String> = nodelist
                     .iter()
-                    .map(|n| c.nodes.get(n).map(|x| x.address.clone()).unwrap_or_default())
+                    .map(|n| {
+                        c.nodes
+                            .get(n)
+                            .map(|x| x.address.clone())
+                            .unwrap_or_default()
+                    })
                     .collect();
                 tracing::info!(job = j.id, attempt = j.attempt, nodes = %j.node, gpus = ?j.gpus, "starting job");
                 for a in &j.allocations {
@@ -856,7 +860,11 @@ impl Controller {
         if let Some(id) = earlier {
             // The first submit may still be on its way to the disk.
             self.store.flush().await.map_err(store_status)?;
-            tracing::info!(job = id, request_id, "repeated submit answered with its job");
+            tracing::info!(
+                job = id,
+                request_id,
+                "repeated submit answered with its job"
+            );
             return Ok(id);
         }
         let id = {
@@ -871,7 +879,10 @@ impl Controller {
             check_feasible(&c.node_views(), &res)?;
             check_dependencies(&c, &spec)?;
             // Like the agents would: a job of root runs only where an agent allows it.
-            if spec.user == "root" && !c.nodes.is_empty() && !c.nodes.values().any(|n| n.allow_root_jobs) {
+            if spec.user == "root"
+                && !c.nodes.is_empty()
+                && !c.nodes.values().any(|n| n.allow_root_jobs)
+            {
                 return Err(Status::failed_precondition(
                     "jobs of root are refused: no agent of this cluster runs them (start gpud with --allow-root-jobs, or submit as an ordinary user)",
                 ));
@@ -1327,9 +1338,7 @@ impl Controller {
     }
 
     // ------------------------------------------------------------ agent operations
-
 }
-
 
 /// One line on why a job does not fit a node.
 pub fn describe_miss(m: &sched::Miss) -> String {
@@ -1378,4 +1387,3 @@ pub fn describe_miss(m: &sched::Miss) -> String {
         ),
     }
 }
-

@@ -157,7 +157,9 @@ async fn restart_when_disk_recovers(store: Store, min_free: u64) {
             continue;
         }
         if store.free_bytes().is_some_and(|f| f >= need) {
-            tracing::warn!("state store failed earlier and the disk has room again: restarting from the durable state");
+            tracing::warn!(
+                "state store failed earlier and the disk has room again: restarting from the durable state"
+            );
             use std::os::unix::process::CommandExt;
             let exe = std::env::current_exe();
             let err = match exe {
@@ -166,7 +168,9 @@ async fn restart_when_disk_recovers(store: Store, min_free: u64) {
                     .exec(),
                 Err(e) => e,
             };
-            tracing::error!("cannot restart gpuctld: {err}; exiting for the supervisor to restart it");
+            tracing::error!(
+                "cannot restart gpuctld: {err}; exiting for the supervisor to restart it"
+            );
             std::process::exit(1);
         }
     }

@@ -201,14 +201,23 @@ impl Store {
 
     pub fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
         let id = job.job.as_ref().map_or(0, |j| j.id);
-        self.check(self.db.insert(job_key(id), job.encode_to_vec()).map_err(StoreError::from))?;
+        self.check(
+            self.db
+                .insert(job_key(id), job.encode_to_vec())
+                .map_err(StoreError::from),
+        )?;
         self.wrote();
         Ok(())
     }
 
     /// Removes a job's record (retention). Durable after `flush`.
     pub fn delete_job(&self, id: u64) -> Result<(), StoreError> {
-        self.check(self.db.remove(job_key(id)).map(|_| ()).map_err(StoreError::from))?;
+        self.check(
+            self.db
+                .remove(job_key(id))
+                .map(|_| ())
+                .map_err(StoreError::from),
+        )?;
         self.wrote();
         Ok(())
     }
@@ -276,9 +285,11 @@ impl Store {
         if self.failed() {
             return Err(StoreError::Stalled(FLUSH_TIMEOUT));
         }
-        let flushed =
-            tokio::time::timeout(FLUSH_TIMEOUT, tokio::task::spawn_blocking(move || db.flush()))
-                .await;
+        let flushed = tokio::time::timeout(
+            FLUSH_TIMEOUT,
+            tokio::task::spawn_blocking(move || db.flush()),
+        )
+        .await;
         match flushed {
             Ok(r) => {
                 self.check(r.expect("sled flush panicked").map_err(StoreError::from))?;

@@ -116,14 +116,22 @@ fn write_corpus() {
     share.stdout = "out/%j.log".into();
     w(
         "submit-2.bin",
-        pb::SubmitRequest { spec: Some(share), request_id: String::new() }.encode_to_vec(),
+        pb::SubmitRequest {
+            spec: Some(share),
+            request_id: String::new(),
+        }
+        .encode_to_vec(),
     );
     let mut mig = spec(0);
     mig.resources.as_mut().unwrap().mig_profile = "3g.40gb".into();
     mig.resources.as_mut().unwrap().mig_count = 1;
     w(
         "submit-3.bin",
-        pb::SubmitRequest { spec: Some(mig), request_id: String::new() }.encode_to_vec(),
+        pb::SubmitRequest {
+            spec: Some(mig),
+            request_id: String::new(),
+        }
+        .encode_to_vec(),
     );
     let mut gang = spec(2);
     gang.resources.as_mut().unwrap().nodes = 2;
@@ -131,7 +139,11 @@ fn write_corpus() {
     gang.command.clear();
     w(
         "submit-4.bin",
-        pb::SubmitRequest { spec: Some(gang), request_id: String::new() }.encode_to_vec(),
+        pb::SubmitRequest {
+            spec: Some(gang),
+            request_id: String::new(),
+        }
+        .encode_to_vec(),
     );
     w(
         "cancel-1.bin",
@@ -325,8 +337,10 @@ fn agent_req<T: Message>(h: &Harness, method: &str, node: &str, msg: T) -> tonic
     if let Ok(v) = node.parse() {
         r.metadata_mut().insert(NODE_HEADER, v);
         r.metadata_mut().insert(TIME_HEADER, now.into());
-        r.metadata_mut()
-            .insert(SESSION_HEADER, hex::encode(&signed.session).parse().unwrap());
+        r.metadata_mut().insert(
+            SESSION_HEADER,
+            hex::encode(&signed.session).parse().unwrap(),
+        );
         r.metadata_mut().insert(SEQ_HEADER, signed.seq.into());
         r.metadata_mut().insert(MAC_HEADER, mac.parse().unwrap());
     }
@@ -402,18 +416,14 @@ async fn call(h: &Harness, kind: &str, bytes: &[u8], admin: bool) -> bool {
                 return false;
             };
             let node = m.node.clone();
-            let _ = agent
-                .heartbeat(agent_req(h, "heartbeat", &node, m))
-                .await;
+            let _ = agent.heartbeat(agent_req(h, "heartbeat", &node, m)).await;
         }
         "report" => {
             let Ok(m) = pb::JobReport::decode(bytes) else {
                 return false;
             };
             let node = m.node.clone();
-            let _ = agent
-                .report_job(agent_req(h, "report", &node, m))
-                .await;
+            let _ = agent.report_job(agent_req(h, "report", &node, m)).await;
         }
         other => unreachable!("kind {other}"),
     }

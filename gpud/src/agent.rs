@@ -424,8 +424,18 @@ async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
                     Ok(ack) => {
                         agent.reports.ack(std::slice::from_ref(&r));
                         if ack.get_ref().stale {
-                            tracing::warn!(job = r.job_id, attempt = r.attempt, "the controller no longer holds this start (node declared down or job cancelled); killing it");
-                            agent.kill(r.job_id, r.attempt, JobState::Cancelled, Duration::ZERO, "stale start");
+                            tracing::warn!(
+                                job = r.job_id,
+                                attempt = r.attempt,
+                                "the controller no longer holds this start (node declared down or job cancelled); killing it"
+                            );
+                            agent.kill(
+                                r.job_id,
+                                r.attempt,
+                                JobState::Cancelled,
+                                Duration::ZERO,
+                                "stale start",
+                            );
                         }
                         break;
                     }
@@ -475,7 +485,12 @@ fn local_address(controller: &str) -> Option<String> {
     let uri: tonic::transport::Uri = controller.parse().ok()?;
     let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
     let port = uri.port_u16().unwrap_or(80);
-    let sock = std::net::UdpSocket::bind(if host.contains(':') { "[::]:0" } else { "0.0.0.0:0" }).ok()?;
+    let sock = std::net::UdpSocket::bind(if host.contains(':') {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    })
+    .ok()?;
     sock.connect((host, port)).ok()?;
     Some(sock.local_addr().ok()?.ip().to_string())
 }
@@ -503,7 +518,10 @@ async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyh
         let challenge = pb::ChallengeRequest {
             node: agent.name.clone(),
         };
-        let attached = match client.challenge(agent.signed("challenge", None, challenge)).await {
+        let attached = match client
+            .challenge(agent.signed("challenge", None, challenge))
+            .await
+        {
             Ok(ch) => {
                 let ch = ch.into_inner();
                 let unacked = agent.reports.snapshot();
@@ -620,8 +638,18 @@ async fn heartbeats(
                 }
                 *session.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
                 for s in r.stale {
-                    tracing::warn!(job = s.job_id, attempt = s.attempt, "the controller holds this instance as ended; killing it");
-                    agent.kill(s.job_id, s.attempt, JobState::Cancelled, Duration::ZERO, "stale instance");
+                    tracing::warn!(
+                        job = s.job_id,
+                        attempt = s.attempt,
+                        "the controller holds this instance as ended; killing it"
+                    );
+                    agent.kill(
+                        s.job_id,
+                        s.attempt,
+                        JobState::Cancelled,
+                        Duration::ZERO,
+                        "stale instance",
+                    );
                 }
             }
             Err(e) => tracing::debug!("heartbeat failed: {}", e.message()),
@@ -639,9 +667,7 @@ fn handle(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand) {
     let cmd = match agent.key.verify_command(&agent.name, &signed) {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!(
-                "dropping a command that does not verify with the cluster key: {e}"
-            );
+            tracing::error!("dropping a command that does not verify with the cluster key: {e}");
             return;
         }
     };
@@ -837,9 +863,12 @@ async fn run_job(
         None => {
             // Off the runtime's threads: nothing a launch touches may stall heartbeats.
             let (a, s) = (agent.clone(), start.clone());
-            let spawned = tokio::task::spawn_blocking(move || spawn_recorded(&a, &s, &user, &mps_env))
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(format!("launch panicked: {e}"))));
+            let spawned =
+                tokio::task::spawn_blocking(move || spawn_recorded(&a, &s, &user, &mps_env))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(std::io::Error::other(format!("launch panicked: {e}")))
+                    });
             (spawned, now_ms())
         }
     };

@@ -108,7 +108,13 @@ pub struct OutputVars<'a> {
 fn file_name_part(v: &str) -> String {
     let cleaned: String = v
         .chars()
-        .map(|c| if c == '/' || c == '\0' || c.is_control() { '_' } else { c })
+        .map(|c| {
+            if c == '/' || c == '\0' || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
         .collect();
     if cleaned == "." || cleaned == ".." {
         cleaned.replace('.', "_")
@@ -506,7 +512,12 @@ fn open_output(path: &std::ffi::CString, append: bool) -> std::io::Result<i32> {
     unsafe {
         let fd = libc::open(
             path.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | mode,
+            libc::O_WRONLY
+                | libc::O_CREAT
+                | libc::O_NOFOLLOW
+                | libc::O_NONBLOCK
+                | libc::O_NOCTTY
+                | mode,
             0o644,
         );
         if fd < 0 {
@@ -520,7 +531,8 @@ fn open_output(path: &std::ffi::CString, append: bool) -> std::io::Result<i32> {
         }
         let kind = st.st_mode & libc::S_IFMT;
         // /dev/null is char device 1:3.
-        let dev_null = kind == libc::S_IFCHR && libc::major(st.st_rdev) == 1 && libc::minor(st.st_rdev) == 3;
+        let dev_null =
+            kind == libc::S_IFCHR && libc::major(st.st_rdev) == 1 && libc::minor(st.st_rdev) == 3;
         if kind != libc::S_IFREG && !dev_null {
             libc::close(fd);
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
@@ -607,7 +619,8 @@ impl Launcher for JobLauncher {
             .transpose()?;
         // The failing step's number travels back through this pipe (closed on exec).
         let (step_r, step_w): (OwnedFd, OwnedFd) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK).map_err(std::io::Error::from)?;
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(std::io::Error::from)?;
         let step_fd = step_w.as_raw_fd();
         let run_as = spec.run_as.clone();
         let mut cmd = match &spec.shim {
@@ -642,7 +655,10 @@ impl Launcher for JobLauncher {
                 if let Some(st) = &status {
                     let fd = nix::libc::open(
                         st.as_ptr(),
-                        nix::libc::O_WRONLY | nix::libc::O_CREAT | nix::libc::O_TRUNC | nix::libc::O_NOFOLLOW,
+                        nix::libc::O_WRONLY
+                            | nix::libc::O_CREAT
+                            | nix::libc::O_TRUNC
+                            | nix::libc::O_NOFOLLOW,
                         0o600,
                     );
                     if fd < 0 {
@@ -864,10 +880,7 @@ mod tests {
             output_path("%x-%j.log", &vars("t", "n1", 0, 1), wd),
             PathBuf::from("/w/t-5.log")
         );
-        assert_eq!(
-            output_path("/abs/%j%%", &one, wd),
-            PathBuf::from("/abs/5%")
-        );
+        assert_eq!(output_path("/abs/%j%%", &one, wd), PathBuf::from("/abs/5%"));
         assert_eq!(output_path("a%q%", &one, wd), PathBuf::from("/w/a%q%"));
         assert_eq!(
             output_path("o-%N-%t.txt", &vars("x", "gpu7", 3, 4), wd),

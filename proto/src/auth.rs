@@ -373,7 +373,14 @@ mod tests {
             )
         };
         let check = |k: &ClusterKey, method, named, body: &[u8], node, mac: &str, now| {
-            verify(k, method, named, body, &meta(node, mac.to_string(), "abcd", "7"), now)
+            verify(
+                k,
+                method,
+                named,
+                body,
+                &meta(node, mac.to_string(), "abcd", "7"),
+                now,
+            )
         };
         assert_eq!(
             check(&k, "heartbeat", "n1", body, "n1", &mac, 1_000_500),
@@ -381,11 +388,25 @@ mod tests {
         );
         // The session and the sequence number are signed: a replay cannot renumber.
         assert_eq!(
-            verify(&k, "heartbeat", "n1", body, &meta("n1", mac.clone(), "abcd", "8"), 1_000_000),
+            verify(
+                &k,
+                "heartbeat",
+                "n1",
+                body,
+                &meta("n1", mac.clone(), "abcd", "8"),
+                1_000_000
+            ),
             Err(AuthError::BadMac)
         );
         assert_eq!(
-            verify(&k, "heartbeat", "n1", body, &meta("n1", mac.clone(), "abce", "7"), 1_000_000),
+            verify(
+                &k,
+                "heartbeat",
+                "n1",
+                body,
+                &meta("n1", mac.clone(), "abce", "7"),
+                1_000_000
+            ),
             Err(AuthError::BadMac)
         );
         assert_eq!(
@@ -420,7 +441,7 @@ mod tests {
             ),
             Err(AuthError::Skew { skew_s: 301 })
         );
-        let no_time = |h: &str| (h != TIME_HEADER).then(|| "x");
+        let no_time = |h: &str| (h != TIME_HEADER).then_some("x");
         assert_eq!(
             k.verify_request("heartbeat", "n1", body, no_time, 0),
             Err(AuthError::Missing(TIME_HEADER))

@@ -118,7 +118,10 @@ fn fifo_outputs_fail_fast_and_never_wedge_the_node() {
     for id in ids {
         let j = c.wait_state(id, "FAILED", T);
         let reason = j["reason"].as_str().unwrap();
-        assert!(reason.contains("FIFO") && reason.contains("pipe"), "{reason}");
+        assert!(
+            reason.contains("FIFO") && reason.contains("pipe"),
+            "{reason}"
+        );
     }
     // A directory as stderr: refused the same way.
     std::fs::create_dir_all(dir.join("adir")).unwrap();
@@ -211,7 +214,8 @@ fn replayed_agent_connection_does_nothing() {
     assert!(bytes.len() > 100, "nothing captured");
     // The replay: a new connection straight to the controller, the same bytes.
     let mut s = TcpStream::connect(("127.0.0.1", c.port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     s.write_all(&bytes).unwrap();
     let mut sink = [0u8; 65536];
     for _ in 0..15 {
@@ -285,9 +289,16 @@ fn other_users_see_metadata_only() {
         assert!(out.status.success(), "{}", stderr(&out));
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains(ALICE), "{text}");
-        assert!(!text.contains("s3cr3t") && !text.contains("hunter2"), "{text}");
+        assert!(
+            !text.contains("s3cr3t") && !text.contains("hunter2"),
+            "{text}"
+        );
     }
-    let mine = c.gpuctl_as(ALICE, &c.user_dir(ALICE), &["show", "--json", &id.to_string()]);
+    let mine = c.gpuctl_as(
+        ALICE,
+        &c.user_dir(ALICE),
+        &["show", "--json", &id.to_string()],
+    );
     assert!(String::from_utf8_lossy(&mine.stdout).contains("s3cr3t"));
     // On the node: the job record is root's alone, the script the job user's alone.
     let state = c.path("gpud-n1");
@@ -319,19 +330,32 @@ fn priority_and_qos_are_governed() {
     }
     let c = Cluster::start(&[("n1", "1xA100-80GB")]);
     let cases = [
-        ("priority = 2147483647\n", "only admins raise a job's priority"),
+        (
+            "priority = 2147483647\n",
+            "only admins raise a job's priority",
+        ),
         ("qos = \"high\"\n", "may not use qos \"high\""),
-        ("qos = \"platinum\"\n", "unknown qos \"platinum\"; this cluster has: high, low, normal"),
+        (
+            "qos = \"platinum\"\n",
+            "unknown qos \"platinum\"; this cluster has: high, low, normal",
+        ),
     ];
     for (line, want) in cases {
         let out = submit_as(&c, ALICE, &format!("script = \"true\"\n{line}"));
         assert!(!out.status.success());
         assert!(stderr(&out).contains(want), "{line}: {}", stderr(&out));
     }
-    let id = job_id(&submit_as(&c, ALICE, "script = \"true\"\npriority = -5\nqos = \"low\"\n"));
+    let id = job_id(&submit_as(
+        &c,
+        ALICE,
+        "script = \"true\"\npriority = -5\nqos = \"low\"\n",
+    ));
     c.wait_state(id, "COMPLETED", T);
     // An admin (root) may.
-    let id = c.submit("a.toml", "script = \"true\"\npriority = 100\nqos = \"high\"\n");
+    let id = c.submit(
+        "a.toml",
+        "script = \"true\"\npriority = 100\nqos = \"high\"\n",
+    );
     c.wait_state(id, "COMPLETED", T);
 }
 
@@ -391,7 +415,10 @@ fn a_second_agent_cannot_take_a_live_name() {
     assert_eq!(j2, id, "both clusters' first job");
     let done = c2.wait_state(j2, "FAILED", T);
     assert!(
-        done["reason"].as_str().unwrap().contains("already holds processes"),
+        done["reason"]
+            .as_str()
+            .unwrap()
+            .contains("already holds processes"),
         "{done}"
     );
     std::thread::sleep(Duration::from_secs(1));
@@ -425,7 +452,11 @@ fn control_characters_and_bad_env_are_refused() {
     .unwrap();
     let out = c.gpuctl(&["submit", "e.toml"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("over 32768 bytes"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("over 32768 bytes"),
+        "{}",
+        stderr(&out)
+    );
 
     // Raw gRPC, past any client-side check: the server refuses with a reason.
     let token = c.json(&["admin", "token", "create", "--user", "root"])["token"]
@@ -439,7 +470,10 @@ fn control_characters_and_bad_env_are_refused() {
         qos: qos.into(),
         script: "true".into(),
         workdir: "/tmp".into(),
-        env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         resources: Some(gpuctl_proto::Resources {
             cpus: 1,
             ..Default::default()
@@ -452,9 +486,15 @@ fn control_characters_and_bad_env_are_refused() {
         (spec("nul\0", "", &[]), "holds control characters"),
         (spec("&x".repeat(200).as_str(), "", &[]), "over 256"),
         (spec("ok", "low\u{1b}", &[]), "holds control characters"),
-        (spec("ok", "", &[("K\u{1b}", "v")]), "is not a variable name"),
+        (
+            spec("ok", "", &[("K\u{1b}", "v")]),
+            "is not a variable name",
+        ),
         (spec("ok", "", &[("", "v")]), "is not a variable name"),
-        (spec("ok", "", &[("K", &"v".repeat(100_000))]), "over 32768 bytes"),
+        (
+            spec("ok", "", &[("K", &"v".repeat(100_000))]),
+            "over 32768 bytes",
+        ),
     ];
     rt.block_on(async {
         let mut client = gpuctl_proto::controller_client::ControllerClient::connect(tcp)
@@ -488,10 +528,18 @@ fn expanded_names_stay_in_the_workdir() {
     assert!(!Path::new("/var/tmp/gpuctl-x.out").exists());
     let inside = c.path(".._.._.._var_tmp_gpuctl-x.out");
     assert_eq!(std::fs::read_to_string(&inside).unwrap(), "climbed\n");
-    std::fs::write(c.path("p.toml"), "script = \"true\"\nstdout = \"out-%q.txt\"\n").unwrap();
+    std::fs::write(
+        c.path("p.toml"),
+        "script = \"true\"\nstdout = \"out-%q.txt\"\n",
+    )
+    .unwrap();
     let out = c.gpuctl(&["submit", "p.toml"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("unknown pattern %q"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unknown pattern %q"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// Defect 12: starts sent to an agent that is stalled past the node timeout never run
@@ -539,14 +587,23 @@ fn gang_outputs_are_kept_per_rank_or_appended() {
     );
     c.wait_state(id, "COMPLETED", T);
     let text = std::fs::read_to_string(c.path("shared.txt")).unwrap();
-    assert!(text.contains("rank 0\n") && text.contains("rank 1\n"), "{text}");
+    assert!(
+        text.contains("rank 0\n") && text.contains("rank 1\n"),
+        "{text}"
+    );
     let id = c.submit(
         "i.toml",
         "script = \"echo $GPUCTL_NODE\"\nstdout = \"o-%N-%t.txt\"\n[resources]\ngpus = 1\nnodes = 2\n",
     );
     c.wait_state(id, "COMPLETED", T);
-    assert_eq!(std::fs::read_to_string(c.path("o-n1-0.txt")).unwrap(), "n1\n");
-    assert_eq!(std::fs::read_to_string(c.path("o-n2-1.txt")).unwrap(), "n2\n");
+    assert_eq!(
+        std::fs::read_to_string(c.path("o-n1-0.txt")).unwrap(),
+        "n1\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(c.path("o-n2-1.txt")).unwrap(),
+        "n2\n"
+    );
 }
 
 /// Defect 14: jobs get a login-like environment, never the agent's PATH, and a missing
@@ -564,11 +621,17 @@ fn jobs_get_a_login_environment_and_clear_missing_program_errors() {
     ));
     c.wait_state(id, "COMPLETED", T);
     let text = std::fs::read_to_string(c.user_dir(ALICE).join("env.out")).unwrap();
-    assert!(text.contains("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"), "{text}");
+    assert!(
+        text.contains("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"),
+        "{text}"
+    );
     assert!(!text.contains("/root"), "{text}");
     assert!(text.contains(&format!("HOME=/home/{ALICE}")), "{text}");
     assert!(text.contains("SHELL=/bin/sh"), "{text}");
-    assert!(text.contains("TMPDIR=/tmp") && text.contains("LANG="), "{text}");
+    assert!(
+        text.contains("TMPDIR=/tmp") && text.contains("LANG="),
+        "{text}"
+    );
     let id = job_id(&submit_as(
         &c,
         ALICE,
@@ -631,7 +694,8 @@ fn root_jobs_are_refused_at_submit_without_an_agent_that_runs_them() {
 #[test]
 fn starts_with_many_env_entries_run() {
     let c = Cluster::start(&[("n1", "1xA100-80GB")]);
-    let mut toml = String::from("script = \"echo $A1-$A2-$A3-$A4-$A5-$A6\"\nstdout = \"env.txt\"\n[env]\n");
+    let mut toml =
+        String::from("script = \"echo $A1-$A2-$A3-$A4-$A5-$A6\"\nstdout = \"env.txt\"\n[env]\n");
     for i in 1..=6 {
         toml.push_str(&format!("A{i} = \"v{i}\"\n"));
     }
@@ -649,7 +713,10 @@ fn starts_with_many_env_entries_run() {
 /// does) though the node names resolve nowhere; RANK and WORLD_SIZE are set.
 #[test]
 fn gang_ranks_rendezvous_at_master_addr() {
-    let c = Cluster::start(&[("node-a.invalid", "1xA100-80GB"), ("node-b.invalid", "1xA100-80GB")]);
+    let c = Cluster::start(&[
+        ("node-a.invalid", "1xA100-80GB"),
+        ("node-b.invalid", "1xA100-80GB"),
+    ]);
     let py = r#"
 import os, socket, time
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -753,7 +820,11 @@ fn a_full_disk_refuses_submits_and_recovers() {
     std::fs::write(c.path("b.toml"), "script = \"true\"\n").unwrap();
     let out = c.gpuctl(&["submit", "b.toml"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(stderr(&out).contains("disk is nearly full"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("disk is nearly full"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(c.json(&["queue", "--all"]).as_array().unwrap().len(), 1);
 
     // Space back: submits work again, with no restart.
@@ -841,7 +912,10 @@ fn a_disk_that_fills_up_anyway_recovers_by_itself() {
         "no recovery: {}",
         c.controller_log()
     );
-    assert!(c.controller_log().contains("restarting from the durable state"));
+    assert!(
+        c.controller_log()
+            .contains("restarting from the durable state")
+    );
     c.wait_state(id.unwrap(), "COMPLETED", T);
     assert_eq!(c.job(acked)["state"], "RUNNING");
     c.gpuctl_ok(&["cancel", &acked.to_string()]);
@@ -853,15 +927,17 @@ fn a_disk_that_fills_up_anyway_recovers_by_itself() {
 /// retention allows; it holds after a restart.
 #[test]
 fn finished_jobs_are_compacted_and_retained_as_configured() {
-    let mut c = Cluster::controller_with_config(
-        "[retention]\nmax_jobs = 3\nmax_age = \"1h\"",
-    );
+    let mut c = Cluster::controller_with_config("[retention]\nmax_jobs = 3\nmax_age = \"1h\"");
     c.add_agent("n1", "4xA100-80GB", &[]);
     c.wait_nodes_up(1);
     let big = format!("true # {}", "x".repeat(200 * 1024));
     let toml = format!("script = \"{big}\"\n[env]\nTOKEN = \"s3cr3t\"\n");
     let ids: Vec<u64> = (0..6).map(|_| c.submit("b.toml", &toml)).collect();
-    assert!(wait_for(T, || c.json(&["queue"]).as_array().unwrap().is_empty()));
+    assert!(wait_for(T, || c
+        .json(&["queue"])
+        .as_array()
+        .unwrap()
+        .is_empty()));
     let check = |c: &Cluster| {
         assert!(wait_for(T, || {
             c.json(&["queue", "--all"]).as_array().unwrap().len() == 3
@@ -870,7 +946,8 @@ fn finished_jobs_are_compacted_and_retained_as_configured() {
         assert!(out.stdout.len() < 20_000, "{} bytes", out.stdout.len());
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(!text.contains("s3cr3t") && !text.contains("xxxxxxxx"));
-        let kept: Vec<u64> = c.json(&["queue", "--all"])
+        let kept: Vec<u64> = c
+            .json(&["queue", "--all"])
             .as_array()
             .unwrap()
             .iter()

@@ -195,7 +195,11 @@ proptest::proptest! {
 
 #[test]
 fn a_huge_bad_line_is_not_echoed_whole() {
-    let text = format!("name = \"{}\"\ncpus = \"x\"\nbogus = [{}\n", "a".repeat(400_000), "1,".repeat(200_000));
+    let text = format!(
+        "name = \"{}\"\ncpus = \"x\"\nbogus = [{}\n",
+        "a".repeat(400_000),
+        "1,".repeat(200_000)
+    );
     let err = parse("big.toml", &text).unwrap_err().to_string();
     assert!(err.len() < 2_000, "{} bytes of error", err.len());
     assert!(err.starts_with("big.toml:"), "{err}");

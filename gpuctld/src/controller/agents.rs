@@ -11,7 +11,10 @@ use gpuctl_proto::{self as pb, JobState};
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::{Conn, Controller, Cluster, final_state, job_mut, job_of, live_allocs, now_ms, owner, store_status};
+use super::{
+    Cluster, Conn, Controller, final_state, job_mut, job_of, live_allocs, now_ms, owner,
+    store_status,
+};
 use crate::store::StoreError;
 
 impl Controller {
@@ -128,7 +131,10 @@ impl Controller {
                 Ok(())
             }
             None => {
-                tracing::warn!(node, "attach with an unknown, used or expired nonce refused (a replay?)");
+                tracing::warn!(
+                    node,
+                    "attach with an unknown, used or expired nonce refused (a replay?)"
+                );
                 Err(Status::failed_precondition(
                     "attach refused: its challenge nonce is unknown, used or expired (ask for a new one)",
                 ))
@@ -157,7 +163,10 @@ impl Controller {
                 && known.is_some_and(|k| !k.is_empty() && k != req.agent_id) =>
             {
                 let addr = c.nodes.get(&req.node).map(|n| n.address.clone());
-                Some((known.unwrap_or_default().to_string(), addr.unwrap_or_default()))
+                Some((
+                    known.unwrap_or_default().to_string(),
+                    addr.unwrap_or_default(),
+                ))
             }
             _ => None,
         };
@@ -173,7 +182,6 @@ impl Controller {
         }
         Ok(())
     }
-
 
     /// Registers an agent (or re-registers after a disconnect or a controller restart)
     /// and reconciles what it runs with what the controller believes.

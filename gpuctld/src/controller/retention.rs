@@ -51,7 +51,10 @@ impl Controller {
                 break;
             }
             c.finished.pop_first();
-            if c.jobs.get(&id).is_some_and(|s| job_of(s).state().is_final()) {
+            if c.jobs
+                .get(&id)
+                .is_some_and(|s| job_of(s).state().is_final())
+            {
                 if let Some(s) = c.jobs.remove(&id)
                     && !s.request_id.is_empty()
                 {
@@ -81,7 +84,9 @@ mod tests {
                     user: "alice".into(),
                     script: "a\nb\n".into(),
                     command: vec![],
-                    env: [("K".to_string(), "secret".to_string())].into_iter().collect(),
+                    env: [("K".to_string(), "secret".to_string())]
+                        .into_iter()
+                        .collect(),
                     resources: Some(pb::Resources {
                         gpus: 2,
                         ..Default::default()

@@ -70,7 +70,11 @@ pub(super) fn check_text(spec: &pb::JobSpec) -> Result<(), Status> {
 
 /// What only admins decide: raising a job's priority (users may lower it, like
 /// Slurm's `nice`), the QoS a user may choose, and time limits past the cap.
-pub(super) fn check_policy(cfg: &Config, caller: &Caller, spec: &pb::JobSpec) -> Result<(), Status> {
+pub(super) fn check_policy(
+    cfg: &Config,
+    caller: &Caller,
+    spec: &pb::JobSpec,
+) -> Result<(), Status> {
     if spec.priority > 0 && !caller.admin {
         return Err(Status::permission_denied(format!(
             "only admins raise a job's priority ({} asked); a negative priority lowers it",

@@ -1380,7 +1380,13 @@ pub fn check_plan(
         Ok(())
     };
     for r in &cluster.running {
-        add(&r.alloc, now, r.end_ms.max(now.saturating_add(1000)), r.job, None)?;
+        add(
+            &r.alloc,
+            now,
+            r.end_ms.max(now.saturating_add(1000)),
+            r.job,
+            None,
+        )?;
     }
     for s in &plan.starts {
         let j = duration

@@ -768,3 +768,63 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 }
+
+fn extreme_ms() -> impl Strategy<Value = Millis> {
+    prop_oneof![
+        Just(i64::MAX),
+        Just(i64::MAX - 1),
+        Just(i64::MAX / 2),
+        Just(i64::MIN),
+        Just(-1),
+        Just(0),
+        1i64..(100 * H),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Time math never wraps: with time limits and running ends anywhere in i64 and
+    /// `now` late in it, the plan is valid, every start and reservation is at or after
+    /// now, and backfill still never delays a reservation (a huge limit is long, never
+    /// short).
+    #[test]
+    fn extreme_times_never_wrap(
+        c in arb_cluster(),
+        q in arb_queue(),
+        durations in prop::collection::vec(extreme_ms(), 25),
+        now in prop_oneof![Just(0i64), Just(1_800_000_000_000i64), Just(i64::MAX / 2), Just(i64::MAX - 1000)],
+        p in arb_policy(),
+    ) {
+        let q: Vec<PendingJob> = q
+            .into_iter()
+            .zip(durations)
+            .map(|(mut j, d)| {
+                j.duration_ms = d;
+                j
+            })
+            .collect();
+        let config = cfg(p);
+        let plan = schedule(&c, &q, &config, now);
+        prop_assert_eq!(plan.starts.len() + plan.waiting.len(), q.len());
+        prop_assert_eq!(check_plan(&c, &q, &plan, now), Ok(()));
+        for w in &plan.waiting {
+            if let Some(r) = &w.reservation {
+                prop_assert!(r.start >= now, "reservation at {} before now {}", r.start, now);
+            }
+        }
+        // Planning only the jobs ranked at or above a waiting job gives it the same
+        // reservation: nothing ranked below (however its limit was written) delays it.
+        let ranked: Vec<JobId> = priority::rank(&q, &config.weights, now, size_norm(&c))
+            .iter().map(|(j, _)| j.id).collect();
+        for w in &plan.waiting {
+            let pos = ranked.iter().position(|&id| id == w.job).unwrap();
+            let upto: Vec<PendingJob> = q.iter().filter(|j| ranked[..=pos].contains(&j.id)).cloned().collect();
+            let alone = schedule(&c, &upto, &config, now);
+            prop_assert_eq!(
+                alone.waiting(w.job).and_then(|x| x.reservation.as_ref()).map(|r| r.start),
+                w.reservation.as_ref().map(|r| r.start)
+            );
+        }
+    }
+}
