@@ -55,6 +55,8 @@ struct Conn {
     /// The identity the agent keeps in its state dir, and where it connected from.
     agent_id: String,
     peer: String,
+    /// Starts sent on this session and not yet seen run: (command number, job, attempt).
+    starts: Vec<(u64, u64, u32)>,
 }
 
 #[derive(Default)]

@@ -338,7 +338,7 @@ impl agent_link_server::AgentLink for AgentApi {
             .0
             .verify_agent(&meta, "heartbeat", &req.node, &req.encode_to_vec())?;
         self.0.check_session(&req.node, &signed)?;
-        Ok(Response::new(self.0.heartbeat(&req)))
+        Ok(Response::new(self.0.heartbeat(&req).await?))
     }
 
     async fn report_job(

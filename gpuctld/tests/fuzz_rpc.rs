@@ -209,6 +209,7 @@ fn write_corpus() {
             }],
             agent_id: "agent-1".into(),
             address: "10.0.0.1".into(),
+            allow_root_jobs: true,
             ..pb::RegisterRequest::default()
         }
         .encode_to_vec(),
@@ -234,6 +235,8 @@ fn write_corpus() {
                 }],
                 ..pb::GpuMetrics::default()
             }],
+            commands_handled: 1,
+            reporting: Vec::new(),
         }
         .encode_to_vec(),
     );

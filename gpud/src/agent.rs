@@ -58,8 +58,10 @@ struct Session {
     id: Vec<u8>,
     /// Number of the last request sent.
     seq: std::sync::atomic::AtomicU64,
-    /// Number of the last command run.
+    /// Number of the last command accepted (replays are refused against it).
     last_cmd: std::sync::atomic::AtomicU64,
+    /// Number of the last command fully handled (run or refused), for heartbeats.
+    handled: std::sync::atomic::AtomicU64,
     /// When the controller last answered a heartbeat (or the attach), and how long it
     /// waits before it declares this node down.
     confirmed: Mutex<std::time::Instant>,
@@ -572,6 +574,7 @@ async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyh
             id: ch.nonce,
             seq: Default::default(),
             last_cmd: Default::default(),
+            handled: Default::default(),
             confirmed: Mutex::new(std::time::Instant::now()),
             node_timeout: Duration::from_millis(ch.node_timeout_ms.max(1000)),
         });
@@ -617,9 +620,21 @@ async fn heartbeats(
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
+        // Read before the running list: a start counted here is in one of the lists.
+        let commands_handled = session.handled.load(std::sync::atomic::Ordering::SeqCst);
         let req = pb::HeartbeatRequest {
             node: agent.name.clone(),
+            commands_handled,
             running: agent.running(),
+            reporting: agent
+                .reports
+                .snapshot()
+                .iter()
+                .map(|r| pb::RunningJob {
+                    job_id: r.job_id,
+                    attempt: r.attempt,
+                })
+                .collect(),
             metrics: agent
                 .latest
                 .lock()
@@ -663,21 +678,33 @@ async fn heartbeats(
 /// is not run: the controller has declared this node down and the job failed or was
 /// requeued (an agent that was stalled reads such starts late).
 fn handle(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand) {
+    let seq = run_command(agent, session, signed);
+    // Commands arrive in order; one that did not verify still counts as handled (the
+    // controller learns from the heartbeat that its start was not run).
+    session
+        .handled
+        .fetch_max(seq, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Runs one command; returns the number it had (or the next expected one when it did
+/// not verify).
+fn run_command(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand) -> u64 {
     use std::sync::atomic::Ordering;
+    let next = session.handled.load(Ordering::SeqCst) + 1;
     let cmd = match agent.key.verify_command(&agent.name, &signed) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("dropping a command that does not verify with the cluster key: {e}");
-            return;
+            return next;
         }
     };
     if cmd.session != session.id {
         tracing::error!("dropping a command of another session (replayed?)");
-        return;
+        return 0;
     }
     if cmd.seq <= session.last_cmd.fetch_max(cmd.seq, Ordering::SeqCst) {
         tracing::error!(seq = cmd.seq, "dropping a command seen before (replayed?)");
-        return;
+        return 0;
     }
     match cmd.command {
         Some(pb::agent_command::Command::Start(start)) => {
@@ -689,7 +716,7 @@ fn handle(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand) {
                     "not starting: no heartbeat answered for {:?}, so the controller has declared this node down",
                     confirmed.elapsed()
                 );
-                return;
+                return cmd.seq;
             }
             let (tx, rx) = mpsc::channel(4);
             {
@@ -701,7 +728,7 @@ fn handle(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand) {
                         attempt = start.attempt,
                         "duplicate start ignored"
                     );
-                    return;
+                    return cmd.seq;
                 }
                 jobs.insert(key, tx);
             }
@@ -721,6 +748,7 @@ fn handle(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand) {
         }
         None => {}
     }
+    cmd.seq
 }
 
 /// What the agent keeps on disk for each job it runs (`<state>/jobs/ID.ATTEMPT.json`),

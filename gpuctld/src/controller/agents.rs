@@ -42,8 +42,14 @@ impl Controller {
         cmd: pb::AgentCommand,
     ) -> Option<pb::SignedCommand> {
         let session = {
-            let c = self.lock();
-            let conn = c.conns.get(node).filter(|x| x.generation == generation)?;
+            let mut c = self.lock();
+            let conn = c
+                .conns
+                .get_mut(node)
+                .filter(|x| x.generation == generation)?;
+            if let Some(pb::agent_command::Command::Start(s)) = &cmd.command {
+                conn.starts.push((seq, s.job_id, s.attempt));
+            }
             conn.session.clone()
         };
         let cmd = pb::AgentCommand {
@@ -334,6 +340,7 @@ impl Controller {
                     window: ReplayWindow::default(),
                     agent_id: req.agent_id.clone(),
                     peer: peer.map(|p| p.to_string()).unwrap_or_default(),
+                    starts: Vec::new(),
                 },
             );
             c.last_heard.insert(req.node.clone(), now);
@@ -476,10 +483,104 @@ impl Controller {
         }
     }
 
-    /// A heartbeat of a live session (checked by `check_session`). Answers with the
-    /// instances the agent runs that the controller holds as ended or replaced.
-    pub fn heartbeat(&self, req: &pb::HeartbeatRequest) -> pb::HeartbeatResponse {
-        let mut c = self.lock();
+    /// A heartbeat of a live session (checked by `check_session`). Starts the agent has
+    /// handled but neither runs nor reports were not run (their command was refused):
+    /// those jobs end here with the reason, so that no job waits in RUNNING for a start
+    /// that never happened. Answers with the instances the agent runs that the
+    /// controller holds as ended or replaced.
+    pub async fn heartbeat(
+        &self,
+        req: &pb::HeartbeatRequest,
+    ) -> Result<pb::HeartbeatResponse, Status> {
+        let (resp, changed) = {
+            let mut c = self.lock();
+            let changed = self.starts_not_run(&mut c, req).map_err(store_status)?;
+            (Self::heartbeat_locked(&mut c, req), changed)
+        };
+        if changed {
+            self.store.flush().await.map_err(store_status)?;
+            self.wake_scheduler();
+        }
+        Ok(resp)
+    }
+
+    /// Ends the jobs whose starts the agent handled without running them.
+    fn starts_not_run(
+        &self,
+        c: &mut Cluster,
+        req: &pb::HeartbeatRequest,
+    ) -> Result<bool, StoreError> {
+        let Some(conn) = c.conns.get_mut(&req.node) else {
+            return Ok(false);
+        };
+        let seen = |job: u64, attempt: u32| {
+            req.running
+                .iter()
+                .chain(&req.reporting)
+                .any(|r| r.job_id == job && r.attempt == attempt)
+        };
+        let mut not_run = Vec::new();
+        conn.starts.retain(|&(seq, job, attempt)| {
+            if seq > req.commands_handled {
+                return true;
+            }
+            if !seen(job, attempt) {
+                not_run.push((job, attempt));
+            }
+            false
+        });
+        let now = now_ms();
+        let mut changed = false;
+        for (id, attempt) in not_run {
+            let Some(stored) = c.jobs.get_mut(&id) else {
+                continue;
+            };
+            if stored.start_confirmed {
+                continue;
+            }
+            let cancel = stored.cancel_requested;
+            let j = job_mut(stored);
+            if j.attempt != attempt || j.state().is_final() {
+                continue;
+            }
+            let (state, why) = if cancel {
+                (
+                    JobState::Cancelled,
+                    "cancelled before its start ran".to_string(),
+                )
+            } else {
+                (
+                    JobState::Failed,
+                    format!(
+                        "the agent on {} did not run the start (its command was refused: see that agent's log)",
+                        req.node
+                    ),
+                )
+            };
+            for a in j
+                .allocations
+                .iter_mut()
+                .filter(|a| a.node == req.node && !a.ended)
+            {
+                a.ended = true;
+                a.set_state(state);
+                a.reason = why.clone();
+            }
+            tracing::error!(job = id, attempt, node = %req.node, "{why}");
+            if j.allocations.iter().all(|a| a.ended) {
+                let (state, code, reason) = final_state(&j.allocations);
+                j.set_state(state);
+                j.exit_code = code;
+                j.reason = reason;
+                j.end_time_ms = now;
+            }
+            self.store.put_job(stored)?;
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    fn heartbeat_locked(c: &mut Cluster, req: &pb::HeartbeatRequest) -> pb::HeartbeatResponse {
         let known = c.conns.contains_key(&req.node);
         let now = now_ms();
         if let Some(n) = c.nodes.get_mut(&req.node) {

@@ -1,0 +1,218 @@
+//! The agent side of the controller, driven in process through the real handlers
+//! (`AgentApi`) with requests signed by the cluster key: sessions, replays, and starts
+//! an agent handled without running them.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use gpuctl_proto::agent_link_server::AgentLink as _;
+use gpuctl_proto::auth::{
+    ClusterKey, MAC_HEADER, NODE_HEADER, SEQ_HEADER, SESSION_HEADER, Signed, TIME_HEADER,
+};
+use gpuctl_proto::{self as pb};
+use gpuctld::auth::Caller;
+use gpuctld::config::Config;
+use gpuctld::controller::{Controller, now_ms};
+use gpuctld::server::{AgentApi, CommandStream};
+use gpuctld::store::Store;
+use prost::Message;
+
+struct Agent {
+    key: ClusterKey,
+    api: AgentApi,
+    session: Vec<u8>,
+    seq: u64,
+}
+
+impl Agent {
+    fn req<T: Message>(&mut self, method: &str, msg: T, numbered: bool) -> tonic::Request<T> {
+        let now = now_ms();
+        let signed = if numbered {
+            self.seq += 1;
+            Signed {
+                session: self.session.clone(),
+                seq: self.seq,
+            }
+        } else {
+            Signed {
+                session: Vec::new(),
+                seq: 0,
+            }
+        };
+        let mac = self
+            .key
+            .sign_request(method, "n1", now, &signed, &msg.encode_to_vec());
+        let mut r = tonic::Request::new(msg);
+        let m = r.metadata_mut();
+        m.insert(NODE_HEADER, "n1".parse().unwrap());
+        m.insert(TIME_HEADER, now.into());
+        m.insert(
+            SESSION_HEADER,
+            hex::encode(&signed.session).parse().unwrap(),
+        );
+        m.insert(SEQ_HEADER, signed.seq.into());
+        m.insert(MAC_HEADER, mac.parse().unwrap());
+        r
+    }
+
+    fn register(nonce: Vec<u8>) -> pb::RegisterRequest {
+        pb::RegisterRequest {
+            node: "n1".into(),
+            gpus: vec![pb::Gpu {
+                uuid: "GPU-0".into(),
+                model: "A100-80GB".into(),
+                memory_mib: 81920,
+                ..pb::Gpu::default()
+            }],
+            cpus: 8,
+            memory_bytes: 64 << 30,
+            gpu_backend: "fake".into(),
+            nonce,
+            agent_id: "agent-a".into(),
+            allow_root_jobs: true,
+            ..pb::RegisterRequest::default()
+        }
+    }
+
+    async fn attach(&mut self) -> Result<CommandStream, tonic::Status> {
+        let ch = pb::ChallengeRequest { node: "n1".into() };
+        let req = self.req("challenge", ch, false);
+        let nonce = self.api.challenge(req).await?.into_inner().nonce;
+        let req = self.req("attach", Agent::register(nonce.clone()), false);
+        let stream = self.api.attach(req).await?.into_inner();
+        self.session = nonce;
+        self.seq = 0;
+        Ok(stream)
+    }
+
+    async fn heartbeat(&mut self, handled: u64) -> Result<pb::HeartbeatResponse, tonic::Status> {
+        let hb = pb::HeartbeatRequest {
+            node: "n1".into(),
+            commands_handled: handled,
+            ..pb::HeartbeatRequest::default()
+        };
+        let req = self.req("heartbeat", hb, true);
+        Ok(self.api.heartbeat(req).await?.into_inner())
+    }
+}
+
+fn setup() -> (tempfile::TempDir, Arc<Controller>, Agent) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ClusterKey::generate();
+    let ctl = Controller::open(
+        Store::open(dir.path()).unwrap(),
+        Config::default(),
+        key.clone(),
+    )
+    .unwrap();
+    let agent = Agent {
+        key,
+        api: AgentApi(ctl.clone()),
+        session: Vec::new(),
+        seq: 0,
+    };
+    (dir, ctl, agent)
+}
+
+fn root() -> Caller {
+    Caller {
+        user: "root".into(),
+        uid: Some(0),
+        gid: Some(0),
+        admin: true,
+        via: "unix-socket",
+    }
+}
+
+fn job_spec() -> pb::JobSpec {
+    pb::JobSpec {
+        script: "true".into(),
+        workdir: "/tmp".into(),
+        resources: Some(pb::Resources {
+            gpus: 1,
+            cpus: 1,
+            ..pb::Resources::default()
+        }),
+        ..pb::JobSpec::default()
+    }
+}
+
+#[tokio::test]
+async fn a_start_the_agent_handled_but_did_not_run_ends_the_job() {
+    let (_dir, ctl, mut agent) = setup();
+    let mut stream = agent.attach().await.unwrap();
+    let id = ctl.submit(&root(), Some(job_spec()), "").await.unwrap();
+    ctl.schedule_pass().await.unwrap();
+    assert_eq!(ctl.get_job(id).unwrap().state(), pb::JobState::Running);
+    let signed = stream.next().await.unwrap().unwrap();
+    let cmd = agent.key.verify_command("n1", &signed).unwrap();
+    assert_eq!(cmd.session, agent.session);
+    assert_eq!(cmd.seq, 1);
+    // A heartbeat from before the start was handled changes nothing.
+    agent.heartbeat(0).await.unwrap();
+    assert_eq!(ctl.get_job(id).unwrap().state(), pb::JobState::Running);
+    // The agent handled command 1 and runs nothing: the start was refused.
+    agent.heartbeat(1).await.unwrap();
+    let j = ctl.get_job(id).unwrap();
+    assert_eq!(j.state(), pb::JobState::Failed);
+    assert!(j.reason.contains("did not run the start"), "{}", j.reason);
+}
+
+#[tokio::test]
+async fn a_cancelled_start_that_never_ran_ends_cancelled() {
+    let (_dir, ctl, mut agent) = setup();
+    let mut stream = agent.attach().await.unwrap();
+    let id = ctl.submit(&root(), Some(job_spec()), "").await.unwrap();
+    ctl.schedule_pass().await.unwrap();
+    let _start = stream.next().await.unwrap().unwrap();
+    ctl.cancel(&root(), &[id]).await.unwrap();
+    assert_eq!(ctl.get_job(id).unwrap().state(), pb::JobState::Running);
+    let _kill = stream.next().await.unwrap().unwrap();
+    agent.heartbeat(2).await.unwrap();
+    assert_eq!(ctl.get_job(id).unwrap().state(), pb::JobState::Cancelled);
+}
+
+#[tokio::test]
+async fn replayed_attach_and_requests_are_refused() {
+    let (_dir, _ctl, mut agent) = setup();
+    let ch = pb::ChallengeRequest { node: "n1".into() };
+    let req = agent.req("challenge", ch, false);
+    let nonce = agent.api.challenge(req).await.unwrap().into_inner().nonce;
+    let attach = Agent::register(nonce.clone());
+    let req = agent.req("attach", attach.clone(), false);
+    let _stream = agent.api.attach(req).await.unwrap();
+    agent.session = nonce;
+    // The same attach again (same nonce): refused.
+    let req = agent.req("attach", attach, false);
+    let e = agent.api.attach(req).await.err().unwrap();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    // An attach with a nonce nobody handed out: refused.
+    let req = agent.req("attach", Agent::register(vec![7; 16]), false);
+    assert!(agent.api.attach(req).await.is_err());
+    // A heartbeat, then the very same one again.
+    agent.heartbeat(0).await.unwrap();
+    agent.seq -= 1;
+    let e = agent.heartbeat(0).await.unwrap_err();
+    assert!(e.message().contains("already seen"), "{}", e.message());
+    // A request of another session.
+    agent.session = vec![1; 16];
+    let e = agent.heartbeat(0).await.unwrap_err();
+    assert!(e.message().contains("old or unknown"), "{}", e.message());
+}
+
+#[tokio::test]
+async fn a_second_identity_cannot_take_a_live_name() {
+    let (_dir, _ctl, mut agent) = setup();
+    let _stream = agent.attach().await.unwrap();
+    let ch = pb::ChallengeRequest { node: "n1".into() };
+    let req = agent.req("challenge", ch, false);
+    let nonce = agent.api.challenge(req).await.unwrap().into_inner().nonce;
+    let mut other = Agent::register(nonce);
+    other.agent_id = "agent-b".into();
+    let req = agent.req("attach", other, false);
+    let e = agent.api.attach(req).await.err().unwrap();
+    assert_eq!(e.code(), tonic::Code::AlreadyExists);
+    assert!(e.message().contains("agent-a"), "{}", e.message());
+    // The same identity again (an agent restart) is welcome.
+    assert!(agent.attach().await.is_ok());
+}
