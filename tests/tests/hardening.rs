@@ -932,12 +932,14 @@ fn finished_jobs_are_compacted_and_retained_as_configured() {
     c.wait_nodes_up(1);
     let big = format!("true # {}", "x".repeat(200 * 1024));
     let toml = format!("script = \"{big}\"\n[env]\nTOKEN = \"s3cr3t\"\n");
-    let ids: Vec<u64> = (0..6).map(|_| c.submit("b.toml", &toml)).collect();
-    assert!(wait_for(T, || c
-        .json(&["queue"])
-        .as_array()
-        .unwrap()
-        .is_empty()));
+    // One after the other, so that "the newest three" is well defined.
+    let ids: Vec<u64> = (0..6)
+        .map(|_| {
+            let id = c.submit("b.toml", &toml);
+            c.wait_state(id, "COMPLETED", T);
+            id
+        })
+        .collect();
     let check = |c: &Cluster| {
         assert!(wait_for(T, || {
             c.json(&["queue", "--all"]).as_array().unwrap().len() == 3
