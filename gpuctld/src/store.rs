@@ -12,6 +12,23 @@ use gpuctl_proto::store::{StoredJob, StoredNode, StoredToken};
 use prost::Message;
 
 const SCHEMA_KEY: &[u8] = b"meta/schema";
+/// sled's log segment size for new state dirs.
+const SEGMENT_BYTES: usize = 8 << 20;
+
+/// The segment size of an existing sled dir (its `conf` file), or `SEGMENT_BYTES`.
+fn segment_size(db: &Path) -> usize {
+    std::fs::read_to_string(db.join("conf"))
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("segment_size: "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(SEGMENT_BYTES)
+}
+
+/// sled's page cache.
+const CACHE_BYTES: u64 = 64 << 20;
 /// Bump when a change makes old state unreadable.
 pub const SCHEMA: &str = "gpuctld-store-v1";
 const NEXT_ID_KEY: &[u8] = b"meta/next_job_id";
@@ -111,6 +128,14 @@ impl Store {
         let shown = dir.display().to_string();
         let db = sled::Config::new()
             .path(dir.join("db"))
+            // Jobs of up to `limits.max_job_bytes` stay inline in sled's log (values over
+            // a quarter segment become blob files that sled 0.34 does not remove when they
+            // are overwritten or deleted: 2,000 large jobs left 630 MB of them). A state
+            // dir created with another segment size keeps its own (sled refuses a change).
+            .segment_size(segment_size(&dir.join("db")))
+            // sled's default page cache is 1 GiB: the controller's memory would grow to
+            // it with old versions of large (since compacted) jobs.
+            .cache_capacity(CACHE_BYTES)
             .open()
             .map_err(|source| StoreError::Open {
                 dir: shown.clone(),

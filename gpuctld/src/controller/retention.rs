@@ -16,9 +16,11 @@ pub(super) fn compact(stored: &mut StoredJob) -> bool {
         return had_copy;
     };
     let big = !spec.env.is_empty() || !spec.script.is_empty() || spec.command.len() > 1;
-    spec.env.clear();
-    spec.script.clear();
+    // New values, not `clear()`: a cleared String keeps its allocation.
+    spec.env = Default::default();
+    spec.script = String::new();
     spec.command.truncate(1);
+    spec.command.shrink_to_fit();
     big || had_copy
 }
 
