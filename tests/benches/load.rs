@@ -40,6 +40,11 @@ struct Phase {
 async fn submit_many(socket: &Path, clients: usize, total: usize) -> Phase {
     let next = Arc::new(Mutex::new(0usize));
     let start = Instant::now();
+    // Every submit carries a request id, as `gpuctl submit` does (unique per phase).
+    let phase = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let url = format!("unix:{}", socket.display());
@@ -65,7 +70,7 @@ async fn submit_many(socket: &Path, clients: usize, total: usize) -> Phase {
                 client
                     .submit(pb::SubmitRequest {
                         spec: Some(spec(i)),
-                        request_id: format!("load-{i}"),
+                        request_id: format!("load-{phase}-{i}"),
                     })
                     .await
                     .expect("submit acknowledged");

@@ -259,12 +259,25 @@ impl Controller {
                     continue;
                 };
                 let confirmed = stored.start_confirmed;
+                let cancelled = stored.cancel_requested;
                 let j = job_mut(stored);
                 let here = live_allocs(j).any(|a| a.node == req.node);
                 if !here || running.contains(&(id, j.attempt)) {
                     continue;
                 }
-                if confirmed {
+                if !confirmed && cancelled {
+                    // Cancelled while its start was on the way, which never arrived.
+                    for a in j.allocations.iter_mut().filter(|a| !a.ended) {
+                        if a.node != req.node {
+                            other_kills.push((a.node.clone(), id));
+                        }
+                        a.ended = true;
+                        a.set_state(JobState::Cancelled);
+                    }
+                    j.set_state(JobState::Cancelled);
+                    j.reason = "cancelled before its start arrived".into();
+                    j.end_time_ms = now;
+                } else if confirmed {
                     for a in j
                         .allocations
                         .iter_mut()
