@@ -252,70 +252,8 @@ impl Controller {
             }
             let running: BTreeSet<(u64, u32)> =
                 req.running.iter().map(|r| (r.job_id, r.attempt)).collect();
-            let ids: Vec<u64> = c.active.iter().copied().collect();
-            let mut requeued = Vec::new();
-            for id in ids {
-                let Some(stored) = c.jobs.get_mut(&id) else {
-                    continue;
-                };
-                let confirmed = stored.start_confirmed;
-                let cancelled = stored.cancel_requested;
-                let j = job_mut(stored);
-                let here = live_allocs(j).any(|a| a.node == req.node);
-                if !here || running.contains(&(id, j.attempt)) {
-                    continue;
-                }
-                if !confirmed && cancelled {
-                    // Cancelled while its start was on the way, which never arrived.
-                    for a in j.allocations.iter_mut().filter(|a| !a.ended) {
-                        if a.node != req.node {
-                            other_kills.push((a.node.clone(), id));
-                        }
-                        a.ended = true;
-                        a.set_state(JobState::Cancelled);
-                    }
-                    j.set_state(JobState::Cancelled);
-                    j.reason = "cancelled before its start arrived".into();
-                    j.end_time_ms = now;
-                } else if confirmed {
-                    for a in j
-                        .allocations
-                        .iter_mut()
-                        .filter(|a| a.node == req.node && !a.ended)
-                    {
-                        a.ended = true;
-                        a.set_state(JobState::Failed);
-                        a.reason = "agent restarted without the job (lost)".into();
-                    }
-                    tracing::warn!(job = id, node = %req.node, "running job lost by its agent");
-                    if j.allocations.iter().all(|a| a.ended) {
-                        let (state, code, reason) = final_state(&j.allocations);
-                        j.set_state(state);
-                        j.exit_code = code;
-                        j.reason = reason;
-                        j.end_time_ms = now;
-                    }
-                } else {
-                    // Never confirmed started, and the agent does not run it: safe to requeue.
-                    for a in &j.allocations {
-                        if a.node != req.node {
-                            other_kills.push((a.node.clone(), id));
-                        }
-                    }
-                    j.set_state(JobState::Pending);
-                    j.node.clear();
-                    j.gpus.clear();
-                    j.allocations.clear();
-                    j.start_time_ms = 0;
-                    j.reason = "requeued: start was not delivered".into();
-                    requeued.push(owner(j).to_string());
-                    tracing::info!(job = id, "requeued an undelivered start");
-                }
-                self.store.put_job(stored).map_err(store_status)?;
-            }
-            for user in requeued {
-                c.pending_changed(&user, true);
-            }
+            self.reconcile_missing(&mut c, &req.node, &running, now, &mut other_kills)
+                .map_err(store_status)?;
             // A requeued job whose start is still running here is adopted again.
             for &(id, attempt) in &running {
                 if let Some(stored) = c.jobs.get_mut(&id)
@@ -377,6 +315,84 @@ impl Controller {
         tracing::info!(node = %req.node, gpus = req.gpus.len(), running = req.running.len(), "agent connected");
         self.wake_scheduler();
         Ok((rx, generation))
+    }
+
+    /// The jobs the controller places on `node` that its agent, attaching, does not
+    /// run: a confirmed start was lost (its allocation fails); an unconfirmed one never
+    /// arrived (requeued, or CANCELLED if a cancel was asked meanwhile).
+    fn reconcile_missing(
+        &self,
+        c: &mut Cluster,
+        node: &str,
+        running: &BTreeSet<(u64, u32)>,
+        now: i64,
+        other_kills: &mut Vec<(String, u64)>,
+    ) -> Result<(), StoreError> {
+        let ids: Vec<u64> = c.active.iter().copied().collect();
+        let mut requeued = Vec::new();
+        for id in ids {
+            let Some(stored) = c.jobs.get_mut(&id) else {
+                continue;
+            };
+            let confirmed = stored.start_confirmed;
+            let cancelled = stored.cancel_requested;
+            let j = job_mut(stored);
+            let here = live_allocs(j).any(|a| a.node == node);
+            if !here || running.contains(&(id, j.attempt)) {
+                continue;
+            }
+            if !confirmed && cancelled {
+                // Cancelled while its start was on the way, which never arrived.
+                for a in j.allocations.iter_mut().filter(|a| !a.ended) {
+                    if a.node != node {
+                        other_kills.push((a.node.clone(), id));
+                    }
+                    a.ended = true;
+                    a.set_state(JobState::Cancelled);
+                }
+                j.set_state(JobState::Cancelled);
+                j.reason = "cancelled before its start arrived".into();
+                j.end_time_ms = now;
+            } else if confirmed {
+                for a in j
+                    .allocations
+                    .iter_mut()
+                    .filter(|a| a.node == node && !a.ended)
+                {
+                    a.ended = true;
+                    a.set_state(JobState::Failed);
+                    a.reason = "agent restarted without the job (lost)".into();
+                }
+                tracing::warn!(job = id, node = %node, "running job lost by its agent");
+                if j.allocations.iter().all(|a| a.ended) {
+                    let (state, code, reason) = final_state(&j.allocations);
+                    j.set_state(state);
+                    j.exit_code = code;
+                    j.reason = reason;
+                    j.end_time_ms = now;
+                }
+            } else {
+                // Never confirmed started, and the agent does not run it: safe to requeue.
+                for a in &j.allocations {
+                    if a.node != node {
+                        other_kills.push((a.node.clone(), id));
+                    }
+                }
+                j.set_state(JobState::Pending);
+                j.node.clear();
+                j.gpus.clear();
+                j.allocations.clear();
+                j.start_time_ms = 0;
+                j.reason = "requeued: start was not delivered".into();
+                requeued.push(owner(j).to_string());
+                tracing::info!(job = id, "requeued an undelivered start");
+            }
+            self.store.put_job(stored)?;
+        }
+        for user in requeued {
+            c.pending_changed(&user, true);
+        }
+        Ok(())
     }
 
     /// Declares failed every node whose agent has been silent for `node_timeout`: the node

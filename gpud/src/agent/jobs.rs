@@ -1,0 +1,352 @@
+//! One job on this node: its record on disk, its launch (off the async threads), its
+//! wait, time limit and kill, and the report of its end; adoption after a restart.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuctl_proto::{self as pb, JobState};
+use prost::Message;
+use tokio::sync::mpsc;
+
+use super::{Agent, KillRequest, now_ms};
+use crate::launch::{LaunchSpec, resolve_user, terminate};
+use crate::monitor::Watched;
+
+/// What the agent keeps on disk for each job it runs (`<state>/jobs/ID.ATTEMPT.json`),
+/// so that a restarted agent finds its jobs again.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct JobRecord {
+    job_id: u64,
+    attempt: u32,
+    /// The shim's pid and its start time (clock ticks), against pid reuse.
+    pid: u32,
+    start_ticks: u64,
+    started_ms: i64,
+    cgroup_leaf: String,
+    /// The StartJob, protobuf-encoded.
+    start: Vec<u8>,
+}
+
+fn record_path(state: &std::path::Path, id: u64, attempt: u32, ext: &str) -> PathBuf {
+    state.join("jobs").join(format!("{id}.{attempt}.{ext}"))
+}
+
+/// Where a job's script is written (see `launch::write_script`).
+fn script_path(state: &std::path::Path, id: u64, attempt: u32) -> PathBuf {
+    state.join("scripts").join(format!("job-{id}.{attempt}.sh"))
+}
+
+/// A job found running (or ended) after an agent restart.
+pub(super) struct Adopted {
+    job: crate::launch::Launched,
+    started_ms: i64,
+}
+
+/// Jobs an earlier agent process left: running ones are adopted (watched again, with
+/// their kill channels registered before the agent registers), ended ones are reported
+/// with the status their shim wrote.
+pub(super) fn adopt_jobs(agent: &Arc<Agent>, cgroups: &crate::cgroup::Mode, parent: &str) {
+    let dir = agent.state_dir.join("jobs");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let rec: JobRecord = match std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("unreadable job record {}: {e}", path.display());
+                continue;
+            }
+        };
+        let Ok(start) = <pb::StartJob as Message>::decode(rec.start.as_slice()) else {
+            tracing::error!("corrupt StartJob in {}", path.display());
+            continue;
+        };
+        let status = record_path(&agent.state_dir, rec.job_id, rec.attempt, "status");
+        let cgroup = cgroups.existing(parent, &rec.cgroup_leaf);
+        let job = crate::launch::Launched::adopt(rec.pid, cgroup, status);
+        let (tx, rx) = mpsc::channel(4);
+        agent
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((rec.job_id, rec.attempt), tx);
+        let running = crate::launch::alive(rec.pid, rec.start_ticks);
+        tracing::info!(
+            job = rec.job_id,
+            attempt = rec.attempt,
+            pid = rec.pid,
+            running,
+            "found a job from before the agent restarted"
+        );
+        tokio::spawn(run_job(
+            agent.clone(),
+            start,
+            rx,
+            Some(Adopted {
+                job,
+                started_ms: rec.started_ms,
+            }),
+        ));
+    }
+}
+
+pub(super) async fn run_job(
+    agent: Arc<Agent>,
+    start: pb::StartJob,
+    mut kill_rx: mpsc::Receiver<KillRequest>,
+    adopted: Option<Adopted>,
+) {
+    let id = start.job_id;
+    let attempt = start.attempt;
+    let ended = |state: JobState, exit_code: Option<i32>, reason: String| pb::JobReport {
+        node: agent.name.clone(),
+        job_id: id,
+        kind: pb::job_report::Kind::Ended as i32,
+        state: state as i32,
+        exit_code,
+        reason,
+        time_ms: now_ms(),
+        attempt,
+    };
+    let user = start
+        .spec
+        .as_ref()
+        .map(|s| s.user.clone())
+        .unwrap_or_default();
+    let was_adopted = adopted.is_some();
+    let (spawned, started_ms, mps_held) = match adopted {
+        Some(a) => (Ok(a.job), a.started_ms, mps_shares(&agent, &start, true).0),
+        None => {
+            // Off the runtime's threads (MPS daemons and the launch itself): nothing a
+            // launch touches may stall heartbeats.
+            let (a, s) = (agent.clone(), start.clone());
+            let (spawned, held) = tokio::task::spawn_blocking(move || {
+                let (held, env) = mps_shares(&a, &s, false);
+                (spawn_recorded(&a, &s, &user, &env), held)
+            })
+            .await
+            .unwrap_or_else(|e| {
+                let e = std::io::Error::other(format!("launch panicked: {e}"));
+                (Err(e), Vec::new())
+            });
+            (spawned, now_ms(), held)
+        }
+    };
+    let report = match spawned {
+        Err(e) => {
+            tracing::warn!(job = id, "cannot start job: {e}");
+            ended(JobState::Failed, None, format!("launch failed: {e}"))
+        }
+        Ok(mut job) => {
+            tracing::info!(job = id, pid = job.id(), gpus = ?start.gpus, cgroup = job.cgroup.is_some(), adopted = was_adopted, "job started");
+            agent
+                .watched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    (id, attempt),
+                    (
+                        Watched {
+                            job_id: id,
+                            attempt,
+                            pgid: job.id().map_or(0, |p| p as i32),
+                            slots: start.slots.clone(),
+                        },
+                        Duration::from_secs(start.kill_grace_secs),
+                    ),
+                );
+            if !was_adopted {
+                agent.report(pb::JobReport {
+                    node: agent.name.clone(),
+                    job_id: id,
+                    kind: pb::job_report::Kind::Started as i32,
+                    time_ms: started_ms,
+                    attempt,
+                    ..pb::JobReport::default()
+                });
+            }
+            let full = Duration::from_secs(start.time_limit_secs.max(1));
+            // An adopted job keeps the deadline it had.
+            let ran = Duration::from_millis((now_ms() - started_ms).max(0) as u64);
+            let limit = full.saturating_sub(ran);
+            let grace = Duration::from_secs(start.kill_grace_secs);
+            let (status, forced) = tokio::select! {
+                s = job.wait() => (s, None),
+                _ = tokio::time::sleep(limit) => {
+                    tracing::info!(job = id, "time limit reached; terminating");
+                    let s = terminate(&mut job, grace).await;
+                    (s, Some((JobState::Timeout, format!("time limit {} reached", humantime::format_duration(full)))))
+                }
+                Some(k) = kill_rx.recv() => {
+                    tracing::info!(job = id, reason = %k.reason, "killing job");
+                    let s = terminate(&mut job, k.grace).await;
+                    (s, Some((k.as_state, k.reason)))
+                }
+            };
+            let forced = forced
+                .or_else(|| {
+                    job.launch_error()
+                        .map(|e| (JobState::Failed, format!("launch failed: {e}")))
+                })
+                .or_else(|| {
+                    job.oom_killed().then(|| {
+                        (
+                            JobState::Failed,
+                            "out of memory: killed at its memory limit".to_string(),
+                        )
+                    })
+                });
+            let ended_ms = job.ended_ms();
+            // Whatever the job left behind goes too.
+            job.cleanup();
+            let mut r = exit_report(status, forced, ended);
+            if let Some(t) = ended_ms.filter(|&t| t > 0) {
+                r.time_ms = t;
+            }
+            r
+        }
+    };
+    tracing::info!(job = id, state = report.state().as_str_name(), exit_code = ?report.exit_code, "job ended");
+    // The report is on disk before the record goes: a crash in between re-reports the
+    // same end, which the controller ignores.
+    agent.report(report);
+    for g in &mps_held {
+        agent.mps.release(g);
+    }
+    for ext in ["json", "status"] {
+        let _ = std::fs::remove_file(record_path(&agent.state_dir, id, attempt, ext));
+    }
+    let _ = std::fs::remove_file(script_path(&agent.state_dir, id, attempt));
+    agent
+        .watched
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(id, attempt));
+    agent
+        .jobs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(id, attempt));
+}
+
+/// The MPS daemons of the GPUs this job holds a share of (MIG instances are isolated
+/// already): held again for an adopted job, acquired (with the environment its clients
+/// need) for a new one. Returns the GPUs held and that environment.
+fn mps_shares(
+    agent: &Agent,
+    start: &pb::StartJob,
+    adopted: bool,
+) -> (Vec<String>, Vec<(String, String)>) {
+    let shared = start
+        .slots
+        .iter()
+        .filter(|s| s.compute_milli < 1000 && !s.uuid.starts_with("MIG-"))
+        .map(|s| s.uuid.clone());
+    let mut held = Vec::new();
+    let mut env = Vec::new();
+    for g in shared {
+        if adopted {
+            agent.mps.hold(&g);
+            held.push(g);
+            continue;
+        }
+        match agent.mps.acquire(&g) {
+            Ok(e) => {
+                env.extend(e);
+                held.push(g);
+            }
+            Err(why) => agent.warn(start.job_id, start.attempt, &why),
+        }
+    }
+    (held, env)
+}
+
+/// Starts a job under the shim and records it on disk.
+fn spawn_recorded(
+    agent: &Arc<Agent>,
+    start: &pb::StartJob,
+    user: &str,
+    extra_env: &[(String, String)],
+) -> std::io::Result<crate::launch::Launched> {
+    let run_as = resolve_user(user, agent.allow_root_jobs).map_err(std::io::Error::other)?;
+    let mut spec =
+        LaunchSpec::from_start(start, &agent.name, &agent.state_dir.join("scripts"), run_as)?;
+    spec.env.extend(extra_env.iter().cloned());
+    let jobs = agent.state_dir.join("jobs");
+    std::fs::create_dir_all(&jobs)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // Job records hold the StartJob with its env: root's alone.
+        std::fs::set_permissions(&jobs, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let status = record_path(&agent.state_dir, start.job_id, start.attempt, "status");
+    let _ = std::fs::remove_file(&status);
+    spec.shim = Some((std::env::current_exe()?, status));
+    let job = agent.launcher.spawn(&spec)?;
+    let pid = job.id().unwrap_or(0);
+    let rec = JobRecord {
+        job_id: start.job_id,
+        attempt: start.attempt,
+        pid,
+        start_ticks: crate::launch::proc_start(pid).map_or(0, |x| x.1),
+        started_ms: now_ms(),
+        cgroup_leaf: spec.cgroup_leaf(),
+        start: start.encode_to_vec(),
+    };
+    let path = record_path(&agent.state_dir, start.job_id, start.attempt, "json");
+    let tmp = path.with_extension("json.tmp");
+    {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&serde_json::to_vec(&rec).map_err(std::io::Error::other)?)?;
+    }
+    std::fs::rename(&tmp, &path)?;
+    Ok(job)
+}
+
+fn exit_report(
+    status: std::io::Result<std::process::ExitStatus>,
+    forced: Option<(JobState, String)>,
+    ended: impl Fn(JobState, Option<i32>, String) -> pb::JobReport,
+) -> pb::JobReport {
+    use std::os::unix::process::ExitStatusExt;
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => {
+            return ended(
+                JobState::Failed,
+                None,
+                format!("cannot wait for the job: {e}"),
+            );
+        }
+    };
+    let code = status.code().or_else(|| status.signal().map(|s| 128 + s));
+    if let Some((state, reason)) = forced {
+        return ended(state, code, reason);
+    }
+    match (status.code(), status.signal()) {
+        (Some(0), _) => ended(JobState::Completed, Some(0), String::new()),
+        (Some(c), _) => ended(JobState::Failed, Some(c), format!("exit code {c}")),
+        (None, Some(sig)) => {
+            let name = nix::sys::signal::Signal::try_from(sig)
+                .map_or_else(|_| sig.to_string(), |s| s.as_str().to_string());
+            ended(JobState::Failed, code, format!("killed by signal {name}"))
+        }
+        (None, None) => ended(JobState::Failed, None, "unknown exit status".into()),
+    }
+}
