@@ -160,6 +160,10 @@ fn a_second_agent_cannot_take_a_live_name() {
         ],
     );
     c2.wait_nodes_up(1);
+    if c2.agent_log("m1").contains("no writable cgroup hierarchy") {
+        eprintln!("skipped the cgroup half: no writable cgroup hierarchy here");
+        return;
+    }
     let j2 = c2.submit("s.toml", "script = \"sleep 1\"\n");
     assert_eq!(j2, id, "both clusters' first job");
     let done = c2.wait_state(j2, "FAILED", T);
