@@ -101,6 +101,8 @@ async fn agent_main() -> ExitCode {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: log files and journald get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
     let name = args.name.unwrap_or_else(gpud::host::hostname);

@@ -101,6 +101,7 @@ fn replayed_agent_connection_does_nothing() {
         log.contains("attach with an unknown, used or expired nonce refused"),
         "{log}"
     );
+    assert!(!log.contains('\u{1b}'), "colour codes in a log file");
     // The real agent is undisturbed: new work still starts there.
     let id2 = c.submit("t.toml", "script = \"true\"\n[resources]\ngpus = 1\n");
     c.wait_state(id2, "COMPLETED", T);
