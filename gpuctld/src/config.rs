@@ -36,6 +36,9 @@ pub struct Config {
     /// admins only.
     pub qos: BTreeMap<String, QosConfig>,
     pub retention: Retention,
+    /// The same as `limits.max_time_limit`, at the top level (either may be given).
+    #[serde(with = "humantime_serde", default)]
+    pub max_time_limit: Option<Duration>,
 }
 
 /// The `[retention]` table: how long finished jobs are kept (for `show`, `queue
@@ -186,6 +189,7 @@ impl Default for Config {
             limits: Limits::default(),
             qos: default_qos(),
             retention: Retention::default(),
+            max_time_limit: None,
         }
     }
 }
@@ -247,6 +251,9 @@ impl Config {
             path: path.display().to_string(),
             why,
         };
+        if let Some(max) = config.max_time_limit {
+            config.limits.max_time_limit = max;
+        }
         if config.default_time_limit > config.limits.max_time_limit {
             return Err(invalid(format!(
                 "default_time_limit {} is over limits.max_time_limit {}",
@@ -322,6 +329,21 @@ mod tests {
         assert!(!d.qos["high"].allows("bob", false));
         assert!(d.qos["normal"].allows("bob", false));
         assert_eq!(d.limits.max_time_limit, Duration::from_secs(30 * 86400));
+    }
+
+    #[test]
+    fn max_time_limit_at_the_top_or_in_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "max_time_limit = \"7days\"\n").unwrap();
+        let c = Config::load(&p).unwrap();
+        assert_eq!(c.limits.max_time_limit, Duration::from_secs(7 * 86400));
+        std::fs::write(&p, "[limits]\nmax_time_limit = \"2days\"\n").unwrap();
+        let c = Config::load(&p).unwrap();
+        assert_eq!(c.limits.max_time_limit, Duration::from_secs(2 * 86400));
+        std::fs::write(&p, "max_time_limit = \"30m\"\n").unwrap();
+        let e = Config::load(&p).unwrap_err().to_string();
+        assert!(e.contains("default_time_limit 1h is over"), "{e}");
     }
 
     #[test]
