@@ -71,7 +71,11 @@ pub(super) fn adopt_jobs(agent: &Arc<Agent>, cgroups: &crate::cgroup::Mode, pare
             continue;
         };
         let status = record_path(&agent.state_dir, rec.job_id, rec.attempt, "status");
-        let cgroup = cgroups.existing(parent, &rec.cgroup_leaf);
+        // Jobs started by an agent before identities used the old default parent.
+        let legacy = format!("gpuctl/{}", agent.name);
+        let cgroup = cgroups
+            .existing(parent, &rec.cgroup_leaf)
+            .or_else(|| cgroups.existing(&legacy, &rec.cgroup_leaf));
         let job = crate::launch::Launched::adopt(rec.pid, cgroup, status);
         let (tx, rx) = mpsc::channel(4);
         agent
