@@ -419,6 +419,39 @@ fn jobs_get_a_login_environment_and_clear_missing_program_errors() {
     );
 }
 
+/// Moves the controller's state dir onto a tmpfs of `size` (after starting one agent),
+/// restarts the controller there and waits for the agent; `None` (having said so)
+/// where no tmpfs can be mounted.
+fn state_on_tmpfs(c: &mut Cluster, size: &str) -> Option<Mounted> {
+    c.add_agent("n1", "1xA100-80GB", &[]);
+    c.wait_nodes_up(1);
+    c.stop_controller();
+    let state = c.path("ctld-state");
+    let saved = c.path("ctld-state.saved");
+    std::fs::rename(&state, &saved).unwrap();
+    std::fs::create_dir(&state).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(&state)
+        .status()
+        .unwrap();
+    if !mounted.success() {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return None;
+    }
+    let guard = Mounted(state.clone());
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", saved.display()))
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    c.start_controller();
+    c.wait_nodes_up(1);
+    Some(guard)
+}
+
 /// Unmounts a tmpfs when dropped.
 struct Mounted(std::path::PathBuf);
 
@@ -441,33 +474,10 @@ fn a_full_disk_refuses_submits_and_recovers() {
         return;
     }
     let mut c = Cluster::controller_with_config("[limits]\nmin_free_disk = \"4MiB\"");
-    c.add_agent("n1", "1xA100-80GB", &[]);
-    c.wait_nodes_up(1);
-    // Move the controller's state onto a 20 MiB tmpfs.
-    c.stop_controller();
-    let state = c.path("ctld-state");
-    let saved = c.path("ctld-state.saved");
-    std::fs::rename(&state, &saved).unwrap();
-    std::fs::create_dir(&state).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=20m", "tmpfs"])
-        .arg(&state)
-        .status()
-        .unwrap();
-    if !mounted.success() {
-        eprintln!("skipped: cannot mount a tmpfs here");
+    let Some(_guard) = state_on_tmpfs(&mut c, "20m") else {
         return;
-    }
-    let _guard = Mounted(state.clone());
-    let cp = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", saved.display()))
-        .arg(&state)
-        .status()
-        .unwrap();
-    assert!(cp.success());
-    c.start_controller();
-    c.wait_nodes_up(1);
+    };
+    let state = c.path("ctld-state");
     let ok = c.submit("a.toml", "script = \"true\"\n");
     c.wait_state(ok, "COMPLETED", T);
 
@@ -518,32 +528,10 @@ fn a_disk_that_fills_up_anyway_recovers_by_itself() {
         return;
     }
     let mut c = Cluster::controller_with_config("[limits]\nmin_free_disk = \"0B\"");
-    c.add_agent("n1", "1xA100-80GB", &[]);
-    c.wait_nodes_up(1);
-    c.stop_controller();
-    let state = c.path("ctld-state");
-    let saved = c.path("ctld-state.saved");
-    std::fs::rename(&state, &saved).unwrap();
-    std::fs::create_dir(&state).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
-        .arg(&state)
-        .status()
-        .unwrap();
-    if !mounted.success() {
-        eprintln!("skipped: cannot mount a tmpfs here");
+    let Some(_guard) = state_on_tmpfs(&mut c, "64m") else {
         return;
-    }
-    let _guard = Mounted(state.clone());
-    let cp = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", saved.display()))
-        .arg(&state)
-        .status()
-        .unwrap();
-    assert!(cp.success());
-    c.start_controller();
-    c.wait_nodes_up(1);
+    };
+    let state = c.path("ctld-state");
     let acked = c.submit("a.toml", "script = \"sleep 600\"\n");
     c.wait_state(acked, "RUNNING", T);
     let filler = state.join("filler");

@@ -354,15 +354,8 @@ impl Controller {
                 j.reason = "cancelled before its start arrived".into();
                 j.end_time_ms = now;
             } else if confirmed {
-                for a in j
-                    .allocations
-                    .iter_mut()
-                    .filter(|a| a.node == node && !a.ended)
-                {
-                    a.ended = true;
-                    a.set_state(JobState::Failed);
-                    a.reason = "agent restarted without the job (lost)".into();
-                }
+                let lost = "agent restarted without the job (lost)";
+                end_allocs_on(j, node, JobState::Failed, None, lost);
                 tracing::warn!(job = id, node = %node, "running job lost by its agent");
                 if j.allocations.iter().all(|a| a.ended) {
                     let (state, code, reason) = final_state(&j.allocations);
@@ -586,15 +579,7 @@ impl Controller {
                     ),
                 )
             };
-            for a in j
-                .allocations
-                .iter_mut()
-                .filter(|a| a.node == req.node && !a.ended)
-            {
-                a.ended = true;
-                a.set_state(state);
-                a.reason = why.clone();
-            }
+            end_allocs_on(j, &req.node, state, None, &why);
             tracing::error!(job = id, attempt, node = %req.node, "{why}");
             if j.allocations.iter().all(|a| a.ended) {
                 let (state, code, reason) = final_state(&j.allocations);
@@ -717,16 +702,7 @@ impl Controller {
                     | JobState::Timeout) => s,
                     _ => JobState::Failed,
                 };
-                for a in j
-                    .allocations
-                    .iter_mut()
-                    .filter(|a| a.node == r.node && !a.ended)
-                {
-                    a.ended = true;
-                    a.set_state(state);
-                    a.exit_code = r.exit_code;
-                    a.reason = r.reason.clone();
-                }
+                end_allocs_on(j, &r.node, state, r.exit_code, &r.reason);
                 if state != JobState::Completed && !cancel_requested {
                     kill_others = live_allocs(j).map(|a| (a.node.clone(), j.id)).collect();
                 }
@@ -782,4 +758,24 @@ fn readopt(stored: &mut StoredJob, node: &str, attempt: u32) -> bool {
     stored.job = Some(before);
     stored.start_confirmed = true;
     true
+}
+
+/// Ends a job's live allocations on `node` with `state`.
+fn end_allocs_on(
+    j: &mut pb::Job,
+    node: &str,
+    state: JobState,
+    exit_code: Option<i32>,
+    reason: &str,
+) {
+    for a in j
+        .allocations
+        .iter_mut()
+        .filter(|a| a.node == node && !a.ended)
+    {
+        a.ended = true;
+        a.set_state(state);
+        a.exit_code = exit_code;
+        a.reason = reason.to_string();
+    }
 }
