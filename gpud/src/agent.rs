@@ -96,6 +96,8 @@ struct Agent {
     reports: ReportQueue,
     /// Wakes the reporter when a report is queued.
     report_ready: Notify,
+    /// This agent's identity (`<state-dir>/agent-id`).
+    id: String,
     /// The live session; `None` while not attached.
     session: Mutex<Option<Arc<Session>>>,
     session_ready: Notify,
@@ -264,6 +266,7 @@ pub async fn run(
         gpus: Mutex::new(gpus.clone()),
         gpus_changed: Notify::new(),
         report_ready: Notify::new(),
+        id: id.clone(),
         session: Mutex::new(None),
         session_ready: Notify::new(),
     });
@@ -511,7 +514,7 @@ fn fatal_attach(e: &tonic::Status) -> bool {
 async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyhow::Result<()> {
     let mut client = AgentLinkClient::new(channel);
     let mut backoff = Duration::from_millis(100);
-    let id = agent_id(&opts.state_dir)?;
+    let id = agent.id.clone();
     let address = opts
         .address
         .clone()
@@ -582,7 +585,8 @@ async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyh
             node_timeout: Duration::from_millis(ch.node_timeout_ms.max(1000)),
         });
         *agent.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(session.clone());
-        agent.session_ready.notify_waiters();
+        // One waiter (the reporter); a permit is kept if it is not waiting yet.
+        agent.session_ready.notify_one();
         backoff = Duration::from_millis(100);
         tracing::info!("registered with controller {}", opts.controller);
 
