@@ -455,13 +455,17 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Submit {
             file, user, export, ..
         } => {
-            let job = jobfile::load(file).map_err(|e| fail(e.to_string()))?;
+            let (job, extra) = jobfile::load_any(file).map_err(|e| fail(e.to_string()))?;
+            for w in &extra.warnings {
+                eprintln!("gpuctl: warning: {}: {w}", file.display());
+            }
             let cwd = std::env::current_dir()
                 .map_err(|e| fail(format!("cannot read the current directory: {e}")))?;
             // The controller runs the job as the authenticated caller; naming a user
             // (admins only) asks for another.
             let mut spec = job.into_spec(&cwd, user.as_deref().unwrap_or(""), 0, 0);
-            if let Some(e) = export {
+            // The command line's --export wins over the script's.
+            if let Some(e) = export.as_ref().or(extra.export.as_ref()) {
                 let exported = exported_env(e, std::env::vars_os()).map_err(fail)?;
                 for (k, v) in exported {
                     spec.env.entry(k).or_insert(v);

@@ -127,12 +127,27 @@ pub struct Job {
 
 /// Reads and validates a job file.
 pub fn load(path: &Path) -> Result<Job, JobFileError> {
+    load_any(path).map(|(job, _)| job)
+}
+
+/// Reads and validates a job file: TOML, or a Slurm batch script (`#!` first, or
+/// `#SBATCH` lines), with what a batch script asks for besides the job.
+pub fn load_any(path: &Path) -> Result<(Job, crate::sbatch::Extra), JobFileError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| JobFileError::Read {
         file: file.clone(),
         source,
     })?;
-    parse(&file, &text)
+    if text.len() > MAX_JOB_FILE_BYTES {
+        return Err(JobFileError::TooLarge {
+            file,
+            size: text.len(),
+        });
+    }
+    if crate::sbatch::is_batch_script(&text) {
+        return crate::sbatch::parse(&file, &text);
+    }
+    Ok((parse(&file, &text)?, crate::sbatch::Extra::default()))
 }
 
 /// Parses and validates job file text; `file` names it in errors.
@@ -488,7 +503,7 @@ fn snippet(line: &str, column: usize, width: usize) -> String {
     )
 }
 
-fn at_span(file: &str, text: &str, span: Range<usize>, message: String) -> JobFileError {
+pub(crate) fn at_span(file: &str, text: &str, span: Range<usize>, message: String) -> JobFileError {
     let start = span.start.min(text.len());
     let before = &text[..start];
     let line = before.matches('\n').count() + 1;

@@ -90,7 +90,42 @@ pub fn job_env(start: &pb::StartJob, node: &str, lang: Option<&str>) -> BTreeMap
     env.insert("WORLD_SIZE".into(), nodelist.len().to_string());
     env.insert("LOCAL_RANK".into(), "0".into());
     env.insert("LOCAL_WORLD_SIZE".into(), "1".into());
+    slurm_env(&mut env, start, spec, &nodelist, gpus.len());
     env
+}
+
+/// The `SLURM_*` variables that scripts written for Slurm read (one task per node).
+fn slurm_env(
+    env: &mut BTreeMap<String, String>,
+    start: &pb::StartJob,
+    spec: &pb::JobSpec,
+    nodelist: &[String],
+    gpus: usize,
+) {
+    let cpus = spec.resources.as_ref().map_or(1, |r| r.cpus.max(1));
+    let nodes = nodelist.len().to_string();
+    for (k, v) in [
+        ("SLURM_JOB_ID", start.job_id.to_string()),
+        ("SLURM_JOBID", start.job_id.to_string()),
+        ("SLURM_JOB_NAME", spec.name.clone()),
+        ("SLURM_JOB_USER", spec.user.clone()),
+        ("SLURM_NNODES", nodes.clone()),
+        ("SLURM_JOB_NUM_NODES", nodes.clone()),
+        ("SLURM_NTASKS", nodes),
+        ("SLURM_NODEID", start.rank.to_string()),
+        ("SLURM_PROCID", start.rank.to_string()),
+        ("SLURM_LOCALID", "0".into()),
+        ("SLURM_JOB_NODELIST", nodelist.join(",")),
+        ("SLURM_SUBMIT_DIR", spec.workdir.clone()),
+        ("SLURM_CPUS_PER_TASK", cpus.to_string()),
+        ("SLURM_GPUS_ON_NODE", gpus.to_string()),
+        (
+            "SLURM_RESTART_COUNT",
+            start.attempt.saturating_sub(1).to_string(),
+        ),
+    ] {
+        env.insert(k.into(), v);
+    }
 }
 
 /// Where one rank's output goes.
@@ -848,6 +883,12 @@ mod tests {
         assert_eq!(env["WORLD_SIZE"], "2");
         assert_eq!(env["LOCAL_RANK"], "0");
         assert_eq!(env["LOCAL_WORLD_SIZE"], "1");
+        assert_eq!(env["SLURM_JOB_ID"], "7");
+        assert_eq!(env["SLURM_NNODES"], "2");
+        assert_eq!(env["SLURM_NODEID"], "1");
+        assert_eq!(env["SLURM_PROCID"], "1");
+        assert_eq!(env["SLURM_JOB_NODELIST"], "n1,n2");
+        assert_eq!(env["SLURM_JOB_NAME"], "train");
         // With the agents' addresses, MASTER_ADDR is rank 0's address; the job's env
         // may still name its own.
         s.addresses = vec!["10.1.2.3".into(), "10.1.2.4".into()];

@@ -1,0 +1,358 @@
+//! Slurm batch scripts as they are: `gpuctl submit train.sbatch` reads the `#SBATCH`
+//! lines at the top of a shell script (as sbatch does: up to the first command) and
+//! runs the whole script as the job. Options gpuctl has no equivalent for are refused by
+//! name, with the line and column; a few that change nothing here (mail, comments) are
+//! ignored with a warning.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::jobfile::{Job, JobFileError, at_span, parse_dependency};
+
+/// Whether `text` is a batch script rather than a TOML job file: it starts with `#!`
+/// or has `#SBATCH` lines.
+pub fn is_batch_script(text: &str) -> bool {
+    text.starts_with("#!") || directives(text).next().is_some()
+}
+
+/// The `#SBATCH` lines: (byte offset of the options, the options), up to the first line
+/// that is neither blank nor a comment.
+fn directives(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    let mut offset = 0;
+    text.split_inclusive('\n')
+        .map(move |line| {
+            let at = offset;
+            offset += line.len();
+            (at, line.trim_end_matches(['\n', '\r']))
+        })
+        .take_while(|(_, l)| l.trim().is_empty() || l.trim_start().starts_with('#'))
+        .filter_map(|(at, l)| {
+            let rest = l.strip_prefix("#SBATCH")?;
+            rest.starts_with(char::is_whitespace)
+                .then(|| (at + "#SBATCH".len(), rest))
+        })
+}
+
+/// What a batch script asks for besides the job: its `--export`, if any.
+#[derive(Debug, Default, PartialEq)]
+pub struct Extra {
+    pub export: Option<String>,
+    /// Options that change nothing here, each with why.
+    pub warnings: Vec<String>,
+}
+
+/// Options with no effect in gpuctl, ignored with a warning.
+const IGNORED: &[&str] = &[
+    "mail-type",
+    "mail-user",
+    "comment",
+    "account",
+    "A",
+    "hint",
+    "open-mode",
+];
+
+/// The long name of a short option.
+fn long_name(short: char) -> Option<&'static str> {
+    Some(match short {
+        'J' => "job-name",
+        'o' => "output",
+        'e' => "error",
+        't' => "time",
+        'N' => "nodes",
+        'n' => "ntasks",
+        'c' => "cpus-per-task",
+        'G' => "gpus",
+        'p' => "partition",
+        'D' => "chdir",
+        'a' => "array",
+        'd' => "dependency",
+        'q' => "qos",
+        'A' => "account",
+        'C' => "constraint",
+        _ => return None,
+    })
+}
+
+/// Options that take no value.
+const FLAGS: &[&str] = &["requeue", "no-requeue", "exclusive"];
+
+/// One option from a `#SBATCH` line: its long name, its value, and where it stands.
+struct Opt {
+    name: String,
+    value: String,
+    span: Range<usize>,
+}
+
+/// The words of one `#SBATCH` line with their byte offsets, as a shell splits them:
+/// quotes group (and are removed), a `#` that starts a word starts a comment.
+fn words(line: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut start = None;
+    let mut quote = None;
+    for (i, c) in line.char_indices() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => cur.push(c),
+            None if c.is_whitespace() => {
+                if let Some(s) = start.take() {
+                    out.push((s, std::mem::take(&mut cur)));
+                }
+            }
+            None if c == '#' && start.is_none() => break,
+            None => {
+                start.get_or_insert(i);
+                if c == '"' || c == '\'' {
+                    quote = Some(c);
+                } else {
+                    cur.push(c);
+                }
+            }
+        }
+    }
+    if let Some(s) = start {
+        out.push((s, cur));
+    }
+    out
+}
+
+/// Splits the options of one `#SBATCH` line (`--name=value`, `--name value`, `-X value`,
+/// `-Xvalue`).
+fn options(at: usize, line: &str) -> Result<Vec<Opt>, (Range<usize>, String)> {
+    let words: Vec<(usize, String)> = words(line).into_iter().map(|(i, w)| (at + i, w)).collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let (start, w) = (words[i].0, words[i].1.as_str());
+        let span = start..start + w.len().max(1);
+        let (name, inline) = if let Some(long) = w.strip_prefix("--") {
+            match long.split_once('=') {
+                Some((n, v)) => (n.to_string(), Some(v.to_string())),
+                None => (long.to_string(), None),
+            }
+        } else if let Some(short) = w.strip_prefix('-') {
+            let mut chars = short.chars();
+            let c = chars.next().unwrap_or(' ');
+            let name = long_name(c).ok_or_else(|| {
+                (
+                    span.clone(),
+                    format!("#SBATCH option -{c} is not supported by gpuctl"),
+                )
+            })?;
+            let rest: String = chars.collect();
+            (name.to_string(), (!rest.is_empty()).then_some(rest))
+        } else {
+            return Err((span, format!("#SBATCH: {w:?} is not an option")));
+        };
+        let value = if FLAGS.contains(&name.as_str()) {
+            inline.unwrap_or_default()
+        } else if let Some(v) = inline {
+            v
+        } else {
+            i += 1;
+            match words.get(i) {
+                Some((_, v)) => v.to_string(),
+                None => return Err((span, format!("#SBATCH --{name} needs a value"))),
+            }
+        };
+        out.push(Opt { name, value, span });
+        i += 1;
+    }
+    Ok(out)
+}
+
+/// Slurm's time formats: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`.
+pub fn slurm_time(v: &str) -> Result<Duration, String> {
+    let bad = || format!("--time {v:?} is not a Slurm time (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)");
+    if matches!(v.to_ascii_lowercase().as_str(), "infinite" | "unlimited") {
+        return Err("--time: gpuctl has no unlimited jobs; give a time limit".into());
+    }
+    let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
+    let (days, rest) = match v.split_once('-') {
+        Some((d, r)) => (Some(num(d)?), r),
+        None => (None, v),
+    };
+    let parts: Vec<u64> = rest.split(':').map(num).collect::<Result<_, _>>()?;
+    let secs = match (days, parts.as_slice()) {
+        (None, [m]) => m * 60,
+        (None, [m, s]) => m * 60 + s,
+        (None, [h, m, s]) => h * 3600 + m * 60 + s,
+        (Some(d), [h]) => d * 86400 + h * 3600,
+        (Some(d), [h, m]) => d * 86400 + h * 3600 + m * 60,
+        (Some(d), [h, m, s]) => d * 86400 + h * 3600 + m * 60 + s,
+        _ => return Err(bad()),
+    };
+    if secs == 0 {
+        return Err("--time must be at least 1 second".into());
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+/// Slurm memory: a number with an optional K, M, G or T suffix (default M).
+fn slurm_memory(v: &str) -> Result<u64, String> {
+    let (digits, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, "M"),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("--mem {v:?} is not a size (e.g. 16G, 4000M)"))?;
+    let shift = match unit.to_ascii_uppercase().trim_end_matches('B') {
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("--mem {v:?}: unit {unit:?} is not K, M, G or T")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("--mem {v:?} is too large"))
+}
+
+/// A GPU count with an optional type: `N`, `TYPE:N`, or (in `--gres`) `gpu[:TYPE][:N]`.
+fn gpus_of(v: &str, gres: bool) -> Result<(u32, Option<String>), String> {
+    let mut parts: Vec<&str> = v.split(':').collect();
+    if gres {
+        if parts.first() != Some(&"gpu") {
+            return Err(format!(
+                "--gres {v:?}: gpuctl knows the gpu resource only (gpu:N or gpu:TYPE:N)"
+            ));
+        }
+        parts.remove(0);
+    }
+    let count = |s: &str| {
+        s.parse::<u32>()
+            .map_err(|_| format!("{v:?}: {s:?} is not a GPU count"))
+    };
+    match parts.as_slice() {
+        [] => Ok((1, None)),
+        [n] if n.chars().all(|c| c.is_ascii_digit()) => Ok((count(n)?, None)),
+        [t] => Ok((1, Some(t.to_string()))),
+        [t, n] => Ok((count(n)?, Some(t.to_string()))),
+        _ => Err(format!("{v:?} is not N or TYPE:N")),
+    }
+}
+
+/// The job a batch script describes. Its whole text is the job's script.
+pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
+    let at = |span: Range<usize>, message: String| at_span(file, text, span, message);
+    let mut job = Job {
+        name: default_name(file),
+        command: Vec::new(),
+        script: text.to_string(),
+        workdir: None,
+        stdout: Some("slurm-%j.out".into()),
+        stderr: None,
+        env: BTreeMap::new(),
+        priority: 0,
+        qos: String::new(),
+        requeue: false,
+        dependencies: Vec::new(),
+        gpus: 0,
+        gpu_milli: 0,
+        gpu_memory_mib: 0,
+        gpu_models: Vec::new(),
+        mig_profile: String::new(),
+        mig_count: 0,
+        nodes: 1,
+        cpus: 1,
+        memory_bytes: 0,
+        time_limit: None,
+    };
+    let mut extra = Extra::default();
+    let mut ntasks = None;
+    let mut per_node = None;
+    let mut mem_per_cpu = None;
+    for (offset, line) in directives(text) {
+        for o in options(offset, line).map_err(|(s, m)| at(s, m))? {
+            let v = o.value.as_str();
+            let fail = |m: String| at(o.span.clone(), m);
+            match o.name.as_str() {
+                "job-name" => job.name = v.to_string(),
+                "output" => job.stdout = Some(v.to_string()),
+                "error" => job.stderr = Some(v.to_string()),
+                "time" => job.time_limit = Some(slurm_time(v).map_err(fail)?),
+                "nodes" => {
+                    let min = v.split('-').next().unwrap_or(v);
+                    job.nodes = min
+                        .parse()
+                        .map_err(|_| fail(format!("--nodes {v:?} is not N or N-M")))?;
+                }
+                "ntasks" => {
+                    let n = v.parse::<u32>();
+                    ntasks = Some(n.map_err(|_| fail(format!("--ntasks {v:?} is not a number")))?);
+                }
+                "ntasks-per-node" => {
+                    let n = v.parse::<u32>();
+                    let why = || format!("--ntasks-per-node {v:?} is not a number");
+                    per_node = Some(n.map_err(|_| fail(why()))?);
+                }
+                "cpus-per-task" => {
+                    job.cpus = v
+                        .parse()
+                        .map_err(|_| fail(format!("--cpus-per-task {v:?} is not a number")))?
+                }
+                "mem" => job.memory_bytes = slurm_memory(v).map_err(fail)?,
+                "mem-per-cpu" => mem_per_cpu = Some(slurm_memory(v).map_err(fail)?),
+                "gres" | "gpus" | "gpus-per-node" => {
+                    let (n, model) = gpus_of(v, o.name == "gres").map_err(fail)?;
+                    job.gpus = n;
+                    job.gpu_models.extend(model);
+                }
+                "dependency" => job.dependencies = parse_dependency(v).map_err(fail)?,
+                "qos" => job.qos = v.to_string(),
+                "requeue" => job.requeue = true,
+                "no-requeue" => job.requeue = false,
+                "chdir" => job.workdir = Some(PathBuf::from(v)),
+                "export" => extra.export = Some(v.to_string()),
+                "nice" => {
+                    let n: i32 = v
+                        .parse()
+                        .map_err(|_| fail(format!("--nice {v:?} is not a number")))?;
+                    job.priority = -n.abs();
+                }
+                n if IGNORED.contains(&n) => extra
+                    .warnings
+                    .push(format!("#SBATCH --{n} has no effect in gpuctl; ignored")),
+                "partition" | "array" => {
+                    return Err(fail(format!(
+                        "#SBATCH --{} is not supported by gpuctl yet (no partitions or job arrays); remove it",
+                        o.name
+                    )));
+                }
+                other => {
+                    return Err(fail(format!(
+                        "#SBATCH --{other} is not supported by gpuctl; remove it"
+                    )));
+                }
+            }
+        }
+    }
+    // One process per node: more tasks than nodes need a launcher inside the script.
+    let tasks_per_node = per_node
+        .unwrap_or(1)
+        .max(ntasks.map_or(1, |n| n.div_ceil(job.nodes.max(1))));
+    if tasks_per_node > 1 {
+        return Err(JobFileError::Whole {
+            file: file.to_string(),
+            message: format!(
+                "{tasks_per_node} tasks per node: gpuctl starts one process per node (RANK, WORLD_SIZE, MASTER_ADDR are set); start more with torchrun or mpirun inside the script"
+            ),
+        });
+    }
+    if let Some(m) = mem_per_cpu {
+        job.memory_bytes = m.saturating_mul(u64::from(job.cpus));
+    }
+    Ok((job, extra))
+}
+
+fn default_name(file: &str) -> String {
+    std::path::Path::new(file)
+        .file_name()
+        .map_or_else(|| "sbatch".into(), |s| s.to_string_lossy().into_owned())
+}
+
+#[cfg(test)]
+mod tests;

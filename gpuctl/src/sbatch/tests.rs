@@ -1,0 +1,108 @@
+use super::*;
+
+fn job(text: &str) -> Job {
+    parse("train.sbatch", text).unwrap().0
+}
+
+#[test]
+fn slurm_time_formats() {
+    let s = |v| slurm_time(v).unwrap().as_secs();
+    assert_eq!(s("30"), 1800);
+    assert_eq!(s("30:15"), 1815);
+    assert_eq!(s("2:00:00"), 7200);
+    assert_eq!(s("1-0"), 86400);
+    assert_eq!(s("1-2:30"), 86400 + 2 * 3600 + 1800);
+    assert_eq!(s("2-01:00:05"), 2 * 86400 + 3605);
+    assert!(
+        slurm_time("UNLIMITED")
+            .unwrap_err()
+            .contains("no unlimited")
+    );
+    assert!(slurm_time("1:2:3:4").is_err());
+    assert!(slurm_time("0").is_err());
+    assert!(slurm_time("abc").is_err());
+}
+
+#[test]
+fn directives_up_to_the_first_command() {
+    let j = job(
+        "#!/bin/bash\n#SBATCH -J ddp\n#SBATCH --gres=gpu:a100:4 -c 8\n# plain comment\n#SBATCH --mem=64G --time=1-0\nsrun hostname\n#SBATCH --nodes=9\n",
+    );
+    assert_eq!(j.name, "ddp");
+    assert_eq!(j.gpus, 4);
+    assert_eq!(j.gpu_models, vec!["a100".to_string()]);
+    assert_eq!(j.cpus, 8);
+    assert_eq!(j.memory_bytes, 64 << 30);
+    assert_eq!(j.time_limit, Some(Duration::from_secs(86400)));
+    assert_eq!(
+        j.nodes, 1,
+        "directives after the first command are not read"
+    );
+    assert!(j.script.starts_with("#!/bin/bash\n"));
+    assert_eq!(j.stdout.as_deref(), Some("slurm-%j.out"));
+}
+
+#[test]
+fn option_spellings() {
+    let j = job(
+        "#!/bin/sh\n#SBATCH --job-name train --output=logs/%x-%j.out -e err.txt\n#SBATCH -N2 --ntasks-per-node=1 --gpus-per-node=8\n#SBATCH --dependency=afterok:12:13 --qos normal --requeue --nice=10 --mem-per-cpu=2000\n#SBATCH -c 4 --chdir=/tmp --export=ALL # trailing comment\n",
+    );
+    assert_eq!(j.name, "train");
+    assert_eq!(j.stdout.as_deref(), Some("logs/%x-%j.out"));
+    assert_eq!(j.stderr.as_deref(), Some("err.txt"));
+    assert_eq!(j.nodes, 2);
+    assert_eq!(j.gpus, 8);
+    assert_eq!(j.dependencies.len(), 2);
+    assert_eq!(j.qos, "normal");
+    assert!(j.requeue);
+    assert_eq!(j.priority, -10);
+    assert_eq!(j.memory_bytes, (4 * 2000) << 20);
+    assert_eq!(j.workdir, Some(PathBuf::from("/tmp")));
+    let (_, extra) = parse(
+        "x",
+        "#!/bin/sh\n#SBATCH --export=ALL --mail-type=END\n#SBATCH --comment=\"two words\" -J 'a b'\n",
+    )
+    .unwrap();
+    assert_eq!(extra.export.as_deref(), Some("ALL"));
+    assert_eq!(extra.warnings.len(), 2);
+}
+
+#[test]
+fn unsupported_options_are_refused_by_name_with_their_place() {
+    let e = parse(
+        "t.sbatch",
+        "#!/bin/sh\n#SBATCH -J x\n#SBATCH --array=1-10\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("t.sbatch:3:9: #SBATCH --array"), "{e}");
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --wckey=x\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--wckey is not supported"), "{e}");
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -x node1\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("-x is not supported"), "{e}");
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --ntasks=8\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("one process per node"), "{e}");
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --gres=mps:50\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gpu resource only"), "{e}");
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --time\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("needs a value"), "{e}");
+}
+
+#[test]
+fn toml_files_are_not_batch_scripts() {
+    assert!(!is_batch_script(
+        "name = \"x\"\nscript = \"#SBATCH inside\"\n"
+    ));
+    assert!(is_batch_script("#!/bin/bash\necho hi\n"));
+    assert!(is_batch_script("#SBATCH -J x\necho hi\n"));
+}

@@ -1,0 +1,214 @@
+//! Slurm batch scripts as they are (`examples/sbatch/`): each is submitted with
+//! `gpuctl submit FILE.sbatch` and gets the resources its `#SBATCH` lines ask for;
+//! unsupported options are refused by name; jobs see the `SLURM_*` variables.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gpuctl_tests::Cluster;
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(30);
+
+fn example(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/sbatch")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn submit(c: &Cluster, name: &str) -> u64 {
+    c.json(&["submit", &example(name)])["job_id"]
+        .as_u64()
+        .unwrap()
+}
+
+/// (file, name, gpus, gpu models, cpus, memory bytes, nodes, time limit secs)
+type Want = (&'static str, &'static str, u64, Value, u64, u64, u64, u64);
+
+#[test]
+fn sbatch_scripts_get_what_they_ask_for() {
+    let c = Cluster::start(&[("n1", "8xA100-80GB"), ("n2", "8xA100-80GB")]);
+    let first = submit(&c, "single_gpu.sbatch");
+    assert_eq!(first, 1, "dependency.sbatch names job 1");
+    let done = c.wait_state(first, "COMPLETED", T);
+    let out = std::fs::read_to_string(c.path("single-1.out")).unwrap();
+    assert!(
+        out.starts_with("job 1 (single-gpu) on n1 with 1 GPU(s): GPU-")
+            || out.starts_with("job 1 (single-gpu) on n2 with 1 GPU(s): GPU-"),
+        "{out}"
+    );
+    assert_eq!(done["resources"]["memory_bytes"], 16u64 << 30);
+
+    // As with sbatch, an output directory must exist before the job starts.
+    std::fs::create_dir_all(c.path("logs")).unwrap();
+    let gib = 1u64 << 30;
+    let wants: [Want; 10] = [
+        (
+            "multi_gpu_node.sbatch",
+            "finetune-4gpu",
+            4,
+            json!([]),
+            16,
+            64 * gib,
+            1,
+            4 * 3600,
+        ),
+        (
+            "ddp_torchrun.sbatch",
+            "ddp-llm",
+            8,
+            json!([]),
+            8,
+            48 * gib,
+            2,
+            2 * 86400,
+        ),
+        (
+            "typed_gpu.sbatch",
+            "typed_gpu.sbatch",
+            2,
+            json!(["a100"]),
+            2,
+            0,
+            1,
+            1800,
+        ),
+        (
+            "gpus_flag.sbatch",
+            "gpus_flag.sbatch",
+            1,
+            json!(["a100"]),
+            1,
+            8000 << 20,
+            1,
+            1800,
+        ),
+        (
+            "dependency.sbatch",
+            "eval-after",
+            1,
+            json!([]),
+            1,
+            0,
+            1,
+            1200,
+        ),
+        (
+            "requeue_low.sbatch",
+            "batch-scoring",
+            1,
+            json!([]),
+            1,
+            0,
+            1,
+            6 * 3600,
+        ),
+        (
+            "cpu_only.sbatch",
+            "preprocess",
+            0,
+            json!([]),
+            2,
+            2 * gib,
+            1,
+            600,
+        ),
+        (
+            "mail_and_account.sbatch",
+            "nightly",
+            1,
+            json!([]),
+            1,
+            0,
+            1,
+            5400,
+        ),
+        (
+            "spaced_options.sbatch",
+            "eval",
+            2,
+            json!([]),
+            6,
+            32 * gib,
+            1,
+            7200,
+        ),
+        (
+            "output_error_chdir.sbatch",
+            "split-logs",
+            0,
+            json!([]),
+            1,
+            0,
+            1,
+            300,
+        ),
+    ];
+    for (file, name, gpus, models, cpus, mem, nodes, limit) in wants {
+        let id = submit(&c, file);
+        let j = c.job(id);
+        let r = &j["resources"];
+        assert_eq!(j["name"], name, "{file}");
+        assert_eq!(r["gpus"], gpus, "{file}: {j}");
+        assert_eq!(r["gpu_models"], models, "{file}: {j}");
+        assert_eq!(r["cpus"], cpus, "{file}: {j}");
+        assert_eq!(r["memory_bytes"], mem, "{file}: {j}");
+        assert_eq!(r["nodes"], nodes, "{file}: {j}");
+        assert_eq!(j["time_limit_secs"], limit, "{file}: {j}");
+        c.wait_state(id, "COMPLETED", T);
+    }
+    let low = c.json(&["queue", "--all"]);
+    let scoring = low
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["name"] == "batch-scoring")
+        .unwrap();
+    assert_eq!(scoring["qos"], "low");
+    assert_eq!(scoring["priority"], -100);
+    // Each rank of the gang wrote its own file; the chdir job wrote into /tmp.
+    for r in 0..2 {
+        let f = std::fs::read_dir(c.dir.path())
+            .unwrap()
+            .flatten()
+            .find(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.starts_with("ddp-") && n.ends_with(&format!(".{r}.out"))
+            })
+            .expect("a ddp rank output");
+        let text = std::fs::read_to_string(f.path()).unwrap();
+        assert!(
+            text.starts_with(&format!("node {r} of 2, master 127.0.0.1:")),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn unsupported_options_are_refused_by_name_and_harmless_ones_warn() {
+    let c = Cluster::start(&[("n1", "2xA100-80GB")]);
+    for (file, option, line) in [
+        ("array.sbatch", "--array", 4),
+        ("partition.sbatch", "--partition", 3),
+    ] {
+        let out = c.gpuctl(&["submit", &example(file)]);
+        assert_eq!(out.status.code(), Some(1), "{file}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{file}:{line}:")) && err.contains(option),
+            "{err}"
+        );
+    }
+    assert!(c.json(&["queue", "--all"]).as_array().unwrap().is_empty());
+    let out = c.gpuctl(&["submit", &example("mail_and_account.sbatch")]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for o in ["--mail-type", "--mail-user", "--account", "--comment"] {
+        assert!(
+            err.contains(&format!("#SBATCH {o} has no effect in gpuctl")),
+            "{err}"
+        );
+    }
+}
