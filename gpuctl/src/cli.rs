@@ -10,7 +10,6 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::format;
-use crate::jobfile;
 
 /// Exit codes (documented in docs/cli.md).
 pub mod exit {
@@ -49,20 +48,8 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Submit a job file (job.toml).
-    Submit {
-        file: PathBuf,
-        #[arg(long)]
-        json: bool,
-        /// Run the job as this user (admins only).
-        #[arg(long)]
-        user: Option<String>,
-        /// Pass this shell's environment to the job (like sbatch --export): ALL, NONE
-        /// (the default: the job gets a login-like environment and its file's `env`),
-        /// or a comma-separated list of NAME or NAME=VALUE. The job file's `env` wins.
-        #[arg(long, value_name = "ALL|NONE|NAME[=VALUE],...")]
-        export: Option<String>,
-    },
+    /// Submit a job file (job.toml or a script with #SBATCH lines), or --wrap "cmd".
+    Submit(crate::submit::SubmitArgs),
     /// Pending and running jobs (like squeue).
     Queue {
         /// Include finished jobs.
@@ -372,44 +359,6 @@ async fn channel(url: &str, timeout: std::time::Duration) -> Result<Channel, Fai
     })
 }
 
-/// What `--export` passes: ALL of `vars` (those with variable names and UTF-8 values;
-/// never GPUCTL_TOKEN), NONE, or the listed NAME / NAME=VALUE entries.
-pub fn exported_env(
-    spec: &str,
-    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
-) -> Result<Vec<(String, String)>, String> {
-    let valid = |k: &str| {
-        k.chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-    };
-    let vars: Vec<(String, String)> = vars
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| valid(k) && k != "GPUCTL_TOKEN")
-        .collect();
-    match spec {
-        "ALL" => Ok(vars),
-        "NONE" | "" => Ok(Vec::new()),
-        list => list
-            .split(',')
-            .map(|item| match item.split_once('=') {
-                Some((k, v)) if valid(k) => Ok((k.to_string(), v.to_string())),
-                None if valid(item) => Ok((
-                    item.to_string(),
-                    vars.iter()
-                        .find(|(k, _)| k == item)
-                        .map(|(_, v)| v.clone())
-                        .unwrap_or_default(),
-                )),
-                _ => Err(format!(
-                    "--export: {item:?} is not NAME or NAME=VALUE (or ALL, NONE)"
-                )),
-            })
-            .collect(),
-    }
-}
-
 /// Submits, and when the answer is lost (the connection broke, the controller
 /// restarted), asks again with the same request id for up to `--timeout`: the
 /// controller answers a repeat with the job it already queued, so the job is queued
@@ -417,7 +366,7 @@ pub fn exported_env(
 async fn submit_with_retry(
     cli: &Cli,
     client: &mut Client,
-    file: &std::path::Path,
+    file: &str,
     req: pb::SubmitRequest,
 ) -> Result<u64, Failure> {
     let started = std::time::Instant::now();
@@ -427,7 +376,7 @@ async fn submit_with_retry(
             Err(s) if outcome_unknown(&s) => s,
             Err(s) => {
                 let mut f = Failure::from(s);
-                f.message = format!("{}: rejected: {}", file.display(), f.message);
+                f.message = format!("{file}: rejected: {}", f.message);
                 return Err(f);
             }
         };
@@ -436,7 +385,7 @@ async fn submit_with_retry(
                 code: exit::UNREACHABLE,
                 message: format!(
                     "{}: the controller did not confirm the submit ({}); the job may or may not have been queued: `gpuctl queue` shows it if it was (request id {})",
-                    file.display(),
+                    file,
                     s.message(),
                     req.request_id
                 ),
@@ -452,39 +401,23 @@ async fn submit_with_retry(
 pub async fn run(cli: Cli) -> Result<(), Failure> {
     // A bad job file is reported before anything is contacted.
     let spec = match &cli.command {
-        Command::Submit {
-            file, user, export, ..
-        } => {
-            let (job, extra) = jobfile::load_any(file).map_err(|e| fail(e.to_string()))?;
-            for w in &extra.warnings {
-                eprintln!("gpuctl: warning: {}: {w}", file.display());
-            }
+        Command::Submit(args) => {
             let cwd = std::env::current_dir()
                 .map_err(|e| fail(format!("cannot read the current directory: {e}")))?;
-            // The controller runs the job as the authenticated caller; naming a user
-            // (admins only) asks for another.
-            let mut spec = job.into_spec(&cwd, user.as_deref().unwrap_or(""), 0, 0);
-            // The command line's --export wins over the script's.
-            if let Some(e) = export.as_ref().or(extra.export.as_ref()) {
-                let exported = exported_env(e, std::env::vars_os()).map_err(fail)?;
-                for (k, v) in exported {
-                    spec.env.entry(k).or_insert(v);
-                }
-            }
-            Some(spec)
+            Some(args.spec(&cwd).map_err(fail)?)
         }
         _ => None,
     };
     let mut client = connect(&cli).await?;
     match cli.command {
-        Command::Submit { ref file, json, .. } => {
+        Command::Submit(ref args) => {
             let spec = spec.expect("parsed above");
             let req = pb::SubmitRequest {
                 spec: Some(spec),
                 request_id: request_id(),
             };
-            let id = submit_with_retry(&cli, &mut client, file, req).await?;
-            if json {
+            let id = submit_with_retry(&cli, &mut client, &args.label(), req).await?;
+            if args.json {
                 print_json(&json!({ "job_id": id }));
             } else {
                 print(&format!("Submitted job {id}\n"));
@@ -764,40 +697,4 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         },
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::exported_env;
-
-    fn vars() -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)> {
-        [
-            ("PATH", "/home/u/bin:/usr/bin"),
-            ("CONDA_PREFIX", "/opt/conda"),
-            ("GPUCTL_TOKEN", "secret"),
-            ("BASH_FUNC_x%%", "() { :; }"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.into(), v.into()))
-    }
-
-    #[test]
-    fn export_all_none_and_lists() {
-        let all = exported_env("ALL", vars()).unwrap();
-        let names: Vec<&str> = all.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["PATH", "CONDA_PREFIX"]);
-        assert!(exported_env("NONE", vars()).unwrap().is_empty());
-        assert_eq!(
-            exported_env("CONDA_PREFIX,SEED=7", vars()).unwrap(),
-            vec![
-                ("CONDA_PREFIX".to_string(), "/opt/conda".to_string()),
-                ("SEED".to_string(), "7".to_string())
-            ]
-        );
-        assert!(
-            exported_env("A B", vars())
-                .unwrap_err()
-                .contains("not NAME")
-        );
-    }
 }

@@ -192,7 +192,7 @@ pub fn slurm_time(v: &str) -> Result<Duration, String> {
 }
 
 /// Slurm memory: a number with an optional K, M, G or T suffix (default M).
-fn slurm_memory(v: &str) -> Result<u64, String> {
+pub(crate) fn slurm_memory(v: &str) -> Result<u64, String> {
     let (digits, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => v.split_at(i),
         None => (v, "M"),
@@ -212,7 +212,7 @@ fn slurm_memory(v: &str) -> Result<u64, String> {
 }
 
 /// A GPU count with an optional type: `N`, `TYPE:N`, or (in `--gres`) `gpu[:TYPE][:N]`.
-fn gpus_of(v: &str, gres: bool) -> Result<(u32, Option<String>), String> {
+pub(crate) fn gpus_of(v: &str, gres: bool) -> Result<(u32, Option<String>), String> {
     let mut parts: Vec<&str> = v.split(':').collect();
     if gres {
         if parts.first() != Some(&"gpu") {

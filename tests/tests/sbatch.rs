@@ -202,6 +202,35 @@ fn unsupported_options_are_refused_by_name_and_harmless_ones_warn() {
         );
     }
     assert!(c.json(&["queue", "--all"]).as_array().unwrap().is_empty());
+    // --wrap, and command-line options that win over the file's.
+    let wrapped = c.json(&[
+        "submit",
+        "--wrap",
+        "echo wrapped $SLURM_GPUS_ON_NODE",
+        "--gpus",
+        "2",
+        "-t",
+        "5",
+    ]);
+    let id = wrapped["job_id"].as_u64().unwrap();
+    let j = c.wait_state(id, "COMPLETED", T);
+    assert_eq!(j["time_limit_secs"], 300);
+    let out = std::fs::read_to_string(c.path(&format!("slurm-{id}.out"))).unwrap();
+    assert_eq!(out, "wrapped 2\n");
+    let over = c.json(&[
+        "submit",
+        &example("typed_gpu.sbatch"),
+        "-J",
+        "renamed",
+        "--gpus",
+        "1",
+        "-c",
+        "1",
+    ]);
+    let j = c.job(over["job_id"].as_u64().unwrap());
+    assert_eq!(j["name"], "renamed");
+    assert_eq!(j["resources"]["gpus"], 1);
+    assert_eq!(j["resources"]["gpu_models"], json!([]));
     let out = c.gpuctl(&["submit", &example("mail_and_account.sbatch")]);
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -1,0 +1,257 @@
+//! `gpuctl submit`: a job file (TOML or a Slurm batch script) or `--wrap "cmd"`, with
+//! command-line options that override what the file asks for (like sbatch's), turned
+//! into the wire `JobSpec`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpuctl_proto as pb;
+
+use crate::jobfile::{self, Job};
+use crate::sbatch::{self, Extra};
+
+/// `gpuctl submit`'s arguments.
+#[derive(clap::Args)]
+pub struct SubmitArgs {
+    /// A job file: TOML (job.toml), or a shell script with #SBATCH lines.
+    #[arg(required_unless_present = "wrap", conflicts_with = "wrap")]
+    pub file: Option<PathBuf>,
+    /// Run this shell command as the job, without a file (like sbatch --wrap).
+    #[arg(long)]
+    pub wrap: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+    /// Run the job as this user (admins only).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Pass this shell's environment to the job (like sbatch --export): ALL, NONE
+    /// (the default: the job gets a login-like environment and its file's `env`),
+    /// or a comma-separated list of NAME or NAME=VALUE. The job file's `env` wins.
+    #[arg(long, value_name = "ALL|NONE|NAME[=VALUE],...")]
+    pub export: Option<String>,
+    /// Job name (overrides the file's).
+    #[arg(short = 'J', long = "job-name")]
+    pub name: Option<String>,
+    /// Time limit: a Slurm time (M, H:M:S, D-H:M, ...) or e.g. "2h 30m".
+    #[arg(short = 't', long)]
+    pub time: Option<String>,
+    /// Whole GPUs per node: N or TYPE:N.
+    #[arg(short = 'G', long)]
+    pub gpus: Option<String>,
+    /// CPUs per node.
+    #[arg(short = 'c', long = "cpus-per-task")]
+    pub cpus: Option<u32>,
+    /// Host memory per node, e.g. 16G (Slurm units, default M).
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// Nodes of a multi-node job.
+    #[arg(short = 'N', long)]
+    pub nodes: Option<u32>,
+    /// Output file (overrides the file's).
+    #[arg(short = 'o', long)]
+    pub output: Option<String>,
+}
+
+impl SubmitArgs {
+    /// What errors and messages call the job: its file, or `--wrap`.
+    pub fn label(&self) -> String {
+        self.file
+            .as_ref()
+            .map_or_else(|| "--wrap".to_string(), |f| f.display().to_string())
+    }
+
+    /// The job, read and overridden, as the wire spec; warnings go to stderr.
+    pub fn spec(&self, cwd: &Path) -> Result<pb::JobSpec, String> {
+        let (mut job, extra) = match (&self.file, &self.wrap) {
+            (Some(f), _) => jobfile::load_any(f).map_err(|e| e.to_string())?,
+            (None, Some(cmd)) => sbatch::parse("wrap", &format!("#!/bin/sh\n{cmd}\n"))
+                .map(|(mut j, e)| {
+                    j.name = "wrap".into();
+                    (j, e)
+                })
+                .map_err(|e| e.to_string())?,
+            (None, None) => return Err("give a job file or --wrap \"command\"".into()),
+        };
+        for w in &extra.warnings {
+            eprintln!("gpuctl: warning: {}: {w}", self.label());
+        }
+        self.apply(&mut job)?;
+        // The controller runs the job as the authenticated caller; naming a user
+        // (admins only) asks for another.
+        let mut spec = job.into_spec(cwd, self.user.as_deref().unwrap_or(""), 0, 0);
+        self.export_env(&extra, &mut spec)?;
+        Ok(spec)
+    }
+
+    /// The command line's options win over the file's.
+    fn apply(&self, job: &mut Job) -> Result<(), String> {
+        if let Some(n) = &self.name {
+            job.name = n.clone();
+        }
+        if let Some(t) = &self.time {
+            job.time_limit = Some(time_limit(t)?);
+        }
+        if let Some(g) = &self.gpus {
+            let (n, model) = sbatch::gpus_of(g, false)?;
+            job.gpus = n;
+            job.gpu_milli = 0;
+            job.gpu_memory_mib = 0;
+            job.mig_profile.clear();
+            job.gpu_models = model.into_iter().collect();
+        }
+        if let Some(c) = self.cpus {
+            job.cpus = c;
+        }
+        if let Some(m) = &self.mem {
+            job.memory_bytes = sbatch::slurm_memory(m)?;
+        }
+        if let Some(n) = self.nodes {
+            job.nodes = n;
+        }
+        if let Some(o) = &self.output {
+            job.stdout = Some(o.clone());
+        }
+        Ok(())
+    }
+
+    /// `--export` (the command line's wins over a script's); the job's own env wins.
+    fn export_env(&self, extra: &Extra, spec: &mut pb::JobSpec) -> Result<(), String> {
+        if let Some(e) = self.export.as_ref().or(extra.export.as_ref()) {
+            for (k, v) in exported_env(e, std::env::vars_os())? {
+                spec.env.entry(k).or_insert(v);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A time limit on the command line: Slurm's formats, or humantime ("2h 30m").
+fn time_limit(t: &str) -> Result<Duration, String> {
+    sbatch::slurm_time(t).or_else(|slurm| {
+        humantime::parse_duration(t)
+            .map_err(|_| format!("{slurm}, and not a duration like \"2h 30m\" either"))
+    })
+}
+
+/// What `--export` passes: ALL of `vars` (those with variable names and UTF-8 values;
+/// never GPUCTL_TOKEN), NONE, or the listed NAME / NAME=VALUE entries.
+pub fn exported_env(
+    spec: &str,
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<Vec<(String, String)>, String> {
+    let valid = |k: &str| {
+        k.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let vars: Vec<(String, String)> = vars
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| valid(k) && k != "GPUCTL_TOKEN")
+        .collect();
+    match spec {
+        "ALL" => Ok(vars),
+        "NONE" | "" => Ok(Vec::new()),
+        list => list
+            .split(',')
+            .map(|item| match item.split_once('=') {
+                Some((k, v)) if valid(k) => Ok((k.to_string(), v.to_string())),
+                None if valid(item) => Ok((
+                    item.to_string(),
+                    vars.iter()
+                        .find(|(k, _)| k == item)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or_default(),
+                )),
+                _ => Err(format!(
+                    "--export: {item:?} is not NAME or NAME=VALUE (or ALL, NONE)"
+                )),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: SubmitArgs,
+    }
+
+    fn args(a: &[&str]) -> SubmitArgs {
+        Cmd::try_parse_from(std::iter::once("submit").chain(a.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    fn vars() -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)> {
+        [
+            ("PATH", "/home/u/bin:/usr/bin"),
+            ("CONDA_PREFIX", "/opt/conda"),
+            ("GPUCTL_TOKEN", "secret"),
+            ("BASH_FUNC_x%%", "() { :; }"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+    }
+
+    #[test]
+    fn export_all_none_and_lists() {
+        let all = exported_env("ALL", vars()).unwrap();
+        let names: Vec<&str> = all.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["PATH", "CONDA_PREFIX"]);
+        assert!(exported_env("NONE", vars()).unwrap().is_empty());
+        assert_eq!(
+            exported_env("CONDA_PREFIX,SEED=7", vars()).unwrap(),
+            vec![
+                ("CONDA_PREFIX".to_string(), "/opt/conda".to_string()),
+                ("SEED".to_string(), "7".to_string())
+            ]
+        );
+        assert!(
+            exported_env("A B", vars())
+                .unwrap_err()
+                .contains("not NAME")
+        );
+    }
+
+    #[test]
+    fn wrap_and_overrides() {
+        let a = args(&[
+            "--wrap",
+            "python x.py",
+            "-J",
+            "quick",
+            "-t",
+            "1:30:00",
+            "--gpus",
+            "a100:2",
+            "-c",
+            "3",
+            "--mem",
+            "4G",
+            "-N",
+            "2",
+            "-o",
+            "q-%j.out",
+        ]);
+        let s = a.spec(Path::new("/w")).unwrap();
+        assert_eq!(s.name, "quick");
+        assert_eq!(s.script, "#!/bin/sh\npython x.py\n");
+        assert_eq!(s.stdout, "q-%j.out");
+        assert_eq!(s.workdir, "/w");
+        let r = s.resources.unwrap();
+        assert_eq!(r.time_limit_secs, 5400);
+        assert_eq!(r.gpus, 2);
+        assert_eq!(r.gpu_models, vec!["a100".to_string()]);
+        assert_eq!((r.cpus, r.memory_bytes, r.nodes), (3, 4 << 30, 2));
+        assert_eq!(time_limit("2h 30m").unwrap().as_secs(), 9000);
+        assert!(time_limit("soon").is_err());
+        assert!(Cmd::try_parse_from(["submit"]).is_err(), "a file or --wrap");
+        assert!(Cmd::try_parse_from(["submit", "f.toml", "--wrap", "x"]).is_err());
+    }
+}
