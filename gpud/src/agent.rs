@@ -392,7 +392,7 @@ async fn sampler(
             agent.kill(o.job_id, attempt, JobState::Failed, kill_grace, &reason);
         }
         // GPU (parent UUID) -> jobs holding it or one of its MIG instances.
-        let mut holders: HashMap<String, Vec<u64>> = HashMap::new();
+        let mut holders = crate::monitor::Holders::new();
         for w in &jobs {
             for slot in &w.slots {
                 let parent = gpus
@@ -400,8 +400,8 @@ async fn sampler(
                     .find(|g| g.uuid == slot.uuid || g.mig.iter().any(|m| m.uuid == slot.uuid));
                 if let Some(g) = parent {
                     let e = holders.entry(g.uuid.clone()).or_default();
-                    if !e.contains(&w.job_id) {
-                        e.push(w.job_id);
+                    if !e.iter().any(|h| h.0 == w.job_id) {
+                        e.push((w.job_id, w.user.clone()));
                     }
                 }
             }

@@ -25,6 +25,8 @@ pub struct Watched {
     pub pgid: i32,
     /// What it holds: GPU or MIG UUIDs and, for shares, the memory it may use.
     pub slots: Vec<pb::SlotUse>,
+    /// Who submitted it (a metric label).
+    pub user: String,
 }
 
 /// A job using more GPU memory than its share.
@@ -147,17 +149,22 @@ struct GpuLabels {
     UUID: String,
     Hostname: String,
     modelName: String,
-    /// Job ids using the GPU, comma-separated; empty when idle.
-    job: String,
 }
 
+/// A job on a GPU. `hpc_job` as dcgm-exporter names it: a label `job` would collide
+/// with Prometheus's own (and become `exported_job`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 #[allow(non_snake_case)] // DCGM exporter's label names
 struct JobLabels {
-    job: String,
+    hpc_job: String,
+    user: String,
+    gpu: String,
     UUID: String,
     Hostname: String,
 }
+
+/// Who holds a GPU: (job id, user) per GPU UUID (a MIG instance counts for its GPU).
+pub type Holders = HashMap<String, Vec<(u64, String)>>;
 
 type G = Family<GpuLabels, Gauge<f64, AtomicU64>>;
 
@@ -174,6 +181,7 @@ pub struct Exporter {
     fan: G,
     ecc_dbe: G,
     job_mem: Family<JobLabels, Gauge<f64, AtomicU64>>,
+    job_info: Family<JobLabels, Gauge<f64, AtomicU64>>,
     sample_seconds: Gauge<f64, AtomicU64>,
 }
 
@@ -212,6 +220,12 @@ impl Exporter {
             "GPU memory used by a job's processes on one GPU (in MiB).",
             job_mem.clone(),
         );
+        let job_info = Family::<JobLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "gpuctl_gpu_job_info",
+            "1 for each job holding a GPU (or a share or MIG instance of it); join it to the DCGM series on UUID, whose own labels stay the same as jobs come and go.",
+            job_info.clone(),
+        );
         let sample_seconds = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "gpuctl_gpud_sample_duration_seconds",
@@ -230,6 +244,7 @@ impl Exporter {
             fan,
             ecc_dbe,
             job_mem,
+            job_info,
             sample_seconds,
         }
     }
@@ -241,7 +256,7 @@ impl Exporter {
         gpus: &[GpuInfo],
         samples: &[GpuSample],
         usage: &HashMap<String, BTreeMap<u64, (u64, u32)>>,
-        holders: &HashMap<String, Vec<u64>>,
+        holders: &Holders,
         took: Duration,
     ) {
         for f in [
@@ -258,20 +273,30 @@ impl Exporter {
             f.clear();
         }
         self.job_mem.clear();
+        self.job_info.clear();
         for s in samples {
             let Some(g) = gpus.iter().find(|g| g.uuid == s.uuid) else {
                 continue;
             };
-            let jobs = holders.get(&s.uuid).map_or(String::new(), |ids| {
-                ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
-            });
             let l = GpuLabels {
                 gpu: g.index.to_string(),
                 UUID: g.uuid.clone(),
                 Hostname: host.to_string(),
                 modelName: g.model.clone(),
-                job: jobs,
             };
+            let job_labels = |job: u64, user: &str| JobLabels {
+                hpc_job: job.to_string(),
+                user: user.to_string(),
+                gpu: g.index.to_string(),
+                UUID: s.uuid.clone(),
+                Hostname: host.to_string(),
+            };
+            let held = holders.get(&s.uuid).map_or(&[][..], Vec::as_slice);
+            for (job, user) in held {
+                self.job_info
+                    .get_or_create(&job_labels(*job, user))
+                    .set(1.0);
+            }
             let set = |f: &G, v: f64| {
                 f.get_or_create(&l).set(v);
             };
@@ -292,12 +317,12 @@ impl Exporter {
                 set(&self.ecc_dbe, e as f64);
             }
             for (job, (mib, _)) in usage.get(&s.uuid).into_iter().flatten() {
+                let user = held
+                    .iter()
+                    .find(|h| h.0 == *job)
+                    .map_or("", |h| h.1.as_str());
                 self.job_mem
-                    .get_or_create(&JobLabels {
-                        job: job.to_string(),
-                        UUID: s.uuid.clone(),
-                        Hostname: host.to_string(),
-                    })
+                    .get_or_create(&job_labels(*job, user))
                     .set(*mib as f64);
             }
         }
@@ -426,6 +451,7 @@ mod tests {
 
     fn watched(job: u64, pgid: i32, share_mib: u64) -> Watched {
         Watched {
+            user: String::new(),
             job_id: job,
             attempt: 1,
             pgid,
@@ -491,7 +517,7 @@ mod tests {
         s.mem_used_mib = 1500;
         let usage: HashMap<String, BTreeMap<u64, (u64, u32)>> =
             [("GPU-a".to_string(), BTreeMap::from([(7, (1500, 1))]))].into();
-        let holders: HashMap<String, Vec<u64>> = [("GPU-a".to_string(), vec![7])].into();
+        let holders: Holders = [("GPU-a".to_string(), vec![(7, "alice".to_string())])].into();
         ex.update(
             "n1",
             &gpus,
@@ -503,16 +529,26 @@ mod tests {
         let text = ex.encode();
         assert!(
             text.contains(
-                "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-a\",Hostname=\"n1\",modelName=\"A100-80GB\",job=\"7\"} 87.0"
+                "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-a\",Hostname=\"n1\",modelName=\"A100-80GB\"} 87.0"
             ),
             "{text}"
         );
         assert!(text.contains("DCGM_FI_DEV_GPU_TEMP{"), "{text}");
         assert!(
             text.contains(
-                "gpuctl_job_gpu_memory_used_mib{job=\"7\",UUID=\"GPU-a\",Hostname=\"n1\"} 1500.0"
+                "gpuctl_job_gpu_memory_used_mib{hpc_job=\"7\",user=\"alice\",gpu=\"0\",UUID=\"GPU-a\",Hostname=\"n1\"} 1500.0"
             ),
             "{text}"
+        );
+        assert!(
+            text.contains(
+                "gpuctl_gpu_job_info{hpc_job=\"7\",user=\"alice\",gpu=\"0\",UUID=\"GPU-a\",Hostname=\"n1\"} 1.0"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("{job=") && !text.contains(",job="),
+            "no label named job: {text}"
         );
     }
 }

@@ -94,7 +94,9 @@ fn metrics_reach_prometheus_nodes_and_show() {
     let j = c.wait_state(id, "RUNNING", T);
     let uuid = j["gpus"][0].as_str().unwrap().to_string();
 
-    // Prometheus: DCGM names with gpu/UUID/Hostname/job labels, and the job's memory.
+    // Prometheus: DCGM names with gpu/UUID/Hostname labels that stay the same as jobs
+    // come and go, the jobs on each GPU as an info series (hpc_job, user), and the
+    // job's memory.
     let mut parsed = None;
     assert!(wait_for(T, || {
         let body = scrape(port);
@@ -102,7 +104,7 @@ fn metrics_reach_prometheus_nodes_and_show() {
             .expect("Prometheus text parses");
         let found = s.samples.iter().any(|x| {
             x.metric == "gpuctl_job_gpu_memory_used_mib"
-                && x.labels.get("job") == Some(id.to_string().as_str())
+                && x.labels.get("hpc_job") == Some(id.to_string().as_str())
         });
         if found {
             parsed = Some(s);
@@ -126,7 +128,14 @@ fn metrics_reach_prometheus_nodes_and_show() {
         .find(|x| x.metric == "DCGM_FI_DEV_GPU_TEMP" && x.labels.get("UUID") == Some(uuid.as_str()))
         .unwrap();
     assert_eq!(temp.labels.get("Hostname"), Some("mon-prom"));
-    assert_eq!(temp.labels.get("job"), Some(id.to_string().as_str()));
+    assert_eq!(temp.labels.get("hpc_job"), None);
+    let info = s
+        .samples
+        .iter()
+        .find(|x| x.metric == "gpuctl_gpu_job_info" && x.labels.get("UUID") == Some(uuid.as_str()))
+        .expect("the job's info series");
+    assert_eq!(info.labels.get("hpc_job"), Some(id.to_string().as_str()));
+    assert_eq!(info.labels.get("user"), Some("root"));
     assert!((50.0..=51.0).contains(&value("DCGM_FI_DEV_GPU_TEMP", &uuid)));
     assert_eq!(value("DCGM_FI_DEV_POWER_USAGE", &uuid), 250.0);
     assert_eq!(value("DCGM_FI_DEV_FB_USED", &uuid), 3000.0);
@@ -137,7 +146,11 @@ fn metrics_reach_prometheus_nodes_and_show() {
         .iter()
         .find(|x| x.metric == "DCGM_FI_DEV_GPU_UTIL" && x.labels.get("UUID") != Some(uuid.as_str()))
         .unwrap();
-    assert_eq!(idle.labels.get("job"), Some(""));
+    assert!(
+        !s.samples.iter().any(|x| x.metric == "gpuctl_gpu_job_info"
+            && x.labels.get("UUID") == idle.labels.get("UUID")),
+        "an idle GPU has no job series"
+    );
 
     // The controller has them from the heartbeat: nodes and show.
     assert!(wait_for(T, || {

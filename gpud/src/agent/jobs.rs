@@ -164,6 +164,11 @@ pub(super) async fn run_job(
                             attempt,
                             pgid: job.id().map_or(0, |p| p as i32),
                             slots: start.slots.clone(),
+                            user: start
+                                .spec
+                                .as_ref()
+                                .map(|s| s.user.clone())
+                                .unwrap_or_default(),
                         },
                         Duration::from_secs(start.kill_grace_secs),
                     ),
