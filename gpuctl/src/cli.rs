@@ -96,6 +96,11 @@ pub enum Command {
         #[command(subcommand)]
         action: NodeAction,
     },
+    /// Print shell completions: `gpuctl completions bash > /etc/bash_completion.d/gpuctl`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Who the controller takes you to be, and whether you are an admin.
     Whoami {
         #[arg(long)]
@@ -408,8 +413,21 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         _ => None,
     };
+    if let Command::Completions { shell } = cli.command {
+        let mut out = Vec::new();
+        clap_complete::generate(
+            shell,
+            &mut <Cli as clap::CommandFactory>::command(),
+            "gpuctl",
+            &mut out,
+        );
+        print(&String::from_utf8_lossy(&out));
+        return Ok(());
+    }
     let mut client = connect(&cli).await?;
     match cli.command {
+        // Printed above, without a controller.
+        Command::Completions { .. } => {}
         Command::Submit(ref args) => {
             let spec = spec.expect("parsed above");
             let req = pb::SubmitRequest {

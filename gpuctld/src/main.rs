@@ -16,6 +16,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(version)]
 struct Args {
+    /// Log lines as text (colours only on a terminal) or as JSON objects, one a line.
+    #[arg(long, global = true, env = "GPUCTL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// Address to serve gRPC on (port 0 picks a free port, printed at start).
     #[arg(long, default_value = "127.0.0.1:7817")]
     listen: SocketAddr,
@@ -72,16 +75,8 @@ enum SimMode {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GPUCTL_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: log files and journald get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let args = Args::parse();
+    init_logging(args.log_format);
     let result = match args.command {
         Some(Command::Simulate { mode }) => simulate(mode),
         None => {
@@ -153,5 +148,27 @@ fn simulate(mode: SimMode) -> anyhow::Result<()> {
             Ok(())
         }
         SimMode::Replay(a) => gpuctld::sim::replay::main(a),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to stderr, filtered by `GPUCTL_LOG` (default info): text with colours only on
+/// a terminal (log files and journald get plain text), or JSON lines.
+fn init_logging(format: LogFormat) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("GPUCTL_LOG").unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
     }
 }

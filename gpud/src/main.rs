@@ -10,6 +10,9 @@ use gpud::gpu::{FakeGpus, GpuBackend, Nvml};
 #[derive(Parser)]
 #[command(version)]
 struct Args {
+    /// Log lines as text (colours only on a terminal) or as JSON objects, one a line.
+    #[arg(long, global = true, env = "GPUCTL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// Controller URL.
     #[arg(
         long,
@@ -95,16 +98,8 @@ fn main() -> ExitCode {
 }
 
 async fn agent_main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GPUCTL_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: log files and journald get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let args = Args::parse();
+    init_logging(args.log_format);
     let name = args.name.unwrap_or_else(gpud::host::hostname);
     let fake = match (&args.fake_gpus, &args.fake_gpus_file) {
         (Some(spec), _) => Some(FakeGpus::parse(spec, &name)),
@@ -194,5 +189,27 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to stderr, filtered by `GPUCTL_LOG` (default info): text with colours only on
+/// a terminal (log files and journald get plain text), or JSON lines.
+fn init_logging(format: LogFormat) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("GPUCTL_LOG").unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
     }
 }

@@ -351,3 +351,24 @@ else:
         "rank0 got [1] world 2\n"
     );
 }
+
+/// Logs in files carry no colour codes; `--log-format json` gives one JSON object a line.
+#[test]
+fn logs_are_plain_text_or_json_lines() {
+    let mut c = Cluster::controller_only();
+    c.add_agent("n1", "1xA100-80GB", &["--log-format", "json"]);
+    c.wait_nodes_up(1);
+    let id = c.submit("s.toml", "script = \"true\"\n");
+    c.wait_state(id, "COMPLETED", T);
+    let log = c.agent_log("n1");
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.len() >= 3, "{log}");
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert!(
+            v["level"].is_string() && v["fields"]["message"].is_string(),
+            "{l}"
+        );
+    }
+    assert!(!c.controller_log().contains('\u{1b}'));
+}

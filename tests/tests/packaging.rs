@@ -1,0 +1,26 @@
+//! What operators install besides the binaries: shell completions.
+
+use std::process::Command;
+
+#[test]
+fn completions_for_every_shell_name_the_commands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(gpuctl_tests::bin("gpuctl"))
+            .args(["completions", shell])
+            .env("GPUCTL_CONTROLLER", "http://127.0.0.1:1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        for word in ["submit", "queue", "cancel", "--wrap", "--export"] {
+            assert!(text.contains(word), "{shell} completions lack {word}");
+        }
+        if shell == "bash" {
+            let dir = tempfile::tempdir().unwrap();
+            let f = dir.path().join("gpuctl.bash");
+            std::fs::write(&f, &text).unwrap();
+            let check = Command::new("bash").arg("-n").arg(&f).status().unwrap();
+            assert!(check.success(), "bash completions do not parse");
+        }
+    }
+}
