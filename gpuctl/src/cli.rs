@@ -101,6 +101,8 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Print the manual page (roff): `gpuctl man > /usr/share/man/man1/gpuctl.1`.
+    Man,
     /// Who the controller takes you to be, and whether you are an admin.
     Whoami {
         #[arg(long)]
@@ -413,6 +415,14 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         _ => None,
     };
+    if let Command::Man = cli.command {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+            .render(&mut out)
+            .map_err(|e| fail(format!("cannot render the manual: {e}")))?;
+        print(&String::from_utf8_lossy(&out));
+        return Ok(());
+    }
     if let Command::Completions { shell } = cli.command {
         let mut out = Vec::new();
         clap_complete::generate(
@@ -427,7 +437,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     let mut client = connect(&cli).await?;
     match cli.command {
         // Printed above, without a controller.
-        Command::Completions { .. } => {}
+        Command::Completions { .. } | Command::Man => {}
         Command::Submit(ref args) => {
             let spec = spec.expect("parsed above");
             let req = pb::SubmitRequest {

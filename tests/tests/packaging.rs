@@ -1,4 +1,4 @@
-//! What operators install besides the binaries: shell completions.
+//! What operators install besides the binaries: shell completions and the manual.
 
 use std::process::Command;
 
@@ -23,4 +23,19 @@ fn completions_for_every_shell_name_the_commands() {
             assert!(check.success(), "bash completions do not parse");
         }
     }
+}
+
+#[test]
+fn the_manual_renders_as_roff() {
+    let out = Command::new(gpuctl_tests::bin("gpuctl"))
+        .arg("man")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with(".ie \\n(.g .ds Aq") || text.contains(".TH gpuctl"),
+        "{text}"
+    );
+    assert!(text.contains("submit") && text.contains("completions"));
 }
