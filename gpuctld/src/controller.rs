@@ -431,6 +431,7 @@ pub struct Controller {
     sched_config: sched::SchedConfig,
     /// Wakes the scheduling loop; several events before it runs make one pass.
     wake: Notify,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// A store failure as the caller sees it: the controller is up (so not UNAVAILABLE,
@@ -529,7 +530,9 @@ impl Controller {
             max_scored_nodes: sc.max_scored_nodes,
             expected_starts: true,
         };
+        let metrics = crate::metrics::Metrics::new(store.commit_seconds());
         Ok(Arc::new(Controller {
+            metrics,
             cluster: Mutex::new(cluster),
             store,
             key,
@@ -675,9 +678,13 @@ impl Controller {
             return Ok(());
         }
         let now = now_ms();
+        let started = std::time::Instant::now();
         let plan = tokio::task::spawn_blocking(move || sched::schedule(&view, &queue, &cfg, now))
             .await
             .expect("scheduler pass panicked");
+        self.metrics
+            .pass_seconds
+            .observe(started.elapsed().as_secs_f64());
 
         let mut sends = Vec::new();
         {
@@ -941,6 +948,7 @@ impl Controller {
         // Acknowledge only once durable.
         self.store.flush().await.map_err(store_status)?;
         tracing::info!(job = id, "job submitted");
+        self.metrics.submits.inc();
         self.wake_scheduler();
         Ok(id)
     }

@@ -23,6 +23,8 @@ pub struct Options {
     pub config: Config,
     /// Also serve on this Unix socket (users identified by peer credentials).
     pub socket: Option<PathBuf>,
+    /// Serve Prometheus metrics here.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Binds the user socket: a stale file from an earlier run is replaced; anyone may
@@ -81,6 +83,13 @@ pub async fn run(
     tracing::info!(%addr, socket = ?opts.socket, state_dir = %opts.state_dir.display(), "gpuctld started");
 
     tokio::spawn(restart_when_disk_recovers(store.clone(), min_free));
+    if let Some(addr) = opts.metrics_listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
+        tracing::info!("Prometheus metrics on http://{}/metrics", l.local_addr()?);
+        tokio::spawn(crate::metrics::serve(l, ctl.clone()));
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sched = tokio::spawn(ctl.clone().scheduler_loop(stop_rx.clone()));
     let watchdog = tokio::spawn(ctl.clone().watchdog_loop(stop_rx.clone()));

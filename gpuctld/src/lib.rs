@@ -18,6 +18,7 @@ pub mod bench;
 pub mod config;
 pub mod controller;
 pub mod daemon;
+pub mod metrics;
 pub mod sched;
 pub mod server;
 pub mod sim;

@@ -31,6 +31,9 @@ struct Args {
     /// Controller configuration (TOML); embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (port 0 picks a free port, logged).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -91,6 +94,7 @@ async fn main() -> std::process::ExitCode {
                         state_dir: args.state_dir,
                         config,
                         socket: args.socket,
+                        metrics_listen: args.metrics_listen,
                     },
                     gpuctld::daemon::signal(),
                 )

@@ -94,6 +94,8 @@ pub struct Store {
     db: sled::Db,
     commit: Arc<GroupCommit>,
     dir: std::path::PathBuf,
+    /// How long each durable commit took (a metric).
+    commit_seconds: prometheus_client::metrics::histogram::Histogram,
 }
 
 /// Group commit: one flush at a time, and each covers every write made before it
@@ -164,7 +166,15 @@ impl Store {
             db,
             commit: Arc::default(),
             dir: dir.to_path_buf(),
+            commit_seconds: prometheus_client::metrics::histogram::Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.0001, 2.0, 16),
+            ),
         })
+    }
+
+    /// The histogram of durable commit times.
+    pub fn commit_seconds(&self) -> prometheus_client::metrics::histogram::Histogram {
+        self.commit_seconds.clone()
     }
 
     /// Bytes free to unprivileged writers on the state dir's filesystem (`None` when
@@ -305,6 +315,7 @@ impl Store {
         }
         let upto = c.written.load(Ordering::Acquire);
         let db = self.db.clone();
+        let started = std::time::Instant::now();
         // A flush stuck on a full disk must not hold every later caller (and shutdown)
         // forever: they get `Stalled` and may retry.
         if self.failed() {
@@ -323,6 +334,7 @@ impl Store {
         }
         c.flushed.fetch_max(upto, Ordering::AcqRel);
         c.flushes.fetch_add(1, Ordering::Relaxed);
+        self.commit_seconds.observe(started.elapsed().as_secs_f64());
         Ok(())
     }
 

@@ -377,48 +377,26 @@ pub struct Latest {
     pub metrics: Mutex<Vec<pb::GpuMetrics>>,
 }
 
-/// Serves `GET /metrics` on `listener` (plain HTTP/1.1, one request per connection).
+/// Serves `GET /metrics` (OpenMetrics text) on `listener` until the process ends.
 pub async fn serve(listener: tokio::net::TcpListener, exporter: std::sync::Arc<Exporter>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
-            continue;
-        };
-        let exporter = exporter.clone();
-        tokio::spawn(async move {
-            let mut buf = Vec::with_capacity(1024);
-            let mut chunk = [0u8; 1024];
-            // Read the request head (bounded), then answer.
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
-                match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut chunk)).await {
-                    Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                    _ => return,
-                }
-            }
-            let head = String::from_utf8_lossy(&buf);
-            let path = head.split_whitespace().nth(1).unwrap_or("");
-            let (status, ctype, body) = if head.starts_with("GET ")
-                && (path == "/metrics" || path.starts_with("/metrics?"))
-            {
+    use axum::http::header::CONTENT_TYPE;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let exporter = exporter.clone();
+            async move {
                 (
-                    "200 OK",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    [(
+                        CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
                     exporter.encode(),
                 )
-            } else {
-                (
-                    "404 Not Found",
-                    "text/plain",
-                    "only GET /metrics here\n".to_string(),
-                )
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-            let _ = sock.shutdown().await;
-        });
+            }
+        }),
+    );
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!("metrics server failed: {e}");
     }
 }
 

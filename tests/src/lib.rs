@@ -60,6 +60,8 @@ pub struct Cluster {
     pub agents: Vec<Agent>,
     /// Agents killed during the test (their cgroups are cleaned up at the end too).
     gone: Vec<String>,
+    /// More arguments for gpuctld (every start).
+    pub ctld_args: Vec<String>,
 }
 
 impl Cluster {
@@ -96,7 +98,17 @@ impl Cluster {
             ctld: None,
             agents: Vec::new(),
             gone: Vec::new(),
+            ctld_args: Vec::new(),
         };
+        c.start_controller();
+        c
+    }
+
+    /// A controller started with more arguments (e.g. `--metrics-listen ADDR`).
+    pub fn controller_with_args(args: &[&str]) -> Cluster {
+        let mut c = Cluster::controller_with_config("");
+        c.kill9_controller();
+        c.ctld_args = args.iter().map(|a| a.to_string()).collect();
         c.start_controller();
         c
     }
@@ -137,6 +149,7 @@ impl Cluster {
             .arg(self.path("gpuctld.sock"))
             .arg("--config")
             .arg(self.path("gpuctld.toml"))
+            .args(&self.ctld_args)
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()

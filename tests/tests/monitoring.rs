@@ -18,7 +18,7 @@ fn free_port() -> u16 {
 
 fn scrape(port: u16) -> String {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
@@ -240,4 +240,67 @@ fn share_jobs_get_an_mps_daemon_or_a_warning_saying_there_is_none() {
         w.contains("cannot run /nonexistent/nvidia-cuda-mps-control"),
         "{j}"
     );
+}
+
+/// gpuctld's own metrics: jobs by state, pending by reason, nodes, GPUs allocated, per
+/// user running GPUs, submits and pass times, from a real scrape over HTTP.
+#[test]
+fn controller_metrics_count_jobs_nodes_gpus_and_passes() {
+    let port = free_port();
+    let mut c = Cluster::controller_with_args(&["--metrics-listen", &format!("127.0.0.1:{port}")]);
+    c.add_agent("n1", "2xA100-80GB", &[]);
+    c.wait_nodes_up(1);
+    let running = c.submit("r.toml", "script = \"sleep 30\"\n[resources]\ngpus = 2\n");
+    c.wait_state(running, "RUNNING", T);
+    let waiting = c.submit("w.toml", "script = \"true\"\n[resources]\ngpus = 1\n");
+    assert!(wait_for(T, || c.job(waiting)["reason"] == "Resources"));
+    let done = c.submit("d.toml", "script = \"true\"\n");
+    c.wait_state(done, "COMPLETED", T);
+
+    let get = || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_string()
+    };
+    let body = get();
+    let s = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .expect("Prometheus text parses");
+    let value = |metric: &str, label: Option<(&str, &str)>| {
+        s.samples
+            .iter()
+            .find(|x| x.metric == metric && label.is_none_or(|(k, v)| x.labels.get(k) == Some(v)))
+            .map(|x| match x.value {
+                prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+            .unwrap_or_else(|| panic!("no {metric} {label:?} in\n{body}"))
+    };
+    assert_eq!(value("gpuctl_jobs", Some(("state", "RUNNING"))), 1.0);
+    assert_eq!(value("gpuctl_jobs", Some(("state", "PENDING"))), 1.0);
+    assert_eq!(value("gpuctl_jobs", Some(("state", "COMPLETED"))), 1.0);
+    assert_eq!(
+        value("gpuctl_jobs_pending", Some(("reason", "Resources"))),
+        1.0
+    );
+    assert_eq!(value("gpuctl_nodes", Some(("state", "ALLOCATED"))), 1.0);
+    assert_eq!(value("gpuctl_gpus", None), 2.0);
+    assert_eq!(value("gpuctl_gpus_allocated", None), 2.0);
+    assert_eq!(
+        value("gpuctl_user_running_gpus", Some(("user", "root"))),
+        2.0
+    );
+    assert_eq!(value("gpuctl_submits_total", None), 3.0);
+    assert!(
+        body.contains("gpuctl_schedule_pass_seconds_count"),
+        "{body}"
+    );
+    assert!(body.contains("gpuctl_store_commit_seconds_count"), "{body}");
+    c.gpuctl_ok(&["cancel", &running.to_string()]);
 }

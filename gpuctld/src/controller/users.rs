@@ -11,6 +11,60 @@ use super::*;
 use crate::auth::Caller;
 
 impl Controller {
+    /// The metrics' exposition text, from the state now.
+    pub fn metrics_text(&self) -> String {
+        let nodes = self.list_nodes();
+        let mut snap = crate::metrics::Snapshot {
+            fragmentation_gpus: nodes.fragmentation_gpus,
+            ..Default::default()
+        };
+        for n in &nodes.nodes {
+            *snap
+                .nodes_by_state
+                .entry(n.state().as_str_name().to_string())
+                .or_default() += 1;
+            if n.state() != pb::NodeState::Down {
+                snap.gpus_total += n.gpus.len() as u64;
+                snap.gpus_allocated += n
+                    .gpus
+                    .iter()
+                    .map(|g| g.compute_allocated_milli.min(1000) as f64 / 1000.0)
+                    .sum::<f64>();
+            }
+        }
+        {
+            let c = self.lock();
+            for s in c.jobs.values() {
+                let j = job_of(s);
+                let state = j.state().as_str_name().to_string();
+                *snap.jobs_by_state.entry(state).or_default() += 1;
+                match j.state() {
+                    JobState::Pending => {
+                        let reason = if j.reason.is_empty() {
+                            "None"
+                        } else {
+                            j.reason.as_str()
+                        };
+                        let reason = reason.split(':').next().unwrap_or(reason).to_string();
+                        *snap.pending_by_reason.entry(reason).or_default() += 1;
+                    }
+                    JobState::Running => {
+                        let held: f64 = live_allocs(j)
+                            .flat_map(|a| &a.slots)
+                            .map(|s| f64::from(s.compute_milli.min(1000)) / 1000.0)
+                            .sum();
+                        *snap
+                            .running_gpus_by_user
+                            .entry(owner(j).to_string())
+                            .or_default() += held;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.metrics.render(&snap, now_ms())
+    }
+
     /// Why a job waits, node by node, from a fresh (pure) pass.
     pub async fn explain(&self, id: u64) -> Result<pb::Explanation, Status> {
         let job = self.get_job(id)?;

@@ -1,0 +1,240 @@
+//! The controller's Prometheus metrics (`gpuctld --metrics-listen ADDR`, `GET /metrics`):
+//! jobs by state, pending jobs by reason, nodes by state, GPUs total and allocated,
+//! fragmentation, running GPUs and GPU-hours per user, submits, the scheduling pass and
+//! store commit times. Gauges are read from the controller's state at each scrape;
+//! counters and histograms are kept as things happen.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UserLabel {
+    user: String,
+}
+
+type GaugeF = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// What the controller's state says at one moment (computed under its lock).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Snapshot {
+    pub jobs_by_state: BTreeMap<String, u64>,
+    pub pending_by_reason: BTreeMap<String, u64>,
+    pub nodes_by_state: BTreeMap<String, u64>,
+    pub gpus_total: u64,
+    /// Allocated GPU capacity in GPUs (a quarter share counts 0.25).
+    pub gpus_allocated: f64,
+    pub fragmentation_gpus: f64,
+    /// Running GPUs per user (shares as fractions).
+    pub running_gpus_by_user: BTreeMap<String, f64>,
+}
+
+/// The registry and what is kept between scrapes.
+pub struct Metrics {
+    registry: Registry,
+    jobs: Family<StateLabel, Gauge>,
+    pending: Family<ReasonLabel, Gauge>,
+    nodes: Family<StateLabel, Gauge>,
+    gpus_total: Gauge,
+    gpus_allocated: GaugeF,
+    fragmentation: GaugeF,
+    user_gpus: Family<UserLabel, GaugeF>,
+    user_gpu_seconds: Family<UserLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
+    /// When GPU-seconds were last added (ms), to integrate running GPUs over time.
+    last_ms: Mutex<Option<i64>>,
+    pub submits: Counter,
+    pub pass_seconds: Histogram,
+    pub commit_seconds: Histogram,
+}
+
+impl Metrics {
+    pub fn new(commit_seconds: Histogram) -> Arc<Metrics> {
+        let mut r = Registry::default();
+        let jobs = Family::<StateLabel, Gauge>::default();
+        r.register(
+            "gpuctl_jobs",
+            "Jobs by state (finished ones as retained).",
+            jobs.clone(),
+        );
+        let pending = Family::<ReasonLabel, Gauge>::default();
+        r.register(
+            "gpuctl_jobs_pending",
+            "Pending jobs by reason.",
+            pending.clone(),
+        );
+        let nodes = Family::<StateLabel, Gauge>::default();
+        r.register("gpuctl_nodes", "Nodes by state.", nodes.clone());
+        let gpus_total = Gauge::default();
+        r.register(
+            "gpuctl_gpus",
+            "GPUs of the nodes that are up.",
+            gpus_total.clone(),
+        );
+        let gpus_allocated = GaugeF::default();
+        r.register(
+            "gpuctl_gpus_allocated",
+            "Allocated GPU capacity in GPUs (shares and MIG instances as fractions).",
+            gpus_allocated.clone(),
+        );
+        let fragmentation = GaugeF::default();
+        r.register(
+            "gpuctl_fragmentation_gpus",
+            "Idle GPU capacity the typical job mix could not use (FGD's measure), in GPUs.",
+            fragmentation.clone(),
+        );
+        let user_gpus = Family::<UserLabel, GaugeF>::default();
+        r.register(
+            "gpuctl_user_running_gpus",
+            "GPUs held by each user's running jobs (shares as fractions).",
+            user_gpus.clone(),
+        );
+        let user_gpu_seconds = Family::default();
+        r.register(
+            "gpuctl_user_gpu_seconds",
+            "GPU-seconds held by each user's running jobs since the controller started (sampled at scrapes).",
+            user_gpu_seconds.clone(),
+        );
+        let submits = Counter::default();
+        r.register("gpuctl_submits", "Jobs acknowledged.", submits.clone());
+        let pass_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        r.register(
+            "gpuctl_schedule_pass_seconds",
+            "How long a scheduling pass took.",
+            pass_seconds.clone(),
+        );
+        r.register(
+            "gpuctl_store_commit_seconds",
+            "How long a durable commit (group flush) took.",
+            commit_seconds.clone(),
+        );
+        Arc::new(Metrics {
+            registry: r,
+            jobs,
+            pending,
+            nodes,
+            gpus_total,
+            gpus_allocated,
+            fragmentation,
+            user_gpus,
+            user_gpu_seconds,
+            last_ms: Mutex::new(None),
+            submits,
+            pass_seconds,
+            commit_seconds,
+        })
+    }
+
+    /// The exposition text for the state in `s` at `now_ms`.
+    pub fn render(&self, s: &Snapshot, now_ms: i64) -> String {
+        self.jobs.clear();
+        for (k, v) in &s.jobs_by_state {
+            self.jobs
+                .get_or_create(&StateLabel { state: k.clone() })
+                .set(*v as i64);
+        }
+        self.pending.clear();
+        for (k, v) in &s.pending_by_reason {
+            let l = ReasonLabel { reason: k.clone() };
+            self.pending.get_or_create(&l).set(*v as i64);
+        }
+        self.nodes.clear();
+        for (k, v) in &s.nodes_by_state {
+            self.nodes
+                .get_or_create(&StateLabel { state: k.clone() })
+                .set(*v as i64);
+        }
+        self.gpus_total.set(s.gpus_total as i64);
+        self.gpus_allocated.set(s.gpus_allocated);
+        self.fragmentation.set(s.fragmentation_gpus);
+        self.user_gpus.clear();
+        let mut last = self.last_ms.lock().unwrap_or_else(|p| p.into_inner());
+        let dt = last.map_or(0.0, |l| (now_ms - l).max(0) as f64 / 1000.0);
+        *last = Some(now_ms);
+        for (user, gpus) in &s.running_gpus_by_user {
+            let l = UserLabel { user: user.clone() };
+            self.user_gpus.get_or_create(&l).set(*gpus);
+            self.user_gpu_seconds.get_or_create(&l).inc_by(gpus * dt);
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, ctl: Arc<crate::controller::Controller>) {
+    use axum::http::header::CONTENT_TYPE;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let ctl = ctl.clone();
+            async move {
+                (
+                    [(
+                        CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    ctl.metrics_text(),
+                )
+            }
+        }),
+    );
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!("metrics server failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_renders_every_family_and_integrates_gpu_seconds() {
+        let m = Metrics::new(Histogram::new(exponential_buckets(0.001, 2.0, 4)));
+        let mut s = Snapshot {
+            gpus_total: 8,
+            gpus_allocated: 2.25,
+            fragmentation_gpus: 0.5,
+            ..Snapshot::default()
+        };
+        s.jobs_by_state.insert("RUNNING".into(), 3);
+        s.pending_by_reason.insert("Resources".into(), 2);
+        s.nodes_by_state.insert("MIXED".into(), 1);
+        s.running_gpus_by_user.insert("alice".into(), 2.0);
+        m.submits.inc();
+        m.pass_seconds.observe(0.003);
+        let _ = m.render(&s, 1_000);
+        let text = m.render(&s, 11_000);
+        for line in [
+            "gpuctl_jobs{state=\"RUNNING\"} 3",
+            "gpuctl_jobs_pending{reason=\"Resources\"} 2",
+            "gpuctl_nodes{state=\"MIXED\"} 1",
+            "gpuctl_gpus 8",
+            "gpuctl_gpus_allocated 2.25",
+            "gpuctl_fragmentation_gpus 0.5",
+            "gpuctl_user_running_gpus{user=\"alice\"} 2.0",
+            "gpuctl_user_gpu_seconds_total{user=\"alice\"} 20.0",
+            "gpuctl_submits_total 1",
+            "gpuctl_schedule_pass_seconds_count 1",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+    }
+}
