@@ -1,0 +1,190 @@
+//! The plan itself: jobs in priority order, each started now if it fits without
+//! delaying a reservation (conservative backfill), else given its reservation.
+
+use super::*;
+
+pub(super) fn plan(
+    cluster: &ClusterView,
+    queue: &[PendingJob],
+    config: &SchedConfig,
+    now: Millis,
+    explain_job: Option<JobId>,
+) -> (Plan, Option<Explanation>) {
+    let mut pass = Pass::new(cluster, config, now);
+    let norm = size_norm(cluster);
+    let ranked = priority::rank(queue, &config.weights, now, norm);
+    let mut plan = Plan::default();
+    let mut explanation = None;
+    let mut first_blocked: Option<JobId> = None;
+    let mut strict_lb = now;
+    let mut reservations = 0usize;
+
+    let shapes: Vec<usize> = ranked.iter().map(|(j, _)| pass.shape(&j.request)).collect();
+    // Without expected starts: the first job (from the current rank on) that might still
+    // start now. What is free now only shrinks, so this only moves forward.
+    let mut may_start_from = 0;
+    for (rank, &(job, prio)) in ranked.iter().enumerate() {
+        if !config.expected_starts && explain_job.is_none() {
+            pass.refresh_max_free();
+            may_start_from = may_start_from.max(rank);
+            while ranked
+                .get(may_start_from)
+                .is_some_and(|&(j, _)| !pass.may_start(shapes[may_start_from], j))
+            {
+                may_start_from += 1;
+            }
+            let any_start =
+                may_start_from < ranked.len() && (config.backfill || first_blocked.is_none());
+            if !any_start {
+                // Nothing left can start: the rest wait, without reservations.
+                plan.waiting
+                    .extend(ranked[rank..].iter().map(|(j, _)| Waiting {
+                        job: j.id,
+                        reason: Blocked::Resources,
+                        reservation: None,
+                    }));
+                break;
+            }
+        }
+        let req = &job.request;
+        let d = job.duration_ms.max(1000);
+        let gang = req.nodes.max(1) as usize;
+        let explaining = explain_job == Some(job.id);
+        let may_start = config.backfill || first_blocked.is_none();
+        let mut misses: Vec<(usize, Miss)> = Vec::new();
+
+        let shape = shapes[rank];
+        let mut reserved_by = None;
+        let placed = if may_start || explaining {
+            let fits = if explaining {
+                let fits = pass.fit_now_all(req, d, gang, &mut misses);
+                reserved_by = misses.iter().find_map(|(_, m)| match m {
+                    Miss::Reserved { job, .. } => Some(*job),
+                    _ => None,
+                });
+                fits
+            } else {
+                let (fits, blocker) = pass.fit_now(shape, req, d, gang);
+                reserved_by = blocker;
+                fits
+            };
+            (may_start && fits.len() == gang).then_some(fits)
+        } else {
+            None
+        };
+        if let Some(fits) = placed {
+            let mut allocs = Vec::new();
+            for (i, picks) in fits {
+                pass.claim(job.id, i, &picks, req, (now, now.saturating_add(d)), false);
+                allocs.push(alloc_of(&cluster.nodes[i], &picks, req));
+            }
+            let start = Start {
+                job: job.id,
+                allocs,
+            };
+            if explaining {
+                explanation = Some(explain_of(
+                    cluster,
+                    job.id,
+                    rank,
+                    prio,
+                    &misses,
+                    Ok(start.clone()),
+                ));
+            }
+            plan.starts.push(start);
+            continue;
+        }
+
+        // Not now: a reservation in the way tells Priority from Resources; reserve its
+        // earliest slots.
+        let lb = if config.backfill { now } else { strict_lb };
+        let within_depth = config.reservation_depth.is_none_or(|d| reservations < d);
+        let reservation = if !within_depth {
+            None
+        } else if gang == 1 {
+            pass.reserve_one(job.id, shape, req, lb, d)
+                .map(|(t, i, picks)| Reservation {
+                    start: t,
+                    allocs: vec![alloc_of(&cluster.nodes[i], &picks, req)],
+                })
+        } else {
+            pass.earliest_gang(req, gang, lb).map(|(t, picks)| {
+                let mut allocs = Vec::new();
+                for (i, p) in picks {
+                    pass.claim(job.id, i, &p, req, (t, t.saturating_add(d)), true);
+                    allocs.push(alloc_of(&cluster.nodes[i], &p, req));
+                }
+                Reservation { start: t, allocs }
+            })
+        };
+        if reservation.is_some() {
+            reservations += 1;
+        }
+        let reason = if let Some(r) = &reservation {
+            strict_lb = strict_lb.max(r.start);
+            match (first_blocked, reserved_by) {
+                (Some(b), _) if !config.backfill => Blocked::Priority { behind: b },
+                (_, Some(b)) => Blocked::Priority { behind: b },
+                _ => Blocked::Resources,
+            }
+        } else if !within_depth {
+            Blocked::BeyondDepth
+        } else if cluster
+            .nodes
+            .iter()
+            .any(|n| n.eligibility != Eligibility::Up && fits_empty(n, req))
+            || (gang > 1 && cluster.nodes.iter().filter(|n| fits_empty(n, req)).count() >= gang)
+        {
+            Blocked::NodesUnavailable
+        } else {
+            Blocked::Infeasible
+        };
+        first_blocked.get_or_insert(job.id);
+        let waiting = Waiting {
+            job: job.id,
+            reason,
+            reservation,
+        };
+        if explaining {
+            explanation = Some(explain_of(
+                cluster,
+                job.id,
+                rank,
+                prio,
+                &misses,
+                Err(waiting.clone()),
+            ));
+        }
+        plan.waiting.push(waiting);
+    }
+    (plan, explanation)
+}
+
+fn explain_of(
+    cluster: &ClusterView,
+    job: JobId,
+    rank: usize,
+    priority: i64,
+    misses: &[(usize, Miss)],
+    outcome: Result<Start, Waiting>,
+) -> Explanation {
+    let nodes = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (
+                n.name.clone(),
+                misses.iter().find(|(j, _)| *j == i).map(|(_, m)| m.clone()),
+            )
+        })
+        .collect();
+    Explanation {
+        job,
+        rank,
+        priority,
+        nodes,
+        outcome,
+    }
+}
