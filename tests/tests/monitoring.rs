@@ -257,17 +257,7 @@ fn controller_metrics_count_jobs_nodes_gpus_and_passes() {
     let done = c.submit("d.toml", "script = \"true\"\n");
     c.wait_state(done, "COMPLETED", T);
 
-    let get = || {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        let (head, body) = out.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        body.to_string()
-    };
-    let body = get();
+    let body = scrape(port);
     let s = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
         .expect("Prometheus text parses");
     let value = |metric: &str, label: Option<(&str, &str)>| {
