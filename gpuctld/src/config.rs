@@ -36,9 +36,30 @@ pub struct Config {
     /// admins only.
     pub qos: BTreeMap<String, QosConfig>,
     pub retention: Retention,
+    pub health: Health,
     /// The same as `limits.max_time_limit`, at the top level (either may be given).
     #[serde(with = "humantime_serde", default)]
     pub max_time_limit: Option<Duration>,
+}
+
+/// The `[health]` table: what drains a node by itself (and lifts the drain once the
+/// node is healthy again; an admin's drain is never lifted by it).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Health {
+    /// A GPU hotter than this (°C) drains its node; 0 turns the check off.
+    pub max_gpu_temp_c: u32,
+    /// The drain is lifted when every GPU of the node is at or below this.
+    pub resume_gpu_temp_c: u32,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            max_gpu_temp_c: 90,
+            resume_gpu_temp_c: 80,
+        }
+    }
 }
 
 /// The `[retention]` table: how long finished jobs are kept (for `show`, `queue
@@ -189,6 +210,7 @@ impl Default for Config {
             limits: Limits::default(),
             qos: default_qos(),
             retention: Retention::default(),
+            health: Health::default(),
             max_time_limit: None,
         }
     }

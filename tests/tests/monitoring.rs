@@ -294,3 +294,43 @@ fn controller_metrics_count_jobs_nodes_gpus_and_passes() {
     assert!(body.contains("gpuctl_store_commit_seconds_count"), "{body}");
     c.gpuctl_ok(&["cancel", &running.to_string()]);
 }
+
+/// Health: a GPU heating past `health.max_gpu_temp_c` drains its node with a hardware
+/// reason within seconds; the drain is lifted once it is cool again. An admin's drain
+/// is never lifted by it.
+#[test]
+fn a_hot_gpu_drains_its_node_until_it_cools() {
+    let mut c =
+        Cluster::controller_with_config("[health]\nmax_gpu_temp_c = 90\nresume_gpu_temp_c = 80");
+    let file = c.path("hot.toml");
+    std::fs::write(
+        &file,
+        "[[gpus]]\ncount = 2\nmodel = \"A100-80GB\"\n[gpus.metrics]\ntemperature = [[0, 40], [4, 40], [4.2, 97], [9, 97], [9.2, 50]]\n",
+    )
+    .unwrap();
+    c.add_agent_raw(
+        "hot",
+        &[
+            "--fake-gpus-file",
+            file.to_str().unwrap(),
+            "--sample-interval",
+            "300ms",
+        ],
+    );
+    c.wait_nodes_up(1);
+    assert!(wait_for(T, || c.node_state("hot") == "DRAINED"));
+    let n = &c.nodes()[0];
+    let reason = n["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("health (hardware): GPU ") && reason.contains("at 97 C"),
+        "{reason}"
+    );
+    assert!(
+        wait_for(T, || c.node_state("hot") == "IDLE"),
+        "drain not lifted"
+    );
+    // An admin's drain stays, hot or cool.
+    c.gpuctl_ok(&["node", "drain", "hot", "--reason", "fan swap"]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(c.nodes()[0]["reason"], "fan swap");
+}

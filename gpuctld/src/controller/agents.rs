@@ -243,6 +243,7 @@ impl Controller {
                 agent_id: req.agent_id.clone(),
                 address: address.clone(),
                 allow_root_jobs: req.allow_root_jobs,
+                drain_automatic: c.nodes.get(&req.node).is_some_and(|n| n.drain_automatic),
             };
             self.store.put_node(&node).map_err(store_status)?;
             c.nodes.insert(req.node.clone(), node);
@@ -516,7 +517,8 @@ impl Controller {
     ) -> Result<pb::HeartbeatResponse, Status> {
         let (resp, changed) = {
             let mut c = self.lock();
-            let changed = self.starts_not_run(&mut c, req).map_err(store_status)?;
+            let mut changed = self.starts_not_run(&mut c, req).map_err(store_status)?;
+            changed |= self.check_health(&mut c, req).map_err(store_status)?;
             (Self::heartbeat_locked(&mut c, req), changed)
         };
         if changed {
@@ -524,6 +526,50 @@ impl Controller {
             self.wake_scheduler();
         }
         Ok(resp)
+    }
+
+    /// Drains a node whose GPU is over `health.max_gpu_temp_c` (a hardware reason,
+    /// automatic), and lifts that drain once every GPU is at or below
+    /// `health.resume_gpu_temp_c`. An admin's drain is left alone. Returns whether the
+    /// node changed.
+    fn check_health(
+        &self,
+        c: &mut Cluster,
+        req: &pb::HeartbeatRequest,
+    ) -> Result<bool, StoreError> {
+        let h = &self.config.health;
+        if h.max_gpu_temp_c == 0 || req.metrics.is_empty() {
+            return Ok(false);
+        }
+        let Some(n) = c.nodes.get_mut(&req.node) else {
+            return Ok(false);
+        };
+        let hottest = req
+            .metrics
+            .iter()
+            .max_by_key(|m| m.temp_c)
+            .expect("not empty");
+        let admin_drain = n.drain_reason.is_some() && !n.drain_automatic;
+        if admin_drain {
+            return Ok(false);
+        }
+        if hottest.temp_c > h.max_gpu_temp_c && n.drain_reason.is_none() {
+            let why = format!(
+                "health (hardware): GPU {} at {} C, over health.max_gpu_temp_c {} C",
+                hottest.uuid, hottest.temp_c, h.max_gpu_temp_c
+            );
+            tracing::warn!(node = %req.node, "draining: {why}");
+            n.drain_reason = Some(why);
+            n.drain_automatic = true;
+        } else if n.drain_automatic && hottest.temp_c <= h.resume_gpu_temp_c {
+            tracing::info!(node = %req.node, temp_c = hottest.temp_c, "healthy again: drain lifted");
+            n.drain_reason = None;
+            n.drain_automatic = false;
+        } else {
+            return Ok(false);
+        }
+        self.store.put_node(n)?;
+        Ok(true)
     }
 
     /// Ends the jobs whose starts the agent handled without running them.

@@ -411,6 +411,8 @@ impl Controller {
                 .get_mut(name)
                 .ok_or_else(|| Status::not_found(format!("no node named {name:?}")))?;
             n.drain_reason = drain;
+            // An admin's drain (or resume) is the admin's: health checks leave it alone.
+            n.drain_automatic = false;
             self.store.put_node(n).map_err(store_status)?;
             let n = n.clone();
             let usage = c.usage();
