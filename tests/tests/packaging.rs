@@ -39,3 +39,42 @@ fn the_manual_renders_as_roff() {
     );
     assert!(text.contains("submit") && text.contains("completions"));
 }
+
+/// The alert rules in `deploy/prometheus/` load in a real Prometheus's `promtool`, and
+/// fire on the series they are about (its unit tests). CI installs Prometheus and sets
+/// GPUCTL_REQUIRE_PROMTOOL, so that a missing promtool fails there instead of skipping.
+#[test]
+fn alert_rules_load_and_fire_in_promtool() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus");
+    let run = |args: &[&str]| {
+        Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+    };
+    let check = match run(&["check", "rules", "alerts.yml"]) {
+        Ok(o) => o,
+        Err(e) => {
+            assert!(
+                std::env::var_os("GPUCTL_REQUIRE_PROMTOOL").is_none(),
+                "promtool is required here: {e}"
+            );
+            eprintln!("skipped: no promtool ({e}); apt-get install prometheus");
+            return;
+        }
+    };
+    let text = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert!(
+        check.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(text.contains("SUCCESS: 7 rules found"), "{text}");
+    let test = run(&["test", "rules", "alerts_test.yml"]).unwrap();
+    assert!(
+        test.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&test.stdout),
+        String::from_utf8_lossy(&test.stderr)
+    );
+}
