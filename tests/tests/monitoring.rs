@@ -1,7 +1,10 @@
-//! GPU monitoring: metrics reach the controller and Prometheus (DCGM names, job label),
-//! and a job over its GPU memory share is warned, then ended with the reason.
+//! GPU monitoring: metrics reach the controller and Prometheus (DCGM names, stable GPU
+//! series, jobs as `hpc_job`/`user`), the controller's own metrics, health drains, a
+//! real Prometheus scraping both daemons, and a job over its GPU memory share is
+//! warned, then ended with the reason.
 
 use std::io::{Read, Write};
+use std::process::Command;
 use std::time::Duration;
 
 use gpuctl_tests::{Cluster, wait_for};
@@ -333,4 +336,108 @@ fn a_hot_gpu_drains_its_node_until_it_cools() {
     c.gpuctl_ok(&["node", "drain", "hot", "--reason", "fan swap"]);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(c.nodes()[0]["reason"], "fan swap");
+}
+
+/// A real Prometheus scrapes both daemons, and the queries operators write (and the
+/// alert rules use) return data: the per-job join on `UUID` with `hpc_job`/`user`,
+/// utilisation of the cluster, pending jobs. Skipped without Prometheus unless CI asks.
+#[test]
+fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
+    if Command::new("prometheus")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("GPUCTL_REQUIRE_PROMTOOL").is_none(),
+            "prometheus is required here"
+        );
+        eprintln!("skipped: no prometheus; apt-get install prometheus");
+        return;
+    }
+    let (ctld_port, gpud_port, prom_port) = (free_port(), free_port(), free_port());
+    let mut c =
+        Cluster::controller_with_args(&["--metrics-listen", &format!("127.0.0.1:{ctld_port}")]);
+    c.add_agent(
+        "p1",
+        "2xA100-80GB",
+        &[
+            "--metrics-listen",
+            &format!("127.0.0.1:{gpud_port}"),
+            "--sample-interval",
+            "500ms",
+        ],
+    );
+    c.wait_nodes_up(1);
+    let id = c.submit("r.toml", "script = \"sleep 60\"\n[resources]\ngpus = 1\n");
+    c.wait_state(id, "RUNNING", T);
+    let config = c.path("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: gpuctld\n    static_configs: [{{targets: ['127.0.0.1:{ctld_port}']}}]\n  - job_name: gpud\n    static_configs: [{{targets: ['127.0.0.1:{gpud_port}']}}]\n"
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(c.path("prometheus.log")).unwrap();
+    let mut prom = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", c.path("tsdb").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let query = |q: &str| -> Vec<serde_json::Value> {
+        let path = format!(
+            "/api/v1/query?query={}",
+            q.bytes()
+                .map(|b| if b.is_ascii_alphanumeric() {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                })
+                .collect::<String>()
+        );
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", prom_port)) else {
+            return Vec::new();
+        };
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        if s.write_all(req.as_bytes()).is_err() {
+            return Vec::new();
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let body = out.split_once("\r\n\r\n").map_or("", |x| x.1);
+        serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["data"]["result"].as_array().cloned())
+            .unwrap_or_default()
+    };
+    let join = "DCGM_FI_DEV_GPU_UTIL * on(UUID) group_left(hpc_job, user) gpuctl_gpu_job_info";
+    let utilisation_q = "sum(gpuctl_gpus_allocated) / sum(gpuctl_gpus)";
+    let running_q = "gpuctl_jobs{state=\"RUNNING\"}";
+    let ok = wait_for(Duration::from_secs(60), || {
+        [join, utilisation_q, running_q]
+            .iter()
+            .all(|q| !query(q).is_empty())
+    });
+    let results = query(join);
+    let utilisation = query(utilisation_q);
+    let running = query(running_q);
+    let _ = prom.kill();
+    let _ = prom.wait();
+    assert!(
+        ok,
+        "no data for the join; see {}",
+        c.path("prometheus.log").display()
+    );
+    assert_eq!(results[0]["metric"]["hpc_job"], id.to_string());
+    assert_eq!(results[0]["metric"]["user"], "root");
+    assert_eq!(
+        results[0]["metric"]["job"], "gpud",
+        "Prometheus's own job label is free"
+    );
+    assert_eq!(utilisation[0]["value"][1], "0.5");
+    assert_eq!(running[0]["value"][1], "1");
+    c.gpuctl_ok(&["cancel", &id.to_string()]);
 }
