@@ -338,9 +338,10 @@ fn a_hot_gpu_drains_its_node_until_it_cools() {
     assert_eq!(c.nodes()[0]["reason"], "fan swap");
 }
 
-/// A real Prometheus scrapes both daemons, and the queries operators write (and the
-/// alert rules use) return data: the per-job join on `UUID` with `hpc_job`/`user`,
-/// utilisation of the cluster, pending jobs. Skipped without Prometheus unless CI asks.
+/// A real Prometheus scrapes both daemons, and the queries operators write return
+/// data: every panel of the Grafana dashboard in `deploy/grafana/`, the per-job join on
+/// `UUID` with `hpc_job`/`user`, utilisation of the cluster, running jobs. Skipped
+/// without Prometheus unless CI asks.
 #[test]
 fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
     if Command::new("prometheus")
@@ -369,8 +370,39 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
         ],
     );
     c.wait_nodes_up(1);
-    let id = c.submit("r.toml", "script = \"sleep 60\"\n[resources]\ngpus = 1\n");
+    let id = c.submit(
+        "r.toml",
+        "script = \"sleep 60\"\n[env]\nGPUCTL_FAKE_GPU_MEMORY_MIB = \"2000\"\n[resources]\ngpus = 1\n",
+    );
     c.wait_state(id, "RUNNING", T);
+    // A job that waits for GPUs, so that the queue's panels have something to show.
+    let waiting = c.submit("w.toml", "script = \"true\"\n[resources]\ngpus = 2\n");
+    assert!(wait_for(T, || c.job(waiting)["reason"] == "Resources"));
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/gpuctl.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let panels: Vec<(String, String)> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| {
+            let title = p["title"].as_str().unwrap().to_string();
+            p["targets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |t| (title.clone(), t["expr"].as_str().unwrap().to_string()))
+        })
+        .collect();
+    assert!(
+        panels.len() >= 15,
+        "a dashboard of {} queries",
+        panels.len()
+    );
     let config = c.path("prometheus.yml");
     std::fs::write(
         &config,
@@ -421,6 +453,16 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
             .iter()
             .all(|q| !query(q).is_empty())
     });
+    // Rates need two scrapes of the counters; by then every panel has data.
+    let empty_panels = |_: ()| -> Vec<String> {
+        panels
+            .iter()
+            .filter(|(_, q)| query(q).is_empty())
+            .map(|(t, q)| format!("{t}: {q}"))
+            .collect()
+    };
+    let all_panels = wait_for(Duration::from_secs(30), || empty_panels(()).is_empty());
+    let missing = empty_panels(());
     let results = query(join);
     let utilisation = query(utilisation_q);
     let running = query(running_q);
@@ -431,6 +473,7 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
         "no data for the join; see {}",
         c.path("prometheus.log").display()
     );
+    assert!(all_panels, "dashboard panels without data: {missing:#?}");
     assert_eq!(results[0]["metric"]["hpc_job"], id.to_string());
     assert_eq!(results[0]["metric"]["user"], "root");
     assert_eq!(
