@@ -421,8 +421,12 @@ fn jobs_get_a_login_environment_and_clear_missing_program_errors() {
 
 /// Moves the controller's state dir onto a tmpfs of `size` (after starting one agent),
 /// restarts the controller there and waits for the agent; `None` (having said so)
-/// where no tmpfs can be mounted.
+/// where no tmpfs can be mounted (not root, or the kernel refuses).
 fn state_on_tmpfs(c: &mut Cluster, size: &str) -> Option<Mounted> {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to mount a tmpfs");
+        return None;
+    }
     c.add_agent("n1", "1xA100-80GB", &[]);
     c.wait_nodes_up(1);
     c.stop_controller();
@@ -469,10 +473,6 @@ impl Drop for Mounted {
 /// and SIGTERM always finishes.
 #[test]
 fn a_full_disk_refuses_submits_and_recovers() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root to mount a tmpfs");
-        return;
-    }
     let mut c = Cluster::controller_with_config("[limits]\nmin_free_disk = \"4MiB\"");
     let Some(_guard) = state_on_tmpfs(&mut c, "20m") else {
         return;
@@ -523,10 +523,6 @@ fn a_full_disk_refuses_submits_and_recovers() {
 /// waits for room for two of sled's 8 MiB segments.)
 #[test]
 fn a_disk_that_fills_up_anyway_recovers_by_itself() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root to mount a tmpfs");
-        return;
-    }
     let mut c = Cluster::controller_with_config("[limits]\nmin_free_disk = \"0B\"");
     let Some(_guard) = state_on_tmpfs(&mut c, "64m") else {
         return;
