@@ -195,6 +195,18 @@ impl Agent {
         !targets.is_empty()
     }
 
+    /// Kills an instance the controller no longer holds as running, at once.
+    fn kill_stale(&self, job_id: u64, attempt: u32, why: &str) {
+        tracing::warn!(job = job_id, attempt, "{why}; killing it");
+        self.kill(
+            job_id,
+            attempt,
+            JobState::Cancelled,
+            Duration::ZERO,
+            "stale instance",
+        );
+    }
+
     /// A warning about a running job, kept on its record by the controller.
     fn warn(&self, job_id: u64, attempt: u32, why: &str) {
         self.report(pb::JobReport {
@@ -432,17 +444,10 @@ async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
                     Ok(ack) => {
                         agent.reports.ack(std::slice::from_ref(&r));
                         if ack.get_ref().stale {
-                            tracing::warn!(
-                                job = r.job_id,
-                                attempt = r.attempt,
-                                "the controller no longer holds this start (node declared down or job cancelled); killing it"
-                            );
-                            agent.kill(
+                            agent.kill_stale(
                                 r.job_id,
                                 r.attempt,
-                                JobState::Cancelled,
-                                Duration::ZERO,
-                                "stale start",
+                                "the controller no longer holds this start (node declared down or job cancelled)",
                             );
                         }
                         break;
@@ -660,17 +665,10 @@ async fn heartbeats(
                 }
                 *session.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
                 for s in r.stale {
-                    tracing::warn!(
-                        job = s.job_id,
-                        attempt = s.attempt,
-                        "the controller holds this instance as ended; killing it"
-                    );
-                    agent.kill(
+                    agent.kill_stale(
                         s.job_id,
                         s.attempt,
-                        JobState::Cancelled,
-                        Duration::ZERO,
-                        "stale instance",
+                        "the controller holds this instance as ended",
                     );
                 }
             }
