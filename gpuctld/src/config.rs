@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::sched::packing::Policy;
-use crate::sched::priority::PriorityWeights;
+use gpuctl_sched::packing::Policy;
+use gpuctl_sched::priority::PriorityWeights;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -240,7 +240,7 @@ impl Config {
     /// priorities of `[qos]` become the levels the scheduler weighs.
     pub fn resolve_qos(&mut self) {
         let levels = &self.scheduler.priority.qos_levels;
-        let default_levels = crate::sched::priority::PriorityWeights::default().qos_levels;
+        let default_levels = gpuctl_sched::priority::PriorityWeights::default().qos_levels;
         if *levels != default_levels && self.qos == default_qos() {
             self.qos = levels
                 .iter()

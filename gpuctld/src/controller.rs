@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuctl_proto::auth::ClusterKey;
 use gpuctl_proto::store::{StoredJob, StoredNode};
+use gpuctl_proto::convert;
 use gpuctl_proto::{self as pb, JobState, NodeState};
 use prost::Message as _;
 use tokio::sync::{Notify, mpsc};
@@ -18,9 +19,9 @@ use tonic::Status;
 
 use crate::auth::{Caller, Tokens};
 use crate::config::Config;
-use crate::sched::packing::Workload;
-use crate::sched::{
-    self, ClusterView, Eligibility, GpuRequest, NodeView, PendingJob, Request, SlotView,
+use gpuctl_sched::packing::Workload;
+use gpuctl_sched::{
+    self as sched, ClusterView, Eligibility, NodeView, PendingJob, Request,
 };
 use crate::store::{Store, StoreError};
 
@@ -150,95 +151,6 @@ fn resources(j: &pb::Job) -> pb::Resources {
         .unwrap_or_default()
 }
 
-/// The scheduler's view of a job's request.
-pub fn request_of(r: &pb::Resources) -> Request {
-    let gpu = if !r.mig_profile.is_empty() {
-        GpuRequest::Mig {
-            profile: r.mig_profile.clone(),
-            count: r.mig_count.max(1),
-        }
-    } else if r.gpu_milli > 0 || r.gpu_memory_mib > 0 {
-        GpuRequest::Share {
-            compute_milli: (r.gpu_milli > 0).then_some(r.gpu_milli),
-            memory_mib: (r.gpu_memory_mib > 0).then_some(r.gpu_memory_mib),
-        }
-    } else if r.gpus > 0 {
-        GpuRequest::Whole { count: r.gpus }
-    } else {
-        GpuRequest::None
-    };
-    Request {
-        gpu,
-        models: r.gpu_models.clone(),
-        cpu_milli: r.cpus.saturating_mul(1000),
-        memory_bytes: r.memory_bytes,
-        nodes: r.nodes.max(1),
-    }
-}
-
-/// A node's slots: whole GPUs, or the MIG instances of a GPU in MIG mode.
-pub fn slots_of(gpus: &[pb::Gpu]) -> Vec<SlotView> {
-    let mut slots = Vec::new();
-    for g in gpus {
-        if g.mig.is_empty() {
-            slots.push(SlotView {
-                uuid: g.uuid.clone(),
-                gpu_index: g.index,
-                model: g.model.clone(),
-                memory_mib: g.memory_mib,
-                mig_profile: None,
-            });
-        } else {
-            for m in &g.mig {
-                slots.push(SlotView {
-                    uuid: m.uuid.clone(),
-                    gpu_index: g.index,
-                    model: g.model.clone(),
-                    memory_mib: m.memory_mib,
-                    mig_profile: Some(m.profile.clone()),
-                });
-            }
-        }
-    }
-    slots
-}
-
-fn alloc_to_sched(a: &pb::Allocation) -> sched::Alloc {
-    sched::Alloc {
-        node: a.node.clone(),
-        slots: a
-            .slots
-            .iter()
-            .map(|s| sched::SlotUse {
-                uuid: s.uuid.clone(),
-                compute_milli: s.compute_milli,
-                memory_mib: s.memory_mib,
-            })
-            .collect(),
-        cpu_milli: a.cpu_milli,
-        memory_bytes: a.memory_bytes,
-    }
-}
-
-fn alloc_to_pb(a: &sched::Alloc, rank: u32) -> pb::Allocation {
-    pb::Allocation {
-        node: a.node.clone(),
-        slots: a
-            .slots
-            .iter()
-            .map(|s| pb::SlotUse {
-                uuid: s.uuid.clone(),
-                compute_milli: s.compute_milli,
-                memory_mib: s.memory_mib,
-            })
-            .collect(),
-        cpu_milli: a.cpu_milli,
-        memory_bytes: a.memory_bytes,
-        rank,
-        ..pb::Allocation::default()
-    }
-}
-
 /// Live allocations of running jobs.
 fn live_allocs(j: &pb::Job) -> impl Iterator<Item = &pb::Allocation> {
     let running = j.state() == JobState::Running;
@@ -290,7 +202,7 @@ impl Cluster {
             .map(|n| NodeView {
                 name: n.name.clone(),
                 eligibility: self.eligibility(n),
-                slots: slots_of(&n.gpus),
+                slots: convert::slots_of(&n.gpus),
                 cpu_milli: n.cpus.saturating_mul(1000),
                 memory_bytes: n.memory_bytes,
             })
@@ -309,7 +221,7 @@ impl Cluster {
             for a in live_allocs(j) {
                 running.push(sched::Running {
                     job: j.id,
-                    alloc: alloc_to_sched(a),
+                    alloc: sched::Alloc::from(a),
                     end_ms,
                 });
             }
@@ -329,7 +241,7 @@ impl Cluster {
                     priority: spec.map_or(0, |s| s.priority),
                     qos: spec.map(|s| s.qos.clone()).unwrap_or_default(),
                     submit_ms: j.submit_time_ms,
-                    request: request_of(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none)),
+                    request: Request::from(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none)),
                     duration_ms: limit_ms(j.time_limit_secs),
                 }
             })
@@ -343,7 +255,7 @@ impl Cluster {
             .values()
             .rev()
             .take(10_000)
-            .map(|s| request_of(&resources(job_of(s))))
+            .map(|s| Request::from(&resources(job_of(s))))
             .collect();
         Workload::from_requests(&reqs)
     }
@@ -612,21 +524,28 @@ impl Controller {
             jobs.get(id)
                 .is_some_and(|s| job_of(s).state() == JobState::Pending)
         });
-        let with_deps: BTreeMap<u64, Vec<(pb::dependency::Kind, u64)>> = c
+        let with_deps: BTreeMap<u64, Vec<(sched::job::DepKind, u64)>> = c
             .with_deps
             .iter()
             .filter_map(|id| c.jobs.get(id))
             .map(job_of)
             .filter_map(|j| {
                 let d = &j.spec.as_ref()?.dependencies;
-                (!d.is_empty()).then(|| (j.id, d.iter().map(|x| (x.kind(), x.job_id)).collect()))
+                (!d.is_empty()).then(|| {
+                    let deps = d.iter().map(|x| (x.kind().into(), x.job_id)).collect();
+                    (j.id, deps)
+                })
             })
             .collect();
         if with_deps.is_empty() {
             return Ok((BTreeSet::new(), false));
         }
         let verdicts =
-            sched::deps::evaluate(&with_deps, |id| c.jobs.get(&id).map(|s| job_of(s).state()));
+            sched::deps::evaluate(&with_deps, |id| {
+                c.jobs
+                    .get(&id)
+                    .and_then(|s| job_of(s).state().try_into().ok())
+            });
         let mut waiting = BTreeSet::new();
         let mut changed = false;
         let now = now_ms();
@@ -645,7 +564,7 @@ impl Controller {
                 }
                 Verdict::Never { job, state } => {
                     let why = match state {
-                        Some(s) => format!("job {job} ended {}", s.as_str_name()),
+                        Some(s) => format!("job {job} ended {}", JobState::from(s).as_str_name()),
                         None => format!("job {job} is unknown"),
                     };
                     j.set_state(JobState::Cancelled);
@@ -720,7 +639,7 @@ impl Controller {
                     .allocs
                     .iter()
                     .enumerate()
-                    .map(|(r, a)| alloc_to_pb(a, r as u32))
+                    .map(|(r, a)| convert::allocation(a, r as u32))
                     .collect();
                 j.node = nodelist.join(",");
                 j.gpus = start

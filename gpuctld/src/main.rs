@@ -3,7 +3,6 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use gpuctld::config::Config;
-use gpuctld::sched::packing::Policy;
 
 /// A scheduling pass allocates and frees many small objects, pass after pass: with
 /// mimalloc a pass takes about half the time it takes with the system allocator
@@ -43,37 +42,8 @@ enum Command {
     /// Run the scheduler on a virtual clock over a trace (no daemons).
     Simulate {
         #[command(subcommand)]
-        mode: SimMode,
+        mode: gpuctl_sim::Mode,
     },
-}
-
-#[derive(Subcommand)]
-enum SimMode {
-    /// The FGD paper's fragmentation experiment: arrivals only, inflated to 130% of capacity.
-    Inflation {
-        /// Nodes CSV (openb_node_list_gpu_node.csv).
-        #[arg(long)]
-        nodes: PathBuf,
-        /// Pods CSV(s) (openb_pod_list_*.csv); repeat or comma-separate for several workloads.
-        #[arg(long, value_delimiter = ',', required = true)]
-        pods: Vec<PathBuf>,
-        /// Packing policies to compare (first-fit, best-fit, fgd); default: the scheduler's default.
-        #[arg(long, value_delimiter = ',')]
-        policy: Vec<Policy>,
-        /// Seeds, e.g. 42-51.
-        #[arg(long, default_value = "42-51", value_parser = gpuctld::sim::parse_seeds)]
-        seeds: std::vec::Vec<u64>,
-        /// Inflation target as a multiple of GPU capacity.
-        #[arg(long, default_value_t = 1.3)]
-        tune: f64,
-        /// The FGD authors' analysis_allo_discrete.csv to compare with (default: next to the pods).
-        #[arg(long)]
-        expected: Option<PathBuf>,
-        #[arg(long)]
-        out: PathBuf,
-    },
-    /// A time-based replay with queueing, priority and backfill.
-    Replay(gpuctld::sim::replay::Args),
 }
 
 #[tokio::main]
@@ -81,7 +51,7 @@ async fn main() -> std::process::ExitCode {
     let args = Args::parse();
     init_logging(args.log_format);
     let result = match args.command {
-        Some(Command::Simulate { mode }) => simulate(mode),
+        Some(Command::Simulate { mode }) => gpuctl_sim::run(mode),
         None => {
             async {
                 let config = match &args.config {
@@ -109,49 +79,6 @@ async fn main() -> std::process::ExitCode {
             eprintln!("gpuctld: error: {e:#}");
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-fn simulate(mode: SimMode) -> anyhow::Result<()> {
-    match mode {
-        SimMode::Inflation {
-            nodes,
-            pods,
-            policy,
-            seeds,
-            tune,
-            expected,
-            out,
-        } => {
-            let expected = expected.or_else(|| {
-                let p = pods
-                    .first()?
-                    .parent()?
-                    .join("fgd_expected_results/analysis_allo_discrete.csv");
-                p.exists().then_some(p)
-            });
-            let opts = gpuctld::sim::inflation::Options {
-                nodes,
-                pods,
-                policies: if policy.is_empty() {
-                    vec![Policy::default()]
-                } else {
-                    policy
-                },
-                seeds,
-                tune,
-                out: out.clone(),
-                expected,
-            };
-            let rows = gpuctld::sim::inflation::run(&opts)?;
-            print!("{}", gpuctld::sim::inflation::summary_table(&rows));
-            println!(
-                "wrote {}/analysis_allo_discrete.csv, analysis_frag_discrete.csv, summary.md",
-                out.display()
-            );
-            Ok(())
-        }
-        SimMode::Replay(a) => gpuctld::sim::replay::main(a),
     }
 }
 

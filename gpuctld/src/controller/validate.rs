@@ -4,10 +4,10 @@
 use gpuctl_proto::{self as pb, JobState};
 use tonic::Status;
 
-use super::{Cluster, job_of, request_of};
+use super::{Cluster, job_of};
 use crate::auth::Caller;
 use crate::config::Config;
-use crate::sched::{self, ClusterView, GpuRequest};
+use gpuctl_sched::{self as sched, ClusterView, GpuRequest};
 
 /// Longest job name, QoS name, env key.
 const MAX_NAME: usize = 256;
@@ -251,7 +251,7 @@ pub(super) fn check_feasible(view: &ClusterView, r: &pb::Resources) -> Result<()
     if view.nodes.is_empty() {
         return Ok(());
     }
-    let req = request_of(r);
+    let req = sched::Request::from(r);
     let fitting = view
         .nodes
         .iter()

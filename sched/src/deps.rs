@@ -6,9 +6,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpuctl_proto::JobState;
-use gpuctl_proto::dependency::Kind;
 use petgraph::graphmap::DiGraphMap;
+
+use crate::job::{DepKind, JobState};
 
 /// What a pending job's dependencies allow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,21 +23,21 @@ pub enum Verdict {
 
 /// Whether `kind` is satisfied by a job that ended `state`; `None` while it has not
 /// ended.
-fn satisfied(kind: Kind, state: JobState) -> Option<bool> {
+fn satisfied(kind: DepKind, state: JobState) -> Option<bool> {
     if !state.is_final() {
         return None;
     }
     Some(match kind {
-        Kind::AfterOk => state == JobState::Completed,
-        Kind::AfterNotOk => state != JobState::Completed,
-        Kind::AfterAny | Kind::Unspecified => true,
+        DepKind::AfterOk => state == JobState::Completed,
+        DepKind::AfterNotOk => state != JobState::Completed,
+        DepKind::AfterAny => true,
     })
 }
 
 /// Verdicts for `pending` jobs (id -> their dependencies). `state_of` gives the state of
 /// any other job the controller knows (`None`: unknown).
 pub fn evaluate(
-    pending: &BTreeMap<u64, Vec<(Kind, u64)>>,
+    pending: &BTreeMap<u64, Vec<(DepKind, u64)>>,
     state_of: impl Fn(u64) -> Option<JobState>,
 ) -> BTreeMap<u64, Verdict> {
     let mut g: DiGraphMap<u64, ()> = DiGraphMap::new();
@@ -119,7 +119,7 @@ pub fn evaluate(
 mod tests {
     use super::*;
 
-    fn deps(list: &[(u64, &[(Kind, u64)])]) -> BTreeMap<u64, Vec<(Kind, u64)>> {
+    fn deps(list: &[(u64, &[(DepKind, u64)])]) -> BTreeMap<u64, Vec<(DepKind, u64)>> {
         list.iter().map(|(id, d)| (*id, d.to_vec())).collect()
     }
 
@@ -133,12 +133,12 @@ mod tests {
         .into();
         let st = |id: u64| states.get(&id).copied();
         let p = deps(&[
-            (10, &[(Kind::AfterOk, 1)]),
-            (11, &[(Kind::AfterOk, 2)]),
-            (12, &[(Kind::AfterNotOk, 2)]),
-            (13, &[(Kind::AfterAny, 2), (Kind::AfterOk, 3)]),
-            (14, &[(Kind::AfterNotOk, 1)]),
-            (15, &[(Kind::AfterOk, 99)]),
+            (10, &[(DepKind::AfterOk, 1)]),
+            (11, &[(DepKind::AfterOk, 2)]),
+            (12, &[(DepKind::AfterNotOk, 2)]),
+            (13, &[(DepKind::AfterAny, 2), (DepKind::AfterOk, 3)]),
+            (14, &[(DepKind::AfterNotOk, 1)]),
+            (15, &[(DepKind::AfterOk, 99)]),
         ]);
         let v = evaluate(&p, st);
         assert_eq!(v[&10], Verdict::Ready);
@@ -173,10 +173,10 @@ mod tests {
         // 12 (afterany 10) is ready: 10 counts as ended.
         let st = |id: u64| (id == 2).then_some(JobState::Failed);
         let p = deps(&[
-            (11, &[(Kind::AfterOk, 10)]),
-            (12, &[(Kind::AfterAny, 10)]),
-            (10, &[(Kind::AfterOk, 2)]),
-            (13, &[(Kind::AfterOk, 12)]),
+            (11, &[(DepKind::AfterOk, 10)]),
+            (12, &[(DepKind::AfterAny, 10)]),
+            (10, &[(DepKind::AfterOk, 2)]),
+            (13, &[(DepKind::AfterOk, 12)]),
         ]);
         let v = evaluate(&p, st);
         assert!(matches!(v[&10], Verdict::Never { job: 2, .. }));
@@ -193,7 +193,7 @@ mod tests {
 
     #[test]
     fn a_stored_cycle_runs_nothing() {
-        let p = deps(&[(1, &[(Kind::AfterOk, 2)]), (2, &[(Kind::AfterOk, 1)])]);
+        let p = deps(&[(1, &[(DepKind::AfterOk, 2)]), (2, &[(DepKind::AfterOk, 1)])]);
         let v = evaluate(&p, |_| None);
         assert!(v.values().all(|x| *x != Verdict::Ready));
         assert!(v.values().any(|x| matches!(x, Verdict::Never { .. })));

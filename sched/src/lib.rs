@@ -19,12 +19,14 @@
 //!   earliest time they are free for good. So no job ever delays a higher-priority
 //!   job's reservation, and every pending job gets an expected start.
 //!
-//! Modules: `model` (resource types), `calendar` (per-node claims over time), `priority`,
+//! Modules: `model` (resource types), `job` (job states and dependency kinds), `deps`
+//! (the dependency DAG), `calendar` (per-node claims over time), `priority`,
 //! `packing` (placement policies and FGD's fragmentation measure).
 
 pub mod calendar;
 mod check;
 pub mod deps;
+pub mod job;
 pub mod model;
 pub mod packing;
 mod plan;

@@ -5,7 +5,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::sched::{
+use gpuctl_sched::{
     Alloc, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request, Running,
     SlotUse, SlotView,
 };

@@ -1,17 +1,95 @@
-//! `gpuctld simulate`: the scheduler core on a virtual clock, over traces, with no
-//! daemons.
+//! gpuctl-sim: `gpuctld simulate` (the scheduler core on a virtual clock, over traces,
+//! with no daemons), the trace readers and the benchmark's inputs.
 //!
 //! - `inflation`: the FGD paper's fragmentation experiment (arrivals only, no queue).
 //! - `replay`: a time-based replay with queueing, priority and backfill.
 //!
 //! Both call the same `sched` code as the controller.
 
+pub mod bench;
 pub mod inflation;
 pub mod replay;
+pub mod trace;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use gpuctl_sched::packing::Policy;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// `gpuctld simulate`'s modes.
+#[derive(clap::Subcommand)]
+pub enum Mode {
+    /// The FGD paper's fragmentation experiment: arrivals only, inflated to 130% of capacity.
+    Inflation {
+        /// Nodes CSV (openb_node_list_gpu_node.csv).
+        #[arg(long)]
+        nodes: PathBuf,
+        /// Pods CSV(s) (openb_pod_list_*.csv); repeat or comma-separate for several workloads.
+        #[arg(long, value_delimiter = ',', required = true)]
+        pods: Vec<PathBuf>,
+        /// Packing policies to compare (first-fit, best-fit, fgd); default: the scheduler's default.
+        #[arg(long, value_delimiter = ',')]
+        policy: Vec<Policy>,
+        /// Seeds, e.g. 42-51.
+        #[arg(long, default_value = "42-51", value_parser = crate::parse_seeds)]
+        seeds: std::vec::Vec<u64>,
+        /// Inflation target as a multiple of GPU capacity.
+        #[arg(long, default_value_t = 1.3)]
+        tune: f64,
+        /// The FGD authors' analysis_allo_discrete.csv to compare with (default: next to the pods).
+        #[arg(long)]
+        expected: Option<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// A time-based replay with queueing, priority and backfill.
+    Replay(crate::replay::Args),
+}
+
+/// Runs one `gpuctld simulate` mode.
+pub fn run(mode: Mode) -> anyhow::Result<()> {
+    match mode {
+        Mode::Inflation {
+            nodes,
+            pods,
+            policy,
+            seeds,
+            tune,
+            expected,
+            out,
+        } => {
+            let expected = expected.or_else(|| {
+                let p = pods
+                    .first()?
+                    .parent()?
+                    .join("fgd_expected_results/analysis_allo_discrete.csv");
+                p.exists().then_some(p)
+            });
+            let opts = crate::inflation::Options {
+                nodes,
+                pods,
+                policies: if policy.is_empty() {
+                    vec![Policy::default()]
+                } else {
+                    policy
+                },
+                seeds,
+                tune,
+                out: out.clone(),
+                expected,
+            };
+            let rows = crate::inflation::run(&opts)?;
+            print!("{}", crate::inflation::summary_table(&rows));
+            println!(
+                "wrote {}/analysis_allo_discrete.csv, analysis_frag_discrete.csv, summary.md",
+                out.display()
+            );
+            Ok(())
+        }
+        Mode::Replay(a) => crate::replay::main(a),
+    }
+}
 
 /// A progress bar that shows itself only once a run has taken more than a second.
 pub struct Progress {

@@ -16,10 +16,10 @@ use std::time::Instant;
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::sched::packing::{Policy, Workload};
-use crate::sched::priority::PriorityWeights;
-use crate::sched::{
-    self, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request, Running,
+use gpuctl_sched::packing::{Policy, Workload};
+use gpuctl_sched::priority::PriorityWeights;
+use gpuctl_sched::{
+    self as sched, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request, Running,
     SchedConfig, SlotView,
 };
 

@@ -12,8 +12,8 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
-use crate::sched::packing::{Policy, Workload};
-use crate::sched::{ClusterView, GPU_MILLI, Millis, SchedConfig, Session};
+use gpuctl_sched::packing::{Policy, Workload};
+use gpuctl_sched::{ClusterView, GPU_MILLI, Millis, SchedConfig, Session};
 use crate::trace::Pod;
 
 /// Mixed into the seed for the node order, so that it does not follow the task order.
@@ -206,7 +206,7 @@ pub fn expected(path: &Path, workload: &str, pct: usize) -> Vec<(String, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sched::{Eligibility, NodeView, SlotView};
+    use gpuctl_sched::{Eligibility, NodeView, SlotView};
 
     fn pod(num_gpu: u32, gpu_milli: u32) -> Pod {
         Pod {

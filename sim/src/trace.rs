@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::sched::{Eligibility, GpuRequest, NodeView, Request, SlotView};
+use gpuctl_sched::{Eligibility, GpuRequest, NodeView, Request, SlotView};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
@@ -156,9 +156,9 @@ impl Pod {
 
 /// FGD's typical workload from a pod list: the most popular task shapes covering 95% of
 /// the tasks (FGD_EVAL.md), weighted as `Workload::from_counts` does.
-pub fn workload(pods: &[Pod]) -> crate::sched::packing::Workload {
+pub fn workload(pods: &[Pod]) -> gpuctl_sched::packing::Workload {
     let reqs: Vec<_> = pods.iter().map(Pod::request).collect();
-    crate::sched::packing::Workload::from_requests(&reqs)
+    gpuctl_sched::packing::Workload::from_requests(&reqs)
 }
 
 pub fn read_pods(path: &Path) -> Result<Vec<Pod>, TraceError> {

@@ -1,11 +1,11 @@
 //! One full scheduling pass (priority + reservations + backfill + placement) over 1,000
 //! nodes x 8 GPUs, half busy, with 10,000 and 100,000 pending jobs of the Alibaba mix.
 //!
-//! cargo bench -p gpuctld --bench sched
+//! cargo bench -p gpuctl-sim --bench sched
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use gpuctld::bench;
-use gpuctld::sched::{self, SchedConfig};
+use gpuctl_sim::bench;
+use gpuctl_sched::{self as sched, SchedConfig};
 
 /// The allocator of the daemon (see main.rs).
 #[global_allocator]
@@ -20,7 +20,7 @@ fn pass(c: &mut Criterion) {
     for n in [10_000usize, 100_000] {
         let queue = bench::queue(&pods, n, 2);
         let config = SchedConfig {
-            workload: gpuctld::trace::workload(&pods),
+            workload: gpuctl_sim::trace::workload(&pods),
             ..SchedConfig::default()
         };
         let plan = sched::schedule(&cluster, &queue, &config, 0);

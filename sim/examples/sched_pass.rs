@@ -1,12 +1,12 @@
 //! One full scheduling pass on the benchmark's inputs, repeated, printing the minimum and
 //! median: a quick loop for profiling (`perf record`) without criterion's harness.
 //!
-//! cargo run --release -p gpuctld --example sched_pass -- [PENDING] [REPEATS]
+//! cargo run --release -p gpuctl-sim --example sched_pass -- [PENDING] [REPEATS]
 //! (MSN=N overrides `max_scored_nodes`.) It also prints a digest of the plan, so that a
 //! change meant only to be faster can be checked to plan exactly the same.
 
-use gpuctld::bench;
-use gpuctld::sched::{self, SchedConfig};
+use gpuctl_sim::bench;
+use gpuctl_sched::{self as sched, SchedConfig};
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
@@ -23,7 +23,7 @@ fn main() {
     let cluster = bench::cluster(1000, 1);
     let queue = bench::queue(&pods, n, 2);
     let mut config = SchedConfig {
-        workload: gpuctld::trace::workload(&pods),
+        workload: gpuctl_sim::trace::workload(&pods),
         ..SchedConfig::default()
     };
     if let Ok(m) = std::env::var("MSN") {
