@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuctl_proto::auth::ClusterKey;
-use gpuctl_proto::store::{StoredJob, StoredNode};
 use gpuctl_proto::convert;
+use gpuctl_proto::store::{StoredJob, StoredNode};
 use gpuctl_proto::{self as pb, JobState, NodeState};
 use prost::Message as _;
 use tokio::sync::{Notify, mpsc};
@@ -19,17 +19,17 @@ use tonic::Status;
 
 use crate::auth::{Caller, Tokens};
 use crate::config::Config;
-use gpuctl_sched::packing::Workload;
-use gpuctl_sched::{
-    self as sched, ClusterView, Eligibility, NodeView, PendingJob, Request,
-};
 use crate::store::{Store, StoreError};
+use gpuctl_sched::packing::Workload;
+use gpuctl_sched::{self as sched, ClusterView, Eligibility, NodeView, PendingJob, Request};
 
 mod agents;
+mod jobs;
 mod retention;
 mod users;
 mod validate;
 
+use jobs::{Jobs, Transition, job_of, owner};
 pub use validate::check_paths;
 use validate::{check_dependencies, check_feasible, check_policy, check_text, validate_spec};
 
@@ -63,7 +63,8 @@ struct Conn {
 
 #[derive(Default)]
 struct Cluster {
-    jobs: BTreeMap<u64, StoredJob>,
+    /// Every job, its indexes, and the one place its state changes (`jobs.rs`).
+    jobs: Jobs,
     nodes: BTreeMap<String, StoredNode>,
     conns: HashMap<String, Conn>,
     /// Nonces handed out by `challenge`, per node, with when they expire (Unix ms).
@@ -73,58 +74,8 @@ struct Cluster {
     next_job_id: u64,
     generation: u64,
     tokens: Tokens,
-    /// Ids of jobs that may not be final (pending or running): a superset, pruned at
-    /// every scheduling pass, so that passes and submits do not walk finished jobs.
-    active: BTreeSet<u64>,
     /// The latest GPU metrics each agent sent with its heartbeat (memory only).
     metrics: HashMap<String, Vec<pb::GpuMetrics>>,
-    /// Jobs submitted with dependencies that may still be pending (pruned as they leave
-    /// PENDING), so that passes do not look for them among all jobs.
-    with_deps: BTreeSet<u64>,
-    /// Pending jobs per user (for `max_pending_per_user`), kept exact at every change
-    /// into or out of PENDING.
-    pending_by_user: HashMap<String, usize>,
-    /// Finished jobs by (end time, id), for retention (`retention.rs`).
-    finished: BTreeSet<(i64, u64)>,
-    /// Submits by (user, client request id): a repeated submit gets the same job.
-    requests: HashMap<(String, String), u64>,
-}
-
-fn owner(j: &pb::Job) -> &str {
-    j.spec.as_ref().map_or("", |s| s.user.as_str())
-}
-
-impl Cluster {
-    /// Pending and running jobs (via the `active` index).
-    fn active_jobs(&self) -> impl Iterator<Item = &StoredJob> {
-        self.active
-            .iter()
-            .filter_map(|id| self.jobs.get(id))
-            .filter(|s| !job_of(s).state().is_final())
-    }
-
-    /// Drops jobs that became final from `active`; returns them.
-    fn prune_active(&mut self) -> Vec<u64> {
-        let jobs = &self.jobs;
-        let mut ended = Vec::new();
-        self.active.retain(|id| {
-            let live = jobs.get(id).is_some_and(|s| !job_of(s).state().is_final());
-            if !live {
-                ended.push(*id);
-            }
-            live
-        });
-        ended
-    }
-
-    fn pending_changed(&mut self, user: &str, added: bool) {
-        let n = self.pending_by_user.entry(user.to_string()).or_default();
-        if added {
-            *n += 1;
-        } else {
-            *n = n.saturating_sub(1);
-        }
-    }
 }
 
 /// What running jobs hold on one node, per slot UUID: (compute milli, memory MiB, jobs).
@@ -134,14 +85,6 @@ struct Usage {
     cpu_milli: u32,
     memory: u64,
     jobs: usize,
-}
-
-fn job_of(s: &StoredJob) -> &pb::Job {
-    s.job.as_ref().expect("stored job without a job record")
-}
-
-fn job_mut(s: &mut StoredJob) -> &mut pb::Job {
-    s.job.get_or_insert_with(pb::Job::default)
 }
 
 fn resources(j: &pb::Job) -> pb::Resources {
@@ -160,7 +103,7 @@ fn live_allocs(j: &pb::Job) -> impl Iterator<Item = &pb::Allocation> {
 impl Cluster {
     fn usage(&self) -> HashMap<&str, Usage> {
         let mut u: HashMap<&str, Usage> = HashMap::new();
-        for s in self.active_jobs() {
+        for s in self.jobs.active() {
             let j = job_of(s);
             for a in live_allocs(j) {
                 let e = u.entry(a.node.as_str()).or_default();
@@ -215,7 +158,7 @@ impl Cluster {
 
     fn running_views(&self) -> Vec<sched::Running> {
         let mut running = Vec::new();
-        for s in self.active_jobs() {
+        for s in self.jobs.active() {
             let j = job_of(s);
             let end_ms = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
             for a in live_allocs(j) {
@@ -231,7 +174,8 @@ impl Cluster {
 
     fn pending(&self) -> Vec<PendingJob> {
         let none = pb::Resources::default();
-        self.active_jobs()
+        self.jobs
+            .active()
             .map(job_of)
             .filter(|j| j.state() == JobState::Pending)
             .map(|j| {
@@ -241,7 +185,9 @@ impl Cluster {
                     priority: spec.map_or(0, |s| s.priority),
                     qos: spec.map(|s| s.qos.clone()).unwrap_or_default(),
                     submit_ms: j.submit_time_ms,
-                    request: Request::from(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none)),
+                    request: Request::from(
+                        spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none),
+                    ),
                     duration_ms: limit_ms(j.time_limit_secs),
                 }
             })
@@ -252,7 +198,7 @@ impl Cluster {
     fn workload(&self) -> Workload {
         let reqs: Vec<Request> = self
             .jobs
-            .values()
+            .all()
             .rev()
             .take(10_000)
             .map(|s| Request::from(&resources(job_of(s))))
@@ -361,23 +307,6 @@ fn store_status(e: StoreError) -> Status {
     }
 }
 
-/// The final state of a job from the ends of its allocations: a rank's own failure
-/// (FAILED, TIMEOUT) wins over the ranks killed because of it, which win over success.
-fn final_state(allocs: &[pb::Allocation]) -> (JobState, Option<i32>, String) {
-    let bad = allocs
-        .iter()
-        .find(|a| matches!(a.state(), JobState::Failed | JobState::Timeout))
-        .or_else(|| allocs.iter().find(|a| a.state() != JobState::Completed));
-    match bad {
-        Some(a) => (a.state(), a.exit_code, a.reason.clone()),
-        None => (
-            JobState::Completed,
-            allocs.first().and_then(|a| a.exit_code),
-            String::new(),
-        ),
-    }
-}
-
 impl Controller {
     pub fn open(
         store: Store,
@@ -397,28 +326,7 @@ impl Controller {
                 store.put_job(&j)?;
             }
             cluster.next_job_id = cluster.next_job_id.max(id + 1);
-            if job_of(&j).state() == JobState::Pending {
-                let user = owner(job_of(&j)).to_string();
-                cluster.pending_changed(&user, true);
-            }
-            if job_of(&j).state().is_final() {
-                cluster.finished.insert((job_of(&j).end_time_ms, id));
-            } else {
-                cluster.active.insert(id);
-            }
-            if job_of(&j).state() == JobState::Pending
-                && job_of(&j)
-                    .spec
-                    .as_ref()
-                    .is_some_and(|s| !s.dependencies.is_empty())
-            {
-                cluster.with_deps.insert(id);
-            }
-            if !j.request_id.is_empty() {
-                let key = (owner(job_of(&j)).to_string(), j.request_id.clone());
-                cluster.requests.insert(key, id);
-            }
-            cluster.jobs.insert(id, j);
+            cluster.jobs.insert(j);
         }
         let started = now_ms();
         for n in loaded.nodes {
@@ -456,6 +364,21 @@ impl Controller {
 
     fn lock(&self) -> MutexGuard<'_, Cluster> {
         self.cluster.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes the jobs changed since the last call (not yet flushed). Returns whether
+    /// anything was written.
+    fn persist(&self, c: &mut Cluster) -> Result<bool, StoreError> {
+        let changes = c.jobs.take_changes();
+        for &id in &changes.put {
+            if let Some(s) = c.jobs.get(id) {
+                self.store.put_job(s)?;
+            }
+        }
+        for &id in &changes.delete {
+            self.store.delete_job(id)?;
+        }
+        Ok(!changes.is_empty())
     }
 
     pub fn config(&self) -> &Config {
@@ -500,10 +423,10 @@ impl Controller {
         &self,
     ) -> Result<(ClusterView, Vec<PendingJob>, sched::SchedConfig, bool), StoreError> {
         let mut c = self.lock();
-        let ended = c.prune_active();
-        let retired = self.retire(&mut c, &ended, now_ms())?;
-        let (waiting, changed) = self.settle_dependencies(&mut c)?;
-        let changed = changed || retired;
+        let now = now_ms();
+        self.retire(&mut c, now);
+        let waiting = settle_dependencies(&mut c, now);
+        let changed = self.persist(&mut c)?;
         let mut cfg = self.sched_config.clone();
         if cfg.policy == sched::packing::Policy::Fgd {
             cfg.workload = c.workload();
@@ -513,77 +436,6 @@ impl Controller {
             queue.retain(|p| !waiting.contains(&p.id));
         }
         Ok((c.view(), queue, cfg, changed))
-    }
-
-    /// Evaluates the dependencies of pending jobs (`sched::deps`). Returns the jobs
-    /// that must wait, and whether any job was cancelled.
-    fn settle_dependencies(&self, c: &mut Cluster) -> Result<(BTreeSet<u64>, bool), StoreError> {
-        use sched::deps::Verdict;
-        let jobs = &c.jobs;
-        c.with_deps.retain(|id| {
-            jobs.get(id)
-                .is_some_and(|s| job_of(s).state() == JobState::Pending)
-        });
-        let with_deps: BTreeMap<u64, Vec<(sched::job::DepKind, u64)>> = c
-            .with_deps
-            .iter()
-            .filter_map(|id| c.jobs.get(id))
-            .map(job_of)
-            .filter_map(|j| {
-                let d = &j.spec.as_ref()?.dependencies;
-                (!d.is_empty()).then(|| {
-                    let deps = d.iter().map(|x| (x.kind().into(), x.job_id)).collect();
-                    (j.id, deps)
-                })
-            })
-            .collect();
-        if with_deps.is_empty() {
-            return Ok((BTreeSet::new(), false));
-        }
-        let verdicts =
-            sched::deps::evaluate(&with_deps, |id| {
-                c.jobs
-                    .get(&id)
-                    .and_then(|s| job_of(s).state().try_into().ok())
-            });
-        let mut waiting = BTreeSet::new();
-        let mut changed = false;
-        let now = now_ms();
-        for (id, v) in verdicts {
-            let Some(stored) = c.jobs.get_mut(&id) else {
-                continue;
-            };
-            let j = job_mut(stored);
-            match v {
-                Verdict::Ready => {}
-                Verdict::Waiting { on } => {
-                    waiting.insert(id);
-                    j.reason = "Dependency".into();
-                    j.expected_start_ms = 0;
-                    let _ = on;
-                }
-                Verdict::Never { job, state } => {
-                    let why = match state {
-                        Some(s) => format!("job {job} ended {}", JobState::from(s).as_str_name()),
-                        None => format!("job {job} is unknown"),
-                    };
-                    j.set_state(JobState::Cancelled);
-                    j.end_time_ms = now;
-                    j.expected_start_ms = 0;
-                    j.reason = format!("DependencyNeverSatisfied: {why}");
-                    let user = owner(j).to_string();
-                    tracing::info!(
-                        job = id,
-                        "cancelled: its dependency can never be satisfied ({why})"
-                    );
-                    self.store.put_job(stored)?;
-                    c.pending_changed(&user, false);
-                    changed = true;
-                    waiting.insert(id);
-                }
-            }
-        }
-        Ok((waiting, changed))
     }
 
     /// One pass: snapshot, plan (pure, outside the lock and off the async threads),
@@ -614,8 +466,8 @@ impl Controller {
             for start in &plan.starts {
                 let pending = c
                     .jobs
-                    .get(&start.job)
-                    .is_some_and(|j| job_of(j).state() == JobState::Pending);
+                    .job(start.job)
+                    .is_some_and(|j| j.state() == JobState::Pending);
                 let connected = start.allocs.iter().all(|a| c.conns.contains_key(&a.node));
                 if !pending || !connected {
                     continue;
@@ -630,31 +482,16 @@ impl Controller {
             }
             for start in &accepted.starts {
                 let nodelist: Vec<String> = start.allocs.iter().map(|a| a.node.clone()).collect();
-                let stored = c.jobs.get_mut(&start.job).expect("checked above");
-                let j = job_mut(stored);
-                j.set_state(JobState::Running);
-                j.attempt += 1;
-                let user = owner(j).to_string();
-                j.allocations = start
+                let allocations = start
                     .allocs
                     .iter()
                     .enumerate()
                     .map(|(r, a)| convert::allocation(a, r as u32))
                     .collect();
-                j.node = nodelist.join(",");
-                j.gpus = start
-                    .allocs
-                    .iter()
-                    .flat_map(|a| a.slots.iter().map(|s| s.uuid.clone()))
-                    .collect();
-                j.start_time_ms = now;
-                j.expected_start_ms = 0;
-                j.reason = String::new();
-                stored.start_confirmed = false;
-                stored.requeued_from = None;
-                self.store.put_job(stored)?;
-                let j = job_of(stored).clone();
-                c.pending_changed(&user, false);
+                c.jobs
+                    .transition(start.job, Transition::Start { allocations }, now)
+                    .expect("checked pending above");
+                let j = c.jobs.job(start.job).expect("just started").clone();
                 let addresses: Vec<String> = nodelist
                     .iter()
                     .map(|n| {
@@ -692,19 +529,17 @@ impl Controller {
             // Under the lock for every pending job: no allocation unless a reason changed.
             let mut reason = String::new();
             for w in &plan.waiting {
-                if let Some(s) = c.jobs.get_mut(&w.job) {
-                    let j = job_mut(s);
-                    if j.state() == JobState::Pending {
-                        use std::fmt::Write as _;
-                        reason.clear();
-                        let _ = write!(reason, "{}", w.reason);
-                        if j.reason != reason {
-                            j.reason.clone_from(&reason);
-                        }
-                        j.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);
+                use std::fmt::Write as _;
+                reason.clear();
+                let _ = write!(reason, "{}", w.reason);
+                c.jobs.annotate_pending(w.job, |j| {
+                    if j.reason != reason {
+                        j.reason.clone_from(&reason);
                     }
-                }
+                    j.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);
+                });
             }
+            self.persist(&mut c)?;
         }
         if sends.is_empty() {
             return Ok(());
@@ -781,10 +616,7 @@ impl Controller {
         check_policy(&self.config, caller, &spec)?;
         let res = spec.resources.clone().unwrap_or_default();
         let earlier = (!request_id.is_empty())
-            .then(|| {
-                let key = (spec.user.clone(), request_id.to_string());
-                self.lock().requests.get(&key).copied()
-            })
+            .then(|| self.lock().jobs.by_request(&spec.user, request_id))
             .flatten();
         if let Some(id) = earlier {
             // The first submit may still be on its way to the disk.
@@ -798,7 +630,7 @@ impl Controller {
         }
         let id = {
             let mut c = self.lock();
-            let pending = c.pending_by_user.get(&spec.user).copied().unwrap_or(0);
+            let pending = c.jobs.pending_of(&spec.user);
             if pending >= limits.max_pending_per_user {
                 return Err(Status::resource_exhausted(format!(
                     "user {} already has {pending} pending jobs, the most allowed (limits.max_pending_per_user)",
@@ -818,11 +650,10 @@ impl Controller {
             }
             // Like the pass would say: it waits while a job it depends on has not ended
             // (those that can never be met were refused above).
-            let waits = spec.dependencies.iter().any(|d| {
-                c.jobs
-                    .get(&d.job_id)
-                    .is_some_and(|s| !job_of(s).state().is_final())
-            });
+            let waits = spec
+                .dependencies
+                .iter()
+                .any(|d| c.jobs.job(d.job_id).is_some_and(|j| !j.state().is_final()));
             let id = c.next_job_id;
             let time_limit_secs = if res.time_limit_secs > 0 {
                 res.time_limit_secs
@@ -847,21 +678,7 @@ impl Controller {
                 .insert_new_job(&stored, id + 1)
                 .map_err(store_status)?;
             c.next_job_id = id + 1;
-            if !request_id.is_empty() {
-                let key = (owner(job_of(&stored)).to_string(), request_id.to_string());
-                c.requests.insert(key, id);
-            }
-            let user = owner(job_of(&stored)).to_string();
-            c.pending_changed(&user, true);
-            if !job_of(&stored)
-                .spec
-                .as_ref()
-                .is_none_or(|s| s.dependencies.is_empty())
-            {
-                c.with_deps.insert(id);
-            }
-            c.jobs.insert(id, stored);
-            c.active.insert(id);
+            c.jobs.insert(stored);
             id
         };
         // Acknowledge only once durable.
@@ -875,9 +692,9 @@ impl Controller {
     pub fn list_jobs(&self, all: bool) -> Vec<pb::Job> {
         let c = self.lock();
         if all {
-            c.jobs.values().map(job_of).cloned().collect()
+            c.jobs.all().map(job_of).cloned().collect()
         } else {
-            c.active_jobs().map(job_of).cloned().collect()
+            c.jobs.active().map(job_of).cloned().collect()
         }
     }
 
@@ -885,9 +702,9 @@ impl Controller {
     pub fn job_ids(&self, all: bool) -> Vec<u64> {
         let c = self.lock();
         if all {
-            c.jobs.keys().copied().collect()
+            c.jobs.ids().collect()
         } else {
-            c.active_jobs().map(|s| job_of(s).id).collect()
+            c.jobs.active_ids()
         }
     }
 
@@ -895,8 +712,7 @@ impl Controller {
     pub fn jobs_by_id(&self, ids: &[u64], all: bool) -> Vec<pb::Job> {
         let c = self.lock();
         ids.iter()
-            .filter_map(|id| c.jobs.get(id))
-            .map(job_of)
+            .filter_map(|&id| c.jobs.job(id))
             .filter(|j| all || !j.state().is_final())
             .cloned()
             .collect()
@@ -905,10 +721,64 @@ impl Controller {
     pub fn get_job(&self, id: u64) -> Result<pb::Job, Status> {
         let c = self.lock();
         c.jobs
-            .get(&id)
-            .map(|s| job_of(s).clone())
+            .job(id)
+            .cloned()
             .ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
 
     // ------------------------------------------------------------ agent operations
+}
+
+/// Evaluates the dependencies of pending jobs (`sched::deps`): cancels those that can
+/// never be met, and returns those that must wait.
+fn settle_dependencies(c: &mut Cluster, now: i64) -> BTreeSet<u64> {
+    use sched::deps::Verdict;
+    let with_deps: BTreeMap<u64, Vec<(sched::job::DepKind, u64)>> = c
+        .jobs
+        .with_deps()
+        .filter_map(|j| {
+            let d = &j.spec.as_ref()?.dependencies;
+            let deps = d.iter().map(|x| (x.kind().into(), x.job_id)).collect();
+            Some((j.id, deps))
+        })
+        .collect();
+    if with_deps.is_empty() {
+        return BTreeSet::new();
+    }
+    let verdicts = sched::deps::evaluate(&with_deps, |id| {
+        c.jobs.job(id).and_then(|j| j.state().try_into().ok())
+    });
+    let mut waiting = BTreeSet::new();
+    for (id, v) in verdicts {
+        match v {
+            Verdict::Ready => {}
+            Verdict::Waiting { .. } => {
+                waiting.insert(id);
+                c.jobs.annotate_pending(id, |j| {
+                    j.reason = "Dependency".into();
+                    j.expected_start_ms = 0;
+                });
+            }
+            Verdict::Never { job, state } => {
+                let why = match state {
+                    Some(s) => format!("job {job} ended {}", JobState::from(s).as_str_name()),
+                    None => format!("job {job} is unknown"),
+                };
+                tracing::info!(
+                    job = id,
+                    "cancelled: its dependency can never be satisfied ({why})"
+                );
+                let never = Transition::Finish {
+                    state: JobState::Cancelled,
+                    exit_code: None,
+                    reason: format!("DependencyNeverSatisfied: {why}"),
+                };
+                c.jobs
+                    .transition(id, never, now)
+                    .expect("a job with dependencies is pending");
+                waiting.insert(id);
+            }
+        }
+    }
+    waiting
 }

@@ -170,10 +170,7 @@ mod tests {
             assert_eq!(State::try_from(wire), Ok(s));
             assert_eq!(wire.is_final(), s.is_final());
         }
-        assert_eq!(
-            State::try_from(JobState::Unspecified),
-            Err(UnknownState(0))
-        );
+        assert_eq!(State::try_from(JobState::Unspecified), Err(UnknownState(0)));
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! cargo bench -p gpuctl-sim --bench sched
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use gpuctl_sim::bench;
 use gpuctl_sched::{self as sched, SchedConfig};
+use gpuctl_sim::bench;
 
 /// The allocator of the daemon (see main.rs).
 #[global_allocator]

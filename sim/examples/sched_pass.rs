@@ -5,8 +5,8 @@
 //! (MSN=N overrides `max_scored_nodes`.) It also prints a digest of the plan, so that a
 //! change meant only to be faster can be checked to plan exactly the same.
 
-use gpuctl_sim::bench;
 use gpuctl_sched::{self as sched, SchedConfig};
+use gpuctl_sim::bench;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::time::Instant;

@@ -5,11 +5,11 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::trace::Pod;
 use gpuctl_sched::{
     Alloc, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request, Running,
     SlotUse, SlotView,
 };
-use crate::trace::Pod;
 
 const MODELS: [&str; 4] = ["A100-80GB", "G2", "V100M32", "T4"];
 const H: Millis = 3_600_000;

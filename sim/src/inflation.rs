@@ -12,9 +12,9 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
+use crate::trace::Pod;
 use gpuctl_sched::packing::{Policy, Workload};
 use gpuctl_sched::{ClusterView, GPU_MILLI, Millis, SchedConfig, Session};
-use crate::trace::Pod;
 
 /// Mixed into the seed for the node order, so that it does not follow the task order.
 const NODE_ORDER_STREAM: u64 = 0x5eed;

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use gpuctl_sched::packing::{Policy, Workload};
 use gpuctl_sched::priority::PriorityWeights;
 use gpuctl_sched::{
-    self as sched, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request, Running,
-    SchedConfig, SlotView,
+    self as sched, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request,
+    Running, SchedConfig, SlotView,
 };
 
 #[derive(clap::Args, Debug, Clone)]

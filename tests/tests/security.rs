@@ -138,11 +138,16 @@ fn admins_from_config_and_admin_submits_for_others() {
     let out = c.gpuctl_as(BOB, &bob_dir, &["node", "resume", "n1"]);
     assert!(out.status.success(), "{}", stderr(&out));
 
-    // An admin may submit for another user: the job is that user's.
+    // An admin may submit for another user: the job is that user's. Its workdir is the
+    // user's own (a shared /tmp may hold another test's gpuctl-1.out).
+    let alice_dir = c.user_dir(ALICE);
     let id = job_id(&submit_as(
         &c,
         BOB,
-        "command = [\"true\"]\nworkdir = \"/tmp\"\n",
+        &format!(
+            "command = [\"true\"]\nworkdir = {:?}\n",
+            alice_dir.display().to_string()
+        ),
         &["--user", ALICE],
     ));
     let j = c.wait_state(id, "COMPLETED", T);
@@ -207,9 +212,13 @@ fn tokens_over_tcp() {
     );
 
     // The token's user is who the job runs as, whatever the local user is (root here).
+    let alice_dir = c.user_dir(ALICE);
     std::fs::write(
         c.path("t.toml"),
-        "command = [\"true\"]\nworkdir = \"/tmp\"\n",
+        format!(
+            "command = [\"true\"]\nworkdir = {:?}\n",
+            alice_dir.display().to_string()
+        ),
     )
     .unwrap();
     let out = run(Some(&token), &["submit", "--json", "t.toml"]);

@@ -6,15 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuctl_proto::auth::{ReplayWindow, Signed};
-use gpuctl_proto::store::{StoredJob, StoredNode};
+use gpuctl_proto::store::StoredNode;
 use gpuctl_proto::{self as pb, JobState};
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::{
-    Cluster, Conn, Controller, final_state, job_mut, job_of, live_allocs, now_ms, owner,
-    store_status,
-};
+use super::{Cluster, Conn, Controller, Transition, job_of, live_allocs, now_ms, store_status};
 use crate::store::StoreError;
 
 impl Controller {
@@ -249,26 +246,24 @@ impl Controller {
             c.nodes.insert(req.node.clone(), node);
 
             for r in &req.unacked_reports {
-                other_kills.extend(self.apply_report(&mut c, r).map_err(store_status)?);
+                other_kills.extend(Self::apply_report(&mut c, r, now));
             }
             let running: BTreeSet<(u64, u32)> =
                 req.running.iter().map(|r| (r.job_id, r.attempt)).collect();
-            self.reconcile_missing(&mut c, &req.node, &running, now, &mut other_kills)
-                .map_err(store_status)?;
+            Self::reconcile_missing(&mut c, &req.node, &running, now, &mut other_kills);
             // A requeued job whose start is still running here is adopted again.
             for &(id, attempt) in &running {
-                if let Some(stored) = c.jobs.get_mut(&id)
-                    && readopt(stored, &req.node, attempt)
+                let node = req.node.clone();
+                if c.jobs
+                    .transition(id, Transition::Readopt { node, attempt }, now)
+                    .is_ok()
                 {
-                    let user = owner(job_of(stored)).to_string();
-                    self.store.put_job(stored).map_err(store_status)?;
-                    c.pending_changed(&user, false);
                     tracing::info!(job = id, attempt, node = %req.node, "requeued job found still running on its returning node; adopted again");
                 }
             }
             // Fencing: an instance is kept only if it is the job's current start here.
             for &(id, attempt) in &running {
-                let keep = c.jobs.get(&id).is_some_and(|s| {
+                let keep = c.jobs.get(id).is_some_and(|s| {
                     let j = job_of(s);
                     j.attempt == attempt
                         && live_allocs(j).any(|a| a.node == req.node)
@@ -283,6 +278,7 @@ impl Controller {
                     ));
                 }
             }
+            self.persist(&mut c).map_err(store_status)?;
             c.conns.insert(
                 req.node.clone(),
                 Conn {
@@ -322,71 +318,54 @@ impl Controller {
     /// run: a confirmed start was lost (its allocation fails); an unconfirmed one never
     /// arrived (requeued, or CANCELLED if a cancel was asked meanwhile).
     fn reconcile_missing(
-        &self,
         c: &mut Cluster,
         node: &str,
         running: &BTreeSet<(u64, u32)>,
         now: i64,
         other_kills: &mut Vec<(String, u64)>,
-    ) -> Result<(), StoreError> {
-        let ids: Vec<u64> = c.active.iter().copied().collect();
-        let mut requeued = Vec::new();
-        for id in ids {
-            let Some(stored) = c.jobs.get_mut(&id) else {
+    ) {
+        for id in c.jobs.active_ids() {
+            let Some(stored) = c.jobs.get(id) else {
                 continue;
             };
-            let confirmed = stored.start_confirmed;
-            let cancelled = stored.cancel_requested;
-            let j = job_mut(stored);
+            let j = job_of(stored);
             let here = live_allocs(j).any(|a| a.node == node);
             if !here || running.contains(&(id, j.attempt)) {
                 continue;
             }
-            if !confirmed && cancelled {
+            let change = if !stored.start_confirmed && stored.cancel_requested {
                 // Cancelled while its start was on the way, which never arrived.
-                for a in j.allocations.iter_mut().filter(|a| !a.ended) {
-                    if a.node != node {
-                        other_kills.push((a.node.clone(), id));
-                    }
-                    a.ended = true;
-                    a.set_state(JobState::Cancelled);
+                for a in live_allocs(j).filter(|a| a.node != node) {
+                    other_kills.push((a.node.clone(), id));
                 }
-                j.set_state(JobState::Cancelled);
-                j.reason = "cancelled before its start arrived".into();
-                j.end_time_ms = now;
-            } else if confirmed {
-                let lost = "agent restarted without the job (lost)";
-                end_allocs_on(j, node, JobState::Failed, None, lost);
+                Transition::Finish {
+                    state: JobState::Cancelled,
+                    exit_code: None,
+                    reason: "cancelled before its start arrived".into(),
+                }
+            } else if stored.start_confirmed {
                 tracing::warn!(job = id, node = %node, "running job lost by its agent");
-                if j.allocations.iter().all(|a| a.ended) {
-                    let (state, code, reason) = final_state(&j.allocations);
-                    j.set_state(state);
-                    j.exit_code = code;
-                    j.reason = reason;
-                    j.end_time_ms = now;
+                Transition::EndOn {
+                    node: node.to_string(),
+                    state: JobState::Failed,
+                    exit_code: None,
+                    reason: "agent restarted without the job (lost)".into(),
                 }
             } else {
                 // Never confirmed started, and the agent does not run it: safe to requeue.
-                for a in &j.allocations {
-                    if a.node != node {
-                        other_kills.push((a.node.clone(), id));
-                    }
+                for a in j.allocations.iter().filter(|a| a.node != node) {
+                    other_kills.push((a.node.clone(), id));
                 }
-                j.set_state(JobState::Pending);
-                j.node.clear();
-                j.gpus.clear();
-                j.allocations.clear();
-                j.start_time_ms = 0;
-                j.reason = "requeued: start was not delivered".into();
-                requeued.push(owner(j).to_string());
                 tracing::info!(job = id, "requeued an undelivered start");
-            }
-            self.store.put_job(stored)?;
+                Transition::Requeue {
+                    reason: "requeued: start was not delivered".into(),
+                    keep_for_readopt: false,
+                }
+            };
+            c.jobs
+                .transition(id, change, now)
+                .expect("a running job with a live allocation here");
         }
-        for user in requeued {
-            c.pending_changed(&user, true);
-        }
-        Ok(())
     }
 
     /// Declares failed every node whose agent has been silent for `node_timeout`: the node
@@ -417,42 +396,34 @@ impl Controller {
                     );
                 }
                 let ids: Vec<u64> = c
-                    .active_jobs()
+                    .jobs
+                    .active()
                     .filter(|s| live_allocs(job_of(s)).any(|a| a.node == node))
                     .map(|s| job_of(s).id)
                     .collect();
-                let mut requeued_users = Vec::new();
                 for id in ids {
-                    let stored = c.jobs.get_mut(&id).expect("key from map");
-                    let j = job_mut(stored);
-                    let requeue = j.spec.as_ref().is_some_and(|s| s.requeue);
+                    let j = c.jobs.job(id).expect("an active job");
                     let others: Vec<String> = live_allocs(j)
                         .filter(|a| a.node != node)
                         .map(|a| a.node.clone())
                         .collect();
-                    if requeue {
-                        requeued_users.push(owner(j).to_string());
-                        let before = j.clone();
-                        j.set_state(JobState::Pending);
-                        j.allocations.clear();
-                        j.node.clear();
-                        j.gpus.clear();
-                        j.start_time_ms = 0;
-                        j.reason = format!("requeued: node {node} failed");
-                        stored.start_confirmed = false;
-                        stored.requeued_from = Some(before);
+                    let change = if j.spec.as_ref().is_some_and(|s| s.requeue) {
                         tracing::warn!(job = id, node, "node failed; job requeued");
-                    } else {
-                        for a in j.allocations.iter_mut().filter(|a| !a.ended) {
-                            a.ended = true;
-                            a.set_state(JobState::NodeFail);
+                        Transition::Requeue {
+                            reason: format!("requeued: node {node} failed"),
+                            keep_for_readopt: true,
                         }
-                        j.set_state(JobState::NodeFail);
-                        j.end_time_ms = now;
-                        j.reason = format!("node {node} stopped responding");
+                    } else {
                         tracing::warn!(job = id, node, "node failed; job NODE_FAIL");
-                    }
-                    self.store.put_job(stored)?;
+                        Transition::Finish {
+                            state: JobState::NodeFail,
+                            exit_code: None,
+                            reason: format!("node {node} stopped responding"),
+                        }
+                    };
+                    c.jobs
+                        .transition(id, change, now)
+                        .expect("a running job with a live allocation there");
                     changed = true;
                     for other in others {
                         if let Some(conn) = c.conns.get(&other) {
@@ -463,12 +434,10 @@ impl Controller {
                         }
                     }
                 }
-                for user in requeued_users {
-                    c.pending_changed(&user, true);
-                }
                 // Heard from again only when it re-attaches.
                 c.last_heard.insert(node, i64::MAX / 2);
             }
+            self.persist(&mut c)?;
         }
         if changed {
             self.store.flush().await?;
@@ -517,8 +486,9 @@ impl Controller {
     ) -> Result<pb::HeartbeatResponse, Status> {
         let (resp, changed) = {
             let mut c = self.lock();
-            let mut changed = self.starts_not_run(&mut c, req).map_err(store_status)?;
+            let mut changed = Self::starts_not_run(&mut c, req);
             changed |= self.check_health(&mut c, req).map_err(store_status)?;
+            self.persist(&mut c).map_err(store_status)?;
             (Self::heartbeat_locked(&mut c, req), changed)
         };
         if changed {
@@ -573,13 +543,9 @@ impl Controller {
     }
 
     /// Ends the jobs whose starts the agent handled without running them.
-    fn starts_not_run(
-        &self,
-        c: &mut Cluster,
-        req: &pb::HeartbeatRequest,
-    ) -> Result<bool, StoreError> {
+    fn starts_not_run(c: &mut Cluster, req: &pb::HeartbeatRequest) -> bool {
         let Some(conn) = c.conns.get_mut(&req.node) else {
-            return Ok(false);
+            return false;
         };
         let seen = |job: u64, attempt: u32| {
             req.running
@@ -600,18 +566,13 @@ impl Controller {
         let now = now_ms();
         let mut changed = false;
         for (id, attempt) in not_run {
-            let Some(stored) = c.jobs.get_mut(&id) else {
+            let Some(stored) = c.jobs.get(id) else {
                 continue;
             };
-            if stored.start_confirmed {
+            if stored.start_confirmed || job_of(stored).attempt != attempt {
                 continue;
             }
-            let cancel = stored.cancel_requested;
-            let j = job_mut(stored);
-            if j.attempt != attempt || j.state().is_final() {
-                continue;
-            }
-            let (state, why) = if cancel {
+            let (state, why) = if stored.cancel_requested {
                 (
                     JobState::Cancelled,
                     "cancelled before its start ran".to_string(),
@@ -625,19 +586,18 @@ impl Controller {
                     ),
                 )
             };
-            end_allocs_on(j, &req.node, state, None, &why);
-            tracing::error!(job = id, attempt, node = %req.node, "{why}");
-            if j.allocations.iter().all(|a| a.ended) {
-                let (state, code, reason) = final_state(&j.allocations);
-                j.set_state(state);
-                j.exit_code = code;
-                j.reason = reason;
-                j.end_time_ms = now;
+            let end = Transition::EndOn {
+                node: req.node.clone(),
+                state,
+                exit_code: None,
+                reason: why.clone(),
+            };
+            if c.jobs.transition(id, end, now).is_ok() {
+                tracing::error!(job = id, attempt, node = %req.node, "{why}");
+                changed = true;
             }
-            self.store.put_job(stored)?;
-            changed = true;
         }
-        Ok(changed)
+        changed
     }
 
     fn heartbeat_locked(c: &mut Cluster, req: &pb::HeartbeatRequest) -> pb::HeartbeatResponse {
@@ -654,7 +614,7 @@ impl Controller {
             .running
             .iter()
             .filter(|r| {
-                c.jobs.get(&r.job_id).is_none_or(|s| {
+                c.jobs.get(r.job_id).is_none_or(|s| {
                     let j = job_of(s);
                     r.attempt < j.attempt || (r.attempt == j.attempt && j.state().is_final())
                 })
@@ -666,7 +626,7 @@ impl Controller {
 
     /// Whether `(job, attempt)` runs on `node` as far as the controller knows.
     fn holds(c: &Cluster, node: &str, job: u64, attempt: u32) -> bool {
-        c.jobs.get(&job).is_some_and(|s| {
+        c.jobs.get(job).is_some_and(|s| {
             let j = job_of(s);
             j.attempt == attempt
                 && !j.state().is_final()
@@ -684,7 +644,8 @@ impl Controller {
             if c.conns.contains_key(&r.node) {
                 c.last_heard.insert(r.node.clone(), now_ms());
             }
-            let others = self.apply_report(&mut c, r).map_err(store_status)?;
+            let others = Self::apply_report(&mut c, r, now_ms());
+            self.persist(&mut c).map_err(store_status)?;
             if r.kind() == pb::job_report::Kind::Started
                 && !Self::holds(&c, &r.node, r.job_id, r.attempt)
             {
@@ -710,35 +671,33 @@ impl Controller {
 
     /// Applies one agent report. Returns (node, job) pairs whose other ranks must be
     /// killed (a rank of a gang job failed).
-    fn apply_report(
-        &self,
-        c: &mut Cluster,
-        r: &pb::JobReport,
-    ) -> Result<Vec<(String, u64)>, StoreError> {
-        let Some(stored) = c.jobs.get_mut(&r.job_id) else {
-            tracing::warn!(job = r.job_id, node = %r.node, "report for an unknown job");
-            return Ok(Vec::new());
+    fn apply_report(c: &mut Cluster, r: &pb::JobReport, now: i64) -> Vec<(String, u64)> {
+        let readopt = Transition::Readopt {
+            node: r.node.clone(),
+            attempt: r.attempt,
         };
-        if readopt(stored, &r.node, r.attempt) {
-            let user = owner(job_of(stored)).to_string();
-            c.pending_changed(&user, false);
+        if c.jobs.transition(r.job_id, readopt, now).is_ok() {
             tracing::info!(job = r.job_id, node = %r.node, "report from a requeued job's returning node; adopted again");
         }
-        let stored = c.jobs.get_mut(&r.job_id).expect("looked up above");
+        let Some(stored) = c.jobs.get(r.job_id) else {
+            tracing::warn!(job = r.job_id, node = %r.node, "report for an unknown job");
+            return Vec::new();
+        };
         let cancel_requested = stored.cancel_requested;
-        let j = job_mut(stored);
+        let j = job_of(stored);
         if r.attempt != j.attempt {
             tracing::info!(job = r.job_id, node = %r.node, attempt = r.attempt, current = j.attempt, "report from an earlier start ignored");
-            return Ok(Vec::new());
+            return Vec::new();
         }
         if !live_allocs(j).any(|a| a.node == r.node) {
             tracing::debug!(job = r.job_id, "stale report ignored");
-            return Ok(Vec::new());
+            return Vec::new();
         }
+        let id = r.job_id;
         let mut kill_others = Vec::new();
         match r.kind() {
             pb::job_report::Kind::Started => {
-                stored.start_confirmed = true;
+                c.jobs.edit(id, |s| s.start_confirmed = true);
             }
             pb::job_report::Kind::Ended => {
                 let state = match r.state() {
@@ -748,80 +707,43 @@ impl Controller {
                     | JobState::Timeout) => s,
                     _ => JobState::Failed,
                 };
-                end_allocs_on(j, &r.node, state, r.exit_code, &r.reason);
+                let end = Transition::EndOn {
+                    node: r.node.clone(),
+                    state,
+                    exit_code: r.exit_code,
+                    reason: r.reason.clone(),
+                };
+                let at = if r.time_ms > 0 { r.time_ms } else { now };
+                c.jobs
+                    .transition(id, end, at)
+                    .expect("a live allocation there");
+                c.jobs.edit(id, |s| s.start_confirmed = true);
+                let j = c.jobs.job(id).expect("just changed");
                 if state != JobState::Completed && !cancel_requested {
-                    kill_others = live_allocs(j).map(|a| (a.node.clone(), j.id)).collect();
+                    kill_others = live_allocs(j).map(|a| (a.node.clone(), id)).collect();
                 }
-                if j.allocations.iter().all(|a| a.ended) {
-                    let (state, code, reason) = final_state(&j.allocations);
-                    j.set_state(state);
-                    j.exit_code = code;
-                    j.reason = reason;
-                    j.end_time_ms = if r.time_ms > 0 { r.time_ms } else { now_ms() };
-                    tracing::info!(job = j.id, state = state.as_str_name(), exit_code = ?j.exit_code, "job ended");
+                if j.state().is_final() {
+                    tracing::info!(job = id, state = j.state().as_str_name(), exit_code = ?j.exit_code, "job ended");
                 }
-                stored.start_confirmed = true;
             }
             pb::job_report::Kind::Warning => {
-                tracing::warn!(job = j.id, node = %r.node, "{}", r.reason);
-                j.reason = r.reason.clone();
-                let w = format!("{}: {}", r.node, r.reason);
-                if !j.warnings.contains(&w) && j.warnings.len() < 20 {
-                    j.warnings.push(w);
-                }
+                tracing::warn!(job = id, node = %r.node, "{}", r.reason);
+                c.jobs.edit(id, |s| {
+                    let j = s.job.as_mut().expect("a job record");
+                    j.reason = r.reason.clone();
+                    let w = format!("{}: {}", r.node, r.reason);
+                    if !j.warnings.contains(&w) && j.warnings.len() < 20 {
+                        j.warnings.push(w);
+                    }
+                });
             }
-            pb::job_report::Kind::Unspecified => return Ok(Vec::new()),
+            pb::job_report::Kind::Unspecified => {}
         }
-        self.store.put_job(stored)?;
-        Ok(kill_others)
+        kill_others
     }
 
     /// Drops every agent connection so that their streams end (for shutdown).
     pub fn close_agent_streams(&self) {
         self.lock().conns.clear();
-    }
-}
-
-/// Takes a requeued job back to RUNNING as it was, when its returning node (`node`) still
-/// runs (or has just ended) the very start it was requeued from. Only single-node jobs:
-/// a gang job's other ranks were killed at requeue.
-fn readopt(stored: &mut StoredJob, node: &str, attempt: u32) -> bool {
-    let Some(before) = &stored.requeued_from else {
-        return false;
-    };
-    let j = job_of(stored);
-    let fits = j.state() == JobState::Pending
-        && j.attempt == attempt
-        && before.attempt == attempt
-        && !before.allocations.is_empty()
-        && before.allocations.iter().all(|a| a.node == node);
-    if !fits {
-        return false;
-    }
-    let mut before = stored.requeued_from.take().expect("checked above");
-    before.reason = String::new();
-    before.expected_start_ms = 0;
-    stored.job = Some(before);
-    stored.start_confirmed = true;
-    true
-}
-
-/// Ends a job's live allocations on `node` with `state`.
-fn end_allocs_on(
-    j: &mut pb::Job,
-    node: &str,
-    state: JobState,
-    exit_code: Option<i32>,
-    reason: &str,
-) {
-    for a in j
-        .allocations
-        .iter_mut()
-        .filter(|a| a.node == node && !a.ended)
-    {
-        a.ended = true;
-        a.set_state(state);
-        a.exit_code = exit_code;
-        a.reason = reason.to_string();
     }
 }

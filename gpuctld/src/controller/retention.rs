@@ -3,16 +3,14 @@
 
 use gpuctl_proto::store::StoredJob;
 
-use super::{Cluster, Controller, job_mut, job_of};
-use crate::store::StoreError;
+use super::{Cluster, Controller};
 
 /// Drops what a finished job no longer needs and may be large or secret: its env,
 /// script, command arguments and the copy kept for re-adoption. Returns whether
 /// anything changed.
 pub(super) fn compact(stored: &mut StoredJob) -> bool {
     let had_copy = stored.requeued_from.take().is_some();
-    let j = job_mut(stored);
-    let Some(spec) = j.spec.as_mut() else {
+    let Some(spec) = stored.job.as_mut().and_then(|j| j.spec.as_mut()) else {
         return had_copy;
     };
     let big = !spec.env.is_empty() || !spec.script.is_empty() || spec.command.len() > 1;
@@ -25,54 +23,18 @@ pub(super) fn compact(stored: &mut StoredJob) -> bool {
 }
 
 impl Controller {
-    /// Compacts the jobs that just ended, and removes finished jobs past
-    /// `retention.max_age` (since their end) or beyond `retention.max_jobs` (oldest
-    /// first). Returns whether the store was written.
-    pub(super) fn retire(
-        &self,
-        c: &mut Cluster,
-        ended: &[u64],
-        now: i64,
-    ) -> Result<bool, StoreError> {
-        let mut wrote = false;
-        for id in ended {
-            let Some(stored) = c.jobs.get_mut(id) else {
-                continue;
-            };
-            let end = job_of(stored).end_time_ms;
-            if compact(stored) {
-                self.store.put_job(stored)?;
-                wrote = true;
-            }
-            c.finished.insert((end, *id));
-        }
+    /// Removes finished jobs past `retention.max_age` (since their end) or beyond
+    /// `retention.max_jobs` (oldest first); the next `persist` deletes them.
+    pub(super) fn retire(&self, c: &mut Cluster, now: i64) {
         let r = &self.config.retention;
         let oldest_kept = now.saturating_sub(r.max_age.as_millis().min(i64::MAX as u128) as i64);
-        while let Some(&(end, id)) = c.finished.first() {
-            if end >= oldest_kept && c.finished.len() <= r.max_jobs {
-                break;
-            }
-            c.finished.pop_first();
-            if c.jobs
-                .get(&id)
-                .is_some_and(|s| job_of(s).state().is_final())
-            {
-                if let Some(s) = c.jobs.remove(&id)
-                    && !s.request_id.is_empty()
-                {
-                    let key = (super::owner(job_of(&s)).to_string(), s.request_id.clone());
-                    c.requests.remove(&key);
-                }
-                self.store.delete_job(id)?;
-                wrote = true;
-            }
-        }
-        Ok(wrote)
+        c.jobs.retire(oldest_kept, r.max_jobs);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::job_of;
     use super::*;
     use gpuctl_proto as pb;
 

@@ -34,7 +34,7 @@ impl Controller {
         }
         {
             let c = self.lock();
-            for s in c.jobs.values() {
+            for s in c.jobs.all() {
                 let j = job_of(s);
                 let state = j.state().as_str_name().to_string();
                 *snap.jobs_by_state.entry(state).or_default() += 1;
@@ -176,8 +176,8 @@ impl Controller {
                     job_id: j.id,
                     user: c
                         .jobs
-                        .get(&j.id)
-                        .and_then(|s| job_of(s).spec.as_ref())
+                        .job(j.id)
+                        .and_then(|j| j.spec.as_ref())
                         .map(|s| s.user.clone())
                         .unwrap_or_default(),
                     total: b.total,
@@ -207,7 +207,7 @@ impl Controller {
             if !caller.admin {
                 let foreign: Vec<String> = ids
                     .iter()
-                    .filter_map(|id| c.jobs.get(id).map(|s| (id, owner(job_of(s)))))
+                    .filter_map(|id| c.jobs.job(*id).map(|j| (id, owner(j))))
                     .filter(|(_, o)| *o != caller.user)
                     .map(|(id, o)| format!("job {id} belongs to {o}"))
                     .collect();
@@ -224,27 +224,26 @@ impl Controller {
                     ok,
                     message: msg.to_string(),
                 };
-                let Some(stored) = c.jobs.get_mut(&id) else {
+                let Some(j) = c.jobs.job(id) else {
                     results.push(result(false, "no such job"));
                     continue;
                 };
-                let j = job_mut(stored);
                 match j.state() {
                     JobState::Pending => {
-                        j.set_state(JobState::Cancelled);
-                        j.end_time_ms = now_ms();
-                        j.reason = format!("cancelled while pending by {}", caller.user);
-                        j.expected_start_ms = 0;
-                        let user = owner(j).to_string();
-                        self.store.put_job(stored).map_err(store_status)?;
-                        c.pending_changed(&user, false);
+                        let cancel = Transition::Finish {
+                            state: JobState::Cancelled,
+                            exit_code: None,
+                            reason: format!("cancelled while pending by {}", caller.user),
+                        };
+                        c.jobs
+                            .transition(id, cancel, now_ms())
+                            .expect("pending jobs can be cancelled");
                         results.push(result(true, "removed from the queue"));
                     }
                     JobState::Running => {
                         let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
                         let attempt = j.attempt;
-                        stored.cancel_requested = true;
-                        self.store.put_job(stored).map_err(store_status)?;
+                        c.jobs.edit(id, |s| s.cancel_requested = true);
                         let mut all_connected = true;
                         for node in nodes {
                             match c.conns.get(&node) {
@@ -274,6 +273,7 @@ impl Controller {
                     )),
                 }
             }
+            self.persist(&mut c).map_err(store_status)?;
         }
         self.store.flush().await.map_err(store_status)?;
         for (tx, cmd) in kills {

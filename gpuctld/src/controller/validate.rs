@@ -220,7 +220,7 @@ pub fn check_paths(spec: &pb::JobSpec) -> Result<(), String> {
 /// Refuses dependencies on unknown jobs, and ones that can already never be met.
 pub(super) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), Status> {
     for d in &spec.dependencies {
-        let Some(s) = c.jobs.get(&d.job_id) else {
+        let Some(s) = c.jobs.get(d.job_id) else {
             return Err(Status::invalid_argument(format!(
                 "dependency on job {}, which does not exist",
                 d.job_id

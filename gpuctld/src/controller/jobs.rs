@@ -1,0 +1,451 @@
+//! The job table: every job the controller keeps, the indexes over them, and the one
+//! place where a job's state changes (`Jobs::transition`).
+//!
+//! Pure: no store, no clock, no locks. Callers pass `now`; what changed is recorded
+//! (`take_changes`) and the controller's shell persists it before it answers anyone or
+//! tells an agent. Every index is kept exact by `transition`, `insert` and `remove`:
+//! `check` recomputes them from the jobs, and the tests run it after every step.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use gpuctl_proto::store::StoredJob;
+use gpuctl_proto::{self as pb, JobState};
+
+use super::retention::compact;
+
+/// A job's owner, as its spec names it.
+pub(super) fn owner(j: &pb::Job) -> &str {
+    j.spec.as_ref().map_or("", |s| s.user.as_str())
+}
+
+pub(super) fn job_of(s: &StoredJob) -> &pb::Job {
+    s.job.as_ref().expect("stored job without a job record")
+}
+
+fn job_mut(s: &mut StoredJob) -> &mut pb::Job {
+    s.job.get_or_insert_with(pb::Job::default)
+}
+
+/// A change of a job's state.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Transition {
+    /// PENDING -> RUNNING: a new attempt on these allocations (rank order).
+    Start { allocations: Vec<pb::Allocation> },
+    /// RUNNING -> PENDING: back to the queue. With `keep_for_readopt`, the running record
+    /// is kept so that a returning node still running this very start can take it back
+    /// (`Readopt`).
+    Requeue {
+        reason: String,
+        keep_for_readopt: bool,
+    },
+    /// PENDING -> RUNNING as it was before its requeue, when `node` reports the same
+    /// `attempt` still running there.
+    Readopt { node: String, attempt: u32 },
+    /// A running job's allocations on `node` end (a rank's end, a start lost or refused
+    /// there). When that was its last live allocation, the job ends: RUNNING -> the
+    /// final state of its ranks (`final_state`).
+    EndOn {
+        node: String,
+        state: JobState,
+        exit_code: Option<i32>,
+        reason: String,
+    },
+    /// PENDING or RUNNING -> a final state. A running job's live allocations end with it.
+    Finish {
+        state: JobState,
+        exit_code: Option<i32>,
+        reason: String,
+    },
+}
+
+/// A transition that does not apply to the job as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Refused {
+    #[error("no job {0}")]
+    Unknown(u64),
+    #[error("job {id} is {from:?}; {what} does not apply")]
+    Illegal {
+        id: u64,
+        from: JobState,
+        what: &'static str,
+    },
+}
+
+/// What changed since the last `take_changes`: jobs to write, jobs to delete.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Changes {
+    pub put: BTreeSet<u64>,
+    pub delete: BTreeSet<u64>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.put.is_empty() && self.delete.is_empty()
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Jobs {
+    map: BTreeMap<u64, StoredJob>,
+    /// PENDING and RUNNING jobs.
+    active: BTreeSet<u64>,
+    /// PENDING jobs with dependencies.
+    with_deps: BTreeSet<u64>,
+    /// PENDING jobs per user (for `max_pending_per_user`).
+    pending_by_user: HashMap<String, usize>,
+    /// Finished jobs by (end time, id), for retention.
+    finished: BTreeSet<(i64, u64)>,
+    /// Submits by (user, client request id): a repeated submit gets the same job.
+    requests: HashMap<(String, String), u64>,
+    changes: Changes,
+}
+
+fn has_deps(j: &pb::Job) -> bool {
+    j.spec.as_ref().is_some_and(|s| !s.dependencies.is_empty())
+}
+
+impl Jobs {
+    pub fn get(&self, id: u64) -> Option<&StoredJob> {
+        self.map.get(&id)
+    }
+
+    pub fn job(&self, id: u64) -> Option<&pb::Job> {
+        self.map.get(&id).map(job_of)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn all(&self) -> impl DoubleEndedIterator<Item = &StoredJob> {
+        self.map.values()
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.map.keys().copied()
+    }
+
+    /// PENDING and RUNNING jobs, by id.
+    pub fn active(&self) -> impl Iterator<Item = &StoredJob> {
+        self.active.iter().map(|id| &self.map[id])
+    }
+
+    pub fn active_ids(&self) -> Vec<u64> {
+        self.active.iter().copied().collect()
+    }
+
+    /// PENDING jobs with dependencies.
+    pub fn with_deps(&self) -> impl Iterator<Item = &pb::Job> {
+        self.with_deps.iter().map(|id| job_of(&self.map[id]))
+    }
+
+    pub fn pending_of(&self, user: &str) -> usize {
+        self.pending_by_user.get(user).copied().unwrap_or(0)
+    }
+
+    pub fn by_request(&self, user: &str, request_id: &str) -> Option<u64> {
+        self.requests
+            .get(&(user.to_string(), request_id.to_string()))
+            .copied()
+    }
+
+    /// Adds a job in whatever state it is (a new submit, or one loaded from the store).
+    /// Not recorded as a change: a new job is written with the next id, a loaded one is
+    /// already on disk.
+    pub fn insert(&mut self, stored: StoredJob) {
+        let j = job_of(&stored);
+        let id = j.id;
+        if let Some(old) = self.map.remove(&id) {
+            self.unindex(&old);
+        }
+        self.index(&stored);
+        self.map.insert(id, stored);
+    }
+
+    fn index(&mut self, s: &StoredJob) {
+        let j = job_of(s);
+        match j.state() {
+            JobState::Pending => {
+                self.active.insert(j.id);
+                *self
+                    .pending_by_user
+                    .entry(owner(j).to_string())
+                    .or_default() += 1;
+                if has_deps(j) {
+                    self.with_deps.insert(j.id);
+                }
+            }
+            JobState::Running => {
+                self.active.insert(j.id);
+            }
+            _ => {
+                self.finished.insert((j.end_time_ms, j.id));
+            }
+        }
+        if !s.request_id.is_empty() {
+            self.requests
+                .insert((owner(j).to_string(), s.request_id.clone()), j.id);
+        }
+    }
+
+    fn unindex(&mut self, s: &StoredJob) {
+        let j = job_of(s);
+        self.active.remove(&j.id);
+        self.with_deps.remove(&j.id);
+        self.finished.remove(&(j.end_time_ms, j.id));
+        if j.state() == JobState::Pending
+            && let Some(n) = self.pending_by_user.get_mut(owner(j))
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.pending_by_user.remove(owner(j));
+            }
+        }
+        if !s.request_id.is_empty() {
+            self.requests
+                .remove(&(owner(j).to_string(), s.request_id.clone()));
+        }
+    }
+
+    /// Removes a finished job (retention). Returns whether it was there.
+    pub fn remove(&mut self, id: u64) -> bool {
+        let Some(old) = self.map.remove(&id) else {
+            return false;
+        };
+        self.unindex(&old);
+        self.changes.put.remove(&id);
+        self.changes.delete.insert(id);
+        true
+    }
+
+    /// Changes what is not the job's state (flags, warnings, the reason a running job
+    /// shows) and records the job as changed. The state must stay as it is: that is
+    /// `transition`'s alone.
+    pub fn edit<R>(&mut self, id: u64, f: impl FnOnce(&mut StoredJob) -> R) -> Option<R> {
+        let s = self.map.get_mut(&id)?;
+        let before = job_of(s).state();
+        let r = f(s);
+        assert_eq!(
+            job_of(s).state(),
+            before,
+            "job {id}: edit changed its state"
+        );
+        self.changes.put.insert(id);
+        Some(r)
+    }
+
+    /// Sets what a pending job shows while it waits (its reason and expected start):
+    /// kept in memory only, recomputed by every pass. Only for PENDING jobs.
+    pub fn annotate_pending(&mut self, id: u64, f: impl FnOnce(&mut pb::Job)) {
+        if let Some(s) = self.map.get_mut(&id) {
+            let j = job_mut(s);
+            if j.state() == JobState::Pending {
+                f(j);
+                debug_assert_eq!(j.state(), JobState::Pending);
+            }
+        }
+    }
+
+    /// The one place where a job's state changes. Keeps every index true and records
+    /// the job as changed.
+    pub fn transition(&mut self, id: u64, t: Transition, now: i64) -> Result<(), Refused> {
+        let s = self.map.get(&id).ok_or(Refused::Unknown(id))?;
+        let from = job_of(s).state();
+        let what = match &t {
+            Transition::Start { .. } => "start",
+            Transition::Requeue { .. } => "requeue",
+            Transition::Readopt { .. } => "readopt",
+            Transition::EndOn { .. } => "a rank's end",
+            Transition::Finish { .. } => "finish",
+        };
+        let legal = match &t {
+            Transition::Start { .. } => from == JobState::Pending,
+            Transition::Requeue { .. } => from == JobState::Running,
+            Transition::Readopt { node, attempt } => readoptable(s, node, *attempt),
+            Transition::EndOn { node, state, .. } => {
+                from == JobState::Running
+                    && state.is_final()
+                    && job_of(s)
+                        .allocations
+                        .iter()
+                        .any(|a| !a.ended && a.node == *node)
+            }
+            Transition::Finish { state, .. } => !from.is_final() && state.is_final(),
+        };
+        if !legal {
+            return Err(Refused::Illegal { id, from, what });
+        }
+        let mut s = self.map.remove(&id).expect("looked up above");
+        self.unindex(&s);
+        apply(&mut s, t, now);
+        self.index(&s);
+        self.map.insert(id, s);
+        self.changes.put.insert(id);
+        Ok(())
+    }
+
+    /// Finished jobs that ended before `oldest_end`, and beyond the newest `max_jobs`,
+    /// are removed (recorded as deletions).
+    pub fn retire(&mut self, oldest_end: i64, max_jobs: usize) -> usize {
+        let mut removed = 0;
+        while let Some(&(end, id)) = self.finished.first() {
+            if end >= oldest_end && self.finished.len() <= max_jobs {
+                break;
+            }
+            self.remove(id);
+            removed += 1;
+        }
+        removed
+    }
+
+    /// What changed since the last call, for the shell to persist.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Recomputes every index from the jobs and compares (tests, and debug builds).
+    #[cfg(test)]
+    pub fn check(&self) {
+        let mut fresh = Jobs::default();
+        for s in self.map.values() {
+            fresh.index(s);
+        }
+        assert_eq!(fresh.active, self.active, "active");
+        assert_eq!(fresh.with_deps, self.with_deps, "with_deps");
+        assert_eq!(
+            fresh.pending_by_user, self.pending_by_user,
+            "pending_by_user"
+        );
+        assert_eq!(fresh.finished, self.finished, "finished");
+        assert_eq!(fresh.requests, self.requests, "requests");
+    }
+}
+
+/// Whether a requeued job can be taken back by `node`, which still runs (or has just
+/// ended) the very start it was requeued from. Only single-node jobs: a gang job's
+/// other ranks were killed at requeue.
+fn readoptable(s: &StoredJob, node: &str, attempt: u32) -> bool {
+    let Some(before) = &s.requeued_from else {
+        return false;
+    };
+    let j = job_of(s);
+    j.state() == JobState::Pending
+        && j.attempt == attempt
+        && before.attempt == attempt
+        && !before.allocations.is_empty()
+        && before.allocations.iter().all(|a| a.node == node)
+}
+
+/// The final state of a job from the ends of its allocations: a rank's own failure
+/// (FAILED, TIMEOUT) wins over the ranks killed because of it, which win over success.
+fn final_state(allocs: &[pb::Allocation]) -> (JobState, Option<i32>, String) {
+    let bad = allocs
+        .iter()
+        .find(|a| matches!(a.state(), JobState::Failed | JobState::Timeout))
+        .or_else(|| allocs.iter().find(|a| a.state() != JobState::Completed));
+    match bad {
+        Some(a) => (a.state(), a.exit_code, a.reason.clone()),
+        None => (
+            JobState::Completed,
+            allocs.first().and_then(|a| a.exit_code),
+            String::new(),
+        ),
+    }
+}
+
+fn apply(s: &mut StoredJob, t: Transition, now: i64) {
+    match t {
+        Transition::Start { allocations } => {
+            let j = job_mut(s);
+            j.set_state(JobState::Running);
+            j.attempt += 1;
+            let mut nodes: Vec<&str> = Vec::new();
+            for a in &allocations {
+                if !nodes.contains(&a.node.as_str()) {
+                    nodes.push(&a.node);
+                }
+            }
+            j.node = nodes.join(",");
+            j.gpus = allocations
+                .iter()
+                .flat_map(|a| a.slots.iter().map(|x| x.uuid.clone()))
+                .collect();
+            j.allocations = allocations;
+            j.start_time_ms = now;
+            j.expected_start_ms = 0;
+            j.reason = String::new();
+            s.start_confirmed = false;
+            s.requeued_from = None;
+        }
+        Transition::Requeue {
+            reason,
+            keep_for_readopt,
+        } => {
+            let before = job_of(s).clone();
+            let j = job_mut(s);
+            j.set_state(JobState::Pending);
+            j.allocations.clear();
+            j.node.clear();
+            j.gpus.clear();
+            j.start_time_ms = 0;
+            j.reason = reason;
+            s.start_confirmed = false;
+            s.requeued_from = keep_for_readopt.then_some(before);
+        }
+        Transition::Readopt { .. } => {
+            let mut before = s.requeued_from.take().expect("checked readoptable");
+            before.reason = String::new();
+            before.expected_start_ms = 0;
+            s.job = Some(before);
+            s.start_confirmed = true;
+        }
+        Transition::EndOn {
+            node,
+            state,
+            exit_code,
+            reason,
+        } => {
+            let j = job_mut(s);
+            for a in j
+                .allocations
+                .iter_mut()
+                .filter(|a| a.node == node && !a.ended)
+            {
+                a.ended = true;
+                a.set_state(state);
+                a.exit_code = exit_code;
+                a.reason.clone_from(&reason);
+            }
+            if j.allocations.iter().all(|a| a.ended) {
+                let (state, exit_code, reason) = final_state(&j.allocations);
+                j.set_state(state);
+                j.exit_code = exit_code;
+                j.reason = reason;
+                j.end_time_ms = now;
+                j.expected_start_ms = 0;
+                compact(s);
+            }
+        }
+        Transition::Finish {
+            state,
+            exit_code,
+            reason,
+        } => {
+            let j = job_mut(s);
+            for a in j.allocations.iter_mut().filter(|a| !a.ended) {
+                a.ended = true;
+                a.set_state(state);
+            }
+            j.set_state(state);
+            j.exit_code = exit_code;
+            j.reason = reason;
+            j.end_time_ms = now;
+            j.expected_start_ms = 0;
+            compact(s);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "jobs/tests.rs"]
+mod tests;

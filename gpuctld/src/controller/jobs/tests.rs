@@ -1,0 +1,297 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn pending(id: u64, user: &str, deps: bool, request: &str) -> StoredJob {
+    let dependencies = if deps {
+        vec![pb::Dependency {
+            kind: pb::dependency::Kind::AfterOk as i32,
+            job_id: 1,
+        }]
+    } else {
+        Vec::new()
+    };
+    StoredJob {
+        job: Some(pb::Job {
+            id,
+            state: JobState::Pending as i32,
+            submit_time_ms: 1,
+            spec: Some(pb::JobSpec {
+                user: user.into(),
+                env: [("SECRET".to_string(), "x".to_string())].into(),
+                dependencies,
+                ..pb::JobSpec::default()
+            }),
+            ..pb::Job::default()
+        }),
+        request_id: request.into(),
+        ..StoredJob::default()
+    }
+}
+
+fn on(node: &str, gpu: &str) -> pb::Allocation {
+    pb::Allocation {
+        node: node.into(),
+        slots: vec![pb::SlotUse {
+            uuid: gpu.into(),
+            compute_milli: 1000,
+            memory_mib: 0,
+        }],
+        ..pb::Allocation::default()
+    }
+}
+
+fn start(t: &mut Jobs, id: u64, node: &str, now: i64) {
+    let allocations = vec![on(node, "GPU-1")];
+    t.transition(id, Transition::Start { allocations }, now)
+        .unwrap();
+}
+
+#[test]
+fn submit_start_end_keeps_every_index() {
+    let mut t = Jobs::default();
+    t.insert(pending(1, "alice", false, "r1"));
+    t.insert(pending(2, "alice", true, ""));
+    t.check();
+    assert_eq!(t.pending_of("alice"), 2);
+    assert_eq!(t.by_request("alice", "r1"), Some(1));
+    assert_eq!(t.with_deps().count(), 1);
+    assert!(
+        t.take_changes().is_empty(),
+        "inserts are written by the caller"
+    );
+
+    start(&mut t, 1, "n1", 100);
+    t.check();
+    let j = t.job(1).unwrap();
+    assert_eq!(
+        (j.state(), j.attempt, j.start_time_ms),
+        (JobState::Running, 1, 100)
+    );
+    assert_eq!(
+        (j.node.as_str(), j.gpus.as_slice()),
+        ("n1", &["GPU-1".to_string()][..])
+    );
+    assert_eq!(t.pending_of("alice"), 1);
+
+    let finish = Transition::Finish {
+        state: JobState::Completed,
+        exit_code: Some(0),
+        reason: String::new(),
+    };
+    t.transition(1, finish, 200).unwrap();
+    t.check();
+    let j = t.job(1).unwrap();
+    assert_eq!((j.state(), j.end_time_ms), (JobState::Completed, 200));
+    assert!(
+        j.allocations
+            .iter()
+            .all(|a| a.ended && a.state() == JobState::Completed)
+    );
+    assert!(
+        j.spec.as_ref().unwrap().env.is_empty(),
+        "compacted at its end"
+    );
+    assert_eq!(t.active_ids(), vec![2]);
+    let changes = t.take_changes();
+    assert_eq!(changes.put, [1].into());
+    assert!(t.take_changes().is_empty());
+}
+
+#[test]
+fn illegal_transitions_are_refused_and_change_nothing() {
+    let mut t = Jobs::default();
+    t.insert(pending(1, "bob", false, ""));
+    let requeue = Transition::Requeue {
+        reason: "x".into(),
+        keep_for_readopt: false,
+    };
+    assert!(matches!(
+        t.transition(1, requeue.clone(), 5),
+        Err(Refused::Illegal {
+            from: JobState::Pending,
+            ..
+        })
+    ));
+    let cancel = Transition::Finish {
+        state: JobState::Cancelled,
+        exit_code: None,
+        reason: "by bob".into(),
+    };
+    t.transition(1, cancel.clone(), 5).unwrap();
+    assert!(matches!(
+        t.transition(1, cancel, 6),
+        Err(Refused::Illegal { .. })
+    ));
+    let allocations = vec![on("n1", "GPU-1")];
+    assert!(
+        t.transition(1, Transition::Start { allocations }, 7)
+            .is_err()
+    );
+    assert_eq!(t.transition(9, requeue, 7), Err(Refused::Unknown(9)));
+    let not_final = Transition::Finish {
+        state: JobState::Running,
+        exit_code: None,
+        reason: String::new(),
+    };
+    t.insert(pending(2, "bob", false, ""));
+    assert!(t.transition(2, not_final, 8).is_err());
+    t.check();
+    assert_eq!(t.job(1).unwrap().end_time_ms, 5);
+}
+
+#[test]
+fn requeue_then_readopt_restores_the_running_record() {
+    let mut t = Jobs::default();
+    t.insert(pending(1, "carol", false, ""));
+    start(&mut t, 1, "n1", 10);
+    let requeue = Transition::Requeue {
+        reason: "requeued: node n1 failed".into(),
+        keep_for_readopt: true,
+    };
+    t.transition(1, requeue, 20).unwrap();
+    t.check();
+    let j = t.job(1).unwrap();
+    assert_eq!((j.state(), j.attempt), (JobState::Pending, 1));
+    assert!(j.allocations.is_empty() && j.node.is_empty());
+    assert_eq!(t.pending_of("carol"), 1);
+    // Another node, or another attempt, cannot take it back.
+    let wrong = Transition::Readopt {
+        node: "n2".into(),
+        attempt: 1,
+    };
+    assert!(t.transition(1, wrong, 30).is_err());
+    let old = Transition::Readopt {
+        node: "n1".into(),
+        attempt: 0,
+    };
+    assert!(t.transition(1, old, 30).is_err());
+    let back = Transition::Readopt {
+        node: "n1".into(),
+        attempt: 1,
+    };
+    t.transition(1, back, 30).unwrap();
+    t.check();
+    let j = t.job(1).unwrap();
+    assert_eq!(
+        (j.state(), j.start_time_ms, j.node.as_str()),
+        (JobState::Running, 10, "n1")
+    );
+    assert!(t.get(1).unwrap().start_confirmed);
+    assert_eq!(t.pending_of("carol"), 0);
+}
+
+#[test]
+fn edit_may_not_change_the_state() {
+    let mut t = Jobs::default();
+    t.insert(pending(1, "dan", false, ""));
+    t.edit(1, |s| s.cancel_requested = true).unwrap();
+    assert_eq!(t.take_changes().put, [1].into());
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        t.edit(1, |s| s.job.as_mut().unwrap().set_state(JobState::Running))
+    }));
+    assert!(r.is_err());
+}
+
+#[test]
+fn retention_removes_the_oldest_finished_and_their_request_ids() {
+    let mut t = Jobs::default();
+    for id in 1..=5 {
+        t.insert(pending(id, "erin", false, &format!("r{id}")));
+        let done = Transition::Finish {
+            state: JobState::Completed,
+            exit_code: Some(0),
+            reason: String::new(),
+        };
+        t.transition(id, done, id as i64 * 100).unwrap();
+    }
+    t.insert(pending(6, "erin", false, "r6"));
+    t.take_changes();
+    // Ended before 250: jobs 1 and 2; then at most 2 finished: job 3 too.
+    assert_eq!(t.retire(250, 2), 3);
+    t.check();
+    assert_eq!(t.ids().collect::<Vec<_>>(), vec![4, 5, 6]);
+    assert_eq!(t.by_request("erin", "r1"), None);
+    assert_eq!(t.by_request("erin", "r6"), Some(6));
+    assert_eq!(t.take_changes().delete, [1, 2, 3].into());
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Submit { user: u8, deps: bool },
+    Start(u8),
+    Requeue(u8, bool),
+    Readopt(u8),
+    Finish(u8, u8),
+    Retire(u8),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (0u8..3, any::<bool>()).prop_map(|(user, deps)| Step::Submit { user, deps }),
+        (0u8..16).prop_map(Step::Start),
+        (0u8..16, any::<bool>()).prop_map(|(j, k)| Step::Requeue(j, k)),
+        (0u8..16).prop_map(Step::Readopt),
+        (0u8..16, 0u8..5).prop_map(|(j, s)| Step::Finish(j, s)),
+        (0u8..4).prop_map(Step::Retire),
+    ]
+}
+
+proptest! {
+    /// Whatever sequence of transitions is tried, legal or not, every index stays equal
+    /// to one recomputed from the jobs, and a refused transition changes nothing.
+    #[test]
+    fn indexes_stay_true(steps in proptest::collection::vec(step(), 1..60)) {
+        let mut t = Jobs::default();
+        let mut next = 1u64;
+        for (now, s) in steps.into_iter().enumerate() {
+            let now = now as i64;
+            let before: Vec<StoredJob> = t.all().cloned().collect();
+            let r = match s {
+                Step::Submit { user, deps } => {
+                    t.insert(pending(next, &format!("u{user}"), deps, &format!("q{next}")));
+                    next += 1;
+                    Ok(())
+                }
+                Step::Start(j) => t.transition(
+                    u64::from(j),
+                    Transition::Start { allocations: vec![on("n1", "GPU-1")] },
+                    now,
+                ),
+                Step::Requeue(j, keep) => t.transition(
+                    u64::from(j),
+                    Transition::Requeue { reason: "r".into(), keep_for_readopt: keep },
+                    now,
+                ),
+                Step::Readopt(j) => t.transition(
+                    u64::from(j),
+                    Transition::Readopt { node: "n1".into(), attempt: 1 },
+                    now,
+                ),
+                Step::Finish(j, s) => {
+                    let state = [JobState::Completed, JobState::Failed, JobState::Cancelled,
+                        JobState::Timeout, JobState::NodeFail][s as usize];
+                    t.transition(
+                        u64::from(j),
+                        Transition::Finish { state, exit_code: None, reason: String::new() },
+                        now,
+                    )
+                }
+                Step::Retire(k) => {
+                    t.retire(now - 5, usize::from(k));
+                    Ok(())
+                }
+            };
+            t.check();
+            if r.is_err() {
+                let after: Vec<StoredJob> = t.all().cloned().collect();
+                prop_assert_eq!(before, after);
+            }
+            for s in t.all() {
+                let j = job_of(s);
+                prop_assert_eq!(j.state() == JobState::Running, !j.allocations.is_empty()
+                    && j.allocations.iter().any(|a| !a.ended));
+            }
+        }
+    }
+}
