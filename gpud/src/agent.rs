@@ -110,6 +110,35 @@ fn now_ms() -> i64 {
 }
 
 impl Agent {
+    /// An agent with what it needs from the host passed in: the launcher (a test double
+    /// in the unit tests), MPS, its identity and the GPUs discovered.
+    fn new(
+        opts: &Options,
+        launcher: Box<dyn Launcher>,
+        mps: crate::mps::Mps,
+        id: String,
+        gpus: Vec<GpuInfo>,
+    ) -> anyhow::Result<Agent> {
+        Ok(Agent {
+            name: opts.name.clone(),
+            reports: ReportQueue::open(opts.state_dir.join("reports.pb"))?,
+            state_dir: opts.state_dir.clone(),
+            launcher,
+            allow_root_jobs: opts.allow_root_jobs,
+            key: opts.key.clone(),
+            jobs: Mutex::new(HashMap::new()),
+            watched: Mutex::new(HashMap::new()),
+            latest: Mutex::new(Vec::new()),
+            mps,
+            gpus: Mutex::new(gpus),
+            gpus_changed: Notify::new(),
+            report_ready: Notify::new(),
+            id,
+            session: Mutex::new(None),
+            session_ready: Notify::new(),
+        })
+    }
+
     fn running(&self) -> Vec<pb::RunningJob> {
         let mut v: Vec<(u64, u32)> = self
             .jobs
@@ -261,27 +290,12 @@ pub async fn run(
         ref m => tracing::info!("job limits through {}", m.describe()),
     }
     let cgroups_for_adoption = cgroups.clone();
-    let agent = Arc::new(Agent {
-        name: opts.name.clone(),
-        reports: ReportQueue::open(opts.state_dir.join("reports.pb"))?,
-        state_dir: opts.state_dir.clone(),
-        launcher: Box::new(JobLauncher {
-            cgroups,
-            parent: cgroup_parent.clone(),
-        }),
-        allow_root_jobs: opts.allow_root_jobs,
-        key: opts.key.clone(),
-        jobs: Mutex::new(HashMap::new()),
-        watched: Mutex::new(HashMap::new()),
-        latest: Mutex::new(Vec::new()),
-        mps: crate::mps::Mps::find(opts.mps_control.clone(), &opts.state_dir.join("mps")),
-        gpus: Mutex::new(gpus.clone()),
-        gpus_changed: Notify::new(),
-        report_ready: Notify::new(),
-        id: id.clone(),
-        session: Mutex::new(None),
-        session_ready: Notify::new(),
+    let launcher = Box::new(JobLauncher {
+        cgroups,
+        parent: cgroup_parent.clone(),
     });
+    let mps = crate::mps::Mps::find(opts.mps_control.clone(), &opts.state_dir.join("mps"));
+    let agent = Arc::new(Agent::new(&opts, launcher, mps, id.clone(), gpus.clone())?);
 
     adopt_jobs(&agent, &cgroups_for_adoption, &cgroup_parent);
     let reporter = tokio::spawn(reporter(
@@ -376,7 +390,7 @@ async fn sampler(
             .cloned()
             .collect();
         let jobs: Vec<Watched> = watched.iter().map(|w| w.0.clone()).collect();
-        let usage = crate::monitor::job_memory(&samples, &jobs, crate::monitor::pgid_of);
+        let usage = crate::monitor::job_memory(&samples, &jobs, crate::procfs::pgid_of);
         let verdicts = enforcer.check(&gpus, &jobs, &usage, grace, std::time::Instant::now());
         let of_job = |id: u64| watched.iter().find(|w| w.0.job_id == id);
         for o in verdicts.warn {
@@ -755,3 +769,7 @@ fn run_command(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand)
     }
     cmd.seq
 }
+
+#[cfg(test)]
+#[path = "agent/tests.rs"]
+mod tests;

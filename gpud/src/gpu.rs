@@ -204,7 +204,7 @@ fn fake_processes() -> Vec<(u32, u64, Vec<String>)> {
             }
         }
         if let Some(m) = mib {
-            let pgid = crate::monitor::pgid_of(pid).unwrap_or(pid as i32);
+            let pgid = crate::procfs::pgid_of(pid).unwrap_or(pid as i32);
             out.push((pgid, pid, m, devices));
         }
     }

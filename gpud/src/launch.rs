@@ -405,22 +405,6 @@ pub struct Launched {
     status_file: Option<PathBuf>,
 }
 
-/// Whether `pid` is a live (not zombie) process that started at `start_ticks`.
-pub fn alive(pid: u32, start_ticks: u64) -> bool {
-    proc_start(pid).is_some_and(|(state, t)| state != 'Z' && t == start_ticks)
-}
-
-/// A process's state letter and start time (clock ticks after boot), from /proc.
-pub fn proc_start(pid: u32) -> Option<(char, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the command: state is field 3 of stat, starttime field 22.
-    let state = fields.first()?.chars().next()?;
-    let start = fields.get(19)?.parse().ok()?;
-    Some((state, start))
-}
-
 impl Launched {
     /// A job whose shim is `pid` (started by an earlier agent process).
     pub fn adopt(
@@ -436,6 +420,17 @@ impl Launched {
         }
     }
 
+    /// A job whose first process is `child`, with no cgroup and no shim (launchers
+    /// other than `JobLauncher`, such as the agent tests' double).
+    pub fn started(child: Child) -> Launched {
+        Launched {
+            pid: child.id(),
+            child: Some(child),
+            cgroup: None,
+            status_file: None,
+        }
+    }
+
     pub fn id(&self) -> Option<u32> {
         self.pid
     }
@@ -447,8 +442,8 @@ impl Launched {
             return child.wait().await;
         }
         let pid = self.pid.unwrap_or(0);
-        let start = proc_start(pid).map(|x| x.1);
-        while start.is_some_and(|t| alive(pid, t)) {
+        let start = crate::procfs::proc_start(pid).map(|x| x.1);
+        while start.is_some_and(|t| crate::procfs::alive(pid, t)) {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         self.recorded_status().ok_or_else(|| {

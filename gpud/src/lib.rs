@@ -12,6 +12,10 @@
 //! - `shim`: `gpud __shim`, the job's top process that records how it ended, so that
 //!   a restarted agent learns a job's real end.
 //! - `host`: facts about this machine (CPUs, memory, hostname).
+//! - `procfs`: facts about processes from /proc (process group, start time).
+//!
+//! Module dependencies go one way: `gpu` and `launch` use `procfs`; `monitor` uses
+//! `gpu`; `agent` uses them all.
 
 pub mod agent;
 pub mod cgroup;
@@ -20,5 +24,6 @@ pub mod host;
 pub mod launch;
 pub mod monitor;
 pub mod mps;
+pub mod procfs;
 pub mod reports;
 pub mod shim;

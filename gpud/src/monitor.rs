@@ -47,18 +47,6 @@ pub struct Verdicts {
     pub kill: Vec<Overuse>,
 }
 
-/// The process group of `pid` (from /proc/PID/stat), if it still exists.
-pub fn pgid_of(pid: u32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the ")" closing the command name: state, ppid, pgrp.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(2)?
-        .parse()
-        .ok()
-}
-
 /// Per GPU (by UUID), memory per job id, from the sample's processes.
 pub fn job_memory(
     samples: &[GpuSample],

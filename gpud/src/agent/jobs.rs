@@ -83,7 +83,7 @@ pub(super) fn adopt_jobs(agent: &Arc<Agent>, cgroups: &crate::cgroup::Mode, pare
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert((rec.job_id, rec.attempt), tx);
-        let running = crate::launch::alive(rec.pid, rec.start_ticks);
+        let running = crate::procfs::alive(rec.pid, rec.start_ticks);
         tracing::info!(
             job = rec.job_id,
             attempt = rec.attempt,
@@ -306,7 +306,7 @@ fn spawn_recorded(
         job_id: start.job_id,
         attempt: start.attempt,
         pid,
-        start_ticks: crate::launch::proc_start(pid).map_or(0, |x| x.1),
+        start_ticks: crate::procfs::proc_start(pid).map_or(0, |x| x.1),
         started_ms: now_ms(),
         cgroup_leaf: spec.cgroup_leaf(),
         start: start.encode_to_vec(),
