@@ -4,12 +4,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use gpuctl_proto::{self as pb, controller_client::ControllerClient};
-use serde_json::json;
+use gpuctl_proto::controller_client::ControllerClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::format;
+use crate::commands::{self, emit};
 
 /// Exit codes (documented in docs/cli.md).
 pub mod exit {
@@ -144,7 +143,7 @@ pub enum TokenAction {
     Revoke { id: String },
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Clone)]
 pub enum NodeAction {
     /// Stop new placements on a node; running jobs finish.
     Drain {
@@ -193,34 +192,7 @@ impl From<tonic::Status> for Failure {
     }
 }
 
-/// Whether a failed request may or may not have reached the controller (the
-/// connection broke, or no answer came): only then is a retry needed to know.
-fn outcome_unknown(s: &tonic::Status) -> bool {
-    use tonic::Code;
-    matches!(
-        s.code(),
-        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
-    )
-}
-
-/// A random id for a submit, so that a retry is recognised (16 bytes of the kernel's
-/// randomness, as hex).
-fn request_id() -> String {
-    let mut b = [0u8; 16];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read as _;
-        let _ = f.read_exact(&mut b);
-    }
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let mut out: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    out.push_str(&format!("-{:x}-{}", t, std::process::id()));
-    out.truncate(64);
-    out
-}
-
-fn fail(message: impl Into<String>) -> Failure {
+pub(crate) fn fail(message: impl Into<String>) -> Failure {
     Failure {
         code: exit::FAILED,
         message: message.into(),
@@ -228,7 +200,7 @@ fn fail(message: impl Into<String>) -> Failure {
 }
 
 /// Writes to stdout; a closed pipe (`gpuctl queue | head`) ends the program cleanly.
-fn print(text: &str) {
+pub(crate) fn print(text: &str) {
     let mut out = std::io::stdout().lock();
     if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -240,7 +212,7 @@ fn print(text: &str) {
 }
 
 /// Serializes straight into a buffered stdout (large outputs: `queue --json`).
-fn print_json_streamed(v: &impl serde::Serialize) {
+pub(crate) fn print_json_streamed(v: &impl serde::Serialize) {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
     let result = serde_json::to_writer_pretty(&mut out, v)
         .map_err(std::io::Error::from)
@@ -253,13 +225,6 @@ fn print_json_streamed(v: &impl serde::Serialize) {
         eprintln!("gpuctl: cannot write output: {e}");
         std::process::exit(exit::FAILED.into());
     }
-}
-
-fn print_json(v: &serde_json::Value) {
-    print(&format!(
-        "{}\n",
-        serde_json::to_string_pretty(v).expect("JSON values serialize")
-    ));
 }
 
 /// Adds the API token (if any) to every request.
@@ -314,7 +279,7 @@ fn token(cli: &Cli) -> Result<Option<String>, Failure> {
     }
 }
 
-async fn connect(cli: &Cli) -> Result<Client, Failure> {
+pub(crate) async fn connect(cli: &Cli) -> Result<Client, Failure> {
     let url = controller_url(cli);
     // On the socket the caller is their uid: no token is read (nor required readable).
     let token = if url.starts_with("unix:") {
@@ -366,45 +331,6 @@ async fn channel(url: &str, timeout: std::time::Duration) -> Result<Channel, Fai
     })
 }
 
-/// Submits, and when the answer is lost (the connection broke, the controller
-/// restarted), asks again with the same request id for up to `--timeout`: the
-/// controller answers a repeat with the job it already queued, so the job is queued
-/// once. Only if the controller stays silent is the outcome reported as unknown.
-async fn submit_with_retry(
-    cli: &Cli,
-    client: &mut Client,
-    file: &str,
-    req: pb::SubmitRequest,
-) -> Result<u64, Failure> {
-    let started = std::time::Instant::now();
-    loop {
-        let s = match client.submit(req.clone()).await {
-            Ok(r) => return Ok(r.into_inner().job_id),
-            Err(s) if outcome_unknown(&s) => s,
-            Err(s) => {
-                let mut f = Failure::from(s);
-                f.message = format!("{file}: rejected: {}", f.message);
-                return Err(f);
-            }
-        };
-        if started.elapsed() >= cli.timeout {
-            return Err(Failure {
-                code: exit::UNREACHABLE,
-                message: format!(
-                    "{}: the controller did not confirm the submit ({}); the job may or may not have been queued: `gpuctl queue` shows it if it was (request id {})",
-                    file,
-                    s.message(),
-                    req.request_id
-                ),
-            });
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        if let Ok(c) = connect(cli).await {
-            *client = c;
-        }
-    }
-}
-
 pub async fn run(cli: Cli) -> Result<(), Failure> {
     // A bad job file is reported before anything is contacted.
     let spec = match &cli.command {
@@ -415,314 +341,68 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         _ => None,
     };
-    if let Command::Man = cli.command {
-        let mut out = Vec::new();
-        clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
-            .render(&mut out)
-            .map_err(|e| fail(format!("cannot render the manual: {e}")))?;
-        print(&String::from_utf8_lossy(&out));
-        return Ok(());
-    }
-    if let Command::Completions { shell } = cli.command {
-        let mut out = Vec::new();
-        clap_complete::generate(
-            shell,
-            &mut <Cli as clap::CommandFactory>::command(),
-            "gpuctl",
-            &mut out,
-        );
-        print(&String::from_utf8_lossy(&out));
-        return Ok(());
+    match &cli.command {
+        Command::Man => return print_manual(),
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "gpuctl", &mut out);
+            print(&String::from_utf8_lossy(&out));
+            return Ok(());
+        }
+        _ => {}
     }
     let mut client = connect(&cli).await?;
-    match cli.command {
+    let c = &mut client;
+    match &cli.command {
         // Printed above, without a controller.
         Command::Completions { .. } | Command::Man => {}
-        Command::Submit(ref args) => {
+        Command::Submit(args) => {
             let spec = spec.expect("parsed above");
-            let req = pb::SubmitRequest {
-                spec: Some(spec),
-                request_id: request_id(),
-            };
-            let id = submit_with_retry(&cli, &mut client, &args.label(), req).await?;
-            if args.json {
-                print_json(&json!({ "job_id": id }));
-            } else {
-                print(&format!("Submitted job {id}\n"));
-            }
+            let view = commands::submit::run(&cli, c, &args.label(), spec).await?;
+            emit(&view, args.json);
         }
-        Command::Queue { all, start, json } => {
-            let mut pages = client
-                .list_jobs_paged(pb::ListJobsRequest { all })
-                .await?
-                .into_inner();
-            if json {
-                // Pages are printed as they arrive: receiving, decoding and writing
-                // JSON overlap. The first page decides a failure before any output.
-                let first = pages.message().await?;
-                let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<pb::Job>>(4);
-                let writer = tokio::task::spawn_blocking(move || {
-                    print_json_streamed(&format::StreamedJobs::new(rx));
-                });
-                if let Some(p) = first {
-                    let _ = tx.send(p.jobs);
-                }
-                let mut failed = None;
-                loop {
-                    match pages.message().await {
-                        Ok(Some(p)) => {
-                            if tx.send(p.jobs).is_err() {
-                                break;
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            failed = Some(e);
-                            break;
-                        }
-                    }
-                }
-                drop(tx);
-                if writer.await.is_err() {
-                    return Err(fail(
-                        "writing the JSON failed; the output above is incomplete",
-                    ));
-                }
-                if let Some(e) = failed {
-                    return Err(e.into());
-                }
-            } else {
-                let mut jobs = Vec::new();
-                while let Some(page) = pages.message().await? {
-                    jobs.extend(page.jobs);
-                }
-                print(&format::queue_table(&jobs, start));
-            }
+        &Command::Queue {
+            all, json: true, ..
+        } => commands::queue::stream_json(c, all).await?,
+        &Command::Queue { all, start, .. } => {
+            emit(&commands::queue::run(c, all, start).await?, false)
         }
-        Command::Show { job_id, json } => {
-            let job = client
-                .get_job(pb::GetJobRequest { job_id })
-                .await?
-                .into_inner();
-            let gpu_use = if job.state() == pb::JobState::Running {
-                let nodes = client
-                    .list_nodes(pb::ListNodesRequest {})
-                    .await?
-                    .into_inner()
-                    .nodes;
-                format::job_gpu_use(job_id, &nodes)
-            } else {
-                Vec::new()
-            };
-            if json {
-                let mut v = format::job_json(&job);
-                v["gpu_use"] = serde_json::Value::Array(gpu_use);
-                print_json(&v);
-            } else {
-                let mut text = format::show_job(&job);
-                for u in &gpu_use {
-                    text.push_str(&format!(
-                        "      GpuUse: {} {} util {}% job memory {} MiB ({} processes) temp {}C power {:.0}W\n",
-                        u["node"].as_str().unwrap_or(""),
-                        u["gpu"].as_str().unwrap_or(""),
-                        u["util_pct"],
-                        u["job_mem_used_mib"],
-                        u["job_processes"],
-                        u["temp_c"],
-                        u["power_w"].as_f64().unwrap_or(0.0)
-                    ));
-                }
-                print(&text);
-            }
-        }
+        &Command::Show { job_id, json } => emit(&commands::show::run(c, job_id).await?, json),
         Command::Cancel { job_ids } => {
-            let results = client
-                .cancel(pb::CancelRequest { job_ids })
-                .await?
-                .into_inner()
-                .results;
-            let mut failed = false;
-            for r in results {
-                if r.ok {
-                    print(&format!("Job {}: {}\n", r.job_id, r.message));
-                } else {
-                    failed = true;
-                    eprintln!("gpuctl: job {}: {}", r.job_id, r.message);
-                }
-            }
-            if failed {
-                return Err(Failure {
-                    code: exit::FAILED,
-                    message: "some jobs were not cancelled".into(),
-                });
+            let view = commands::cancel::run(c, job_ids.clone()).await?;
+            emit(&view, false);
+            if let Some(f) = view.failure() {
+                return Err(f);
             }
         }
-        Command::Nodes { json, stats } => {
-            let resp = client
-                .list_nodes(pb::ListNodesRequest {})
-                .await?
-                .into_inner();
-            let nodes = &resp.nodes;
-            let total: usize = nodes.iter().map(|n| n.gpus.len()).sum();
-            let used: f64 = nodes
-                .iter()
-                .flat_map(|n| &n.gpus)
-                .map(|g| f64::from(g.compute_allocated_milli.min(1000)) / 1000.0)
-                .sum();
-            if stats {
-                let v = json!({
-                    "nodes": nodes.len(),
-                    "gpus_total": total,
-                    "gpus_allocated": used,
-                    "fragmentation_gpus": resp.fragmentation_gpus,
-                    "fragmentation_pct_of_idle": resp.fragmentation_pct_of_idle,
-                });
-                if json {
-                    print_json(&v);
-                } else {
-                    print(&format!(
-                        "nodes: {}\ngpus: {used:.2} of {total} allocated\nfragmentation: {:.2} GPUs ({:.1}% of idle)\n",
-                        nodes.len(),
-                        resp.fragmentation_gpus,
-                        resp.fragmentation_pct_of_idle
-                    ));
-                }
-            } else if json {
-                print_json(&nodes.iter().map(format::node_json).collect());
-            } else {
-                let gpus = format::gpus_table(nodes);
-                if gpus.is_empty() {
-                    print(&format::nodes_table(nodes));
-                } else {
-                    print(&format!("{}\n{gpus}", format::nodes_table(nodes)));
-                }
-            }
-        }
-        Command::Explain { job_id, json } => {
-            let e = client
-                .explain(pb::GetJobRequest { job_id })
-                .await?
-                .into_inner();
-            if json {
-                print_json(&json!({
-                    "job_id": e.job_id,
-                    "state": format::state_name(e.state()),
-                    "reason": e.reason,
-                    "summary": e.summary,
-                    "rank": e.rank,
-                    "priority": e.priority,
-                    "expected_start": format::time_string(e.expected_start_ms),
-                    "nodes": e.nodes.iter().map(|n| json!({"node": n.node, "reason": if n.reason.is_empty() { serde_json::Value::Null } else { json!(n.reason) }})).collect::<Vec<_>>(),
-                }));
-            } else {
-                print(&format::explain_text(&e));
-            }
-        }
-        Command::Priority { json } => {
-            let jobs = client
-                .priorities(pb::PrioritiesRequest {})
-                .await?
-                .into_inner()
-                .jobs;
-            if json {
-                print_json(
-                    &jobs
-                        .iter()
-                        .map(|j| {
-                            json!({
-                                "job_id": j.job_id,
-                                "user": j.user,
-                                "priority": j.total,
-                                "factors": j.factors,
-                            })
-                        })
-                        .collect(),
-                );
-            } else {
-                print(&format::priority_table(&jobs));
-            }
-        }
-        Command::Node { action } => {
-            let node = match action {
-                NodeAction::Drain { name, reason } => {
-                    client
-                        .drain_node(pb::DrainNodeRequest { name, reason })
-                        .await?
-                }
-                NodeAction::Resume { name } => {
-                    client.resume_node(pb::ResumeNodeRequest { name }).await?
-                }
-            }
-            .into_inner();
-            print(&format!(
-                "Node {} is {}\n",
-                node.name,
-                format::node_state_name(node.state())
-            ));
-        }
-        Command::Whoami { json } => {
-            let me = client.who_am_i(pb::WhoAmIRequest {}).await?.into_inner();
-            if json {
-                print_json(&json!({"user": me.user, "admin": me.admin, "via": me.via}));
-            } else {
-                print(&format!(
-                    "{}{} (via {})\n",
-                    me.user,
-                    if me.admin { ", admin" } else { "" },
-                    me.via
-                ));
-            }
-        }
+        &Command::Nodes { json, stats: true } => emit(&commands::nodes::stats(c).await?, json),
+        &Command::Nodes { json, .. } => emit(&commands::nodes::run(c).await?, json),
+        &Command::Explain { job_id, json } => emit(&commands::explain::run(c, job_id).await?, json),
+        &Command::Priority { json } => emit(&commands::priority::run(c).await?, json),
+        Command::Node { action } => emit(&commands::node::run(c, action.clone()).await?, false),
+        &Command::Whoami { json } => emit(&commands::whoami::run(c).await?, json),
         Command::Admin {
             action: AdminAction::Token { action },
         } => match action {
             TokenAction::Create { user, note, json } => {
-                let t = client
-                    .create_token(pb::CreateTokenRequest { user, note })
-                    .await?
-                    .into_inner();
-                if json {
-                    print_json(&json!({"id": t.id, "user": t.user, "token": t.token}));
-                } else {
-                    print(&format!(
-                        "Token {} for {} (shown once; give it to the user, who puts it in ~/.config/gpuctl/token or GPUCTL_TOKEN):\n{}\n",
-                        t.id, t.user, t.token
-                    ));
-                }
+                let view = commands::admin::create(c, user.clone(), note.clone()).await?;
+                emit(&view, *json);
             }
-            TokenAction::List { json } => {
-                let tokens = client
-                    .list_tokens(pb::ListTokensRequest {})
-                    .await?
-                    .into_inner()
-                    .tokens;
-                if json {
-                    print_json(
-                        &tokens
-                            .iter()
-                            .map(|t| json!({"id": t.id, "user": t.user, "created_ms": t.created_ms, "note": t.note}))
-                            .collect(),
-                    );
-                } else {
-                    let mut out =
-                        String::from("ID            USER         CREATED               NOTE\n");
-                    for t in tokens {
-                        let created = format::time_string(t.created_ms).unwrap_or_default();
-                        out.push_str(&format!(
-                            "{:<13} {:<12} {created}  {}\n",
-                            t.id, t.user, t.note
-                        ));
-                    }
-                    print(&out);
-                }
-            }
+            TokenAction::List { json } => emit(&commands::admin::list(c).await?, *json),
             TokenAction::Revoke { id } => {
-                client
-                    .revoke_token(pb::RevokeTokenRequest { id: id.clone() })
-                    .await?;
-                print(&format!("Token {id} revoked\n"));
+                emit(&commands::admin::revoke(c, id.clone()).await?, false)
             }
         },
     }
+    Ok(())
+}
+
+fn print_manual() -> Result<(), Failure> {
+    let mut out = Vec::new();
+    clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+        .render(&mut out)
+        .map_err(|e| fail(format!("cannot render the manual: {e}")))?;
+    print(&String::from_utf8_lossy(&out));
     Ok(())
 }

@@ -65,12 +65,32 @@ pub fn now_ms() -> i64 {
 }
 
 pub fn job_json(j: &pb::Job) -> Value {
-    serde_json::to_value(JobJson(j)).expect("job JSON serializes")
+    serde_json::to_value(JobJson::new(j)).expect("job JSON serializes")
 }
 
 /// A job as the documented JSON object, serialized straight from the protobuf message
-/// (no intermediate `Value`: `queue --json` of 100,000 jobs streams).
-pub struct JobJson<'a>(pub &'a pb::Job);
+/// (no intermediate `Value`: `queue --json` of 100,000 jobs streams). `gpuctl show`
+/// adds the running job's GPU use.
+pub struct JobJson<'a> {
+    job: &'a pb::Job,
+    gpu_use: Option<&'a [crate::commands::show::GpuUse]>,
+}
+
+impl<'a> JobJson<'a> {
+    pub fn new(job: &'a pb::Job) -> JobJson<'a> {
+        JobJson { job, gpu_use: None }
+    }
+
+    pub fn with_gpu_use(
+        job: &'a pb::Job,
+        gpu_use: &'a [crate::commands::show::GpuUse],
+    ) -> JobJson<'a> {
+        JobJson {
+            job,
+            gpu_use: Some(gpu_use),
+        }
+    }
+}
 
 /// A JSON array of jobs serialized while its pages are still arriving (pulled from
 /// `rx` until it closes).
@@ -89,7 +109,7 @@ impl serde::Serialize for StreamedJobs {
         let mut seq = ser.serialize_seq(None)?;
         while let Ok(page) = rx.recv() {
             for j in &page {
-                seq.serialize_element(&JobJson(j))?;
+                seq.serialize_element(&JobJson::new(j))?;
             }
         }
         seq.end()
@@ -174,7 +194,7 @@ impl serde::Serialize for ResourcesJson<'_> {
 impl serde::Serialize for JobJson<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let j = self.0;
+        let j = self.job;
         let none = pb::JobSpec::default();
         let spec = j.spec.as_ref().unwrap_or(&none);
         let no_res = pb::Resources::default();
@@ -202,6 +222,9 @@ impl serde::Serialize for JobJson<'_> {
         m.serialize_entry("env", &env)?;
         m.serialize_entry("exit_code", &j.exit_code)?;
         m.serialize_entry("expected_start", &time_str(j.expected_start_ms))?;
+        if let Some(u) = self.gpu_use {
+            m.serialize_entry("gpu_use", u)?;
+        }
         m.serialize_entry("gpus", &j.gpus)?;
         m.serialize_entry("id", &j.id)?;
         m.serialize_entry("name", &spec.name)?;
@@ -543,31 +566,6 @@ pub fn gpus_table(nodes: &[pb::Node]) -> String {
         ],
         rows,
     )
-}
-
-/// A job's current use of its GPUs, from the nodes' latest metrics.
-pub fn job_gpu_use(job: u64, nodes: &[pb::Node]) -> Vec<Value> {
-    let mut out = Vec::new();
-    for n in nodes {
-        for g in &n.gpus {
-            let Some(m) = &g.metrics else { continue };
-            if !g.jobs.contains(&job) {
-                continue;
-            }
-            let mine = m.jobs.iter().find(|u| u.job_id == job);
-            out.push(json!({
-                "node": n.name,
-                "gpu": g.uuid,
-                "util_pct": m.util_pct,
-                "job_mem_used_mib": mine.map_or(0, |u| u.mem_used_mib),
-                "job_processes": mine.map_or(0, |u| u.processes),
-                "gpu_mem_used_mib": m.mem_used_mib,
-                "temp_c": m.temp_c,
-                "power_w": m.power_w,
-            }));
-        }
-    }
-    out
 }
 
 pub fn nodes_table(nodes: &[pb::Node]) -> String {

@@ -7,9 +7,12 @@
 //! - `submit`: `gpuctl submit`'s arguments (file, `--wrap`, overriding options) to the
 //!   wire `JobSpec`.
 //! - `format`: JSON objects and tables for jobs and nodes.
-//! - `cli`: the clap command line and what each subcommand does.
+//! - `cli`: the clap command line, the connection, and dispatch to `commands`.
+//! - `commands`: one module per subcommand that talks to the controller, each returning
+//!   a typed view (its JSON and its text).
 
 pub mod cli;
+pub mod commands;
 pub mod format;
 pub mod jobfile;
 pub mod sbatch;

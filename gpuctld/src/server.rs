@@ -159,7 +159,15 @@ impl controller_server::Controller for UserApi {
         req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         self.caller(&req)?;
-        Ok(Response::new(self.0.list_nodes()))
+        let names = &req.get_ref().names;
+        let max = self.0.config().limits.max_list_len;
+        if names.len() > max {
+            return Err(Status::invalid_argument(format!(
+                "{} node names asked for, over the limit of {max} (limits.max_list_len)",
+                names.len()
+            )));
+        }
+        Ok(Response::new(self.0.list_nodes(names)))
     }
 
     async fn drain_node(

@@ -376,7 +376,7 @@ async fn call(h: &Harness, kind: &str, bytes: &[u8], admin: bool) -> bool {
         "listjobs" => {
             user_call!(pb::ListJobsRequest, list_jobs);
             let _ = user
-                .list_nodes(user_req(pb::ListNodesRequest {}, token))
+                .list_nodes(user_req(pb::ListNodesRequest::default(), token))
                 .await;
             let _ = user
                 .priorities(user_req(pb::PrioritiesRequest {}, token))

@@ -13,7 +13,7 @@ use crate::auth::Caller;
 impl Controller {
     /// The metrics' exposition text, from the state now.
     pub fn metrics_text(&self) -> String {
-        let nodes = self.list_nodes();
+        let nodes = self.list_nodes(&[]);
         let mut snap = crate::metrics::Snapshot {
             fragmentation_gpus: nodes.fragmentation_gpus,
             ..Default::default()
@@ -360,9 +360,22 @@ impl Controller {
         Ok(())
     }
 
-    pub fn list_nodes(&self) -> pb::ListNodesResponse {
+    /// The nodes named (all of them when `names` is empty), with the cluster's
+    /// fragmentation when all were asked for.
+    pub fn list_nodes(&self, names: &[String]) -> pb::ListNodesResponse {
         let c = self.lock();
         let usage = c.usage();
+        if !names.is_empty() {
+            let nodes = names
+                .iter()
+                .filter_map(|n| c.nodes.get(n))
+                .map(|n| c.node_pb(n, &usage))
+                .collect();
+            return pb::ListNodesResponse {
+                nodes,
+                ..pb::ListNodesResponse::default()
+            };
+        }
         let nodes: Vec<pb::Node> = c.nodes.values().map(|n| c.node_pb(n, &usage)).collect();
         // Fragmentation over up nodes, against the current workload mix.
         let workload = c.workload();

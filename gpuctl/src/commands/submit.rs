@@ -1,0 +1,93 @@
+//! `gpuctl submit`: sends the job (read and checked by `crate::submit` before anything
+//! is contacted), retrying with the same request id while the outcome is unknown.
+
+use gpuctl_proto as pb;
+use serde::Serialize;
+
+use super::View;
+use crate::cli::{Cli, Client, Failure, connect, exit};
+
+#[derive(Serialize)]
+pub struct Submitted {
+    job_id: u64,
+}
+
+impl View for Submitted {
+    fn text(&self) -> String {
+        format!("Submitted job {}\n", self.job_id)
+    }
+}
+
+/// Whether a failed request may or may not have reached the controller (the
+/// connection broke, or no answer came): only then is a retry needed to know.
+fn outcome_unknown(s: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        s.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+    )
+}
+
+/// A random id for a submit, so that a retry is recognised (16 bytes of the kernel's
+/// randomness, as hex).
+fn request_id() -> String {
+    let mut b = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read as _;
+        let _ = f.read_exact(&mut b);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut out: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    out.push_str(&format!("-{:x}-{}", t, std::process::id()));
+    out.truncate(64);
+    out
+}
+
+/// Submits `spec` (from `file`). When the outcome is unknown (the connection broke, the
+/// controller restarted), asks again with the same request id for up to `--timeout`:
+/// the controller answers a repeat with the job it already queued, so the job is queued
+/// once. Only if the controller stays silent is the outcome reported as unknown.
+pub async fn run(
+    cli: &Cli,
+    client: &mut Client,
+    file: &str,
+    spec: pb::JobSpec,
+) -> Result<Submitted, Failure> {
+    let req = pb::SubmitRequest {
+        spec: Some(spec),
+        request_id: request_id(),
+    };
+    let started = std::time::Instant::now();
+    loop {
+        let s = match client.submit(req.clone()).await {
+            Ok(r) => {
+                return Ok(Submitted {
+                    job_id: r.into_inner().job_id,
+                });
+            }
+            Err(s) if outcome_unknown(&s) => s,
+            Err(s) => {
+                let mut f = Failure::from(s);
+                f.message = format!("{file}: rejected: {}", f.message);
+                return Err(f);
+            }
+        };
+        if started.elapsed() >= cli.timeout {
+            return Err(Failure {
+                code: exit::UNREACHABLE,
+                message: format!(
+                    "{}: the controller did not confirm the submit ({}); the job may or may not have been queued: `gpuctl queue` shows it if it was (request id {})",
+                    file,
+                    s.message(),
+                    req.request_id
+                ),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        if let Ok(c) = connect(cli).await {
+            *client = c;
+        }
+    }
+}
