@@ -158,7 +158,8 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
             size: text.len(),
         });
     }
-    let at = |span: Range<usize>, message: String| at_span(file, text, span, message);
+    let src = Src { file, text };
+    let at = |span: Range<usize>, message: String| src.at(span, message);
     let raw: JobFile = toml::from_str(text).map_err(|e| match e.span() {
         Some(span) => at(span, e.message().to_string()),
         None => JobFileError::Whole {
@@ -221,14 +222,81 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
     }
 
     let res = raw.resources;
-    let cpus = match res.cpus {
+    let (cpus, memory_bytes, time_limit) = host_part(&src, &res)?;
+    let path_field = |v: Option<Spanned<String>>| -> Result<Option<String>, JobFileError> {
+        match v {
+            Some(p) if p.get_ref().is_empty() || p.get_ref().contains('\0') => {
+                Err(at(p.span(), "path must not be empty".into()))
+            }
+            Some(p) => Ok(Some(p.into_inner())),
+            None => Ok(None),
+        }
+    };
+
+    let gpu = gpu_part(&src, res)?;
+    let qos = match raw.qos {
+        Some(q) if q.get_ref().is_empty() || q.get_ref().len() > 64 => {
+            return Err(at(q.span(), "`qos` must be 1 to 64 characters".into()));
+        }
+        Some(q) => q.into_inner(),
+        None => String::new(),
+    };
+
+    let dependencies = match &raw.dependency {
+        Some(d) => parse_dependency(d.get_ref()).map_err(|m| at(d.span(), m))?,
+        None => Vec::new(),
+    };
+    Ok(Job {
+        dependencies,
+        name,
+        command,
+        script,
+        workdir: path_field(raw.workdir)?.map(PathBuf::from),
+        stdout: path_field(raw.stdout)?,
+        stderr: path_field(raw.stderr)?,
+        env: raw.env,
+        priority: raw.priority,
+        qos,
+        requeue: raw.requeue,
+        gpus: gpu.gpus,
+        gpu_milli: gpu.gpu_milli,
+        gpu_memory_mib: gpu.gpu_memory_mib,
+        gpu_models: gpu.gpu_models,
+        mig_profile: gpu.mig_profile,
+        mig_count: gpu.mig_count,
+        nodes: gpu.nodes,
+        cpus,
+        memory_bytes,
+        time_limit,
+    })
+}
+
+/// A job file's text, for errors that point into it.
+struct Src<'a> {
+    file: &'a str,
+    text: &'a str,
+}
+
+impl Src<'_> {
+    fn at(&self, span: Range<usize>, message: String) -> JobFileError {
+        at_span(self.file, self.text, span, message)
+    }
+}
+
+/// `cpus`, `memory` and `time_limit` of `[resources]`.
+fn host_part(
+    src: &Src<'_>,
+    res: &ResourcesFile,
+) -> Result<(u32, u64, Option<std::time::Duration>), JobFileError> {
+    let at = |span: Range<usize>, message: String| src.at(span, message);
+    let cpus = match &res.cpus {
         Some(c) if *c.get_ref() == 0 => {
             return Err(at(c.span(), "`cpus` must be at least 1".into()));
         }
-        Some(c) => c.into_inner(),
+        Some(c) => *c.get_ref(),
         None => 1,
     };
-    let memory_bytes = match res.memory {
+    let memory_bytes = match &res.memory {
         Some(m) => match m.get_ref().trim().parse::<bytesize::ByteSize>() {
             Ok(b) if b.as_u64() > 0 => b.as_u64(),
             Ok(_) => return Err(at(m.span(), "`memory` must be more than 0".into())),
@@ -241,7 +309,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         },
         None => 0,
     };
-    let time_limit = match res.time_limit {
+    let time_limit = match &res.time_limit {
         Some(t) => match humantime::parse_duration(t.get_ref().trim()) {
             Ok(d) if d.as_secs() >= 1 => Some(d),
             Ok(_) => return Err(at(t.span(), "`time_limit` must be at least 1s".into())),
@@ -255,16 +323,22 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         None => None,
     };
 
-    let path_field = |v: Option<Spanned<String>>| -> Result<Option<String>, JobFileError> {
-        match v {
-            Some(p) if p.get_ref().is_empty() || p.get_ref().contains('\0') => {
-                Err(at(p.span(), "path must not be empty".into()))
-            }
-            Some(p) => Ok(Some(p.into_inner())),
-            None => Ok(None),
-        }
-    };
+    Ok((cpus, memory_bytes, time_limit))
+}
 
+/// The GPU fields of `[resources]` (whole GPUs, a share, or MIG) and `nodes`.
+struct GpuPart {
+    gpus: u32,
+    gpu_milli: u32,
+    gpu_memory_mib: u64,
+    gpu_models: Vec<String>,
+    mig_profile: String,
+    mig_count: u32,
+    nodes: u32,
+}
+
+fn gpu_part(src: &Src<'_>, res: ResourcesFile) -> Result<GpuPart, JobFileError> {
+    let at = |span: Range<usize>, message: String| src.at(span, message);
     let (gpus, mut gpu_milli) = match res.gpus {
         None => (0, 0),
         Some(g) => match *g.get_ref() {
@@ -385,30 +459,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         }
         Some(n) => n.into_inner(),
     };
-    let qos = match raw.qos {
-        Some(q) if q.get_ref().is_empty() || q.get_ref().len() > 64 => {
-            return Err(at(q.span(), "`qos` must be 1 to 64 characters".into()));
-        }
-        Some(q) => q.into_inner(),
-        None => String::new(),
-    };
-
-    let dependencies = match &raw.dependency {
-        Some(d) => parse_dependency(d.get_ref()).map_err(|m| at(d.span(), m))?,
-        None => Vec::new(),
-    };
-    Ok(Job {
-        dependencies,
-        name,
-        command,
-        script,
-        workdir: path_field(raw.workdir)?.map(PathBuf::from),
-        stdout: path_field(raw.stdout)?,
-        stderr: path_field(raw.stderr)?,
-        env: raw.env,
-        priority: raw.priority,
-        qos,
-        requeue: raw.requeue,
+    Ok(GpuPart {
         gpus,
         gpu_milli,
         gpu_memory_mib,
@@ -416,9 +467,6 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         mig_profile,
         mig_count,
         nodes,
-        cpus,
-        memory_bytes,
-        time_limit,
     })
 }
 

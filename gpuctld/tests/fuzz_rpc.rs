@@ -187,6 +187,11 @@ fn write_corpus() {
         }
         .encode_to_vec(),
     );
+    write_agent_corpus(&w);
+}
+
+/// The agent side's seed inputs: an attach, a heartbeat, a start and an end report.
+fn write_agent_corpus(w: &impl Fn(&str, Vec<u8>)) {
     w(
         "attach-1.bin",
         pb::RegisterRequest {

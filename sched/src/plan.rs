@@ -100,23 +100,10 @@ pub(super) fn plan(
         // earliest slots.
         let lb = if config.backfill { now } else { strict_lb };
         let within_depth = config.reservation_depth.is_none_or(|d| reservations < d);
-        let reservation = if !within_depth {
-            None
-        } else if gang == 1 {
-            pass.reserve_one(job.id, shape, req, lb, d)
-                .map(|(t, i, picks)| Reservation {
-                    start: t,
-                    allocs: vec![alloc_of(&cluster.nodes[i], &picks, req)],
-                })
+        let reservation = if within_depth {
+            reserve(&mut pass, cluster, job, shape, lb)
         } else {
-            pass.earliest_gang(req, gang, lb).map(|(t, picks)| {
-                let mut allocs = Vec::new();
-                for (i, p) in picks {
-                    pass.claim(job.id, i, &p, req, (t, t.saturating_add(d)), true);
-                    allocs.push(alloc_of(&cluster.nodes[i], &p, req));
-                }
-                Reservation { start: t, allocs }
-            })
+            None
         };
         if reservation.is_some() {
             reservations += 1;
@@ -130,15 +117,8 @@ pub(super) fn plan(
             }
         } else if !within_depth {
             Blocked::BeyondDepth
-        } else if cluster
-            .nodes
-            .iter()
-            .any(|n| n.eligibility != Eligibility::Up && fits_empty(n, req))
-            || (gang > 1 && cluster.nodes.iter().filter(|n| fits_empty(n, req)).count() >= gang)
-        {
-            Blocked::NodesUnavailable
         } else {
-            Blocked::Infeasible
+            unplaceable(cluster, req)
         };
         first_blocked.get_or_insert(job.id);
         let waiting = Waiting {
@@ -159,6 +139,52 @@ pub(super) fn plan(
         plan.waiting.push(waiting);
     }
     (plan, explanation)
+}
+
+/// The earliest reservation for `job` from `lb` on: its slots are claimed for its time
+/// limit from then on.
+fn reserve(
+    pass: &mut Pass<'_>,
+    cluster: &ClusterView,
+    job: &PendingJob,
+    shape: usize,
+    lb: Millis,
+) -> Option<Reservation> {
+    let req = &job.request;
+    let d = job.duration_ms.max(1000);
+    let gang = req.nodes.max(1) as usize;
+    if gang == 1 {
+        return pass
+            .reserve_one(job.id, shape, req, lb, d)
+            .map(|(t, i, picks)| Reservation {
+                start: t,
+                allocs: vec![alloc_of(&cluster.nodes[i], &picks, req)],
+            });
+    }
+    pass.earliest_gang(req, gang, lb).map(|(t, picks)| {
+        let mut allocs = Vec::new();
+        for (i, p) in picks {
+            pass.claim(job.id, i, &p, req, (t, t.saturating_add(d)), true);
+            allocs.push(alloc_of(&cluster.nodes[i], &p, req));
+        }
+        Reservation { start: t, allocs }
+    })
+}
+
+/// Why a job that gets no reservation cannot be placed: it would fit nodes that are
+/// down or drained (or enough nodes for its gang), or no node could ever run it.
+fn unplaceable(cluster: &ClusterView, req: &Request) -> Blocked {
+    let gang = req.nodes.max(1) as usize;
+    if cluster
+        .nodes
+        .iter()
+        .any(|n| n.eligibility != Eligibility::Up && fits_empty(n, req))
+        || (gang > 1 && cluster.nodes.iter().filter(|n| fits_empty(n, req)).count() >= gang)
+    {
+        Blocked::NodesUnavailable
+    } else {
+        Blocked::Infeasible
+    }
 }
 
 fn explain_of(

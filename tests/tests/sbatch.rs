@@ -27,24 +27,10 @@ fn submit(c: &Cluster, name: &str) -> u64 {
 /// (file, name, gpus, gpu models, cpus, memory bytes, nodes, time limit secs)
 type Want = (&'static str, &'static str, u64, Value, u64, u64, u64, u64);
 
-#[test]
-fn sbatch_scripts_get_what_they_ask_for() {
-    let c = Cluster::start(&[("n1", "8xA100-80GB"), ("n2", "8xA100-80GB")]);
-    let first = submit(&c, "single_gpu.sbatch");
-    assert_eq!(first, 1, "dependency.sbatch names job 1");
-    let done = c.wait_state(first, "COMPLETED", T);
-    let out = std::fs::read_to_string(c.path("single-1.out")).unwrap();
-    assert!(
-        out.starts_with("job 1 (single-gpu) on n1 with 1 GPU(s): GPU-")
-            || out.starts_with("job 1 (single-gpu) on n2 with 1 GPU(s): GPU-"),
-        "{out}"
-    );
-    assert_eq!(done["resources"]["memory_bytes"], 16u64 << 30);
-
-    // As with sbatch, an output directory must exist before the job starts.
-    std::fs::create_dir_all(c.path("logs")).unwrap();
+/// What each example script asks for, as `queue --json` must show it.
+fn wants() -> [Want; 10] {
     let gib = 1u64 << 30;
-    let wants: [Want; 10] = [
+    [
         (
             "multi_gpu_node.sbatch",
             "finetune-4gpu",
@@ -145,8 +131,26 @@ fn sbatch_scripts_get_what_they_ask_for() {
             1,
             300,
         ),
-    ];
-    for (file, name, gpus, models, cpus, mem, nodes, limit) in wants {
+    ]
+}
+
+#[test]
+fn sbatch_scripts_get_what_they_ask_for() {
+    let c = Cluster::start(&[("n1", "8xA100-80GB"), ("n2", "8xA100-80GB")]);
+    let first = submit(&c, "single_gpu.sbatch");
+    assert_eq!(first, 1, "dependency.sbatch names job 1");
+    let done = c.wait_state(first, "COMPLETED", T);
+    let out = std::fs::read_to_string(c.path("single-1.out")).unwrap();
+    assert!(
+        out.starts_with("job 1 (single-gpu) on n1 with 1 GPU(s): GPU-")
+            || out.starts_with("job 1 (single-gpu) on n2 with 1 GPU(s): GPU-"),
+        "{out}"
+    );
+    assert_eq!(done["resources"]["memory_bytes"], 16u64 << 30);
+
+    // As with sbatch, an output directory must exist before the job starts.
+    std::fs::create_dir_all(c.path("logs")).unwrap();
+    for (file, name, gpus, models, cpus, mem, nodes, limit) in wants() {
         let id = submit(&c, file);
         let j = c.job(id);
         let r = &j["resources"];
