@@ -31,6 +31,14 @@ impl Caller {
     }
 
     /// A PERMISSION_DENIED status, logged.
+    /// The caller as the cluster state knows it.
+    pub fn actor(&self) -> gpuctl_core::Actor {
+        gpuctl_core::Actor {
+            user: self.user.clone(),
+            admin: self.admin,
+        }
+    }
+
     pub fn deny(&self, why: &str) -> Status {
         tracing::warn!(user = %self.user, via = self.via, "permission denied: {why}");
         Status::permission_denied(format!("permission denied for user {}: {why}", self.user))

@@ -1,43 +1,34 @@
-//! The controller's state and every operation on it.
+//! The controller's shell around the cluster state machine (`gpuctl_core::Cluster`).
 //!
-//! `Controller` owns the in-memory cluster (jobs, nodes, agent connections) behind one
-//! mutex, the sled `Store`, and the event that wakes the scheduling loop. RPC handlers in
-//! `server` call its methods. Locks are never held across an await: mutate under the
-//! lock, write to sled, release, then `flush` (durability) and send to agents.
+//! `Controller` owns what the state machine must not: the lock, the sled `Store`, the
+//! agents' command streams, the clock and the event that wakes the scheduling loop. An
+//! operation locks, reads the clock once, calls the state, writes what changed
+//! (`persist`), routes the effects' commands to their streams, and releases; then it
+//! flushes (durability) and only then sends and answers. Locks are never held across an
+//! await.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use gpuctl_core::ops::Admission;
+use gpuctl_core::{Cluster, Effects, Kind, Refusal};
 use gpuctl_proto::auth::ClusterKey;
-use gpuctl_proto::convert;
-use gpuctl_proto::store::{StoredJob, StoredNode};
-use gpuctl_proto::{self as pb, JobState, NodeState};
+use gpuctl_proto::{self as pb};
 use prost::Message as _;
 use tokio::sync::{Notify, mpsc};
 use tonic::Status;
 
 use crate::auth::{Caller, Tokens};
-use crate::config::Config;
 use crate::store::{Store, StoreError};
-use gpuctl_sched::packing::Workload;
-use gpuctl_sched::{self as sched, ClusterView, Eligibility, NodeView, PendingJob, Request};
+use gpuctl_core::Config;
+use gpuctl_core::jobs::job_of;
+use gpuctl_sched as sched;
 
 mod agents;
-mod jobs;
-mod retention;
 mod users;
-mod validate;
 
-use jobs::{Jobs, Transition, job_of, owner};
-pub use validate::check_paths;
-use validate::{check_dependencies, check_feasible, check_policy, check_text, validate_spec};
-
-/// A time limit in ms, saturating (a stored limit is capped at submit, but records of
-/// older versions and the arithmetic must never wrap).
-fn limit_ms(secs: u64) -> i64 {
-    i64::try_from(secs).unwrap_or(i64::MAX).saturating_mul(1000)
-}
+pub use gpuctl_core::validate::check_paths;
 
 pub type CommandTx = mpsc::Sender<Result<pb::AgentCommand, Status>>;
 
@@ -47,246 +38,66 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-struct Conn {
-    /// Which registration this is; a stale connection's drop must not mark a newer one down.
+/// An attached agent's command stream.
+struct Link {
     generation: u64,
     tx: CommandTx,
-    /// The session (the Attach nonce) and the request numbers seen on it.
-    session: Vec<u8>,
-    window: gpuctl_proto::auth::ReplayWindow,
-    /// The identity the agent keeps in its state dir, and where it connected from.
-    agent_id: String,
-    peer: String,
-    /// Starts sent on this session and not yet seen run: (command number, job, attempt).
-    starts: Vec<(u64, u64, u32)>,
 }
 
-#[derive(Default)]
-struct Cluster {
-    /// Every job, its indexes, and the one place its state changes (`jobs.rs`).
-    jobs: Jobs,
-    nodes: BTreeMap<String, StoredNode>,
-    conns: HashMap<String, Conn>,
-    /// Nonces handed out by `challenge`, per node, with when they expire (Unix ms).
-    challenges: HashMap<String, Vec<(Vec<u8>, i64)>>,
-    /// When a node's agent was last heard from (heartbeat, attach or report), in memory.
-    last_heard: HashMap<String, i64>,
-    next_job_id: u64,
-    generation: u64,
+/// What the lock guards: the cluster state and what lives beside it.
+struct Shared {
+    core: Cluster,
+    /// Command streams by node (the state knows the sessions).
+    links: HashMap<String, Link>,
     tokens: Tokens,
-    /// The latest GPU metrics each agent sent with its heartbeat (memory only).
-    metrics: HashMap<String, Vec<pb::GpuMetrics>>,
 }
 
-/// What running jobs hold on one node, per slot UUID: (compute milli, memory MiB, jobs).
-#[derive(Default)]
-struct Usage {
-    slots: HashMap<String, (u32, u64, Vec<u64>)>,
-    cpu_milli: u32,
-    memory: u64,
-    jobs: usize,
+impl std::ops::Deref for Shared {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.core
+    }
 }
 
-fn resources(j: &pb::Job) -> pb::Resources {
-    j.spec
-        .as_ref()
-        .and_then(|s| s.resources.clone())
-        .unwrap_or_default()
+impl std::ops::DerefMut for Shared {
+    fn deref_mut(&mut self) -> &mut Cluster {
+        &mut self.core
+    }
 }
 
-/// Live allocations of running jobs.
-fn live_allocs(j: &pb::Job) -> impl Iterator<Item = &pb::Allocation> {
-    let running = j.state() == JobState::Running;
-    j.allocations.iter().filter(move |a| running && !a.ended)
+/// Commands ready to go, each to the stream of its node.
+type Sends = Vec<(CommandTx, pb::AgentCommand)>;
+
+/// What an operation leaves to do once the lock is released.
+struct Out {
+    sends: Sends,
+    wake: bool,
+    /// Whether it wrote to the store (so a flush is due).
+    wrote: bool,
 }
 
-impl Cluster {
-    fn usage(&self) -> HashMap<&str, Usage> {
-        let mut u: HashMap<&str, Usage> = HashMap::new();
-        for s in self.jobs.active() {
-            let j = job_of(s);
-            for a in live_allocs(j) {
-                let e = u.entry(a.node.as_str()).or_default();
-                for sl in &a.slots {
-                    let x = e.slots.entry(sl.uuid.clone()).or_default();
-                    x.0 += sl.compute_milli;
-                    x.1 += sl.memory_mib;
-                    x.2.push(j.id);
-                }
-                e.cpu_milli += a.cpu_milli;
-                e.memory += a.memory_bytes;
-                e.jobs += 1;
-            }
+impl Shared {
+    /// Closes the streams of ended sessions and finds the stream of every command (a
+    /// node without one gets nothing: its reconnect reconciles).
+    fn route(&mut self, effects: Effects) -> (Sends, bool) {
+        for node in &effects.closed {
+            self.links.remove(node);
         }
-        u
-    }
-
-    fn eligibility(&self, n: &StoredNode) -> Eligibility {
-        if !self.conns.contains_key(&n.name) {
-            Eligibility::Down
-        } else if n.drain_reason.is_some() {
-            Eligibility::Drained
-        } else {
-            Eligibility::Up
-        }
-    }
-
-    fn view(&self) -> ClusterView {
-        let mut v = self.node_views();
-        v.running = self.running_views();
-        v
-    }
-
-    /// The nodes alone (what `fits_empty` needs).
-    fn node_views(&self) -> ClusterView {
-        let nodes = self
-            .nodes
-            .values()
-            .map(|n| NodeView {
-                name: n.name.clone(),
-                eligibility: self.eligibility(n),
-                slots: convert::slots_of(&n.gpus),
-                cpu_milli: n.cpus.saturating_mul(1000),
-                memory_bytes: n.memory_bytes,
-            })
+        let sends = effects
+            .sends
+            .into_iter()
+            .filter_map(|(node, cmd)| self.links.get(&node).map(|l| (l.tx.clone(), cmd)))
             .collect();
-        ClusterView {
-            nodes,
-            running: Vec::new(),
-        }
-    }
-
-    fn running_views(&self) -> Vec<sched::Running> {
-        let mut running = Vec::new();
-        for s in self.jobs.active() {
-            let j = job_of(s);
-            let end_ms = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
-            for a in live_allocs(j) {
-                running.push(sched::Running {
-                    job: j.id,
-                    alloc: sched::Alloc::from(a),
-                    end_ms,
-                });
-            }
-        }
-        running
-    }
-
-    fn pending(&self) -> Vec<PendingJob> {
-        let none = pb::Resources::default();
-        self.jobs
-            .active()
-            .map(job_of)
-            .filter(|j| j.state() == JobState::Pending)
-            .map(|j| {
-                let spec = j.spec.as_ref();
-                PendingJob {
-                    id: j.id,
-                    priority: spec.map_or(0, |s| s.priority),
-                    qos: spec.map(|s| s.qos.clone()).unwrap_or_default(),
-                    submit_ms: j.submit_time_ms,
-                    request: Request::from(
-                        spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none),
-                    ),
-                    duration_ms: limit_ms(j.time_limit_secs),
-                }
-            })
-            .collect()
-    }
-
-    /// The typical workload (for FGD): the shapes of the jobs the controller knows.
-    fn workload(&self) -> Workload {
-        let reqs: Vec<Request> = self
-            .jobs
-            .all()
-            .rev()
-            .take(10_000)
-            .map(|s| Request::from(&resources(job_of(s))))
-            .collect();
-        Workload::from_requests(&reqs)
-    }
-
-    fn node_pb(&self, n: &StoredNode, usage: &HashMap<&str, Usage>) -> pb::Node {
-        let empty = Usage::default();
-        let u = usage.get(n.name.as_str()).unwrap_or(&empty);
-        let connected = self.conns.contains_key(&n.name);
-        let mut busy = 0usize;
-        let gpus: Vec<pb::Gpu> = n
-            .gpus
-            .iter()
-            .map(|g| {
-                let mut g = g.clone();
-                let mut jobs = Vec::new();
-                if let Some((c, m, js)) = u.slots.get(&g.uuid) {
-                    g.compute_allocated_milli = *c;
-                    g.memory_allocated_mib = *m;
-                    jobs.extend(js.iter().copied());
-                }
-                for inst in &mut g.mig {
-                    if let Some((c, m, js)) = u.slots.get(&inst.uuid) {
-                        inst.allocated_to = js[0];
-                        g.compute_allocated_milli += c;
-                        g.memory_allocated_mib += m;
-                        jobs.extend(js.iter().copied());
-                    }
-                }
-                jobs.sort_unstable();
-                jobs.dedup();
-                g.allocated_to = jobs.first().copied().unwrap_or(0);
-                if connected {
-                    g.metrics = self
-                        .metrics
-                        .get(&n.name)
-                        .and_then(|ms| ms.iter().find(|m| m.uuid == g.uuid))
-                        .cloned();
-                }
-                let full = if g.mig.is_empty() {
-                    g.compute_allocated_milli >= 1000
-                } else {
-                    g.mig.iter().all(|i| i.allocated_to != 0)
-                };
-                busy += usize::from(full);
-                g.jobs = jobs;
-                g
-            })
-            .collect();
-        let (state, reason) = match (&n.drain_reason, connected) {
-            (_, false) => (
-                NodeState::Down,
-                n.drain_reason
-                    .clone()
-                    .unwrap_or_else(|| "agent not connected".into()),
-            ),
-            (Some(r), true) if u.jobs > 0 => (NodeState::Draining, r.clone()),
-            (Some(r), true) => (NodeState::Drained, r.clone()),
-            (None, true) if u.jobs == 0 => (NodeState::Idle, String::new()),
-            (None, true) if !gpus.is_empty() && busy == gpus.len() => {
-                (NodeState::Allocated, String::new())
-            }
-            (None, true) => (NodeState::Mixed, String::new()),
-        };
-        pb::Node {
-            name: n.name.clone(),
-            state: state as i32,
-            gpus,
-            reason,
-            cpus: n.cpus,
-            cpus_allocated: u.cpu_milli.div_ceil(1000),
-            memory_bytes: n.memory_bytes,
-            memory_allocated: u.memory,
-            last_seen_ms: n.last_seen_ms,
-            gpu_backend: n.gpu_backend.clone(),
-        }
+        (sends, effects.wake)
     }
 }
 
 pub struct Controller {
-    cluster: Mutex<Cluster>,
+    shared: Mutex<Shared>,
     store: Store,
     /// The cluster key agents sign with.
     key: ClusterKey,
     config: Config,
-    sched_config: sched::SchedConfig,
     /// Wakes the scheduling loop; several events before it runs make one pass.
     wake: Notify,
     metrics: Arc<crate::metrics::Metrics>,
@@ -307,6 +118,18 @@ fn store_status(e: StoreError) -> Status {
     }
 }
 
+/// The gRPC status of a refusal.
+fn status(r: Refusal) -> Status {
+    match r.kind {
+        Kind::InvalidArgument => Status::invalid_argument(r.message),
+        Kind::PermissionDenied => Status::permission_denied(r.message),
+        Kind::NotFound => Status::not_found(r.message),
+        Kind::FailedPrecondition => Status::failed_precondition(r.message),
+        Kind::ResourceExhausted => Status::resource_exhausted(r.message),
+        Kind::AlreadyExists => Status::already_exists(r.message),
+    }
+}
+
 impl Controller {
     pub fn open(
         store: Store,
@@ -314,71 +137,91 @@ impl Controller {
         key: ClusterKey,
     ) -> Result<Arc<Controller>, StoreError> {
         let loaded = store.load()?;
-        let mut cluster = Cluster {
-            next_job_id: loaded.next_job_id.max(1),
-            tokens: Tokens::new(loaded.tokens),
-            ..Cluster::default()
-        };
+        let mut core = Cluster::new(config.clone());
+        core.next_job_id = loaded.next_job_id.max(1);
         for mut j in loaded.jobs {
             let id = job_of(&j).id;
             // Records of finished jobs written before compaction existed.
-            if job_of(&j).state().is_final() && retention::compact(&mut j) {
+            if job_of(&j).state().is_final() && gpuctl_core::retention::compact(&mut j) {
                 store.put_job(&j)?;
             }
-            cluster.next_job_id = cluster.next_job_id.max(id + 1);
-            cluster.jobs.insert(j);
+            core.next_job_id = core.next_job_id.max(id + 1);
+            core.jobs.insert(j);
         }
         let started = now_ms();
         for n in loaded.nodes {
             // Agents get a full timeout from the controller's start to come back.
-            cluster.last_heard.insert(n.name.clone(), started);
-            cluster.nodes.insert(n.name.clone(), n);
+            core.last_heard.insert(n.name.clone(), started);
+            core.nodes.insert(n.name.clone(), n);
         }
         tracing::info!(
-            jobs = cluster.jobs.len(),
-            nodes = cluster.nodes.len(),
-            next_job_id = cluster.next_job_id,
+            jobs = core.jobs.len(),
+            nodes = core.nodes.len(),
+            next_job_id = core.next_job_id,
             "state loaded"
         );
-        let sc = &config.scheduler;
-        let sched_config = sched::SchedConfig {
-            policy: sc.policy().unwrap_or_default(),
-            weights: sc.priority.clone(),
-            backfill: sc.backfill,
-            reservation_depth: sc.reservation_depth,
-            workload: Workload::default(),
-            max_scored_nodes: sc.max_scored_nodes,
-            expected_starts: true,
-        };
         let metrics = crate::metrics::Metrics::new(store.commit_seconds());
         Ok(Arc::new(Controller {
             metrics,
-            cluster: Mutex::new(cluster),
+            shared: Mutex::new(Shared {
+                core,
+                links: HashMap::new(),
+                tokens: Tokens::new(loaded.tokens),
+            }),
             store,
             key,
             config,
-            sched_config,
             wake: Notify::new(),
         }))
     }
 
-    fn lock(&self) -> MutexGuard<'_, Cluster> {
-        self.cluster.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes the jobs changed since the last call (not yet flushed). Returns whether
+    /// Writes what changed since the last call (not yet flushed). Returns whether
     /// anything was written.
-    fn persist(&self, c: &mut Cluster) -> Result<bool, StoreError> {
-        let changes = c.jobs.take_changes();
-        for &id in &changes.put {
+    fn persist(&self, c: &mut Shared) -> Result<bool, StoreError> {
+        let changes = c.take_changes();
+        for &id in &changes.jobs.put {
             if let Some(s) = c.jobs.get(id) {
                 self.store.put_job(s)?;
             }
         }
-        for &id in &changes.delete {
+        for &id in &changes.jobs.delete {
             self.store.delete_job(id)?;
         }
+        for name in &changes.nodes {
+            if let Some(n) = c.nodes.get(name) {
+                self.store.put_node(n)?;
+            }
+        }
         Ok(!changes.is_empty())
+    }
+
+    /// Persists, routes the effects, and releases the lock.
+    fn settle(&self, mut c: MutexGuard<'_, Shared>, effects: Effects) -> Result<Out, StoreError> {
+        let wrote = self.persist(&mut c)?;
+        let (sends, wake) = c.route(effects);
+        Ok(Out { sends, wake, wrote })
+    }
+
+    /// After `settle`: makes what was written durable (`always`: whatever was written
+    /// by anyone, before an answer that lets the caller forget something), then sends
+    /// and wakes the scheduler.
+    async fn deliver(&self, out: Out, always: bool) -> Result<(), StoreError> {
+        if out.wrote || always {
+            self.store.flush().await?;
+        }
+        let (sends, wake) = (out.sends, out.wake);
+        for (tx, cmd) in sends {
+            // A closed stream means the agent left; its reconnect reconciles the job.
+            let _ = tx.send(Ok(cmd)).await;
+        }
+        if wake {
+            self.wake_scheduler();
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> &Config {
@@ -414,34 +257,15 @@ impl Controller {
         }
     }
 
-    /// A snapshot for the pure scheduler: cluster, queue and config (with the current
-    /// workload mix).
-    /// Also settles dependencies: pending jobs that wait for others are left out (REASON
-    /// `Dependency`), those whose dependencies can never be met are cancelled. Returns
-    /// whether it changed stored state.
-    fn snapshot(
-        &self,
-    ) -> Result<(ClusterView, Vec<PendingJob>, sched::SchedConfig, bool), StoreError> {
-        let mut c = self.lock();
-        let now = now_ms();
-        self.retire(&mut c, now);
-        let waiting = settle_dependencies(&mut c, now);
-        let changed = self.persist(&mut c)?;
-        let mut cfg = self.sched_config.clone();
-        if cfg.policy == sched::packing::Policy::Fgd {
-            cfg.workload = c.workload();
-        }
-        let mut queue = c.pending();
-        if !waiting.is_empty() {
-            queue.retain(|p| !waiting.contains(&p.id));
-        }
-        Ok((c.view(), queue, cfg, changed))
-    }
-
-    /// One pass: snapshot, plan (pure, outside the lock and off the async threads),
-    /// re-check and apply, persist, then dispatch.
+    /// One pass: the state's input, a plan (pure, outside the lock and off the async
+    /// threads), the plan applied to the state as it is then, persisted, then sent.
     pub async fn schedule_pass(&self) -> Result<(), StoreError> {
-        let (view, queue, cfg, changed) = self.snapshot()?;
+        let (view, queue, cfg, changed) = {
+            let mut c = self.lock();
+            let (view, queue, cfg) = c.pass_input(now_ms());
+            let changed = self.persist(&mut c)?;
+            (view, queue, cfg, changed)
+        };
         if changed {
             self.store.flush().await?;
         }
@@ -456,100 +280,15 @@ impl Controller {
         self.metrics
             .pass_seconds
             .observe(started.elapsed().as_secs_f64());
-
-        let mut sends = Vec::new();
-        {
+        let out = {
             let mut c = self.lock();
-            // Re-check against the state as it is now: things may have moved while planning.
-            let mut ledger = sched::Ledger::new(&c.view());
-            let mut accepted = sched::Plan::default();
-            for start in &plan.starts {
-                let pending = c
-                    .jobs
-                    .job(start.job)
-                    .is_some_and(|j| j.state() == JobState::Pending);
-                let connected = start.allocs.iter().all(|a| c.conns.contains_key(&a.node));
-                if !pending || !connected {
-                    continue;
-                }
-                match ledger.take(start) {
-                    Ok(()) => accepted.starts.push(start.clone()),
-                    Err(why) => tracing::debug!(
-                        job = start.job,
-                        "placement no longer valid ({why}); next pass retries"
-                    ),
-                }
-            }
-            for start in &accepted.starts {
-                let nodelist: Vec<String> = start.allocs.iter().map(|a| a.node.clone()).collect();
-                let allocations = start
-                    .allocs
-                    .iter()
-                    .enumerate()
-                    .map(|(r, a)| convert::allocation(a, r as u32))
-                    .collect();
-                c.jobs
-                    .transition(start.job, Transition::Start { allocations }, now)
-                    .expect("checked pending above");
-                let j = c.jobs.job(start.job).expect("just started").clone();
-                let addresses: Vec<String> = nodelist
-                    .iter()
-                    .map(|n| {
-                        c.nodes
-                            .get(n)
-                            .map(|x| x.address.clone())
-                            .unwrap_or_default()
-                    })
-                    .collect();
-                tracing::info!(job = j.id, attempt = j.attempt, nodes = %j.node, gpus = ?j.gpus, "starting job");
-                for a in &j.allocations {
-                    let Some(tx) = c.conns.get(&a.node).map(|conn| conn.tx.clone()) else {
-                        continue;
-                    };
-                    sends.push((
-                        tx,
-                        pb::AgentCommand {
-                            command: Some(pb::agent_command::Command::Start(pb::StartJob {
-                                job_id: j.id,
-                                spec: j.spec.clone(),
-                                gpus: a.slots.iter().map(|s| s.uuid.clone()).collect(),
-                                time_limit_secs: j.time_limit_secs,
-                                kill_grace_secs: self.config.kill_grace.as_secs(),
-                                slots: a.slots.clone(),
-                                rank: a.rank,
-                                nodelist: nodelist.clone(),
-                                attempt: j.attempt,
-                                addresses: addresses.clone(),
-                            })),
-                            ..pb::AgentCommand::default()
-                        },
-                    ));
-                }
-            }
-            // Under the lock for every pending job: no allocation unless a reason changed.
-            let mut reason = String::new();
-            for w in &plan.waiting {
-                use std::fmt::Write as _;
-                reason.clear();
-                let _ = write!(reason, "{}", w.reason);
-                c.jobs.annotate_pending(w.job, |j| {
-                    if j.reason != reason {
-                        j.reason.clone_from(&reason);
-                    }
-                    j.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);
-                });
-            }
-            self.persist(&mut c)?;
-        }
-        if sends.is_empty() {
+            let effects = c.apply_plan(&plan, now);
+            self.settle(c, effects)?
+        };
+        if out.sends.is_empty() {
             return Ok(());
         }
-        self.store.flush().await?;
-        for (tx, cmd) in sends {
-            // A closed stream means the agent left; its reconnect reconciles the job.
-            let _ = tx.send(Ok(cmd)).await;
-        }
-        Ok(())
+        self.deliver(out, true).await
     }
 
     // ------------------------------------------------------------ user operations
@@ -596,8 +335,6 @@ impl Controller {
                 limits.max_job_bytes
             )));
         }
-        validate_spec(&spec, limits.max_list_len)?;
-        check_text(&spec)?;
         if self.store.failed() {
             return Err(Status::resource_exhausted(
                 "the controller's state store failed (disk full?); it restarts from its durable state once space is back; nothing was queued",
@@ -613,77 +350,40 @@ impl Controller {
                 limits.min_free_disk
             )));
         }
-        check_policy(&self.config, caller, &spec)?;
-        let res = spec.resources.clone().unwrap_or_default();
-        let earlier = (!request_id.is_empty())
-            .then(|| self.lock().jobs.by_request(&spec.user, request_id))
-            .flatten();
-        if let Some(id) = earlier {
-            // The first submit may still be on its way to the disk.
-            self.store.flush().await.map_err(store_status)?;
-            tracing::info!(
-                job = id,
-                request_id,
-                "repeated submit answered with its job"
-            );
-            return Ok(id);
-        }
-        let id = {
+        let actor = caller.actor();
+        let admitted = {
             let mut c = self.lock();
-            let pending = c.jobs.pending_of(&spec.user);
-            if pending >= limits.max_pending_per_user {
-                return Err(Status::resource_exhausted(format!(
-                    "user {} already has {pending} pending jobs, the most allowed (limits.max_pending_per_user)",
-                    spec.user
-                )));
-            }
-            check_feasible(&c.node_views(), &res)?;
-            check_dependencies(&c, &spec)?;
-            // Like the agents would: a job of root runs only where an agent allows it.
-            if spec.user == "root"
-                && !c.nodes.is_empty()
-                && !c.nodes.values().any(|n| n.allow_root_jobs)
+            match c
+                .admit(&actor, spec, request_id, now_ms())
+                .map_err(status)?
             {
-                return Err(Status::failed_precondition(
-                    "jobs of root are refused: no agent of this cluster runs them (start gpud with --allow-root-jobs, or submit as an ordinary user)",
-                ));
+                Admission::Repeat(id) => Err(id),
+                Admission::New(stored) => {
+                    let id = job_of(&stored).id;
+                    // The job and the next id in one batch: ids are never reused.
+                    self.store
+                        .insert_new_job(&stored, id + 1)
+                        .map_err(store_status)?;
+                    c.commit_submit(*stored);
+                    Ok(id)
+                }
             }
-            // Like the pass would say: it waits while a job it depends on has not ended
-            // (those that can never be met were refused above).
-            let waits = spec
-                .dependencies
-                .iter()
-                .any(|d| c.jobs.job(d.job_id).is_some_and(|j| !j.state().is_final()));
-            let id = c.next_job_id;
-            let time_limit_secs = if res.time_limit_secs > 0 {
-                res.time_limit_secs
-            } else {
-                self.config.default_time_limit.as_secs()
+        };
+        let id = match admitted {
+            Ok(id) => id,
+            Err(id) => {
+                // The first submit may still be on its way to the disk.
+                self.store.flush().await.map_err(store_status)?;
+                tracing::info!(
+                    job = id,
+                    request_id,
+                    "repeated submit answered with its job"
+                );
+                return Ok(id);
             }
-            .min(self.config.limits.max_time_limit.as_secs());
-            let stored = StoredJob {
-                job: Some(pb::Job {
-                    id,
-                    spec: Some(spec),
-                    state: JobState::Pending as i32,
-                    reason: if waits { "Dependency" } else { "None" }.into(),
-                    submit_time_ms: now_ms(),
-                    time_limit_secs,
-                    ..pb::Job::default()
-                }),
-                request_id: request_id.to_string(),
-                ..StoredJob::default()
-            };
-            self.store
-                .insert_new_job(&stored, id + 1)
-                .map_err(store_status)?;
-            c.next_job_id = id + 1;
-            c.jobs.insert(stored);
-            id
         };
         // Acknowledge only once durable.
         self.store.flush().await.map_err(store_status)?;
-        tracing::info!(job = id, "job submitted");
         self.metrics.submits.inc();
         self.wake_scheduler();
         Ok(id)
@@ -725,60 +425,4 @@ impl Controller {
             .cloned()
             .ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
-
-    // ------------------------------------------------------------ agent operations
-}
-
-/// Evaluates the dependencies of pending jobs (`sched::deps`): cancels those that can
-/// never be met, and returns those that must wait.
-fn settle_dependencies(c: &mut Cluster, now: i64) -> BTreeSet<u64> {
-    use sched::deps::Verdict;
-    let with_deps: BTreeMap<u64, Vec<(sched::job::DepKind, u64)>> = c
-        .jobs
-        .with_deps()
-        .filter_map(|j| {
-            let d = &j.spec.as_ref()?.dependencies;
-            let deps = d.iter().map(|x| (x.kind().into(), x.job_id)).collect();
-            Some((j.id, deps))
-        })
-        .collect();
-    if with_deps.is_empty() {
-        return BTreeSet::new();
-    }
-    let verdicts = sched::deps::evaluate(&with_deps, |id| {
-        c.jobs.job(id).and_then(|j| j.state().try_into().ok())
-    });
-    let mut waiting = BTreeSet::new();
-    for (id, v) in verdicts {
-        match v {
-            Verdict::Ready => {}
-            Verdict::Waiting { .. } => {
-                waiting.insert(id);
-                c.jobs.annotate_pending(id, |j| {
-                    j.reason = "Dependency".into();
-                    j.expected_start_ms = 0;
-                });
-            }
-            Verdict::Never { job, state } => {
-                let why = match state {
-                    Some(s) => format!("job {job} ended {}", JobState::from(s).as_str_name()),
-                    None => format!("job {job} is unknown"),
-                };
-                tracing::info!(
-                    job = id,
-                    "cancelled: its dependency can never be satisfied ({why})"
-                );
-                let never = Transition::Finish {
-                    state: JobState::Cancelled,
-                    exit_code: None,
-                    reason: format!("DependencyNeverSatisfied: {why}"),
-                };
-                c.jobs
-                    .transition(id, never, now)
-                    .expect("a job with dependencies is pending");
-                waiting.insert(id);
-            }
-        }
-    }
-    waiting
 }

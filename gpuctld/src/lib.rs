@@ -1,18 +1,18 @@
 //! gpuctld, the gpuctl controller.
 //!
 //! Modules:
-//! - `controller`: the in-memory cluster state and every operation on it; applies plans,
-//!   persists, dispatches to agents.
+//! - `controller`: the shell around the cluster state machine (`gpuctl-core`): the
+//!   lock, the store, the agents' command streams, the clock; applies plans, persists,
+//!   dispatches to agents.
 //! - `auth`: who a caller is (Unix-socket peer credentials, API tokens), admin checks.
 //! - `store`: sled persistence with a schema version.
 //! - `server`: the tonic services (`Controller` for users, `AgentLink` for agents).
-//! - `config`: the controller's TOML configuration and its defaults.
 //! - `daemon`: wiring: open the store, bind, serve, schedule, shut down on a signal.
 //!
 //! The scheduler core is the `gpuctl-sched` crate; `gpuctld simulate` is `gpuctl-sim`.
 
 pub mod auth;
-pub mod config;
+pub use gpuctl_core::config;
 pub mod controller;
 pub mod daemon;
 pub mod metrics;

@@ -7,7 +7,11 @@ use gpuctl_proto::store::StoredToken;
 use gpuctl_proto::{self as pb, JobState};
 use tonic::Status;
 
-use super::*;
+use gpuctl_core::jobs::{job_of, owner};
+use gpuctl_core::state::live_allocs;
+use gpuctl_sched as sched;
+
+use super::{Controller, now_ms, status, store_status};
 use crate::auth::Caller;
 
 impl Controller {
@@ -81,7 +85,7 @@ impl Controller {
             };
             return Ok(out);
         }
-        let (view, queue, cfg, _) = self.snapshot().map_err(store_status)?;
+        let (view, queue, cfg) = self.lock().pass_input_readonly();
         if !queue.iter().any(|p| p.id == id) {
             // Left out of passes: it waits for other jobs.
             let deps = job
@@ -162,10 +166,8 @@ impl Controller {
     }
 
     pub fn priorities(&self) -> Vec<pb::JobPriority> {
-        let Ok((view, queue, cfg, _)) = self.snapshot() else {
-            return Vec::new();
-        };
         let c = self.lock();
+        let (view, queue, cfg) = c.pass_input_readonly();
         let now = now_ms();
         let norm = sched::size_norm(&view);
         let mut out: Vec<pb::JobPriority> = sched::priority::rank(&queue, &cfg.weights, now, norm)
@@ -200,86 +202,12 @@ impl Controller {
         caller: &Caller,
         ids: &[u64],
     ) -> Result<Vec<pb::CancelResult>, Status> {
-        let mut results = Vec::new();
-        let mut kills = Vec::new();
-        {
+        let (results, out) = {
             let mut c = self.lock();
-            if !caller.admin {
-                let foreign: Vec<String> = ids
-                    .iter()
-                    .filter_map(|id| c.jobs.job(*id).map(|j| (id, owner(j))))
-                    .filter(|(_, o)| *o != caller.user)
-                    .map(|(id, o)| format!("job {id} belongs to {o}"))
-                    .collect();
-                if !foreign.is_empty() {
-                    return Err(caller.deny(&format!(
-                        "only a job's owner or an admin may cancel it ({})",
-                        foreign.join(", ")
-                    )));
-                }
-            }
-            for &id in ids {
-                let result = |ok: bool, msg: &str| pb::CancelResult {
-                    job_id: id,
-                    ok,
-                    message: msg.to_string(),
-                };
-                let Some(j) = c.jobs.job(id) else {
-                    results.push(result(false, "no such job"));
-                    continue;
-                };
-                match j.state() {
-                    JobState::Pending => {
-                        let cancel = Transition::Finish {
-                            state: JobState::Cancelled,
-                            exit_code: None,
-                            reason: format!("cancelled while pending by {}", caller.user),
-                        };
-                        c.jobs
-                            .transition(id, cancel, now_ms())
-                            .expect("pending jobs can be cancelled");
-                        results.push(result(true, "removed from the queue"));
-                    }
-                    JobState::Running => {
-                        let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
-                        let attempt = j.attempt;
-                        c.jobs.edit(id, |s| s.cancel_requested = true);
-                        let mut all_connected = true;
-                        for node in nodes {
-                            match c.conns.get(&node) {
-                                Some(conn) => kills.push((
-                                    conn.tx.clone(),
-                                    self.kill_cmd(
-                                        id,
-                                        attempt,
-                                        &format!("cancelled by {}", caller.user),
-                                    ),
-                                )),
-                                None => all_connected = false,
-                            }
-                        }
-                        results.push(result(
-                            true,
-                            if all_connected {
-                                "killing"
-                            } else {
-                                "killing; a node is not connected and kills it when its agent returns"
-                            },
-                        ));
-                    }
-                    s => results.push(result(
-                        false,
-                        &format!("already finished ({})", s.as_str_name()),
-                    )),
-                }
-            }
-            self.persist(&mut c).map_err(store_status)?;
-        }
-        self.store.flush().await.map_err(store_status)?;
-        for (tx, cmd) in kills {
-            let _ = tx.send(Ok(cmd)).await;
-        }
-        self.wake_scheduler();
+            let (results, effects) = c.cancel(&caller.actor(), ids, now_ms()).map_err(status)?;
+            (results, self.settle(c, effects).map_err(store_status)?)
+        };
+        self.deliver(out, true).await.map_err(store_status)?;
         Ok(results)
     }
 
@@ -363,77 +291,16 @@ impl Controller {
     /// The nodes named (all of them when `names` is empty), with the cluster's
     /// fragmentation when all were asked for.
     pub fn list_nodes(&self, names: &[String]) -> pb::ListNodesResponse {
-        let c = self.lock();
-        let usage = c.usage();
-        if !names.is_empty() {
-            let nodes = names
-                .iter()
-                .filter_map(|n| c.nodes.get(n))
-                .map(|n| c.node_pb(n, &usage))
-                .collect();
-            return pb::ListNodesResponse {
-                nodes,
-                ..pb::ListNodesResponse::default()
-            };
-        }
-        let nodes: Vec<pb::Node> = c.nodes.values().map(|n| c.node_pb(n, &usage)).collect();
-        // Fragmentation over up nodes, against the current workload mix.
-        let workload = c.workload();
-        let view = c.view();
-        let (mut frag, mut idle) = (0.0, 0u64);
-        for (nv, n) in view.nodes.iter().zip(&nodes) {
-            if !nv.eligible() {
-                continue;
-            }
-            let free: Vec<(usize, u32)> = nv
-                .slots
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| !s.is_mig())
-                .map(|(i, s)| {
-                    let used = usage
-                        .get(nv.name.as_str())
-                        .and_then(|u| u.slots.get(&s.uuid))
-                        .map_or(0, |x| x.0);
-                    (i, 1000u32.saturating_sub(used))
-                })
-                .collect();
-            idle += free.iter().map(|x| u64::from(x.1)).sum::<u64>();
-            let used = usage.get(nv.name.as_str());
-            let cpu_free =
-                (n.cpus.saturating_mul(1000)).saturating_sub(used.map_or(0, |u| u.cpu_milli));
-            let mem_free = nv.memory_bytes.saturating_sub(used.map_or(0, |u| u.memory));
-            frag += workload.node_frag(nv, &free, (cpu_free, mem_free));
-        }
-        pb::ListNodesResponse {
-            nodes,
-            fragmentation_gpus: frag / 1000.0,
-            fragmentation_pct_of_idle: if idle == 0 {
-                0.0
-            } else {
-                frag / idle as f64 * 100.0
-            },
-        }
+        self.lock().list_nodes(names)
     }
 
     pub async fn set_drain(&self, name: &str, drain: Option<String>) -> Result<pb::Node, Status> {
-        let node = {
+        let (node, out) = {
             let mut c = self.lock();
-            let n = c
-                .nodes
-                .get_mut(name)
-                .ok_or_else(|| Status::not_found(format!("no node named {name:?}")))?;
-            n.drain_reason = drain;
-            // An admin's drain (or resume) is the admin's: health checks leave it alone.
-            n.drain_automatic = false;
-            self.store.put_node(n).map_err(store_status)?;
-            let n = n.clone();
-            let usage = c.usage();
-            c.node_pb(&n, &usage)
+            let (node, effects) = c.set_drain(name, drain).map_err(status)?;
+            (node, self.settle(c, effects).map_err(store_status)?)
         };
-        self.store.flush().await.map_err(store_status)?;
-        tracing::info!(node = name, state = ?node.state(), reason = %node.reason, "drain state changed");
-        self.wake_scheduler();
+        self.deliver(out, true).await.map_err(store_status)?;
         Ok(node)
     }
 }

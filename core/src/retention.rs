@@ -3,12 +3,13 @@
 
 use gpuctl_proto::store::StoredJob;
 
-use super::{Cluster, Controller};
+use crate::config::Retention;
+use crate::state::Cluster;
 
 /// Drops what a finished job no longer needs and may be large or secret: its env,
 /// script, command arguments and the copy kept for re-adoption. Returns whether
 /// anything changed.
-pub(super) fn compact(stored: &mut StoredJob) -> bool {
+pub fn compact(stored: &mut StoredJob) -> bool {
     let had_copy = stored.requeued_from.take().is_some();
     let Some(spec) = stored.job.as_mut().and_then(|j| j.spec.as_mut()) else {
         return had_copy;
@@ -22,20 +23,19 @@ pub(super) fn compact(stored: &mut StoredJob) -> bool {
     big || had_copy
 }
 
-impl Controller {
-    /// Removes finished jobs past `retention.max_age` (since their end) or beyond
-    /// `retention.max_jobs` (oldest first); the next `persist` deletes them.
-    pub(super) fn retire(&self, c: &mut Cluster, now: i64) {
-        let r = &self.config.retention;
+impl Cluster {
+    /// Removes finished jobs past `max_age` (since their end) or beyond `max_jobs`
+    /// (oldest first); recorded as deletions.
+    pub fn retire(&mut self, r: &Retention, now: i64) {
         let oldest_kept = now.saturating_sub(r.max_age.as_millis().min(i64::MAX as u128) as i64);
-        c.jobs.retire(oldest_kept, r.max_jobs);
+        self.jobs.retire(oldest_kept, r.max_jobs);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::job_of;
     use super::*;
+    use crate::jobs::job_of;
     use gpuctl_proto as pb;
 
     #[test]

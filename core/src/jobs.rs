@@ -11,14 +11,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use gpuctl_proto::store::StoredJob;
 use gpuctl_proto::{self as pb, JobState};
 
-use super::retention::compact;
+use crate::retention::compact;
 
 /// A job's owner, as its spec names it.
-pub(super) fn owner(j: &pb::Job) -> &str {
+pub fn owner(j: &pb::Job) -> &str {
     j.spec.as_ref().map_or("", |s| s.user.as_str())
 }
 
-pub(super) fn job_of(s: &StoredJob) -> &pb::Job {
+pub fn job_of(s: &StoredJob) -> &pb::Job {
     s.job.as_ref().expect("stored job without a job record")
 }
 
@@ -28,7 +28,7 @@ fn job_mut(s: &mut StoredJob) -> &mut pb::Job {
 
 /// A change of a job's state.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum Transition {
+pub enum Transition {
     /// PENDING -> RUNNING: a new attempt on these allocations (rank order).
     Start { allocations: Vec<pb::Allocation> },
     /// RUNNING -> PENDING: back to the queue. With `keep_for_readopt`, the running record
@@ -60,7 +60,7 @@ pub(super) enum Transition {
 
 /// A transition that does not apply to the job as it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(super) enum Refused {
+pub enum Refused {
     #[error("no job {0}")]
     Unknown(u64),
     #[error("job {id} is {from:?}; {what} does not apply")]
@@ -73,7 +73,7 @@ pub(super) enum Refused {
 
 /// What changed since the last `take_changes`: jobs to write, jobs to delete.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Changes {
+pub struct Changes {
     pub put: BTreeSet<u64>,
     pub delete: BTreeSet<u64>,
 }
@@ -85,7 +85,7 @@ impl Changes {
 }
 
 #[derive(Default)]
-pub(super) struct Jobs {
+pub struct Jobs {
     map: BTreeMap<u64, StoredJob>,
     /// PENDING and RUNNING jobs.
     active: BTreeSet<u64>,
@@ -115,6 +115,10 @@ impl Jobs {
 
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 
     pub fn all(&self) -> impl DoubleEndedIterator<Item = &StoredJob> {

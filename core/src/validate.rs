@@ -2,10 +2,11 @@
 //! names and sizes, dependencies, and whether any node could ever run it.
 
 use gpuctl_proto::{self as pb, JobState};
-use tonic::Status;
 
-use super::{Cluster, job_of};
-use crate::auth::Caller;
+use crate::error::{Actor, Refusal};
+use crate::jobs::job_of;
+use crate::state::Cluster;
+
 use crate::config::Config;
 use gpuctl_sched::{self as sched, ClusterView, GpuRequest};
 
@@ -16,8 +17,8 @@ const MAX_VALUE: usize = 32 * 1024;
 
 /// Text other users may see (names, QoS) or that reaches a process (env, argv): no
 /// control characters in names, env keys shell-like, nothing over its size.
-pub(super) fn check_text(spec: &pb::JobSpec) -> Result<(), Status> {
-    let bad = |m: String| Err(Status::invalid_argument(m));
+pub(crate) fn check_text(spec: &pb::JobSpec) -> Result<(), Refusal> {
+    let bad = |m: String| Err(Refusal::invalid_argument(m));
     let shown = |v: &str| {
         let mut s: String = v.chars().take(40).flat_map(char::escape_default).collect();
         if v.chars().count() > 40 {
@@ -70,13 +71,13 @@ pub(super) fn check_text(spec: &pb::JobSpec) -> Result<(), Status> {
 
 /// What only admins decide: raising a job's priority (users may lower it, like
 /// Slurm's `nice`), the QoS a user may choose, and time limits past the cap.
-pub(super) fn check_policy(
+pub(crate) fn check_policy(
     cfg: &Config,
-    caller: &Caller,
+    caller: &Actor,
     spec: &pb::JobSpec,
-) -> Result<(), Status> {
+) -> Result<(), Refusal> {
     if spec.priority > 0 && !caller.admin {
-        return Err(Status::permission_denied(format!(
+        return Err(Refusal::permission_denied(format!(
             "only admins raise a job's priority ({} asked); a negative priority lowers it",
             spec.priority
         )));
@@ -84,14 +85,14 @@ pub(super) fn check_policy(
     if !spec.qos.is_empty() {
         let names = || cfg.qos.keys().cloned().collect::<Vec<_>>().join(", ");
         let Some(q) = cfg.qos.get(&spec.qos) else {
-            return Err(Status::invalid_argument(format!(
+            return Err(Refusal::invalid_argument(format!(
                 "unknown qos {:?}; this cluster has: {}",
                 spec.qos,
                 names()
             )));
         };
         if !q.allows(&caller.user, caller.admin) {
-            return Err(Status::permission_denied(format!(
+            return Err(Refusal::permission_denied(format!(
                 "user {} may not use qos {:?} (ask an admin; qos.{}.allowed_users)",
                 caller.user, spec.qos, spec.qos
             )));
@@ -100,7 +101,7 @@ pub(super) fn check_policy(
     let limit = spec.resources.as_ref().map_or(0, |r| r.time_limit_secs);
     let max = cfg.limits.max_time_limit;
     if limit > max.as_secs() {
-        return Err(Status::invalid_argument(format!(
+        return Err(Refusal::invalid_argument(format!(
             "time limit {} is over the cluster's maximum of {} (limits.max_time_limit)",
             humantime::format_duration(std::time::Duration::from_secs(limit.min(1 << 40))),
             humantime::format_duration(max)
@@ -129,8 +130,8 @@ fn check_patterns(what: &str, p: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(), Status> {
-    let bad = |m: &str| Err(Status::invalid_argument(m.to_string()));
+pub(crate) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(), Refusal> {
+    let bad = |m: &str| Err(Refusal::invalid_argument(m.to_string()));
     if spec.command.is_empty() == spec.script.is_empty() {
         return bad("a job needs exactly one of `command` or `script`");
     }
@@ -145,12 +146,12 @@ pub(super) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(
         ("gpu_model", models),
     ] {
         if n > max_list_len {
-            return Err(Status::invalid_argument(format!(
+            return Err(Refusal::invalid_argument(format!(
                 "`{what}` has {n} entries, over the limit of {max_list_len} (limits.max_list_len)"
             )));
         }
     }
-    check_paths(spec).map_err(Status::invalid_argument)?;
+    check_paths(spec).map_err(Refusal::invalid_argument)?;
     if spec.user.is_empty() {
         return bad("the job has no user");
     }
@@ -218,10 +219,10 @@ pub fn check_paths(spec: &pb::JobSpec) -> Result<(), String> {
 }
 
 /// Refuses dependencies on unknown jobs, and ones that can already never be met.
-pub(super) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), Status> {
+pub(crate) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), Refusal> {
     for d in &spec.dependencies {
         let Some(s) = c.jobs.get(d.job_id) else {
-            return Err(Status::invalid_argument(format!(
+            return Err(Refusal::invalid_argument(format!(
                 "dependency on job {}, which does not exist",
                 d.job_id
             )));
@@ -235,7 +236,7 @@ pub(super) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), 
                 _ => false,
             };
         if never {
-            return Err(Status::invalid_argument(format!(
+            return Err(Refusal::invalid_argument(format!(
                 "dependency {} on job {} can never be met: it ended {}",
                 kind.as_str_name().to_lowercase().replace('_', ""),
                 d.job_id,
@@ -247,7 +248,7 @@ pub(super) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), 
 }
 
 /// Refuses a job that no known node could ever run. With no node known yet, the job waits.
-pub(super) fn check_feasible(view: &ClusterView, r: &pb::Resources) -> Result<(), Status> {
+pub(crate) fn check_feasible(view: &ClusterView, r: &pb::Resources) -> Result<(), Refusal> {
     if view.nodes.is_empty() {
         return Ok(());
     }
@@ -291,7 +292,7 @@ pub(super) fn check_feasible(view: &ClusterView, r: &pb::Resources) -> Result<()
     } else {
         format!(" of model {}", req.models.join("|"))
     };
-    Err(Status::invalid_argument(format!(
+    Err(Refusal::invalid_argument(format!(
         "impossible request: no node can ever run it (asked {what}{models}, {} CPUs, {} memory on each of {} node(s); {fitting} node(s) could; the largest node has {max_gpus} GPUs, {max_cpus} CPUs, {})",
         req.cpu_milli / 1000,
         bytesize::ByteSize(req.memory_bytes),

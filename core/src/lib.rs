@@ -1,0 +1,28 @@
+//! gpuctl-core: the controller's cluster state as a state machine.
+//!
+//! `Cluster` holds jobs, nodes and agent sessions. Each operation (a submit, a cancel,
+//! an agent attaching, reporting or falling silent, a scheduling pass's plan) takes
+//! `now` and returns `Effects`: the commands to send to agents once what changed is
+//! durable, whether a pass is due, which agent streams to close. What must be written
+//! is taken with `Cluster::take_changes`. No store, no clock, no sockets, no async: the
+//! controller's shell (`gpuctld`) owns those and the lock, and the tests drive the
+//! state directly and read the effects (the agent side's recording double).
+//!
+//! Modules: `state` (the cluster and its views), `jobs` (the job table, the one place a
+//! job's state changes), `ops` (submit and the scheduling pass), `agents` (sessions,
+//! heartbeats, reports, failed nodes), `users` (cancel, drain, node listings),
+//! `validate` (what a job must be to be queued), `retention`, `config`, `error`.
+
+pub mod agents;
+pub mod config;
+pub mod error;
+pub mod jobs;
+pub mod ops;
+pub mod retention;
+pub mod state;
+pub mod users;
+pub mod validate;
+
+pub use config::Config;
+pub use error::{Actor, Kind, Refusal};
+pub use state::{Changes, Cluster, Effects};

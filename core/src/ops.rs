@@ -1,0 +1,227 @@
+//! Submitting a job, and the scheduling pass's two halves: the input of a pass and the
+//! application of its plan.
+
+use std::collections::BTreeSet;
+
+use gpuctl_proto::convert;
+use gpuctl_proto::store::StoredJob;
+use gpuctl_proto::{self as pb, JobState};
+use gpuctl_sched::{self as sched, ClusterView, PendingJob};
+
+use crate::error::{Actor, Refusal};
+use crate::jobs::{Transition, owner};
+use crate::state::{Cluster, Effects, settle_dependencies};
+use crate::validate::{
+    check_dependencies, check_feasible, check_policy, check_text, validate_spec,
+};
+
+/// What a submit comes to.
+#[derive(Debug)]
+pub enum Admission {
+    /// The same (user, request id) was submitted before: this is its job.
+    Repeat(u64),
+    /// A new job, checked; the shell writes it, then `Cluster::commit_submit`s it.
+    New(Box<StoredJob>),
+}
+
+impl Cluster {
+    /// Checks a job for the queue (its spec's user already set by the shell from the
+    /// caller) and builds its record with the next id. Changes nothing.
+    pub fn admit(
+        &self,
+        actor: &Actor,
+        spec: pb::JobSpec,
+        request_id: &str,
+        now: i64,
+    ) -> Result<Admission, Refusal> {
+        let limits = &self.config.limits;
+        validate_spec(&spec, limits.max_list_len)?;
+        check_text(&spec)?;
+        check_policy(&self.config, actor, &spec)?;
+        if !request_id.is_empty()
+            && let Some(id) = self.jobs.by_request(&spec.user, request_id)
+        {
+            return Ok(Admission::Repeat(id));
+        }
+        let pending = self.jobs.pending_of(&spec.user);
+        if pending >= limits.max_pending_per_user {
+            return Err(Refusal::resource_exhausted(format!(
+                "user {} already has {pending} pending jobs, the most allowed (limits.max_pending_per_user)",
+                spec.user
+            )));
+        }
+        let res = spec.resources.clone().unwrap_or_default();
+        check_feasible(&self.node_views(), &res)?;
+        check_dependencies(self, &spec)?;
+        // Like the agents would: a job of root runs only where an agent allows it.
+        if spec.user == "root"
+            && !self.nodes.is_empty()
+            && !self.nodes.values().any(|n| n.allow_root_jobs)
+        {
+            return Err(Refusal::failed_precondition(
+                "jobs of root are refused: no agent of this cluster runs them (start gpud with --allow-root-jobs, or submit as an ordinary user)",
+            ));
+        }
+        // Like the pass would say: it waits while a job it depends on has not ended
+        // (those that can never be met were refused above).
+        let waits = spec.dependencies.iter().any(|d| {
+            self.jobs
+                .job(d.job_id)
+                .is_some_and(|j| !j.state().is_final())
+        });
+        let time_limit_secs = if res.time_limit_secs > 0 {
+            res.time_limit_secs
+        } else {
+            self.config.default_time_limit.as_secs()
+        }
+        .min(self.config.limits.max_time_limit.as_secs());
+        Ok(Admission::New(Box::new(StoredJob {
+            job: Some(pb::Job {
+                id: self.next_job_id,
+                spec: Some(spec),
+                state: JobState::Pending as i32,
+                reason: if waits { "Dependency" } else { "None" }.into(),
+                submit_time_ms: now,
+                time_limit_secs,
+                ..pb::Job::default()
+            }),
+            request_id: request_id.to_string(),
+            ..StoredJob::default()
+        })))
+    }
+
+    /// Queues a job `admit` built, once the shell has written it (with the next id).
+    pub fn commit_submit(&mut self, stored: StoredJob) -> Effects {
+        let id = crate::jobs::job_of(&stored).id;
+        self.next_job_id = self.next_job_id.max(id + 1);
+        tracing::info!(
+            job = id,
+            user = owner(crate::jobs::job_of(&stored)),
+            "job submitted"
+        );
+        self.jobs.insert(stored);
+        Effects::wake()
+    }
+
+    /// The input of a pass: the cluster, the queue (without jobs that wait for others)
+    /// and the config with the current workload mix. Also removes finished jobs past
+    /// retention and cancels jobs whose dependencies can never be met (recorded as
+    /// changes).
+    pub fn pass_input(&mut self, now: i64) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
+        let retention = self.config.retention.clone();
+        self.retire(&retention, now);
+        let waiting = settle_dependencies(self, now);
+        (self.view(), self.queue(&waiting), self.pass_config())
+    }
+
+    /// The same input without changing anything (for `explain` and `priorities`): jobs
+    /// whose dependencies are not met are left out.
+    pub fn pass_input_readonly(&self) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
+        let waiting = crate::state::dependency_blocked(self);
+        (self.view(), self.queue(&waiting), self.pass_config())
+    }
+
+    fn queue(&self, waiting: &BTreeSet<u64>) -> Vec<PendingJob> {
+        let mut queue = self.pending();
+        if !waiting.is_empty() {
+            queue.retain(|p| !waiting.contains(&p.id));
+        }
+        queue
+    }
+
+    fn pass_config(&self) -> sched::SchedConfig {
+        let mut cfg = self.sched_config.clone();
+        if cfg.policy == sched::packing::Policy::Fgd {
+            cfg.workload = self.workload();
+        }
+        cfg
+    }
+
+    /// Applies a plan made at `now` from an earlier `pass_input`: each start is checked
+    /// again against the cluster as it is now (things may have moved while planning),
+    /// its job starts, and its `StartJob`s go to its nodes; waiting jobs show their
+    /// reason and expected start.
+    pub fn apply_plan(&mut self, plan: &sched::Plan, now: i64) -> Effects {
+        let mut ledger = sched::Ledger::new(&self.view());
+        let mut effects = Effects::default();
+        for start in &plan.starts {
+            let pending = self
+                .jobs
+                .job(start.job)
+                .is_some_and(|j| j.state() == JobState::Pending);
+            let connected = start
+                .allocs
+                .iter()
+                .all(|a| self.conns.contains_key(&a.node));
+            if !pending || !connected {
+                continue;
+            }
+            if let Err(why) = ledger.take(start) {
+                tracing::debug!(
+                    job = start.job,
+                    "placement no longer valid ({why}); next pass retries"
+                );
+                continue;
+            }
+            self.start(start, now, &mut effects);
+        }
+        let mut reason = String::new();
+        for w in &plan.waiting {
+            use std::fmt::Write as _;
+            reason.clear();
+            let _ = write!(reason, "{}", w.reason);
+            self.jobs.annotate_pending(w.job, |j| {
+                if j.reason != reason {
+                    j.reason.clone_from(&reason);
+                }
+                j.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);
+            });
+        }
+        effects
+    }
+
+    fn start(&mut self, start: &sched::Start, now: i64, effects: &mut Effects) {
+        let nodelist: Vec<String> = start.allocs.iter().map(|a| a.node.clone()).collect();
+        let allocations = start
+            .allocs
+            .iter()
+            .enumerate()
+            .map(|(r, a)| convert::allocation(a, r as u32))
+            .collect();
+        self.jobs
+            .transition(start.job, Transition::Start { allocations }, now)
+            .expect("checked pending above");
+        let j = self.jobs.job(start.job).expect("just started");
+        let addresses: Vec<String> = nodelist
+            .iter()
+            .map(|n| {
+                self.nodes
+                    .get(n)
+                    .map(|x| x.address.clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        tracing::info!(job = j.id, attempt = j.attempt, nodes = %j.node, gpus = ?j.gpus, "starting job");
+        for a in &j.allocations {
+            let cmd = pb::StartJob {
+                job_id: j.id,
+                spec: j.spec.clone(),
+                gpus: a.slots.iter().map(|s| s.uuid.clone()).collect(),
+                time_limit_secs: j.time_limit_secs,
+                kill_grace_secs: self.config.kill_grace.as_secs(),
+                slots: a.slots.clone(),
+                rank: a.rank,
+                nodelist: nodelist.clone(),
+                attempt: j.attempt,
+                addresses: addresses.clone(),
+            };
+            effects.sends.push((
+                a.node.clone(),
+                pb::AgentCommand {
+                    command: Some(pb::agent_command::Command::Start(cmd)),
+                    ..pb::AgentCommand::default()
+                },
+            ));
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! The cluster state: jobs, nodes, attached agents, and the views the scheduler and the
+//! users see. Pure: no store, no clock, no connections. The operations on it are in
+//! `ops`, `agents` and `users`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use gpuctl_proto::convert;
+use gpuctl_proto::store::StoredNode;
+use gpuctl_proto::{self as pb, JobState, NodeState};
+use gpuctl_sched::packing::Workload;
+use gpuctl_sched::{self as sched, ClusterView, Eligibility, NodeView, PendingJob, Request};
+
+use crate::config::Config;
+use crate::jobs::{Jobs, Transition, job_of};
+
+/// A time limit in ms, saturating (a stored limit is capped at submit, but records of
+/// older versions and the arithmetic must never wrap).
+pub fn limit_ms(secs: u64) -> i64 {
+    i64::try_from(secs).unwrap_or(i64::MAX).saturating_mul(1000)
+}
+
+/// An attached agent's session, as the cluster state knows it (the connection itself,
+/// its command stream, is the shell's).
+pub struct Conn {
+    /// Which registration this is; a stale connection's drop must not mark a newer one down.
+    pub generation: u64,
+    /// The session (the Attach nonce) and the request numbers seen on it.
+    pub session: Vec<u8>,
+    pub window: gpuctl_proto::auth::ReplayWindow,
+    /// The identity the agent keeps in its state dir, and where it connected from.
+    pub agent_id: String,
+    pub peer: String,
+    /// Starts sent on this session and not yet seen run: (command number, job, attempt).
+    pub starts: Vec<(u64, u64, u32)>,
+}
+
+/// The whole cluster as the controller knows it. Every operation takes `now` and
+/// returns what the shell must do (`Effects`); what must be written is taken with
+/// `take_changes`.
+#[derive(Default)]
+pub struct Cluster {
+    /// Every job, its indexes, and the one place its state changes (`jobs.rs`).
+    pub jobs: Jobs,
+    pub nodes: BTreeMap<String, StoredNode>,
+    pub conns: HashMap<String, Conn>,
+    /// Nonces handed out by `challenge`, per node, with when they expire (Unix ms).
+    pub challenges: HashMap<String, Vec<(Vec<u8>, i64)>>,
+    /// When a node's agent was last heard from (heartbeat, attach or report), in memory.
+    pub last_heard: HashMap<String, i64>,
+    pub next_job_id: u64,
+    pub generation: u64,
+    /// The latest GPU metrics each agent sent with its heartbeat (memory only).
+    pub metrics: HashMap<String, Vec<pb::GpuMetrics>>,
+    /// Nodes changed since the last `take_changes`.
+    nodes_changed: BTreeSet<String>,
+    pub config: Config,
+    pub sched_config: sched::SchedConfig,
+}
+
+/// What the shell does after an operation, in this order: write `take_changes`, flush,
+/// close the streams of `closed` sessions, send `sends`, and run a pass if `wake`.
+#[derive(Debug, Default, PartialEq)]
+pub struct Effects {
+    /// Commands for agents (by node), sent once what changed is durable.
+    pub sends: Vec<(String, pb::AgentCommand)>,
+    /// A scheduling pass is due.
+    pub wake: bool,
+    /// Nodes whose agent session ended (their command streams close).
+    pub closed: Vec<String>,
+}
+
+impl Effects {
+    pub fn wake() -> Effects {
+        Effects {
+            wake: true,
+            ..Effects::default()
+        }
+    }
+}
+
+/// What must be written: jobs (put or deleted) and nodes.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub jobs: crate::jobs::Changes,
+    pub nodes: BTreeSet<String>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.nodes.is_empty()
+    }
+}
+
+impl Cluster {
+    /// An empty cluster with this configuration.
+    pub fn new(config: Config) -> Cluster {
+        let sc = &config.scheduler;
+        let sched_config = sched::SchedConfig {
+            policy: sc.policy().unwrap_or_default(),
+            weights: sc.priority.clone(),
+            backfill: sc.backfill,
+            reservation_depth: sc.reservation_depth,
+            workload: Workload::default(),
+            max_scored_nodes: sc.max_scored_nodes,
+            expected_starts: true,
+        };
+        Cluster {
+            next_job_id: 1,
+            config,
+            sched_config,
+            ..Cluster::default()
+        }
+    }
+
+    /// What changed since the last call, for the shell to write.
+    pub fn take_changes(&mut self) -> Changes {
+        Changes {
+            jobs: self.jobs.take_changes(),
+            nodes: std::mem::take(&mut self.nodes_changed),
+        }
+    }
+
+    /// Records a node as changed (to be written).
+    pub fn node_changed(&mut self, name: &str) {
+        self.nodes_changed.insert(name.to_string());
+    }
+
+    /// A kill of a job's instance (`attempt` 0: whichever runs there).
+    pub fn kill_cmd(&self, job_id: u64, attempt: u32, reason: &str) -> pb::AgentCommand {
+        pb::AgentCommand {
+            command: Some(pb::agent_command::Command::Kill(pb::KillJob {
+                job_id,
+                as_state: JobState::Cancelled as i32,
+                kill_grace_secs: self.config.kill_grace.as_secs(),
+                reason: reason.into(),
+                attempt,
+            })),
+            ..pb::AgentCommand::default()
+        }
+    }
+}
+
+/// What running jobs hold on one node, per slot UUID: (compute milli, memory MiB, jobs).
+#[derive(Default)]
+pub struct Usage {
+    pub slots: HashMap<String, (u32, u64, Vec<u64>)>,
+    pub cpu_milli: u32,
+    pub memory: u64,
+    pub jobs: usize,
+}
+
+pub fn resources(j: &pb::Job) -> pb::Resources {
+    j.spec
+        .as_ref()
+        .and_then(|s| s.resources.clone())
+        .unwrap_or_default()
+}
+
+/// Live allocations of running jobs.
+pub fn live_allocs(j: &pb::Job) -> impl Iterator<Item = &pb::Allocation> {
+    let running = j.state() == JobState::Running;
+    j.allocations.iter().filter(move |a| running && !a.ended)
+}
+
+impl Cluster {
+    pub fn usage(&self) -> HashMap<&str, Usage> {
+        let mut u: HashMap<&str, Usage> = HashMap::new();
+        for s in self.jobs.active() {
+            let j = job_of(s);
+            for a in live_allocs(j) {
+                let e = u.entry(a.node.as_str()).or_default();
+                for sl in &a.slots {
+                    let x = e.slots.entry(sl.uuid.clone()).or_default();
+                    x.0 += sl.compute_milli;
+                    x.1 += sl.memory_mib;
+                    x.2.push(j.id);
+                }
+                e.cpu_milli += a.cpu_milli;
+                e.memory += a.memory_bytes;
+                e.jobs += 1;
+            }
+        }
+        u
+    }
+
+    pub fn eligibility(&self, n: &StoredNode) -> Eligibility {
+        if !self.conns.contains_key(&n.name) {
+            Eligibility::Down
+        } else if n.drain_reason.is_some() {
+            Eligibility::Drained
+        } else {
+            Eligibility::Up
+        }
+    }
+
+    pub fn view(&self) -> ClusterView {
+        let mut v = self.node_views();
+        v.running = self.running_views();
+        v
+    }
+
+    /// The nodes alone (what `fits_empty` needs).
+    pub fn node_views(&self) -> ClusterView {
+        let nodes = self
+            .nodes
+            .values()
+            .map(|n| NodeView {
+                name: n.name.clone(),
+                eligibility: self.eligibility(n),
+                slots: convert::slots_of(&n.gpus),
+                cpu_milli: n.cpus.saturating_mul(1000),
+                memory_bytes: n.memory_bytes,
+            })
+            .collect();
+        ClusterView {
+            nodes,
+            running: Vec::new(),
+        }
+    }
+
+    pub fn running_views(&self) -> Vec<sched::Running> {
+        let mut running = Vec::new();
+        for s in self.jobs.active() {
+            let j = job_of(s);
+            let end_ms = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
+            for a in live_allocs(j) {
+                running.push(sched::Running {
+                    job: j.id,
+                    alloc: sched::Alloc::from(a),
+                    end_ms,
+                });
+            }
+        }
+        running
+    }
+
+    pub fn pending(&self) -> Vec<PendingJob> {
+        let none = pb::Resources::default();
+        self.jobs
+            .active()
+            .map(job_of)
+            .filter(|j| j.state() == JobState::Pending)
+            .map(|j| {
+                let spec = j.spec.as_ref();
+                PendingJob {
+                    id: j.id,
+                    priority: spec.map_or(0, |s| s.priority),
+                    qos: spec.map(|s| s.qos.clone()).unwrap_or_default(),
+                    submit_ms: j.submit_time_ms,
+                    request: Request::from(
+                        spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none),
+                    ),
+                    duration_ms: limit_ms(j.time_limit_secs),
+                }
+            })
+            .collect()
+    }
+
+    /// The typical workload (for FGD): the shapes of the jobs the controller knows.
+    pub fn workload(&self) -> Workload {
+        let reqs: Vec<Request> = self
+            .jobs
+            .all()
+            .rev()
+            .take(10_000)
+            .map(|s| Request::from(&resources(job_of(s))))
+            .collect();
+        Workload::from_requests(&reqs)
+    }
+
+    pub fn node_pb(&self, n: &StoredNode, usage: &HashMap<&str, Usage>) -> pb::Node {
+        let empty = Usage::default();
+        let u = usage.get(n.name.as_str()).unwrap_or(&empty);
+        let connected = self.conns.contains_key(&n.name);
+        let mut busy = 0usize;
+        let gpus: Vec<pb::Gpu> = n
+            .gpus
+            .iter()
+            .map(|g| {
+                let mut g = g.clone();
+                let mut jobs = Vec::new();
+                if let Some((c, m, js)) = u.slots.get(&g.uuid) {
+                    g.compute_allocated_milli = *c;
+                    g.memory_allocated_mib = *m;
+                    jobs.extend(js.iter().copied());
+                }
+                for inst in &mut g.mig {
+                    if let Some((c, m, js)) = u.slots.get(&inst.uuid) {
+                        inst.allocated_to = js[0];
+                        g.compute_allocated_milli += c;
+                        g.memory_allocated_mib += m;
+                        jobs.extend(js.iter().copied());
+                    }
+                }
+                jobs.sort_unstable();
+                jobs.dedup();
+                g.allocated_to = jobs.first().copied().unwrap_or(0);
+                if connected {
+                    g.metrics = self
+                        .metrics
+                        .get(&n.name)
+                        .and_then(|ms| ms.iter().find(|m| m.uuid == g.uuid))
+                        .cloned();
+                }
+                let full = if g.mig.is_empty() {
+                    g.compute_allocated_milli >= 1000
+                } else {
+                    g.mig.iter().all(|i| i.allocated_to != 0)
+                };
+                busy += usize::from(full);
+                g.jobs = jobs;
+                g
+            })
+            .collect();
+        let (state, reason) = match (&n.drain_reason, connected) {
+            (_, false) => (
+                NodeState::Down,
+                n.drain_reason
+                    .clone()
+                    .unwrap_or_else(|| "agent not connected".into()),
+            ),
+            (Some(r), true) if u.jobs > 0 => (NodeState::Draining, r.clone()),
+            (Some(r), true) => (NodeState::Drained, r.clone()),
+            (None, true) if u.jobs == 0 => (NodeState::Idle, String::new()),
+            (None, true) if !gpus.is_empty() && busy == gpus.len() => {
+                (NodeState::Allocated, String::new())
+            }
+            (None, true) => (NodeState::Mixed, String::new()),
+        };
+        pb::Node {
+            name: n.name.clone(),
+            state: state as i32,
+            gpus,
+            reason,
+            cpus: n.cpus,
+            cpus_allocated: u.cpu_milli.div_ceil(1000),
+            memory_bytes: n.memory_bytes,
+            memory_allocated: u.memory,
+            last_seen_ms: n.last_seen_ms,
+            gpu_backend: n.gpu_backend.clone(),
+        }
+    }
+}
+
+/// The verdict on every pending job with dependencies (`sched::deps`).
+fn dependency_verdicts(c: &Cluster) -> BTreeMap<u64, sched::deps::Verdict> {
+    let with_deps: BTreeMap<u64, Vec<(sched::job::DepKind, u64)>> = c
+        .jobs
+        .with_deps()
+        .filter_map(|j| {
+            let d = &j.spec.as_ref()?.dependencies;
+            let deps = d.iter().map(|x| (x.kind().into(), x.job_id)).collect();
+            Some((j.id, deps))
+        })
+        .collect();
+    if with_deps.is_empty() {
+        return BTreeMap::new();
+    }
+    sched::deps::evaluate(&with_deps, |id| {
+        c.jobs.job(id).and_then(|j| j.state().try_into().ok())
+    })
+}
+
+/// Pending jobs that may not run yet, or never, for their dependencies.
+pub fn dependency_blocked(c: &Cluster) -> BTreeSet<u64> {
+    dependency_verdicts(c)
+        .into_iter()
+        .filter(|(_, v)| *v != sched::deps::Verdict::Ready)
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// Evaluates the dependencies of pending jobs: cancels those that can never be met, and
+/// returns those that must wait (and those cancelled).
+pub fn settle_dependencies(c: &mut Cluster, now: i64) -> BTreeSet<u64> {
+    use sched::deps::Verdict;
+    let mut waiting = BTreeSet::new();
+    for (id, v) in dependency_verdicts(c) {
+        match v {
+            Verdict::Ready => {}
+            Verdict::Waiting { .. } => {
+                waiting.insert(id);
+                c.jobs.annotate_pending(id, |j| {
+                    j.reason = "Dependency".into();
+                    j.expected_start_ms = 0;
+                });
+            }
+            Verdict::Never { job, state } => {
+                let why = match state {
+                    Some(s) => format!("job {job} ended {}", JobState::from(s).as_str_name()),
+                    None => format!("job {job} is unknown"),
+                };
+                tracing::info!(
+                    job = id,
+                    "cancelled: its dependency can never be satisfied ({why})"
+                );
+                let never = Transition::Finish {
+                    state: JobState::Cancelled,
+                    exit_code: None,
+                    reason: format!("DependencyNeverSatisfied: {why}"),
+                };
+                c.jobs
+                    .transition(id, never, now)
+                    .expect("a job with dependencies is pending");
+                waiting.insert(id);
+            }
+        }
+    }
+    waiting
+}

@@ -1,0 +1,164 @@
+//! What users do to the cluster state: cancel jobs, drain and resume nodes, list nodes.
+
+use gpuctl_proto::{self as pb, JobState};
+
+use crate::error::{Actor, Refusal};
+use crate::jobs::{Transition, owner};
+use crate::state::{Cluster, Effects, live_allocs};
+
+impl Cluster {
+    /// Cancels jobs: a pending one at once, a running one by killing its instances (it
+    /// ends when its agents report). Only their owners or an admin may; if any of
+    /// `ids` is someone else's, nothing is cancelled.
+    pub fn cancel(
+        &mut self,
+        actor: &Actor,
+        ids: &[u64],
+        now: i64,
+    ) -> Result<(Vec<pb::CancelResult>, Effects), Refusal> {
+        if !actor.admin {
+            let foreign: Vec<String> = ids
+                .iter()
+                .filter_map(|id| self.jobs.job(*id).map(|j| (id, owner(j))))
+                .filter(|(_, o)| *o != actor.user)
+                .map(|(id, o)| format!("job {id} belongs to {o}"))
+                .collect();
+            if !foreign.is_empty() {
+                return Err(actor.deny(&format!(
+                    "only a job's owner or an admin may cancel it ({})",
+                    foreign.join(", ")
+                )));
+            }
+        }
+        let mut results = Vec::new();
+        let mut effects = Effects::wake();
+        for &id in ids {
+            let result = |ok: bool, msg: &str| pb::CancelResult {
+                job_id: id,
+                ok,
+                message: msg.to_string(),
+            };
+            let Some(j) = self.jobs.job(id) else {
+                results.push(result(false, "no such job"));
+                continue;
+            };
+            match j.state() {
+                JobState::Pending => {
+                    let cancel = Transition::Finish {
+                        state: JobState::Cancelled,
+                        exit_code: None,
+                        reason: format!("cancelled while pending by {}", actor.user),
+                    };
+                    self.jobs
+                        .transition(id, cancel, now)
+                        .expect("pending jobs can be cancelled");
+                    results.push(result(true, "removed from the queue"));
+                }
+                JobState::Running => {
+                    let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
+                    let attempt = j.attempt;
+                    self.jobs.edit(id, |s| s.cancel_requested = true);
+                    let mut all_connected = true;
+                    for node in nodes {
+                        if self.conns.contains_key(&node) {
+                            let why = format!("cancelled by {}", actor.user);
+                            let kill = self.kill_cmd(id, attempt, &why);
+                            effects.sends.push((node, kill));
+                        } else {
+                            all_connected = false;
+                        }
+                    }
+                    results.push(result(
+                        true,
+                        if all_connected {
+                            "killing"
+                        } else {
+                            "killing; a node is not connected and kills it when its agent returns"
+                        },
+                    ));
+                }
+                s => results.push(result(
+                    false,
+                    &format!("already finished ({})", s.as_str_name()),
+                )),
+            }
+        }
+        Ok((results, effects))
+    }
+
+    /// Drains a node (`Some(reason)`) or resumes it (`None`) for an admin. An admin's
+    /// drain (or resume) is the admin's: health checks leave it alone.
+    pub fn set_drain(
+        &mut self,
+        name: &str,
+        drain: Option<String>,
+    ) -> Result<(pb::Node, Effects), Refusal> {
+        let n = self
+            .nodes
+            .get_mut(name)
+            .ok_or_else(|| Refusal::not_found(format!("no node named {name:?}")))?;
+        n.drain_reason = drain;
+        n.drain_automatic = false;
+        self.node_changed(name);
+        let usage = self.usage();
+        let node = self.node_pb(&self.nodes[name], &usage);
+        tracing::info!(node = name, state = ?node.state(), reason = %node.reason, "drain state changed");
+        Ok((node, Effects::wake()))
+    }
+
+    /// The nodes named (all of them when `names` is empty), with the cluster's
+    /// fragmentation when all were asked for.
+    pub fn list_nodes(&self, names: &[String]) -> pb::ListNodesResponse {
+        let c = self;
+        let usage = c.usage();
+        if !names.is_empty() {
+            let nodes = names
+                .iter()
+                .filter_map(|n| c.nodes.get(n))
+                .map(|n| c.node_pb(n, &usage))
+                .collect();
+            return pb::ListNodesResponse {
+                nodes,
+                ..pb::ListNodesResponse::default()
+            };
+        }
+        let nodes: Vec<pb::Node> = c.nodes.values().map(|n| c.node_pb(n, &usage)).collect();
+        // Fragmentation over up nodes, against the current workload mix.
+        let workload = c.workload();
+        let view = c.view();
+        let (mut frag, mut idle) = (0.0, 0u64);
+        for (nv, n) in view.nodes.iter().zip(&nodes) {
+            if !nv.eligible() {
+                continue;
+            }
+            let free: Vec<(usize, u32)> = nv
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_mig())
+                .map(|(i, s)| {
+                    let used = usage
+                        .get(nv.name.as_str())
+                        .and_then(|u| u.slots.get(&s.uuid))
+                        .map_or(0, |x| x.0);
+                    (i, 1000u32.saturating_sub(used))
+                })
+                .collect();
+            idle += free.iter().map(|x| u64::from(x.1)).sum::<u64>();
+            let used = usage.get(nv.name.as_str());
+            let cpu_free =
+                (n.cpus.saturating_mul(1000)).saturating_sub(used.map_or(0, |u| u.cpu_milli));
+            let mem_free = nv.memory_bytes.saturating_sub(used.map_or(0, |u| u.memory));
+            frag += workload.node_frag(nv, &free, (cpu_free, mem_free));
+        }
+        pb::ListNodesResponse {
+            nodes,
+            fragmentation_gpus: frag / 1000.0,
+            fragmentation_pct_of_idle: if idle == 0 {
+                0.0
+            } else {
+                frag / idle as f64 * 100.0
+            },
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! The cluster state machine driven event by event, with the agent side recorded: every
+//! command the state wants sent comes back in its `Effects`, and these tests play the
+//! agents by answering with reports, heartbeats and attaches. No store, no clock, no
+//! sockets: `now` is a number the test moves.
+
+use std::collections::BTreeMap;
+
+use gpuctl_core::ops::Admission;
+use gpuctl_core::{Actor, Cluster, Config, Effects};
+use gpuctl_proto::store::{StoredJob, StoredNode};
+use gpuctl_proto::{self as pb, JobState};
+
+const T0: i64 = 1_700_000_000_000;
+
+fn alice() -> Actor {
+    Actor {
+        user: "alice".into(),
+        admin: false,
+    }
+}
+
+fn gpus(n: u32) -> Vec<pb::Gpu> {
+    (0..n)
+        .map(|i| pb::Gpu {
+            index: i,
+            uuid: format!("GPU-{i}"),
+            model: "A100-80GB".into(),
+            memory_mib: 81920,
+            ..pb::Gpu::default()
+        })
+        .collect()
+}
+
+/// A cluster with the default configuration (node timeout 60 s).
+fn cluster() -> Cluster {
+    Cluster::new(Config::default())
+}
+
+fn attach_with(c: &mut Cluster, node: &str, running: &[(u64, u32)], now: i64) -> Effects {
+    let nonce = format!("nonce-{node}-{now}").into_bytes();
+    c.challenge(node, nonce.clone(), now);
+    let req = pb::RegisterRequest {
+        node: node.into(),
+        gpus: gpus(2),
+        cpus: 16,
+        memory_bytes: 64 << 30,
+        gpu_backend: "fake".into(),
+        running: running
+            .iter()
+            .map(|&(job_id, attempt)| pb::RunningJob { job_id, attempt })
+            .collect(),
+        nonce,
+        agent_id: format!("agent-{node}"),
+        ..pb::RegisterRequest::default()
+    };
+    c.attach(&req, None, now).expect("attach").1
+}
+
+fn attach(c: &mut Cluster, node: &str, now: i64) -> Effects {
+    attach_with(c, node, &[], now)
+}
+
+fn spec(gpus: u32, requeue: bool) -> pb::JobSpec {
+    pb::JobSpec {
+        user: "alice".into(),
+        name: "train".into(),
+        command: vec!["python".into(), "train.py".into()],
+        workdir: "/home/alice".into(),
+        env: [("TOKEN".to_string(), "secret".to_string())].into(),
+        requeue,
+        resources: Some(pb::Resources {
+            gpus,
+            cpus: 1,
+            time_limit_secs: 3600,
+            ..pb::Resources::default()
+        }),
+        ..pb::JobSpec::default()
+    }
+}
+
+fn submit_spec(c: &mut Cluster, spec: pb::JobSpec, now: i64) -> u64 {
+    match c.admit(&alice(), spec, "", now).expect("admitted") {
+        Admission::New(stored) => {
+            let id = stored.job.as_ref().unwrap().id;
+            let effects = c.commit_submit(*stored);
+            assert!(effects.wake, "a submit asks for a pass");
+            id
+        }
+        Admission::Repeat(id) => panic!("not a repeat: {id}"),
+    }
+}
+
+fn submit(c: &mut Cluster, gpus: u32, requeue: bool, now: i64) -> u64 {
+    submit_spec(c, spec(gpus, requeue), now)
+}
+
+/// One scheduling pass at `now`, as the shell runs it.
+fn pass(c: &mut Cluster, now: i64) -> Effects {
+    let (view, queue, cfg) = c.pass_input(now);
+    let plan = gpuctl_sched::schedule(&view, &queue, &cfg, now);
+    c.apply_plan(&plan, now)
+}
+
+fn state(c: &Cluster, id: u64) -> JobState {
+    c.jobs.job(id).unwrap().state()
+}
+
+fn report(c: &mut Cluster, node: &str, id: u64, end: Option<(JobState, i32)>, now: i64) -> Effects {
+    let attempt = c.jobs.job(id).unwrap().attempt;
+    let r = pb::JobReport {
+        node: node.into(),
+        job_id: id,
+        kind: if end.is_some() {
+            pb::job_report::Kind::Ended
+        } else {
+            pb::job_report::Kind::Started
+        } as i32,
+        state: end.map_or(0, |e| e.0 as i32),
+        exit_code: end.map(|e| e.1),
+        reason: String::new(),
+        time_ms: now,
+        attempt,
+    };
+    c.report(&r, now).1
+}
+
+/// The commands of `effects` as (node, "start JOB" | "kill JOB").
+fn commands(effects: &Effects) -> Vec<(String, String)> {
+    effects
+        .sends
+        .iter()
+        .map(|(node, cmd)| {
+            let what = match cmd.command.as_ref().unwrap() {
+                pb::agent_command::Command::Start(s) => format!("start {}", s.job_id),
+                pb::agent_command::Command::Kill(k) => format!("kill {}", k.job_id),
+            };
+            (node.clone(), what)
+        })
+        .collect()
+}
+
+fn to(node: &str, what: &str) -> (String, String) {
+    (node.to_string(), what.to_string())
+}
+
+#[test]
+fn submit_start_and_end() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let id = submit(&mut c, 1, false, T0);
+    assert_eq!(state(&c, id), JobState::Pending);
+    let changes = c.take_changes();
+    assert!(changes.nodes.contains("n1"), "the attached node is written");
+
+    let e = pass(&mut c, T0 + 10);
+    assert_eq!(commands(&e), vec![to("n1", "start 1")]);
+    let pb::agent_command::Command::Start(start) = e.sends[0].1.command.clone().unwrap() else {
+        unreachable!()
+    };
+    assert_eq!(
+        (start.attempt, start.gpus.len(), start.time_limit_secs),
+        (1, 1, 3600)
+    );
+    assert_eq!(state(&c, id), JobState::Running);
+    assert_eq!(
+        c.take_changes().jobs.put,
+        [id].into(),
+        "the placement is written"
+    );
+
+    report(&mut c, "n1", id, None, T0 + 20);
+    assert!(c.jobs.get(id).unwrap().start_confirmed);
+    let e = report(&mut c, "n1", id, Some((JobState::Completed, 0)), T0 + 5000);
+    assert!(e.sends.is_empty() && e.wake);
+    let j = c.jobs.job(id).unwrap();
+    assert_eq!(
+        (j.state(), j.exit_code, j.end_time_ms),
+        (JobState::Completed, Some(0), T0 + 5000)
+    );
+    assert!(
+        j.spec.as_ref().unwrap().env.is_empty(),
+        "finished jobs keep no env"
+    );
+    // A pass with nothing left to run sends nothing.
+    assert!(pass(&mut c, T0 + 6000).sends.is_empty());
+}
+
+#[test]
+fn cancel_pending_at_once_and_running_through_its_agent() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let running = submit(&mut c, 2, false, T0);
+    let pending = submit(&mut c, 2, false, T0);
+    pass(&mut c, T0);
+    assert_eq!(
+        (state(&c, running), state(&c, pending)),
+        (JobState::Running, JobState::Pending)
+    );
+    let bob = Actor {
+        user: "bob".into(),
+        admin: false,
+    };
+    let refused = c.cancel(&bob, &[pending], T0 + 1).unwrap_err();
+    assert!(refused.message.contains("belongs to alice"), "{refused}");
+    assert_eq!(state(&c, pending), JobState::Pending);
+
+    let (results, e) = c.cancel(&alice(), &[pending, running, 99], T0 + 2).unwrap();
+    let oks: Vec<bool> = results.iter().map(|r| r.ok).collect();
+    assert_eq!(oks, vec![true, true, false]);
+    assert_eq!(state(&c, pending), JobState::Cancelled);
+    assert_eq!(commands(&e), vec![to("n1", "kill 1")]);
+    assert_eq!(
+        state(&c, running),
+        JobState::Running,
+        "it ends when its agent says so"
+    );
+    report(
+        &mut c,
+        "n1",
+        running,
+        Some((JobState::Cancelled, -15)),
+        T0 + 3,
+    );
+    assert_eq!(state(&c, running), JobState::Cancelled);
+}
+
+#[test]
+fn a_time_limit_reached_ends_the_job_timeout() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let id = submit(&mut c, 1, false, T0);
+    pass(&mut c, T0);
+    report(&mut c, "n1", id, None, T0);
+    // The agent enforces the limit it was sent and reports the end.
+    report(
+        &mut c,
+        "n1",
+        id,
+        Some((JobState::Timeout, -15)),
+        T0 + 3_600_000,
+    );
+    let j = c.jobs.job(id).unwrap();
+    assert_eq!(j.state(), JobState::Timeout);
+    assert_eq!(j.end_time_ms - j.start_time_ms, 3_600_000);
+}
+
+#[test]
+fn node_loss_fails_its_jobs_or_requeues_those_that_ask() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let plain = submit(&mut c, 1, false, T0);
+    let requeue = submit(&mut c, 1, true, T0);
+    pass(&mut c, T0);
+    report(&mut c, "n1", plain, None, T0);
+    report(&mut c, "n1", requeue, None, T0);
+    // Heard from at T0; silent past the 60 s node timeout.
+    assert!(c.check_nodes(T0 + 59_000).closed.is_empty());
+    let e = c.check_nodes(T0 + 61_000);
+    assert_eq!(e.closed, vec!["n1".to_string()]);
+    assert!(e.wake);
+    assert_eq!(state(&c, plain), JobState::NodeFail);
+    let j = c.jobs.job(requeue).unwrap();
+    assert_eq!(j.state(), JobState::Pending);
+    assert_eq!(j.reason, "requeued: node n1 failed");
+    assert!(j.allocations.is_empty());
+    // Nothing runs there while it is down.
+    assert!(pass(&mut c, T0 + 62_000).sends.is_empty());
+}
+
+#[test]
+fn a_returning_agent_still_running_a_requeued_job_takes_it_back() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let id = submit(&mut c, 1, true, T0);
+    pass(&mut c, T0);
+    report(&mut c, "n1", id, None, T0);
+    c.check_nodes(T0 + 61_000);
+    assert_eq!(state(&c, id), JobState::Pending);
+    // The agent comes back and still runs attempt 1: no kill, the job runs again as it was.
+    let e = attach_with(&mut c, "n1", &[(id, 1)], T0 + 70_000);
+    assert!(commands(&e).is_empty(), "{:?}", commands(&e));
+    let j = c.jobs.job(id).unwrap();
+    assert_eq!(
+        (j.state(), j.attempt, j.start_time_ms),
+        (JobState::Running, 1, T0)
+    );
+}
+
+#[test]
+fn a_returning_agent_without_a_confirmed_job_fails_it_and_kills_strangers() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let confirmed = submit(&mut c, 1, false, T0);
+    let unconfirmed = submit(&mut c, 1, false, T0);
+    pass(&mut c, T0);
+    report(&mut c, "n1", confirmed, None, T0);
+    // The agent restarts: it runs neither, but something the controller never placed.
+    let e = attach_with(&mut c, "n1", &[(77, 1)], T0 + 5_000);
+    assert_eq!(commands(&e), vec![to("n1", "kill 77")]);
+    let j = c.jobs.job(confirmed).unwrap();
+    assert_eq!(j.state(), JobState::Failed);
+    assert_eq!(j.reason, "agent restarted without the job (lost)");
+    let j = c.jobs.job(unconfirmed).unwrap();
+    assert_eq!(
+        j.state(),
+        JobState::Pending,
+        "a start never delivered is requeued"
+    );
+    assert_eq!(j.reason, "requeued: start was not delivered");
+}
+
+/// What a store would hold after writing every change.
+#[derive(Default)]
+struct Disk {
+    jobs: BTreeMap<u64, StoredJob>,
+    nodes: BTreeMap<String, StoredNode>,
+}
+
+impl Disk {
+    fn write(&mut self, c: &mut Cluster) {
+        let changes = c.take_changes();
+        for id in changes.jobs.put {
+            self.jobs.insert(id, c.jobs.get(id).unwrap().clone());
+        }
+        for id in changes.jobs.delete {
+            self.jobs.remove(&id);
+        }
+        for n in changes.nodes {
+            self.nodes.insert(n.clone(), c.nodes[&n].clone());
+        }
+    }
+
+    fn load(&self) -> Cluster {
+        let mut c = cluster();
+        for j in self.jobs.values() {
+            let id = j.job.as_ref().unwrap().id;
+            c.next_job_id = c.next_job_id.max(id + 1);
+            c.jobs.insert(j.clone());
+        }
+        for (name, n) in &self.nodes {
+            c.nodes.insert(name.clone(), n.clone());
+        }
+        c
+    }
+}
+
+#[test]
+fn a_restarted_controller_recovers_from_what_was_written() {
+    let mut c = cluster();
+    let mut disk = Disk::default();
+    attach(&mut c, "n1", T0);
+    let running = submit(&mut c, 1, false, T0);
+    // A submit is written by the shell with its id; the test does the same.
+    disk.jobs
+        .insert(running, c.jobs.get(running).unwrap().clone());
+    pass(&mut c, T0);
+    report(&mut c, "n1", running, None, T0);
+    let waiting = submit(&mut c, 2, false, T0 + 1);
+    disk.jobs
+        .insert(waiting, c.jobs.get(waiting).unwrap().clone());
+    disk.write(&mut c);
+    drop(c);
+
+    let mut c = disk.load();
+    assert_eq!(state(&c, running), JobState::Running);
+    assert_eq!(c.next_job_id, waiting + 1, "ids are never reused");
+    // Down until its agent attaches again, then reconciled: the running job stays.
+    assert!(pass(&mut c, T0 + 2).sends.is_empty());
+    let e = attach_with(&mut c, "n1", &[(running, 1)], T0 + 3);
+    assert!(commands(&e).is_empty());
+    assert_eq!(state(&c, running), JobState::Running);
+    report(
+        &mut c,
+        "n1",
+        running,
+        Some((JobState::Completed, 0)),
+        T0 + 4,
+    );
+    let e = pass(&mut c, T0 + 5);
+    assert_eq!(commands(&e), vec![to("n1", "start 2")]);
+}
+
+#[test]
+fn a_dependency_that_can_never_be_met_cancels_its_job_in_the_pass() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let first = submit(&mut c, 2, false, T0);
+    let mut s = spec(1, false);
+    s.dependencies = vec![pb::Dependency {
+        kind: pb::dependency::Kind::AfterOk as i32,
+        job_id: first,
+    }];
+    let after = submit_spec(&mut c, s, T0);
+    assert_eq!(c.jobs.job(after).unwrap().reason, "Dependency");
+    let e = pass(&mut c, T0);
+    assert_eq!(
+        commands(&e),
+        vec![to("n1", "start 1")],
+        "the dependent job waits"
+    );
+    report(&mut c, "n1", first, Some((JobState::Failed, 1)), T0 + 10);
+    let e = pass(&mut c, T0 + 20);
+    assert!(e.sends.is_empty());
+    let j = c.jobs.job(after).unwrap();
+    assert_eq!(j.state(), JobState::Cancelled);
+    assert_eq!(j.reason, "DependencyNeverSatisfied: job 1 ended FAILED");
+}
+
+#[test]
+fn a_start_the_agent_handled_but_did_not_run_fails_its_job() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let id = submit(&mut c, 1, false, T0);
+    let e = pass(&mut c, T0);
+    // The shell signs the start as command 1 of the session.
+    let generation = c.conns["n1"].generation;
+    assert!(c.command_sent("n1", generation, 1, &e.sends[0].1).is_some());
+    let hb = pb::HeartbeatRequest {
+        node: "n1".into(),
+        commands_handled: 1,
+        ..pb::HeartbeatRequest::default()
+    };
+    let (resp, e) = c.heartbeat(&hb, T0 + 1000);
+    assert!(resp.known && e.wake);
+    let j = c.jobs.job(id).unwrap();
+    assert_eq!(j.state(), JobState::Failed);
+    assert!(j.reason.contains("did not run the start"), "{}", j.reason);
+}
+
+#[test]
+fn a_second_agent_cannot_take_a_live_name() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    c.challenge("n1", b"other".to_vec(), T0 + 1);
+    let req = pb::RegisterRequest {
+        node: "n1".into(),
+        nonce: b"other".to_vec(),
+        agent_id: "someone-else".into(),
+        ..pb::RegisterRequest::default()
+    };
+    let err = c.attach(&req, None, T0 + 2).unwrap_err();
+    assert_eq!(err.kind, gpuctl_core::Kind::AlreadyExists);
+    // A nonce is single use: the same attach again is refused for it.
+    let err = c.attach(&req, None, T0 + 3).unwrap_err();
+    assert_eq!(err.kind, gpuctl_core::Kind::FailedPrecondition);
+}
