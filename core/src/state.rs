@@ -246,6 +246,7 @@ impl Cluster {
                     id: j.id,
                     priority: spec.map_or(0, |s| s.priority),
                     qos: spec.map(|s| s.qos.clone()).unwrap_or_default(),
+                    account: spec.map(|s| s.account.clone()).unwrap_or_default(),
                     submit_ms: j.submit_time_ms,
                     request: Request::from(
                         spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none),

@@ -26,7 +26,11 @@ pub(crate) fn check_text(spec: &pb::JobSpec) -> Result<(), Refusal> {
         }
         s
     };
-    for (what, v) in [("name", &spec.name), ("qos", &spec.qos)] {
+    for (what, v) in [
+        ("name", &spec.name),
+        ("qos", &spec.qos),
+        ("account", &spec.account),
+    ] {
         if v.len() > MAX_NAME {
             return bad(format!("`{what}` is {} bytes, over {MAX_NAME}", v.len()));
         }
@@ -156,8 +160,11 @@ pub(crate) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(
         return bad("the job has no user");
     }
     let r = spec.resources.clone().unwrap_or_default();
-    if r.cpus == 0 {
+    if r.cpus == 0 && r.cpu_milli == 0 {
         return bad("cpus must be at least 1");
+    }
+    if r.cpu_milli > 0 && r.cpus != r.cpu_milli.div_ceil(1000) {
+        return bad("cpus must be cpu_milli rounded up to whole CPUs");
     }
     let share = r.gpu_milli > 0 || r.gpu_memory_mib > 0;
     let mig = !r.mig_profile.is_empty();

@@ -202,6 +202,7 @@ impl serde::Serialize for JobJson<'_> {
         // Keys in alphabetical order, as the Value-based output had them.
         let env: std::collections::BTreeMap<&String, &String> = spec.env.iter().collect();
         let mut m = ser.serialize_map(None)?;
+        m.serialize_entry("account", &spec.account)?;
         m.serialize_entry(
             "allocations",
             &j.allocations.iter().map(AllocJson).collect::<Vec<_>>(),

@@ -29,6 +29,8 @@ pub struct JobFile {
     pub priority: i32,
     /// Quality of service name (weights come from the controller's config).
     pub qos: Option<Spanned<String>>,
+    /// The account charged (`sbatch -A`).
+    pub account: Option<Spanned<String>>,
     /// Requeue the job when its node fails (instead of ending it NODE_FAIL).
     #[serde(default)]
     pub requeue: bool,
@@ -110,6 +112,7 @@ pub struct Job {
     pub env: BTreeMap<String, String>,
     pub priority: i32,
     pub qos: String,
+    pub account: String,
     pub requeue: bool,
     pub dependencies: Vec<(pb::dependency::Kind, u64)>,
     pub gpus: u32,
@@ -242,6 +245,13 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         None => String::new(),
     };
 
+    let account = match raw.account {
+        Some(a) if a.get_ref().is_empty() || a.get_ref().len() > 64 => {
+            return Err(at(a.span(), "`account` must be 1 to 64 characters".into()));
+        }
+        Some(a) => a.into_inner(),
+        None => String::new(),
+    };
     let dependencies = match &raw.dependency {
         Some(d) => parse_dependency(d.get_ref()).map_err(|m| at(d.span(), m))?,
         None => Vec::new(),
@@ -257,6 +267,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         env: raw.env,
         priority: raw.priority,
         qos,
+        account,
         requeue: raw.requeue,
         gpus: gpu.gpus,
         gpu_milli: gpu.gpu_milli,
@@ -600,11 +611,13 @@ impl Job {
                 mig_profile: self.mig_profile,
                 mig_count: self.mig_count,
                 nodes: self.nodes,
+                cpu_milli: 0,
             }),
             user: user.to_string(),
             uid,
             gid,
             qos: self.qos,
+            account: self.account,
             requeue: self.requeue,
             dependencies: self
                 .dependencies

@@ -44,15 +44,7 @@ pub struct Extra {
 }
 
 /// Options with no effect in gpuctl, ignored with a warning.
-const IGNORED: &[&str] = &[
-    "mail-type",
-    "mail-user",
-    "comment",
-    "account",
-    "A",
-    "hint",
-    "open-mode",
-];
+const IGNORED: &[&str] = &["mail-type", "mail-user", "comment", "hint", "open-mode"];
 
 /// The long name of a short option.
 fn long_name(short: char) -> Option<&'static str> {
@@ -248,6 +240,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
         env: BTreeMap::new(),
         priority: 0,
         qos: String::new(),
+        account: String::new(),
         requeue: false,
         dependencies: Vec::new(),
         gpus: 0,
@@ -303,6 +296,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 }
                 "dependency" => job.dependencies = parse_dependency(v).map_err(fail)?,
                 "qos" => job.qos = v.to_string(),
+                "account" => job.account = v.to_string(),
                 "requeue" => job.requeue = true,
                 "no-requeue" => job.requeue = false,
                 "chdir" => job.workdir = Some(PathBuf::from(v)),

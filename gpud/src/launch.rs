@@ -357,7 +357,7 @@ impl LaunchSpec {
             run_as,
             shim: None,
             limits: crate::cgroup::Limits {
-                cpu_milli: res.cpus.saturating_mul(1000),
+                cpu_milli: gpuctl_proto::convert::cpu_milli(&res),
                 memory_bytes: res.memory_bytes,
                 pids: 8192,
             },

@@ -78,10 +78,19 @@ impl From<&Resources> for Request {
         Request {
             gpu,
             models: r.gpu_models.clone(),
-            cpu_milli: r.cpus.saturating_mul(1000),
+            cpu_milli: cpu_milli(r),
             memory_bytes: r.memory_bytes,
             nodes: r.nodes.max(1),
         }
+    }
+}
+
+/// The CPUs a request asks for, in milli-CPUs: `cpu_milli` when set, else `cpus`.
+pub fn cpu_milli(r: &Resources) -> u32 {
+    if r.cpu_milli > 0 {
+        r.cpu_milli
+    } else {
+        r.cpus.saturating_mul(1000)
     }
 }
 

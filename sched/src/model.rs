@@ -93,13 +93,12 @@ pub struct ClusterView {
 }
 
 /// The GPU part of a request.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GpuRequest {
+    #[default]
     None,
     /// Whole GPUs (per node).
-    Whole {
-        count: u32,
-    },
+    Whole { count: u32 },
     /// A share of one GPU: compute in milli-GPUs and/or memory in MiB. A missing part is
     /// derived from the other in proportion to the GPU it lands on.
     Share {
@@ -107,10 +106,7 @@ pub enum GpuRequest {
         memory_mib: Option<u64>,
     },
     /// MIG instances of one profile (per node).
-    Mig {
-        profile: String,
-        count: u32,
-    },
+    Mig { profile: String, count: u32 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -204,13 +200,16 @@ pub fn models_allow(wanted: &[String], model: &str) -> bool {
         })
 }
 
-/// A job waiting to be scheduled.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A job waiting to be scheduled. Build one with `..PendingJob::default()`, so that a
+/// new field costs its constructors nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PendingJob {
     pub id: JobId,
     /// The user's own priority from the job file.
     pub priority: i32,
     pub qos: String,
+    /// The account the job is charged to (fair share counts usage per account).
+    pub account: String,
     pub submit_ms: Millis,
     pub request: Request,
     /// The time limit: how long the job is planned to hold its slots.

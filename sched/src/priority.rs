@@ -152,6 +152,7 @@ mod tests {
             submit_ms,
             request: Request::whole(gpus),
             duration_ms: 1000,
+            ..PendingJob::default()
         }
     }
 

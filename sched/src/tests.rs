@@ -56,6 +56,7 @@ fn job(id: JobId, priority: i32, req: Request, hours: i64) -> PendingJob {
         submit_ms: id as i64,
         request: req,
         duration_ms: hours * H,
+        ..PendingJob::default()
     }
 }
 

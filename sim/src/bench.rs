@@ -108,6 +108,7 @@ pub fn queue(pods: &[Pod], n: usize, seed: u64) -> Vec<PendingJob> {
                 submit_ms: -(rng.random_range(0..H)),
                 request,
                 duration_ms: p.duration_s().unwrap_or(600).clamp(60, 7 * 24 * 3600) * 2000,
+                ..PendingJob::default()
             }
         })
         .collect()

@@ -1,6 +1,9 @@
 //! Time-based replay: jobs arrive at their submit times, wait in the queue, and run for
-//! their real durations on a virtual clock; after every batch of events at one instant,
-//! one scheduling pass (the controller's `sched::schedule`) decides what starts.
+//! their real durations on a virtual clock. What decides is the controller's own
+//! cluster state machine (`gpuctl-core`): jobs are submitted to it as job specs, and
+//! after every batch of events at one instant it runs one scheduling pass (input,
+//! `sched::schedule`, plan applied); simulated agents report each start at once and
+//! each end after the job's duration.
 //!
 //! Jobs CSV: `submit_time,duration,num_gpus` (seconds) and optionally `gpu_milli,cpus,
 //! memory_mib,time_limit,priority,user,nodes`. `num_gpus` is the job's total: a job
@@ -11,16 +14,18 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 
+use gpuctl_core::ops::Admission;
+use gpuctl_core::{Actor, Cluster, Config};
+use gpuctl_proto as pb;
 use gpuctl_sched::packing::{Policy, Workload};
 use gpuctl_sched::priority::PriorityWeights;
 use gpuctl_sched::{
-    self as sched, ClusterView, Eligibility, GpuRequest, Millis, NodeView, PendingJob, Request,
-    Running, SchedConfig, SlotView,
+    self as sched, Eligibility, GpuRequest, Millis, NodeView, Request, SchedConfig, SlotView,
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -287,7 +292,121 @@ fn config_for(
     })
 }
 
-/// Replays `jobs` on `nodes`; returns the summary and the utilisation timeline.
+/// The replay's controller: the controller's own cluster state machine
+/// (`gpuctl-core`) with this policy's scheduler configuration, and an agent attached for
+/// every node. Time limits and queue lengths are the trace's: the site limits are off.
+fn controller(nodes: &[NodeView], config: &SchedConfig, t0: Millis) -> Cluster {
+    let mut cfg = Config::default();
+    cfg.limits.max_time_limit = Duration::from_secs(u64::from(u32::MAX));
+    cfg.limits.max_pending_per_user = usize::MAX;
+    cfg.retention.max_age = Duration::from_secs(u64::from(u32::MAX));
+    cfg.retention.max_jobs = usize::MAX;
+    let mut c = Cluster::new(cfg);
+    c.sched_config = config.clone();
+    for (i, n) in nodes.iter().enumerate() {
+        let nonce = i.to_le_bytes().to_vec();
+        c.challenge(&n.name, nonce.clone(), t0);
+        let req = pb::RegisterRequest {
+            node: n.name.clone(),
+            gpus: gpus_of(n),
+            cpus: n.cpu_milli / 1000,
+            memory_bytes: n.memory_bytes,
+            gpu_backend: "simulated".into(),
+            nonce,
+            agent_id: format!("sim-{i}"),
+            ..pb::RegisterRequest::default()
+        };
+        c.attach(&req, None, t0)
+            .expect("a simulated agent attaches");
+    }
+    c.take_changes();
+    c
+}
+
+/// A node's GPUs as its agent reports them (MIG instances under their GPU).
+fn gpus_of(n: &NodeView) -> Vec<pb::Gpu> {
+    let mut out: Vec<pb::Gpu> = Vec::new();
+    for s in &n.slots {
+        let mig = s.mig_profile.as_ref().map(|p| pb::MigInstance {
+            uuid: s.uuid.clone(),
+            profile: p.clone(),
+            memory_mib: s.memory_mib,
+            allocated_to: 0,
+        });
+        match (out.last_mut(), mig) {
+            (Some(g), Some(m)) if g.index == s.gpu_index && !g.mig.is_empty() => g.mig.push(m),
+            (_, mig) => out.push(pb::Gpu {
+                index: s.gpu_index,
+                uuid: if mig.is_some() {
+                    format!("{}-gpu", s.uuid)
+                } else {
+                    s.uuid.clone()
+                },
+                model: s.model.clone(),
+                memory_mib: s.memory_mib,
+                mig: mig.into_iter().collect(),
+                ..pb::Gpu::default()
+            }),
+        }
+    }
+    out
+}
+
+/// A trace job as a job file would ask for it.
+fn spec_of(j: &TraceJob) -> pb::JobSpec {
+    let r = &j.request;
+    let (gpus, gpu_milli, gpu_memory_mib, mig_profile, mig_count) = match &r.gpu {
+        GpuRequest::None => (0, 0, 0, String::new(), 0),
+        GpuRequest::Whole { count } => (*count, 0, 0, String::new(), 0),
+        GpuRequest::Share {
+            compute_milli,
+            memory_mib,
+        } => (
+            0,
+            compute_milli.unwrap_or(0),
+            memory_mib.unwrap_or(0),
+            String::new(),
+            0,
+        ),
+        GpuRequest::Mig { profile, count } => (0, 0, 0, profile.clone(), *count),
+    };
+    pb::JobSpec {
+        name: format!("trace-{}", j.id),
+        command: vec!["/bin/true".into()],
+        workdir: "/".into(),
+        user: "sim".into(),
+        priority: j.priority,
+        resources: Some(pb::Resources {
+            gpus,
+            cpus: r.cpu_milli.div_ceil(1000).max(1),
+            cpu_milli: r.cpu_milli,
+            memory_bytes: r.memory_bytes,
+            time_limit_secs: (j.time_limit.max(1000) as u64).div_ceil(1000),
+            gpu_milli,
+            gpu_memory_mib,
+            gpu_models: r.models.clone(),
+            mig_profile,
+            mig_count,
+            nodes: r.nodes,
+        }),
+        ..pb::JobSpec::default()
+    }
+}
+
+/// What the replay measures as it goes.
+#[derive(Default)]
+struct Tally {
+    waits: Vec<f64>,
+    jcts: Vec<f64>,
+    slowdowns: Vec<f64>,
+    pass_ms: Vec<f64>,
+    samples: Vec<Sample>,
+}
+
+/// Replays `jobs` on `nodes` through the controller's state machine: jobs are
+/// submitted at their times, a pass runs after every instant with events, the agents
+/// report each start at once and each end after the job's duration. Returns the
+/// summary and the utilisation timeline.
 pub fn replay(
     nodes: &[NodeView],
     jobs: &[TraceJob],
@@ -306,94 +425,122 @@ pub fn replay(
         })
         .collect();
     let infeasible = jobs.len() - feasible.len();
-    let mut pending: BTreeMap<u64, &TraceJob> = BTreeMap::new();
-    // job -> (allocations, start, time limit, GPU milli)
-    let mut running: BTreeMap<u64, (Vec<sched::Alloc>, Millis, Millis, u64)> = BTreeMap::new();
-    let mut ends: BinaryHeap<Reverse<(Millis, u64)>> = BinaryHeap::new();
-    let mut next = 0usize;
     let mut now: Millis = feasible.first().map_or(0, |j| j.submit);
+    let mut c = controller(nodes, config, now);
+    let actor = Actor {
+        user: "sim".into(),
+        admin: true,
+    };
+    // The controller's job id -> the trace job.
+    let mut by_id: BTreeMap<u64, &TraceJob> = BTreeMap::new();
+    let mut pending = 0usize;
+    // (end time, job, node): one end report per rank.
+    let mut ends: BinaryHeap<Reverse<(Millis, u64, String)>> = BinaryHeap::new();
+    let mut next = 0usize;
     let first_submit = now;
-    let mut waits = Vec::new();
-    let mut jcts = Vec::new();
-    let mut slowdowns = Vec::new();
-    let mut pass_ms = Vec::new();
-    let mut samples = Vec::new();
+    let mut tally = Tally::default();
     let (mut alloc_milli, mut backlog_area, mut backlog_cap, mut area) = (0u64, 0f64, 0f64, 0f64);
     let mut last_end = now;
     loop {
         // Everything that happens at `now`: ends, then arrivals.
-        while let Some(Reverse((t, id))) = ends.peek().copied() {
+        while let Some(Reverse((t, id, node))) = ends.peek().cloned() {
             if t > now {
                 break;
             }
             ends.pop();
-            let (_, _, _, gpu_milli) = running.remove(&id).expect("running job");
-            alloc_milli -= gpu_milli;
+            let attempt = c.jobs.job(id).map_or(0, |j| j.attempt);
+            let end = pb::JobReport {
+                node,
+                job_id: id,
+                kind: pb::job_report::Kind::Ended as i32,
+                state: pb::JobState::Completed as i32,
+                exit_code: Some(0),
+                time_ms: t,
+                attempt,
+                ..pb::JobReport::default()
+            };
+            c.report(&end, t);
+            if c.jobs.job(id).is_some_and(|j| j.state().is_final()) {
+                alloc_milli -= by_id[&id].gpu_milli;
+            }
             last_end = last_end.max(t);
         }
         while next < feasible.len() && feasible[next].submit <= now {
-            pending.insert(feasible[next].id, feasible[next]);
+            let j = feasible[next];
             next += 1;
+            match c.admit(&actor, spec_of(j), "", now) {
+                Ok(Admission::New(stored)) => {
+                    by_id.insert(stored.job.as_ref().map_or(0, |x| x.id), j);
+                    c.commit_submit(*stored);
+                    pending += 1;
+                }
+                Ok(Admission::Repeat(_)) => unreachable!("no request ids"),
+                Err(e) => panic!("trace job {} refused: {e}", j.id),
+            }
         }
-        if !pending.is_empty() {
-            let view = ClusterView {
-                nodes: nodes.to_vec(),
-                running: running
-                    .iter()
-                    .flat_map(|(id, (allocs, start, limit, _))| {
-                        allocs.iter().map(move |a| Running {
-                            job: *id,
-                            alloc: a.clone(),
-                            end_ms: start + limit,
-                        })
-                    })
-                    .collect(),
-            };
-            let queue: Vec<PendingJob> = pending
-                .values()
-                .map(|j| PendingJob {
-                    id: j.id,
-                    priority: j.priority,
-                    qos: String::new(),
-                    submit_ms: j.submit,
-                    request: j.request.clone(),
-                    duration_ms: j.time_limit,
-                })
-                .collect();
+        if pending > 0 {
             let t0 = Instant::now();
-            let plan = sched::schedule(&view, &queue, config, now);
-            pass_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
-            for s in plan.starts {
-                let j = pending.remove(&s.job).expect("pending job");
-                running.insert(j.id, (s.allocs, now, j.time_limit, j.gpu_milli));
-                ends.push(Reverse((now + j.duration, j.id)));
+            let (view, queue, cfg) = c.pass_input(now);
+            let plan = sched::schedule(&view, &queue, &cfg, now);
+            let effects = c.apply_plan(&plan, now);
+            tally.pass_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+            for (node, cmd) in effects.sends {
+                let Some(pb::agent_command::Command::Start(s)) = cmd.command else {
+                    continue;
+                };
+                let j = by_id[&s.job_id];
+                let started = pb::JobReport {
+                    node: node.clone(),
+                    job_id: s.job_id,
+                    kind: pb::job_report::Kind::Started as i32,
+                    time_ms: now,
+                    attempt: s.attempt,
+                    ..pb::JobReport::default()
+                };
+                c.report(&started, now);
+                ends.push(Reverse((now + j.duration, s.job_id, node)));
+                if s.rank > 0 {
+                    continue;
+                }
+                pending -= 1;
                 alloc_milli += j.gpu_milli;
                 let wait = (now - j.submit) as f64 / 1000.0;
                 let run = j.duration as f64 / 1000.0;
-                waits.push(wait);
-                jcts.push(wait + run);
-                slowdowns.push(((wait + run) / run.max(10.0)).max(1.0));
+                tally.waits.push(wait);
+                tally.jcts.push(wait + run);
+                tally
+                    .slowdowns
+                    .push(((wait + run) / run.max(10.0)).max(1.0));
             }
         }
-        samples.push(Sample {
+        // What a store would write; the replay keeps nothing.
+        c.take_changes();
+        tally.samples.push(Sample {
             t: now,
             allocated_milli: alloc_milli,
-            queued: pending.len(),
+            queued: pending,
         });
         // Advance to the next event.
         let next_arrival = feasible.get(next).map(|j| j.submit);
-        let next_end = ends.peek().map(|Reverse((t, _))| *t);
+        let next_end = ends.peek().map(|Reverse((t, _, _))| *t);
         let Some(t) = [next_arrival, next_end].into_iter().flatten().min() else {
             break;
         };
         let dt = (t - now) as f64;
         area += dt * alloc_milli as f64;
-        if !pending.is_empty() {
+        if pending > 0 {
             backlog_area += dt * alloc_milli as f64;
             backlog_cap += dt * capacity as f64;
         }
         now = t;
     }
+    let Tally {
+        waits,
+        jcts,
+        slowdowns,
+        pass_ms,
+        samples,
+    } = tally;
     let makespan = (last_end - first_submit).max(0) as f64;
     let mut sorted = waits.clone();
     sorted.sort_by(f64::total_cmp);
