@@ -160,29 +160,9 @@ pub(crate) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(
         return bad("the job has no user");
     }
     let r = spec.resources.clone().unwrap_or_default();
-    if r.cpus == 0 && r.cpu_milli == 0 {
-        return bad("cpus must be at least 1");
-    }
-    if r.cpu_milli > 0 && r.cpus != r.cpu_milli.div_ceil(1000) {
-        return bad("cpus must be cpu_milli rounded up to whole CPUs");
-    }
-    let share = r.gpu_milli > 0 || r.gpu_memory_mib > 0;
-    let mig = !r.mig_profile.is_empty();
-    if u32::from(share) + u32::from(mig) + u32::from(r.gpus > 0) > 1 {
-        return bad(
-            "ask for one of: whole GPUs (`gpus`), a share (`gpus` < 1, `gpu_memory`), or MIG (`mig`)",
-        );
-    }
-    if r.gpu_milli > 1000 {
-        return bad("a GPU share is at most one GPU");
-    }
-    if r.nodes > 1 && (share || mig) {
-        return bad("multi-node jobs take whole GPUs");
-    }
-    if r.nodes > 1024 {
-        return bad("at most 1024 nodes");
-    }
-    Ok(())
+    gpuctl_proto::convert::checked_request(&r)
+        .map(drop)
+        .map_err(|e| Refusal::invalid_argument(e.0))
 }
 
 /// Path rules: workdir is absolute and plain; stdout/stderr are absolute, or relative

@@ -80,6 +80,10 @@ impl SubmitArgs {
         // (admins only) asks for another.
         let mut spec = job.into_spec(cwd, self.user.as_deref().unwrap_or(""), 0, 0);
         self.export_env(&extra, &mut spec)?;
+        // The controller's own rules for a request's shape, before anything is sent.
+        let res = spec.resources.clone().unwrap_or_default();
+        gpuctl_proto::convert::checked_request(&res)
+            .map_err(|e| format!("{}: {e}", self.label()))?;
         Ok(spec)
     }
 
@@ -253,5 +257,16 @@ mod tests {
         assert!(time_limit("soon").is_err());
         assert!(Cmd::try_parse_from(["submit"]).is_err(), "a file or --wrap");
         assert!(Cmd::try_parse_from(["submit", "f.toml", "--wrap", "x"]).is_err());
+    }
+
+    #[test]
+    fn overrides_that_make_a_bad_request_are_refused_as_the_controller_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("share.toml");
+        std::fs::write(&file, "command = [\"python\"]\n[resources]\ngpus = 0.5\n").unwrap();
+        let a = args(&[file.to_str().unwrap(), "-N", "2"]);
+        let e = a.spec(Path::new("/w")).unwrap_err();
+        assert!(e.contains("multi-node jobs take whole GPUs"), "{e}");
+        assert!(e.starts_with(file.to_str().unwrap()), "{e}");
     }
 }

@@ -85,6 +85,48 @@ impl From<&Resources> for Request {
     }
 }
 
+/// A request no node could be asked for as it is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRequest(pub String);
+
+/// The request checked, then as the scheduler sees it. The one place where the rules of
+/// a request's shape live: the controller refuses a job with this message, and `gpuctl`
+/// checks what it is about to send (a job file, a script, the command line's overrides)
+/// with the same function.
+pub fn checked_request(r: &Resources) -> Result<Request, BadRequest> {
+    let bad = |m: &str| Err(BadRequest(m.to_string()));
+    if r.cpus == 0 && r.cpu_milli == 0 {
+        return bad("cpus must be at least 1");
+    }
+    if r.cpu_milli > 0 && r.cpus != r.cpu_milli.div_ceil(1000) {
+        return bad("cpus must be cpu_milli rounded up to whole CPUs");
+    }
+    let share = r.gpu_milli > 0 || r.gpu_memory_mib > 0;
+    let mig = !r.mig_profile.is_empty();
+    if u32::from(share) + u32::from(mig) + u32::from(r.gpus > 0) > 1 {
+        return bad(
+            "ask for one of: whole GPUs (`gpus`), a share (`gpus` < 1, `gpu_memory`), or MIG (`mig`)",
+        );
+    }
+    if r.gpu_milli > 1000 {
+        return bad("a GPU share is at most one GPU");
+    }
+    if r.mig_count > 0 && !mig {
+        return bad("`mig_count` needs a MIG profile (`mig`)");
+    }
+    if r.gpus > 1024 || r.mig_count > 1024 {
+        return bad("at most 1024 GPUs or MIG instances per node");
+    }
+    if r.nodes > 1 && (share || mig) {
+        return bad("multi-node jobs take whole GPUs");
+    }
+    if r.nodes > 1024 {
+        return bad("at most 1024 nodes");
+    }
+    Ok(Request::from(r))
+}
+
 /// The CPUs a request asks for, in milli-CPUs: `cpu_milli` when set, else `cpus`.
 pub fn cpu_milli(r: &Resources) -> u32 {
     if r.cpu_milli > 0 {
@@ -213,6 +255,56 @@ mod tests {
         };
         let r = Request::from(&whole);
         assert_eq!((r.gpu, r.nodes), (GpuRequest::Whole { count: 2 }, 1));
+    }
+
+    #[test]
+    fn request_shapes_are_checked_in_one_place() {
+        let r = |f: &dyn Fn(&mut Resources)| {
+            let mut r = Resources {
+                cpus: 1,
+                ..Resources::default()
+            };
+            f(&mut r);
+            checked_request(&r)
+        };
+        assert!(r(&|r| r.gpus = 2).is_ok());
+        assert!(r(&|r| r.gpu_milli = 250).is_ok());
+        let refused = [
+            (r(&|r| r.cpus = 0), "cpus must be at least 1"),
+            (
+                r(&|r| {
+                    r.gpus = 1;
+                    r.gpu_milli = 500;
+                }),
+                "ask for one of",
+            ),
+            (r(&|r| r.gpu_milli = 1500), "at most one GPU"),
+            (r(&|r| r.mig_count = 2), "needs a MIG profile"),
+            (
+                r(&|r| {
+                    r.gpu_milli = 500;
+                    r.nodes = 2;
+                }),
+                "multi-node jobs take whole GPUs",
+            ),
+            (r(&|r| r.nodes = 2000), "at most 1024 nodes"),
+            (
+                r(&|r| {
+                    r.cpu_milli = 3152;
+                    r.cpus = 1;
+                }),
+                "rounded up",
+            ),
+        ];
+        for (got, want) in refused {
+            let e = got.unwrap_err();
+            assert!(e.0.contains(want), "{e} lacks {want:?}");
+        }
+        let fractional = r(&|r| {
+            r.cpu_milli = 3152;
+            r.cpus = 4;
+        });
+        assert_eq!(fractional.unwrap().cpu_milli, 3152);
     }
 
     #[test]
