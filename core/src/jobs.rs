@@ -58,6 +58,25 @@ pub enum Transition {
     },
 }
 
+/// A job as users see it: its node list and GPUs derived from its allocations (the
+/// records keep the placement once, as allocations).
+pub fn presented(j: &pb::Job) -> pb::Job {
+    let mut j = j.clone();
+    let mut nodes: Vec<&str> = Vec::new();
+    for a in &j.allocations {
+        if !nodes.contains(&a.node.as_str()) {
+            nodes.push(&a.node);
+        }
+    }
+    j.node = nodes.join(",");
+    j.gpus = j
+        .allocations
+        .iter()
+        .flat_map(|a| a.slots.iter().map(|x| x.uuid.clone()))
+        .collect();
+    j
+}
+
 /// A transition that does not apply to the job as it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
@@ -363,17 +382,9 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             let j = job_mut(s);
             j.set_state(JobState::Running);
             j.attempt += 1;
-            let mut nodes: Vec<&str> = Vec::new();
-            for a in &allocations {
-                if !nodes.contains(&a.node.as_str()) {
-                    nodes.push(&a.node);
-                }
-            }
-            j.node = nodes.join(",");
-            j.gpus = allocations
-                .iter()
-                .flat_map(|a| a.slots.iter().map(|x| x.uuid.clone()))
-                .collect();
+            // The placement is the allocations alone (`presented` derives the rest).
+            j.node.clear();
+            j.gpus.clear();
             j.allocations = allocations;
             j.start_time_ms = now;
             j.expected_start_ms = 0;

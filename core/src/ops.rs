@@ -201,12 +201,11 @@ impl Cluster {
                     .unwrap_or_default()
             })
             .collect();
-        tracing::info!(job = j.id, attempt = j.attempt, nodes = %j.node, gpus = ?j.gpus, "starting job");
+        tracing::info!(job = j.id, attempt = j.attempt, nodes = ?nodelist, "starting job");
         for a in &j.allocations {
             let cmd = pb::StartJob {
                 job_id: j.id,
                 spec: j.spec.clone(),
-                gpus: a.slots.iter().map(|s| s.uuid.clone()).collect(),
                 time_limit_secs: j.time_limit_secs,
                 kill_grace_secs: self.config.kill_grace.as_secs(),
                 slots: a.slots.clone(),

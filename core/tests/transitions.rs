@@ -158,7 +158,7 @@ fn submit_start_and_end() {
         unreachable!()
     };
     assert_eq!(
-        (start.attempt, start.gpus.len(), start.time_limit_secs),
+        (start.attempt, start.slots.len(), start.time_limit_secs),
         (1, 1, 3600)
     );
     assert_eq!(state(&c, id), JobState::Running);

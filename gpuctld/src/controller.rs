@@ -22,7 +22,7 @@ use tonic::Status;
 use crate::auth::{Caller, Tokens};
 use crate::store::{Store, StoreError};
 use gpuctl_core::Config;
-use gpuctl_core::jobs::job_of;
+use gpuctl_core::jobs::{job_of, presented};
 use gpuctl_sched as sched;
 
 mod agents;
@@ -392,9 +392,9 @@ impl Controller {
     pub fn list_jobs(&self, all: bool) -> Vec<pb::Job> {
         let c = self.lock();
         if all {
-            c.jobs.all().map(job_of).cloned().collect()
+            c.jobs.all().map(|s| presented(job_of(s))).collect()
         } else {
-            c.jobs.active().map(job_of).cloned().collect()
+            c.jobs.active().map(|s| presented(job_of(s))).collect()
         }
     }
 
@@ -414,7 +414,7 @@ impl Controller {
         ids.iter()
             .filter_map(|&id| c.jobs.job(id))
             .filter(|j| all || !j.state().is_final())
-            .cloned()
+            .map(presented)
             .collect()
     }
 
@@ -422,7 +422,7 @@ impl Controller {
         let c = self.lock();
         c.jobs
             .job(id)
-            .cloned()
+            .map(presented)
             .ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
 }

@@ -29,11 +29,7 @@ pub fn job_env(start: &pb::StartJob, node: &str, lang: Option<&str>) -> BTreeMap
     let job_id = start.job_id;
     let default_spec = pb::JobSpec::default();
     let spec = start.spec.as_ref().unwrap_or(&default_spec);
-    let gpus: Vec<String> = if start.slots.is_empty() {
-        start.gpus.clone()
-    } else {
-        start.slots.iter().map(|s| s.uuid.clone()).collect()
-    };
+    let gpus: Vec<String> = start.slots.iter().map(|s| s.uuid.clone()).collect();
     let mut env = BTreeMap::new();
     env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
     env.insert("LANG".into(), lang.unwrap_or("C.UTF-8").to_string());
@@ -803,7 +799,6 @@ mod tests {
         pb::StartJob {
             job_id: 7,
             spec: Some(spec()),
-            gpus: slots.iter().map(|s| s.0.to_string()).collect(),
             slots: slots
                 .iter()
                 .map(|&(u, c, m)| pb::SlotUse {

@@ -63,7 +63,7 @@ fn submit_start_end_keeps_every_index() {
 
     start(&mut t, 1, "n1", 100);
     t.check();
-    let j = t.job(1).unwrap();
+    let j = presented(t.job(1).unwrap());
     assert_eq!(
         (j.state(), j.attempt, j.start_time_ms),
         (JobState::Running, 1, 100)
@@ -172,7 +172,7 @@ fn requeue_then_readopt_restores_the_running_record() {
     };
     t.transition(1, back, 30).unwrap();
     t.check();
-    let j = t.job(1).unwrap();
+    let j = presented(t.job(1).unwrap());
     assert_eq!(
         (j.state(), j.start_time_ms, j.node.as_str()),
         (JobState::Running, 10, "n1")

@@ -151,7 +151,7 @@ pub(super) async fn run_job(
             ended(JobState::Failed, None, format!("launch failed: {e}"))
         }
         Ok(mut job) => {
-            tracing::info!(job = id, pid = job.id(), gpus = ?start.gpus, cgroup = job.cgroup.is_some(), adopted = was_adopted, "job started");
+            tracing::info!(job = id, pid = job.id(), gpus = ?start.slots.iter().map(|s| &s.uuid).collect::<Vec<_>>(), cgroup = job.cgroup.is_some(), adopted = was_adopted, "job started");
             agent
                 .watched
                 .lock()

@@ -129,7 +129,6 @@ impl Harness {
                 workdir: self._dir.path().display().to_string(),
                 ..pb::JobSpec::default()
             }),
-            gpus: vec![uuid.clone()],
             slots: vec![pb::SlotUse {
                 uuid,
                 compute_milli: 1000,
