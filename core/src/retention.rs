@@ -52,7 +52,7 @@ mod tests {
                         .into_iter()
                         .collect(),
                     resources: Some(pb::Resources {
-                        gpus: 2,
+                        gpu: Some(pb::resources::Gpu::Gpus(2)),
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -67,7 +67,10 @@ mod tests {
         assert!(spec.env.is_empty());
         assert!(spec.script.is_empty());
         assert_eq!(spec.name, "train");
-        assert_eq!(spec.resources.as_ref().unwrap().gpus, 2);
+        assert_eq!(
+            spec.resources.as_ref().unwrap().gpu,
+            Some(pb::resources::Gpu::Gpus(2))
+        );
         assert!(s.requeued_from.is_none());
         assert!(!compact(&mut s), "compacting twice changes nothing");
     }

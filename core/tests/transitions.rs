@@ -69,7 +69,7 @@ fn spec(gpus: u32, requeue: bool) -> pb::JobSpec {
         env: [("TOKEN".to_string(), "secret".to_string())].into(),
         requeue,
         resources: Some(pb::Resources {
-            gpus,
+            gpu: Some(pb::resources::Gpu::Gpus(gpus)),
             cpus: 1,
             time_limit_secs: 3600,
             ..pb::Resources::default()

@@ -3,6 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuctl_proto::{self as pb, JobState, NodeState};
+use gpuctl_sched::GpuRequest;
 use serde_json::{Value, json};
 use tabled::settings::Style;
 
@@ -177,13 +178,29 @@ impl serde::Serialize for ResourcesJson<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let r = self.0;
+        let (mut gpus, mut milli, mut mib, mut mig, mut mig_count) = (0, 0, 0, None, 0);
+        match gpu_of(r) {
+            GpuRequest::None => {}
+            GpuRequest::Whole { count } => gpus = count,
+            GpuRequest::Share {
+                compute_milli,
+                memory_mib,
+            } => {
+                milli = compute_milli.unwrap_or(0);
+                mib = memory_mib.unwrap_or(0);
+            }
+            GpuRequest::Mig { profile, count } => {
+                mig = Some(profile);
+                mig_count = count;
+            }
+        }
         let mut m = ser.serialize_map(Some(9))?;
-        m.serialize_entry("gpus", &r.gpus)?;
-        m.serialize_entry("gpu_milli", &r.gpu_milli)?;
-        m.serialize_entry("gpu_memory_mib", &r.gpu_memory_mib)?;
+        m.serialize_entry("gpus", &gpus)?;
+        m.serialize_entry("gpu_milli", &milli)?;
+        m.serialize_entry("gpu_memory_mib", &mib)?;
         m.serialize_entry("gpu_models", &r.gpu_models)?;
-        m.serialize_entry("mig", &non_empty(&r.mig_profile))?;
-        m.serialize_entry("mig_count", &r.mig_count)?;
+        m.serialize_entry("mig", &mig)?;
+        m.serialize_entry("mig_count", &mig_count)?;
         m.serialize_entry("nodes", &r.nodes.max(1))?;
         m.serialize_entry("cpus", &r.cpus)?;
         m.serialize_entry("memory_bytes", &r.memory_bytes)?;
@@ -358,20 +375,23 @@ fn plain_table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The GPU part of a request, as the scheduler reads it.
+fn gpu_of(r: &pb::Resources) -> GpuRequest {
+    gpuctl_proto::convert::gpu_request(r.gpu.as_ref())
+}
+
 /// The GPU request in a few characters: `2`, `0.25`, `10GiB`, `mig:3g.40gb`, `2x8`.
 pub fn gpu_request(r: &pb::Resources) -> String {
-    let per_node = if !r.mig_profile.is_empty() {
-        if r.mig_count > 1 {
-            format!("{}xmig:{}", r.mig_count, r.mig_profile)
-        } else {
-            format!("mig:{}", r.mig_profile)
-        }
-    } else if r.gpu_milli > 0 {
-        format!("{}", f64::from(r.gpu_milli) / 1000.0)
-    } else if r.gpu_memory_mib > 0 {
-        format!("{}MiB", r.gpu_memory_mib)
-    } else {
-        r.gpus.to_string()
+    let per_node = match gpu_of(r) {
+        GpuRequest::None => "0".to_string(),
+        GpuRequest::Whole { count } => count.to_string(),
+        GpuRequest::Mig { profile, count } if count > 1 => format!("{count}xmig:{profile}"),
+        GpuRequest::Mig { profile, .. } => format!("mig:{profile}"),
+        GpuRequest::Share {
+            compute_milli: Some(c),
+            ..
+        } => format!("{}", f64::from(c) / 1000.0),
+        GpuRequest::Share { memory_mib, .. } => format!("{}MiB", memory_mib.unwrap_or(0)),
     };
     if r.nodes > 1 {
         format!("{}x{per_node}", r.nodes)
@@ -664,7 +684,7 @@ pub fn show_job(j: &pb::Job) -> String {
         "Request",
         format!(
             "gpus={} cpus={} memory={}",
-            r.gpus,
+            gpu_request(&r),
             r.cpus,
             if r.memory_bytes == 0 {
                 "-".to_string()

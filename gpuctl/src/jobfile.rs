@@ -282,6 +282,30 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
     })
 }
 
+/// The wire's GPU part of a job: MIG instances, else a share, else whole GPUs.
+fn wire_gpu(
+    mig_profile: &str,
+    mig_count: u32,
+    gpu_milli: u32,
+    gpu_memory_mib: u64,
+    gpus: u32,
+) -> Option<pb::resources::Gpu> {
+    use pb::resources::Gpu;
+    if !mig_profile.is_empty() {
+        Some(Gpu::Mig(pb::MigInstances {
+            profile: mig_profile.to_string(),
+            count: mig_count.max(1),
+        }))
+    } else if gpu_milli > 0 || gpu_memory_mib > 0 {
+        Some(Gpu::Share(pb::GpuShare {
+            compute_milli: gpu_milli,
+            memory_mib: (gpu_memory_mib > 0).then_some(gpu_memory_mib),
+        }))
+    } else {
+        (gpus > 0).then_some(Gpu::Gpus(gpus))
+    }
+}
+
 /// A job file's text, for errors that point into it.
 struct Src<'a> {
     file: &'a str,
@@ -601,17 +625,19 @@ impl Job {
             env: self.env.into_iter().collect(),
             priority: self.priority,
             resources: Some(pb::Resources {
-                gpus: self.gpus,
+                gpu: wire_gpu(
+                    &self.mig_profile,
+                    self.mig_count,
+                    self.gpu_milli,
+                    self.gpu_memory_mib,
+                    self.gpus,
+                ),
                 cpus: self.cpus,
                 memory_bytes: self.memory_bytes,
                 time_limit_secs: self.time_limit.map_or(0, |d| d.as_secs()),
-                gpu_milli: self.gpu_milli,
-                gpu_memory_mib: self.gpu_memory_mib,
                 gpu_models: self.gpu_models,
-                mig_profile: self.mig_profile,
-                mig_count: self.mig_count,
                 nodes: self.nodes,
-                cpu_milli: 0,
+                ..pb::Resources::default()
             }),
             user: user.to_string(),
             uid,

@@ -250,7 +250,7 @@ mod tests {
         assert_eq!(s.workdir, "/w");
         let r = s.resources.unwrap();
         assert_eq!(r.time_limit_secs, 5400);
-        assert_eq!(r.gpus, 2);
+        assert_eq!(r.gpu, Some(pb::resources::Gpu::Gpus(2)));
         assert_eq!(r.gpu_models, vec!["a100".to_string()]);
         assert_eq!((r.cpus, r.memory_bytes, r.nodes), (3, 4 << 30, 2));
         assert_eq!(time_limit("2h 30m").unwrap().as_secs(), 9000);

@@ -118,6 +118,17 @@ fn store_status(e: StoreError) -> Status {
     }
 }
 
+/// Moves the flat GPU fields of an old record (its spec, and the copy kept for
+/// re-adoption) into the `gpu` oneof. Returns whether anything changed.
+fn upgrade_record(s: &mut gpuctl_proto::store::StoredJob) -> bool {
+    let jobs = s.job.iter_mut().chain(s.requeued_from.iter_mut());
+    let mut changed = false;
+    for r in jobs.filter_map(|j| j.spec.as_mut()?.resources.as_mut()) {
+        changed |= gpuctl_proto::convert::upgrade(r);
+    }
+    changed
+}
+
 /// The gRPC status of a refusal.
 fn status(r: Refusal) -> Status {
     match r.kind {
@@ -141,8 +152,11 @@ impl Controller {
         core.next_job_id = loaded.next_job_id.max(1);
         for mut j in loaded.jobs {
             let id = job_of(&j).id;
-            // Records of finished jobs written before compaction existed.
-            if job_of(&j).state().is_final() && gpuctl_core::retention::compact(&mut j) {
+            // Records of finished jobs written before compaction existed, and records
+            // of the flat GPU fields (before the `gpu` oneof).
+            let compacted =
+                job_of(&j).state().is_final() && gpuctl_core::retention::compact(&mut j);
+            if upgrade_record(&mut j) || compacted {
                 store.put_job(&j)?;
             }
             core.next_job_id = core.next_job_id.max(id + 1);

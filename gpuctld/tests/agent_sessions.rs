@@ -129,7 +129,7 @@ fn job_spec() -> pb::JobSpec {
         script: "true".into(),
         workdir: "/tmp".into(),
         resources: Some(pb::Resources {
-            gpus: 1,
+            gpu: Some(pb::resources::Gpu::Gpus(1)),
             cpus: 1,
             ..pb::Resources::default()
         }),

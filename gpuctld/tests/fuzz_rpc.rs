@@ -65,7 +65,7 @@ fn spec(gpus: u32) -> pb::JobSpec {
         workdir: "/tmp".into(),
         user: "root".into(),
         resources: Some(pb::Resources {
-            gpus,
+            gpu: (gpus > 0).then_some(pb::resources::Gpu::Gpus(gpus)),
             cpus: 1,
             ..pb::Resources::default()
         }),
@@ -110,8 +110,10 @@ fn write_corpus() {
         .encode_to_vec(),
     );
     let mut share = spec(0);
-    share.resources.as_mut().unwrap().gpu_milli = 250;
-    share.resources.as_mut().unwrap().gpu_memory_mib = 10240;
+    share.resources.as_mut().unwrap().gpu = Some(pb::resources::Gpu::Share(pb::GpuShare {
+        compute_milli: 250,
+        memory_mib: Some(10240),
+    }));
     share.env.insert("A".into(), "b".into());
     share.stdout = "out/%j.log".into();
     w(
@@ -123,8 +125,10 @@ fn write_corpus() {
         .encode_to_vec(),
     );
     let mut mig = spec(0);
-    mig.resources.as_mut().unwrap().mig_profile = "3g.40gb".into();
-    mig.resources.as_mut().unwrap().mig_count = 1;
+    mig.resources.as_mut().unwrap().gpu = Some(pb::resources::Gpu::Mig(pb::MigInstances {
+        profile: "3g.40gb".into(),
+        count: 1,
+    }));
     w(
         "submit-3.bin",
         pb::SubmitRequest {

@@ -5,7 +5,8 @@
 use gpuctl_sched::job::{DepKind, JobState as State};
 use gpuctl_sched::{Alloc, GpuRequest, Request, SlotUse as DomainSlotUse, SlotView};
 
-use crate::{Allocation, Gpu, JobState, Resources, SlotUse, dependency};
+use crate::resources::Gpu as GpuPart;
+use crate::{Allocation, Gpu, GpuShare, JobState, MigInstances, Resources, SlotUse, dependency};
 
 /// A stored or received job state the domain does not know (`JOB_STATE_UNSPECIFIED` or
 /// a number from a newer version).
@@ -56,31 +57,79 @@ impl From<dependency::Kind> for DepKind {
 }
 
 impl From<&Resources> for Request {
-    /// The scheduler's view of a request. The controller has validated the message
-    /// before it is queued (at most one GPU form set); a MIG profile wins over a
-    /// share, a share over whole GPUs.
+    /// The scheduler's view of a request (checked by `checked_request` before a job is
+    /// queued).
     fn from(r: &Resources) -> Request {
-        let gpu = if !r.mig_profile.is_empty() {
-            GpuRequest::Mig {
-                profile: r.mig_profile.clone(),
-                count: r.mig_count.max(1),
-            }
-        } else if r.gpu_milli > 0 || r.gpu_memory_mib > 0 {
-            GpuRequest::Share {
-                compute_milli: (r.gpu_milli > 0).then_some(r.gpu_milli),
-                memory_mib: (r.gpu_memory_mib > 0).then_some(r.gpu_memory_mib),
-            }
-        } else if r.gpus > 0 {
-            GpuRequest::Whole { count: r.gpus }
-        } else {
-            GpuRequest::None
-        };
         Request {
-            gpu,
+            gpu: gpu_request(r.gpu.as_ref()),
             models: r.gpu_models.clone(),
             cpu_milli: cpu_milli(r),
             memory_bytes: r.memory_bytes,
             nodes: r.nodes.max(1),
+        }
+    }
+}
+
+/// The GPU part of a request as the scheduler sees it.
+pub fn gpu_request(g: Option<&GpuPart>) -> GpuRequest {
+    match g {
+        None | Some(GpuPart::Gpus(0)) => GpuRequest::None,
+        Some(GpuPart::Gpus(n)) => GpuRequest::Whole { count: *n },
+        Some(GpuPart::Share(s)) => GpuRequest::Share {
+            compute_milli: (s.compute_milli > 0).then_some(s.compute_milli),
+            memory_mib: s.memory_mib,
+        },
+        Some(GpuPart::Mig(m)) => GpuRequest::Mig {
+            profile: m.profile.clone(),
+            count: m.count.max(1),
+        },
+    }
+}
+
+/// The wire form of the GPU part of a request.
+pub fn gpu_part(g: &GpuRequest) -> Option<GpuPart> {
+    match g {
+        GpuRequest::None => None,
+        GpuRequest::Whole { count } => Some(GpuPart::Gpus(*count)),
+        GpuRequest::Share {
+            compute_milli,
+            memory_mib,
+        } => Some(GpuPart::Share(GpuShare {
+            compute_milli: compute_milli.unwrap_or(0),
+            memory_mib: *memory_mib,
+        })),
+        GpuRequest::Mig { profile, count } => Some(GpuPart::Mig(MigInstances {
+            profile: profile.clone(),
+            count: *count,
+        })),
+    }
+}
+
+/// Moves the flat share and MIG fields of a record written before the `gpu` oneof into
+/// it. Returns whether anything moved.
+#[allow(deprecated)]
+pub fn upgrade(r: &mut Resources) -> bool {
+    let legacy = (
+        std::mem::take(&mut r.legacy_gpu_milli),
+        std::mem::take(&mut r.legacy_gpu_memory_mib),
+        std::mem::take(&mut r.legacy_mig_profile),
+        std::mem::take(&mut r.legacy_mig_count),
+    );
+    match legacy {
+        (0, 0, p, _) if p.is_empty() => false,
+        (milli, mib, p, _) if p.is_empty() => {
+            r.gpu = Some(GpuPart::Share(GpuShare {
+                compute_milli: milli,
+                memory_mib: (mib > 0).then_some(mib),
+            }));
+            true
+        }
+        (_, _, profile, count) => {
+            r.gpu = Some(GpuPart::Mig(MigInstances {
+                profile,
+                count: count.max(1),
+            }));
+            true
         }
     }
 }
@@ -96,28 +145,47 @@ pub struct BadRequest(pub String);
 /// with the same function.
 pub fn checked_request(r: &Resources) -> Result<Request, BadRequest> {
     let bad = |m: &str| Err(BadRequest(m.to_string()));
+    #[allow(deprecated)]
+    let legacy = r.legacy_gpu_milli > 0
+        || r.legacy_gpu_memory_mib > 0
+        || !r.legacy_mig_profile.is_empty()
+        || r.legacy_mig_count > 0;
+    if legacy {
+        return bad("the flat GPU share/MIG fields are gone: set the `gpu` oneof");
+    }
     if r.cpus == 0 && r.cpu_milli == 0 {
         return bad("cpus must be at least 1");
     }
     if r.cpu_milli > 0 && r.cpus != r.cpu_milli.div_ceil(1000) {
         return bad("cpus must be cpu_milli rounded up to whole CPUs");
     }
-    let share = r.gpu_milli > 0 || r.gpu_memory_mib > 0;
-    let mig = !r.mig_profile.is_empty();
-    if u32::from(share) + u32::from(mig) + u32::from(r.gpus > 0) > 1 {
-        return bad(
-            "ask for one of: whole GPUs (`gpus`), a share (`gpus` < 1, `gpu_memory`), or MIG (`mig`)",
-        );
-    }
-    if r.gpu_milli > 1000 {
-        return bad("a GPU share is at most one GPU");
-    }
-    if r.mig_count > 0 && !mig {
-        return bad("`mig_count` needs a MIG profile (`mig`)");
-    }
-    if r.gpus > 1024 || r.mig_count > 1024 {
-        return bad("at most 1024 GPUs or MIG instances per node");
-    }
+    let (share, mig) = match &r.gpu {
+        None => (false, false),
+        Some(GpuPart::Gpus(n)) => {
+            if *n > 1024 {
+                return bad("at most 1024 GPUs per node");
+            }
+            (false, false)
+        }
+        Some(GpuPart::Share(s)) => {
+            if s.compute_milli > 1000 {
+                return bad("a GPU share is at most one GPU");
+            }
+            if s.compute_milli == 0 && s.memory_mib.is_none_or(|m| m == 0) {
+                return bad("a GPU share needs compute or memory");
+            }
+            (true, false)
+        }
+        Some(GpuPart::Mig(m)) => {
+            if m.profile.is_empty() {
+                return bad("MIG instances need a profile (`mig`)");
+            }
+            if m.count > 1024 {
+                return bad("at most 1024 MIG instances per node");
+            }
+            (false, true)
+        }
+    };
     if r.nodes > 1 && (share || mig) {
         return bad("multi-node jobs take whole GPUs");
     }
@@ -227,7 +295,10 @@ mod tests {
     #[test]
     fn gpu_forms_map_to_one_request() {
         let share = Resources {
-            gpu_milli: 250,
+            gpu: Some(GpuPart::Share(GpuShare {
+                compute_milli: 250,
+                memory_mib: None,
+            })),
             ..Resources::default()
         };
         assert_eq!(
@@ -238,7 +309,10 @@ mod tests {
             }
         );
         let mig = Resources {
-            mig_profile: "1g.10gb".into(),
+            gpu: Some(GpuPart::Mig(MigInstances {
+                profile: "1g.10gb".into(),
+                count: 0,
+            })),
             ..Resources::default()
         };
         assert_eq!(
@@ -249,62 +323,74 @@ mod tests {
             }
         );
         let whole = Resources {
-            gpus: 2,
+            gpu: Some(GpuPart::Gpus(2)),
             nodes: 0,
             ..Resources::default()
         };
         let r = Request::from(&whole);
         assert_eq!((r.gpu, r.nodes), (GpuRequest::Whole { count: 2 }, 1));
+        // Every form goes to the wire and back unchanged, a share of no memory too.
+        for g in [
+            GpuRequest::None,
+            GpuRequest::Whole { count: 3 },
+            GpuRequest::Share {
+                compute_milli: Some(350),
+                memory_mib: Some(0),
+            },
+            GpuRequest::Share {
+                compute_milli: None,
+                memory_mib: Some(1024),
+            },
+            GpuRequest::Mig {
+                profile: "3g.40gb".into(),
+                count: 2,
+            },
+        ] {
+            assert_eq!(gpu_request(gpu_part(&g).as_ref()), g);
+        }
     }
 
     #[test]
-    fn request_shapes_are_checked_in_one_place() {
-        let r = |f: &dyn Fn(&mut Resources)| {
-            let mut r = Resources {
-                cpus: 1,
-                ..Resources::default()
-            };
-            f(&mut r);
-            checked_request(&r)
+    #[allow(deprecated)]
+    fn records_of_the_flat_fields_are_upgraded() {
+        let mut r = Resources {
+            legacy_gpu_milli: 500,
+            legacy_gpu_memory_mib: 2048,
+            ..Resources::default()
         };
-        assert!(r(&|r| r.gpus = 2).is_ok());
-        assert!(r(&|r| r.gpu_milli = 250).is_ok());
-        let refused = [
-            (r(&|r| r.cpus = 0), "cpus must be at least 1"),
-            (
-                r(&|r| {
-                    r.gpus = 1;
-                    r.gpu_milli = 500;
-                }),
-                "ask for one of",
-            ),
-            (r(&|r| r.gpu_milli = 1500), "at most one GPU"),
-            (r(&|r| r.mig_count = 2), "needs a MIG profile"),
-            (
-                r(&|r| {
-                    r.gpu_milli = 500;
-                    r.nodes = 2;
-                }),
-                "multi-node jobs take whole GPUs",
-            ),
-            (r(&|r| r.nodes = 2000), "at most 1024 nodes"),
-            (
-                r(&|r| {
-                    r.cpu_milli = 3152;
-                    r.cpus = 1;
-                }),
-                "rounded up",
-            ),
-        ];
-        for (got, want) in refused {
-            let e = got.unwrap_err();
-            assert!(e.0.contains(want), "{e} lacks {want:?}");
+        assert!(checked_request(&r).is_err(), "refused on the API");
+        assert!(upgrade(&mut r));
+        assert_eq!(
+            gpu_request(r.gpu.as_ref()),
+            GpuRequest::Share {
+                compute_milli: Some(500),
+                memory_mib: Some(2048)
+            }
+        );
+        let mut r = Resources {
+            legacy_mig_profile: "1g.10gb".into(),
+            legacy_mig_count: 2,
+            ..Resources::default()
+        };
+        assert!(upgrade(&mut r));
+        assert!(matches!(r.gpu, Some(GpuPart::Mig(ref m)) if m.count == 2));
+        let mut whole = Resources {
+            gpu: Some(GpuPart::Gpus(4)),
+            ..Resources::default()
+        };
+        assert!(!upgrade(&mut whole), "whole GPUs kept their field number");
+        // A record of the old layout decodes as the new: field 1 is `gpus` in both.
+        use prost::Message as _;
+        let old = Resources {
+            gpu: Some(GpuPart::Gpus(4)),
+            legacy_gpu_milli: 0,
+            ..Resources::default()
         }
-        let fractional = r(&|r| {
-            r.cpu_milli = 3152;
-            r.cpus = 4;
-        });
-        assert_eq!(fractional.unwrap().cpu_milli, 3152);
+        .encode_to_vec();
+        assert_eq!(
+            Resources::decode(&old[..]).unwrap().gpu,
+            Some(GpuPart::Gpus(4))
+        );
     }
 
     #[test]

@@ -355,21 +355,6 @@ fn gpus_of(n: &NodeView) -> Vec<pb::Gpu> {
 /// A trace job as a job file would ask for it.
 fn spec_of(j: &TraceJob) -> pb::JobSpec {
     let r = &j.request;
-    let (gpus, gpu_milli, gpu_memory_mib, mig_profile, mig_count) = match &r.gpu {
-        GpuRequest::None => (0, 0, 0, String::new(), 0),
-        GpuRequest::Whole { count } => (*count, 0, 0, String::new(), 0),
-        GpuRequest::Share {
-            compute_milli,
-            memory_mib,
-        } => (
-            0,
-            compute_milli.unwrap_or(0),
-            memory_mib.unwrap_or(0),
-            String::new(),
-            0,
-        ),
-        GpuRequest::Mig { profile, count } => (0, 0, 0, profile.clone(), *count),
-    };
     pb::JobSpec {
         name: format!("trace-{}", j.id),
         command: vec!["/bin/true".into()],
@@ -377,17 +362,14 @@ fn spec_of(j: &TraceJob) -> pb::JobSpec {
         user: "sim".into(),
         priority: j.priority,
         resources: Some(pb::Resources {
-            gpus,
+            gpu: gpuctl_proto::convert::gpu_part(&r.gpu),
             cpus: r.cpu_milli.div_ceil(1000).max(1),
             cpu_milli: r.cpu_milli,
             memory_bytes: r.memory_bytes,
             time_limit_secs: (j.time_limit.max(1000) as u64).div_ceil(1000),
-            gpu_milli,
-            gpu_memory_mib,
             gpu_models: r.models.clone(),
-            mig_profile,
-            mig_count,
             nodes: r.nodes,
+            ..pb::Resources::default()
         }),
         ..pb::JobSpec::default()
     }

@@ -21,7 +21,7 @@ fn spec(i: usize) -> pb::JobSpec {
         command: vec!["python".into(), "train.py".into(), format!("--seed={i}")],
         workdir: "/tmp".into(),
         resources: Some(pb::Resources {
-            gpus: 1,
+            gpu: Some(pb::resources::Gpu::Gpus(1)),
             cpus: 4,
             memory_bytes: 16 << 30,
             time_limit_secs: 3600,

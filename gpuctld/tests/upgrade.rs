@@ -1,0 +1,103 @@
+//! A state dir written before the `gpu` oneof (share and MIG requests as flat fields)
+//! opens with every request as it was, and the records are rewritten in the new form.
+
+use gpuctl_proto::auth::ClusterKey;
+use gpuctl_proto::store::StoredJob;
+use gpuctl_proto::{self as pb, resources::Gpu};
+use gpuctld::config::Config;
+use gpuctld::controller::Controller;
+use gpuctld::store::Store;
+
+#[allow(deprecated)]
+fn old_record(id: u64, f: impl FnOnce(&mut pb::Resources)) -> StoredJob {
+    let mut r = pb::Resources {
+        cpus: 1,
+        ..pb::Resources::default()
+    };
+    f(&mut r);
+    StoredJob {
+        job: Some(pb::Job {
+            id,
+            state: pb::JobState::Pending as i32,
+            spec: Some(pb::JobSpec {
+                user: "alice".into(),
+                command: vec!["true".into()],
+                workdir: "/tmp".into(),
+                resources: Some(r),
+                ..pb::JobSpec::default()
+            }),
+            ..pb::Job::default()
+        }),
+        ..StoredJob::default()
+    }
+}
+
+#[test]
+#[allow(deprecated)]
+fn flat_gpu_fields_of_an_old_state_dir_are_upgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = Store::open(dir.path()).unwrap();
+        let share = old_record(1, |r| {
+            r.legacy_gpu_milli = 250;
+            r.legacy_gpu_memory_mib = 4096;
+        });
+        let mig = old_record(2, |r| {
+            r.legacy_mig_profile = "3g.40gb".into();
+            r.legacy_mig_count = 2;
+        });
+        let whole = old_record(3, |r| r.gpu = Some(Gpu::Gpus(4)));
+        for (i, j) in [share, mig, whole].iter().enumerate() {
+            store.insert_new_job(j, i as u64 + 2).unwrap();
+        }
+        store.flush().await.unwrap();
+    });
+    let expect = |c: &Controller| {
+        let gpu = |id| c.get_job(id).unwrap().spec.unwrap().resources.unwrap();
+        let share = gpu(1);
+        assert_eq!(
+            share.gpu,
+            Some(Gpu::Share(pb::GpuShare {
+                compute_milli: 250,
+                memory_mib: Some(4096)
+            }))
+        );
+        assert_eq!(share.legacy_gpu_milli, 0);
+        assert_eq!(
+            gpu(2).gpu,
+            Some(Gpu::Mig(pb::MigInstances {
+                profile: "3g.40gb".into(),
+                count: 2
+            }))
+        );
+        assert_eq!(gpu(3).gpu, Some(Gpu::Gpus(4)));
+    };
+    rt.block_on(async {
+        let c = Controller::open(
+            Store::open(dir.path()).unwrap(),
+            Config::default(),
+            ClusterKey::generate(),
+        )
+        .unwrap();
+        expect(&c);
+    });
+    // Rewritten: the raw records hold the oneof and no flat fields.
+    let store = Store::open(dir.path()).unwrap();
+    let loaded = store.load().unwrap();
+    for j in &loaded.jobs {
+        let r = j
+            .job
+            .as_ref()
+            .unwrap()
+            .spec
+            .as_ref()
+            .unwrap()
+            .resources
+            .as_ref()
+            .unwrap();
+        assert!(r.gpu.is_some());
+        assert_eq!((r.legacy_gpu_milli, r.legacy_mig_count), (0, 0));
+        assert!(r.legacy_mig_profile.is_empty());
+    }
+}
