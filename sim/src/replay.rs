@@ -375,6 +375,75 @@ fn spec_of(j: &TraceJob) -> pb::JobSpec {
     }
 }
 
+/// Pending end reports: (end time, job, node), one per rank.
+type Ends = BinaryHeap<Reverse<(Millis, u64, String)>>;
+
+/// The simulated agents report every rank that ends by `now` (COMPLETED at its end
+/// time). Returns the GPU milli of the jobs that ended and the last end time.
+fn report_ends(
+    c: &mut Cluster,
+    ends: &mut Ends,
+    by_id: &BTreeMap<u64, &TraceJob>,
+    now: Millis,
+) -> (u64, Option<Millis>) {
+    let (mut freed, mut last) = (0, None);
+    while let Some(Reverse((t, id, node))) = ends.peek().cloned() {
+        if t > now {
+            break;
+        }
+        ends.pop();
+        let attempt = c.jobs.job(id).map_or(0, |j| j.attempt);
+        let end = pb::JobReport {
+            node,
+            job_id: id,
+            kind: pb::job_report::Kind::Ended as i32,
+            state: pb::JobState::Completed as i32,
+            exit_code: Some(0),
+            time_ms: t,
+            attempt,
+            ..pb::JobReport::default()
+        };
+        c.report(&end, t);
+        if c.jobs.job(id).is_some_and(|j| j.state().is_final()) {
+            freed += by_id[&id].gpu_milli;
+        }
+        last = Some(t);
+    }
+    (freed, last)
+}
+
+/// The simulated agents run the starts a pass sent: each rank reports STARTED at once
+/// and is due to end after the job's duration. Returns the jobs started (once each).
+fn run_starts<'a>(
+    c: &mut Cluster,
+    sends: Vec<(String, pb::AgentCommand)>,
+    by_id: &BTreeMap<u64, &'a TraceJob>,
+    ends: &mut Ends,
+    now: Millis,
+) -> Vec<&'a TraceJob> {
+    let mut started = Vec::new();
+    for (node, cmd) in sends {
+        let Some(pb::agent_command::Command::Start(s)) = cmd.command else {
+            continue;
+        };
+        let j = by_id[&s.job_id];
+        let report = pb::JobReport {
+            node: node.clone(),
+            job_id: s.job_id,
+            kind: pb::job_report::Kind::Started as i32,
+            time_ms: now,
+            attempt: s.attempt,
+            ..pb::JobReport::default()
+        };
+        c.report(&report, now);
+        ends.push(Reverse((now + j.duration, s.job_id, node)));
+        if s.rank == 0 {
+            started.push(j);
+        }
+    }
+    started
+}
+
 /// What the replay measures as it goes.
 #[derive(Default)]
 struct Tally {
@@ -416,8 +485,7 @@ pub fn replay(
     // The controller's job id -> the trace job.
     let mut by_id: BTreeMap<u64, &TraceJob> = BTreeMap::new();
     let mut pending = 0usize;
-    // (end time, job, node): one end report per rank.
-    let mut ends: BinaryHeap<Reverse<(Millis, u64, String)>> = BinaryHeap::new();
+    let mut ends = Ends::new();
     let mut next = 0usize;
     let first_submit = now;
     let mut tally = Tally::default();
@@ -425,28 +493,9 @@ pub fn replay(
     let mut last_end = now;
     loop {
         // Everything that happens at `now`: ends, then arrivals.
-        while let Some(Reverse((t, id, node))) = ends.peek().cloned() {
-            if t > now {
-                break;
-            }
-            ends.pop();
-            let attempt = c.jobs.job(id).map_or(0, |j| j.attempt);
-            let end = pb::JobReport {
-                node,
-                job_id: id,
-                kind: pb::job_report::Kind::Ended as i32,
-                state: pb::JobState::Completed as i32,
-                exit_code: Some(0),
-                time_ms: t,
-                attempt,
-                ..pb::JobReport::default()
-            };
-            c.report(&end, t);
-            if c.jobs.job(id).is_some_and(|j| j.state().is_final()) {
-                alloc_milli -= by_id[&id].gpu_milli;
-            }
-            last_end = last_end.max(t);
-        }
+        let (freed, ended) = report_ends(&mut c, &mut ends, &by_id, now);
+        alloc_milli -= freed;
+        last_end = last_end.max(ended.unwrap_or(last_end));
         while next < feasible.len() && feasible[next].submit <= now {
             let j = feasible[next];
             next += 1;
@@ -466,24 +515,7 @@ pub fn replay(
             let plan = sched::schedule(&view, &queue, &cfg, now);
             let effects = c.apply_plan(&plan, now);
             tally.pass_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
-            for (node, cmd) in effects.sends {
-                let Some(pb::agent_command::Command::Start(s)) = cmd.command else {
-                    continue;
-                };
-                let j = by_id[&s.job_id];
-                let started = pb::JobReport {
-                    node: node.clone(),
-                    job_id: s.job_id,
-                    kind: pb::job_report::Kind::Started as i32,
-                    time_ms: now,
-                    attempt: s.attempt,
-                    ..pb::JobReport::default()
-                };
-                c.report(&started, now);
-                ends.push(Reverse((now + j.duration, s.job_id, node)));
-                if s.rank > 0 {
-                    continue;
-                }
+            for j in run_starts(&mut c, effects.sends, &by_id, &mut ends, now) {
                 pending -= 1;
                 alloc_milli += j.gpu_milli;
                 let wait = (now - j.submit) as f64 / 1000.0;
