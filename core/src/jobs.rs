@@ -433,12 +433,7 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             }
             if j.allocations.iter().all(|a| a.ended) {
                 let (state, exit_code, reason) = final_state(&j.allocations);
-                j.set_state(state);
-                j.exit_code = exit_code;
-                j.reason = reason;
-                j.end_time_ms = now;
-                j.expected_start_ms = 0;
-                compact(s);
+                end(s, state, exit_code, reason, now);
             }
         }
         Transition::Finish {
@@ -446,19 +441,24 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             exit_code,
             reason,
         } => {
-            let j = job_mut(s);
-            for a in j.allocations.iter_mut().filter(|a| !a.ended) {
+            for a in job_mut(s).allocations.iter_mut().filter(|a| !a.ended) {
                 a.ended = true;
                 a.set_state(state);
             }
-            j.set_state(state);
-            j.exit_code = exit_code;
-            j.reason = reason;
-            j.end_time_ms = now;
-            j.expected_start_ms = 0;
-            compact(s);
+            end(s, state, exit_code, reason, now);
         }
     }
+}
+
+/// A job's end: its final state, exit code and reason at `now`, then compacted.
+fn end(s: &mut StoredJob, state: JobState, exit_code: Option<i32>, reason: String, now: i64) {
+    let j = job_mut(s);
+    j.set_state(state);
+    j.exit_code = exit_code;
+    j.reason = reason;
+    j.end_time_ms = now;
+    j.expected_start_ms = 0;
+    compact(s);
 }
 
 #[cfg(test)]
