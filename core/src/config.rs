@@ -37,6 +37,12 @@ pub struct Config {
     pub qos: BTreeMap<String, QosConfig>,
     pub retention: Retention,
     pub health: Health,
+    pub fairshare: FairShare,
+    /// Accounts (Slurm's associations): `[accounts.risk]` with `shares = 3` and
+    /// `users = ["alice", "bob"]`. A job is charged to the account it names, or to the
+    /// first account that lists its user, or, when none does, to an account named
+    /// after the user.
+    pub accounts: BTreeMap<String, AccountConfig>,
     /// The same as `limits.max_time_limit`, at the top level (either may be given).
     #[serde(with = "humantime_serde", default)]
     pub max_time_limit: Option<Duration>,
@@ -84,8 +90,50 @@ impl Default for Retention {
     }
 }
 
+/// The `[fairshare]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FairShare {
+    /// Usage counts half after this long (Slurm's PriorityDecayHalfLife).
+    #[serde(with = "humantime_serde")]
+    pub half_life: Duration,
+    /// What a GPU-second of a model costs (case-insensitive substrings of the model
+    /// name, first match wins); models not named cost 1.
+    pub model_weights: BTreeMap<String, f64>,
+}
+
+impl Default for FairShare {
+    fn default() -> Self {
+        FairShare {
+            half_life: Duration::from_secs(7 * 24 * 3600),
+            model_weights: BTreeMap::new(),
+        }
+    }
+}
+
+impl FairShare {
+    pub fn model_weight(&self, model: &str) -> f64 {
+        self.model_weights
+            .iter()
+            .find(|(k, _)| gpuctl_sched::models_allow(std::slice::from_ref(*k), model))
+            .map_or(1.0, |(_, w)| *w)
+    }
+}
+
+/// One `[accounts.NAME]` table.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccountConfig {
+    /// Its shares of the cluster (fair share); 1 when not given.
+    pub shares: Option<u32>,
+    /// Users who may charge it (admins may charge any account).
+    pub users: Vec<String>,
+    /// Shares of its users within it; 1 each when not given.
+    pub user_shares: BTreeMap<String, u32>,
+}
+
 /// One `[qos.NAME]` table.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct QosConfig {
     /// Its value in the multifactor priority (times `scheduler.priority.qos`).
@@ -93,9 +141,38 @@ pub struct QosConfig {
     /// Who may submit with it besides admins; absent = everyone.
     #[serde(default)]
     pub allowed_users: Option<Vec<String>>,
+    /// Which accounts may charge jobs of it; absent = every account.
+    #[serde(default)]
+    pub allowed_accounts: Option<Vec<String>>,
+    /// The QoS levels whose running jobs a job of this one may preempt.
+    #[serde(default)]
+    pub preempts: Vec<String>,
+    /// The most GPUs one user may hold with jobs of this QoS at once (normalised: a
+    /// quarter share counts 0.25, a MIG instance its fraction of the GPU).
+    #[serde(default)]
+    pub max_gpus_per_user: Option<f64>,
+    /// The same for one account.
+    #[serde(default)]
+    pub max_gpus_per_account: Option<f64>,
+    /// The longest time limit a job of this QoS may ask for.
+    #[serde(default, with = "humantime_serde")]
+    pub max_time: Option<Duration>,
 }
 
 impl QosConfig {
+    /// A QoS of this priority open to everyone, without caps.
+    pub fn open(priority: i64) -> QosConfig {
+        QosConfig {
+            priority,
+            allowed_users: None,
+            allowed_accounts: None,
+            preempts: Vec::new(),
+            max_gpus_per_user: None,
+            max_gpus_per_account: None,
+            max_time: None,
+        }
+    }
+
     pub fn allows(&self, user: &str, admin: bool) -> bool {
         admin
             || self
@@ -103,21 +180,27 @@ impl QosConfig {
                 .as_ref()
                 .is_none_or(|u| u.iter().any(|x| x == user))
     }
+
+    pub fn allows_account(&self, account: &str) -> bool {
+        self.allowed_accounts
+            .as_ref()
+            .is_none_or(|a| a.iter().any(|x| x == account))
+    }
 }
 
+/// The QoS a job without one gets (when the config has it).
+pub const DEFAULT_QOS: &str = "normal";
+
 fn default_qos() -> BTreeMap<String, QosConfig> {
-    let open = |priority| QosConfig {
-        priority,
-        allowed_users: None,
-    };
     [
-        ("low".to_string(), open(0)),
-        ("normal".to_string(), open(1000)),
+        ("low".to_string(), QosConfig::open(0)),
+        ("normal".to_string(), QosConfig::open(1000)),
         (
             "high".to_string(),
             QosConfig {
-                priority: 10_000,
                 allowed_users: Some(Vec::new()),
+                preempts: vec!["low".to_string()],
+                ..QosConfig::open(10_000)
             },
         ),
     ]
@@ -211,6 +294,8 @@ impl Default for Config {
             qos: default_qos(),
             retention: Retention::default(),
             health: Health::default(),
+            fairshare: FairShare::default(),
+            accounts: BTreeMap::new(),
             max_time_limit: None,
         }
     }
@@ -235,6 +320,24 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The account a job of `user` is charged to when it names none.
+    pub fn default_account(&self, user: &str) -> String {
+        self.accounts
+            .iter()
+            .find(|(_, a)| a.users.iter().any(|u| u == user))
+            .map_or_else(|| user.to_string(), |(name, _)| name.clone())
+    }
+
+    /// Whether `user` may charge `account`.
+    pub fn may_charge(&self, user: &str, account: &str, admin: bool) -> bool {
+        match self.accounts.get(account) {
+            _ if admin => true,
+            Some(a) => a.users.iter().any(|u| u == user),
+            // Accounts not configured: a user charges only their own.
+            None => self.accounts.is_empty() || account == user,
+        }
+    }
+
     /// One source of truth for QoS: a config that names levels only the old way
     /// (`scheduler.priority.qos_levels`) gets them as open QoS; otherwise the
     /// priorities of `[qos]` become the levels the scheduler weighs.
@@ -244,13 +347,7 @@ impl Config {
         if *levels != default_levels && self.qos == default_qos() {
             self.qos = levels
                 .iter()
-                .map(|(k, &priority)| {
-                    let q = QosConfig {
-                        priority,
-                        allowed_users: None,
-                    };
-                    (k.clone(), q)
-                })
+                .map(|(k, &priority)| (k.clone(), QosConfig::open(priority)))
                 .collect();
         }
         self.scheduler.priority.qos_levels = self
@@ -287,6 +384,27 @@ impl Config {
             return Err(invalid("limits.max_time_limit is over 100 years".into()));
         }
         config.resolve_qos();
+        for (name, q) in &config.qos {
+            for p in &q.preempts {
+                if !config.qos.contains_key(p) || p == name {
+                    return Err(invalid(format!(
+                        "qos.{name}.preempts names {p:?}, which is not another QoS of this config"
+                    )));
+                }
+            }
+            for (what, cap) in [("max_gpus_per_user", q.max_gpus_per_user), ("max_gpus_per_account", q.max_gpus_per_account)] {
+                if cap.is_some_and(|c| !(c.is_finite() && (0.0..=1e9).contains(&c))) {
+                    return Err(invalid(format!("qos.{name}.{what}: a number of GPUs from 0 on, please")));
+                }
+            }
+        }
+        for (name, w) in &config.fairshare.model_weights {
+            if !(w.is_finite() && *w >= 0.0) {
+                return Err(invalid(format!(
+                    "fairshare.model_weights.{name} = {w}: a weight is a number >= 0"
+                )));
+            }
+        }
         config
             .scheduler
             .policy()

@@ -117,6 +117,20 @@ pub struct Jobs {
     /// Submits by (user, client request id): a repeated submit gets the same job.
     requests: HashMap<(String, String), u64>,
     changes: Changes,
+    /// Runs that stopped (ended, requeued) since the last `take_ended_runs`: fair share
+    /// charges their last stretch.
+    ended_runs: Vec<EndedRun>,
+}
+
+/// A run that stopped: what it held, from when to when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndedRun {
+    pub job: u64,
+    pub account: String,
+    pub user: String,
+    pub start_ms: i64,
+    pub end_ms: i64,
+    pub allocations: Vec<pb::Allocation>,
 }
 
 fn has_deps(j: &pb::Job) -> bool {
@@ -300,7 +314,22 @@ impl Jobs {
         }
         let mut s = self.map.remove(&id).expect("looked up above");
         self.unindex(&s);
+        let before = (from == JobState::Running).then(|| {
+            let j = job_of(&s);
+            let spec = j.spec.as_ref();
+            EndedRun {
+                job: id,
+                account: spec.map(|x| x.account.clone()).unwrap_or_default(),
+                user: owner(j).to_string(),
+                start_ms: j.start_time_ms,
+                end_ms: now,
+                allocations: j.allocations.clone(),
+            }
+        });
         apply(&mut s, t, now);
+        if let Some(run) = before.filter(|_| job_of(&s).state() != JobState::Running) {
+            self.ended_runs.push(run);
+        }
         self.index(&s);
         self.map.insert(id, s);
         self.changes.put.insert(id);
@@ -319,6 +348,11 @@ impl Jobs {
             removed += 1;
         }
         removed
+    }
+
+    /// Runs that stopped since the last call.
+    pub fn take_ended_runs(&mut self) -> Vec<EndedRun> {
+        std::mem::take(&mut self.ended_runs)
     }
 
     /// What changed since the last call, for the shell to persist.

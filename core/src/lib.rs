@@ -11,13 +11,16 @@
 //! Modules: `state` (the cluster and its views), `jobs` (the job table, the one place a
 //! job's state changes), `ops` (submit and the scheduling pass), `agents` (sessions,
 //! heartbeats, reports, failed nodes), `users` (cancel, drain, node listings),
-//! `validate` (what a job must be to be queued), `retention`, `config`, `error`.
+//! `validate` (what a job must be to be queued), `fairshare` (charging usage, the
+//! fair-share factor), `policy` (QoS caps), `retention`, `config`, `error`.
 
 pub mod agents;
 pub mod config;
 pub mod error;
+pub mod fairshare;
 pub mod jobs;
 pub mod ops;
+pub mod policy;
 pub mod retention;
 pub mod state;
 pub mod users;

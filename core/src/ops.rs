@@ -30,11 +30,17 @@ impl Cluster {
     pub fn admit(
         &self,
         actor: &Actor,
-        spec: pb::JobSpec,
+        mut spec: pb::JobSpec,
         request_id: &str,
         now: i64,
     ) -> Result<Admission, Refusal> {
         let limits = &self.config.limits;
+        if spec.account.is_empty() {
+            spec.account = self.config.default_account(&spec.user);
+        }
+        if spec.qos.is_empty() && self.config.qos.contains_key(crate::config::DEFAULT_QOS) {
+            spec.qos = crate::config::DEFAULT_QOS.to_string();
+        }
         validate_spec(&spec, limits.max_list_len)?;
         check_text(&spec)?;
         check_policy(&self.config, actor, &spec)?;
@@ -74,7 +80,14 @@ impl Cluster {
         } else {
             self.config.default_time_limit.as_secs()
         }
-        .min(self.config.limits.max_time_limit.as_secs());
+        .min(self.config.limits.max_time_limit.as_secs())
+        .min(
+            self.config
+                .qos
+                .get(&spec.qos)
+                .and_then(|q| q.max_time)
+                .map_or(u64::MAX, |m| m.as_secs().max(1)),
+        );
         Ok(Admission::New(Box::new(StoredJob {
             job: Some(pb::Job {
                 id: self.next_job_id,
@@ -110,6 +123,7 @@ impl Cluster {
     pub fn pass_input(&mut self, now: i64) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
         let retention = self.config.retention.clone();
         self.retire(&retention, now);
+        self.charge_usage(now);
         let waiting = settle_dependencies(self, now);
         (self.view(), self.queue(&waiting), self.pass_config())
     }
@@ -134,6 +148,7 @@ impl Cluster {
         if cfg.policy == sched::packing::Policy::Fgd {
             cfg.workload = self.workload();
         }
+        cfg.caps = self.caps();
         cfg
     }
 

@@ -55,6 +55,12 @@ pub struct Cluster {
     nodes_changed: BTreeSet<String>,
     pub config: Config,
     pub sched_config: sched::SchedConfig,
+    /// Decayed usage per account and user (fair share), and whether it changed since
+    /// the shell last wrote it.
+    pub usage: sched::fairshare::Usage,
+    pub usage_dirty: bool,
+    /// When usage was last marked to be written (it is written at most once a minute).
+    pub usage_marked_ms: i64,
 }
 
 /// What the shell does after an operation, in this order: write `take_changes`, flush,
@@ -83,11 +89,13 @@ impl Effects {
 pub struct Changes {
     pub jobs: crate::jobs::Changes,
     pub nodes: BTreeSet<String>,
+    /// Fair share's usage.
+    pub usage: bool,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty() && self.nodes.is_empty()
+        self.jobs.is_empty() && self.nodes.is_empty() && !self.usage
     }
 }
 
@@ -103,6 +111,7 @@ impl Cluster {
             workload: Workload::default(),
             max_scored_nodes: sc.max_scored_nodes,
             expected_starts: true,
+            caps: sched::limits::Caps::default(),
         };
         Cluster {
             next_job_id: 1,
@@ -117,6 +126,7 @@ impl Cluster {
         Changes {
             jobs: self.jobs.take_changes(),
             nodes: std::mem::take(&mut self.nodes_changed),
+            usage: std::mem::take(&mut self.usage_dirty),
         }
     }
 
@@ -236,17 +246,22 @@ impl Cluster {
 
     pub fn pending(&self) -> Vec<PendingJob> {
         let none = pb::Resources::default();
+        let shares = self.fair_share_table();
         self.jobs
             .active()
             .map(job_of)
             .filter(|j| j.state() == JobState::Pending)
             .map(|j| {
                 let spec = j.spec.as_ref();
+                let account = spec.map(|s| s.account.clone()).unwrap_or_default();
+                let user = crate::jobs::owner(j).to_string();
                 PendingJob {
                     id: j.id,
                     priority: spec.map_or(0, |s| s.priority),
                     qos: spec.map(|s| s.qos.clone()).unwrap_or_default(),
-                    account: spec.map(|s| s.account.clone()).unwrap_or_default(),
+                    fair_share_milli: shares.factor(&account, &user),
+                    account,
+                    user,
                     submit_ms: j.submit_time_ms,
                     request: Request::from(
                         spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none),

@@ -101,6 +101,42 @@ pub(crate) fn check_policy(
                 caller.user, spec.qos, spec.qos
             )));
         }
+        if !caller.admin && !q.allows_account(&spec.account) {
+            return Err(Refusal::permission_denied(format!(
+                "account {:?} may not use qos {:?} (qos.{}.allowed_accounts)",
+                spec.account, spec.qos, spec.qos
+            )));
+        }
+        let limit = spec.resources.as_ref().map_or(0, |r| r.time_limit_secs);
+        if let Some(max) = q.max_time
+            && limit > max.as_secs()
+        {
+            return Err(Refusal::invalid_argument(format!(
+                "time limit {} is over qos {:?}'s maximum of {} (qos.{}.max_time)",
+                humantime::format_duration(std::time::Duration::from_secs(limit.min(1 << 40))),
+                spec.qos,
+                humantime::format_duration(max),
+                spec.qos
+            )));
+        }
+    }
+    if !cfg.may_charge(&spec.user, &spec.account, caller.admin) {
+        let mine: Vec<&str> = cfg
+            .accounts
+            .iter()
+            .filter(|(_, a)| a.users.iter().any(|u| *u == spec.user))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        return Err(Refusal::permission_denied(format!(
+            "user {} may not charge account {:?}; theirs: {} (accounts.NAME.users in the controller's config)",
+            spec.user,
+            spec.account,
+            if mine.is_empty() {
+                spec.user.clone()
+            } else {
+                mine.join(", ")
+            }
+        )));
     }
     let limit = spec.resources.as_ref().map_or(0, |r| r.time_limit_secs);
     let max = cfg.limits.max_time_limit;

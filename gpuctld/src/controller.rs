@@ -162,6 +162,9 @@ impl Controller {
             core.next_job_id = core.next_job_id.max(id + 1);
             core.jobs.insert(j);
         }
+        if let Some(u) = &loaded.usage {
+            core.restore_usage(u);
+        }
         let started = now_ms();
         for n in loaded.nodes {
             // Agents get a full timeout from the controller's start to come back.
@@ -209,6 +212,9 @@ impl Controller {
             if let Some(n) = c.nodes.get(name) {
                 self.store.put_node(n)?;
             }
+        }
+        if changes.usage {
+            self.store.put_usage(&c.usage_record())?;
         }
         Ok(!changes.is_empty())
     }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpuctl_proto::store::{StoredJob, StoredNode, StoredToken};
+use gpuctl_proto::store::{StoredJob, StoredNode, StoredToken, StoredUsage};
 use prost::Message;
 
 const SCHEMA_KEY: &[u8] = b"meta/schema";
@@ -35,6 +35,7 @@ const NEXT_ID_KEY: &[u8] = b"meta/next_job_id";
 const JOB_PREFIX: &[u8] = b"job/";
 const NODE_PREFIX: &[u8] = b"node/";
 const TOKEN_PREFIX: &[u8] = b"token/";
+const USAGE_KEY: &[u8] = b"meta/usage";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -85,6 +86,8 @@ pub struct Loaded {
     pub jobs: Vec<StoredJob>,
     pub nodes: Vec<StoredNode>,
     pub tokens: Vec<StoredToken>,
+    /// Fair share's decayed usage, if any was written.
+    pub usage: Option<StoredUsage>,
     /// The next job id to hand out (ids start at 1).
     pub next_job_id: u64,
 }
@@ -220,6 +223,13 @@ impl Store {
             })?;
             loaded.tokens.push(t);
         }
+        if let Some(v) = self.db.get(USAGE_KEY)? {
+            let u = StoredUsage::decode(v.as_ref()).map_err(|source| StoreError::Corrupt {
+                key: String::from_utf8_lossy(USAGE_KEY).into_owned(),
+                source,
+            })?;
+            loaded.usage = Some(u);
+        }
         Ok(loaded)
     }
 
@@ -250,6 +260,18 @@ impl Store {
         self.check(
             self.db
                 .remove(job_key(id))
+                .map(|_| ())
+                .map_err(StoreError::from),
+        )?;
+        self.wrote();
+        Ok(())
+    }
+
+    /// Writes fair share's usage. Durable after `flush`.
+    pub fn put_usage(&self, usage: &StoredUsage) -> Result<(), StoreError> {
+        self.check(
+            self.db
+                .insert(USAGE_KEY, usage.encode_to_vec())
                 .map(|_| ())
                 .map_err(StoreError::from),
         )?;

@@ -21,13 +21,16 @@
 //!
 //! Modules: `model` (resource types), `job` (job states and dependency kinds), `deps`
 //! (the dependency DAG), `calendar` (per-node claims over time), `priority`,
-//! `packing` (placement policies and FGD's fragmentation measure).
+//! `packing` (placement policies and FGD's fragmentation measure), `fairshare`
+//! (decayed usage and the fair-share factor).
 
 pub mod calendar;
 mod check;
 pub mod deps;
+pub mod fairshare;
 mod fit;
 pub mod job;
+pub mod limits;
 pub mod model;
 pub mod packing;
 mod plan;
@@ -64,6 +67,8 @@ pub struct SchedConfig {
     /// `explain`). Off, a pass stops reserving once no job left can start now: the
     /// same starts, for callers that need only those (the trace replay).
     pub expected_starts: bool,
+    /// QoS caps per user and account, with what each holds now.
+    pub caps: limits::Caps,
 }
 
 impl Default for SchedConfig {
@@ -76,6 +81,7 @@ impl Default for SchedConfig {
             workload: Workload::default(),
             max_scored_nodes: Some(64),
             expected_starts: true,
+            caps: limits::Caps::default(),
         }
     }
 }
@@ -120,6 +126,8 @@ pub enum Blocked {
     Infeasible,
     /// Past `reservation_depth`: no reservation, it starts only when it fits now.
     BeyondDepth,
+    /// Starting it would put its user or account over a cap of its QoS.
+    Cap(limits::Over),
 }
 
 impl std::fmt::Display for Blocked {
@@ -130,6 +138,8 @@ impl std::fmt::Display for Blocked {
             Blocked::NodesUnavailable => "Nodes_Unavailable",
             Blocked::Infeasible => "Infeasible",
             Blocked::BeyondDepth => "Resources",
+            Blocked::Cap(limits::Over::User { .. }) => "QOSMaxGpusPerUser",
+            Blocked::Cap(limits::Over::Account { .. }) => "QOSMaxGpusPerAccount",
         })
     }
 }

@@ -210,6 +210,10 @@ pub struct PendingJob {
     pub qos: String,
     /// The account the job is charged to (fair share counts usage per account).
     pub account: String,
+    /// Who submitted it.
+    pub user: String,
+    /// Its owner's fair-share factor in milli (`fairshare`: 1000 = nothing used).
+    pub fair_share_milli: u32,
     pub submit_ms: Millis,
     pub request: Request,
     /// The time limit: how long the job is planned to hold its slots.

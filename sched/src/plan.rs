@@ -23,6 +23,7 @@ pub(super) fn plan(
     // Without expected starts: the first job (from the current rank on) that might still
     // start now. What is free now only shrinks, so this only moves forward.
     let mut may_start_from = 0;
+    let mut caps = (!config.caps.is_empty()).then(|| config.caps.clone());
     for (rank, &(job, prio)) in ranked.iter().enumerate() {
         if !config.expected_starts && explain_job.is_none() {
             pass.refresh_max_free();
@@ -50,6 +51,19 @@ pub(super) fn plan(
         let d = job.duration_ms.max(1000);
         let gang = req.nodes.max(1) as usize;
         let explaining = explain_job == Some(job.id);
+        if let Some(over) = caps.as_ref().and_then(|c| c.check(job)) {
+            let waiting = Waiting {
+                job: job.id,
+                reason: Blocked::Cap(over),
+                reservation: None,
+            };
+            if explaining {
+                let out = Err(waiting.clone());
+                explanation = Some(explain_of(cluster, job.id, rank, prio, &[], out));
+            }
+            plan.waiting.push(waiting);
+            continue;
+        }
         let may_start = config.backfill || first_blocked.is_none();
         let mut misses: Vec<(usize, Miss)> = Vec::new();
 
@@ -82,6 +96,9 @@ pub(super) fn plan(
                 job: job.id,
                 allocs,
             };
+            if let Some(c) = caps.as_mut() {
+                c.add(&job.qos, &job.user, &job.account, limits::norm_milli(req));
+            }
             if explaining {
                 explanation = Some(explain_of(
                     cluster,

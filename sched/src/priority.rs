@@ -18,12 +18,19 @@ pub struct PriorityWeights {
     pub age: i64,
     #[serde(with = "humantime_serde")]
     pub age_max: Duration,
-    /// Points for a job as large as the largest node (linear in GPU milli).
+    /// Points for job size (linear in GPU milli, capped at the largest node): with
+    /// `favor_small` (the default, like Slurm's PriorityFavorSmall) a job of no GPUs
+    /// gets them all and a job as large as the largest node none; without it, the
+    /// other way round.
     pub size: i64,
+    pub favor_small: bool,
     /// Points per unit of the job file's `priority`.
     pub user: i64,
     /// Multiplier of the QoS level's value.
     pub qos: i64,
+    /// Points for an owner who used nothing lately (times the fair-share factor, 0..1;
+    /// see `fairshare`).
+    pub fair_share: i64,
     /// QoS names and their values; unknown names count 0.
     pub qos_levels: BTreeMap<String, i64>,
 }
@@ -33,9 +40,11 @@ impl Default for PriorityWeights {
         PriorityWeights {
             age: 1000,
             age_max: Duration::from_secs(7 * 24 * 3600),
-            size: 1000,
+            size: 500,
+            favor_small: true,
             user: 1000,
             qos: 1,
+            fair_share: 1000,
             qos_levels: [
                 ("low".to_string(), 0),
                 ("normal".to_string(), 1000),
@@ -55,6 +64,7 @@ impl PriorityWeights {
             size: 0,
             user: 0,
             qos: 0,
+            fair_share: 0,
             ..PriorityWeights::default()
         }
     }
@@ -66,6 +76,7 @@ pub enum Factor {
     Size,
     User,
     Qos,
+    FairShare,
 }
 
 impl Factor {
@@ -75,6 +86,7 @@ impl Factor {
             Factor::Size => "size",
             Factor::User => "user",
             Factor::Qos => "qos",
+            Factor::FairShare => "fairshare",
         }
     }
 }
@@ -107,11 +119,14 @@ fn factors(
     w: &PriorityWeights,
     now: Millis,
     size_norm: u64,
-) -> [(Factor, i64); 4] {
+) -> [(Factor, i64); 5] {
     let age_max = (w.age_max.as_millis() as i64).max(1);
     let age = (now - job.submit_ms).clamp(0, age_max);
     let size_norm = size_norm.max(1);
-    let size = job.request.gpu_milli_total().min(size_norm);
+    let mut size = job.request.gpu_milli_total().min(size_norm);
+    if w.favor_small {
+        size = size_norm - size;
+    }
     let qos = w.qos_levels.get(&job.qos).copied().unwrap_or(0);
     [
         (Factor::Age, w.age.saturating_mul(age) / age_max),
@@ -121,6 +136,10 @@ fn factors(
         ),
         (Factor::User, w.user.saturating_mul(i64::from(job.priority))),
         (Factor::Qos, w.qos.saturating_mul(qos)),
+        (
+            Factor::FairShare,
+            w.fair_share.saturating_mul(i64::from(job.fair_share_milli.min(1000))) / 1000,
+        ),
     ]
 }
 
@@ -152,6 +171,7 @@ mod tests {
             submit_ms,
             request: Request::whole(gpus),
             duration_ms: 1000,
+            fair_share_milli: 250,
             ..PendingJob::default()
         }
     }
@@ -165,14 +185,23 @@ mod tests {
             b.factors,
             vec![
                 (Factor::Age, 1000),
-                (Factor::Size, 500),
+                // Favouring small jobs: half the largest node gets half the points.
+                (Factor::Size, 250),
                 (Factor::User, 2000),
-                (Factor::Qos, 10_000)
+                (Factor::Qos, 10_000),
+                (Factor::FairShare, 250),
             ]
         );
         assert_eq!(b.total, 13_500);
+        // No GPUs: all the size points; half the age.
         let half = breakdown(&job(1, week / 2, 0, 0, "nope"), &w, week, 8000);
-        assert_eq!(half.total, 500);
+        assert_eq!(half.total, 500 + 500 + 250);
+        let big = PriorityWeights {
+            favor_small: false,
+            ..w
+        };
+        let b = breakdown(&job(1, 0, 16, 0, "nope"), &big, 0, 8000);
+        assert_eq!(b.factors[1], (Factor::Size, 500));
     }
 
     #[test]

@@ -10,23 +10,28 @@
 //! larger than a node takes whole nodes as a gang. The Alibaba pods CSV is accepted too
 //! (creation_time, scheduled/deletion time, num_gpu, gpu_milli, cpu_milli, memory_mib).
 
+mod input;
+mod report;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use gpuctl_core::ops::Admission;
 use gpuctl_core::{Actor, Cluster, Config};
 use gpuctl_proto as pb;
 use gpuctl_sched::packing::{Policy, Workload};
 use gpuctl_sched::priority::PriorityWeights;
-use gpuctl_sched::{
-    self as sched, Eligibility, GpuRequest, Millis, NodeView, Request, SchedConfig, SlotView,
-};
+use gpuctl_sched::{self as sched, Millis, NodeView, SchedConfig};
+
+use input::gpus_of;
+pub use input::{TraceJob, parse_cluster, read_jobs};
+pub use report::table;
+use report::{plot, timeline_csv, users_csv};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -48,6 +53,10 @@ pub struct Args {
     /// Time limits default to the duration times this (users over-request time).
     #[arg(long, default_value_t = 2.0)]
     pub overestimate: f64,
+    /// The controller's config (TOML, as `gpuctld --config`): its `[scheduler.priority]`
+    /// weights, `[fairshare]`, `[accounts]` and `[qos]` apply. Default: the embedded one.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Reservation depth for backfill (default: the whole queue).
     #[arg(long)]
     pub reservation_depth: Option<usize>,
@@ -59,179 +68,6 @@ pub struct Args {
     /// Also draw utilisation and queue length over time (SVG).
     #[arg(long)]
     pub plot: bool,
-}
-
-/// One job to replay.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TraceJob {
-    pub id: u64,
-    pub submit: Millis,
-    pub duration: Millis,
-    pub time_limit: Millis,
-    pub priority: i32,
-    pub request: Request,
-    /// GPUs in milli over all nodes (for utilisation).
-    pub gpu_milli: u64,
-}
-
-#[derive(Debug, Deserialize)]
-struct JobRow {
-    submit_time: f64,
-    duration: f64,
-    num_gpus: u32,
-    #[serde(default)]
-    gpu_milli: Option<u32>,
-    #[serde(default)]
-    cpus: Option<u32>,
-    #[serde(default)]
-    memory_mib: Option<u64>,
-    #[serde(default)]
-    time_limit: Option<f64>,
-    #[serde(default)]
-    priority: Option<i32>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    user: Option<String>,
-    #[serde(default)]
-    nodes: Option<u32>,
-}
-
-/// `64x8xA100-80GB` -> 64 nodes of 8 GPUs (128 CPUs, 1 TiB each).
-pub fn parse_cluster(spec: &str) -> anyhow::Result<Vec<NodeView>> {
-    let p = Path::new(spec);
-    if p.exists() {
-        return Ok(crate::trace::read_nodes(p)?
-            .into_iter()
-            .filter(|n| !n.slots.is_empty())
-            .collect());
-    }
-    let parts: Vec<&str> = spec.splitn(3, 'x').collect();
-    let [n, g, model] = parts[..] else {
-        bail!("--cluster {spec:?} is neither a file nor NODESxGPUSxMODEL (e.g. 64x8xA100-80GB)");
-    };
-    let n: usize = n
-        .parse()
-        .with_context(|| format!("bad node count in {spec:?}"))?;
-    let g: u32 = g
-        .parse()
-        .with_context(|| format!("bad GPU count in {spec:?}"))?;
-    let mem = model
-        .rsplit_once('-')
-        .and_then(|(_, m)| m.strip_suffix("GB"))
-        .and_then(|m| m.parse::<u64>().ok())
-        .unwrap_or(80)
-        * 1024;
-    Ok((0..n)
-        .map(|i| NodeView {
-            name: format!("node{i:04}"),
-            eligibility: Eligibility::Up,
-            slots: (0..g)
-                .map(|k| SlotView {
-                    uuid: format!("node{i:04}-gpu{k}"),
-                    gpu_index: k,
-                    model: model.to_string(),
-                    memory_mib: mem,
-                    mig_profile: None,
-                })
-                .collect(),
-            cpu_milli: 128_000,
-            memory_bytes: 1 << 40,
-        })
-        .collect())
-}
-
-/// Reads jobs (gpuctl's CSV or the Alibaba pods CSV), scaled by `load_factor`, with time
-/// limits `overestimate` x duration unless given. `gpus_per_node` turns big jobs into gangs.
-pub fn read_jobs(
-    path: &Path,
-    load_factor: f64,
-    overestimate: f64,
-    gpus_per_node: u32,
-) -> anyhow::Result<Vec<TraceJob>> {
-    let mut rdr =
-        csv::Reader::from_path(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let headers = rdr.headers()?.clone();
-    let ms = |s: f64| (s * 1000.0).round() as Millis;
-    let mut jobs = Vec::new();
-    if headers.iter().any(|h| h == "creation_time") {
-        let pods = crate::trace::read_pods(path)?;
-        let start = pods
-            .iter()
-            .filter_map(|p| p.creation_time)
-            .min()
-            .unwrap_or(0);
-        for p in pods {
-            let (Some(c), Some(d)) = (p.creation_time, p.duration_s()) else {
-                continue;
-            };
-            let submit = ms((c - start) as f64 / load_factor);
-            let duration = ms(d as f64);
-            jobs.push(TraceJob {
-                id: jobs.len() as u64 + 1,
-                submit,
-                duration,
-                time_limit: ((duration as f64) * overestimate) as Millis,
-                priority: 0,
-                request: p.request(),
-                gpu_milli: p.gpu_milli_total(),
-            });
-        }
-    } else {
-        for (i, row) in rdr.deserialize::<JobRow>().enumerate() {
-            let r = row.with_context(|| format!("{} line {}", path.display(), i + 2))?;
-            if r.duration <= 0.0 || r.submit_time < 0.0 {
-                bail!(
-                    "{} line {}: submit_time >= 0 and duration > 0 please",
-                    path.display(),
-                    i + 2
-                );
-            }
-            let per_node = gpus_per_node.max(1);
-            let (gpu, nodes, milli) = match (r.num_gpus, r.gpu_milli) {
-                (0, _) => (GpuRequest::None, 1, 0),
-                (1, Some(m)) if m < 1000 => (
-                    GpuRequest::Share {
-                        compute_milli: Some(m.max(1)),
-                        memory_mib: None,
-                    },
-                    1,
-                    u64::from(m),
-                ),
-                (n, _) if n > per_node || r.nodes.is_some_and(|k| k > 1) => {
-                    let k = r.nodes.unwrap_or(n.div_ceil(per_node)).max(1);
-                    (
-                        GpuRequest::Whole {
-                            count: n.div_ceil(k),
-                        },
-                        k,
-                        u64::from(n.div_ceil(k) * k) * 1000,
-                    )
-                }
-                (n, _) => (GpuRequest::Whole { count: n }, 1, u64::from(n) * 1000),
-            };
-            let duration = ms(r.duration);
-            jobs.push(TraceJob {
-                id: jobs.len() as u64 + 1,
-                submit: ms(r.submit_time / load_factor),
-                duration,
-                time_limit: r
-                    .time_limit
-                    .map_or(((duration as f64) * overestimate) as Millis, ms)
-                    .max(duration),
-                priority: r.priority.unwrap_or(0),
-                request: Request {
-                    gpu,
-                    models: Vec::new(),
-                    cpu_milli: r.cpus.unwrap_or(1) * 1000,
-                    memory_bytes: r.memory_mib.unwrap_or(0) << 20,
-                    nodes,
-                },
-                gpu_milli: milli,
-            });
-        }
-    }
-    jobs.sort_by_key(|j| (j.submit, j.id));
-    Ok(jobs)
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -252,6 +88,10 @@ pub struct Summary {
     pub wait_p99_s: f64,
     pub jct_mean_s: f64,
     pub bounded_slowdown_mean: f64,
+    /// The highest mean wait of one user (virtual cluster), and the standard deviation
+    /// of users' mean waits: how evenly waiting is spread.
+    pub user_wait_mean_max_s: f64,
+    pub user_wait_mean_sd_s: f64,
     pub passes: usize,
     pub pass_p50_ms: f64,
     pub pass_p99_ms: f64,
@@ -273,11 +113,13 @@ fn config_for(
     packing: Policy,
     depth: Option<usize>,
     jobs: &[TraceJob],
+    base: &Config,
 ) -> anyhow::Result<SchedConfig> {
+    let weights = base.scheduler.priority.clone();
     let (backfill, weights) = match policy {
         "fifo" => (false, PriorityWeights::fifo()),
-        "priority" => (false, PriorityWeights::default()),
-        "backfill" => (true, PriorityWeights::default()),
+        "priority" => (false, weights),
+        "backfill" => (true, weights),
         other => bail!("unknown policy {other:?} (fifo, priority or backfill)"),
     };
     Ok(SchedConfig {
@@ -295,8 +137,8 @@ fn config_for(
 /// The replay's controller: the controller's own cluster state machine
 /// (`gpuctl-core`) with this policy's scheduler configuration, and an agent attached for
 /// every node. Time limits and queue lengths are the trace's: the site limits are off.
-fn controller(nodes: &[NodeView], config: &SchedConfig, t0: Millis) -> Cluster {
-    let mut cfg = Config::default();
+fn controller(nodes: &[NodeView], config: &SchedConfig, base: &Config, t0: Millis) -> Cluster {
+    let mut cfg = base.clone();
     cfg.limits.max_time_limit = Duration::from_secs(u64::from(u32::MAX));
     cfg.limits.max_pending_per_user = usize::MAX;
     cfg.retention.max_age = Duration::from_secs(u64::from(u32::MAX));
@@ -323,35 +165,6 @@ fn controller(nodes: &[NodeView], config: &SchedConfig, t0: Millis) -> Cluster {
     c
 }
 
-/// A node's GPUs as its agent reports them (MIG instances under their GPU).
-fn gpus_of(n: &NodeView) -> Vec<pb::Gpu> {
-    let mut out: Vec<pb::Gpu> = Vec::new();
-    for s in &n.slots {
-        let mig = s.mig_profile.as_ref().map(|p| pb::MigInstance {
-            uuid: s.uuid.clone(),
-            profile: p.clone(),
-            memory_mib: s.memory_mib,
-            allocated_to: 0,
-        });
-        match (out.last_mut(), mig) {
-            (Some(g), Some(m)) if g.index == s.gpu_index && !g.mig.is_empty() => g.mig.push(m),
-            (_, mig) => out.push(pb::Gpu {
-                index: s.gpu_index,
-                uuid: if mig.is_some() {
-                    format!("{}-gpu", s.uuid)
-                } else {
-                    s.uuid.clone()
-                },
-                model: s.model.clone(),
-                memory_mib: s.memory_mib,
-                mig: mig.into_iter().collect(),
-                ..pb::Gpu::default()
-            }),
-        }
-    }
-    out
-}
-
 /// A trace job as a job file would ask for it.
 fn spec_of(j: &TraceJob) -> pb::JobSpec {
     let r = &j.request;
@@ -359,7 +172,9 @@ fn spec_of(j: &TraceJob) -> pb::JobSpec {
         name: format!("trace-{}", j.id),
         command: vec!["/bin/true".into()],
         workdir: "/".into(),
-        user: "sim".into(),
+        user: j.user.clone(),
+        account: j.account.clone(),
+        qos: j.qos.clone(),
         priority: j.priority,
         resources: Some(pb::Resources {
             gpu: gpuctl_proto::convert::gpu_part(&r.gpu),
@@ -452,6 +267,14 @@ struct Tally {
     slowdowns: Vec<f64>,
     pass_ms: Vec<f64>,
     samples: Vec<Sample>,
+    by_user: BTreeMap<String, UserTally>,
+}
+
+#[derive(Default)]
+struct UserTally {
+    waits: Vec<f64>,
+    slowdowns: Vec<f64>,
+    gpu_hours: f64,
 }
 
 /// Replays `jobs` on `nodes` through the controller's state machine: jobs are
@@ -462,8 +285,9 @@ pub fn replay(
     nodes: &[NodeView],
     jobs: &[TraceJob],
     config: &SchedConfig,
+    base: &Config,
     policy: &str,
-) -> (Summary, Vec<Sample>) {
+) -> (Summary, Vec<Sample>, Vec<UserSummary>) {
     let capacity: u64 = nodes.iter().map(|n| n.slots.len() as u64 * 1000).sum();
     let feasible: Vec<&TraceJob> = jobs
         .iter()
@@ -477,7 +301,7 @@ pub fn replay(
         .collect();
     let infeasible = jobs.len() - feasible.len();
     let mut now: Millis = feasible.first().map_or(0, |j| j.submit);
-    let mut c = controller(nodes, config, now);
+    let mut c = controller(nodes, config, base, now);
     let actor = Actor {
         user: "sim".into(),
         admin: true,
@@ -520,11 +344,14 @@ pub fn replay(
                 alloc_milli += j.gpu_milli;
                 let wait = (now - j.submit) as f64 / 1000.0;
                 let run = j.duration as f64 / 1000.0;
+                let slowdown = ((wait + run) / run.max(10.0)).max(1.0);
                 tally.waits.push(wait);
                 tally.jcts.push(wait + run);
-                tally
-                    .slowdowns
-                    .push(((wait + run) / run.max(10.0)).max(1.0));
+                tally.slowdowns.push(slowdown);
+                let u = tally.by_user.entry(j.user.clone()).or_default();
+                u.waits.push(wait);
+                u.slowdowns.push(slowdown);
+                u.gpu_hours += j.gpu_milli as f64 / 1000.0 * run / 3600.0;
             }
         }
         // What a store would write; the replay keeps nothing.
@@ -548,38 +375,82 @@ pub fn replay(
         }
         now = t;
     }
+    let span = Span {
+        makespan_ms: (last_end - first_submit).max(0) as f64,
+        capacity,
+        area,
+        backlog_area,
+        backlog_cap,
+        jobs: feasible.len(),
+        infeasible,
+    };
+    summarize(tally, &span, policy, &config.policy.to_string())
+}
+
+/// The replay's time and area totals.
+struct Span {
+    makespan_ms: f64,
+    capacity: u64,
+    area: f64,
+    backlog_area: f64,
+    backlog_cap: f64,
+    jobs: usize,
+    infeasible: usize,
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn summarize(
+    tally: Tally,
+    span: &Span,
+    policy: &str,
+    packing: &str,
+) -> (Summary, Vec<Sample>, Vec<UserSummary>) {
     let Tally {
         waits,
         jcts,
         slowdowns,
         pass_ms,
         samples,
+        by_user,
     } = tally;
-    let makespan = (last_end - first_submit).max(0) as f64;
+    let makespan = span.makespan_ms;
     let mut sorted = waits.clone();
     sorted.sort_by(f64::total_cmp);
     let mut ps = pass_ms.clone();
     ps.sort_by(f64::total_cmp);
-    let mean = |v: &[f64]| {
-        if v.is_empty() {
-            0.0
-        } else {
-            v.iter().sum::<f64>() / v.len() as f64
-        }
-    };
+    let users: Vec<UserSummary> = by_user
+        .into_iter()
+        .map(|(user, t)| UserSummary {
+            user,
+            jobs: t.waits.len(),
+            gpu_hours: t.gpu_hours,
+            wait_mean_s: mean(&t.waits),
+            bounded_slowdown_mean: mean(&t.slowdowns),
+        })
+        .collect();
+    let user_means: Vec<f64> = users.iter().map(|u| u.wait_mean_s).collect();
+    let um = mean(&user_means);
+    let user_sd = mean(&user_means.iter().map(|x| (x - um).powi(2)).collect::<Vec<_>>()).sqrt();
     let summary = Summary {
         policy: policy.to_string(),
-        packing: config.policy.to_string(),
-        jobs: feasible.len(),
-        infeasible,
+        packing: packing.to_string(),
+        jobs: span.jobs,
+        infeasible: span.infeasible,
         makespan_s: makespan / 1000.0,
-        util_backlogged: if backlog_cap > 0.0 {
-            backlog_area / backlog_cap
+        util_backlogged: if span.backlog_cap > 0.0 {
+            span.backlog_area / span.backlog_cap
         } else {
             0.0
         },
         util_overall: if makespan > 0.0 {
-            area / (makespan * capacity as f64)
+            span.area / (makespan * span.capacity as f64)
         } else {
             0.0
         },
@@ -589,102 +460,24 @@ pub fn replay(
         wait_p99_s: super::percentile(&sorted, 99.0),
         jct_mean_s: mean(&jcts),
         bounded_slowdown_mean: mean(&slowdowns),
+        user_wait_mean_max_s: user_means.iter().copied().fold(0.0, f64::max),
+        user_wait_mean_sd_s: user_sd,
         passes: pass_ms.len(),
         pass_p50_ms: super::percentile(&ps, 50.0),
         pass_p99_ms: super::percentile(&ps, 99.0),
         pass_max_ms: ps.last().copied().unwrap_or(0.0),
     };
-    (summary, samples)
+    (summary, samples, users)
 }
 
-fn timeline_csv(samples: &[Sample], capacity: u64) -> String {
-    let mut out = String::from("time_s,allocated_gpus,utilisation,queued\n");
-    for s in samples {
-        let _ = writeln!(
-            out,
-            "{:.3},{:.3},{:.4},{}",
-            s.t as f64 / 1000.0,
-            s.allocated_milli as f64 / 1000.0,
-            s.allocated_milli as f64 / capacity.max(1) as f64,
-            s.queued
-        );
-    }
-    out
-}
-
-fn plot(path: &Path, samples: &[Sample], capacity: u64, title: &str) -> anyhow::Result<()> {
-    use plotters::prelude::*;
-    let root = SVGBackend::new(path, (1000, 500)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let t_max = samples
-        .last()
-        .map_or(1.0, |s| s.t as f64 / 3_600_000.0)
-        .max(1e-3);
-    let t0 = samples.first().map_or(0.0, |s| s.t as f64 / 3_600_000.0);
-    let q_max = samples.iter().map(|s| s.queued).max().unwrap_or(1).max(1) as f64;
-    let (top, bottom) = root.split_vertically(250);
-    let mut c = ChartBuilder::on(&top)
-        .caption(title, ("sans-serif", 18))
-        .margin(8)
-        .x_label_area_size(24)
-        .y_label_area_size(48)
-        .build_cartesian_2d(t0..t_max, 0f64..1.05)?;
-    c.configure_mesh().y_desc("GPU utilisation").draw()?;
-    c.draw_series(LineSeries::new(
-        samples.iter().map(|s| {
-            (
-                s.t as f64 / 3_600_000.0,
-                s.allocated_milli as f64 / capacity.max(1) as f64,
-            )
-        }),
-        &BLUE,
-    ))?;
-    let mut q = ChartBuilder::on(&bottom)
-        .margin(8)
-        .x_label_area_size(30)
-        .y_label_area_size(48)
-        .build_cartesian_2d(t0..t_max, 0f64..q_max * 1.05)?;
-    q.configure_mesh()
-        .x_desc("hours")
-        .y_desc("queued jobs")
-        .draw()?;
-    q.draw_series(LineSeries::new(
-        samples
-            .iter()
-            .map(|s| (s.t as f64 / 3_600_000.0, s.queued as f64)),
-        &RED,
-    ))?;
-    root.present()?;
-    Ok(())
-}
-
-/// Markdown table of summaries.
-pub fn table(rows: &[Summary]) -> String {
-    let mut out = String::from(
-        "| policy | packing | jobs | makespan (h) | util while backlogged | util overall | wait mean (s) | p50 | p95 | p99 | JCT mean (s) | bounded slowdown | pass p50 / p99 / max (ms) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {:.2} | {:.1}% | {:.1}% | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} / {:.2} |",
-            r.policy,
-            r.packing,
-            r.jobs,
-            r.makespan_s / 3600.0,
-            r.util_backlogged * 100.0,
-            r.util_overall * 100.0,
-            r.wait_mean_s,
-            r.wait_p50_s,
-            r.wait_p95_s,
-            r.wait_p99_s,
-            r.jct_mean_s,
-            r.bounded_slowdown_mean,
-            r.pass_p50_ms,
-            r.pass_p99_ms,
-            r.pass_max_ms
-        );
-    }
-    out
+/// One user's (or virtual cluster's) waits in a replay.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct UserSummary {
+    pub user: String,
+    pub jobs: usize,
+    pub gpu_hours: f64,
+    pub wait_mean_s: f64,
+    pub bounded_slowdown_mean: f64,
 }
 
 pub fn main(a: Args) -> anyhow::Result<()> {
@@ -707,11 +500,16 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         .iter()
         .flat_map(|p| a.packing.iter().map(move |k| (p.clone(), *k)))
         .collect();
+    let base = match &a.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
     let mut progress = super::Progress::new(combos.len() as u64, "replaying");
     for (policy, packing) in combos {
-        let config = config_for(&policy, packing, a.reservation_depth, &jobs)?;
-        let (summary, samples) = replay(&nodes, &jobs, &config, &policy);
+        let config = config_for(&policy, packing, a.reservation_depth, &jobs, &base)?;
+        let (summary, samples, users) = replay(&nodes, &jobs, &config, &base, &policy);
         let stem = format!("{policy}-{packing}");
+        std::fs::write(a.out.join(format!("users-{stem}.csv")), users_csv(&users))?;
         std::fs::write(
             a.out.join(format!("timeline-{stem}.csv")),
             timeline_csv(&samples, capacity),
@@ -749,13 +547,15 @@ mod tests {
             priority: 0,
             request: Request::whole(gpus),
             gpu_milli: u64::from(gpus) * 1000,
+            ..TraceJob::default()
         }
     }
 
     fn run(jobs: &[TraceJob], policy: &str) -> Summary {
         let nodes = parse_cluster("1x2xA100-80GB").unwrap();
-        let config = config_for(policy, Policy::FirstFit, None, jobs).unwrap();
-        replay(&nodes, jobs, &config, policy).0
+        let base = Config::default();
+        let config = config_for(policy, Policy::FirstFit, None, jobs, &base).unwrap();
+        replay(&nodes, jobs, &config, &base, policy).0
     }
 
     #[test]

@@ -149,6 +149,7 @@ impl Controller {
                     sched::Blocked::BeyondDepth => {
                         "past the reservation depth: starts only when it fits now".into()
                     }
+                    sched::Blocked::Cap(over) => cap_summary(over),
                 };
                 if let Some(r) = &w.reservation {
                     out.summary.push_str(&format!(
@@ -351,4 +352,17 @@ fn describe_miss(m: &sched::Miss) -> String {
             )
         ),
     }
+}
+
+/// What a QoS cap a job waits for says.
+fn cap_summary(over: &sched::limits::Over) -> String {
+    let (who, qos, limit) = match over {
+        sched::limits::Over::User { qos, limit_milli } => ("its user", qos, limit_milli),
+        sched::limits::Over::Account { qos, limit_milli } => ("its account", qos, limit_milli),
+    };
+    let key = if who == "its user" { "max_gpus_per_user" } else { "max_gpus_per_account" };
+    format!(
+        "starting it would put {who} over the {} GPUs qos {qos:?} allows at once (qos.{qos}.{key}); it starts when their running jobs end",
+        *limit as f64 / 1000.0
+    )
 }
