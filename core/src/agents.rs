@@ -349,7 +349,11 @@ impl Cluster {
                 .filter(|a| a.node != node)
                 .map(|a| a.node.clone())
                 .collect();
-            let change = if j.spec.as_ref().is_some_and(|s| s.requeue) {
+            let asked = self
+                .jobs
+                .get(id)
+                .is_some_and(|s| !s.requeue_requested.is_empty() && !s.cancel_requested);
+            let change = if asked || j.spec.as_ref().is_some_and(|s| s.requeue) {
                 tracing::warn!(job = id, node, "node failed; job requeued");
                 Transition::Requeue {
                     reason: format!("requeued: node {node} failed"),
@@ -580,6 +584,8 @@ impl Cluster {
             return Vec::new();
         };
         let cancel_requested = stored.cancel_requested;
+        let requeue_reason = (!cancel_requested && !stored.requeue_requested.is_empty())
+            .then(|| stored.requeue_requested.clone());
         let j = job_of(stored);
         if r.attempt != j.attempt {
             tracing::info!(job = r.job_id, node = %r.node, attempt = r.attempt, current = j.attempt, "report from an earlier start ignored");
@@ -603,13 +609,25 @@ impl Cluster {
                     | JobState::Timeout) => s,
                     _ => JobState::Failed,
                 };
+                let at = if r.time_ms > 0 { r.time_ms } else { now };
+                let last_rank = live_allocs(j).all(|a| a.node == r.node);
+                if let Some(reason) = requeue_reason.filter(|_| last_rank) {
+                    // Asked to requeue (gpuctl requeue, a preemption): back to the queue.
+                    let back = Transition::Requeue {
+                        reason,
+                        keep_for_readopt: false,
+                    };
+                    c.jobs.transition(id, back, at).expect("a running job");
+                    c.jobs.edit(id, |s| s.requeue_requested.clear());
+                    tracing::info!(job = id, "job requeued");
+                    return Vec::new();
+                }
                 let end = Transition::EndOn {
                     node: r.node.clone(),
                     state,
                     exit_code: r.exit_code,
                     reason: r.reason.clone(),
                 };
-                let at = if r.time_ms > 0 { r.time_ms } else { now };
                 c.jobs
                     .transition(id, end, at)
                     .expect("a live allocation there");

@@ -425,6 +425,7 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             j.reason = String::new();
             s.start_confirmed = false;
             s.requeued_from = None;
+            s.requeue_requested.clear();
         }
         Transition::Requeue {
             reason,
@@ -439,6 +440,7 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             j.start_time_ms = 0;
             j.reason = reason;
             s.start_confirmed = false;
+            s.requeue_requested.clear();
             s.requeued_from = keep_for_readopt.then_some(before);
         }
         Transition::Readopt { .. } => {

@@ -12,12 +12,15 @@
 //! job's state changes), `ops` (submit and the scheduling pass), `agents` (sessions,
 //! heartbeats, reports, failed nodes), `users` (cancel, drain, node listings),
 //! `validate` (what a job must be to be queued), `fairshare` (charging usage, the
-//! fair-share factor), `policy` (QoS caps), `retention`, `config`, `error`.
+//! fair-share factor), `policy` (QoS caps), `holds` (hold,
+//! release, requeue), `filter` (listings' filters), `retention`, `config`, `error`.
 
 pub mod agents;
 pub mod config;
 pub mod error;
 pub mod fairshare;
+pub mod filter;
+pub mod holds;
 pub mod jobs;
 pub mod ops;
 pub mod policy;

@@ -143,6 +143,11 @@ impl Cluster {
         queue
     }
 
+    /// Whether a pending job is held (it stays out of every pass).
+    pub fn held(&self, id: u64) -> bool {
+        self.jobs.job(id).is_some_and(|j| !j.hold.is_empty())
+    }
+
     fn pass_config(&self) -> sched::SchedConfig {
         let mut cfg = self.sched_config.clone();
         if cfg.policy == sched::packing::Policy::Fgd {

@@ -144,6 +144,7 @@ impl Cluster {
                 kill_grace_secs: self.config.kill_grace.as_secs(),
                 reason: reason.into(),
                 attempt,
+                signal: String::new(),
             })),
             ..pb::AgentCommand::default()
         }
@@ -250,7 +251,7 @@ impl Cluster {
         self.jobs
             .active()
             .map(job_of)
-            .filter(|j| j.state() == JobState::Pending)
+            .filter(|j| j.state() == JobState::Pending && j.hold.is_empty())
             .map(|j| {
                 let spec = j.spec.as_ref();
                 let account = spec.map(|s| s.account.clone()).unwrap_or_default();

@@ -120,6 +120,9 @@ pub(crate) fn check_policy(
             )));
         }
     }
+    if let Err(why) = gpuctl_proto::convert::parse_signal_spec(&spec.signal) {
+        return Err(Refusal::invalid_argument(why));
+    }
     if !cfg.may_charge(&spec.user, &spec.account, caller.admin) {
         let mine: Vec<&str> = cfg
             .accounts

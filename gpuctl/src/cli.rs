@@ -50,13 +50,30 @@ pub enum Command {
     /// Submit a job file (job.toml or a script with #SBATCH lines), or --wrap "cmd".
     Submit(crate::submit::SubmitArgs),
     /// Pending and running jobs (like squeue).
-    Queue {
-        /// Include finished jobs.
+    Queue(commands::queue::QueueArgs),
+    /// Fair share per account and user (like sshare).
+    Share {
         #[arg(long)]
-        all: bool,
-        /// Show expected start times of pending jobs (like squeue --start).
+        json: bool,
+    },
+    /// Keep pending jobs from starting (like scontrol hold).
+    Hold {
+        #[arg(required = true)]
+        job_ids: Vec<u64>,
         #[arg(long)]
-        start: bool,
+        json: bool,
+    },
+    /// Let held jobs start again (like scontrol release).
+    Release {
+        #[arg(required = true)]
+        job_ids: Vec<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop running jobs and put them back in the queue (like scontrol requeue).
+    Requeue {
+        #[arg(required = true)]
+        job_ids: Vec<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -362,11 +379,20 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let view = commands::submit::run(&cli, c, &args.label(), spec).await?;
             emit(&view, args.json);
         }
-        &Command::Queue {
-            all, json: true, ..
-        } => commands::queue::stream_json(c, all).await?,
-        &Command::Queue { all, start, .. } => {
-            emit(&commands::queue::run(c, all, start).await?, false)
+        Command::Queue(q) if q.json => commands::queue::stream_json(c, q).await?,
+        Command::Queue(q) => emit(&commands::queue::run(c, q).await?, false),
+        &Command::Share { json } => emit(&commands::share::run(c).await?, json),
+        Command::Hold { job_ids, json } => {
+            let view = commands::hold::run(c, commands::hold::Action::Hold, job_ids).await?;
+            emit(&view, *json);
+        }
+        Command::Release { job_ids, json } => {
+            let view = commands::hold::run(c, commands::hold::Action::Release, job_ids).await?;
+            emit(&view, *json);
+        }
+        Command::Requeue { job_ids, json } => {
+            let view = commands::hold::run(c, commands::hold::Action::Requeue, job_ids).await?;
+            emit(&view, *json);
         }
         &Command::Show { job_id, json } => emit(&commands::show::run(c, job_id).await?, json),
         Command::Cancel { job_ids } => {

@@ -244,6 +244,7 @@ impl serde::Serialize for JobJson<'_> {
             m.serialize_entry("gpu_use", u)?;
         }
         m.serialize_entry("gpus", &j.gpus)?;
+        m.serialize_entry("hold", &non_empty(&j.hold))?;
         m.serialize_entry("id", &j.id)?;
         m.serialize_entry("name", &spec.name)?;
         m.serialize_entry("node", &non_empty(&j.node))?;
@@ -252,6 +253,7 @@ impl serde::Serialize for JobJson<'_> {
         m.serialize_entry("reason", &j.reason)?;
         m.serialize_entry("resources", &ResourcesJson(r))?;
         m.serialize_entry("script", &non_empty(&spec.script))?;
+        m.serialize_entry("signal", &non_empty(&spec.signal))?;
         m.serialize_entry("start_time", &time_str(j.start_time_ms))?;
         m.serialize_entry("state", state_name(j.state()))?;
         m.serialize_entry("stderr", &non_empty(&spec.stderr))?;
@@ -330,7 +332,7 @@ fn clean_rows(rows: &mut [Vec<String>]) {
     }
 }
 
-fn table(header: &[&str], mut rows: Vec<Vec<String>>) -> String {
+pub fn table(header: &[&str], mut rows: Vec<Vec<String>>) -> String {
     clean_rows(&mut rows);
     if rows.len() > 200 {
         return plain_table(header, &rows);
@@ -407,49 +409,65 @@ fn short_time(ms: i64) -> String {
     t.replace('T', " ").trim_end_matches('Z').to_string()
 }
 
-pub fn queue_table(jobs: &[pb::Job], with_start: bool) -> String {
+/// The columns `gpuctl queue -o` knows.
+pub const QUEUE_COLUMNS: &[&str] = &[
+    "jobid", "name", "user", "account", "qos", "state", "time", "start_time", "submit_time",
+    "gpus", "node", "reason", "attempt", "time_limit",
+];
+
+/// The default columns (`--start` adds the expected start).
+pub fn default_queue_columns(with_start: bool) -> Vec<String> {
+    let mut c: Vec<String> = ["jobid", "name", "user", "state", "time", "gpus", "node", "reason"]
+        .map(String::from)
+        .to_vec();
+    if with_start {
+        c.insert(4, "start_time".into());
+    }
+    c
+}
+
+fn queue_cell(j: &pb::Job, col: &str, now: i64) -> String {
+    let none = pb::JobSpec::default();
+    let spec = j.spec.as_ref().unwrap_or(&none);
+    let dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
+    match col {
+        "jobid" => j.id.to_string(),
+        "name" => spec.name.clone(),
+        "user" => spec.user.clone(),
+        "account" => dash(&spec.account),
+        "qos" => dash(&spec.qos),
+        "state" => state_name(j.state()).to_string(),
+        "time" => slurm_duration(elapsed_ms(j, now)),
+        "start_time" => short_time(if j.state() == JobState::Pending {
+            j.expected_start_ms
+        } else {
+            j.start_time_ms
+        }),
+        "submit_time" => short_time(j.submit_time_ms),
+        "gpus" => gpu_request(spec.resources.as_ref().unwrap_or(&pb::Resources::default())),
+        "node" => dash(&j.node),
+        "reason" => dash(&j.reason),
+        "attempt" => j.attempt.to_string(),
+        "time_limit" => slurm_duration(i64::try_from(j.time_limit_secs).unwrap_or(i64::MAX / 1000) * 1000),
+        _ => String::new(),
+    }
+}
+
+/// The queue as a table of `columns` (names from `QUEUE_COLUMNS`).
+pub fn queue_table(jobs: &[pb::Job], columns: &[String], header: bool) -> String {
     let now = now_ms();
     let rows = jobs
         .iter()
-        .map(|j| {
-            let none = pb::JobSpec::default();
-            let spec = j.spec.as_ref().unwrap_or(&none);
-            let mut row = vec![
-                j.id.to_string(),
-                spec.name.clone(),
-                spec.user.clone(),
-                state_name(j.state()).to_string(),
-                slurm_duration(elapsed_ms(j, now)),
-                gpu_request(spec.resources.as_ref().unwrap_or(&pb::Resources::default())),
-                if j.node.is_empty() {
-                    "-".into()
-                } else {
-                    j.node.clone()
-                },
-                if j.reason.is_empty() {
-                    "-".into()
-                } else {
-                    j.reason.clone()
-                },
-            ];
-            if with_start {
-                let t = if j.state() == JobState::Pending {
-                    j.expected_start_ms
-                } else {
-                    j.start_time_ms
-                };
-                row.insert(4, short_time(t));
-            }
-            row
-        })
+        .map(|j| columns.iter().map(|c| queue_cell(j, c, now)).collect())
         .collect();
-    let mut header = vec![
-        "JOBID", "NAME", "USER", "STATE", "TIME", "GPUS", "NODE", "REASON",
-    ];
-    if with_start {
-        header.insert(4, "START_TIME");
+    let upper: Vec<String> = columns.iter().map(|c| c.to_uppercase()).collect();
+    let h: Vec<&str> = upper.iter().map(String::as_str).collect();
+    let out = table(&h, rows);
+    if header {
+        out
+    } else {
+        out.split_once('\n').map_or(String::new(), |(_, rest)| rest.to_string())
     }
-    table(&header, rows)
 }
 
 pub fn explain_text(e: &pb::Explanation) -> String {

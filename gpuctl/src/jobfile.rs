@@ -31,6 +31,8 @@ pub struct JobFile {
     pub qos: Option<Spanned<String>>,
     /// The account charged (`sbatch -A`).
     pub account: Option<Spanned<String>>,
+    /// The checkpoint signal before a preemption and its lead: "USR1@120".
+    pub signal: Option<Spanned<String>>,
     /// Requeue the job when its node fails (instead of ending it NODE_FAIL).
     #[serde(default)]
     pub requeue: bool,
@@ -113,6 +115,7 @@ pub struct Job {
     pub priority: i32,
     pub qos: String,
     pub account: String,
+    pub signal: String,
     pub requeue: bool,
     pub dependencies: Vec<(pb::dependency::Kind, u64)>,
     pub gpus: u32,
@@ -252,6 +255,13 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         Some(a) => a.into_inner(),
         None => String::new(),
     };
+    let signal = match raw.signal {
+        Some(sig) => {
+            gpuctl_proto::convert::parse_signal_spec(sig.get_ref()).map_err(|m| at(sig.span(), m))?;
+            sig.into_inner()
+        }
+        None => String::new(),
+    };
     let dependencies = match &raw.dependency {
         Some(d) => parse_dependency(d.get_ref()).map_err(|m| at(d.span(), m))?,
         None => Vec::new(),
@@ -268,6 +278,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         priority: raw.priority,
         qos,
         account,
+        signal,
         requeue: raw.requeue,
         gpus: gpu.gpus,
         gpu_milli: gpu.gpu_milli,
@@ -644,6 +655,7 @@ impl Job {
             gid,
             qos: self.qos,
             account: self.account,
+            signal: self.signal,
             requeue: self.requeue,
             dependencies: self
                 .dependencies

@@ -241,6 +241,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
         priority: 0,
         qos: String::new(),
         account: String::new(),
+        signal: String::new(),
         requeue: false,
         dependencies: Vec::new(),
         gpus: 0,
@@ -297,6 +298,12 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 "dependency" => job.dependencies = parse_dependency(v).map_err(fail)?,
                 "qos" => job.qos = v.to_string(),
                 "account" => job.account = v.to_string(),
+                "signal" => {
+                    // sbatch's B: (the batch shell only) is how gpuctl signals anyway.
+                    let sig = v.strip_prefix("B:").unwrap_or(v);
+                    gpuctl_proto::convert::parse_signal_spec(sig).map_err(fail)?;
+                    job.signal = sig.to_string();
+                }
                 "requeue" => job.requeue = true,
                 "no-requeue" => job.requeue = false,
                 "chdir" => job.workdir = Some(PathBuf::from(v)),

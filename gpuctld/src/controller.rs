@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use gpuctl_core::filter::JobFilter;
 use gpuctl_core::ops::Admission;
 use gpuctl_core::{Cluster, Effects, Kind, Refusal};
 use gpuctl_proto::auth::ClusterKey;
@@ -26,7 +27,7 @@ use gpuctl_core::jobs::{job_of, presented};
 use gpuctl_sched as sched;
 
 mod agents;
-mod users;
+pub mod users;
 
 pub use gpuctl_core::validate::check_paths;
 
@@ -409,23 +410,18 @@ impl Controller {
         Ok(id)
     }
 
-    pub fn list_jobs(&self, all: bool) -> Vec<pb::Job> {
+    pub fn list_jobs(&self, filter: &JobFilter) -> Vec<pb::Job> {
         let c = self.lock();
-        if all {
-            c.jobs.all().map(|s| presented(job_of(s))).collect()
-        } else {
-            c.jobs.active().map(|s| presented(job_of(s))).collect()
-        }
+        let ids = job_ids(&c, filter);
+        ids.iter()
+            .filter_map(|&id| c.jobs.job(id))
+            .map(presented)
+            .collect()
     }
 
-    /// Ids of the jobs `list_jobs(all)` would return, in order.
-    pub fn job_ids(&self, all: bool) -> Vec<u64> {
-        let c = self.lock();
-        if all {
-            c.jobs.ids().collect()
-        } else {
-            c.jobs.active_ids()
-        }
+    /// Ids of the jobs `list_jobs(filter)` would return, in order.
+    pub fn job_ids(&self, filter: &JobFilter) -> Vec<u64> {
+        job_ids(&self.lock(), filter)
     }
 
     /// These jobs (those that still exist), for one page of a listing.
@@ -445,4 +441,16 @@ impl Controller {
             .map(presented)
             .ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
+}
+
+/// The ids of the jobs a filter lets through, in id order.
+fn job_ids(c: &Shared, filter: &JobFilter) -> Vec<u64> {
+    let ids: Vec<u64> = if filter.all {
+        c.jobs.ids().collect()
+    } else {
+        c.jobs.active_ids()
+    };
+    ids.into_iter()
+        .filter(|&id| c.jobs.job(id).is_some_and(|j| filter.matches(j)))
+        .collect()
 }

@@ -14,12 +14,28 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
+use crate::controller::users::JobAction;
 use crate::controller::Controller;
 
 pub struct UserApi(pub Arc<Controller>);
 pub struct AgentApi(pub Arc<Controller>);
 
 impl UserApi {
+    /// A listing's filter, checked: bounded lists and known states.
+    fn filter(&self, r: &pb::ListJobsRequest) -> Result<gpuctl_core::filter::JobFilter, Status> {
+        let max = self.0.config().limits.max_list_len;
+        let n = r.users.len() + r.states.len() + r.names.len() + r.accounts.len();
+        if n > max {
+            return Err(Status::invalid_argument(format!(
+                "{n} filter values, over the limit of {max} (limits.max_list_len)"
+            )));
+        }
+        if let Some(bad) = r.states.iter().find(|&&s| pb::JobState::try_from(s).is_err() || s == 0) {
+            return Err(Status::invalid_argument(format!("unknown job state {bad} in the filter")));
+        }
+        Ok(gpuctl_core::filter::JobFilter::from(r))
+    }
+
     /// Who sent `req`: the peer's uid on the Unix socket, else the API token's user.
     fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
         if let Some(info) = req.extensions().get::<UdsConnectInfo>() {
@@ -98,13 +114,14 @@ impl controller_server::Controller for UserApi {
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<Self::ListJobsPagedStream>, Status> {
         let caller = self.caller(&req)?;
-        let all = req.into_inner().all;
+        let filter = self.filter(req.get_ref())?;
+        let all = filter.all;
         let ctl = self.0.clone();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             // The ids now; each page is copied under the lock on its own, so the lock is
             // never held for the whole queue.
-            let ids = ctl.job_ids(all);
+            let ids = ctl.job_ids(&filter);
             for chunk in ids.chunks(PAGE) {
                 let mut jobs = ctl.jobs_by_id(chunk, all);
                 jobs.iter_mut().for_each(|j| redact(&caller, j));
@@ -133,7 +150,8 @@ impl controller_server::Controller for UserApi {
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
         let caller = self.caller(&req)?;
-        let mut jobs = self.0.list_jobs(req.into_inner().all);
+        let filter = self.filter(req.get_ref())?;
+        let mut jobs = self.0.list_jobs(&filter);
         jobs.iter_mut().for_each(|j| redact(&caller, j));
         Ok(Response::new(pb::ListJobsResponse { jobs }))
     }
@@ -202,6 +220,38 @@ impl controller_server::Controller for UserApi {
         Ok(Response::new(pb::PrioritiesResponse {
             jobs: self.0.priorities(),
         }))
+    }
+
+    async fn share(
+        &self,
+        req: Request<pb::ShareRequest>,
+    ) -> Result<Response<pb::ShareResponse>, Status> {
+        self.caller(&req)?;
+        Ok(Response::new(self.0.share()))
+    }
+
+    async fn hold(&self, req: Request<pb::JobActionRequest>) -> Result<Response<pb::Job>, Status> {
+        let caller = self.caller(&req)?;
+        let id = req.into_inner().job_id;
+        Ok(Response::new(self.0.job_action(&caller, id, JobAction::Hold).await?))
+    }
+
+    async fn release(
+        &self,
+        req: Request<pb::JobActionRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        let caller = self.caller(&req)?;
+        let id = req.into_inner().job_id;
+        Ok(Response::new(self.0.job_action(&caller, id, JobAction::Release).await?))
+    }
+
+    async fn requeue(
+        &self,
+        req: Request<pb::JobActionRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        let caller = self.caller(&req)?;
+        let id = req.into_inner().job_id;
+        Ok(Response::new(self.0.job_action(&caller, id, JobAction::Requeue).await?))
     }
 
     async fn resume_node(

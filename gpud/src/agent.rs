@@ -75,6 +75,8 @@ struct KillRequest {
     as_state: JobState,
     grace: Duration,
     reason: String,
+    /// Sent first (TERM when `None`), SIGKILL after `grace`.
+    signal: Option<nix::sys::signal::Signal>,
 }
 
 struct Agent {
@@ -206,6 +208,19 @@ impl Agent {
         grace: Duration,
         reason: &str,
     ) -> bool {
+        self.kill_with(job_id, attempt, state, grace, reason, None)
+    }
+
+    /// `kill` with the first signal named (a checkpoint signal before a preemption).
+    fn kill_with(
+        &self,
+        job_id: u64,
+        attempt: u32,
+        state: JobState,
+        grace: Duration,
+        reason: &str,
+        signal: Option<nix::sys::signal::Signal>,
+    ) -> bool {
         let targets: Vec<_> = self
             .jobs
             .lock()
@@ -219,6 +234,7 @@ impl Agent {
                 as_state: state,
                 grace,
                 reason: reason.to_string(),
+                signal,
             });
         }
         !targets.is_empty()
@@ -755,12 +771,17 @@ fn run_command(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand)
         }
         Some(pb::agent_command::Command::Kill(kill)) => {
             let grace = Duration::from_secs(kill.kill_grace_secs);
-            if !agent.kill(
+            let signal = gpuctl_proto::convert::parse_signal(&kill.signal)
+                .ok()
+                .flatten()
+                .and_then(|n| format!("SIG{n}").parse::<nix::sys::signal::Signal>().ok());
+            if !agent.kill_with(
                 kill.job_id,
                 kill.attempt,
                 kill.as_state(),
                 grace,
                 &kill.reason,
+                signal,
             ) {
                 tracing::debug!(job = kill.job_id, "kill for a job not running here");
             }

@@ -760,12 +760,14 @@ impl Launcher for JobLauncher {
     }
 }
 
-/// SIGTERM, wait up to `grace`, then SIGKILL; returns once the main process is reaped.
+/// `first` (SIGTERM when `None`), wait up to `grace`, then SIGKILL; returns once the
+/// main process is reaped.
 pub async fn terminate(
     job: &mut Launched,
     grace: Duration,
+    first: Option<Signal>,
 ) -> std::io::Result<std::process::ExitStatus> {
-    job.signal(Signal::SIGTERM);
+    job.signal(first.unwrap_or(Signal::SIGTERM));
     match tokio::time::timeout(grace, job.wait()).await {
         Ok(status) => status,
         Err(_) => {

@@ -5,10 +5,12 @@
 pub mod admin;
 pub mod cancel;
 pub mod explain;
+pub mod hold;
 pub mod node;
 pub mod nodes;
 pub mod priority;
 pub mod queue;
+pub mod share;
 pub mod show;
 pub mod submit;
 pub mod whoami;

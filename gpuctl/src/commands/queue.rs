@@ -1,16 +1,122 @@
-//! `gpuctl queue`: pending and running jobs (`--all`: finished ones too). The listing
-//! comes in pages; `--json` writes each page as it arrives, so that 100,000 jobs stream.
+//! `gpuctl queue`: pending and running jobs (`--all`: finished ones too), filtered like
+//! squeue (`-u`, `--me`, `-t`, `--name`, `-A`), with chosen columns (`-o`) and without
+//! the header (`-h`). The listing comes in pages; `--json` writes each page as it
+//! arrives, so that 100,000 jobs stream.
 
-use gpuctl_proto as pb;
+use gpuctl_proto::{self as pb, JobState};
 
 use super::View;
 use crate::cli::{Client, Failure, fail, print_json_streamed};
 use crate::format;
 
+#[derive(clap::Args, Clone, Debug)]
+#[command(disable_help_flag = true)]
+pub struct QueueArgs {
+    /// Include finished jobs.
+    #[arg(long)]
+    pub all: bool,
+    /// Show expected start times of pending jobs (like squeue --start).
+    #[arg(long)]
+    pub start: bool,
+    /// A JSON array of jobs (the filters apply; the columns do not).
+    #[arg(long)]
+    pub json: bool,
+    /// Only jobs of these users (comma-separated).
+    #[arg(short = 'u', long = "user", value_delimiter = ',')]
+    pub users: Vec<String>,
+    /// Only your own jobs.
+    #[arg(long)]
+    pub me: bool,
+    /// Only jobs in these states (comma-separated): PENDING, RUNNING, COMPLETED,
+    /// FAILED, CANCELLED, TIMEOUT, NODE_FAIL, or squeue's PD, R, CD, F, CA, TO, NF.
+    /// A finished state lists finished jobs too.
+    #[arg(short = 't', long = "state", value_delimiter = ',')]
+    pub states: Vec<String>,
+    /// Only jobs with these names.
+    #[arg(long = "name", value_delimiter = ',')]
+    pub names: Vec<String>,
+    /// Only jobs charged to these accounts.
+    #[arg(short = 'A', long = "account", value_delimiter = ',')]
+    pub accounts: Vec<String>,
+    /// The columns, comma-separated, from: jobid, name, user, account, qos, state,
+    /// time, start_time, submit_time, gpus, node, reason, attempt, time_limit.
+    #[arg(short = 'o', long = "format", value_delimiter = ',')]
+    pub format: Vec<String>,
+    /// No header line.
+    #[arg(short = 'h', long = "noheader")]
+    pub noheader: bool,
+    /// Print help.
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+}
+
+/// A state as `-t` takes it.
+fn parse_state(s: &str) -> Result<JobState, Failure> {
+    let up = s.trim().to_ascii_uppercase();
+    let st = match up.as_str() {
+        "PD" | "PENDING" => JobState::Pending,
+        "R" | "RUNNING" => JobState::Running,
+        "CD" | "COMPLETED" => JobState::Completed,
+        "F" | "FAILED" => JobState::Failed,
+        "CA" | "CANCELLED" => JobState::Cancelled,
+        "TO" | "TIMEOUT" => JobState::Timeout,
+        "NF" | "NODE_FAIL" => JobState::NodeFail,
+        _ => {
+            return Err(fail(format!(
+                "unknown state {s:?} (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, or PD, R, CD, F, CA, TO, NF)"
+            )));
+        }
+    };
+    Ok(st)
+}
+
+impl QueueArgs {
+    /// The columns asked for, checked.
+    pub fn columns(&self) -> Result<Vec<String>, Failure> {
+        if self.format.is_empty() {
+            return Ok(format::default_queue_columns(self.start));
+        }
+        let cols: Vec<String> = self.format.iter().map(|c| c.trim().to_lowercase()).collect();
+        if let Some(bad) = cols.iter().find(|c| !format::QUEUE_COLUMNS.contains(&c.as_str())) {
+            return Err(fail(format!(
+                "unknown column {bad:?} for -o; known: {}",
+                format::QUEUE_COLUMNS.join(", ")
+            )));
+        }
+        Ok(cols)
+    }
+
+    /// The listing request (`--me` asks the controller who you are).
+    pub async fn request(&self, client: &mut Client) -> Result<pb::ListJobsRequest, Failure> {
+        let mut users = self.users.clone();
+        if self.me {
+            let me = client
+                .who_am_i(pb::WhoAmIRequest {})
+                .await?
+                .into_inner()
+                .user;
+            users.push(me);
+        }
+        let states = self
+            .states
+            .iter()
+            .map(|s| parse_state(s).map(|s| s as i32))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(pb::ListJobsRequest {
+            all: self.all,
+            users,
+            states,
+            names: self.names.clone(),
+            accounts: self.accounts.clone(),
+        })
+    }
+}
+
 /// The text form: every page collected into one table.
 pub struct Queue {
     jobs: Vec<pb::Job>,
-    with_start: bool,
+    columns: Vec<String>,
+    header: bool,
 }
 
 impl serde::Serialize for Queue {
@@ -21,29 +127,30 @@ impl serde::Serialize for Queue {
 
 impl View for Queue {
     fn text(&self) -> String {
-        format::queue_table(&self.jobs, self.with_start)
+        format::queue_table(&self.jobs, &self.columns, self.header)
     }
 }
 
-pub async fn run(client: &mut Client, all: bool, with_start: bool) -> Result<Queue, Failure> {
-    let mut pages = client
-        .list_jobs_paged(pb::ListJobsRequest { all })
-        .await?
-        .into_inner();
+pub async fn run(client: &mut Client, args: &QueueArgs) -> Result<Queue, Failure> {
+    let columns = args.columns()?;
+    let req = args.request(client).await?;
+    let mut pages = client.list_jobs_paged(req).await?.into_inner();
     let mut jobs = Vec::new();
     while let Some(page) = pages.message().await? {
         jobs.extend(page.jobs);
     }
-    Ok(Queue { jobs, with_start })
+    Ok(Queue {
+        jobs,
+        columns,
+        header: !args.noheader,
+    })
 }
 
 /// `--json`: pages are printed as they arrive (receiving, decoding and writing JSON
 /// overlap). The first page decides a failure before any output.
-pub async fn stream_json(client: &mut Client, all: bool) -> Result<(), Failure> {
-    let mut pages = client
-        .list_jobs_paged(pb::ListJobsRequest { all })
-        .await?
-        .into_inner();
+pub async fn stream_json(client: &mut Client, args: &QueueArgs) -> Result<(), Failure> {
+    let req = args.request(client).await?;
+    let mut pages = client.list_jobs_paged(req).await?.into_inner();
     let first = pages.message().await?;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<pb::Job>>(4);
     let writer = tokio::task::spawn_blocking(move || {

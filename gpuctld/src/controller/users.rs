@@ -7,7 +7,7 @@ use gpuctl_proto::store::StoredToken;
 use gpuctl_proto::{self as pb, JobState};
 use tonic::Status;
 
-use gpuctl_core::jobs::{job_of, owner};
+use gpuctl_core::jobs::{job_of, owner, presented};
 use gpuctl_core::state::live_allocs;
 use gpuctl_sched as sched;
 
@@ -212,6 +212,55 @@ impl Controller {
         Ok(results)
     }
 
+    /// Holds, releases or requeues one job.
+    pub async fn job_action(
+        &self,
+        caller: &Caller,
+        id: u64,
+        action: JobAction,
+    ) -> Result<pb::Job, Status> {
+        let (job, out) = {
+            let mut c = self.lock();
+            let actor = caller.actor();
+            let now = now_ms();
+            let effects = match action {
+                JobAction::Hold => c.hold(&actor, id),
+                JobAction::Release => c.release(&actor, id),
+                JobAction::Requeue => {
+                    c.requeue(&actor, id, &format!("requeued by {}", actor.user), now)
+                }
+            }
+            .map_err(status)?;
+            let job = c.jobs.job(id).map(presented).unwrap_or_default();
+            (job, self.settle(c, effects).map_err(store_status)?)
+        };
+        self.deliver(out, true).await.map_err(store_status)?;
+        Ok(job)
+    }
+
+    /// Fair share per account and user (`gpuctl share`).
+    pub fn share(&self) -> pb::ShareResponse {
+        let c = self.lock();
+        let rows = c
+            .fair_share_table()
+            .rows
+            .into_iter()
+            .map(|r| pb::ShareRow {
+                account: r.account,
+                user: r.user,
+                norm_shares: r.norm_shares,
+                account_shares: r.account_shares,
+                usage_gpu_hours: r.usage / 3600.0,
+                effective_usage: r.effective_usage,
+                fair_share: f64::from(r.factor_milli) / 1000.0,
+            })
+            .collect();
+        pb::ShareResponse {
+            rows,
+            half_life: humantime::format_duration(c.config.fairshare.half_life).to_string(),
+        }
+    }
+
     // ------------------------------------------------------------ users and tokens
 
     /// Whether `user` is an admin: root and the users the config names.
@@ -365,4 +414,12 @@ fn cap_summary(over: &sched::limits::Over) -> String {
         "starting it would put {who} over the {} GPUs qos {qos:?} allows at once (qos.{qos}.{key}); it starts when their running jobs end",
         *limit as f64 / 1000.0
     )
+}
+
+/// What `job_action` does.
+#[derive(Debug, Clone, Copy)]
+pub enum JobAction {
+    Hold,
+    Release,
+    Requeue,
 }

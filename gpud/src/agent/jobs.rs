@@ -192,12 +192,12 @@ pub(super) async fn run_job(
                 s = job.wait() => (s, None),
                 _ = tokio::time::sleep(limit) => {
                     tracing::info!(job = id, "time limit reached; terminating");
-                    let s = terminate(&mut job, grace).await;
+                    let s = terminate(&mut job, grace, None).await;
                     (s, Some((JobState::Timeout, format!("time limit {} reached", humantime::format_duration(full)))))
                 }
                 Some(k) = kill_rx.recv() => {
                     tracing::info!(job = id, reason = %k.reason, "killing job");
-                    let s = terminate(&mut job, k.grace).await;
+                    let s = terminate(&mut job, k.grace, k.signal).await;
                     (s, Some((k.as_state, k.reason)))
                 }
             };

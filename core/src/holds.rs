@@ -1,0 +1,139 @@
+//! Holding, releasing and requeueing jobs (Slurm's `scontrol hold/release/requeue`).
+//!
+//! A held job stays pending and out of every pass (reason `JobHeldUser`, or
+//! `JobHeldAdmin` when an admin held it: then only an admin releases it). A requeue
+//! of a running job kills its instances; when they have ended it is pending again
+//! with the same id, submit time and an attempt that grows at its next start (the
+//! GPUs are free only once the instances are gone).
+
+use gpuctl_proto::{self as pb, JobState};
+
+use crate::error::{Actor, Refusal};
+use crate::jobs::{Transition, owner};
+use crate::state::{Cluster, Effects, live_allocs};
+
+pub const HELD_USER: &str = "JobHeldUser";
+pub const HELD_ADMIN: &str = "JobHeldAdmin";
+
+impl Cluster {
+    /// The job `id` if `actor` may act on it.
+    fn own_job(&self, actor: &Actor, id: u64, what: &str) -> Result<&pb::Job, Refusal> {
+        let j = self
+            .jobs
+            .job(id)
+            .ok_or_else(|| Refusal::not_found(format!("no job {id}")))?;
+        if !actor.admin && owner(j) != actor.user {
+            return Err(actor.deny(&format!(
+                "only a job's owner or an admin may {what} it (job {id} belongs to {})",
+                owner(j)
+            )));
+        }
+        Ok(j)
+    }
+
+    /// Holds a pending job.
+    pub fn hold(&mut self, actor: &Actor, id: u64) -> Result<Effects, Refusal> {
+        let j = self.own_job(actor, id, "hold")?;
+        if j.state() != JobState::Pending {
+            return Err(Refusal::failed_precondition(format!(
+                "job {id} is {}; only pending jobs are held",
+                j.state().as_str_name()
+            )));
+        }
+        let (hold, reason) = if actor.admin && owner(j) != actor.user {
+            ("admin", HELD_ADMIN)
+        } else {
+            ("user", HELD_USER)
+        };
+        self.jobs.annotate_pending(id, |j| {
+            j.hold = hold.into();
+            j.reason = reason.into();
+            j.expected_start_ms = 0;
+        });
+        tracing::info!(job = id, by = %actor.user, "job held");
+        Ok(Effects::wake())
+    }
+
+    /// Releases a held job.
+    pub fn release(&mut self, actor: &Actor, id: u64) -> Result<Effects, Refusal> {
+        let j = self.own_job(actor, id, "release")?;
+        if j.hold.is_empty() {
+            return Err(Refusal::failed_precondition(format!("job {id} is not held")));
+        }
+        if j.hold == "admin" && !actor.admin {
+            return Err(actor.deny(&format!(
+                "job {id} was held by an admin; only an admin releases it"
+            )));
+        }
+        self.jobs.annotate_pending(id, |j| {
+            j.hold.clear();
+            j.reason = "None".into();
+        });
+        tracing::info!(job = id, by = %actor.user, "job released");
+        Ok(Effects::wake())
+    }
+
+    /// Sends a running job back to the queue (`reason` says why): its instances are
+    /// killed, and it is pending again once they have ended.
+    pub fn requeue(
+        &mut self,
+        actor: &Actor,
+        id: u64,
+        reason: &str,
+        now: i64,
+    ) -> Result<Effects, Refusal> {
+        let j = self.own_job(actor, id, "requeue")?;
+        if j.state() != JobState::Running {
+            return Err(Refusal::failed_precondition(format!(
+                "job {id} is {}; only running jobs are requeued",
+                j.state().as_str_name()
+            )));
+        }
+        Ok(self.request_requeue(id, reason, None, now))
+    }
+
+    /// Asks a running job's instances to stop so that it requeues: `signal` is the
+    /// checkpoint signal and how long before the kill (`None`: SIGTERM, then the kill
+    /// grace). A job whose nodes are all gone is requeued at once.
+    pub fn request_requeue(
+        &mut self,
+        id: u64,
+        reason: &str,
+        signal: Option<(String, u64)>,
+        now: i64,
+    ) -> Effects {
+        let mut effects = Effects::wake();
+        let Some(j) = self.jobs.job(id) else {
+            return effects;
+        };
+        let attempt = j.attempt;
+        let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
+        self.jobs
+            .edit(id, |s| s.requeue_requested = reason.to_string());
+        let mut sent = false;
+        for node in nodes {
+            if self.conns.contains_key(&node) {
+                let mut kill = self.kill_cmd(id, attempt, reason);
+                if let Some(pb::agent_command::Command::Kill(k)) = kill.command.as_mut() {
+                    k.as_state = JobState::Cancelled as i32;
+                    if let Some((sig, lead)) = &signal {
+                        k.signal = sig.clone();
+                        k.kill_grace_secs = k.kill_grace_secs.max(*lead);
+                    }
+                }
+                effects.sends.push((node, kill));
+                sent = true;
+            }
+        }
+        if !sent {
+            let back = Transition::Requeue {
+                reason: reason.to_string(),
+                keep_for_readopt: false,
+            };
+            let _ = self.jobs.transition(id, back, now);
+            self.jobs.edit(id, |s| s.requeue_requested.clear());
+        }
+        tracing::info!(job = id, reason, "requeue asked");
+        effects
+    }
+}

@@ -1,0 +1,57 @@
+//! `gpuctl hold`, `release` and `requeue` (like scontrol hold/release/requeue).
+
+use gpuctl_proto as pb;
+use serde::Serialize;
+
+use super::View;
+use crate::cli::{Client, Failure};
+
+#[derive(Debug, Clone, Copy)]
+pub enum Action {
+    Hold,
+    Release,
+    Requeue,
+}
+
+#[derive(Serialize)]
+pub struct Done {
+    job_id: u64,
+    state: String,
+    reason: String,
+}
+
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Results(Vec<Done>);
+
+impl View for Results {
+    fn text(&self) -> String {
+        self.0
+            .iter()
+            .map(|d| format!("job {}: {} ({})\n", d.job_id, d.state, d.reason))
+            .collect()
+    }
+}
+
+pub async fn run(client: &mut Client, action: Action, ids: &[u64]) -> Result<Results, Failure> {
+    let mut out = Vec::new();
+    for &job_id in ids {
+        let req = pb::JobActionRequest { job_id };
+        let j = match action {
+            Action::Hold => client.hold(req).await?,
+            Action::Release => client.release(req).await?,
+            Action::Requeue => client.requeue(req).await?,
+        }
+        .into_inner();
+        out.push(Done {
+            job_id,
+            state: crate::format::state_name(j.state()).to_string(),
+            reason: if j.reason.is_empty() {
+                "-".into()
+            } else {
+                crate::format::printable(&j.reason).into_owned()
+            },
+        });
+    }
+    Ok(Results(out))
+}
