@@ -606,7 +606,8 @@ impl Cluster {
                     s @ (JobState::Completed
                     | JobState::Failed
                     | JobState::Cancelled
-                    | JobState::Timeout) => s,
+                    | JobState::Timeout
+                    | JobState::Preempted) => s,
                     _ => JobState::Failed,
                 };
                 let at = if r.time_ms > 0 { r.time_ms } else { now };

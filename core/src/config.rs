@@ -38,6 +38,7 @@ pub struct Config {
     pub retention: Retention,
     pub health: Health,
     pub fairshare: FairShare,
+    pub preemption: Preemption,
     /// Accounts (Slurm's associations): `[accounts.risk]` with `shares = 3` and
     /// `users = ["alice", "bob"]`. A job is charged to the account it names, or to the
     /// first account that lists its user, or, when none does, to an account named
@@ -117,6 +118,29 @@ impl FairShare {
             .iter()
             .find(|(k, _)| gpuctl_sched::models_allow(std::slice::from_ref(*k), model))
             .map_or(1.0, |(_, w)| *w)
+    }
+}
+
+/// The `[preemption]` table: a job of a QoS that `preempts` others may stop their
+/// running jobs to start (each QoS's `preempts` says whose).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Preemption {
+    pub enabled: bool,
+    /// A job that has run less than this is never preempted.
+    #[serde(with = "humantime_serde")]
+    pub min_run: Duration,
+    /// At most this many waiting jobs preempt in one pass.
+    pub max_per_pass: usize,
+}
+
+impl Default for Preemption {
+    fn default() -> Self {
+        Preemption {
+            enabled: true,
+            min_run: Duration::from_secs(300),
+            max_per_pass: 8,
+        }
     }
 }
 
@@ -295,6 +319,7 @@ impl Default for Config {
             retention: Retention::default(),
             health: Health::default(),
             fairshare: FairShare::default(),
+            preemption: Preemption::default(),
             accounts: BTreeMap::new(),
             max_time_limit: None,
         }
@@ -392,9 +417,14 @@ impl Config {
                     )));
                 }
             }
-            for (what, cap) in [("max_gpus_per_user", q.max_gpus_per_user), ("max_gpus_per_account", q.max_gpus_per_account)] {
+            for (what, cap) in [
+                ("max_gpus_per_user", q.max_gpus_per_user),
+                ("max_gpus_per_account", q.max_gpus_per_account),
+            ] {
                 if cap.is_some_and(|c| !(c.is_finite() && (0.0..=1e9).contains(&c))) {
-                    return Err(invalid(format!("qos.{name}.{what}: a number of GPUs from 0 on, please")));
+                    return Err(invalid(format!(
+                        "qos.{name}.{what}: a number of GPUs from 0 on, please"
+                    )));
                 }
             }
         }
@@ -437,7 +467,8 @@ mod tests {
         assert_eq!(c.scheduler.reservation_depth, Some(5));
         assert_eq!(c.scheduler.priority.age, 7);
         assert_eq!(c.scheduler.priority.qos_levels["gold"], 3);
-        assert_eq!(c.scheduler.priority.size, 1000);
+        assert_eq!(c.scheduler.priority.size, 500);
+        assert!(c.scheduler.priority.favor_small);
     }
 
     #[test]

@@ -73,7 +73,8 @@ fn gpus_held(allocs: &[pb::Allocation], costs: &BTreeMap<&str, (f64, bool)>) -> 
 impl Cluster {
     /// Charges usage up to `now`: what ran since the last charge.
     pub fn charge_usage(&mut self, now: i64) {
-        let half_life = i64::try_from(self.config.fairshare.half_life.as_millis()).unwrap_or(i64::MAX);
+        let half_life =
+            i64::try_from(self.config.fairshare.half_life.as_millis()).unwrap_or(i64::MAX);
         let last = self.usage.as_of_ms;
         let ended = self.jobs.take_ended_runs();
         if last == 0 {
@@ -91,7 +92,11 @@ impl Cluster {
             let from = r.start_ms.max(last);
             if r.end_ms > from {
                 let secs = (r.end_ms - from) as f64 / 1000.0;
-                charges.push((r.account.clone(), r.user.clone(), gpus_held(&r.allocations, &costs) * secs));
+                charges.push((
+                    r.account.clone(),
+                    r.user.clone(),
+                    gpus_held(&r.allocations, &costs) * secs,
+                ));
             }
         }
         for s in self.jobs.active() {
@@ -104,7 +109,11 @@ impl Cluster {
             if now > from {
                 let secs = (now - from) as f64 / 1000.0;
                 let account = j.spec.as_ref().map_or("", |x| x.account.as_str());
-                charges.push((account.to_string(), owner(j).to_string(), gpus_held(&live, &costs) * secs));
+                charges.push((
+                    account.to_string(),
+                    owner(j).to_string(),
+                    gpus_held(&live, &costs) * secs,
+                ));
             }
         }
         for (a, u, amount) in charges {

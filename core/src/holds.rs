@@ -58,7 +58,9 @@ impl Cluster {
     pub fn release(&mut self, actor: &Actor, id: u64) -> Result<Effects, Refusal> {
         let j = self.own_job(actor, id, "release")?;
         if j.hold.is_empty() {
-            return Err(Refusal::failed_precondition(format!("job {id} is not held")));
+            return Err(Refusal::failed_precondition(format!(
+                "job {id} is not held"
+            )));
         }
         if j.hold == "admin" && !actor.admin {
             return Err(actor.deny(&format!(
@@ -108,8 +110,15 @@ impl Cluster {
         };
         let attempt = j.attempt;
         let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
-        self.jobs
-            .edit(id, |s| s.requeue_requested = reason.to_string());
+        let lead = signal
+            .as_ref()
+            .map_or(self.config.kill_grace.as_secs(), |(_, t)| *t);
+        let vacate_by =
+            now.saturating_add(i64::try_from(lead).unwrap_or(0).saturating_mul(1000) + 5_000);
+        self.jobs.edit(id, |s| {
+            s.requeue_requested = reason.to_string();
+            s.vacate_by_ms = vacate_by;
+        });
         let mut sent = false;
         for node in nodes {
             if self.conns.contains_key(&node) {

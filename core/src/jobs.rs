@@ -426,6 +426,8 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             s.start_confirmed = false;
             s.requeued_from = None;
             s.requeue_requested.clear();
+            s.preempted_by = 0;
+            s.vacate_by_ms = 0;
         }
         Transition::Requeue {
             reason,
@@ -441,6 +443,8 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             j.reason = reason;
             s.start_confirmed = false;
             s.requeue_requested.clear();
+            s.preempted_by = 0;
+            s.vacate_by_ms = 0;
             s.requeued_from = keep_for_readopt.then_some(before);
         }
         Transition::Readopt { .. } => {

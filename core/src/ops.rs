@@ -197,6 +197,7 @@ impl Cluster {
                 j.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);
             });
         }
+        self.preempt(plan, now, &mut effects);
         effects
     }
 

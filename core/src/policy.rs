@@ -1,11 +1,14 @@
 //! QoS policy in the controller: the caps a pass checks (what each owner holds now
-//! under each capped QoS).
+//! under each capped QoS), and preemption (`sched::preempt` plans, this applies).
 
-use gpuctl_sched::Request;
+use gpuctl_proto::convert;
+use gpuctl_proto::{self as pb, JobState};
 use gpuctl_sched::limits::{Caps, QosCaps, norm_milli};
+use gpuctl_sched::preempt::{PreemptConfig, RunningJob};
+use gpuctl_sched::{self as sched, Blocked, PendingJob, Request};
 
 use crate::jobs::{job_of, owner};
-use crate::state::{Cluster, resources};
+use crate::state::{Cluster, Effects, live_allocs, pending_job, resources};
 
 /// GPUs (a config number) in milli.
 fn milli(gpus: Option<f64>) -> Option<u64> {
@@ -30,7 +33,7 @@ impl Cluster {
         }
         for s in self.jobs.active() {
             let j = job_of(s);
-            if j.state() != gpuctl_proto::JobState::Running {
+            if j.state() != JobState::Running {
                 continue;
             }
             let Some(spec) = j.spec.as_ref() else {
@@ -40,5 +43,126 @@ impl Cluster {
             caps.add(&spec.qos, owner(j), &spec.account, m);
         }
         caps
+    }
+}
+
+impl Cluster {
+    /// The preemption settings the pass uses (QoS `preempts`, `[preemption]`).
+    fn preempt_config(&self) -> PreemptConfig {
+        let p = &self.config.preemption;
+        if !p.enabled {
+            return PreemptConfig::default();
+        }
+        PreemptConfig {
+            preempts: self
+                .config
+                .qos
+                .iter()
+                .filter(|(_, q)| !q.preempts.is_empty())
+                .map(|(n, q)| (n.clone(), q.preempts.clone()))
+                .collect(),
+            min_run_ms: i64::try_from(p.min_run.as_millis()).unwrap_or(i64::MAX),
+            max_preemptors: p.max_per_pass,
+        }
+    }
+
+    /// After a pass's starts: the running jobs that waiting jobs of preempting QoS
+    /// levels take the place of. Each victim gets its checkpoint signal, then the
+    /// kill; it is requeued (keeping its id and submit time) when its job file says
+    /// `requeue`, and otherwise ends PREEMPTED.
+    pub(crate) fn preempt(&mut self, plan: &sched::Plan, now: i64, effects: &mut Effects) {
+        let pc = self.preempt_config();
+        if pc.preempts.is_empty() {
+            return;
+        }
+        let shares = self.fair_share_table();
+        let waiting: Vec<PendingJob> = plan
+            .waiting
+            .iter()
+            .filter(|w| {
+                matches!(
+                    w.reason,
+                    Blocked::Resources | Blocked::Priority { .. } | Blocked::BeyondDepth
+                )
+            })
+            .filter_map(|w| self.jobs.job(w.job))
+            .filter(|j| {
+                j.state() == JobState::Pending
+                    && j.spec
+                        .as_ref()
+                        .is_some_and(|s| pc.preempts.contains_key(&s.qos))
+            })
+            .map(|j| pending_job(j, &shares))
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        let running: Vec<RunningJob> = self
+            .jobs
+            .active()
+            .filter(|s| job_of(s).state() == JobState::Running)
+            .map(|s| {
+                let j = job_of(s);
+                RunningJob {
+                    id: j.id,
+                    qos: j.spec.as_ref().map(|x| x.qos.clone()).unwrap_or_default(),
+                    start_ms: j.start_time_ms,
+                    gpu_milli: norm_milli(&Request::from(&resources(j))),
+                    vacating: s.vacate_by_ms > 0 || s.cancel_requested,
+                }
+            })
+            .collect();
+        let view = self.view();
+        let cfg = self.sched_config.clone();
+        for p in sched::preempt::plan_preemptions(&view, &running, &waiting, &cfg, &pc, now) {
+            for &victim in &p.victims {
+                self.preempt_one(victim, p.job, now, effects);
+            }
+            self.jobs.annotate_pending(p.job, |j| {
+                j.reason = "Preempting".into();
+            });
+        }
+    }
+
+    fn preempt_one(&mut self, victim: u64, by: u64, now: i64, effects: &mut Effects) {
+        let Some(j) = self.jobs.job(victim) else {
+            return;
+        };
+        let spec = j.spec.clone().unwrap_or_default();
+        let signal = convert::parse_signal_spec(&spec.signal).ok().flatten();
+        let lead = signal
+            .as_ref()
+            .and_then(|(_, t)| *t)
+            .unwrap_or(self.config.kill_grace.as_secs());
+        let reason = format!("Preempted by job {by}");
+        tracing::info!(job = victim, by, requeue = spec.requeue, "preempting job");
+        if spec.requeue {
+            let sig = signal.map(|(n, _)| (n, lead));
+            let e = self.request_requeue(victim, &reason, sig, now);
+            effects.sends.extend(e.sends);
+        } else {
+            let attempt = j.attempt;
+            let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
+            for node in nodes {
+                if !self.conns.contains_key(&node) {
+                    continue;
+                }
+                let mut kill = self.kill_cmd(victim, attempt, &reason);
+                if let Some(pb::agent_command::Command::Kill(k)) = kill.command.as_mut() {
+                    k.as_state = JobState::Preempted as i32;
+                    k.signal = signal.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
+                    k.kill_grace_secs = lead;
+                }
+                effects.sends.push((node, kill));
+            }
+        }
+        let lead_ms = i64::try_from(lead)
+            .unwrap_or(i64::MAX / 2000)
+            .saturating_mul(1000);
+        self.jobs.edit(victim, |s| {
+            s.preempted_by = by;
+            s.vacate_by_ms = now.saturating_add(lead_ms).saturating_add(5_000);
+        });
+        effects.wake = true;
     }
 }

@@ -233,7 +233,10 @@ impl Cluster {
         let mut running = Vec::new();
         for s in self.jobs.active() {
             let j = job_of(s);
-            let end_ms = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
+            let mut end_ms = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
+            if s.vacate_by_ms > 0 {
+                end_ms = end_ms.min(s.vacate_by_ms);
+            }
             for a in live_allocs(j) {
                 running.push(sched::Running {
                     job: j.id,
@@ -246,30 +249,12 @@ impl Cluster {
     }
 
     pub fn pending(&self) -> Vec<PendingJob> {
-        let none = pb::Resources::default();
         let shares = self.fair_share_table();
         self.jobs
             .active()
             .map(job_of)
             .filter(|j| j.state() == JobState::Pending && j.hold.is_empty())
-            .map(|j| {
-                let spec = j.spec.as_ref();
-                let account = spec.map(|s| s.account.clone()).unwrap_or_default();
-                let user = crate::jobs::owner(j).to_string();
-                PendingJob {
-                    id: j.id,
-                    priority: spec.map_or(0, |s| s.priority),
-                    qos: spec.map(|s| s.qos.clone()).unwrap_or_default(),
-                    fair_share_milli: shares.factor(&account, &user),
-                    account,
-                    user,
-                    submit_ms: j.submit_time_ms,
-                    request: Request::from(
-                        spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none),
-                    ),
-                    duration_ms: limit_ms(j.time_limit_secs),
-                }
-            })
+            .map(|j| pending_job(j, &shares))
             .collect()
     }
 
@@ -424,4 +409,23 @@ pub fn settle_dependencies(c: &mut Cluster, now: i64) -> BTreeSet<u64> {
         }
     }
     waiting
+}
+
+/// A pending job as the scheduler sees it.
+pub fn pending_job(j: &pb::Job, shares: &sched::fairshare::FairShareTable) -> PendingJob {
+    let none = pb::Resources::default();
+    let spec = j.spec.as_ref();
+    let account = spec.map(|s| s.account.clone()).unwrap_or_default();
+    let user = crate::jobs::owner(j).to_string();
+    PendingJob {
+        id: j.id,
+        priority: spec.map_or(0, |s| s.priority),
+        qos: spec.map(|s| s.qos.clone()).unwrap_or_default(),
+        fair_share_milli: shares.factor(&account, &user),
+        account,
+        user,
+        submit_ms: j.submit_time_ms,
+        request: Request::from(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none)),
+        duration_ms: limit_ms(j.time_limit_secs),
+    }
 }

@@ -411,15 +411,29 @@ fn short_time(ms: i64) -> String {
 
 /// The columns `gpuctl queue -o` knows.
 pub const QUEUE_COLUMNS: &[&str] = &[
-    "jobid", "name", "user", "account", "qos", "state", "time", "start_time", "submit_time",
-    "gpus", "node", "reason", "attempt", "time_limit",
+    "jobid",
+    "name",
+    "user",
+    "account",
+    "qos",
+    "state",
+    "time",
+    "start_time",
+    "submit_time",
+    "gpus",
+    "node",
+    "reason",
+    "attempt",
+    "time_limit",
 ];
 
 /// The default columns (`--start` adds the expected start).
 pub fn default_queue_columns(with_start: bool) -> Vec<String> {
-    let mut c: Vec<String> = ["jobid", "name", "user", "state", "time", "gpus", "node", "reason"]
-        .map(String::from)
-        .to_vec();
+    let mut c: Vec<String> = [
+        "jobid", "name", "user", "state", "time", "gpus", "node", "reason",
+    ]
+    .map(String::from)
+    .to_vec();
     if with_start {
         c.insert(4, "start_time".into());
     }
@@ -429,7 +443,13 @@ pub fn default_queue_columns(with_start: bool) -> Vec<String> {
 fn queue_cell(j: &pb::Job, col: &str, now: i64) -> String {
     let none = pb::JobSpec::default();
     let spec = j.spec.as_ref().unwrap_or(&none);
-    let dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.to_string()
+        }
+    };
     match col {
         "jobid" => j.id.to_string(),
         "name" => spec.name.clone(),
@@ -448,7 +468,9 @@ fn queue_cell(j: &pb::Job, col: &str, now: i64) -> String {
         "node" => dash(&j.node),
         "reason" => dash(&j.reason),
         "attempt" => j.attempt.to_string(),
-        "time_limit" => slurm_duration(i64::try_from(j.time_limit_secs).unwrap_or(i64::MAX / 1000) * 1000),
+        "time_limit" => {
+            slurm_duration(i64::try_from(j.time_limit_secs).unwrap_or(i64::MAX / 1000) * 1000)
+        }
         _ => String::new(),
     }
 }
@@ -466,7 +488,8 @@ pub fn queue_table(jobs: &[pb::Job], columns: &[String], header: bool) -> String
     if header {
         out
     } else {
-        out.split_once('\n').map_or(String::new(), |(_, rest)| rest.to_string())
+        out.split_once('\n')
+            .map_or(String::new(), |(_, rest)| rest.to_string())
     }
 }
 
@@ -788,7 +811,14 @@ mod tests {
         };
         let _ = job_json(&j);
         let _ = show_job(&j);
-        let _ = queue_table(&[j], true);
+        let all: Vec<String> = QUEUE_COLUMNS.iter().map(|c| c.to_string()).collect();
+        let t = queue_table(&[j.clone()], &all, true);
+        assert!(t.starts_with(" JOBID"), "{t}");
+        let bare = queue_table(&[j], &default_queue_columns(true), false);
+        assert!(
+            !bare.contains("JOBID") && bare.lines().count() == 1,
+            "{bare}"
+        );
     }
 
     #[test]

@@ -257,7 +257,8 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
     };
     let signal = match raw.signal {
         Some(sig) => {
-            gpuctl_proto::convert::parse_signal_spec(sig.get_ref()).map_err(|m| at(sig.span(), m))?;
+            gpuctl_proto::convert::parse_signal_spec(sig.get_ref())
+                .map_err(|m| at(sig.span(), m))?;
             sig.into_inner()
         }
         None => String::new(),

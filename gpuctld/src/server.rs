@@ -14,8 +14,8 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
-use crate::controller::users::JobAction;
 use crate::controller::Controller;
+use crate::controller::users::JobAction;
 
 pub struct UserApi(pub Arc<Controller>);
 pub struct AgentApi(pub Arc<Controller>);
@@ -30,8 +30,14 @@ impl UserApi {
                 "{n} filter values, over the limit of {max} (limits.max_list_len)"
             )));
         }
-        if let Some(bad) = r.states.iter().find(|&&s| pb::JobState::try_from(s).is_err() || s == 0) {
-            return Err(Status::invalid_argument(format!("unknown job state {bad} in the filter")));
+        if let Some(bad) = r
+            .states
+            .iter()
+            .find(|&&s| pb::JobState::try_from(s).is_err() || s == 0)
+        {
+            return Err(Status::invalid_argument(format!(
+                "unknown job state {bad} in the filter"
+            )));
         }
         Ok(gpuctl_core::filter::JobFilter::from(r))
     }
@@ -233,7 +239,9 @@ impl controller_server::Controller for UserApi {
     async fn hold(&self, req: Request<pb::JobActionRequest>) -> Result<Response<pb::Job>, Status> {
         let caller = self.caller(&req)?;
         let id = req.into_inner().job_id;
-        Ok(Response::new(self.0.job_action(&caller, id, JobAction::Hold).await?))
+        Ok(Response::new(
+            self.0.job_action(&caller, id, JobAction::Hold).await?,
+        ))
     }
 
     async fn release(
@@ -242,7 +250,9 @@ impl controller_server::Controller for UserApi {
     ) -> Result<Response<pb::Job>, Status> {
         let caller = self.caller(&req)?;
         let id = req.into_inner().job_id;
-        Ok(Response::new(self.0.job_action(&caller, id, JobAction::Release).await?))
+        Ok(Response::new(
+            self.0.job_action(&caller, id, JobAction::Release).await?,
+        ))
     }
 
     async fn requeue(
@@ -251,7 +261,9 @@ impl controller_server::Controller for UserApi {
     ) -> Result<Response<pb::Job>, Status> {
         let caller = self.caller(&req)?;
         let id = req.into_inner().job_id;
-        Ok(Response::new(self.0.job_action(&caller, id, JobAction::Requeue).await?))
+        Ok(Response::new(
+            self.0.job_action(&caller, id, JobAction::Requeue).await?,
+        ))
     }
 
     async fn resume_node(

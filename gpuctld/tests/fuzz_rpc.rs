@@ -162,7 +162,13 @@ fn write_corpus() {
     );
     w(
         "listjobs-1.bin",
-        pb::ListJobsRequest { all: true }.encode_to_vec(),
+        pb::ListJobsRequest {
+            all: true,
+            users: vec!["alice".into()],
+            states: vec![1, 3],
+            ..pb::ListJobsRequest::default()
+        }
+        .encode_to_vec(),
     );
     w(
         "drain-1.bin",
@@ -381,6 +387,10 @@ async fn call(h: &Harness, kind: &str, bytes: &[u8], admin: bool) -> bool {
             };
             let _ = user.get_job(user_req(m, token)).await;
             let _ = user.explain(user_req(m, token)).await;
+            let a = pb::JobActionRequest { job_id: m.job_id };
+            let _ = user.hold(user_req(a, token)).await;
+            let _ = user.release(user_req(a, token)).await;
+            let _ = user.requeue(user_req(a, token)).await;
         }
         "listjobs" => {
             user_call!(pb::ListJobsRequest, list_jobs);
@@ -390,6 +400,7 @@ async fn call(h: &Harness, kind: &str, bytes: &[u8], admin: bool) -> bool {
             let _ = user
                 .priorities(user_req(pb::PrioritiesRequest {}, token))
                 .await;
+            let _ = user.share(user_req(pb::ShareRequest {}, token)).await;
         }
         "drain" => user_call!(pb::DrainNodeRequest, drain_node),
         "resume" => user_call!(pb::ResumeNodeRequest, resume_node),
@@ -459,7 +470,11 @@ fn corpus_seeds_decode_and_run() {
         // The seeds make jobs and a node; the scheduler runs over them.
         h.ctl.schedule_pass().await.unwrap();
     });
-    assert!(h.ctl.list_jobs(true).len() >= 3);
+    let all = gpuctl_core::filter::JobFilter {
+        all: true,
+        ..Default::default()
+    };
+    assert!(h.ctl.list_jobs(&all).len() >= 3);
 }
 
 proptest! {

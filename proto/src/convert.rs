@@ -25,6 +25,7 @@ impl TryFrom<JobState> for State {
             JobState::Cancelled => State::Cancelled,
             JobState::Timeout => State::Timeout,
             JobState::NodeFail => State::NodeFail,
+            JobState::Preempted => State::Preempted,
             JobState::Unspecified => return Err(UnknownState(s as i32)),
         })
     }
@@ -40,6 +41,7 @@ impl From<State> for JobState {
             State::Cancelled => JobState::Cancelled,
             State::Timeout => JobState::Timeout,
             State::NodeFail => JobState::NodeFail,
+            State::Preempted => JobState::Preempted,
         }
     }
 }
@@ -427,7 +429,9 @@ pub fn parse_signal_spec(s: &str) -> Result<Option<(String, Option<u64>)>, Strin
                 .parse()
                 .map_err(|_| format!("signal {s:?}: the part after @ is seconds (USR1@120)"))?;
             if t > 3600 {
-                return Err(format!("signal {s:?}: at most 3600 seconds before the kill"));
+                return Err(format!(
+                    "signal {s:?}: at most 3600 seconds before the kill"
+                ));
             }
             (n, Some(t))
         }
@@ -460,7 +464,10 @@ mod signal_tests {
             parse_signal_spec("USR1@120"),
             Ok(Some(("USR1".into(), Some(120))))
         );
-        assert_eq!(parse_signal_spec("sigusr2"), Ok(Some(("USR2".into(), None))));
+        assert_eq!(
+            parse_signal_spec("sigusr2"),
+            Ok(Some(("USR2".into(), None)))
+        );
         assert!(parse_signal_spec("KILL@5").is_err());
         assert!(parse_signal_spec("USR1@soon").is_err());
         assert!(parse_signal_spec("USR1@99999").is_err());

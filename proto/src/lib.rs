@@ -37,6 +37,7 @@ impl JobState {
                 | JobState::Cancelled
                 | JobState::Timeout
                 | JobState::NodeFail
+                | JobState::Preempted
         )
     }
 }

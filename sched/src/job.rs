@@ -12,6 +12,8 @@ pub enum JobState {
     Timeout,
     /// The node stopped responding while the job ran.
     NodeFail,
+    /// Preempted and not requeueable.
+    Preempted,
 }
 
 impl JobState {

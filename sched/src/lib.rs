@@ -34,6 +34,7 @@ pub mod limits;
 pub mod model;
 pub mod packing;
 mod plan;
+pub mod preempt;
 pub mod priority;
 mod session;
 

@@ -65,7 +65,11 @@ impl Caps {
             }
         }
         if let Some(limit) = caps.per_account_milli {
-            let held = self.by_account.get(&key(&job.account)).copied().unwrap_or(0);
+            let held = self
+                .by_account
+                .get(&key(&job.account))
+                .copied()
+                .unwrap_or(0);
             if held + need > limit {
                 return Some(Over::Account {
                     qos: job.qos.clone(),
@@ -120,12 +124,21 @@ mod tests {
         assert_eq!(c.check(&job("alice", "a", 4)), None);
         assert!(matches!(
             c.check(&job("alice", "a", 5)),
-            Some(Over::User { limit_milli: 4000, .. })
+            Some(Over::User {
+                limit_milli: 4000,
+                ..
+            })
         ));
         c.add("normal", "alice", "a", 3000);
         c.add("normal", "bob", "a", 2000);
-        assert!(matches!(c.check(&job("alice", "a", 2)), Some(Over::User { .. })));
-        assert!(matches!(c.check(&job("bob", "a", 2)), Some(Over::Account { .. })));
+        assert!(matches!(
+            c.check(&job("alice", "a", 2)),
+            Some(Over::User { .. })
+        ));
+        assert!(matches!(
+            c.check(&job("bob", "a", 2)),
+            Some(Over::Account { .. })
+        ));
         assert_eq!(c.check(&job("carol", "b", 4)), None);
         // Another QoS is not capped.
         let mut other = job("alice", "a", 8);

@@ -138,7 +138,9 @@ fn factors(
         (Factor::Qos, w.qos.saturating_mul(qos)),
         (
             Factor::FairShare,
-            w.fair_share.saturating_mul(i64::from(job.fair_share_milli.min(1000))) / 1000,
+            w.fair_share
+                .saturating_mul(i64::from(job.fair_share_milli.min(1000)))
+                / 1000,
         ),
     ]
 }

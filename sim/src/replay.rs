@@ -437,7 +437,13 @@ fn summarize(
         .collect();
     let user_means: Vec<f64> = users.iter().map(|u| u.wait_mean_s).collect();
     let um = mean(&user_means);
-    let user_sd = mean(&user_means.iter().map(|x| (x - um).powi(2)).collect::<Vec<_>>()).sqrt();
+    let user_sd = mean(
+        &user_means
+            .iter()
+            .map(|x| (x - um).powi(2))
+            .collect::<Vec<_>>(),
+    )
+    .sqrt();
     let summary = Summary {
         policy: policy.to_string(),
         packing: packing.to_string(),
@@ -537,6 +543,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuctl_sched::{GpuRequest, Request};
 
     fn job(id: u64, submit_s: i64, dur_s: i64, gpus: u32, limit_s: i64) -> TraceJob {
         TraceJob {
@@ -604,8 +611,9 @@ mod tests {
         assert_eq!(jobs[0].request.nodes, 2);
         assert_eq!(jobs[0].request.gpu, GpuRequest::Whole { count: 2 });
         assert_eq!(jobs[0].time_limit, 20_000);
-        let config = config_for("backfill", Policy::Fgd, None, &jobs).unwrap();
-        let (s, samples) = replay(&nodes, &jobs, &config, "backfill");
+        let base = Config::default();
+        let config = config_for("backfill", Policy::Fgd, None, &jobs, &base).unwrap();
+        let (s, samples, _) = replay(&nodes, &jobs, &config, &base, "backfill");
         assert_eq!((s.jobs, s.infeasible), (2, 1));
         // The gang takes all four GPUs at 0; the 1-GPU job waits until 10.
         assert_eq!(s.wait_mean_s, 5.0);

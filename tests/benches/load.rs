@@ -180,7 +180,7 @@ fn main() {
         let mut client = ControllerClient::new(channel).max_decoding_message_size(1 << 30);
         let t = Instant::now();
         let n = client
-            .list_jobs(pb::ListJobsRequest { all: false })
+            .list_jobs(pb::ListJobsRequest::default())
             .await
             .unwrap()
             .into_inner()

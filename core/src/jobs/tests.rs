@@ -232,7 +232,7 @@ fn step() -> impl Strategy<Value = Step> {
         (0u8..16).prop_map(Step::Start),
         (0u8..16, any::<bool>()).prop_map(|(j, k)| Step::Requeue(j, k)),
         (0u8..16).prop_map(Step::Readopt),
-        (0u8..16, 0u8..5).prop_map(|(j, s)| Step::Finish(j, s)),
+        (0u8..16, 0u8..6).prop_map(|(j, s)| Step::Finish(j, s)),
         (0u8..4).prop_map(Step::Retire),
     ]
 }
@@ -270,7 +270,7 @@ proptest! {
                 ),
                 Step::Finish(j, s) => {
                     let state = [JobState::Completed, JobState::Failed, JobState::Cancelled,
-                        JobState::Timeout, JobState::NodeFail][s as usize];
+                        JobState::Timeout, JobState::NodeFail, JobState::Preempted][s as usize];
                     t.transition(
                         u64::from(j),
                         Transition::Finish { state, exit_code: None, reason: String::new() },

@@ -28,7 +28,8 @@ pub struct QueueArgs {
     #[arg(long)]
     pub me: bool,
     /// Only jobs in these states (comma-separated): PENDING, RUNNING, COMPLETED,
-    /// FAILED, CANCELLED, TIMEOUT, NODE_FAIL, or squeue's PD, R, CD, F, CA, TO, NF.
+    /// FAILED, CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED, or squeue's PD, R, CD, F, CA,
+    /// TO, NF, PR.
     /// A finished state lists finished jobs too.
     #[arg(short = 't', long = "state", value_delimiter = ',')]
     pub states: Vec<String>,
@@ -61,9 +62,10 @@ fn parse_state(s: &str) -> Result<JobState, Failure> {
         "CA" | "CANCELLED" => JobState::Cancelled,
         "TO" | "TIMEOUT" => JobState::Timeout,
         "NF" | "NODE_FAIL" => JobState::NodeFail,
+        "PR" | "PREEMPTED" => JobState::Preempted,
         _ => {
             return Err(fail(format!(
-                "unknown state {s:?} (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, or PD, R, CD, F, CA, TO, NF)"
+                "unknown state {s:?} (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED, or PD, R, CD, F, CA, TO, NF, PR)"
             )));
         }
     };
@@ -76,8 +78,15 @@ impl QueueArgs {
         if self.format.is_empty() {
             return Ok(format::default_queue_columns(self.start));
         }
-        let cols: Vec<String> = self.format.iter().map(|c| c.trim().to_lowercase()).collect();
-        if let Some(bad) = cols.iter().find(|c| !format::QUEUE_COLUMNS.contains(&c.as_str())) {
+        let cols: Vec<String> = self
+            .format
+            .iter()
+            .map(|c| c.trim().to_lowercase())
+            .collect();
+        if let Some(bad) = cols
+            .iter()
+            .find(|c| !format::QUEUE_COLUMNS.contains(&c.as_str()))
+        {
             return Err(fail(format!(
                 "unknown column {bad:?} for -o; known: {}",
                 format::QUEUE_COLUMNS.join(", ")

@@ -41,7 +41,14 @@ impl View for Share {
             })
             .collect();
         let mut out = format::table(
-            &["ACCOUNT", "USER", "NORMSHARES", "USAGE(GPU-H)", "EFFECTVUSAGE", "FAIRSHARE"],
+            &[
+                "ACCOUNT",
+                "USER",
+                "NORMSHARES",
+                "USAGE(GPU-H)",
+                "EFFECTVUSAGE",
+                "FAIRSHARE",
+            ],
             rows,
         );
         out.push_str(&format!(

@@ -409,7 +409,11 @@ fn cap_summary(over: &sched::limits::Over) -> String {
         sched::limits::Over::User { qos, limit_milli } => ("its user", qos, limit_milli),
         sched::limits::Over::Account { qos, limit_milli } => ("its account", qos, limit_milli),
     };
-    let key = if who == "its user" { "max_gpus_per_user" } else { "max_gpus_per_account" };
+    let key = if who == "its user" {
+        "max_gpus_per_user"
+    } else {
+        "max_gpus_per_account"
+    };
     format!(
         "starting it would put {who} over the {} GPUs qos {qos:?} allows at once (qos.{qos}.{key}); it starts when their running jobs end",
         *limit as f64 / 1000.0

@@ -255,6 +255,7 @@ async fn a_kill_ends_the_job_with_the_state_and_reason_asked() {
         reason: "cancelled by alice".into(),
         kill_grace_secs: 1,
         as_state: JobState::Cancelled as i32,
+        signal: String::new(),
     });
     handle(&h.agent, &h.session, h.command(2, kill));
     let reports = h.until_ended(5).await;

@@ -200,7 +200,6 @@ pub fn read_jobs(
     Ok(jobs)
 }
 
-
 /// A node's GPUs as its agent reports them (MIG instances under their GPU).
 pub(super) fn gpus_of(n: &NodeView) -> Vec<pb::Gpu> {
     let mut out: Vec<pb::Gpu> = Vec::new();
@@ -229,4 +228,3 @@ pub(super) fn gpus_of(n: &NodeView) -> Vec<pb::Gpu> {
     }
     out
 }
-

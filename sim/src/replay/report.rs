@@ -20,7 +20,12 @@ pub(super) fn timeline_csv(samples: &[Sample], capacity: u64) -> String {
     out
 }
 
-pub(super) fn plot(path: &Path, samples: &[Sample], capacity: u64, title: &str) -> anyhow::Result<()> {
+pub(super) fn plot(
+    path: &Path,
+    samples: &[Sample],
+    capacity: u64,
+    title: &str,
+) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (1000, 500)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -94,7 +99,6 @@ pub fn table(rows: &[Summary]) -> String {
     }
     out
 }
-
 
 /// Per user (virtual cluster): jobs, GPU-hours, mean wait and bounded slowdown.
 pub(super) fn users_csv(users: &[UserSummary]) -> String {

@@ -1,0 +1,146 @@
+//! Helpers shared by the state machine's tests: a cluster, agents that attach, jobs
+//! submitted as alice, passes, reports, and the commands effects carry.
+#![allow(dead_code)]
+
+use gpuctl_core::ops::Admission;
+use gpuctl_core::{Actor, Cluster, Config, Effects};
+use gpuctl_proto::{self as pb, JobState};
+
+pub const T0: i64 = 1_700_000_000_000;
+
+pub fn alice() -> Actor {
+    Actor {
+        user: "alice".into(),
+        admin: false,
+    }
+}
+
+pub fn gpus(node: &str, n: u32) -> Vec<pb::Gpu> {
+    (0..n)
+        .map(|i| pb::Gpu {
+            index: i,
+            uuid: format!("GPU-{node}-{i}"),
+            model: "A100-80GB".into(),
+            memory_mib: 81920,
+            ..pb::Gpu::default()
+        })
+        .collect()
+}
+
+/// A cluster with the default configuration (node timeout 60 s).
+pub fn cluster() -> Cluster {
+    Cluster::new(Config::default())
+}
+
+pub fn attach_with(c: &mut Cluster, node: &str, running: &[(u64, u32)], now: i64) -> Effects {
+    let nonce = format!("nonce-{node}-{now}").into_bytes();
+    c.challenge(node, nonce.clone(), now);
+    let req = pb::RegisterRequest {
+        node: node.into(),
+        gpus: gpus(node, 2),
+        cpus: 16,
+        memory_bytes: 64 << 30,
+        gpu_backend: "fake".into(),
+        running: running
+            .iter()
+            .map(|&(job_id, attempt)| pb::RunningJob { job_id, attempt })
+            .collect(),
+        nonce,
+        agent_id: format!("agent-{node}"),
+        ..pb::RegisterRequest::default()
+    };
+    c.attach(&req, None, now).expect("attach").1
+}
+
+pub fn attach(c: &mut Cluster, node: &str, now: i64) -> Effects {
+    attach_with(c, node, &[], now)
+}
+
+pub fn spec(gpus: u32, requeue: bool) -> pb::JobSpec {
+    pb::JobSpec {
+        user: "alice".into(),
+        name: "train".into(),
+        command: vec!["python".into(), "train.py".into()],
+        workdir: "/home/alice".into(),
+        env: [("TOKEN".to_string(), "secret".to_string())].into(),
+        requeue,
+        resources: Some(pb::Resources {
+            gpu: Some(pb::resources::Gpu::Gpus(gpus)),
+            cpus: 1,
+            time_limit_secs: 3600,
+            ..pb::Resources::default()
+        }),
+        ..pb::JobSpec::default()
+    }
+}
+
+pub fn submit_spec(c: &mut Cluster, spec: pb::JobSpec, now: i64) -> u64 {
+    match c.admit(&alice(), spec, "", now).expect("admitted") {
+        Admission::New(stored) => {
+            let id = stored.job.as_ref().unwrap().id;
+            let effects = c.commit_submit(*stored);
+            assert!(effects.wake, "a submit asks for a pass");
+            id
+        }
+        Admission::Repeat(id) => panic!("not a repeat: {id}"),
+    }
+}
+
+pub fn submit(c: &mut Cluster, gpus: u32, requeue: bool, now: i64) -> u64 {
+    submit_spec(c, spec(gpus, requeue), now)
+}
+
+/// One scheduling pass at `now`, as the shell runs it.
+pub fn pass(c: &mut Cluster, now: i64) -> Effects {
+    let (view, queue, cfg) = c.pass_input(now);
+    let plan = gpuctl_sched::schedule(&view, &queue, &cfg, now);
+    c.apply_plan(&plan, now)
+}
+
+pub fn state(c: &Cluster, id: u64) -> JobState {
+    c.jobs.job(id).unwrap().state()
+}
+
+pub fn report(
+    c: &mut Cluster,
+    node: &str,
+    id: u64,
+    end: Option<(JobState, i32)>,
+    now: i64,
+) -> Effects {
+    let attempt = c.jobs.job(id).unwrap().attempt;
+    let r = pb::JobReport {
+        node: node.into(),
+        job_id: id,
+        kind: if end.is_some() {
+            pb::job_report::Kind::Ended
+        } else {
+            pb::job_report::Kind::Started
+        } as i32,
+        state: end.map_or(0, |e| e.0 as i32),
+        exit_code: end.map(|e| e.1),
+        reason: String::new(),
+        time_ms: now,
+        attempt,
+    };
+    c.report(&r, now).1
+}
+
+/// The commands of `effects` as (node, "start JOB" | "kill JOB").
+pub fn commands(effects: &Effects) -> Vec<(String, String)> {
+    effects
+        .sends
+        .iter()
+        .map(|(node, cmd)| {
+            let what = match cmd.command.as_ref().unwrap() {
+                pb::agent_command::Command::Start(s) => format!("start {}", s.job_id),
+                pb::agent_command::Command::Kill(k) => format!("kill {}", k.job_id),
+            };
+            (node.clone(), what)
+        })
+        .collect()
+}
+
+pub fn to(node: &str, what: &str) -> (String, String) {
+    (node.to_string(), what.to_string())
+}

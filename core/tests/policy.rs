@@ -1,0 +1,223 @@
+//! Policy in the state machine: fair share charging, holds, requeues, QoS caps and
+//! preemption, driven event by event with the agents played by the test.
+
+mod common;
+
+use common::*;
+use gpuctl_core::ops::Admission;
+use gpuctl_core::{Actor, Cluster, Config, Effects};
+use gpuctl_proto::{self as pb, JobState};
+
+fn actor(user: &str, admin: bool) -> Actor {
+    Actor {
+        user: user.into(),
+        admin,
+    }
+}
+
+fn submit_as(c: &mut Cluster, who: &Actor, mut spec: pb::JobSpec, now: i64) -> u64 {
+    spec.user = who.user.clone();
+    match c.admit(who, spec, "", now).expect("admitted") {
+        Admission::New(stored) => {
+            let id = stored.job.as_ref().unwrap().id;
+            c.commit_submit(*stored);
+            id
+        }
+        Admission::Repeat(id) => panic!("not a repeat: {id}"),
+    }
+}
+
+fn kills(effects: &Effects) -> Vec<pb::KillJob> {
+    effects
+        .sends
+        .iter()
+        .filter_map(|(_, c)| match c.command.as_ref() {
+            Some(pb::agent_command::Command::Kill(k)) => Some(k.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The agent reports every start `effects` sent as running.
+fn started(c: &mut Cluster, node: &str, effects: &Effects, now: i64) {
+    for (n, cmd) in &effects.sends {
+        if let Some(pb::agent_command::Command::Start(s)) = cmd.command.as_ref() {
+            assert_eq!(n, node);
+            report(c, node, s.job_id, None, now);
+        }
+    }
+}
+
+#[test]
+fn usage_is_charged_and_the_lighter_user_goes_first() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let a = submit(&mut c, 2, false, T0);
+    let e = pass(&mut c, T0);
+    started(&mut c, "n1", &e, T0);
+    // An hour later alice's job ends: 2 GPU-hours charged to alice.
+    let hour = 3_600_000;
+    report(&mut c, "n1", a, Some((JobState::Completed, 0)), T0 + hour);
+    pass(&mut c, T0 + hour);
+    let used = c.usage.of_account("alice");
+    assert!((used - 7200.0).abs() < 60.0, "{used}");
+    // Alice and bob submit at the same time: bob, who used nothing, ranks first.
+    let bob = actor("bob", false);
+    let next_a = submit(&mut c, 2, false, T0 + hour + 1);
+    let b = submit_as(&mut c, &bob, spec(2, false), T0 + hour + 1);
+    let e = pass(&mut c, T0 + hour + 2);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {b}"))]);
+    assert_eq!(state(&c, next_a), JobState::Pending);
+    let t = c.fair_share_table();
+    assert!(t.factor("alice", "alice") < t.factor("bob", "bob"));
+    // The record the store keeps comes back whole.
+    let mut d = cluster();
+    d.restore_usage(&c.usage_record());
+    assert_eq!(d.usage, c.usage);
+}
+
+#[test]
+fn held_jobs_stay_out_of_passes_until_released() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let id = submit(&mut c, 1, false, T0);
+    c.hold(&alice(), id).unwrap();
+    assert!(commands(&pass(&mut c, T0 + 1)).is_empty());
+    assert_eq!(c.jobs.job(id).unwrap().reason, "JobHeldUser");
+    // Someone else may not release it; an admin's hold only an admin lifts.
+    assert!(c.release(&actor("bob", false), id).is_err());
+    c.hold(&actor("root", true), id).unwrap();
+    assert_eq!(c.jobs.job(id).unwrap().reason, "JobHeldAdmin");
+    assert!(c.release(&alice(), id).is_err());
+    c.release(&actor("root", true), id).unwrap();
+    let e = pass(&mut c, T0 + 2);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {id}"))]);
+    // A running job is not held.
+    assert!(c.hold(&alice(), id).is_err());
+}
+
+#[test]
+fn a_requeued_job_waits_for_its_instance_then_runs_again_as_the_same_job() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let id = submit(&mut c, 2, false, T0);
+    let e = pass(&mut c, T0);
+    started(&mut c, "n1", &e, T0);
+    let e = c
+        .requeue(&alice(), id, "requeued by alice", T0 + 10)
+        .unwrap();
+    assert_eq!(commands(&e), vec![to("n1", &format!("kill {id}"))]);
+    // Still running (its GPUs held) until the agent says it ended.
+    assert_eq!(state(&c, id), JobState::Running);
+    assert!(commands(&pass(&mut c, T0 + 11)).is_empty());
+    report(&mut c, "n1", id, Some((JobState::Cancelled, -15)), T0 + 20);
+    let j = c.jobs.job(id).unwrap();
+    assert_eq!(j.state(), JobState::Pending);
+    assert_eq!(j.reason, "requeued by alice");
+    assert_eq!(j.submit_time_ms, T0);
+    let e = pass(&mut c, T0 + 21);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {id}"))]);
+    assert_eq!(c.jobs.job(id).unwrap().attempt, 2);
+}
+
+#[test]
+fn a_qos_cap_holds_a_users_next_job_with_its_own_reason() {
+    let mut cfg = Config::default();
+    cfg.qos.get_mut("normal").unwrap().max_gpus_per_user = Some(2.0);
+    let mut c = Cluster::new(cfg);
+    attach(&mut c, "n1", T0);
+    attach(&mut c, "n2", T0);
+    let first = submit(&mut c, 2, false, T0);
+    let second = submit(&mut c, 2, false, T0);
+    let bob = submit_as(&mut c, &actor("bob", false), spec(1, false), T0);
+    let e = pass(&mut c, T0);
+    let starts = commands(&e);
+    assert!(
+        starts.iter().any(|(_, w)| *w == format!("start {first}")),
+        "{starts:?} {}",
+        c.jobs.job(first).unwrap().reason
+    );
+    assert!(starts.iter().any(|(_, w)| *w == format!("start {bob}")));
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    let j = c.jobs.job(second).unwrap();
+    assert_eq!(j.reason, "QOSMaxGpusPerUser");
+    assert_eq!(j.expected_start_ms, 0);
+}
+
+/// A config where alice's `scavenger` jobs may be preempted by `urgent` ones.
+fn preempting_config() -> Config {
+    let mut cfg = Config::default();
+    let low = gpuctl_core::config::QosConfig::open(0);
+    cfg.qos.insert("scavenger".into(), low);
+    let mut urgent = gpuctl_core::config::QosConfig::open(10_000);
+    urgent.preempts = vec!["scavenger".into()];
+    cfg.qos.insert("urgent".into(), urgent);
+    cfg.preemption.min_run = std::time::Duration::from_secs(60);
+    cfg.resolve_qos();
+    cfg
+}
+
+#[test]
+fn preemption_signals_the_victim_then_requeues_it_and_starts_the_preemptor() {
+    let mut c = Cluster::new(preempting_config());
+    attach(&mut c, "n1", T0);
+    let mut victim_spec = spec(2, true);
+    victim_spec.qos = "scavenger".into();
+    victim_spec.signal = "USR1@30".into();
+    let victim = submit_spec(&mut c, victim_spec, T0);
+    let e = pass(&mut c, T0);
+    started(&mut c, "n1", &e, T0);
+    // A young victim is protected: nothing happens for 60 s.
+    let mut urgent = spec(2, false);
+    urgent.qos = "urgent".into();
+    let u = submit_spec(&mut c, urgent, T0 + 10_000);
+    assert!(kills(&pass(&mut c, T0 + 10_000)).is_empty());
+    let e = pass(&mut c, T0 + 61_000);
+    let k = kills(&e);
+    assert_eq!(k.len(), 1);
+    assert_eq!(
+        (k[0].job_id, k[0].signal.as_str(), k[0].kill_grace_secs),
+        (victim, "USR1", 30)
+    );
+    // The preemptor waits for the victim's GPUs; no second victim is taken.
+    assert_eq!(state(&c, u), JobState::Pending);
+    assert!(kills(&pass(&mut c, T0 + 62_000)).is_empty());
+    report(
+        &mut c,
+        "n1",
+        victim,
+        Some((JobState::Cancelled, -10)),
+        T0 + 80_000,
+    );
+    let v = c.jobs.job(victim).unwrap();
+    assert_eq!(v.state(), JobState::Pending);
+    assert_eq!(v.reason, format!("Preempted by job {u}"));
+    assert_eq!(v.submit_time_ms, T0);
+    let e = pass(&mut c, T0 + 80_001);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {u}"))]);
+}
+
+#[test]
+fn a_victim_that_is_not_requeueable_ends_preempted() {
+    let mut c = Cluster::new(preempting_config());
+    attach(&mut c, "n1", T0);
+    let mut victim_spec = spec(2, false);
+    victim_spec.qos = "scavenger".into();
+    let victim = submit_spec(&mut c, victim_spec, T0);
+    let e = pass(&mut c, T0);
+    started(&mut c, "n1", &e, T0);
+    let mut urgent = spec(1, false);
+    urgent.qos = "urgent".into();
+    submit_spec(&mut c, urgent, T0 + 120_000);
+    let k = kills(&pass(&mut c, T0 + 120_000));
+    assert_eq!(k.len(), 1);
+    assert_eq!(k[0].as_state, JobState::Preempted as i32);
+    report(
+        &mut c,
+        "n1",
+        victim,
+        Some((JobState::Preempted, -15)),
+        T0 + 130_000,
+    );
+    assert_eq!(state(&c, victim), JobState::Preempted);
+}
