@@ -127,7 +127,7 @@ pub(crate) fn check_policy(
         let mine: Vec<&str> = cfg
             .accounts
             .iter()
-            .filter(|(_, a)| a.users.iter().any(|u| *u == spec.user))
+            .filter(|(_, a)| a.users.contains(&spec.user))
             .map(|(n, _)| n.as_str())
             .collect();
         return Err(Refusal::permission_denied(format!(

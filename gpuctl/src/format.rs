@@ -812,7 +812,7 @@ mod tests {
         let _ = job_json(&j);
         let _ = show_job(&j);
         let all: Vec<String> = QUEUE_COLUMNS.iter().map(|c| c.to_string()).collect();
-        let t = queue_table(&[j.clone()], &all, true);
+        let t = queue_table(std::slice::from_ref(&j), &all, true);
         assert!(t.starts_with(" JOBID"), "{t}");
         let bare = queue_table(&[j], &default_queue_columns(true), false);
         assert!(
