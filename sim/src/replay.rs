@@ -172,7 +172,11 @@ fn spec_of(j: &TraceJob) -> pb::JobSpec {
         name: format!("trace-{}", j.id),
         command: vec!["/bin/true".into()],
         workdir: "/".into(),
-        user: j.user.clone(),
+        user: if j.user.is_empty() {
+            "sim".into()
+        } else {
+            j.user.clone()
+        },
         account: j.account.clone(),
         qos: j.qos.clone(),
         priority: j.priority,
@@ -615,9 +619,11 @@ mod tests {
         let config = config_for("backfill", Policy::Fgd, None, &jobs, &base).unwrap();
         let (s, samples, _) = replay(&nodes, &jobs, &config, &base, "backfill");
         assert_eq!((s.jobs, s.infeasible), (2, 1));
-        // The gang takes all four GPUs at 0; the 1-GPU job waits until 10.
+        // Small jobs first (the default): the 1-GPU job starts at 0 and the gang, which
+        // needs all four GPUs, waits until it ends at 10.
         assert_eq!(s.wait_mean_s, 5.0);
-        assert_eq!(samples[0].allocated_milli, 4000);
+        assert_eq!(samples[0].allocated_milli, 1000);
+        assert_eq!(samples[1].allocated_milli, 4000);
         // Load factor halves submit times.
         let fast = read_jobs(&p, 2.0, 2.0, 2).unwrap();
         assert_eq!(fast[2].submit, 2500);
