@@ -44,6 +44,16 @@ pub struct Config {
     /// first account that lists its user, or, when none does, to an account named
     /// after the user.
     pub accounts: BTreeMap<String, AccountConfig>,
+    /// The IANA time zone of `[windows]` times (default UTC).
+    pub timezone: String,
+    /// Time-of-day windows (`crate::windows`).
+    pub windows: BTreeMap<String, crate::windows::Window>,
+    /// `timezone`, resolved at load.
+    #[serde(skip, default = "utc")]
+    pub tz: jiff::tz::TimeZone,
+    /// Added to `now` where windows are evaluated: `gpuctld --fake-time` for tests.
+    #[serde(skip)]
+    pub clock_offset_ms: i64,
     /// The same as `limits.max_time_limit`, at the top level (either may be given).
     #[serde(with = "humantime_serde", default)]
     pub max_time_limit: Option<Duration>,
@@ -89,6 +99,10 @@ impl Default for Retention {
             max_jobs: 100_000,
         }
     }
+}
+
+fn utc() -> jiff::tz::TimeZone {
+    jiff::tz::TimeZone::UTC
 }
 
 /// The `[fairshare]` table.
@@ -321,6 +335,10 @@ impl Default for Config {
             fairshare: FairShare::default(),
             preemption: Preemption::default(),
             accounts: BTreeMap::new(),
+            timezone: "UTC".into(),
+            windows: BTreeMap::new(),
+            tz: utc(),
+            clock_offset_ms: 0,
             max_time_limit: None,
         }
     }
@@ -427,6 +445,10 @@ impl Config {
                     )));
                 }
             }
+        }
+        config.tz = crate::windows::zone(&config.timezone).map_err(&invalid)?;
+        for (name, w) in &config.windows {
+            w.check(name).map_err(&invalid)?;
         }
         for (name, w) in &config.fairshare.model_weights {
             if !(w.is_finite() && *w >= 0.0) {

@@ -443,7 +443,7 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             j.reason = reason;
             s.start_confirmed = false;
             s.requeue_requested.clear();
-            s.preempted_by = 0;
+            // `preempted_by` stays until it starts again: its reason says so meanwhile.
             s.vacate_by_ms = 0;
             s.requeued_from = keep_for_readopt.then_some(before);
         }

@@ -13,7 +13,8 @@
 //! heartbeats, reports, failed nodes), `users` (cancel, drain, node listings),
 //! `validate` (what a job must be to be queued), `fairshare` (charging usage, the
 //! fair-share factor), `policy` (QoS caps), `holds` (hold,
-//! release, requeue), `filter` (listings' filters), `retention`, `config`, `error`.
+//! release, requeue), `filter` (listings' filters),
+//! `windows` (time-of-day windows), `retention`, `config`, `error`.
 
 pub mod agents;
 pub mod config;
@@ -28,6 +29,7 @@ pub mod retention;
 pub mod state;
 pub mod users;
 pub mod validate;
+pub mod windows;
 
 pub use config::Config;
 pub use error::{Actor, Kind, Refusal};

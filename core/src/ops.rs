@@ -125,14 +125,17 @@ impl Cluster {
         self.retire(&retention, now);
         self.charge_usage(now);
         let waiting = settle_dependencies(self, now);
-        (self.view(), self.queue(&waiting), self.pass_config())
+        (self.view(), self.queue(&waiting), self.pass_config(now))
     }
 
     /// The same input without changing anything (for `explain` and `priorities`): jobs
     /// whose dependencies are not met are left out.
-    pub fn pass_input_readonly(&self) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
+    pub fn pass_input_readonly(
+        &self,
+        now: i64,
+    ) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
         let waiting = crate::state::dependency_blocked(self);
-        (self.view(), self.queue(&waiting), self.pass_config())
+        (self.view(), self.queue(&waiting), self.pass_config(now))
     }
 
     fn queue(&self, waiting: &BTreeSet<u64>) -> Vec<PendingJob> {
@@ -148,12 +151,13 @@ impl Cluster {
         self.jobs.job(id).is_some_and(|j| !j.hold.is_empty())
     }
 
-    fn pass_config(&self) -> sched::SchedConfig {
+    fn pass_config(&self, now: i64) -> sched::SchedConfig {
         let mut cfg = self.sched_config.clone();
         if cfg.policy == sched::packing::Policy::Fgd {
             cfg.workload = self.workload();
         }
         cfg.caps = self.caps();
+        self.apply_windows(&mut cfg, now);
         cfg
     }
 
@@ -190,8 +194,10 @@ impl Cluster {
             use std::fmt::Write as _;
             reason.clear();
             let _ = write!(reason, "{}", w.reason);
+            let preempted = self.jobs.get(w.job).is_some_and(|s| s.preempted_by != 0);
             self.jobs.annotate_pending(w.job, |j| {
-                if j.reason != reason {
+                // A preempted job says so until it runs again.
+                if j.reason != reason && !preempted {
                     j.reason.clone_from(&reason);
                 }
                 j.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);

@@ -48,12 +48,21 @@ impl Cluster {
 
 impl Cluster {
     /// The preemption settings the pass uses (QoS `preempts`, `[preemption]`).
-    fn preempt_config(&self) -> PreemptConfig {
+    fn preempt_config(&self, now: i64) -> PreemptConfig {
         let p = &self.config.preemption;
-        if !p.enabled {
+        if !self.preemption_allowed(now) {
             return PreemptConfig::default();
         }
+        // An open window's floor takes its GPUs back from preemptible jobs.
+        let exempt: Vec<String> = self.preemptible_qos().into_iter().collect();
+        let by_account = self
+            .open_windows(now)
+            .iter()
+            .flat_map(|(_, w)| w.floor.keys().cloned())
+            .map(|a| (a, exempt.clone()))
+            .collect();
         PreemptConfig {
+            by_account,
             preempts: self
                 .config
                 .qos
@@ -71,8 +80,8 @@ impl Cluster {
     /// kill; it is requeued (keeping its id and submit time) when its job file says
     /// `requeue`, and otherwise ends PREEMPTED.
     pub(crate) fn preempt(&mut self, plan: &sched::Plan, now: i64, effects: &mut Effects) {
-        let pc = self.preempt_config();
-        if pc.preempts.is_empty() {
+        let pc = self.preempt_config(now);
+        if pc.preempts.is_empty() && pc.by_account.is_empty() {
             return;
         }
         let shares = self.fair_share_table();
@@ -88,9 +97,9 @@ impl Cluster {
             .filter_map(|w| self.jobs.job(w.job))
             .filter(|j| {
                 j.state() == JobState::Pending
-                    && j.spec
-                        .as_ref()
-                        .is_some_and(|s| pc.preempts.contains_key(&s.qos))
+                    && j.spec.as_ref().is_some_and(|s| {
+                        pc.preempts.contains_key(&s.qos) || pc.by_account.contains_key(&s.account)
+                    })
             })
             .map(|j| pending_job(j, &shares))
             .collect();

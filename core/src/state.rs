@@ -112,6 +112,7 @@ impl Cluster {
             max_scored_nodes: sc.max_scored_nodes,
             expected_starts: true,
             caps: sched::limits::Caps::default(),
+            floors: sched::floors::Floors::default(),
         };
         Cluster {
             next_job_id: 1,

@@ -56,6 +56,11 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Time-of-day windows: which are open and when each next changes.
+    Windows {
+        #[arg(long)]
+        json: bool,
+    },
     /// Keep pending jobs from starting (like scontrol hold).
     Hold {
         #[arg(required = true)]
@@ -382,6 +387,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Queue(q) if q.json => commands::queue::stream_json(c, q).await?,
         Command::Queue(q) => emit(&commands::queue::run(c, q).await?, false),
         &Command::Share { json } => emit(&commands::share::run(c).await?, json),
+        &Command::Windows { json } => emit(&commands::windows::run(c).await?, json),
         Command::Hold { job_ids, json } => {
             let view = commands::hold::run(c, commands::hold::Action::Hold, job_ids).await?;
             emit(&view, *json);

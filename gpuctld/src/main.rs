@@ -33,6 +33,10 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0 picks a free port, logged).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// For tests: time-of-day windows see this instant (RFC 3339) at start, and time
+    /// runs on from it. Nothing else uses it.
+    #[arg(long, hide = true, value_parser = humantime::parse_rfc3339)]
+    fake_time: Option<std::time::SystemTime>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -54,10 +58,21 @@ async fn main() -> std::process::ExitCode {
         Some(Command::Simulate { mode }) => gpuctl_sim::run(mode),
         None => {
             async {
-                let config = match &args.config {
+                let mut config = match &args.config {
                     Some(p) => Config::load(p)?,
                     None => Config::default(),
                 };
+                if let Some(t) = args.fake_time {
+                    let ms = |t: std::time::SystemTime| {
+                        t.duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as i64)
+                    };
+                    config.clock_offset_ms = ms(t) - ms(std::time::SystemTime::now());
+                    tracing::warn!(
+                        offset_ms = config.clock_offset_ms,
+                        "--fake-time: windows run on a shifted clock"
+                    );
+                }
                 gpuctld::daemon::run(
                     gpuctld::daemon::Options {
                         listen: args.listen,

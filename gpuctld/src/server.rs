@@ -236,6 +236,14 @@ impl controller_server::Controller for UserApi {
         Ok(Response::new(self.0.share()))
     }
 
+    async fn windows(
+        &self,
+        req: Request<pb::WindowsRequest>,
+    ) -> Result<Response<pb::WindowsResponse>, Status> {
+        self.caller(&req)?;
+        Ok(Response::new(self.0.windows()))
+    }
+
     async fn hold(&self, req: Request<pb::JobActionRequest>) -> Result<Response<pb::Job>, Status> {
         let caller = self.caller(&req)?;
         let id = req.into_inner().job_id;

@@ -401,6 +401,7 @@ async fn call(h: &Harness, kind: &str, bytes: &[u8], admin: bool) -> bool {
                 .priorities(user_req(pb::PrioritiesRequest {}, token))
                 .await;
             let _ = user.share(user_req(pb::ShareRequest {}, token)).await;
+            let _ = user.windows(user_req(pb::WindowsRequest {}, token)).await;
         }
         "drain" => user_call!(pb::DrainNodeRequest, drain_node),
         "resume" => user_call!(pb::ResumeNodeRequest, resume_node),

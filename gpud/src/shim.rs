@@ -33,9 +33,17 @@ pub fn run(args: Vec<OsString>) -> ! {
     unsafe {
         nix::libc::fcntl(STATUS_FD, nix::libc::F_SETFD, nix::libc::FD_CLOEXEC);
     }
-    // The shim outlives the signals the agent sends the job's group, so that it records
-    // how the job ended; SIGKILL still ends it.
-    let ignored = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
+    // The shim outlives the signals the agent sends the job's group (the kill's TERM,
+    // and the checkpoint signals a job may ask for before a preemption), so that it
+    // records how the job ended; SIGKILL still ends it.
+    let ignored = [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+    ];
     for s in ignored {
         // SAFETY: installing SIG_IGN for a standard signal.
         unsafe {

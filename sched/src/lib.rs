@@ -22,13 +22,15 @@
 //! Modules: `model` (resource types), `job` (job states and dependency kinds), `deps`
 //! (the dependency DAG), `calendar` (per-node claims over time), `priority`,
 //! `packing` (placement policies and FGD's fragmentation measure), `fairshare`
-//! (decayed usage and the fair-share factor).
+//! (decayed usage and the fair-share factor), `limits` (QoS caps), `floors` (window
+//! floors), `preempt` (choosing preemption victims).
 
 pub mod calendar;
 mod check;
 pub mod deps;
 pub mod fairshare;
 mod fit;
+pub mod floors;
 pub mod job;
 pub mod limits;
 pub mod model;
@@ -70,6 +72,8 @@ pub struct SchedConfig {
     pub expected_starts: bool,
     /// QoS caps per user and account, with what each holds now.
     pub caps: limits::Caps,
+    /// Time-of-day windows' GPU floors (current and next openings).
+    pub floors: floors::Floors,
 }
 
 impl Default for SchedConfig {
@@ -83,6 +87,7 @@ impl Default for SchedConfig {
             max_scored_nodes: Some(64),
             expected_starts: true,
             caps: limits::Caps::default(),
+            floors: floors::Floors::default(),
         }
     }
 }
@@ -129,6 +134,9 @@ pub enum Blocked {
     BeyondDepth,
     /// Starting it would put its user or account over a cap of its QoS.
     Cap(limits::Over),
+    /// Starting it would break a window's GPU floor for another account (now, or when
+    /// the window opens while it would still run).
+    WindowFloor { window: String },
 }
 
 impl std::fmt::Display for Blocked {
@@ -141,6 +149,7 @@ impl std::fmt::Display for Blocked {
             Blocked::BeyondDepth => "Resources",
             Blocked::Cap(limits::Over::User { .. }) => "QOSMaxGpusPerUser",
             Blocked::Cap(limits::Over::Account { .. }) => "QOSMaxGpusPerAccount",
+            Blocked::WindowFloor { .. } => "WindowFloor",
         })
     }
 }

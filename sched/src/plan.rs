@@ -24,6 +24,7 @@ pub(super) fn plan(
     // start now. What is free now only shrinks, so this only moves forward.
     let mut may_start_from = 0;
     let mut caps = (!config.caps.is_empty()).then(|| config.caps.clone());
+    let mut floors = (!config.floors.is_empty()).then(|| config.floors.clone());
     for (rank, &(job, prio)) in ranked.iter().enumerate() {
         if !config.expected_starts && explain_job.is_none() {
             pass.refresh_max_free();
@@ -51,10 +52,16 @@ pub(super) fn plan(
         let d = job.duration_ms.max(1000);
         let gang = req.nodes.max(1) as usize;
         let explaining = explain_job == Some(job.id);
-        if let Some(over) = caps.as_ref().and_then(|c| c.check(job)) {
+        let capped = caps.as_ref().and_then(|c| c.check(job)).map(Blocked::Cap);
+        let floored = || {
+            let f = floors.as_ref()?;
+            let window = f.check(job, now, d)?.to_string();
+            Some(Blocked::WindowFloor { window })
+        };
+        if let Some(reason) = capped.or_else(floored) {
             let waiting = Waiting {
                 job: job.id,
-                reason: Blocked::Cap(over),
+                reason,
                 reservation: None,
             };
             if explaining {
@@ -98,6 +105,9 @@ pub(super) fn plan(
             };
             if let Some(c) = caps.as_mut() {
                 c.add(&job.qos, &job.user, &job.account, limits::norm_milli(req));
+            }
+            if let Some(f) = floors.as_mut() {
+                f.add(job, now, d);
             }
             if explaining {
                 explanation = Some(explain_of(

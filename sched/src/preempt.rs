@@ -33,6 +33,9 @@ pub struct PreemptConfig {
     pub min_run_ms: Millis,
     /// At most this many waiting jobs preempt in one pass.
     pub max_preemptors: usize,
+    /// Account -> QoS levels whose jobs (of other accounts) its jobs may preempt: an
+    /// open window's floor taking its GPUs back.
+    pub by_account: BTreeMap<String, Vec<String>>,
 }
 
 /// A waiting job and the running jobs to stop for it.
@@ -78,7 +81,8 @@ pub fn plan_preemptions(
     now: Millis,
 ) -> Vec<Preemption> {
     let mut out = Vec::new();
-    if preempt.preempts.is_empty() || preempt.max_preemptors == 0 {
+    if (preempt.preempts.is_empty() && preempt.by_account.is_empty()) || preempt.max_preemptors == 0
+    {
         return out;
     }
     let single = SchedConfig {
@@ -98,9 +102,12 @@ pub fn plan_preemptions(
         if out.len() >= preempt.max_preemptors {
             break;
         }
-        let Some(targets) = preempt.preempts.get(&job.qos) else {
+        let mut targets: Vec<&String> = Vec::new();
+        targets.extend(preempt.preempts.get(&job.qos).into_iter().flatten());
+        targets.extend(preempt.by_account.get(&job.account).into_iter().flatten());
+        if targets.is_empty() {
             continue;
-        };
+        }
         if let Some(start) = starts_now(&base, job, &single, now) {
             // It fits once the jobs being stopped are gone: it waits for them.
             hold_place(&mut base, &start, job, now);
@@ -110,7 +117,7 @@ pub fn plan_preemptions(
             .iter()
             .filter(|r| {
                 !gone.contains(&r.id)
-                    && targets.contains(&r.qos)
+                    && targets.contains(&&r.qos)
                     && now.saturating_sub(r.start_ms) >= preempt.min_run_ms
             })
             .collect();
@@ -234,6 +241,7 @@ mod tests {
             preempts: [("high".to_string(), vec!["low".to_string()])].into(),
             min_run_ms: 60_000,
             max_preemptors: 8,
+            by_account: BTreeMap::new(),
         }
     }
 

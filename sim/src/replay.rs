@@ -10,11 +10,11 @@
 //! larger than a node takes whole nodes as a gang. The Alibaba pods CSV is accepted too
 //! (creation_time, scheduled/deletion time, num_gpu, gpu_milli, cpu_milli, memory_mib).
 
+pub mod agents;
 mod input;
 mod report;
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,10 @@ pub struct Args {
     /// Reservation depth for backfill (default: the whole queue).
     #[arg(long)]
     pub reservation_depth: Option<usize>,
+    /// The instant trace time 0 stands for (RFC 3339), so that time-of-day windows
+    /// see local times: by default Monday 2024-01-01 00:00 UTC.
+    #[arg(long, default_value = "2024-01-01T00:00:00Z", value_parser = parse_epoch)]
+    pub epoch: Millis,
     /// Only the first N jobs of the file.
     #[arg(long)]
     pub limit: Option<usize>,
@@ -194,75 +198,6 @@ fn spec_of(j: &TraceJob) -> pb::JobSpec {
     }
 }
 
-/// Pending end reports: (end time, job, node), one per rank.
-type Ends = BinaryHeap<Reverse<(Millis, u64, String)>>;
-
-/// The simulated agents report every rank that ends by `now` (COMPLETED at its end
-/// time). Returns the GPU milli of the jobs that ended and the last end time.
-fn report_ends(
-    c: &mut Cluster,
-    ends: &mut Ends,
-    by_id: &BTreeMap<u64, &TraceJob>,
-    now: Millis,
-) -> (u64, Option<Millis>) {
-    let (mut freed, mut last) = (0, None);
-    while let Some(Reverse((t, id, node))) = ends.peek().cloned() {
-        if t > now {
-            break;
-        }
-        ends.pop();
-        let attempt = c.jobs.job(id).map_or(0, |j| j.attempt);
-        let end = pb::JobReport {
-            node,
-            job_id: id,
-            kind: pb::job_report::Kind::Ended as i32,
-            state: pb::JobState::Completed as i32,
-            exit_code: Some(0),
-            time_ms: t,
-            attempt,
-            ..pb::JobReport::default()
-        };
-        c.report(&end, t);
-        if c.jobs.job(id).is_some_and(|j| j.state().is_final()) {
-            freed += by_id[&id].gpu_milli;
-        }
-        last = Some(t);
-    }
-    (freed, last)
-}
-
-/// The simulated agents run the starts a pass sent: each rank reports STARTED at once
-/// and is due to end after the job's duration. Returns the jobs started (once each).
-fn run_starts<'a>(
-    c: &mut Cluster,
-    sends: Vec<(String, pb::AgentCommand)>,
-    by_id: &BTreeMap<u64, &'a TraceJob>,
-    ends: &mut Ends,
-    now: Millis,
-) -> Vec<&'a TraceJob> {
-    let mut started = Vec::new();
-    for (node, cmd) in sends {
-        let Some(pb::agent_command::Command::Start(s)) = cmd.command else {
-            continue;
-        };
-        let j = by_id[&s.job_id];
-        let report = pb::JobReport {
-            node: node.clone(),
-            job_id: s.job_id,
-            kind: pb::job_report::Kind::Started as i32,
-            time_ms: now,
-            attempt: s.attempt,
-            ..pb::JobReport::default()
-        };
-        c.report(&report, now);
-        ends.push(Reverse((now + j.duration, s.job_id, node)));
-        if s.rank == 0 {
-            started.push(j);
-        }
-    }
-    started
-}
-
 /// What the replay measures as it goes.
 #[derive(Default)]
 struct Tally {
@@ -281,19 +216,37 @@ struct UserTally {
     gpu_hours: f64,
 }
 
+/// One job's wait, as the replay saw it (its first start).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    pub account: String,
+    pub qos: String,
+    pub submit: Millis,
+    pub wait_s: f64,
+}
+
+/// Everything a replay measured.
+pub struct Outcome {
+    pub summary: Summary,
+    pub samples: Vec<Sample>,
+    pub users: Vec<UserSummary>,
+    pub jobs: Vec<JobRecord>,
+    pub runs: Vec<agents::RunRecord>,
+}
+
 /// Replays `jobs` on `nodes` through the controller's state machine: jobs are
-/// submitted at their times, a pass runs after every instant with events, the agents
-/// report each start at once and each end after the job's duration. Returns the
-/// summary and the utilisation timeline.
+/// submitted at their times (trace time 0 is `epoch_ms`), a pass runs after every
+/// instant with events, and the simulated agents (`agents`) run what it sends.
 pub fn replay(
     nodes: &[NodeView],
     jobs: &[TraceJob],
     config: &SchedConfig,
     base: &Config,
     policy: &str,
-) -> (Summary, Vec<Sample>, Vec<UserSummary>) {
+    epoch_ms: Millis,
+) -> Outcome {
     let capacity: u64 = nodes.iter().map(|n| n.slots.len() as u64 * 1000).sum();
-    let feasible: Vec<&TraceJob> = jobs
+    let feasible: Vec<TraceJob> = jobs
         .iter()
         .filter(|j| {
             nodes
@@ -302,9 +255,13 @@ pub fn replay(
                 .count()
                 >= j.request.nodes as usize
         })
+        .map(|j| TraceJob {
+            submit: j.submit + epoch_ms,
+            ..j.clone()
+        })
         .collect();
     let infeasible = jobs.len() - feasible.len();
-    let mut now: Millis = feasible.first().map_or(0, |j| j.submit);
+    let mut now: Millis = feasible.first().map_or(epoch_ms, |j| j.submit);
     let mut c = controller(nodes, config, base, now);
     let actor = Actor {
         user: "sim".into(),
@@ -312,20 +269,22 @@ pub fn replay(
     };
     // The controller's job id -> the trace job.
     let mut by_id: BTreeMap<u64, &TraceJob> = BTreeMap::new();
+    let mut first_start: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut records = Vec::new();
     let mut pending = 0usize;
-    let mut ends = Ends::new();
+    let mut sim = agents::SimAgents::default();
     let mut next = 0usize;
     let first_submit = now;
     let mut tally = Tally::default();
-    let (mut alloc_milli, mut backlog_area, mut backlog_cap, mut area) = (0u64, 0f64, 0f64, 0f64);
+    let (mut backlog_area, mut backlog_cap, mut area) = (0f64, 0f64, 0f64);
     let mut last_end = now;
     loop {
         // Everything that happens at `now`: ends, then arrivals.
-        let (freed, ended) = report_ends(&mut c, &mut ends, &by_id, now);
-        alloc_milli -= freed;
+        let ended = sim.report_due(&mut c, &by_id, now);
+        pending += std::mem::take(&mut sim.requeued);
         last_end = last_end.max(ended.unwrap_or(last_end));
         while next < feasible.len() && feasible[next].submit <= now {
-            let j = feasible[next];
+            let j = &feasible[next];
             next += 1;
             match c.admit(&actor, spec_of(j), "", now) {
                 Ok(Admission::New(stored)) => {
@@ -343,38 +302,45 @@ pub fn replay(
             let plan = sched::schedule(&view, &queue, &cfg, now);
             let effects = c.apply_plan(&plan, now);
             tally.pass_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
-            for j in run_starts(&mut c, effects.sends, &by_id, &mut ends, now) {
+            for j in sim.deliver(&mut c, effects.sends, &by_id, now) {
                 pending -= 1;
-                alloc_milli += j.gpu_milli;
+                if !first_start.insert(j.id) {
+                    continue; // a requeued job's restart: its wait was counted
+                }
                 let wait = (now - j.submit) as f64 / 1000.0;
                 let run = j.duration as f64 / 1000.0;
                 let slowdown = ((wait + run) / run.max(10.0)).max(1.0);
                 tally.waits.push(wait);
                 tally.jcts.push(wait + run);
                 tally.slowdowns.push(slowdown);
-                let u = tally.by_user.entry(j.user.clone()).or_default();
+                let u = tally.by_user.entry(j.account.clone()).or_default();
                 u.waits.push(wait);
                 u.slowdowns.push(slowdown);
                 u.gpu_hours += j.gpu_milli as f64 / 1000.0 * run / 3600.0;
+                records.push(JobRecord {
+                    account: j.account.clone(),
+                    qos: j.qos.clone(),
+                    submit: j.submit - epoch_ms,
+                    wait_s: wait,
+                });
             }
         }
         // What a store would write; the replay keeps nothing.
         c.take_changes();
         tally.samples.push(Sample {
-            t: now,
-            allocated_milli: alloc_milli,
+            t: now - epoch_ms,
+            allocated_milli: sim.allocated_milli,
             queued: pending,
         });
         // Advance to the next event.
         let next_arrival = feasible.get(next).map(|j| j.submit);
-        let next_end = ends.peek().map(|Reverse((t, _, _))| *t);
-        let Some(t) = [next_arrival, next_end].into_iter().flatten().min() else {
+        let Some(t) = [next_arrival, sim.next_end()].into_iter().flatten().min() else {
             break;
         };
         let dt = (t - now) as f64;
-        area += dt * alloc_milli as f64;
+        area += dt * sim.allocated_milli as f64;
         if pending > 0 {
-            backlog_area += dt * alloc_milli as f64;
+            backlog_area += dt * sim.allocated_milli as f64;
             backlog_cap += dt * capacity as f64;
         }
         now = t;
@@ -388,7 +354,14 @@ pub fn replay(
         jobs: feasible.len(),
         infeasible,
     };
-    summarize(tally, &span, policy, &config.policy.to_string())
+    let (summary, samples, users) = summarize(tally, &span, policy, &config.policy.to_string());
+    Outcome {
+        summary,
+        samples,
+        users,
+        jobs: records,
+        runs: sim.runs,
+    }
 }
 
 /// The replay's time and area totals.
@@ -490,6 +463,15 @@ pub struct UserSummary {
     pub bounded_slowdown_mean: f64,
 }
 
+/// An RFC 3339 instant in Unix ms.
+fn parse_epoch(s: &str) -> Result<Millis, String> {
+    let t = humantime::parse_rfc3339(s).map_err(|e| format!("{s:?}: {e}"))?;
+    let d = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| format!("{s:?} is before 1970"))?;
+    Millis::try_from(d.as_millis()).map_err(|_| format!("{s:?} is too far away"))
+}
+
 pub fn main(a: Args) -> anyhow::Result<()> {
     let nodes = parse_cluster(&a.cluster)?;
     let per_node = nodes
@@ -517,7 +499,8 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     let mut progress = super::Progress::new(combos.len() as u64, "replaying");
     for (policy, packing) in combos {
         let config = config_for(&policy, packing, a.reservation_depth, &jobs, &base)?;
-        let (summary, samples, users) = replay(&nodes, &jobs, &config, &base, &policy);
+        let out = replay(&nodes, &jobs, &config, &base, &policy, a.epoch);
+        let (summary, samples, users) = (out.summary, out.samples, out.users);
         let stem = format!("{policy}-{packing}");
         std::fs::write(a.out.join(format!("users-{stem}.csv")), users_csv(&users))?;
         std::fs::write(
@@ -566,7 +549,7 @@ mod tests {
         let nodes = parse_cluster("1x2xA100-80GB").unwrap();
         let base = Config::default();
         let config = config_for(policy, Policy::FirstFit, None, jobs, &base).unwrap();
-        replay(&nodes, jobs, &config, &base, policy).0
+        replay(&nodes, jobs, &config, &base, policy, 0).summary
     }
 
     #[test]
@@ -617,7 +600,8 @@ mod tests {
         assert_eq!(jobs[0].time_limit, 20_000);
         let base = Config::default();
         let config = config_for("backfill", Policy::Fgd, None, &jobs, &base).unwrap();
-        let (s, samples, _) = replay(&nodes, &jobs, &config, &base, "backfill");
+        let out = replay(&nodes, &jobs, &config, &base, "backfill", 0);
+        let (s, samples) = (out.summary, out.samples);
         assert_eq!((s.jobs, s.infeasible), (2, 1));
         // Small jobs first (the default): the 1-GPU job starts at 0 and the gang, which
         // needs all four GPUs, waits until it ends at 10.

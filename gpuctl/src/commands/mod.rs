@@ -14,6 +14,7 @@ pub mod share;
 pub mod show;
 pub mod submit;
 pub mod whoami;
+pub mod windows;
 
 use crate::cli::{print, print_json_streamed};
 

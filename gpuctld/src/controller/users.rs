@@ -85,7 +85,18 @@ impl Controller {
             };
             return Ok(out);
         }
-        let (view, queue, cfg) = self.lock().pass_input_readonly();
+        if !job.hold.is_empty() {
+            out.summary = format!(
+                "held by {}: it starts only once released (gpuctl release {id})",
+                if job.hold == "admin" {
+                    "an admin"
+                } else {
+                    "its owner"
+                }
+            );
+            return Ok(out);
+        }
+        let (view, queue, cfg) = self.lock().pass_input_readonly(now_ms());
         if !queue.iter().any(|p| p.id == id) {
             // Left out of passes: it waits for other jobs.
             let deps = job
@@ -150,6 +161,9 @@ impl Controller {
                         "past the reservation depth: starts only when it fits now".into()
                     }
                     sched::Blocked::Cap(over) => cap_summary(over),
+                    sched::Blocked::WindowFloor { window } => format!(
+                        "starting it would leave less than window {window:?}'s guaranteed GPUs to its account(s) while it runs (windows.{window}.floor); it starts when the floor allows or the window closes"
+                    ),
                 };
                 if let Some(r) = &w.reservation {
                     out.summary.push_str(&format!(
@@ -168,8 +182,8 @@ impl Controller {
 
     pub fn priorities(&self) -> Vec<pb::JobPriority> {
         let c = self.lock();
-        let (view, queue, cfg) = c.pass_input_readonly();
         let now = now_ms();
+        let (view, queue, cfg) = c.pass_input_readonly(now);
         let norm = sched::size_norm(&view);
         let mut out: Vec<pb::JobPriority> = sched::priority::rank(&queue, &cfg.weights, now, norm)
             .into_iter()
@@ -236,6 +250,44 @@ impl Controller {
         };
         self.deliver(out, true).await.map_err(store_status)?;
         Ok(job)
+    }
+
+    /// Time-of-day windows now (`gpuctl windows`).
+    pub fn windows(&self) -> pb::WindowsResponse {
+        let c = self.lock();
+        let now = now_ms();
+        let at = now.saturating_add(c.config.clock_offset_ms);
+        let tz = &c.config.tz;
+        let windows = c
+            .config
+            .windows
+            .iter()
+            .map(|(name, w)| {
+                let span = w.span(at, tz);
+                let open = span.is_some_and(|(from, _)| from <= at);
+                pb::WindowRow {
+                    name: name.clone(),
+                    open,
+                    next_change_ms: span.map_or(0, |(from, until)| if open { until } else { from }),
+                    days: w.days.clone(),
+                    start: w.start.clone(),
+                    end: w.end.clone(),
+                    floor: w.floor.clone().into_iter().collect(),
+                    qos_priority: w.qos_priority.clone().into_iter().collect(),
+                    preemption: match w.preemption {
+                        Some(true) => "on".into(),
+                        Some(false) => "off".into(),
+                        None => String::new(),
+                    },
+                }
+            })
+            .collect();
+        pb::WindowsResponse {
+            timezone: c.config.timezone.clone(),
+            windows,
+            preemption_allowed: c.preemption_allowed(now),
+            now_ms: at,
+        }
     }
 
     /// Fair share per account and user (`gpuctl share`).
