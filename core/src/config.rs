@@ -539,6 +539,26 @@ mod tests {
         assert!(e.contains("default_time_limit 1h is over"), "{e}");
     }
 
+    /// The example in docs/operations.md is a config that loads, as documented.
+    #[test]
+    fn the_documented_config_loads() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"),
+        )
+        .unwrap();
+        let start = doc.find("```toml\n").unwrap() + "```toml\n".len();
+        let end = start + doc[start..].find("```").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("gpuctld.toml");
+        std::fs::write(&p, &doc[start..end]).unwrap();
+        let c = Config::load(&p).unwrap();
+        assert_eq!(c.qos["high"].preempts, vec!["low".to_string()]);
+        assert_eq!(c.accounts["risk"].shares, Some(3));
+        assert_eq!(c.windows["business"].floor["inference"], 0.7);
+        assert_eq!(c.timezone, "Europe/London");
+        assert_eq!(c.scheduler.priority.fair_share, 1000);
+    }
+
     #[test]
     fn unknown_key_is_an_error() {
         assert!(toml::from_str::<Config>("kill_grase = \"2s\"").is_err());

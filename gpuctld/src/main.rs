@@ -53,7 +53,10 @@ enum Command {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    init_logging(args.log_format);
+    // A simulation drives the controller's state machine through thousands of jobs:
+    // its per-job log lines would cost more than the simulation (GPUCTL_LOG=info shows them).
+    let quiet = matches!(args.command, Some(Command::Simulate { .. }));
+    init_logging(args.log_format, if quiet { "warn" } else { "info" });
     let result = match args.command {
         Some(Command::Simulate { mode }) => gpuctl_sim::run(mode),
         None => {
@@ -105,9 +108,9 @@ enum LogFormat {
 
 /// Logs to stderr, filtered by `GPUCTL_LOG` (default info): text with colours only on
 /// a terminal (log files and journald get plain text), or JSON lines.
-fn init_logging(format: LogFormat) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("GPUCTL_LOG").unwrap_or_else(|_| "info".into());
+fn init_logging(format: LogFormat, default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUCTL_LOG")
+        .unwrap_or_else(|_| default.into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -48,12 +48,14 @@ impl Floors {
             if !self.counts(f, job) || end <= f.from_ms || now >= f.until_ms {
                 continue;
             }
-            // The floor is checked at the moment it first applies to this job.
+            // The floor is checked at the moment it first applies to this job: now, when
+            // the window is open (what runs holds its GPUs, even past its planned end),
+            // or at the opening (what is planned to run past it).
             let at = now.max(f.from_ms);
             let held: u64 = f
                 .others
                 .iter()
-                .filter(|(e, _)| *e > at)
+                .filter(|(e, _)| at == now || *e > at)
                 .map(|(_, m)| m)
                 .sum();
             if held + need > f.others_max_milli {

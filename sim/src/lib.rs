@@ -3,9 +3,12 @@
 //!
 //! - `inflation`: the FGD paper's fragmentation experiment (arrivals only, no queue).
 //! - `replay`: a time-based replay with queueing, priority and backfill.
+//! - `bankday`: the bank-day scenario (inference by day, training by night) replayed
+//!   with and without a time-of-day window, and with plain priority.
 //!
 //! Both call the same `sched` code as the controller.
 
+pub mod bankday;
 pub mod bench;
 pub mod inflation;
 pub mod replay;
@@ -45,6 +48,8 @@ pub enum Mode {
     },
     /// A time-based replay with queueing, priority and backfill.
     Replay(crate::replay::Args),
+    /// The bank-day scenario: a week of daytime inference and nightly training.
+    Bankday(crate::bankday::Args),
 }
 
 /// Runs one `gpuctld simulate` mode.
@@ -88,6 +93,7 @@ pub fn run(mode: Mode) -> anyhow::Result<()> {
             Ok(())
         }
         Mode::Replay(a) => crate::replay::main(a),
+        Mode::Bankday(a) => crate::bankday::main(a),
     }
 }
 

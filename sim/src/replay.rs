@@ -183,6 +183,8 @@ fn spec_of(j: &TraceJob) -> pb::JobSpec {
         },
         account: j.account.clone(),
         qos: j.qos.clone(),
+        requeue: j.requeue,
+        signal: j.signal.clone(),
         priority: j.priority,
         resources: Some(pb::Resources {
             gpu: gpuctl_proto::convert::gpu_part(&r.gpu),

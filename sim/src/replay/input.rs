@@ -25,6 +25,9 @@ pub struct TraceJob {
     pub user: String,
     pub account: String,
     pub qos: String,
+    /// Requeued (not ended) when preempted, and its checkpoint signal ("USR1@60").
+    pub requeue: bool,
+    pub signal: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -50,6 +53,10 @@ struct JobRow {
     qos: Option<String>,
     #[serde(default)]
     nodes: Option<u32>,
+    #[serde(default)]
+    requeue: Option<bool>,
+    #[serde(default)]
+    signal: Option<String>,
 }
 
 /// `64x8xA100-80GB` -> 64 nodes of 8 GPUs (128 CPUs, 1 TiB each).
@@ -132,7 +139,7 @@ pub fn read_jobs(
                 gpu_milli: p.gpu_milli_total(),
                 user: "sim".into(),
                 account: "sim".into(),
-                qos: String::new(),
+                ..TraceJob::default()
             });
         }
     } else {
@@ -193,6 +200,8 @@ pub fn read_jobs(
                     .unwrap_or_else(|| "sim".into()),
                 user: r.user.clone().unwrap_or_else(|| "sim".into()),
                 qos: r.qos.clone().unwrap_or_default(),
+                requeue: r.requeue.unwrap_or(false),
+                signal: r.signal.clone().unwrap_or_default(),
             });
         }
     }

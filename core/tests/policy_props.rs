@@ -1,0 +1,204 @@
+//! Property tests of policy in the state machine: whatever users submit, whatever
+//! preempts what and whenever jobs end, no GPU is ever held past its capacity (a
+//! preemption's victim holds its GPUs until its instance has ended), and an open
+//! window's floor holds.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use gpuctl_core::config::QosConfig;
+use gpuctl_core::ops::Admission;
+use gpuctl_core::windows::Window;
+use gpuctl_core::{Actor, Cluster, Config, Effects};
+use gpuctl_proto::{self as pb, JobState};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Step {
+    Submit {
+        bob: bool,
+        gpus: u32,
+        qos: u8,
+        requeue: bool,
+        minutes: u64,
+    },
+    Pass,
+    Advance(i64),
+    End(usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (any::<bool>(), 1u32..=2, 0u8..3, any::<bool>(), 1u64..120).prop_map(
+            |(bob, gpus, qos, requeue, minutes)| Step::Submit {
+                bob,
+                gpus,
+                qos,
+                requeue,
+                minutes
+            }
+        ),
+        Just(Step::Pass),
+        (1i64..900).prop_map(Step::Advance),
+        (0usize..8).prop_map(Step::End),
+    ]
+}
+
+/// Low jobs are preempted by urgent ones; a window open all week keeps half the GPUs
+/// for alice's account.
+fn config() -> Config {
+    let mut cfg = Config::default();
+    cfg.qos.insert("scavenger".into(), QosConfig::open(0));
+    let mut urgent = QosConfig::open(10_000);
+    urgent.preempts = vec!["scavenger".into()];
+    cfg.qos.insert("urgent".into(), urgent);
+    cfg.preemption.min_run = std::time::Duration::ZERO;
+    cfg.windows.insert(
+        "always".into(),
+        Window {
+            days: ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+                .map(String::from)
+                .to_vec(),
+            start: "00:00".into(),
+            end: "23:59".into(),
+            floor: [("alice".to_string(), 0.5)].into(),
+            qos_priority: Default::default(),
+            preemption: Some(true),
+        },
+    );
+    cfg.resolve_qos();
+    cfg
+}
+
+/// The simulated agents: instances running, and ends due (time, job, attempt, node, state).
+#[derive(Default)]
+struct Agents {
+    due: Vec<(i64, u64, u32, String, JobState)>,
+}
+
+impl Agents {
+    fn run(&mut self, c: &mut Cluster, e: Effects, now: i64) {
+        for (node, cmd) in e.sends {
+            match cmd.command {
+                Some(pb::agent_command::Command::Start(s)) => {
+                    let r = pb::JobReport {
+                        node,
+                        job_id: s.job_id,
+                        kind: pb::job_report::Kind::Started as i32,
+                        time_ms: now,
+                        attempt: s.attempt,
+                        ..pb::JobReport::default()
+                    };
+                    c.report(&r, now);
+                }
+                Some(pb::agent_command::Command::Kill(k)) => {
+                    let t = now + i64::try_from(k.kill_grace_secs).unwrap() * 1000;
+                    self.due.push((t, k.job_id, k.attempt, node, k.as_state()));
+                }
+                None => {}
+            }
+        }
+    }
+
+    fn end(c: &mut Cluster, id: u64, attempt: u32, node: &str, state: JobState, now: i64) {
+        let r = pb::JobReport {
+            node: node.into(),
+            job_id: id,
+            kind: pb::job_report::Kind::Ended as i32,
+            state: state as i32,
+            exit_code: Some(0),
+            time_ms: now,
+            attempt,
+            ..pb::JobReport::default()
+        };
+        c.report(&r, now);
+    }
+
+    fn advance(&mut self, c: &mut Cluster, now: i64) {
+        self.due.sort_by_key(|d| d.0);
+        let (ready, rest): (Vec<_>, Vec<_>) = self.due.drain(..).partition(|d| d.0 <= now);
+        self.due = rest;
+        for (t, id, attempt, node, state) in ready {
+            Agents::end(c, id, attempt, &node, state, t);
+        }
+    }
+}
+
+/// No GPU over its capacity; the floor: others hold at most half the GPUs.
+fn check(c: &Cluster) {
+    let mut per_gpu: HashMap<String, u32> = HashMap::new();
+    let mut others = 0u32;
+    for s in c.jobs.active() {
+        let j = s.job.as_ref().unwrap();
+        if j.state() != JobState::Running {
+            continue;
+        }
+        let spec = j.spec.as_ref().unwrap();
+        for a in j.allocations.iter().filter(|a| !a.ended) {
+            for sl in &a.slots {
+                *per_gpu.entry(sl.uuid.clone()).or_default() += sl.compute_milli;
+                if spec.account != "alice" && spec.qos != "scavenger" {
+                    others += sl.compute_milli;
+                }
+            }
+        }
+    }
+    for (gpu, m) in per_gpu {
+        assert!(m <= 1000, "{gpu} holds {m} milli");
+    }
+    assert!(
+        others <= 2000,
+        "other accounts hold {others} milli of 4000 (floor: half)"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn no_gpu_is_over_allocated_and_the_floor_holds(steps in prop::collection::vec(step(), 1..80)) {
+        let mut c = Cluster::new(config());
+        // 2024-01-01 is a Monday; the window is open all day but the last minute.
+        let mut now = 1_704_103_200_000; // 10:00 UTC
+        attach(&mut c, "n1", now);
+        attach(&mut c, "n2", now);
+        let mut agents = Agents::default();
+        for s in steps {
+            match s {
+                Step::Submit { bob, gpus, qos, requeue, minutes } => {
+                    let user = if bob { "bob" } else { "alice" };
+                    let actor = Actor { user: user.into(), admin: false };
+                    let mut sp = spec(gpus, requeue);
+                    sp.user = user.into();
+                    sp.qos = ["scavenger", "normal", "urgent"][qos as usize].into();
+                    sp.resources.as_mut().unwrap().time_limit_secs = minutes * 60;
+                    if let Ok(Admission::New(j)) = c.admit(&actor, sp, "", now) {
+                        c.commit_submit(*j);
+                    }
+                }
+                Step::Pass => {
+                    let e = pass(&mut c, now);
+                    agents.run(&mut c, e, now);
+                }
+                Step::Advance(secs) => {
+                    now += secs * 1000;
+                    agents.advance(&mut c, now);
+                }
+                Step::End(k) => {
+                    let running: Vec<(u64, u32, String)> = c
+                        .jobs
+                        .active()
+                        .filter_map(|s| s.job.as_ref())
+                        .filter(|j| j.state() == JobState::Running)
+                        .flat_map(|j| j.allocations.iter().filter(|a| !a.ended).map(|a| (j.id, j.attempt, a.node.clone())))
+                        .collect();
+                    if let Some((id, attempt, node)) = running.get(k % running.len().max(1)).cloned() {
+                        Agents::end(&mut c, id, attempt, &node, JobState::Completed, now);
+                    }
+                }
+            }
+            check(&c);
+        }
+    }
+}
