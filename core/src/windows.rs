@@ -283,13 +283,15 @@ impl crate::state::Cluster {
             .filter(|s| job_of(s).state() == gpuctl_proto::JobState::Running)
             .map(|s| {
                 let j = job_of(s);
-                let spec = j.spec.clone().unwrap_or_default();
+                let spec = j.spec.as_ref();
+                let account = spec.map(|x| x.account.clone()).unwrap_or_default();
+                let qos = spec.map(|x| x.qos.clone()).unwrap_or_default();
                 let mut end = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
                 if s.vacate_by_ms > 0 {
                     end = end.min(s.vacate_by_ms);
                 }
                 let m = norm_milli(&gpuctl_sched::Request::from(&resources(j)));
-                (spec.account, spec.qos, end, m)
+                (account, qos, end, m)
             })
             .collect()
     }

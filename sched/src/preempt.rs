@@ -126,19 +126,28 @@ pub fn plan_preemptions(
                 u128::from(r.gpu_milli.max(1)) * (now.saturating_sub(r.start_ms).max(0) as u128);
             (lost, std::cmp::Reverse(r.start_ms), r.id)
         });
-        let mut chosen: Vec<JobId> = Vec::new();
-        let mut fit = None;
-        for c in &candidates {
-            chosen.push(c.id);
-            let set: BTreeSet<JobId> = chosen.iter().copied().collect();
-            if let Some(s) = starts_now(&without(&base, &set), job, &single, now) {
-                fit = Some(s);
-                break;
-            }
-        }
-        let Some(mut start) = fit else {
+        // The shortest prefix of the candidates (least lost work first) whose going
+        // lets the job start: fitting only gets easier as the prefix grows, so a
+        // binary search finds it in a few passes of one job.
+        let fits_with = |k: usize| {
+            let set: BTreeSet<JobId> = candidates[..k].iter().map(|r| r.id).collect();
+            starts_now(&without(&base, &set), job, &single, now)
+        };
+        let Some(mut start) = fits_with(candidates.len()) else {
             continue; // could not start anyway: nobody is preempted for it
         };
+        let (mut lo, mut hi) = (0, candidates.len());
+        while lo + 1 < hi {
+            let mid = (lo + hi) / 2;
+            match fits_with(mid) {
+                Some(s) => {
+                    hi = mid;
+                    start = s;
+                }
+                None => lo = mid,
+            }
+        }
+        let mut chosen: Vec<JobId> = candidates[..hi].iter().map(|r| r.id).collect();
         // Give back every victim not needed (the last added is needed).
         let mut i = chosen.len().saturating_sub(1);
         while i > 0 {
