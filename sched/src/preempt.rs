@@ -38,6 +38,10 @@ pub struct PreemptConfig {
     pub by_account: BTreeMap<String, Vec<String>>,
 }
 
+/// At most this many waiting jobs are looked at in one pass (each costs a few
+/// one-job passes).
+const MAX_EXAMINED: usize = 64;
+
 /// A waiting job and the running jobs to stop for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Preemption {
@@ -98,19 +102,18 @@ pub fn plan_preemptions(
         .map(|r| r.id)
         .collect();
     let mut base = without(cluster, &gone);
+    // Requests (with their targets) that found nothing to preempt this pass: a burst of
+    // identical jobs is looked at once.
+    let mut hopeless: BTreeSet<(Request, Vec<&String>)> = BTreeSet::new();
+    let mut examined = 0usize;
     for job in waiting {
-        if out.len() >= preempt.max_preemptors {
+        if out.len() >= preempt.max_preemptors || examined >= MAX_EXAMINED {
             break;
         }
         let mut targets: Vec<&String> = Vec::new();
         targets.extend(preempt.preempts.get(&job.qos).into_iter().flatten());
         targets.extend(preempt.by_account.get(&job.account).into_iter().flatten());
         if targets.is_empty() {
-            continue;
-        }
-        if let Some(start) = starts_now(&base, job, &single, now) {
-            // It fits once the jobs being stopped are gone: it waits for them.
-            hold_place(&mut base, &start, job, now);
             continue;
         }
         let mut candidates: Vec<&RunningJob> = running
@@ -121,6 +124,19 @@ pub fn plan_preemptions(
                     && now.saturating_sub(r.start_ms) >= preempt.min_run_ms
             })
             .collect();
+        if candidates.is_empty() && !running.iter().any(|r| r.vacating) {
+            continue;
+        }
+        let shape = (job.request.clone(), targets.clone());
+        if hopeless.contains(&shape) {
+            continue;
+        }
+        examined += 1;
+        if let Some(start) = starts_now(&base, job, &single, now) {
+            // It fits once the jobs being stopped are gone: it waits for them.
+            hold_place(&mut base, &start, job, now);
+            continue;
+        }
         candidates.sort_by_key(|r| {
             let lost =
                 u128::from(r.gpu_milli.max(1)) * (now.saturating_sub(r.start_ms).max(0) as u128);
@@ -134,7 +150,9 @@ pub fn plan_preemptions(
             starts_now(&without(&base, &set), job, &single, now)
         };
         let Some(mut start) = fits_with(candidates.len()) else {
-            continue; // could not start anyway: nobody is preempted for it
+            // Could not start anyway: nobody is preempted for it (nor for its twins).
+            hopeless.insert(shape);
+            continue;
         };
         let (mut lo, mut hi) = (0, candidates.len());
         while lo + 1 < hi {

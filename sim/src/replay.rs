@@ -280,7 +280,17 @@ pub fn replay(
     let mut tally = Tally::default();
     let (mut backlog_area, mut backlog_cap, mut area) = (0f64, 0f64, 0f64);
     let mut last_end = now;
+    // Progress in trace hours (shown only when a replay takes more than a second).
+    let last_submit = feasible.last().map_or(now, |j| j.submit);
+    let mut progress =
+        super::Progress::new(((last_submit - now) / 3_600_000).max(1) as u64, policy);
+    let mut shown_h = 0u64;
     loop {
+        let h = ((now - first_submit) / 3_600_000) as u64;
+        if h > shown_h {
+            progress.inc(h - shown_h);
+            shown_h = h;
+        }
         // Everything that happens at `now`: ends, then arrivals.
         let ended = sim.report_due(&mut c, &by_id, now);
         pending += std::mem::take(&mut sim.requeued);
@@ -347,6 +357,7 @@ pub fn replay(
         }
         now = t;
     }
+    progress.finish();
     let span = Span {
         makespan_ms: (last_end - first_submit).max(0) as f64,
         capacity,
