@@ -258,6 +258,8 @@ pub struct Limits {
     pub max_list_len: usize,
     /// Most pending jobs one user may have; a submit past it is refused.
     pub max_pending_per_user: usize,
+    /// Most tasks one job array may have.
+    pub max_array_tasks: usize,
     /// Longest time limit a job may ask for (and the cap of `default_time_limit`).
     #[serde(with = "humantime_serde")]
     pub max_time_limit: Duration,
@@ -274,6 +276,7 @@ impl Default for Limits {
             max_job_bytes: bytesize::ByteSize::kib(256),
             max_list_len: 4096,
             max_pending_per_user: 10_000,
+            max_array_tasks: 10_000,
             max_time_limit: Duration::from_secs(30 * 24 * 3600),
             min_free_disk: bytesize::ByteSize::mib(64),
         }

@@ -22,6 +22,9 @@ pub enum Admission {
     Repeat(u64),
     /// A new job, checked; the shell writes it, then `Cluster::commit_submit`s it.
     New(Box<StoredJob>),
+    /// A job array: one job per task, ids in a row from the array's id (its first);
+    /// the shell writes them all at once, then commits each.
+    Array(Vec<StoredJob>),
 }
 
 impl Cluster {
@@ -49,11 +52,24 @@ impl Cluster {
         {
             return Ok(Admission::Repeat(id));
         }
+        if spec.array_job_id != 0 || spec.array_task_id.is_some() {
+            return Err(Refusal::invalid_argument(
+                "array_job_id and array_task_id are set by the controller; submit an array with `array`",
+            ));
+        }
+        let array = if spec.array.is_empty() {
+            None
+        } else {
+            let a = gpuctl_sched::array::parse(&spec.array, limits.max_array_tasks)
+                .map_err(Refusal::invalid_argument)?;
+            Some(a)
+        };
+        let count = array.as_ref().map_or(1, |a| a.tasks.len());
         let pending = self.jobs.pending_of(&spec.user);
-        if pending >= limits.max_pending_per_user {
+        if pending + count > limits.max_pending_per_user {
             return Err(Refusal::resource_exhausted(format!(
-                "user {} already has {pending} pending jobs, the most allowed (limits.max_pending_per_user)",
-                spec.user
+                "user {} has {pending} pending jobs; {count} more would pass the most allowed, {} (limits.max_pending_per_user)",
+                spec.user, limits.max_pending_per_user
             )));
         }
         let res = spec.resources.clone().unwrap_or_default();
@@ -88,9 +104,9 @@ impl Cluster {
                 .and_then(|q| q.max_time)
                 .map_or(u64::MAX, |m| m.as_secs().max(1)),
         );
-        Ok(Admission::New(Box::new(StoredJob {
+        let record = |id: u64, spec: pb::JobSpec, request_id: &str| StoredJob {
             job: Some(pb::Job {
-                id: self.next_job_id,
+                id,
                 spec: Some(spec),
                 state: JobState::Pending as i32,
                 reason: if waits { "Dependency" } else { "None" }.into(),
@@ -100,7 +116,24 @@ impl Cluster {
             }),
             request_id: request_id.to_string(),
             ..StoredJob::default()
-        })))
+        };
+        let Some(array) = array else {
+            return Ok(Admission::New(Box::new(record(self.next_job_id, spec, request_id))));
+        };
+        let first = self.next_job_id;
+        let tasks = array
+            .tasks
+            .iter()
+            .enumerate()
+            .map(|(i, &task)| {
+                let mut s = spec.clone();
+                s.array_job_id = first;
+                s.array_task_id = Some(task);
+                // The request id names the array: a repeated submit finds its first task.
+                record(first + i as u64, s, if i == 0 { request_id } else { "" })
+            })
+            .collect();
+        Ok(Admission::Array(tasks))
     }
 
     /// Queues a job `admit` built, once the shell has written it (with the next id).

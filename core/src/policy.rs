@@ -8,7 +8,7 @@ use gpuctl_sched::preempt::{PreemptConfig, RunningJob};
 use gpuctl_sched::{self as sched, Blocked, PendingJob, Request};
 
 use crate::jobs::{job_of, owner};
-use crate::state::{Cluster, Effects, live_allocs, pending_job, resources};
+use crate::state::{Cluster, Effects, array_of, live_allocs, pending_job, resources};
 
 /// GPUs (a config number) in milli.
 fn milli(gpus: Option<f64>) -> Option<u64> {
@@ -28,19 +28,24 @@ impl Cluster {
                 caps.qos.insert(name.clone(), c);
             }
         }
-        if caps.qos.is_empty() {
-            return caps;
-        }
         for s in self.jobs.active() {
             let j = job_of(s);
-            if j.state() != JobState::Running {
-                continue;
-            }
             let Some(spec) = j.spec.as_ref() else {
                 continue;
             };
-            let m = norm_milli(&Request::from(&resources(j)));
-            caps.add(&spec.qos, owner(j), &spec.account, m);
+            // Throttled arrays are tracked from their first task on.
+            let array = array_of(spec).filter(|(_, max)| *max > 0);
+            if let Some((a, _)) = array {
+                caps.arrays.entry(a).or_default();
+            }
+            if j.state() != JobState::Running {
+                continue;
+            }
+            caps.add_task(array);
+            if !caps.qos.is_empty() {
+                let m = norm_milli(&Request::from(&resources(j)));
+                caps.add(&spec.qos, owner(j), &spec.account, m);
+            }
         }
         caps
     }

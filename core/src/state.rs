@@ -425,8 +425,20 @@ pub fn pending_job(j: &pb::Job, shares: &sched::fairshare::FairShareTable) -> Pe
         fair_share_milli: shares.factor(&account, &user),
         account,
         user,
+        array: spec.and_then(array_of),
         submit_ms: j.submit_time_ms,
         request: Request::from(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none)),
         duration_ms: limit_ms(j.time_limit_secs),
     }
+}
+
+/// A task's array and its throttle (`%N`; 0 = none), read from the spec's suffix only.
+pub fn array_of(spec: &pb::JobSpec) -> Option<(u64, u32)> {
+    spec.array_task_id?;
+    let max = spec
+        .array
+        .rsplit_once('%')
+        .and_then(|(_, n)| n.trim().parse().ok())
+        .unwrap_or(0);
+    Some((spec.array_job_id, max))
 }

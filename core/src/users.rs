@@ -7,6 +7,32 @@ use crate::jobs::{Transition, owner};
 use crate::state::{Cluster, Effects, live_allocs};
 
 impl Cluster {
+    /// `ids`, where the id of an array (its first task) also stands for its other
+    /// unfinished tasks, like `scancel ARRAY_ID`.
+    fn with_array_tasks(&self, ids: &[u64]) -> Vec<u64> {
+        let arrays: std::collections::BTreeSet<u64> = ids
+            .iter()
+            .filter(|&&id| {
+                self.jobs
+                    .job(id)
+                    .and_then(|j| j.spec.as_ref())
+                    .is_some_and(|s| s.array_job_id == id && s.array_task_id.is_some())
+            })
+            .copied()
+            .collect();
+        let mut out = ids.to_vec();
+        if !arrays.is_empty() {
+            for s in self.jobs.active() {
+                let j = crate::jobs::job_of(s);
+                let a = j.spec.as_ref().map_or(0, |s| s.array_job_id);
+                if arrays.contains(&a) && !out.contains(&j.id) {
+                    out.push(j.id);
+                }
+            }
+        }
+        out
+    }
+
     /// Cancels jobs: a pending one at once, a running one by killing its instances (it
     /// ends when its agents report). Only their owners or an admin may; if any of
     /// `ids` is someone else's, nothing is cancelled.
@@ -16,6 +42,7 @@ impl Cluster {
         ids: &[u64],
         now: i64,
     ) -> Result<(Vec<pb::CancelResult>, Effects), Refusal> {
+        let ids = &self.with_array_tasks(ids);
         if !actor.admin {
             let foreign: Vec<String> = ids
                 .iter()

@@ -161,10 +161,10 @@ fn check_patterns(what: &str, p: &str) -> Result<(), String> {
             continue;
         }
         match chars.next() {
-            Some('j' | 'x' | 'N' | 't' | '%') => {}
+            Some('j' | 'x' | 'N' | 't' | 'A' | 'a' | '%') => {}
             other => {
                 return Err(format!(
-                    "{what} {p:?}: unknown pattern %{}; output paths may use %j (job id), %x (job name), %N (node), %t (rank) and %% (a %)",
+                    "{what} {p:?}: unknown pattern %{}; output paths may use %j (job id), %x (job name), %N (node), %t (rank), %A (array id), %a (array task) and %% (a %)",
                     other.map(String::from).unwrap_or_default()
                 ));
             }

@@ -23,7 +23,7 @@ fn submit_as(c: &mut Cluster, who: &Actor, mut spec: pb::JobSpec, now: i64) -> u
             c.commit_submit(*stored);
             id
         }
-        Admission::Repeat(id) => panic!("not a repeat: {id}"),
+        Admission::Array(_) | Admission::Repeat(_) => panic!("one job"),
     }
 }
 
@@ -220,4 +220,41 @@ fn a_victim_that_is_not_requeueable_ends_preempted() {
         T0 + 130_000,
     );
     assert_eq!(state(&c, victim), JobState::Preempted);
+}
+
+#[test]
+fn an_array_makes_one_job_per_task_and_its_throttle_holds() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    attach(&mut c, "n2", T0);
+    let mut s = spec(1, false);
+    s.array = "0-5%2".into();
+    let first = submit_spec(&mut c, s, T0);
+    let tasks: Vec<u64> = (first..first + 6).collect();
+    for (i, id) in tasks.iter().enumerate() {
+        let sp = c.jobs.job(*id).unwrap().spec.clone().unwrap();
+        assert_eq!((sp.array_job_id, sp.array_task_id), (first, Some(i as u32)));
+    }
+    // Four GPUs free, two tasks at once.
+    let e = pass(&mut c, T0);
+    assert_eq!(commands(&e).len(), 2, "{:?}", commands(&e));
+    for (node, cmd) in &e.sends {
+        if let Some(pb::agent_command::Command::Start(st)) = cmd.command.as_ref() {
+            report(&mut c, node, st.job_id, None, T0);
+        }
+    }
+    assert_eq!(c.jobs.job(first + 2).unwrap().reason, "JobArrayTaskLimit");
+    // One ends: one more starts.
+    let node = c.jobs.job(first).unwrap().allocations[0].node.clone();
+    report(&mut c, &node, first, Some((JobState::Completed, 0)), T0 + 10);
+    let e = pass(&mut c, T0 + 11);
+    assert_eq!(commands(&e).len(), 1);
+    // Cancelling the array's id cancels every task left.
+    let (results, _) = c.cancel(&alice(), &[first], T0 + 12).unwrap();
+    assert_eq!(results.len(), 6);
+    assert_eq!(results.iter().filter(|r| r.ok).count(), 5, "{results:?}");
+    // A submit may not pose as a task.
+    let mut fake = spec(1, false);
+    fake.array_job_id = 7;
+    assert!(c.admit(&alice(), fake, "", T0).is_err());
 }

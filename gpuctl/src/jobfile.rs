@@ -33,6 +33,8 @@ pub struct JobFile {
     pub account: Option<Spanned<String>>,
     /// The checkpoint signal before a preemption and its lead: "USR1@120".
     pub signal: Option<Spanned<String>>,
+    /// A job array: "0-99%8".
+    pub array: Option<Spanned<String>>,
     /// Requeue the job when its node fails (instead of ending it NODE_FAIL).
     #[serde(default)]
     pub requeue: bool,
@@ -116,6 +118,7 @@ pub struct Job {
     pub qos: String,
     pub account: String,
     pub signal: String,
+    pub array: String,
     pub requeue: bool,
     pub dependencies: Vec<(pb::dependency::Kind, u64)>,
     pub gpus: u32,
@@ -263,6 +266,13 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         }
         None => String::new(),
     };
+    let array = match raw.array {
+        Some(a) => {
+            gpuctl_sched::array::parse(a.get_ref(), usize::MAX).map_err(|m| at(a.span(), m))?;
+            a.into_inner()
+        }
+        None => String::new(),
+    };
     let dependencies = match &raw.dependency {
         Some(d) => parse_dependency(d.get_ref()).map_err(|m| at(d.span(), m))?,
         None => Vec::new(),
@@ -280,6 +290,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         qos,
         account,
         signal,
+        array,
         requeue: raw.requeue,
         gpus: gpu.gpus,
         gpu_milli: gpu.gpu_milli,
@@ -657,6 +668,7 @@ impl Job {
             qos: self.qos,
             account: self.account,
             signal: self.signal,
+            array: self.array,
             requeue: self.requeue,
             dependencies: self
                 .dependencies
@@ -666,6 +678,8 @@ impl Job {
                     job_id,
                 })
                 .collect(),
+            array_job_id: 0,
+            array_task_id: None,
         }
     }
 }

@@ -242,6 +242,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
         qos: String::new(),
         account: String::new(),
         signal: String::new(),
+        array: String::new(),
         requeue: false,
         dependencies: Vec::new(),
         gpus: 0,
@@ -317,9 +318,13 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 n if IGNORED.contains(&n) => extra
                     .warnings
                     .push(format!("#SBATCH --{n} has no effect in gpuctl; ignored")),
-                "partition" | "array" => {
+                "array" => {
+                    gpuctl_sched::array::parse(v, usize::MAX).map_err(fail)?;
+                    job.array = v.to_string();
+                }
+                "partition" => {
                     return Err(fail(format!(
-                        "#SBATCH --{} is not supported by gpuctl yet (no partitions or job arrays); remove it",
+                        "#SBATCH --{} is not supported by gpuctl yet (no partitions); remove it",
                         o.name
                     )));
                 }

@@ -50,6 +50,11 @@ pub struct SubmitArgs {
     /// Output file (overrides the file's).
     #[arg(short = 'o', long)]
     pub output: Option<String>,
+    /// A job array: one job per task, e.g. `0-99%8` (ranges, steps `0-99:10`, lists
+    /// `1,5,9`; `%N`: at most N tasks at once). Tasks see GPUCTL_ARRAY_JOB_ID and
+    /// GPUCTL_ARRAY_TASK_ID; output paths may use %A and %a.
+    #[arg(short = 'a', long)]
+    pub array: Option<String>,
 }
 
 impl SubmitArgs {
@@ -105,6 +110,10 @@ impl SubmitArgs {
         }
         if let Some(c) = self.cpus {
             job.cpus = c;
+        }
+        if let Some(a) = &self.array {
+            gpuctl_sched::array::parse(a, usize::MAX).map_err(|e| format!("--array: {e}"))?;
+            job.array = a.clone();
         }
         if let Some(m) = &self.mem {
             job.memory_bytes = sbatch::slurm_memory(m)?;

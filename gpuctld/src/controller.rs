@@ -388,6 +388,17 @@ impl Controller {
                     c.commit_submit(*stored);
                     Ok(id)
                 }
+                Admission::Array(tasks) => {
+                    let first = tasks.first().map_or(0, |s| job_of(s).id);
+                    let next = tasks.last().map_or(first, |s| job_of(s).id) + 1;
+                    self.store
+                        .insert_new_jobs(&tasks, next)
+                        .map_err(store_status)?;
+                    for t in tasks {
+                        c.commit_submit(t);
+                    }
+                    Ok(first)
+                }
             }
         };
         let id = match admitted {

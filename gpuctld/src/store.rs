@@ -244,6 +244,19 @@ impl Store {
         Ok(())
     }
 
+    /// Writes the tasks of a job array and the advanced id counter atomically.
+    pub fn insert_new_jobs(&self, jobs: &[StoredJob], next_job_id: u64) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for job in jobs {
+            let id = job.job.as_ref().map_or(0, |j| j.id);
+            batch.insert(job_key(id), job.encode_to_vec());
+        }
+        batch.insert(NEXT_ID_KEY, &next_job_id.to_be_bytes());
+        self.check(self.db.apply_batch(batch).map_err(StoreError::from))?;
+        self.wrote();
+        Ok(())
+    }
+
     pub fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
         let id = job.job.as_ref().map_or(0, |j| j.id);
         self.check(

@@ -25,6 +25,7 @@
 //! (decayed usage and the fair-share factor), `limits` (QoS caps), `floors` (window
 //! floors), `preempt` (choosing preemption victims).
 
+pub mod array;
 pub mod calendar;
 mod check;
 pub mod deps;
@@ -149,6 +150,7 @@ impl std::fmt::Display for Blocked {
             Blocked::BeyondDepth => "Resources",
             Blocked::Cap(limits::Over::User { .. }) => "QOSMaxGpusPerUser",
             Blocked::Cap(limits::Over::Account { .. }) => "QOSMaxGpusPerAccount",
+            Blocked::Cap(limits::Over::Array { .. }) => "JobArrayTaskLimit",
             Blocked::WindowFloor { .. } => "WindowFloor",
         })
     }

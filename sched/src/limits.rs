@@ -25,6 +25,8 @@ pub struct Caps {
     pub by_user: HashMap<(String, String), u64>,
     /// (qos, account) -> GPU milli held by running jobs.
     pub by_account: HashMap<(String, String), u64>,
+    /// Throttled job arrays (`--array ...%N`) -> their tasks running now.
+    pub arrays: HashMap<JobId, u32>,
 }
 
 /// Which cap a job would break.
@@ -32,6 +34,8 @@ pub struct Caps {
 pub enum Over {
     User { qos: String, limit_milli: u64 },
     Account { qos: String, limit_milli: u64 },
+    /// Its array runs as many tasks as its `%N` allows.
+    Array { array: JobId, max_running: u32 },
 }
 
 /// Normalised GPU milli a request holds (over all its nodes).
@@ -47,11 +51,17 @@ pub fn norm_milli(req: &Request) -> u64 {
 
 impl Caps {
     pub fn is_empty(&self) -> bool {
-        self.qos.values().all(|q| *q == QosCaps::default())
+        self.qos.values().all(|q| *q == QosCaps::default()) && self.arrays.is_empty()
     }
 
     /// The cap `job` would break if it started now, if any.
     pub fn check(&self, job: &PendingJob) -> Option<Over> {
+        if let Some((array, max_running)) = job.array
+            && max_running > 0
+            && self.arrays.get(&array).copied().unwrap_or(0) >= max_running
+        {
+            return Some(Over::Array { array, max_running });
+        }
         let caps = self.qos.get(&job.qos)?;
         let need = norm_milli(&job.request);
         let key = |who: &str| (job.qos.clone(), who.to_string());
@@ -78,6 +88,15 @@ impl Caps {
             }
         }
         None
+    }
+
+    /// Counts a task of a throttled array that starts (or runs).
+    pub fn add_task(&mut self, array: Option<(JobId, u32)>) {
+        if let Some((a, max)) = array
+            && max > 0
+        {
+            *self.arrays.entry(a).or_default() += 1;
+        }
     }
 
     /// Counts a job that starts (or runs).

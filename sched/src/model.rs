@@ -214,6 +214,8 @@ pub struct PendingJob {
     pub user: String,
     /// Its owner's fair-share factor in milli (`fairshare`: 1000 = nothing used).
     pub fair_share_milli: u32,
+    /// A task of a job array: (the array's id, most tasks running at once; 0 = any).
+    pub array: Option<(JobId, u32)>,
     pub submit_ms: Millis,
     pub request: Request,
     /// The time limit: how long the job is planned to hold its slots.

@@ -105,6 +105,7 @@ pub(super) fn plan(
             };
             if let Some(c) = caps.as_mut() {
                 c.add(&job.qos, &job.user, &job.account, limits::norm_milli(req));
+                c.add_task(job.array);
             }
             if let Some(f) = floors.as_mut() {
                 f.add(job, now, d);

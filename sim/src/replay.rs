@@ -304,7 +304,9 @@ pub fn replay(
                     c.commit_submit(*stored);
                     pending += 1;
                 }
-                Ok(Admission::Repeat(_)) => unreachable!("no request ids"),
+                Ok(Admission::Repeat(_) | Admission::Array(_)) => {
+                    unreachable!("no request ids, no arrays")
+                }
                 Err(e) => panic!("trace job {} refused: {e}", j.id),
             }
         }

@@ -82,6 +82,13 @@ pub fn submit_spec(c: &mut Cluster, spec: pb::JobSpec, now: i64) -> u64 {
             assert!(effects.wake, "a submit asks for a pass");
             id
         }
+        Admission::Array(tasks) => {
+            let first = tasks[0].job.as_ref().unwrap().id;
+            for t in tasks {
+                c.commit_submit(t);
+            }
+            first
+        }
         Admission::Repeat(id) => panic!("not a repeat: {id}"),
     }
 }

@@ -460,6 +460,11 @@ fn cap_summary(over: &sched::limits::Over) -> String {
     let (who, qos, limit) = match over {
         sched::limits::Over::User { qos, limit_milli } => ("its user", qos, limit_milli),
         sched::limits::Over::Account { qos, limit_milli } => ("its account", qos, limit_milli),
+        sched::limits::Over::Array { array, max_running } => {
+            return format!(
+                "its array {array} already runs {max_running} tasks, the most its %{max_running} allows; it starts when one ends"
+            );
+        }
     };
     let key = if who == "its user" {
         "max_gpus_per_user"
