@@ -118,7 +118,11 @@ impl Cluster {
             ..StoredJob::default()
         };
         let Some(array) = array else {
-            return Ok(Admission::New(Box::new(record(self.next_job_id, spec, request_id))));
+            return Ok(Admission::New(Box::new(record(
+                self.next_job_id,
+                spec,
+                request_id,
+            ))));
         };
         let first = self.next_job_id;
         let tasks = array

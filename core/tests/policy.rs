@@ -246,7 +246,13 @@ fn an_array_makes_one_job_per_task_and_its_throttle_holds() {
     assert_eq!(c.jobs.job(first + 2).unwrap().reason, "JobArrayTaskLimit");
     // One ends: one more starts.
     let node = c.jobs.job(first).unwrap().allocations[0].node.clone();
-    report(&mut c, &node, first, Some((JobState::Completed, 0)), T0 + 10);
+    report(
+        &mut c,
+        &node,
+        first,
+        Some((JobState::Completed, 0)),
+        T0 + 10,
+    );
     let e = pass(&mut c, T0 + 11);
     assert_eq!(commands(&e).len(), 1);
     // Cancelling the array's id cancels every task left.

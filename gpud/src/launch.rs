@@ -64,6 +64,16 @@ pub fn job_env(start: &pb::StartJob, node: &str, lang: Option<&str>) -> BTreeMap
     env.insert("GPUCTL_NODE".into(), node.to_string());
     env.insert("GPUCTL_GPUS".into(), gpus.len().to_string());
     env.insert("GPUCTL_SUBMIT_DIR".into(), spec.workdir.clone());
+    if let Some(task) = spec.array_task_id {
+        for (k, v) in [
+            ("GPUCTL_ARRAY_JOB_ID", spec.array_job_id.to_string()),
+            ("GPUCTL_ARRAY_TASK_ID", task.to_string()),
+            ("SLURM_ARRAY_JOB_ID", spec.array_job_id.to_string()),
+            ("SLURM_ARRAY_TASK_ID", task.to_string()),
+        ] {
+            env.insert(k.into(), v);
+        }
+    }
     // A fractional share: limits for CUDA MPS clients.
     if let Some(s) = start.slots.iter().find(|s| s.compute_milli < 1000) {
         env.insert(
@@ -133,6 +143,9 @@ pub struct OutputVars<'a> {
     pub rank: u32,
     /// Ranks in the job (1 for a one-node job).
     pub ranks: usize,
+    /// A task of an array: (array id, task index). Outside an array %A is the job id
+    /// and %a is 0.
+    pub array: Option<(u64, u32)>,
 }
 
 /// A value put into a file name: never a path separator or NUL, never `.` or `..`.
@@ -155,7 +168,8 @@ fn file_name_part(v: &str) -> String {
 }
 
 /// The `%` patterns output paths may use (the controller refuses others at submit).
-pub const OUTPUT_PATTERNS: &str = "%j (job id), %x (job name), %N (node), %t (rank), %%";
+pub const OUTPUT_PATTERNS: &str =
+    "%j (job id), %x (job name), %N (node), %t (rank), %A (array id), %a (array task), %%";
 
 /// Expands `%j` (job id), `%x` (job name), `%N` (node), `%t` (rank) and `%%` in an output
 /// file name, and resolves a relative name against the workdir. An expanded value never
@@ -180,6 +194,8 @@ pub fn output_path(template: &str, v: &OutputVars<'_>, workdir: &Path) -> PathBu
             Some('x') => out.push_str(&file_name_part(v.name)),
             Some('N') => out.push_str(&file_name_part(v.node)),
             Some('t') => out.push_str(&v.rank.to_string()),
+            Some('A') => out.push_str(&v.array.map_or(v.job_id, |a| a.0).to_string()),
+            Some('a') => out.push_str(&v.array.map_or(0, |a| a.1).to_string()),
             Some('%') => out.push('%'),
             Some(other) => {
                 out.push('%');
@@ -313,6 +329,7 @@ impl LaunchSpec {
             node,
             rank: start.rank,
             ranks,
+            array: spec.array_task_id.map(|t| (spec.array_job_id, t)),
         };
         let stdout = output_path(&spec.stdout, &vars, &workdir);
         let stderr = (!spec.stderr.is_empty())
@@ -901,6 +918,7 @@ mod tests {
             node,
             rank,
             ranks,
+            array: None,
         }
     }
 

@@ -34,13 +34,16 @@ pub fn parse(spec: &str, max_tasks: usize) -> Result<ArraySpec, String> {
             Some((r, s)) => (r, s.parse::<u32>().ok().filter(|s| *s > 0)),
             None => (part, Some(1)),
         };
-        let step = step.ok_or_else(|| format!("array {spec:?}: step in {part:?} must be 1 or more"))?;
+        let step =
+            step.ok_or_else(|| format!("array {spec:?}: step in {part:?} must be 1 or more"))?;
         let num = |s: &str| -> Result<u32, String> {
             s.trim()
                 .parse::<u32>()
                 .ok()
                 .filter(|n| *n <= MAX_INDEX)
-                .ok_or_else(|| format!("array {spec:?}: {s:?} is not an index from 0 to {MAX_INDEX}"))
+                .ok_or_else(|| {
+                    format!("array {spec:?}: {s:?} is not an index from 0 to {MAX_INDEX}")
+                })
         };
         let (a, b) = match range.split_once('-') {
             Some((a, b)) => (num(a)?, num(b)?),
@@ -102,7 +105,13 @@ mod tests {
 
     #[test]
     fn specs_like_sbatch() {
-        assert_eq!(parse("0-3%2", 100).unwrap(), ArraySpec { tasks: vec![0, 1, 2, 3], max_running: 2 });
+        assert_eq!(
+            parse("0-3%2", 100).unwrap(),
+            ArraySpec {
+                tasks: vec![0, 1, 2, 3],
+                max_running: 2
+            }
+        );
         assert_eq!(parse("1,5,9", 100).unwrap().tasks, vec![1, 5, 9]);
         assert_eq!(parse("0-20:10", 100).unwrap().tasks, vec![0, 10, 20]);
         assert_eq!(parse("3,1-2,3", 100).unwrap().tasks, vec![1, 2, 3]);

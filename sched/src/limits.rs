@@ -32,10 +32,19 @@ pub struct Caps {
 /// Which cap a job would break.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Over {
-    User { qos: String, limit_milli: u64 },
-    Account { qos: String, limit_milli: u64 },
+    User {
+        qos: String,
+        limit_milli: u64,
+    },
+    Account {
+        qos: String,
+        limit_milli: u64,
+    },
     /// Its array runs as many tasks as its `%N` allows.
-    Array { array: JobId, max_running: u32 },
+    Array {
+        array: JobId,
+        max_running: u32,
+    },
 }
 
 /// Normalised GPU milli a request holds (over all its nodes).
