@@ -66,6 +66,12 @@ impl Cluster {
         };
         let count = array.as_ref().map_or(1, |a| a.tasks.len());
         let pending = self.jobs.pending_of(&spec.user);
+        if count == 1 && pending >= limits.max_pending_per_user {
+            return Err(Refusal::resource_exhausted(format!(
+                "user {} already has {pending} pending jobs, the most allowed (limits.max_pending_per_user)",
+                spec.user
+            )));
+        }
         if pending + count > limits.max_pending_per_user {
             return Err(Refusal::resource_exhausted(format!(
                 "user {} has {pending} pending jobs; {count} more would pass the most allowed, {} (limits.max_pending_per_user)",
