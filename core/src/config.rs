@@ -44,6 +44,11 @@ pub struct Config {
     /// first account that lists its user, or, when none does, to an account named
     /// after the user.
     pub accounts: BTreeMap<String, AccountConfig>,
+    /// Partitions (`crate::partitions`): `[partitions.inference]` with `nodes =
+    /// ["gpu[01-04]"]`, `max_time`, `allowed_accounts`, `default_qos`. Without a
+    /// partition marked `default = true`, jobs that name none go to `default`, which
+    /// holds every node.
+    pub partitions: BTreeMap<String, crate::partitions::PartitionConfig>,
     /// The IANA time zone of `[windows]` times (default UTC).
     pub timezone: String,
     /// Time-of-day windows (`crate::windows`).
@@ -338,6 +343,7 @@ impl Default for Config {
             fairshare: FairShare::default(),
             preemption: Preemption::default(),
             accounts: BTreeMap::new(),
+            partitions: BTreeMap::new(),
             timezone: "UTC".into(),
             windows: BTreeMap::new(),
             tz: utc(),
@@ -449,6 +455,7 @@ impl Config {
                 }
             }
         }
+        config.check_partitions().map_err(&invalid)?;
         config.tz = crate::windows::zone(&config.timezone).map_err(&invalid)?;
         for (name, w) in &config.windows {
             w.check(name).map_err(&invalid)?;

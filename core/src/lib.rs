@@ -13,7 +13,7 @@
 //! heartbeats, reports, failed nodes), `users` (cancel, drain, node listings),
 //! `validate` (what a job must be to be queued), `fairshare` (charging usage, the
 //! fair-share factor), `policy` (QoS caps), `holds` (hold,
-//! release, requeue), `filter` (listings' filters),
+//! release, requeue), `filter` (listings' filters), `partitions` (node sets and their limits),
 //! `windows` (time-of-day windows), `retention`, `config`, `error`.
 
 pub mod agents;
@@ -24,6 +24,7 @@ pub mod filter;
 pub mod holds;
 pub mod jobs;
 pub mod ops;
+pub mod partitions;
 pub mod policy;
 pub mod retention;
 pub mod state;

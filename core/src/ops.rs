@@ -41,11 +41,12 @@ impl Cluster {
         if spec.account.is_empty() {
             spec.account = self.config.default_account(&spec.user);
         }
+        check_text(&spec)?;
+        let partition_time = self.admit_partition(actor, &mut spec)?;
         if spec.qos.is_empty() && self.config.qos.contains_key(crate::config::DEFAULT_QOS) {
             spec.qos = crate::config::DEFAULT_QOS.to_string();
         }
         validate_spec(&spec, limits.max_list_len)?;
-        check_text(&spec)?;
         check_policy(&self.config, actor, &spec)?;
         if !request_id.is_empty()
             && let Some(id) = self.jobs.by_request(&spec.user, request_id)
@@ -79,7 +80,11 @@ impl Cluster {
             )));
         }
         let res = spec.resources.clone().unwrap_or_default();
-        check_feasible(&self.node_views(), &res)?;
+        check_feasible(
+            &self.node_views(),
+            &res,
+            self.config.partition_filter(&spec.partition),
+        )?;
         check_dependencies(self, &spec)?;
         // Like the agents would: a job of root runs only where an agent allows it.
         if spec.user == "root"
@@ -100,7 +105,7 @@ impl Cluster {
         let time_limit_secs = if res.time_limit_secs > 0 {
             res.time_limit_secs
         } else {
-            self.config.default_time_limit.as_secs()
+            partition_time.unwrap_or(self.config.default_time_limit.as_secs())
         }
         .min(self.config.limits.max_time_limit.as_secs())
         .min(
@@ -167,7 +172,16 @@ impl Cluster {
         let retention = self.config.retention.clone();
         self.retire(&retention, now);
         self.charge_usage(now);
-        let waiting = settle_dependencies(self, now);
+        let mut waiting = settle_dependencies(self, now);
+        for (id, why) in self.partition_blocked() {
+            waiting.insert(id);
+            self.jobs.annotate_pending(id, |j| {
+                if j.reason != why {
+                    j.reason = why.into();
+                }
+                j.expected_start_ms = 0;
+            });
+        }
         (self.view(), self.queue(&waiting), self.pass_config(now))
     }
 
@@ -177,7 +191,8 @@ impl Cluster {
         &self,
         now: i64,
     ) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
-        let waiting = crate::state::dependency_blocked(self);
+        let mut waiting = crate::state::dependency_blocked(self);
+        waiting.extend(self.partition_blocked().into_iter().map(|(id, _)| id));
         (self.view(), self.queue(&waiting), self.pass_config(now))
     }
 

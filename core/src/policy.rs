@@ -106,7 +106,7 @@ impl Cluster {
                         pc.preempts.contains_key(&s.qos) || pc.by_account.contains_key(&s.account)
                     })
             })
-            .map(|j| pending_job(j, &shares))
+            .map(|j| pending_job(j, &shares, &self.config))
             .collect();
         if waiting.is_empty() {
             return;

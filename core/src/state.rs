@@ -222,6 +222,7 @@ impl Cluster {
                 slots: convert::slots_of(&n.gpus),
                 cpu_milli: n.cpus.saturating_mul(1000),
                 memory_bytes: n.memory_bytes,
+                partitions: self.config.partitions_of(&n.name),
             })
             .collect();
         ClusterView {
@@ -255,7 +256,7 @@ impl Cluster {
             .active()
             .map(job_of)
             .filter(|j| j.state() == JobState::Pending && j.hold.is_empty())
-            .map(|j| pending_job(j, &shares))
+            .map(|j| pending_job(j, &shares, &self.config))
             .collect()
     }
 
@@ -341,18 +342,29 @@ impl Cluster {
             memory_allocated: u.memory,
             last_seen_ms: n.last_seen_ms,
             gpu_backend: n.gpu_backend.clone(),
+            partitions: self.config.partitions_of(&n.name),
         }
     }
 }
 
 /// The verdict on every pending job with dependencies (`sched::deps`).
 fn dependency_verdicts(c: &Cluster) -> BTreeMap<u64, sched::deps::Verdict> {
+    use pb::dependency::Kind;
+    let mut namesakes: Option<HashMap<(&str, &str), Vec<(u64, bool)>>> = None;
     let with_deps: BTreeMap<u64, Vec<(sched::job::DepKind, u64)>> = c
         .jobs
         .with_deps()
         .filter_map(|j| {
             let d = &j.spec.as_ref()?.dependencies;
-            let deps = d.iter().map(|x| (x.kind().into(), x.job_id)).collect();
+            let mut deps: Vec<_> = d
+                .iter()
+                .filter(|x| x.kind() != Kind::Singleton)
+                .map(|x| (x.kind().into(), x.job_id))
+                .collect();
+            if d.iter().any(|x| x.kind() == Kind::Singleton) {
+                let by_name = namesakes.get_or_insert_with(|| namesakes_of(c));
+                deps.extend(singleton_waits(j, by_name));
+            }
             Some((j.id, deps))
         })
         .collect();
@@ -362,6 +374,37 @@ fn dependency_verdicts(c: &Cluster) -> BTreeMap<u64, sched::deps::Verdict> {
     sched::deps::evaluate(&with_deps, |id| {
         c.jobs.job(id).and_then(|j| j.state().try_into().ok())
     })
+}
+
+/// Unfinished jobs by (user, name): (id, running).
+fn namesakes_of(c: &Cluster) -> HashMap<(&str, &str), Vec<(u64, bool)>> {
+    let mut out: HashMap<(&str, &str), Vec<(u64, bool)>> = HashMap::new();
+    for s in c.jobs.active() {
+        let j = job_of(s);
+        if let Some(spec) = j.spec.as_ref() {
+            out.entry((crate::jobs::owner(j), spec.name.as_str()))
+                .or_default()
+                .push((j.id, j.state() == JobState::Running));
+        }
+    }
+    out
+}
+
+/// What a `singleton` job waits for (sbatch --dependency=singleton): every running
+/// job of its user and name, and every earlier one not yet ended. The earliest waiting
+/// one never waits for a later one, so a run of singletons goes one at a time, in order.
+fn singleton_waits(
+    j: &pb::Job,
+    namesakes: &HashMap<(&str, &str), Vec<(u64, bool)>>,
+) -> Vec<(sched::job::DepKind, u64)> {
+    let name = j.spec.as_ref().map_or("", |s| s.name.as_str());
+    namesakes
+        .get(&(crate::jobs::owner(j), name))
+        .into_iter()
+        .flatten()
+        .filter(|&&(id, running)| id != j.id && (running || id < j.id))
+        .map(|&(id, _)| (sched::job::DepKind::AfterAny, id))
+        .collect()
 }
 
 /// Pending jobs that may not run yet, or never, for their dependencies.
@@ -413,9 +456,22 @@ pub fn settle_dependencies(c: &mut Cluster, now: i64) -> BTreeSet<u64> {
 }
 
 /// A pending job as the scheduler sees it.
-pub fn pending_job(j: &pb::Job, shares: &sched::fairshare::FairShareTable) -> PendingJob {
+pub fn pending_job(
+    j: &pb::Job,
+    shares: &sched::fairshare::FairShareTable,
+    cfg: &Config,
+) -> PendingJob {
     let none = pb::Resources::default();
     let spec = j.spec.as_ref();
+    let mut request = Request::from(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none));
+    request.partition = spec.and_then(|s| {
+        let name = if s.partition.is_empty() {
+            cfg.default_partition()
+        } else {
+            &s.partition
+        };
+        cfg.partition_filter(name)
+    });
     let account = spec.map(|s| s.account.clone()).unwrap_or_default();
     let user = crate::jobs::owner(j).to_string();
     PendingJob {
@@ -427,7 +483,7 @@ pub fn pending_job(j: &pb::Job, shares: &sched::fairshare::FairShareTable) -> Pe
         user,
         array: spec.and_then(array_of),
         submit_ms: j.submit_time_ms,
-        request: Request::from(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none)),
+        request,
         duration_ms: limit_ms(j.time_limit_secs),
     }
 }

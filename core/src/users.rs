@@ -42,7 +42,56 @@ impl Cluster {
         ids: &[u64],
         now: i64,
     ) -> Result<(Vec<pb::CancelResult>, Effects), Refusal> {
-        let ids = &self.with_array_tasks(ids);
+        self.cancel_tasks(actor, ids, &[], now)
+    }
+
+    /// `cancel`, and tasks of arrays by their index (`scancel 12_3`): a task named so
+    /// is that task alone, even when its job id is the array's.
+    pub fn cancel_tasks(
+        &mut self,
+        actor: &Actor,
+        ids: &[u64],
+        tasks: &[pb::ArrayTask],
+        now: i64,
+    ) -> Result<(Vec<pb::CancelResult>, Effects), Refusal> {
+        let mut ids = self.with_array_tasks(ids);
+        let mut missing = Vec::new();
+        if !tasks.is_empty() {
+            let index: std::collections::HashMap<(u64, u32), u64> = self
+                .jobs
+                .all()
+                .map(crate::jobs::job_of)
+                .filter_map(|j| {
+                    let s = j.spec.as_ref()?;
+                    Some(((s.array_job_id, s.array_task_id?), j.id))
+                })
+                .collect();
+            for t in tasks {
+                match index.get(&(t.array_job_id, t.task_id)) {
+                    Some(&id) if !ids.contains(&id) => ids.push(id),
+                    Some(_) => {}
+                    None => missing.push(pb::CancelResult {
+                        job_id: t.array_job_id,
+                        ok: false,
+                        message: format!(
+                            "array {} has no task {} (gpuctl queue -t all lists its tasks)",
+                            t.array_job_id, t.task_id
+                        ),
+                    }),
+                }
+            }
+        }
+        let (mut results, effects) = self.cancel_jobs(actor, &ids, now)?;
+        results.extend(missing);
+        Ok((results, effects))
+    }
+
+    fn cancel_jobs(
+        &mut self,
+        actor: &Actor,
+        ids: &[u64],
+        now: i64,
+    ) -> Result<(Vec<pb::CancelResult>, Effects), Refusal> {
         if !actor.admin {
             let foreign: Vec<String> = ids
                 .iter()

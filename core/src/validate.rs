@@ -30,6 +30,7 @@ pub(crate) fn check_text(spec: &pb::JobSpec) -> Result<(), Refusal> {
         ("name", &spec.name),
         ("qos", &spec.qos),
         ("account", &spec.account),
+        ("partition", &spec.partition),
     ] {
         if v.len() > MAX_NAME {
             return bad(format!("`{what}` is {} bytes, over {MAX_NAME}", v.len()));
@@ -247,6 +248,14 @@ pub fn check_paths(spec: &pb::JobSpec) -> Result<(), String> {
 /// Refuses dependencies on unknown jobs, and ones that can already never be met.
 pub(crate) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), Refusal> {
     for d in &spec.dependencies {
+        if d.kind() == pb::dependency::Kind::Singleton {
+            if d.job_id != 0 {
+                return Err(Refusal::invalid_argument(
+                    "a singleton dependency names no job (job_id 0)",
+                ));
+            }
+            continue;
+        }
         let Some(s) = c.jobs.get(d.job_id) else {
             return Err(Refusal::invalid_argument(format!(
                 "dependency on job {}, which does not exist",
@@ -274,11 +283,24 @@ pub(crate) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), 
 }
 
 /// Refuses a job that no known node could ever run. With no node known yet, the job waits.
-pub(crate) fn check_feasible(view: &ClusterView, r: &pb::Resources) -> Result<(), Refusal> {
+pub(crate) fn check_feasible(
+    view: &ClusterView,
+    r: &pb::Resources,
+    partition: Option<String>,
+) -> Result<(), Refusal> {
     if view.nodes.is_empty() {
         return Ok(());
     }
-    let req = sched::Request::from(r);
+    let mut req = sched::Request::from(r);
+    req.partition = partition;
+    if let Some(p) = &req.partition
+        && !view.nodes.iter().any(|n| n.admits(&req))
+    {
+        return Err(Refusal::failed_precondition(format!(
+            "partition {p:?} holds none of this cluster's {} nodes (partitions.{p}.nodes)",
+            view.nodes.len()
+        )));
+    }
     let fitting = view
         .nodes
         .iter()
@@ -290,16 +312,28 @@ pub(crate) fn check_feasible(view: &ClusterView, r: &pb::Resources) -> Result<()
     let max_gpus = view
         .nodes
         .iter()
+        .filter(|n| n.admits(&req))
         .map(|n| n.slots.iter().filter(|s| !s.is_mig()).count())
         .max()
         .unwrap_or(0);
     let max_cpus = view
         .nodes
         .iter()
+        .filter(|n| n.admits(&req))
         .map(|n| n.cpu_milli / 1000)
         .max()
         .unwrap_or(0);
-    let max_mem = view.nodes.iter().map(|n| n.memory_bytes).max().unwrap_or(0);
+    let max_mem = view
+        .nodes
+        .iter()
+        .filter(|n| n.admits(&req))
+        .map(|n| n.memory_bytes)
+        .max()
+        .unwrap_or(0);
+    let part = req
+        .partition
+        .as_ref()
+        .map_or(String::new(), |p| format!(" of partition {p}"));
     let what = match &req.gpu {
         GpuRequest::None => "no GPU".to_string(),
         GpuRequest::Whole { count } => format!("{count} GPUs"),
@@ -319,7 +353,7 @@ pub(crate) fn check_feasible(view: &ClusterView, r: &pb::Resources) -> Result<()
         format!(" of model {}", req.models.join("|"))
     };
     Err(Refusal::invalid_argument(format!(
-        "impossible request: no node can ever run it (asked {what}{models}, {} CPUs, {} memory on each of {} node(s); {fitting} node(s) could; the largest node has {max_gpus} GPUs, {max_cpus} CPUs, {})",
+        "impossible request: no node{part} can ever run it (asked {what}{models}, {} CPUs, {} memory on each of {} node(s); {fitting} node(s) could; the largest node has {max_gpus} GPUs, {max_cpus} CPUs, {})",
         req.cpu_milli / 1000,
         bytesize::ByteSize(req.memory_bytes),
         req.nodes,

@@ -99,10 +99,11 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Cancel jobs (like scancel).
+    /// Cancel jobs (like scancel): job ids, an array's id (every task), array tasks
+    /// (12_3) or task lists (12_[1-5,9]).
     Cancel {
-        #[arg(required = true)]
-        job_ids: Vec<u64>,
+        #[arg(required = true, value_name = "JOB")]
+        job_ids: Vec<String>,
     },
     /// Nodes and their GPUs (like sinfo).
     Nodes {
@@ -178,6 +179,7 @@ pub enum NodeAction {
 }
 
 /// A failure with the exit code it maps to.
+#[derive(Debug)]
 pub struct Failure {
     pub code: u8,
     pub message: String,
@@ -402,7 +404,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         &Command::Show { job_id, json } => emit(&commands::show::run(c, job_id).await?, json),
         Command::Cancel { job_ids } => {
-            let view = commands::cancel::run(c, job_ids.clone()).await?;
+            let view = commands::cancel::run(c, job_ids).await?;
             emit(&view, false);
             if let Some(f) = view.failure() {
                 return Err(f);

@@ -156,6 +156,7 @@ pub fn dependency_kind(k: pb::dependency::Kind) -> &'static str {
         pb::dependency::Kind::AfterOk => "afterok",
         pb::dependency::Kind::AfterNotOk => "afternotok",
         pb::dependency::Kind::AfterAny | pb::dependency::Kind::Unspecified => "afterany",
+        pb::dependency::Kind::Singleton => "singleton",
     }
 }
 
@@ -224,6 +225,11 @@ impl serde::Serialize for JobJson<'_> {
             "allocations",
             &j.allocations.iter().map(AllocJson).collect::<Vec<_>>(),
         )?;
+        if spec.array_task_id.is_some() {
+            m.serialize_entry("array", &spec.array)?;
+            m.serialize_entry("array_job_id", &spec.array_job_id)?;
+            m.serialize_entry("array_task_id", &spec.array_task_id)?;
+        }
         m.serialize_entry("attempt", &j.attempt)?;
         m.serialize_entry("command", &spec.command)?;
         m.serialize_entry(
@@ -248,6 +254,7 @@ impl serde::Serialize for JobJson<'_> {
         m.serialize_entry("id", &j.id)?;
         m.serialize_entry("name", &spec.name)?;
         m.serialize_entry("node", &non_empty(&j.node))?;
+        m.serialize_entry("partition", &spec.partition)?;
         m.serialize_entry("priority", &spec.priority)?;
         m.serialize_entry("qos", &spec.qos)?;
         m.serialize_entry("reason", &j.reason)?;
@@ -415,6 +422,7 @@ pub const QUEUE_COLUMNS: &[&str] = &[
     "name",
     "user",
     "account",
+    "partition",
     "qos",
     "state",
     "time",
@@ -430,12 +438,20 @@ pub const QUEUE_COLUMNS: &[&str] = &[
 /// The default columns (`--start` adds the expected start).
 pub fn default_queue_columns(with_start: bool) -> Vec<String> {
     let mut c: Vec<String> = [
-        "jobid", "name", "user", "state", "time", "gpus", "node", "reason",
+        "jobid",
+        "partition",
+        "name",
+        "user",
+        "state",
+        "time",
+        "gpus",
+        "node",
+        "reason",
     ]
     .map(String::from)
     .to_vec();
     if with_start {
-        c.insert(4, "start_time".into());
+        c.insert(5, "start_time".into());
     }
     c
 }
@@ -451,7 +467,11 @@ fn queue_cell(j: &pb::Job, col: &str, now: i64) -> String {
         }
     };
     match col {
-        "jobid" => j.id.to_string(),
+        "jobid" => match spec.array_task_id {
+            Some(t) => format!("{}_{t}", spec.array_job_id),
+            None => j.id.to_string(),
+        },
+        "partition" => dash(&spec.partition),
         "name" => spec.name.clone(),
         "user" => spec.user.clone(),
         "account" => dash(&spec.account),
@@ -476,12 +496,47 @@ fn queue_cell(j: &pb::Job, col: &str, now: i64) -> String {
 }
 
 /// The queue as a table of `columns` (names from `QUEUE_COLUMNS`).
+/// Pending tasks of one array waiting for the same reason fold into one row, like
+/// squeue's `12_[3-99%8]`; the other rows are one job each.
 pub fn queue_table(jobs: &[pb::Job], columns: &[String], header: bool) -> String {
     let now = now_ms();
-    let rows = jobs
-        .iter()
-        .map(|j| columns.iter().map(|c| queue_cell(j, c, now)).collect())
-        .collect();
+    let fold_key = |j: &pb::Job| {
+        let s = j.spec.as_ref()?;
+        (j.state() == JobState::Pending && s.array_task_id.is_some())
+            .then(|| (s.array_job_id, j.reason.clone()))
+    };
+    let mut folded: std::collections::HashMap<(u64, String), Vec<u32>> =
+        std::collections::HashMap::new();
+    for j in jobs {
+        if let Some(k) = fold_key(j) {
+            let task = j.spec.as_ref().and_then(|s| s.array_task_id);
+            folded.entry(k).or_default().extend(task);
+        }
+    }
+    let mut rows: Vec<Vec<String>> = Vec::with_capacity(jobs.len());
+    for j in jobs {
+        let mut row: Vec<String> = columns.iter().map(|c| queue_cell(j, c, now)).collect();
+        if let Some(k) = fold_key(j) {
+            // The first task of the group stands for all of it; the rest are skipped.
+            let Some(mut tasks) = folded.remove(&k) else {
+                continue;
+            };
+            if tasks.len() > 1 {
+                tasks.sort_unstable();
+                let mut id = gpuctl_sched::array::fold(&tasks);
+                let throttle = j.spec.as_ref().and_then(|s| s.array.rsplit_once('%'));
+                if let Some((_, n)) = throttle {
+                    id.insert_str(id.len() - 1, &format!("%{}", n.trim()));
+                }
+                for (c, cell) in columns.iter().zip(row.iter_mut()) {
+                    if c == "jobid" {
+                        *cell = format!("{}_{id}", k.0);
+                    }
+                }
+            }
+        }
+        rows.push(row);
+    }
     let upper: Vec<String> = columns.iter().map(|c| c.to_uppercase()).collect();
     let h: Vec<&str> = upper.iter().map(String::as_str).collect();
     let out = table(&h, rows);

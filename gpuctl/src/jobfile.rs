@@ -31,6 +31,8 @@ pub struct JobFile {
     pub qos: Option<Spanned<String>>,
     /// The account charged (`sbatch -A`).
     pub account: Option<Spanned<String>>,
+    /// The partition (`sbatch -p`); none = the cluster's default.
+    pub partition: Option<Spanned<String>>,
     /// The checkpoint signal before a preemption and its lead: "USR1@120".
     pub signal: Option<Spanned<String>>,
     /// A job array: "0-99%8".
@@ -117,6 +119,7 @@ pub struct Job {
     pub priority: i32,
     pub qos: String,
     pub account: String,
+    pub partition: String,
     pub signal: String,
     pub array: String,
     pub requeue: bool,
@@ -258,6 +261,16 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         Some(a) => a.into_inner(),
         None => String::new(),
     };
+    let partition = match raw.partition {
+        Some(p) if p.get_ref().is_empty() || p.get_ref().len() > 64 => {
+            return Err(at(
+                p.span(),
+                "`partition` must be 1 to 64 characters".into(),
+            ));
+        }
+        Some(p) => p.into_inner(),
+        None => String::new(),
+    };
     let signal = match raw.signal {
         Some(sig) => {
             gpuctl_proto::convert::parse_signal_spec(sig.get_ref())
@@ -289,6 +302,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         priority: raw.priority,
         qos,
         account,
+        partition,
         signal,
         array,
         requeue: raw.requeue,
@@ -528,11 +542,18 @@ fn gpu_part(src: &Src<'_>, res: ResourcesFile) -> Result<GpuPart, JobFileError> 
     })
 }
 
-/// `afterok:12:13,afterany:14` -> [(AfterOk, 12), (AfterOk, 13), (AfterAny, 14)].
+/// `afterok:12:13,afterany:14` -> [(AfterOk, 12), (AfterOk, 13), (AfterAny, 14)];
+/// `singleton` -> (Singleton, 0).
 pub fn parse_dependency(text: &str) -> Result<Vec<(pb::dependency::Kind, u64)>, String> {
     use pb::dependency::Kind;
     let mut out = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if part == "singleton" {
+            if !out.contains(&(Kind::Singleton, 0)) {
+                out.push((Kind::Singleton, 0));
+            }
+            continue;
+        }
         let mut it = part.split(':');
         let kind = match it.next().unwrap_or("") {
             "afterok" => Kind::AfterOk,
@@ -540,7 +561,7 @@ pub fn parse_dependency(text: &str) -> Result<Vec<(pb::dependency::Kind, u64)>, 
             "afternotok" => Kind::AfterNotOk,
             other => {
                 return Err(format!(
-                    "`dependency`: {other:?} is not afterok, afterany or afternotok (write e.g. \"afterok:12:13,afterany:14\")"
+                    "`dependency`: {other:?} is not afterok, afterany, afternotok or singleton (write e.g. \"afterok:12:13,afterany:14\")"
                 ));
             }
         };
@@ -667,6 +688,7 @@ impl Job {
             gid,
             qos: self.qos,
             account: self.account,
+            partition: self.partition,
             signal: self.signal,
             array: self.array,
             requeue: self.requeue,

@@ -241,6 +241,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
         priority: 0,
         qos: String::new(),
         account: String::new(),
+        partition: String::new(),
         signal: String::new(),
         array: String::new(),
         requeue: false,
@@ -322,12 +323,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                     gpuctl_sched::array::parse(v, usize::MAX).map_err(fail)?;
                     job.array = v.to_string();
                 }
-                "partition" => {
-                    return Err(fail(format!(
-                        "#SBATCH --{} is not supported by gpuctl yet (no partitions); remove it",
-                        o.name
-                    )));
-                }
+                "partition" => job.partition = v.to_string(),
                 other => {
                     return Err(fail(format!(
                         "#SBATCH --{other} is not supported by gpuctl; remove it"

@@ -55,6 +55,18 @@ pub struct SubmitArgs {
     /// GPUCTL_ARRAY_TASK_ID; output paths may use %A and %a.
     #[arg(short = 'a', long)]
     pub array: Option<String>,
+    /// The partition (overrides the file's; like sbatch -p).
+    #[arg(short = 'p', long)]
+    pub partition: Option<String>,
+    /// The QoS (overrides the file's).
+    #[arg(short = 'q', long)]
+    pub qos: Option<String>,
+    /// The account charged (overrides the file's).
+    #[arg(short = 'A', long)]
+    pub account: Option<String>,
+    /// Dependencies (replace the file's): afterok:12:13,afterany:14, singleton.
+    #[arg(short = 'd', long)]
+    pub dependency: Option<String>,
 }
 
 impl SubmitArgs {
@@ -114,6 +126,18 @@ impl SubmitArgs {
         if let Some(a) = &self.array {
             gpuctl_sched::array::parse(a, usize::MAX).map_err(|e| format!("--array: {e}"))?;
             job.array = a.clone();
+        }
+        if let Some(p) = &self.partition {
+            job.partition = p.clone();
+        }
+        if let Some(q) = &self.qos {
+            job.qos = q.clone();
+        }
+        if let Some(a) = &self.account {
+            job.account = a.clone();
+        }
+        if let Some(d) = &self.dependency {
+            job.dependencies = jobfile::parse_dependency(d)?;
         }
         if let Some(m) = &self.mem {
             job.memory_bytes = sbatch::slurm_memory(m)?;

@@ -174,7 +174,15 @@ impl controller_server::Controller for UserApi {
         req: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let caller = self.caller(&req)?;
-        let results = self.0.cancel(&caller, &req.into_inner().job_ids).await?;
+        let req = req.into_inner();
+        let max = self.0.config().limits.max_list_len;
+        if req.job_ids.len() + req.tasks.len() > max {
+            return Err(Status::invalid_argument(format!(
+                "{} jobs and tasks in one cancel, over the most allowed ({max}, limits.max_list_len)",
+                req.job_ids.len() + req.tasks.len()
+            )));
+        }
+        let results = self.0.cancel(&caller, &req.job_ids, &req.tasks).await?;
         Ok(Response::new(pb::CancelResponse { results }))
     }
 
@@ -242,6 +250,14 @@ impl controller_server::Controller for UserApi {
     ) -> Result<Response<pb::WindowsResponse>, Status> {
         self.caller(&req)?;
         Ok(Response::new(self.0.windows()))
+    }
+
+    async fn partitions(
+        &self,
+        req: Request<pb::PartitionsRequest>,
+    ) -> Result<Response<pb::PartitionsResponse>, Status> {
+        self.caller(&req)?;
+        Ok(Response::new(self.0.partitions()))
     }
 
     async fn hold(&self, req: Request<pb::JobActionRequest>) -> Result<Response<pb::Job>, Status> {

@@ -165,7 +165,7 @@ async fn a_cancelled_start_that_never_ran_ends_cancelled() {
     let id = ctl.submit(&root(), Some(job_spec()), "").await.unwrap();
     ctl.schedule_pass().await.unwrap();
     let _start = stream.next().await.unwrap().unwrap();
-    ctl.cancel(&root(), &[id]).await.unwrap();
+    ctl.cancel(&root(), &[id], &[]).await.unwrap();
     assert_eq!(ctl.get_job(id).unwrap().state(), pb::JobState::Running);
     let _kill = stream.next().await.unwrap().unwrap();
     agent.heartbeat(2).await.unwrap();

@@ -153,6 +153,10 @@ fn write_corpus() {
         "cancel-1.bin",
         pb::CancelRequest {
             job_ids: vec![1, 2, 99],
+            tasks: vec![pb::ArrayTask {
+                array_job_id: 1,
+                task_id: 3,
+            }],
         }
         .encode_to_vec(),
     );

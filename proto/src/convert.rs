@@ -48,12 +48,15 @@ impl From<State> for JobState {
 
 impl From<dependency::Kind> for DepKind {
     /// An unspecified kind means "after the job ended, however", as `--dependency=JOBID`
-    /// does in Slurm.
+    /// does in Slurm. A singleton names no job: the controller turns it into "after any"
+    /// on each job it waits for.
     fn from(k: dependency::Kind) -> DepKind {
         match k {
             dependency::Kind::AfterOk => DepKind::AfterOk,
             dependency::Kind::AfterNotOk => DepKind::AfterNotOk,
-            dependency::Kind::AfterAny | dependency::Kind::Unspecified => DepKind::AfterAny,
+            dependency::Kind::AfterAny
+            | dependency::Kind::Unspecified
+            | dependency::Kind::Singleton => DepKind::AfterAny,
         }
     }
 }
@@ -68,6 +71,7 @@ impl From<&Resources> for Request {
             cpu_milli: cpu_milli(r),
             memory_bytes: r.memory_bytes,
             nodes: r.nodes.max(1),
+            partition: None,
         }
     }
 }

@@ -45,6 +45,10 @@ pub struct Pick {
 /// REASON column come straight from here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Miss {
+    /// The node is not in the job's partition.
+    Partition {
+        name: String,
+    },
     Drained,
     Down,
     /// No GPU of an allowed model (or no GPU at all) on the node.
@@ -517,6 +521,11 @@ impl Calendar {
         policy: Policy,
         frag: &FragMemo<'_>,
     ) -> Result<Picks, Miss> {
+        if !node.admits(req) {
+            return Err(Miss::Partition {
+                name: req.partition.clone().unwrap_or_default(),
+            });
+        }
         match node.eligibility {
             Eligibility::Drained => return Err(Miss::Drained),
             Eligibility::Down => return Err(Miss::Down),
@@ -858,7 +867,10 @@ impl Calendar {
     /// Earliest T >= lb from which the host has room for `req`'s CPUs and memory for
     /// good (`None`: never).
     pub fn host_tail_time(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<Millis> {
-        if node.cpu_milli < req.cpu_milli || node.memory_bytes < req.memory_bytes {
+        if !node.admits(req)
+            || node.cpu_milli < req.cpu_milli
+            || node.memory_bytes < req.memory_bytes
+        {
             return None;
         }
         Some(self.host_tail(node, req, lb))
@@ -895,6 +907,9 @@ impl Calendar {
     /// Earliest T >= lb from which `req` fits on this node for good, and the slots it
     /// would take then. `None`: never (the node is too small or has no matching slots).
     pub fn tail(&self, node: &NodeView, req: &Request, lb: Millis) -> Option<(Millis, Picks)> {
+        if !node.admits(req) {
+            return None;
+        }
         let host_t = self.host_tail_time(node, req, lb)?;
         let exclusive = |pred: &dyn Fn(&SlotView) -> bool, count: u32| -> Option<(Millis, Picks)> {
             let pick = |i: usize| Pick {

@@ -358,6 +358,7 @@ fn permanent(m: &Miss) -> bool {
     matches!(
         m,
         Miss::Drained
+            | Miss::Partition { .. }
             | Miss::Down
             | Miss::GpuModel { .. }
             | Miss::TooSmall { .. }

@@ -51,11 +51,20 @@ pub struct NodeView {
     /// CPUs in milli-CPUs (1000 = one CPU), so that traces with fractional CPUs fit.
     pub cpu_milli: u32,
     pub memory_bytes: u64,
+    /// The partitions it is in (names from the controller's config).
+    pub partitions: Vec<String>,
 }
 
 impl NodeView {
     pub fn eligible(&self) -> bool {
         self.eligibility == Eligibility::Up
+    }
+
+    /// Whether a job of `req` may use this node at all (its partition holds it).
+    pub fn admits(&self, req: &Request) -> bool {
+        req.partition
+            .as_ref()
+            .is_none_or(|p| self.partitions.iter().any(|x| x == p))
     }
 }
 
@@ -120,6 +129,8 @@ pub struct Request {
     pub memory_bytes: u64,
     /// Nodes for a gang job; 1 for everything else.
     pub nodes: u32,
+    /// Only nodes of this partition (`NodeView::partitions`); `None` = any node.
+    pub partition: Option<String>,
 }
 
 impl Default for Request {
@@ -130,6 +141,7 @@ impl Default for Request {
             cpu_milli: 1000,
             memory_bytes: 0,
             nodes: 1,
+            partition: None,
         }
     }
 }

@@ -25,6 +25,7 @@ fn node_model(name: &str, gpus: usize, model: &str) -> NodeView {
         slots: (0..gpus).map(|i| gpu(name, i, model)).collect(),
         cpu_milli: 64_000,
         memory_bytes: 512 << 30,
+        partitions: Vec::new(),
     }
 }
 
@@ -45,6 +46,7 @@ fn mig_node(name: &str, profiles: &[&str]) -> NodeView {
             .collect(),
         cpu_milli: 64_000,
         memory_bytes: 512 << 30,
+        partitions: Vec::new(),
     }
 }
 

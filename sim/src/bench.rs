@@ -75,6 +75,7 @@ pub fn cluster(nodes: usize, seed: u64) -> ClusterView {
             slots,
             cpu_milli: 128_000,
             memory_bytes: 1 << 40,
+            partitions: Vec::new(),
         });
     }
     c

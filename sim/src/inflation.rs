@@ -240,6 +240,7 @@ mod tests {
                         .collect(),
                     cpu_milli: 64_000,
                     memory_bytes: 1 << 40,
+                    partitions: Vec::new(),
                 })
                 .collect(),
             running: vec![],

@@ -81,6 +81,7 @@ pub fn read_nodes(path: &Path) -> Result<Vec<NodeView>, TraceError> {
             eligibility: Eligibility::Up,
             cpu_milli: r.cpu_milli,
             memory_bytes: r.memory_mib << 20,
+            partitions: Vec::new(),
         });
     }
     Ok(nodes)
@@ -137,6 +138,7 @@ impl Pod {
             cpu_milli: self.cpu_milli,
             memory_bytes: self.memory_mib << 20,
             nodes: 1,
+            partition: None,
         }
     }
 

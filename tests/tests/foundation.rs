@@ -162,6 +162,7 @@ fn reservation_holds_while_small_jobs_backfill() {
         header,
         [
             "JOBID",
+            "PARTITION",
             "NAME",
             "USER",
             "STATE",

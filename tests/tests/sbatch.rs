@@ -193,14 +193,25 @@ fn sbatch_scripts_get_what_they_ask_for() {
 #[test]
 fn unsupported_options_are_refused_by_name_and_harmless_ones_warn() {
     let c = Cluster::start(&[("n1", "2xA100-80GB")]);
-    let out = c.gpuctl(&["submit", &example("partition.sbatch")]);
+    let out = c.gpuctl(&["submit", &example("constraint.sbatch")]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("partition.sbatch:3:") && err.contains("--partition"),
+        err.contains("constraint.sbatch:3:") && err.contains("--constraint"),
         "{err}"
     );
     assert!(c.json(&["queue", "--all"]).as_array().unwrap().is_empty());
+    // -p names a partition; an unknown one is refused by the controller.
+    let p = c.json(&["submit", &example("partition.sbatch")]);
+    let id = p["job_id"].as_u64().unwrap();
+    assert_eq!(c.job(id)["partition"], "default");
+    let out = c.gpuctl(&["submit", "--wrap", "true", "-p", "nowhere"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown partition \"nowhere\"") && err.contains("default"),
+        "{err}"
+    );
     // --wrap, and command-line options that win over the file's.
     let wrapped = c.json(&[
         "submit",

@@ -4,7 +4,7 @@ use gpuctl_proto as pb;
 use serde::Serialize;
 
 use super::View;
-use crate::cli::{Client, Failure, exit};
+use crate::cli::{Client, Failure, exit, fail};
 
 #[derive(Serialize)]
 pub struct Outcome {
@@ -44,9 +44,42 @@ impl Cancelled {
     }
 }
 
-pub async fn run(client: &mut Client, job_ids: Vec<u64>) -> Result<Cancelled, Failure> {
+/// `12` (a job, or a whole array), `12_3` (one task of array 12), `12_[1-5,9]` (some).
+pub fn parse_targets(args: &[String]) -> Result<(Vec<u64>, Vec<pb::ArrayTask>), Failure> {
+    let bad = |a: &str| {
+        fail(format!(
+            "{a:?} is not a job: write a job id (12), an array task (12_3) or tasks (12_[1-5,9])"
+        ))
+    };
+    let (mut ids, mut tasks) = (Vec::new(), Vec::new());
+    for a in args {
+        let a = a.trim();
+        let Some((job, task)) = a.split_once('_') else {
+            ids.push(a.parse().map_err(|_| bad(a))?);
+            continue;
+        };
+        let array_job_id: u64 = job.parse().map_err(|_| bad(a))?;
+        let list = task
+            .strip_prefix('[')
+            .and_then(|t| t.strip_suffix(']'))
+            .unwrap_or(task);
+        if list.contains(['%', ':']) && !task.starts_with('[') {
+            return Err(bad(a));
+        }
+        let spec = gpuctl_sched::array::parse(list, 1_000_000)
+            .map_err(|why| fail(format!("{a:?}: {why}")))?;
+        tasks.extend(spec.tasks.into_iter().map(|task_id| pb::ArrayTask {
+            array_job_id,
+            task_id,
+        }));
+    }
+    Ok((ids, tasks))
+}
+
+pub async fn run(client: &mut Client, args: &[String]) -> Result<Cancelled, Failure> {
+    let (job_ids, tasks) = parse_targets(args)?;
     let results = client
-        .cancel(pb::CancelRequest { job_ids })
+        .cancel(pb::CancelRequest { job_ids, tasks })
         .await?
         .into_inner()
         .results
@@ -58,4 +91,22 @@ pub async fn run(client: &mut Client, job_ids: Vec<u64>) -> Result<Cancelled, Fa
         })
         .collect();
     Ok(Cancelled { results })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_name_jobs_tasks_and_task_lists() {
+        let args: Vec<String> = ["12", "12_3", "40_[1-3,7]"].map(String::from).to_vec();
+        let (ids, tasks) = parse_targets(&args).unwrap();
+        assert_eq!(ids, vec![12]);
+        let t: Vec<(u64, u32)> = tasks.iter().map(|t| (t.array_job_id, t.task_id)).collect();
+        assert_eq!(t, vec![(12, 3), (40, 1), (40, 2), (40, 3), (40, 7)]);
+        for bad in ["x", "12_", "12_a", "_3", "12_3%2"] {
+            let e = parse_targets(&[bad.to_string()]).unwrap_err();
+            assert!(e.message.contains(bad), "{bad}: {}", e.message);
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! `gpuctl queue`: pending and running jobs (`--all`: finished ones too), filtered like
-//! squeue (`-u`, `--me`, `-t`, `--name`, `-A`), with chosen columns (`-o`) and without
+//! squeue (`-u`, `--me`, `-t`, `--name`, `-A`, `-p`), with chosen columns (`-o`) and without
 //! the header (`-h`). The listing comes in pages; `--json` writes each page as it
 //! arrives, so that 100,000 jobs stream.
 
@@ -39,7 +39,10 @@ pub struct QueueArgs {
     /// Only jobs charged to these accounts.
     #[arg(short = 'A', long = "account", value_delimiter = ',')]
     pub accounts: Vec<String>,
-    /// The columns, comma-separated, from: jobid, name, user, account, qos, state,
+    /// Only jobs of these partitions.
+    #[arg(short = 'p', long = "partition", value_delimiter = ',')]
+    pub partitions: Vec<String>,
+    /// The columns, comma-separated, from: jobid, name, user, account, partition, qos, state,
     /// time, start_time, submit_time, gpus, node, reason, attempt, time_limit.
     #[arg(short = 'o', long = "format", value_delimiter = ',')]
     pub format: Vec<String>,
@@ -117,6 +120,7 @@ impl QueueArgs {
             states,
             names: self.names.clone(),
             accounts: self.accounts.clone(),
+            partitions: self.partitions.clone(),
         })
     }
 }

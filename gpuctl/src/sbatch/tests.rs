@@ -71,11 +71,14 @@ fn option_spellings() {
 fn unsupported_options_are_refused_by_name_with_their_place() {
     let e = parse(
         "t.sbatch",
-        "#!/bin/sh\n#SBATCH -J x\n#SBATCH --partition=gpu\n",
+        "#!/bin/sh\n#SBATCH -J x\n#SBATCH --constraint=a100\n",
     )
     .unwrap_err()
     .to_string();
-    assert!(e.starts_with("t.sbatch:3:9: #SBATCH --partition"), "{e}");
+    assert!(e.starts_with("t.sbatch:3:9: #SBATCH --constraint"), "{e}");
+    // Partitions are read.
+    let (j, _) = parse("t.sbatch", "#!/bin/sh\n#SBATCH -p inference\n").unwrap();
+    assert_eq!(j.partition, "inference");
     // Arrays are read (and a bad one refused in place).
     let (j, _) = parse("t.sbatch", "#!/bin/sh\n#SBATCH --array=1-10%2\n").unwrap();
     assert_eq!(j.array, "1-10%2");

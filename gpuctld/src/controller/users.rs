@@ -216,10 +216,13 @@ impl Controller {
         &self,
         caller: &Caller,
         ids: &[u64],
+        tasks: &[pb::ArrayTask],
     ) -> Result<Vec<pb::CancelResult>, Status> {
         let (results, out) = {
             let mut c = self.lock();
-            let (results, effects) = c.cancel(&caller.actor(), ids, now_ms()).map_err(status)?;
+            let (results, effects) = c
+                .cancel_tasks(&caller.actor(), ids, tasks, now_ms())
+                .map_err(status)?;
             (results, self.settle(c, effects).map_err(store_status)?)
         };
         self.deliver(out, true).await.map_err(store_status)?;
@@ -253,6 +256,12 @@ impl Controller {
     }
 
     /// Time-of-day windows now (`gpuctl windows`).
+    pub fn partitions(&self) -> pb::PartitionsResponse {
+        pb::PartitionsResponse {
+            partitions: self.lock().partition_rows(),
+        }
+    }
+
     pub fn windows(&self) -> pb::WindowsResponse {
         let c = self.lock();
         let now = now_ms();
@@ -412,6 +421,7 @@ fn describe_miss(m: &sched::Miss) -> String {
     use sched::Miss;
     let gib = |b: u64| bytesize::ByteSize(b).to_string();
     match m {
+        Miss::Partition { name } => format!("not in partition {name}"),
         Miss::Drained => "node drained".into(),
         Miss::Down => "node down".into(),
         Miss::GpuModel { want } if want.is_empty() => "no GPU of a usable kind".into(),

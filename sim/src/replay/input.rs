@@ -99,6 +99,7 @@ pub fn parse_cluster(spec: &str) -> anyhow::Result<Vec<NodeView>> {
                 .collect(),
             cpu_milli: 128_000,
             memory_bytes: 1 << 40,
+            partitions: Vec::new(),
         })
         .collect())
 }
@@ -191,6 +192,7 @@ pub fn read_jobs(
                     cpu_milli: r.cpus.unwrap_or(1) * 1000,
                     memory_bytes: r.memory_mib.unwrap_or(0) << 20,
                     nodes,
+                    partition: None,
                 },
                 gpu_milli: milli,
                 account: r
