@@ -1,4 +1,4 @@
-//! Which jobs a listing shows (`gpuctl queue -u/-t/--name/-A`, like squeue's filters).
+//! Which jobs a listing shows (`gpuctl queue -u/-t/--name/-A/-p`, like squeue's filters).
 
 use gpuctl_proto::{self as pb, JobState};
 
@@ -12,6 +12,7 @@ pub struct JobFilter {
     pub states: Vec<JobState>,
     pub names: Vec<String>,
     pub accounts: Vec<String>,
+    pub partitions: Vec<String>,
 }
 
 impl From<&pb::ListJobsRequest> for JobFilter {
@@ -23,6 +24,7 @@ impl From<&pb::ListJobsRequest> for JobFilter {
             states: r.states().collect(),
             names: r.names.clone(),
             accounts: r.accounts.clone(),
+            partitions: r.partitions.clone(),
         }
     }
 }
@@ -36,6 +38,7 @@ impl JobFilter {
             && any(&self.users, owner(j))
             && any(&self.names, spec.map_or("", |s| s.name.as_str()))
             && any(&self.accounts, spec.map_or("", |s| s.account.as_str()))
+            && any(&self.partitions, spec.map_or("", |s| s.partition.as_str()))
     }
 }
 

@@ -42,12 +42,16 @@ impl Cluster {
             spec.account = self.config.default_account(&spec.user);
         }
         check_text(&spec)?;
+        let asked_qos = !spec.qos.is_empty();
         let partition_time = self.admit_partition(actor, &mut spec)?;
+        // A QoS the partition gives is the admin's choice for it: open to whoever may
+        // use the partition.
+        let qos_given = !asked_qos && !spec.qos.is_empty();
         if spec.qos.is_empty() && self.config.qos.contains_key(crate::config::DEFAULT_QOS) {
             spec.qos = crate::config::DEFAULT_QOS.to_string();
         }
         validate_spec(&spec, limits.max_list_len)?;
-        check_policy(&self.config, actor, &spec)?;
+        check_policy(&self.config, actor, &spec, qos_given)?;
         if !request_id.is_empty()
             && let Some(id) = self.jobs.by_request(&spec.user, request_id)
         {

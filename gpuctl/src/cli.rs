@@ -56,6 +56,11 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Partitions: their nodes, limits and jobs (like sinfo -s); * marks the default.
+    Partitions {
+        #[arg(long)]
+        json: bool,
+    },
     /// Time-of-day windows: which are open and when each next changes.
     Windows {
         #[arg(long)]
@@ -390,6 +395,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Queue(q) => emit(&commands::queue::run(c, q).await?, false),
         &Command::Share { json } => emit(&commands::share::run(c).await?, json),
         &Command::Windows { json } => emit(&commands::windows::run(c).await?, json),
+        &Command::Partitions { json } => emit(&commands::partitions::run(c).await?, json),
         Command::Hold { job_ids, json } => {
             let view = commands::hold::run(c, commands::hold::Action::Hold, job_ids).await?;
             emit(&view, *json);

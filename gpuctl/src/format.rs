@@ -300,6 +300,7 @@ pub fn node_json(n: &pb::Node) -> Value {
         })).collect::<Vec<_>>(),
         "cpus": n.cpus,
         "cpus_allocated": n.cpus_allocated,
+        "partitions": n.partitions,
         "memory_bytes": n.memory_bytes,
         "memory_allocated": n.memory_allocated,
         "last_seen": rfc3339(n.last_seen_ms),
@@ -711,6 +712,11 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
                     models
                 },
                 format!("{}/{}", n.cpus_allocated, n.cpus),
+                if n.partitions.is_empty() {
+                    "-".into()
+                } else {
+                    n.partitions.join(",")
+                },
                 if n.reason.is_empty() {
                     "-".into()
                 } else {
@@ -726,6 +732,7 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
             "GPUS(A/T)",
             "MODELS",
             "CPUS(A/T)",
+            "PARTITIONS",
             "REASON",
         ],
         rows,
@@ -746,6 +753,11 @@ pub fn show_job(j: &pb::Job) -> String {
     line("JobId", j.id.to_string());
     line("Name", spec.name.clone());
     line("User", spec.user.clone());
+    if let Some(t) = spec.array_task_id {
+        line("ArrayJobId", spec.array_job_id.to_string());
+        line("ArrayTaskId", t.to_string());
+    }
+    line("Partition", spec.partition.clone());
     line("State", state_name(j.state()).to_string());
     line(
         "Reason",

@@ -24,7 +24,8 @@ impl UserApi {
     /// A listing's filter, checked: bounded lists and known states.
     fn filter(&self, r: &pb::ListJobsRequest) -> Result<gpuctl_core::filter::JobFilter, Status> {
         let max = self.0.config().limits.max_list_len;
-        let n = r.users.len() + r.states.len() + r.names.len() + r.accounts.len();
+        let n =
+            r.users.len() + r.states.len() + r.names.len() + r.accounts.len() + r.partitions.len();
         if n > max {
             return Err(Status::invalid_argument(format!(
                 "{n} filter values, over the limit of {max} (limits.max_list_len)"

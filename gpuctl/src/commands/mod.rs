@@ -8,6 +8,7 @@ pub mod explain;
 pub mod hold;
 pub mod node;
 pub mod nodes;
+pub mod partitions;
 pub mod priority;
 pub mod queue;
 pub mod share;

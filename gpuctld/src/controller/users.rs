@@ -98,6 +98,27 @@ impl Controller {
         }
         let (view, queue, cfg) = self.lock().pass_input_readonly(now_ms());
         if !queue.iter().any(|p| p.id == id) {
+            let partition = job.spec.as_ref().map_or("", |s| s.partition.as_str());
+            let why = gpuctl_core::partitions::blocked_by(
+                &self.config(),
+                job.spec.as_ref().unwrap_or(&pb::JobSpec::default()),
+                job.time_limit_secs,
+            );
+            if let Some(why) = why {
+                out.reason = why.into();
+                out.summary = match why {
+                    "PartitionDown" => format!(
+                        "partition {partition} is down: its jobs wait until it is up (partitions.{partition}.state)"
+                    ),
+                    "PartitionTimeLimit" => format!(
+                        "its time limit is over partition {partition}'s max_time (partitions.{partition}.max_time); ask an admin, or cancel and resubmit shorter"
+                    ),
+                    _ => format!(
+                        "partition {partition:?} is not in the controller's config any more; cancel and resubmit to another"
+                    ),
+                };
+                return Ok(out);
+            }
             // Left out of passes: it waits for other jobs.
             let deps = job
                 .spec

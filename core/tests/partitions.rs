@@ -1,0 +1,220 @@
+//! Partitions and the singleton dependency in the state machine: where a job may run,
+//! the limits its partition sets at submit and in passes, and one-at-a-time jobs.
+
+mod common;
+
+use common::*;
+use gpuctl_core::ops::Admission;
+use gpuctl_core::{Actor, Cluster, Config, Kind};
+use gpuctl_proto::{self as pb, JobState};
+
+fn config(text: &str) -> Config {
+    let mut c: Config = toml::from_str(text).expect("config");
+    c.resolve_qos();
+    c.check_partitions().expect("partitions");
+    c
+}
+
+const TWO: &str = r#"
+[accounts.risk]
+users = ["alice"]
+[accounts.research]
+users = ["bob"]
+[partitions.inference]
+nodes = ["inf[1-2]"]
+max_time = "2h"
+default_time = "30m"
+allowed_accounts = ["risk"]
+default_qos = "high"
+[partitions.batch]
+default = true
+"#;
+
+fn in_partition(p: &str) -> pb::JobSpec {
+    let mut s = spec(2, false);
+    s.partition = p.into();
+    s
+}
+
+fn admit_err(c: &Cluster, who: &Actor, spec: pb::JobSpec) -> gpuctl_core::Refusal {
+    c.admit(who, spec, "", T0).expect_err("refused")
+}
+
+#[test]
+fn a_partition_keeps_its_jobs_on_its_nodes_and_others_anywhere() {
+    let mut c = Cluster::new(config(TWO));
+    attach(&mut c, "inf1", T0);
+    attach(&mut c, "train1", T0);
+    let admin = Actor {
+        user: "alice".into(),
+        admin: true,
+    };
+    // Two inference jobs: one fits inf1, the other must wait (train1 is not theirs).
+    let mut s = in_partition("inference");
+    s.resources.as_mut().unwrap().time_limit_secs = 0;
+    let a = match c.admit(&admin, s.clone(), "", T0).unwrap() {
+        Admission::New(j) => {
+            let id = j.job.as_ref().unwrap().id;
+            c.commit_submit(*j);
+            id
+        }
+        _ => unreachable!(),
+    };
+    let b = match c.admit(&admin, s, "", T0).unwrap() {
+        Admission::New(j) => {
+            let id = j.job.as_ref().unwrap().id;
+            c.commit_submit(*j);
+            id
+        }
+        _ => unreachable!(),
+    };
+    let e = pass(&mut c, T0);
+    assert_eq!(commands(&e), vec![to("inf1", &format!("start {a}"))]);
+    let jb = c.jobs.job(b).unwrap();
+    assert_eq!(jb.state(), JobState::Pending);
+    assert_eq!(jb.reason, "Resources");
+    // The partition's default time and QoS were given to it.
+    assert_eq!(jb.time_limit_secs, 1800);
+    assert_eq!(jb.spec.as_ref().unwrap().qos, "high");
+    // A job naming no partition goes to the default one (every node): train1.
+    let d = submit(&mut c, 2, false, T0);
+    let e = pass(&mut c, T0);
+    assert_eq!(commands(&e), vec![to("train1", &format!("start {d}"))]);
+    assert_eq!(
+        c.jobs.job(d).unwrap().spec.as_ref().unwrap().partition,
+        "batch"
+    );
+}
+
+#[test]
+fn submits_are_checked_against_their_partition() {
+    let mut c = Cluster::new(config(TWO));
+    attach(&mut c, "inf1", T0);
+    attach(&mut c, "train1", T0);
+    let bob = Actor {
+        user: "bob".into(),
+        admin: false,
+    };
+    let mut s = in_partition("inference");
+    s.user = "bob".into();
+    let e = admit_err(&c, &bob, s);
+    assert_eq!(e.kind, Kind::PermissionDenied);
+    assert!(
+        e.message.contains("partitions.inference.allowed_accounts"),
+        "{}",
+        e.message
+    );
+    let mut s = in_partition("inference");
+    s.resources.as_mut().unwrap().time_limit_secs = 3 * 3600;
+    let e = admit_err(&c, &alice(), s);
+    assert!(
+        e.message
+            .contains("over partition \"inference\"'s maximum of 2h"),
+        "{}",
+        e.message
+    );
+    let e = admit_err(&c, &alice(), in_partition("gpu"));
+    assert!(
+        e.message.contains("unknown partition \"gpu\"") && e.message.contains("batch, inference"),
+        "{}",
+        e.message
+    );
+    // Three GPUs fit no node of the partition (each has 2).
+    let mut s = in_partition("inference");
+    s.resources.as_mut().unwrap().gpu = Some(pb::resources::Gpu::Gpus(3));
+    s.resources.as_mut().unwrap().time_limit_secs = 60;
+    let e = admit_err(&c, &alice(), s);
+    assert!(
+        e.message.contains("no node of partition inference"),
+        "{}",
+        e.message
+    );
+}
+
+#[test]
+fn a_down_partition_holds_its_jobs_with_a_reason_and_a_draining_one_takes_none() {
+    let mut cfg = config(TWO);
+    cfg.partitions.get_mut("batch").unwrap().state = gpuctl_core::partitions::PartitionState::Down;
+    let mut c = Cluster::new(cfg);
+    attach(&mut c, "train1", T0);
+    let id = submit(&mut c, 1, false, T0);
+    let e = pass(&mut c, T0);
+    assert!(commands(&e).is_empty());
+    assert_eq!(c.jobs.job(id).unwrap().reason, "PartitionDown");
+    // Up again (a restart with the new config): it runs.
+    c.config.partitions.get_mut("batch").unwrap().state =
+        gpuctl_core::partitions::PartitionState::Up;
+    let e = pass(&mut c, T0 + 1000);
+    assert_eq!(commands(&e), vec![to("train1", &format!("start {id}"))]);
+    c.config.partitions.get_mut("batch").unwrap().state =
+        gpuctl_core::partitions::PartitionState::Drain;
+    let e = admit_err(&c, &alice(), spec(1, false));
+    assert!(e.message.contains("draining"), "{}", e.message);
+    // A lower max_time after submit keeps a longer job out, by name.
+    c.config.partitions.get_mut("batch").unwrap().state =
+        gpuctl_core::partitions::PartitionState::Up;
+    let long = submit(&mut c, 2, false, T0);
+    c.config.partitions.get_mut("batch").unwrap().max_time =
+        Some(std::time::Duration::from_secs(60));
+    pass(&mut c, T0 + 2000);
+    assert_eq!(c.jobs.job(long).unwrap().reason, "PartitionTimeLimit");
+}
+
+fn named(name: &str, deps: &str) -> pb::JobSpec {
+    let mut s = spec(1, false);
+    s.name = name.into();
+    if deps == "singleton" {
+        s.dependencies = vec![pb::Dependency {
+            kind: pb::dependency::Kind::Singleton as i32,
+            job_id: 0,
+        }];
+    }
+    s
+}
+
+#[test]
+fn singletons_of_one_user_and_name_run_one_at_a_time_in_order() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let a = submit_spec(&mut c, named("etl", "singleton"), T0);
+    let b = submit_spec(&mut c, named("etl", "singleton"), T0);
+    let other = submit_spec(&mut c, named("train", "singleton"), T0);
+    let e = pass(&mut c, T0);
+    let mut started = commands(&e);
+    started.sort();
+    assert_eq!(
+        started,
+        vec![
+            to("n1", &format!("start {a}")),
+            to("n1", &format!("start {other}"))
+        ]
+    );
+    assert_eq!(c.jobs.job(b).unwrap().reason, "Dependency");
+    report(&mut c, "n1", a, None, T0);
+    report(&mut c, "n1", a, Some((JobState::Failed, 1)), T0 + 1000);
+    // Any end lets the next one go.
+    let e = pass(&mut c, T0 + 1000);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {b}"))]);
+    // A singleton waits for a running namesake, singleton or not.
+    report(&mut c, "n1", b, None, T0 + 1000);
+    report(&mut c, "n1", other, None, T0);
+    report(
+        &mut c,
+        "n1",
+        other,
+        Some((JobState::Completed, 0)),
+        T0 + 1500,
+    );
+    let plain = submit_spec(&mut c, named("train", ""), T0 + 2000);
+    let e = pass(&mut c, T0 + 2000);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {plain}"))]);
+    let c2 = submit_spec(&mut c, named("train", "singleton"), T0 + 3000);
+    let e = pass(&mut c, T0 + 3000);
+    assert!(commands(&e).is_empty(), "{:?}", commands(&e));
+    assert_eq!(c.jobs.job(c2).unwrap().state(), JobState::Pending);
+    // A singleton names no job.
+    let mut bad = named("x", "singleton");
+    bad.dependencies[0].job_id = 7;
+    let e = c.admit(&alice(), bad, "", T0).unwrap_err();
+    assert!(e.message.contains("singleton"), "{}", e.message);
+}
