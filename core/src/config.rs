@@ -567,6 +567,10 @@ mod tests {
         assert_eq!(c.windows["business"].floor["inference"], 0.7);
         assert_eq!(c.timezone, "Europe/London");
         assert_eq!(c.scheduler.priority.fair_share, 1000);
+        assert_eq!(c.default_partition(), "batch");
+        assert_eq!(c.partitions_of("gpu03"), vec!["batch", "inference"]);
+        assert_eq!(c.partitions_of("a100-x"), vec!["batch", "inference"]);
+        assert_eq!(c.partitions_of("gpu05"), vec!["batch"]);
     }
 
     #[test]

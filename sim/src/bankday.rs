@@ -108,6 +108,7 @@ fn job(
         user: who.into(),
         account: who.into(),
         qos: qos.into(),
+        partition: String::new(),
         requeue: false,
         signal: String::new(),
     }

@@ -183,6 +183,7 @@ fn spec_of(j: &TraceJob) -> pb::JobSpec {
         },
         account: j.account.clone(),
         qos: j.qos.clone(),
+        partition: j.partition.clone(),
         requeue: j.requeue,
         signal: j.signal.clone(),
         priority: j.priority,
@@ -223,6 +224,7 @@ struct UserTally {
 pub struct JobRecord {
     pub account: String,
     pub qos: String,
+    pub partition: String,
     pub submit: Millis,
     pub wait_s: f64,
 }
@@ -334,6 +336,7 @@ pub fn replay(
                 records.push(JobRecord {
                     account: j.account.clone(),
                     qos: j.qos.clone(),
+                    partition: j.partition.clone(),
                     submit: j.submit - epoch_ms,
                     wait_s: wait,
                 });

@@ -25,6 +25,8 @@ pub struct TraceJob {
     pub user: String,
     pub account: String,
     pub qos: String,
+    /// Its partition (empty: the config's default).
+    pub partition: String,
     /// Requeued (not ended) when preempted, and its checkpoint signal ("USR1@60").
     pub requeue: bool,
     pub signal: String,
@@ -51,6 +53,8 @@ struct JobRow {
     account: Option<String>,
     #[serde(default)]
     qos: Option<String>,
+    #[serde(default)]
+    partition: Option<String>,
     #[serde(default)]
     nodes: Option<u32>,
     #[serde(default)]
@@ -202,6 +206,7 @@ pub fn read_jobs(
                     .unwrap_or_else(|| "sim".into()),
                 user: r.user.clone().unwrap_or_else(|| "sim".into()),
                 qos: r.qos.clone().unwrap_or_default(),
+                partition: r.partition.clone().unwrap_or_default(),
                 requeue: r.requeue.unwrap_or(false),
                 signal: r.signal.clone().unwrap_or_default(),
             });
