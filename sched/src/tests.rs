@@ -763,6 +763,42 @@ proptest! {
         }
     }
 
+    /// Jobs of a partition start and are reserved only on its nodes; the plan stays
+    /// valid and explain agrees with it.
+    #[test]
+    fn partitions_keep_jobs_on_their_nodes(mut c in arb_cluster(), mut q in arb_queue(), p in arb_policy(), backfill in any::<bool>()) {
+        for (i, n) in c.nodes.iter_mut().enumerate() {
+            n.partitions = if i % 2 == 1 { vec!["p".into()] } else { vec!["q".into()] };
+        }
+        for j in &mut q {
+            if j.id % 2 == 0 {
+                j.request.partition = Some("p".into());
+            }
+        }
+        let config = SchedConfig { backfill, ..cfg(p) };
+        let plan = schedule(&c, &q, &config, 0);
+        prop_assert_eq!(check_plan(&c, &q, &plan, 0), Ok(()));
+        let node = |name: &str| c.nodes.iter().find(|n| n.name == name).unwrap();
+        let req = |id: JobId| &q.iter().find(|j| j.id == id).unwrap().request;
+        for s in &plan.starts {
+            for a in &s.allocs {
+                prop_assert!(node(&a.node).admits(req(s.job)), "job {} started on {}", s.job, a.node);
+            }
+        }
+        for w in &plan.waiting {
+            for a in w.reservation.iter().flat_map(|r| &r.allocs) {
+                prop_assert!(node(&a.node).admits(req(w.job)), "job {} reserved on {}", w.job, a.node);
+            }
+        }
+        for j in q.iter().take(4) {
+            let e = explain(&c, &q, &config, 0, j.id).expect("a pending job");
+            match e.outcome {
+                Ok(start) => prop_assert_eq!(Some(&start), plan.starts.iter().find(|s| s.job == j.id)),
+                Err(w) => prop_assert_eq!(Some(&w), plan.waiting(j.id)),
+            }
+        }
+    }
+
     /// The same input gives the same plan.
     #[test]
     fn deterministic(c in arb_cluster(), q in arb_queue(), p in arb_policy()) {
