@@ -849,8 +849,15 @@ impl Calendar {
                 // Fragmentation after each candidate (the "before" is the same for all).
                 let mut best: Option<(f64, Pick)> = None;
                 let model_id = frag.model_id(node, &free);
+                // The measure depends only on the multiset of free milli: GPUs as free as
+                // one already tried give its answer, and the first of equals wins anyway.
+                let mut tried: SmallVec<[u32; 8]> = SmallVec::new();
                 for p in &candidates {
                     let k = free.iter().position(|x| x.0 == p.slot).expect("a GPU");
+                    if tried.contains(&free[k].1) {
+                        continue;
+                    }
+                    tried.push(free[k].1);
                     free[k].1 -= p.compute;
                     let after = frag.node_frag_of(model_id, node, &free, host_after);
                     free[k].1 += p.compute;

@@ -2,7 +2,7 @@
 //! median: a quick loop for profiling (`perf record`) without criterion's harness.
 //!
 //! cargo run --release -p gpuctl-sim --example sched_pass -- [PENDING] [REPEATS]
-//! (MSN=N overrides `max_scored_nodes`.) It also prints a digest of the plan, so that a
+//! (MSN=N overrides `max_scored_nodes`; FS, SIZE and SMALL=0 the priority weights.) It also prints a digest of the plan, so that a
 //! change meant only to be faster can be checked to plan exactly the same.
 //!
 //! Fair share is on, as in the controller: the jobs belong to 500 users in 50 accounts
@@ -40,6 +40,17 @@ fn main() {
         workload: gpuctl_sim::trace::workload(&pods),
         ..SchedConfig::default()
     };
+    // FS=0 / SIZE=0 / SMALL=0 turn the fair-share factor, the size factor or its
+    // favouring of small jobs off (to see what each costs).
+    if let Ok(v) = std::env::var("FS") {
+        config.weights.fair_share = v.parse().unwrap();
+    }
+    if let Ok(v) = std::env::var("SIZE") {
+        config.weights.size = v.parse().unwrap();
+    }
+    if std::env::var("SMALL").is_ok_and(|v| v == "0") {
+        config.weights.favor_small = false;
+    }
     if let Ok(m) = std::env::var("MSN") {
         config.max_scored_nodes = Some(m.parse().unwrap());
     }
