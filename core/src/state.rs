@@ -350,7 +350,7 @@ impl Cluster {
 /// The verdict on every pending job with dependencies (`sched::deps`).
 fn dependency_verdicts(c: &Cluster) -> BTreeMap<u64, sched::deps::Verdict> {
     use pb::dependency::Kind;
-    let mut namesakes: Option<HashMap<(&str, &str), Vec<(u64, bool)>>> = None;
+    let mut namesakes: Option<Namesakes> = None;
     let with_deps: BTreeMap<u64, Vec<(sched::job::DepKind, u64)>> = c
         .jobs
         .with_deps()
@@ -377,8 +377,10 @@ fn dependency_verdicts(c: &Cluster) -> BTreeMap<u64, sched::deps::Verdict> {
 }
 
 /// Unfinished jobs by (user, name): (id, running).
-fn namesakes_of(c: &Cluster) -> HashMap<(&str, &str), Vec<(u64, bool)>> {
-    let mut out: HashMap<(&str, &str), Vec<(u64, bool)>> = HashMap::new();
+type Namesakes<'a> = HashMap<(&'a str, &'a str), Vec<(u64, bool)>>;
+
+fn namesakes_of(c: &Cluster) -> Namesakes<'_> {
+    let mut out = Namesakes::new();
     for s in c.jobs.active() {
         let j = job_of(s);
         if let Some(spec) = j.spec.as_ref() {
@@ -393,10 +395,7 @@ fn namesakes_of(c: &Cluster) -> HashMap<(&str, &str), Vec<(u64, bool)>> {
 /// What a `singleton` job waits for (sbatch --dependency=singleton): every running
 /// job of its user and name, and every earlier one not yet ended. The earliest waiting
 /// one never waits for a later one, so a run of singletons goes one at a time, in order.
-fn singleton_waits(
-    j: &pb::Job,
-    namesakes: &HashMap<(&str, &str), Vec<(u64, bool)>>,
-) -> Vec<(sched::job::DepKind, u64)> {
+fn singleton_waits(j: &pb::Job, namesakes: &Namesakes<'_>) -> Vec<(sched::job::DepKind, u64)> {
     let name = j.spec.as_ref().map_or("", |s| s.name.as_str());
     namesakes
         .get(&(crate::jobs::owner(j), name))

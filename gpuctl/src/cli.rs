@@ -48,7 +48,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Submit a job file (job.toml or a script with #SBATCH lines), or --wrap "cmd".
-    Submit(crate::submit::SubmitArgs),
+    Submit(Box<crate::submit::SubmitArgs>),
     /// Pending and running jobs (like squeue).
     Queue(commands::queue::QueueArgs),
     /// Fair share per account and user (like sshare).

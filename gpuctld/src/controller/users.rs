@@ -100,7 +100,7 @@ impl Controller {
         if !queue.iter().any(|p| p.id == id) {
             let partition = job.spec.as_ref().map_or("", |s| s.partition.as_str());
             let why = gpuctl_core::partitions::blocked_by(
-                &self.config(),
+                self.config(),
                 job.spec.as_ref().unwrap_or(&pb::JobSpec::default()),
                 job.time_limit_secs,
             );
