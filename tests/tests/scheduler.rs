@@ -235,7 +235,7 @@ fn dependencies_wait_run_or_are_never_satisfied() {
     .unwrap();
     let err = String::from_utf8_lossy(&c.gpuctl(&["submit", "bad.toml"]).stderr).into_owned();
     assert!(
-        err.contains("bad.toml:2:") && err.contains("afterok, afterany or afternotok"),
+        err.contains("bad.toml:2:") && err.contains("afterok, afterany, afternotok or singleton"),
         "{err}"
     );
 }
