@@ -172,6 +172,15 @@ impl Workload {
             .first()
             .map(|&(i, _)| node.slots[i].model.as_str())
             .unwrap_or("");
+        // Free milli, most first, and the sums of the first k: each shape then reads
+        // how many GPUs have room for it and what they hold without scanning them.
+        let mut desc: SmallVec<[u32; 8]> = free.iter().map(|&(_, f)| f).collect();
+        desc.sort_unstable_by(|a, b| b.cmp(a));
+        let mut prefix: SmallVec<[u64; 9]> = SmallVec::with_capacity(desc.len() + 1);
+        prefix.push(0);
+        for &f in &desc {
+            prefix.push(prefix.last().copied().unwrap_or(0) + u64::from(f));
+        }
         let mut frag = 0.0;
         for m in &self.shapes {
             let lost = if m.gpus == 0
@@ -181,16 +190,13 @@ impl Workload {
             {
                 idle
             } else {
-                let fits = free.iter().filter(|&&(_, f)| f >= m.milli).count() as u32;
-                if fits < m.gpus {
+                let fits = desc.partition_point(|&f| f >= m.milli);
+                if (fits as u32) < m.gpus {
                     idle
                 } else if m.milli < GPU_MILLI {
-                    idle - share_usable(m, free, host)
+                    idle - share_usable(m, &desc[..fits], prefix[fits], host)
                 } else {
-                    free.iter()
-                        .filter(|&&(_, f)| f < m.milli)
-                        .map(|&(_, f)| u64::from(f))
-                        .sum()
+                    idle - prefix[fits]
                 }
             };
             frag += m.weight * lost as f64;
@@ -228,25 +234,25 @@ pub fn host_left((cpu, mem): (u32, u64), req: &Request) -> (u32, u64) {
 /// The free milli a share shape `m` (one GPU, `m.milli` < 1000) can use on a node: that
 /// of every GPU with room for it (FGD's rule) when the host can hold as many copies as
 /// those GPUs can, else that of the emptiest GPUs that the copies the host can hold
-/// would take, each GPU taking as many as fit in it.
-fn share_usable(m: &TaskShape, free: &[(usize, u32)], (cpu_free, mem_free): (u32, u64)) -> u64 {
+/// would take, each GPU taking as many as fit in it. `room` is the free milli of the
+/// GPUs with room for it, most first, and `room_sum` their sum.
+fn share_usable(
+    m: &TaskShape,
+    room: &[u32],
+    room_sum: u64,
+    (cpu_free, mem_free): (u32, u64),
+) -> u64 {
     let milli = m.milli.max(1);
-    let by_gpu: u64 = free.iter().map(|&(_, f)| u64::from(f / milli)).sum();
+    let by_gpu: u64 = room.iter().map(|&f| u64::from(f / milli)).sum();
     let by_cpu = cpu_free
         .checked_div(m.cpu_milli)
         .map_or(u64::MAX, u64::from);
     let by_host = by_cpu.min(mem_free.checked_div(m.mem_bytes).unwrap_or(u64::MAX));
-    let mut room: SmallVec<[u32; 8]> = free
-        .iter()
-        .map(|&(_, f)| f)
-        .filter(|&f| f >= milli)
-        .collect();
     if by_host >= by_gpu {
-        return room.iter().map(|&f| u64::from(f)).sum();
+        return room_sum;
     }
-    room.sort_unstable_by(|a, b| b.cmp(a));
     let (mut left, mut usable) = (by_host, 0u64);
-    for f in room {
+    for &f in room {
         if left == 0 {
             break;
         }
