@@ -137,8 +137,27 @@ impl Config {
         }
     }
 
-    /// Checks the `[partitions]` tables (at load).
+    /// Checks the `[partitions]` tables (at load), and that window floors name
+    /// partitions that exist.
     pub fn check_partitions(&self) -> Result<(), String> {
+        for (w, win) in &self.windows {
+            for p in win.partition_floor.keys() {
+                match self.partition(p) {
+                    None => {
+                        return Err(format!(
+                            "windows.{w}.partition_floor names {p:?}, which is not a partition of this config"
+                        ));
+                    }
+                    // GPUs kept anywhere serve only jobs that may run anywhere.
+                    Some(part) if !part.every_node() => {
+                        return Err(format!(
+                            "windows.{w}.partition_floor: partition {p:?} holds only some nodes; a floor keeps GPUs anywhere in the cluster, so it is for partitions of every node (or use an account's floor)"
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
         let defaults: Vec<&String> = self
             .partitions
             .iter()
@@ -319,6 +338,15 @@ pub fn blocked_by(cfg: &Config, spec: &pb::JobSpec, time_limit_secs: u64) -> Opt
 }
 
 impl Cluster {
+    /// A job's partition by name (the default one when its spec names none).
+    pub fn partition_of(&self, spec: &pb::JobSpec) -> String {
+        if spec.partition.is_empty() {
+            self.config.default_partition().to_string()
+        } else {
+            spec.partition.clone()
+        }
+    }
+
     /// Fills in a submitted spec's partition (the default one when it names none) and
     /// the QoS its partition gives, and checks the job against the partition: it
     /// exists, takes new jobs, and allows the account and the time limit. Returns the

@@ -60,14 +60,20 @@ impl Cluster {
         }
         // An open window's floor takes its GPUs back from preemptible jobs.
         let exempt: Vec<String> = self.preemptible_qos().into_iter().collect();
-        let by_account = self
-            .open_windows(now)
+        let open = self.open_windows(now);
+        let by_account = open
             .iter()
             .flat_map(|(_, w)| w.floor.keys().cloned())
             .map(|a| (a, exempt.clone()))
             .collect();
+        let by_partition = open
+            .iter()
+            .flat_map(|(_, w)| w.partition_floor.keys().cloned())
+            .map(|p| (p, exempt.clone()))
+            .collect();
         PreemptConfig {
             by_account,
+            by_partition,
             preempts: self
                 .config
                 .qos

@@ -463,14 +463,14 @@ pub fn pending_job(
     let none = pb::Resources::default();
     let spec = j.spec.as_ref();
     let mut request = Request::from(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none));
-    request.partition = spec.and_then(|s| {
-        let name = if s.partition.is_empty() {
-            cfg.default_partition()
+    let partition = spec.map_or_else(String::new, |s| {
+        if s.partition.is_empty() {
+            cfg.default_partition().to_string()
         } else {
-            &s.partition
-        };
-        cfg.partition_filter(name)
+            s.partition.clone()
+        }
     });
+    request.partition = spec.and_then(|_| cfg.partition_filter(&partition));
     let account = spec.map(|s| s.account.clone()).unwrap_or_default();
     let user = crate::jobs::owner(j).to_string();
     PendingJob {
@@ -480,6 +480,7 @@ pub fn pending_job(
         fair_share_milli: shares.factor(&account, &user),
         account,
         user,
+        partition,
         array: spec.and_then(array_of),
         submit_ms: j.submit_time_ms,
         request,

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuctl_sched::floors::{Floor, Floors};
+use gpuctl_sched::floors::{Floor, FloorOwner, Floors};
 use gpuctl_sched::limits::norm_milli;
 use jiff::civil::{Date, Weekday};
 use jiff::tz::TimeZone;
@@ -41,6 +41,9 @@ pub struct Window {
     /// Account -> the fraction of all GPUs guaranteed to it while open (0..=1).
     #[serde(default)]
     pub floor: BTreeMap<String, f64>,
+    /// Partition -> the fraction of all GPUs guaranteed to its jobs while open.
+    #[serde(default)]
+    pub partition_floor: BTreeMap<String, f64>,
     /// QoS -> its priority while open.
     #[serde(default)]
     pub qos_priority: BTreeMap<String, i64>,
@@ -93,14 +96,20 @@ impl Window {
         if self.start == self.end {
             return Err(format!("windows.{name}: start and end are the same"));
         }
-        if let Some((a, f)) = self.floor.iter().find(|(_, f)| !(0.0..=1.0).contains(*f)) {
-            return Err(format!(
-                "windows.{name}.floor.{a} = {f}: a fraction from 0 to 1"
-            ));
+        for (what, floors) in [
+            ("floor", &self.floor),
+            ("partition_floor", &self.partition_floor),
+        ] {
+            if let Some((a, f)) = floors.iter().find(|(_, f)| !(0.0..=1.0).contains(*f)) {
+                return Err(format!(
+                    "windows.{name}.{what}.{a} = {f}: a fraction from 0 to 1"
+                ));
+            }
         }
-        if self.floor.values().sum::<f64>() > 1.0 + 1e-9 {
+        let sum = self.floor.values().sum::<f64>() + self.partition_floor.values().sum::<f64>();
+        if sum > 1.0 + 1e-9 {
             return Err(format!(
-                "windows.{name}.floor: the fractions add up to more than 1"
+                "windows.{name}: the floor and partition_floor fractions add up to more than 1"
             ));
         }
         Ok(())
@@ -242,16 +251,25 @@ impl crate::state::Cluster {
             if from > now.saturating_add(horizon) {
                 continue;
             }
-            for (account, fraction) in &w.floor {
+            let owners = w
+                .floor
+                .iter()
+                .map(|(a, f)| (FloorOwner::Account(a.clone()), f))
+                .chain(
+                    w.partition_floor
+                        .iter()
+                        .map(|(p, f)| (FloorOwner::Partition(p.clone()), f)),
+                );
+            for (owner, fraction) in owners {
                 let kept = (total as f64 * fraction).round() as u64;
                 let others = running
                     .iter()
-                    .filter(|(a, q, _, _)| a != account && !exempt.contains(q))
-                    .map(|(_, _, end, milli)| (*end, *milli))
+                    .filter(|(a, p, q, _, _)| !owner.owns(a, p) && !exempt.contains(q))
+                    .map(|(_, _, _, end, milli)| (*end, *milli))
                     .collect();
                 floors.push(Floor {
                     window: name.clone(),
-                    account: account.clone(),
+                    owner,
                     from_ms: from,
                     until_ms: until,
                     others_max_milli: total.saturating_sub(kept),
@@ -275,7 +293,8 @@ impl crate::state::Cluster {
     }
 
     /// Running jobs as (account, qos, planned end, normalised GPU milli).
-    fn running_views_by_job(&self) -> Vec<(String, String, i64, u64)> {
+    /// Running jobs as (account, partition, QoS, planned end, normalised GPU milli).
+    fn running_views_by_job(&self) -> Vec<(String, String, String, i64, u64)> {
         use crate::jobs::job_of;
         use crate::state::{limit_ms, resources};
         self.jobs
@@ -286,12 +305,13 @@ impl crate::state::Cluster {
                 let spec = j.spec.as_ref();
                 let account = spec.map(|x| x.account.clone()).unwrap_or_default();
                 let qos = spec.map(|x| x.qos.clone()).unwrap_or_default();
+                let partition = spec.map_or_else(String::new, |x| self.partition_of(x));
                 let mut end = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
                 if s.vacate_by_ms > 0 {
                     end = end.min(s.vacate_by_ms);
                 }
                 let m = norm_milli(&gpuctl_sched::Request::from(&resources(j)));
-                (account, qos, end, m)
+                (account, partition, qos, end, m)
             })
             .collect()
     }
@@ -309,6 +329,7 @@ mod tests {
             start: "08:00".into(),
             end: "20:00".into(),
             floor: [("inference".to_string(), 0.7)].into(),
+            partition_floor: BTreeMap::new(),
             qos_priority: BTreeMap::new(),
             preemption: None,
         }

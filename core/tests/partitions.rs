@@ -218,3 +218,54 @@ fn singletons_of_one_user_and_name_run_one_at_a_time_in_order() {
     let e = c.admit(&alice(), bad, "", T0).unwrap_err();
     assert!(e.message.contains("singleton"), "{}", e.message);
 }
+
+#[test]
+fn a_partition_floor_keeps_gpus_for_its_jobs_while_its_window_is_open() {
+    // Both partitions hold every node: they differ in what their jobs may ask.
+    let cfg = config(
+        r#"
+[partitions.inference]
+max_time = "1h"
+[partitions.batch]
+default = true
+[windows.always]
+days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+start = "00:00"
+end = "23:59"
+partition_floor = { inference = 0.5 }
+"#,
+    );
+    let mut c = Cluster::new(cfg);
+    attach(&mut c, "n1", T0);
+    attach(&mut c, "n2", T0);
+    // 4 GPUs, half kept for inference: batch jobs may hold 2.
+    let batch: Vec<u64> = (0..3).map(|_| submit(&mut c, 1, false, T0)).collect();
+    let e = pass(&mut c, T0);
+    assert_eq!(commands(&e).len(), 2, "{:?}", commands(&e));
+    assert_eq!(c.jobs.job(batch[2]).unwrap().reason, "WindowFloor");
+    // An inference job takes what was kept; the third batch job still waits.
+    let mut s = spec(2, false);
+    s.partition = "inference".into();
+    let inf = submit_spec(&mut c, s, T0);
+    let e = pass(&mut c, T0);
+    let started = commands(&e);
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(started[0].1, format!("start {inf}"));
+    assert_eq!(c.jobs.job(batch[2]).unwrap().reason, "WindowFloor");
+    // A floor must name a partition, and one of every node.
+    for (text, want) in [
+        (
+            "[windows.w]\ndays = [\"mon\"]\nstart = \"08:00\"\nend = \"09:00\"\npartition_floor = { nowhere = 0.5 }\n",
+            "not a partition",
+        ),
+        (
+            "[partitions.p]\nnodes = [\"gpu[1-2]\"]\n[windows.w]\ndays = [\"mon\"]\nstart = \"08:00\"\nend = \"09:00\"\npartition_floor = { p = 0.5 }\n",
+            "holds only some nodes",
+        ),
+    ] {
+        let mut bad: Config = toml::from_str(text).unwrap();
+        bad.resolve_qos();
+        let e = bad.check_partitions().unwrap_err();
+        assert!(e.contains(want), "{e}");
+    }
+}

@@ -64,6 +64,7 @@ fn config() -> Config {
             start: "00:00".into(),
             end: "23:59".into(),
             floor: [("alice".to_string(), 0.5)].into(),
+            partition_floor: std::collections::BTreeMap::new(),
             qos_priority: Default::default(),
             preemption: Some(true),
         },

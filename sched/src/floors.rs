@@ -1,5 +1,6 @@
 //! Window floors: while a time-of-day window is open, a share of the cluster's GPUs is
-//! kept for an account. Jobs of other accounts may hold at most the rest then, except
+//! kept for an account, or for the jobs of a partition. Other jobs may hold at most the
+//! rest then, except
 //! jobs of exempt QoS levels (those that others preempt: they are taken back when the
 //! account needs its GPUs). A job that would still run when a window opens starts only
 //! if the floor holds at the opening too, so backfill never starts a non-preemptible
@@ -10,17 +11,34 @@ use std::collections::BTreeSet;
 use super::limits::norm_milli;
 use super::model::*;
 
-/// One account's floor in one window opening.
+/// Whose GPUs a floor keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FloorOwner {
+    Account(String),
+    Partition(String),
+}
+
+impl FloorOwner {
+    /// Whether a job of `account` in `partition` is the floor's own.
+    pub fn owns(&self, account: &str, partition: &str) -> bool {
+        match self {
+            FloorOwner::Account(a) => a == account,
+            FloorOwner::Partition(p) => p == partition,
+        }
+    }
+}
+
+/// One owner's floor in one window opening.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Floor {
     pub window: String,
-    pub account: String,
+    pub owner: FloorOwner,
     /// The opening (current or next): [from, until), Unix ms.
     pub from_ms: Millis,
     pub until_ms: Millis,
-    /// The most GPU milli other accounts' non-exempt jobs may hold while it is open.
+    /// The most GPU milli others' non-exempt jobs may hold while it is open.
     pub others_max_milli: u64,
-    /// What other accounts' non-exempt running jobs hold: (end, GPU milli).
+    /// What others' non-exempt running jobs hold: (end, GPU milli).
     pub others: Vec<(Millis, u64)>,
 }
 
@@ -37,7 +55,7 @@ impl Floors {
     }
 
     fn counts(&self, f: &Floor, job: &PendingJob) -> bool {
-        job.account != f.account && !self.exempt_qos.contains(&job.qos)
+        !f.owner.owns(&job.account, &job.partition) && !self.exempt_qos.contains(&job.qos)
     }
 
     /// The window whose floor `job` would break if it started at `now` for `d` ms.
@@ -71,7 +89,7 @@ impl Floors {
         let end = now.saturating_add(d);
         let exempt = self.exempt_qos.contains(&job.qos);
         for f in &mut self.floors {
-            if job.account != f.account && !exempt {
+            if !f.owner.owns(&job.account, &job.partition) && !exempt {
                 f.others.push((end, need));
             }
         }
@@ -96,7 +114,7 @@ mod tests {
         Floors {
             floors: vec![Floor {
                 window: "business".into(),
-                account: "inference".into(),
+                owner: FloorOwner::Account("inference".into()),
                 from_ms: 1000,
                 until_ms: 2000,
                 // 10 GPUs, 70% kept: others hold at most 3.
@@ -105,6 +123,18 @@ mod tests {
             }],
             exempt_qos: ["low".to_string()].into(),
         }
+    }
+
+    #[test]
+    fn a_partition_floor_counts_the_jobs_of_other_partitions() {
+        let mut f = floors();
+        f.floors[0].owner = FloorOwner::Partition("inference".into());
+        let mut own = job("training", "normal", 8);
+        own.partition = "inference".into();
+        assert_eq!(f.check(&own, 1500, 100), None);
+        let mut other = job("inference", "normal", 2);
+        other.partition = "batch".into();
+        assert_eq!(f.check(&other, 1500, 100), Some("business"));
     }
 
     #[test]

@@ -224,6 +224,8 @@ pub struct PendingJob {
     pub account: String,
     /// Who submitted it.
     pub user: String,
+    /// Its partition's name (window floors may keep GPUs for a partition).
+    pub partition: String,
     /// Its owner's fair-share factor in milli (`fairshare`: 1000 = nothing used).
     pub fair_share_milli: u32,
     /// A task of a job array: (the array's id, most tasks running at once; 0 = any).

@@ -36,6 +36,8 @@ pub struct PreemptConfig {
     /// Account -> QoS levels whose jobs (of other accounts) its jobs may preempt: an
     /// open window's floor taking its GPUs back.
     pub by_account: BTreeMap<String, Vec<String>>,
+    /// The same for the jobs of a partition (a partition's floor).
+    pub by_partition: BTreeMap<String, Vec<String>>,
 }
 
 /// At most this many waiting jobs are looked at in one pass (each costs a few
@@ -85,7 +87,10 @@ pub fn plan_preemptions(
     now: Millis,
 ) -> Vec<Preemption> {
     let mut out = Vec::new();
-    if (preempt.preempts.is_empty() && preempt.by_account.is_empty()) || preempt.max_preemptors == 0
+    if (preempt.preempts.is_empty()
+        && preempt.by_account.is_empty()
+        && preempt.by_partition.is_empty())
+        || preempt.max_preemptors == 0
     {
         return out;
     }
@@ -113,6 +118,13 @@ pub fn plan_preemptions(
         let mut targets: Vec<&String> = Vec::new();
         targets.extend(preempt.preempts.get(&job.qos).into_iter().flatten());
         targets.extend(preempt.by_account.get(&job.account).into_iter().flatten());
+        targets.extend(
+            preempt
+                .by_partition
+                .get(&job.partition)
+                .into_iter()
+                .flatten(),
+        );
         if targets.is_empty() {
             continue;
         }
@@ -270,6 +282,7 @@ mod tests {
             min_run_ms: 60_000,
             max_preemptors: 8,
             by_account: BTreeMap::new(),
+            by_partition: BTreeMap::new(),
         }
     }
 

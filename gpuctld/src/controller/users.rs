@@ -302,7 +302,16 @@ impl Controller {
                     days: w.days.clone(),
                     start: w.start.clone(),
                     end: w.end.clone(),
-                    floor: w.floor.clone().into_iter().collect(),
+                    floor: w
+                        .floor
+                        .clone()
+                        .into_iter()
+                        .chain(
+                            w.partition_floor
+                                .iter()
+                                .map(|(p, f)| (format!("partition:{p}"), *f)),
+                        )
+                        .collect(),
                     qos_priority: w.qos_priority.clone().into_iter().collect(),
                     preemption: match w.preemption {
                         Some(true) => "on".into(),
