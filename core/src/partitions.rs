@@ -98,6 +98,16 @@ impl Config {
             .map_or(DEFAULT_PARTITION, |(n, _)| n.as_str())
     }
 
+    /// The partition a job's spec names, or the default one when it names none (jobs
+    /// stored before partitions existed name none).
+    pub fn partition_name<'a>(&'a self, named: &'a str) -> &'a str {
+        if named.is_empty() {
+            self.default_partition()
+        } else {
+            named
+        }
+    }
+
     /// A partition by name (the implicit default one too).
     pub fn partition(&self, name: &str) -> Option<&PartitionConfig> {
         self.partitions.get(name).or_else(|| {
@@ -121,11 +131,7 @@ impl Config {
 
     /// The partitions `node` is in.
     pub fn partitions_of(&self, node: &str) -> Vec<String> {
-        self.all_partitions()
-            .into_iter()
-            .filter(|(_, p)| p.holds(node))
-            .map(|(n, _)| n.to_string())
-            .collect()
+        partitions_holding(&self.all_partitions(), node)
     }
 
     /// The scheduler's node filter for a job of `partition`: `None` when it holds every
@@ -205,6 +211,15 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The names of the partitions of `all` (`Config::all_partitions`) that hold `node`:
+/// build `all` once when asking for many nodes.
+pub fn partitions_holding(all: &BTreeMap<&str, &PartitionConfig>, node: &str) -> Vec<String> {
+    all.iter()
+        .filter(|(_, p)| p.holds(node))
+        .map(|(n, _)| n.to_string())
+        .collect()
 }
 
 fn is_name_char(c: char) -> bool {
@@ -320,12 +335,7 @@ fn matches_from(pieces: &[Piece<'_>], name: &str) -> bool {
 
 /// Why a pending job of a partition may not be scheduled now (`None`: it may).
 pub fn blocked_by(cfg: &Config, spec: &pb::JobSpec, time_limit_secs: u64) -> Option<&'static str> {
-    let name = if spec.partition.is_empty() {
-        cfg.default_partition()
-    } else {
-        &spec.partition
-    };
-    let Some(p) = cfg.partition(name) else {
+    let Some(p) = cfg.partition(cfg.partition_name(&spec.partition)) else {
         return Some("PartitionConfig");
     };
     if p.state == PartitionState::Down {
@@ -338,15 +348,6 @@ pub fn blocked_by(cfg: &Config, spec: &pb::JobSpec, time_limit_secs: u64) -> Opt
 }
 
 impl Cluster {
-    /// A job's partition by name (the default one when its spec names none).
-    pub fn partition_of(&self, spec: &pb::JobSpec) -> String {
-        if spec.partition.is_empty() {
-            self.config.default_partition().to_string()
-        } else {
-            spec.partition.clone()
-        }
-    }
-
     /// Fills in a submitted spec's partition (the default one when it names none) and
     /// the QoS its partition gives, and checks the job against the partition: it
     /// exists, takes new jobs, and allows the account and the time limit. Returns the
@@ -357,10 +358,8 @@ impl Cluster {
         spec: &mut pb::JobSpec,
     ) -> Result<Option<u64>, Refusal> {
         let cfg = &self.config;
-        if spec.partition.is_empty() {
-            spec.partition = cfg.default_partition().to_string();
-        }
-        let name = spec.partition.clone();
+        let name = cfg.partition_name(&spec.partition).to_string();
+        spec.partition.clone_from(&name);
         let Some(p) = cfg.partition(&name) else {
             let known: Vec<&str> = cfg.all_partitions().into_keys().collect();
             return Err(Refusal::invalid_argument(format!(
@@ -437,9 +436,9 @@ impl Cluster {
 
     /// The partitions, their nodes and jobs (`gpuctl partitions`).
     pub fn partition_rows(&self) -> Vec<pb::PartitionRow> {
-        let default = self.config.default_partition();
-        let mut rows: BTreeMap<&str, pb::PartitionRow> = self
-            .config
+        let cfg = &self.config;
+        let default = cfg.default_partition();
+        let mut rows: BTreeMap<&str, (&PartitionConfig, pb::PartitionRow)> = cfg
             .all_partitions()
             .into_iter()
             .map(|(name, p)| {
@@ -454,16 +453,12 @@ impl Cluster {
                     default_qos: p.default_qos.clone().unwrap_or_default(),
                     ..pb::PartitionRow::default()
                 };
-                (name, row)
+                (name, (p, row))
             })
             .collect();
         for n in self.nodes.values() {
-            for (name, row) in rows.iter_mut() {
-                if self
-                    .config
-                    .partition(name)
-                    .is_some_and(|p| p.holds(&n.name))
-                {
+            for (p, row) in rows.values_mut() {
+                if p.holds(&n.name) {
                     row.nodes.push(n.name.clone());
                     row.gpus += n.gpus.len() as u32;
                 }
@@ -474,12 +469,7 @@ impl Cluster {
             let Some(spec) = j.spec.as_ref() else {
                 continue;
             };
-            let name = if spec.partition.is_empty() {
-                default
-            } else {
-                spec.partition.as_str()
-            };
-            if let Some(row) = rows.get_mut(name) {
+            if let Some((_, row)) = rows.get_mut(cfg.partition_name(&spec.partition)) {
                 match j.state() {
                     JobState::Pending => row.pending_jobs += 1,
                     JobState::Running => row.running_jobs += 1,
@@ -487,7 +477,7 @@ impl Cluster {
                 }
             }
         }
-        rows.into_values().collect()
+        rows.into_values().map(|(_, row)| row).collect()
     }
 }
 

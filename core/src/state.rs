@@ -213,6 +213,7 @@ impl Cluster {
 
     /// The nodes alone (what `fits_empty` needs).
     pub fn node_views(&self) -> ClusterView {
+        let partitions = self.config.all_partitions();
         let nodes = self
             .nodes
             .values()
@@ -222,7 +223,7 @@ impl Cluster {
                 slots: convert::slots_of(&n.gpus),
                 cpu_milli: n.cpus.saturating_mul(1000),
                 memory_bytes: n.memory_bytes,
-                partitions: self.config.partitions_of(&n.name),
+                partitions: crate::partitions::partitions_holding(&partitions, &n.name),
             })
             .collect();
         ClusterView {
@@ -463,13 +464,7 @@ pub fn pending_job(
     let none = pb::Resources::default();
     let spec = j.spec.as_ref();
     let mut request = Request::from(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none));
-    let partition = spec.map_or_else(String::new, |s| {
-        if s.partition.is_empty() {
-            cfg.default_partition().to_string()
-        } else {
-            s.partition.clone()
-        }
-    });
+    let partition = spec.map_or_else(String::new, |s| cfg.partition_name(&s.partition).into());
     request.partition = spec.and_then(|_| cfg.partition_filter(&partition));
     let account = spec.map(|s| s.account.clone()).unwrap_or_default();
     let user = crate::jobs::owner(j).to_string();

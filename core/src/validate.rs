@@ -294,43 +294,27 @@ pub(crate) fn check_feasible(
     }
     let mut req = sched::Request::from(r);
     req.partition = partition;
+    // The nodes of its partition (every node when it has none).
+    let own: Vec<&sched::NodeView> = view.nodes.iter().filter(|n| n.admits(&req)).collect();
     if let Some(p) = &req.partition
-        && !view.nodes.iter().any(|n| n.admits(&req))
+        && own.is_empty()
     {
         return Err(Refusal::failed_precondition(format!(
             "partition {p:?} holds none of this cluster's {} nodes (partitions.{p}.nodes)",
             view.nodes.len()
         )));
     }
-    let fitting = view
-        .nodes
-        .iter()
-        .filter(|n| sched::fits_empty(n, &req))
-        .count();
+    let fitting = own.iter().filter(|n| sched::fits_empty(n, &req)).count();
     if fitting >= req.nodes as usize {
         return Ok(());
     }
-    let max_gpus = view
-        .nodes
+    let max_gpus = own
         .iter()
-        .filter(|n| n.admits(&req))
         .map(|n| n.slots.iter().filter(|s| !s.is_mig()).count())
         .max()
         .unwrap_or(0);
-    let max_cpus = view
-        .nodes
-        .iter()
-        .filter(|n| n.admits(&req))
-        .map(|n| n.cpu_milli / 1000)
-        .max()
-        .unwrap_or(0);
-    let max_mem = view
-        .nodes
-        .iter()
-        .filter(|n| n.admits(&req))
-        .map(|n| n.memory_bytes)
-        .max()
-        .unwrap_or(0);
+    let max_cpus = own.iter().map(|n| n.cpu_milli / 1000).max().unwrap_or(0);
+    let max_mem = own.iter().map(|n| n.memory_bytes).max().unwrap_or(0);
     let part = req
         .partition
         .as_ref()

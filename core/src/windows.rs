@@ -292,7 +292,6 @@ impl crate::state::Cluster {
             .collect()
     }
 
-    /// Running jobs as (account, qos, planned end, normalised GPU milli).
     /// Running jobs as (account, partition, QoS, planned end, normalised GPU milli).
     fn running_views_by_job(&self) -> Vec<(String, String, String, i64, u64)> {
         use crate::jobs::job_of;
@@ -305,7 +304,9 @@ impl crate::state::Cluster {
                 let spec = j.spec.as_ref();
                 let account = spec.map(|x| x.account.clone()).unwrap_or_default();
                 let qos = spec.map(|x| x.qos.clone()).unwrap_or_default();
-                let partition = spec.map_or_else(String::new, |x| self.partition_of(x));
+                let partition = spec.map_or_else(String::new, |x| {
+                    self.config.partition_name(&x.partition).to_string()
+                });
                 let mut end = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
                 if s.vacate_by_ms > 0 {
                     end = end.min(s.vacate_by_ms);

@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use gpuctl_core::ops::Admission;
 use gpuctl_core::{Actor, Cluster, Config, Kind};
 use gpuctl_proto::{self as pb, JobState};
 
@@ -52,22 +51,8 @@ fn a_partition_keeps_its_jobs_on_its_nodes_and_others_anywhere() {
     // Two inference jobs: one fits inf1, the other must wait (train1 is not theirs).
     let mut s = in_partition("inference");
     s.resources.as_mut().unwrap().time_limit_secs = 0;
-    let a = match c.admit(&admin, s.clone(), "", T0).unwrap() {
-        Admission::New(j) => {
-            let id = j.job.as_ref().unwrap().id;
-            c.commit_submit(*j);
-            id
-        }
-        _ => unreachable!(),
-    };
-    let b = match c.admit(&admin, s, "", T0).unwrap() {
-        Admission::New(j) => {
-            let id = j.job.as_ref().unwrap().id;
-            c.commit_submit(*j);
-            id
-        }
-        _ => unreachable!(),
-    };
+    let a = submit_spec_as(&mut c, &admin, s.clone(), T0);
+    let b = submit_spec_as(&mut c, &admin, s, T0);
     let e = pass(&mut c, T0);
     assert_eq!(commands(&e), vec![to("inf1", &format!("start {a}"))]);
     let jb = c.jobs.job(b).unwrap();

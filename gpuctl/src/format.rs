@@ -516,23 +516,24 @@ pub fn queue_table(jobs: &[pb::Job], columns: &[String], header: bool) -> String
     }
     let mut rows: Vec<Vec<String>> = Vec::with_capacity(jobs.len());
     for j in jobs {
+        // The first task of a group stands for all of it; the rest are skipped.
+        let group = fold_key(j).map(|k| folded.remove_entry(&k));
+        if matches!(group, Some(None)) {
+            continue;
+        }
         let mut row: Vec<String> = columns.iter().map(|c| queue_cell(j, c, now)).collect();
-        if let Some(k) = fold_key(j) {
-            // The first task of the group stands for all of it; the rest are skipped.
-            let Some(mut tasks) = folded.remove(&k) else {
-                continue;
-            };
-            if tasks.len() > 1 {
-                tasks.sort_unstable();
-                let mut id = gpuctl_sched::array::fold(&tasks);
-                let throttle = j.spec.as_ref().and_then(|s| s.array.rsplit_once('%'));
-                if let Some((_, n)) = throttle {
-                    id.insert_str(id.len() - 1, &format!("%{}", n.trim()));
-                }
-                for (c, cell) in columns.iter().zip(row.iter_mut()) {
-                    if c == "jobid" {
-                        *cell = format!("{}_{id}", k.0);
-                    }
+        if let Some(Some((k, mut tasks))) = group
+            && tasks.len() > 1
+        {
+            tasks.sort_unstable();
+            let mut id = gpuctl_sched::array::fold(&tasks);
+            let throttle = j.spec.as_ref().and_then(|s| s.array.rsplit_once('%'));
+            if let Some((_, n)) = throttle {
+                id.insert_str(id.len() - 1, &format!("%{}", n.trim()));
+            }
+            for (c, cell) in columns.iter().zip(row.iter_mut()) {
+                if c == "jobid" {
+                    *cell = format!("{}_{id}", k.0);
                 }
             }
         }

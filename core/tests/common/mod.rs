@@ -75,7 +75,13 @@ pub fn spec(gpus: u32, requeue: bool) -> pb::JobSpec {
 }
 
 pub fn submit_spec(c: &mut Cluster, spec: pb::JobSpec, now: i64) -> u64 {
-    match c.admit(&alice(), spec, "", now).expect("admitted") {
+    submit_spec_as(c, &alice(), spec, now)
+}
+
+/// Submits `spec` for `who` (its `user` as given) and commits it; its id (an array's:
+/// its first task's).
+pub fn submit_spec_as(c: &mut Cluster, who: &Actor, spec: pb::JobSpec, now: i64) -> u64 {
+    match c.admit(who, spec, "", now).expect("admitted") {
         Admission::New(stored) => {
             let id = stored.job.as_ref().unwrap().id;
             let effects = c.commit_submit(*stored);

@@ -98,12 +98,10 @@ impl Controller {
         }
         let (view, queue, cfg) = self.lock().pass_input_readonly(now_ms());
         if !queue.iter().any(|p| p.id == id) {
-            let partition = job.spec.as_ref().map_or("", |s| s.partition.as_str());
-            let why = gpuctl_core::partitions::blocked_by(
-                self.config(),
-                job.spec.as_ref().unwrap_or(&pb::JobSpec::default()),
-                job.time_limit_secs,
-            );
+            let spec = job.spec.clone().unwrap_or_default();
+            let cfg = self.config();
+            let partition = cfg.partition_name(&spec.partition);
+            let why = gpuctl_core::partitions::blocked_by(cfg, &spec, job.time_limit_secs);
             if let Some(why) = why {
                 out.reason = why.into();
                 out.summary = match why {
@@ -276,13 +274,14 @@ impl Controller {
         Ok(job)
     }
 
-    /// Time-of-day windows now (`gpuctl windows`).
+    /// The partitions, their nodes and jobs (`gpuctl partitions`).
     pub fn partitions(&self) -> pb::PartitionsResponse {
         pb::PartitionsResponse {
             partitions: self.lock().partition_rows(),
         }
     }
 
+    /// Time-of-day windows now (`gpuctl windows`).
     pub fn windows(&self) -> pb::WindowsResponse {
         let c = self.lock();
         let now = now_ms();
