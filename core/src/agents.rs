@@ -332,6 +332,7 @@ impl Cluster {
             // Heard from again only when it re-attaches.
             self.last_heard.insert(node, i64::MAX / 2);
         }
+        self.sweep_usage();
         effects
     }
 
@@ -370,6 +371,7 @@ impl Cluster {
             self.jobs
                 .transition(id, change, now)
                 .expect("a running job with a live allocation there");
+            self.settle_usage(id);
             effects.wake = true;
             for other in others {
                 if self.conns.contains_key(&other) {
@@ -519,6 +521,7 @@ impl Cluster {
             if !req.metrics.is_empty() {
                 c.metrics.insert(req.node.clone(), req.metrics.clone());
             }
+            c.fold_usage(&req.node, &req.running, &req.metrics);
         }
         let stale = req
             .running
@@ -612,6 +615,7 @@ impl Cluster {
                 };
                 let at = if r.time_ms > 0 { r.time_ms } else { now };
                 let last_rank = live_allocs(j).all(|a| a.node == r.node);
+                c.add_host_usage(r);
                 if let Some(reason) = requeue_reason.filter(|_| last_rank) {
                     // Asked to requeue (gpuctl requeue, a preemption): back to the queue.
                     let back = Transition::Requeue {
@@ -620,6 +624,7 @@ impl Cluster {
                     };
                     c.jobs.transition(id, back, at).expect("a running job");
                     c.jobs.edit(id, |s| s.requeue_requested.clear());
+                    c.settle_usage(id);
                     tracing::info!(job = id, "job requeued");
                     return Vec::new();
                 }
@@ -633,6 +638,7 @@ impl Cluster {
                     .transition(id, end, at)
                     .expect("a live allocation there");
                 c.jobs.edit(id, |s| s.start_confirmed = true);
+                c.settle_usage(id);
                 let j = c.jobs.job(id).expect("just changed");
                 if state != JobState::Completed && !cancel_requested {
                     kill_others = live_allocs(j).map(|a| (a.node.clone(), id)).collect();

@@ -18,6 +18,7 @@
 
 pub mod agents;
 pub mod config;
+pub mod efficiency;
 pub mod error;
 pub mod fairshare;
 pub mod filter;
@@ -28,6 +29,7 @@ pub mod partitions;
 pub mod policy;
 pub mod retention;
 pub mod state;
+pub mod usage;
 pub mod users;
 pub mod validate;
 pub mod windows;

@@ -51,6 +51,8 @@ pub struct Cluster {
     pub generation: u64,
     /// The latest GPU metrics each agent sent with its heartbeat (memory only).
     pub metrics: HashMap<String, Vec<pb::GpuMetrics>>,
+    /// What running jobs used so far (`usage.rs`), memory only.
+    pub live_usage: crate::usage::LiveUsage,
     /// Nodes changed since the last `take_changes`.
     nodes_changed: BTreeSet<String>,
     pub config: Config,

@@ -51,6 +51,9 @@ pub enum Command {
     Submit(Box<crate::submit::SubmitArgs>),
     /// Pending and running jobs (like squeue).
     Queue(commands::queue::QueueArgs),
+    /// Accounting: every job active in a time window, finished ones included, with what
+    /// it used (like sacct).
+    History(commands::history::HistoryArgs),
     /// Fair share per account and user (like sshare).
     Share {
         #[arg(long)]
@@ -95,6 +98,13 @@ pub enum Command {
     },
     /// Pending jobs' priorities and the factors behind them (like sprio).
     Priority {
+        #[arg(long)]
+        json: bool,
+    },
+    /// What a job asked for against what it used, and the job-file lines to use next
+    /// time (like seff, with GPUs).
+    Efficiency {
+        job_id: u64,
         #[arg(long)]
         json: bool,
     },
@@ -393,6 +403,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Queue(q) if q.json => commands::queue::stream_json(c, q).await?,
         Command::Queue(q) => emit(&commands::queue::run(c, q).await?, false),
+        Command::History(h) => emit(&commands::history::run(c, h).await?, h.json),
         &Command::Share { json } => emit(&commands::share::run(c).await?, json),
         &Command::Windows { json } => emit(&commands::windows::run(c).await?, json),
         &Command::Partitions { json } => emit(&commands::partitions::run(c).await?, json),
@@ -409,6 +420,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             emit(&view, *json);
         }
         &Command::Show { job_id, json } => emit(&commands::show::run(c, job_id).await?, json),
+        &Command::Efficiency { job_id, json } => {
+            emit(&commands::efficiency::run(c, job_id).await?, json)
+        }
         Command::Cancel { job_ids } => {
             let view = commands::cancel::run(c, job_ids).await?;
             emit(&view, false);

@@ -410,7 +410,7 @@ pub fn gpu_request(r: &pb::Resources) -> String {
     }
 }
 
-fn short_time(ms: i64) -> String {
+pub fn short_time(ms: i64) -> String {
     let Some(t) = time_string(ms) else {
         return "N/A".into();
     };

@@ -449,7 +449,10 @@ impl Controller {
         let c = self.lock();
         c.jobs
             .job(id)
-            .map(presented)
+            .map(|j| pb::Job {
+                usage: c.usage_of(j),
+                ..presented(j)
+            })
             .ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
 }

@@ -282,6 +282,7 @@ fn write_agent_corpus(w: &impl Fn(&str, Vec<u8>)) {
             reason: "exit code 3".into(),
             attempt: 1,
             time_ms: 2,
+            ..Default::default()
         }
         .encode_to_vec(),
     );

@@ -364,6 +364,35 @@ impl JobCgroup {
         false
     }
 
+    /// The job's CPU time (ms) and peak memory (bytes) so far, where the kernel keeps
+    /// them: cgroup2's `cpu.stat` (there even without controllers) and `memory.peak`,
+    /// or v1's `memory.max_usage_in_bytes`.
+    pub fn stats(&self) -> (Option<u64>, Option<u64>) {
+        let read = |p: PathBuf| fs::read_to_string(p).ok();
+        let cpu = self
+            .v2
+            .as_ref()
+            .and_then(|d| read(d.join("cpu.stat")))
+            .and_then(|t| {
+                t.lines().find_map(|l| {
+                    l.strip_prefix("usage_usec ")
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(|us| us / 1000)
+                })
+            });
+        let number = |t: String| t.trim().parse::<u64>().ok();
+        let mem = self
+            .v2
+            .as_ref()
+            .and_then(|d| read(d.join("memory.peak")))
+            .and_then(number)
+            .or_else(|| {
+                let d = self.v1_memory.as_ref()?;
+                read(d.join("memory.max_usage_in_bytes")).and_then(number)
+            });
+        (cpu, mem)
+    }
+
     /// Kills what is left and removes the directories.
     pub fn destroy(&self) {
         for _ in 0..50 {

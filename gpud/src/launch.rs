@@ -499,6 +499,11 @@ impl Launched {
         self.cgroup.as_ref().is_some_and(|c| c.oom_killed())
     }
 
+    /// The cgroup's CPU time (ms) and peak memory (bytes), where they can be read.
+    pub fn usage(&self) -> (Option<u64>, Option<u64>) {
+        self.cgroup.as_ref().map_or((None, None), |c| c.stats())
+    }
+
     /// Kills whatever is left and removes the cgroup.
     pub fn cleanup(&self) {
         self.signal(Signal::SIGKILL);

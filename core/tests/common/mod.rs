@@ -135,6 +135,7 @@ pub fn report(
         reason: String::new(),
         time_ms: now,
         attempt,
+        ..Default::default()
     };
     c.report(&r, now).1
 }

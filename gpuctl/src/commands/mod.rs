@@ -4,7 +4,9 @@
 
 pub mod admin;
 pub mod cancel;
+pub mod efficiency;
 pub mod explain;
+pub mod history;
 pub mod hold;
 pub mod node;
 pub mod nodes;

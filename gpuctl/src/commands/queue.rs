@@ -55,7 +55,7 @@ pub struct QueueArgs {
 }
 
 /// A state as `-t` takes it.
-fn parse_state(s: &str) -> Result<JobState, Failure> {
+pub fn parse_state(s: &str) -> Result<JobState, Failure> {
     let up = s.trim().to_ascii_uppercase();
     let st = match up.as_str() {
         "PD" | "PENDING" => JobState::Pending,

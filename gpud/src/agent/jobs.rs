@@ -120,6 +120,7 @@ pub(super) async fn run_job(
         reason,
         time_ms: now_ms(),
         attempt,
+        ..Default::default()
     };
     let user = start
         .spec
@@ -215,12 +216,15 @@ pub(super) async fn run_job(
                     })
                 });
             let ended_ms = job.ended_ms();
+            let (cpu_time_ms, mem_peak_bytes) = job.usage();
             // Whatever the job left behind goes too.
             job.cleanup();
             let mut r = exit_report(status, forced, ended);
             if let Some(t) = ended_ms.filter(|&t| t > 0) {
                 r.time_ms = t;
             }
+            r.cpu_time_ms = cpu_time_ms;
+            r.mem_peak_bytes = mem_peak_bytes;
             r
         }
     };

@@ -1,0 +1,292 @@
+//! `gpuctl efficiency` (like `seff`, GPU-aware): a job's requests against what it used,
+//! and advice written as the job-file lines to use next time. Pure: the job record (with
+//! its usage) and the time in, the report out.
+
+use gpuctl_proto as pb;
+use serde::Serialize;
+
+use crate::usage::{mem_peak, util_mean};
+
+/// Ask for what was used plus this much (25%), rounded up.
+pub const MARGIN: f64 = 1.25;
+/// Advise a smaller request only when it saves at least this part of the old one.
+const WORTH: f64 = 0.25;
+
+/// One line of the requested-vs-used table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub what: String,
+    pub requested: String,
+    pub used: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Efficiency {
+    pub job_id: u64,
+    pub state: String,
+    pub elapsed_secs: u64,
+    pub time_limit_secs: u64,
+    pub gpu_slots: usize,
+    pub gpu_samples: u64,
+    /// Mean utilisation against the share, percent (over every slot and sample).
+    pub gpu_util_mean: Option<f64>,
+    pub gpu_util_max: Option<f64>,
+    pub gpu_memory_peak_mib: u64,
+    /// Per slot, what it was given (MiB).
+    pub gpu_memory_requested_mib: u64,
+    pub gpu_energy_j: f64,
+    pub cpus_requested: f64,
+    /// Mean cores busy per node (`None`: no host figures).
+    pub cpus_used_mean: Option<f64>,
+    pub memory_requested_bytes: u64,
+    pub memory_peak_bytes: Option<u64>,
+    pub rows: Vec<Row>,
+    /// Job-file lines for next time, each with its evidence after a `#`.
+    pub advice: Vec<String>,
+}
+
+/// The report for `job` at `now` (Unix ms; a running job's elapsed time runs to it).
+pub fn report(job: &pb::Job, now: i64) -> Efficiency {
+    let spec = job.spec.clone().unwrap_or_default();
+    let res = spec.resources.unwrap_or_default();
+    let usage = job.usage.clone().unwrap_or_default();
+    let end = if job.end_time_ms > 0 {
+        job.end_time_ms
+    } else {
+        now
+    };
+    let elapsed_ms = if job.start_time_ms > 0 {
+        (end - job.start_time_ms).max(0)
+    } else {
+        0
+    };
+    let nodes = f64::from(res.nodes.max(1));
+    let slot_mem = job
+        .allocations
+        .iter()
+        .flat_map(|a| &a.slots)
+        .map(|s| s.memory_mib)
+        .max()
+        .unwrap_or(0);
+    let gpu_samples = usage.slots.iter().map(|s| s.samples).sum();
+    let util = util_mean(&usage);
+    let util_max =
+        (gpu_samples > 0).then(|| usage.slots.iter().map(|s| s.util_max).fold(0.0, f64::max));
+    let peak = mem_peak(&usage);
+    let cpus = if res.cpu_milli > 0 {
+        f64::from(res.cpu_milli) / 1000.0
+    } else {
+        f64::from(res.cpus.max(1))
+    };
+    let cpus_used = (usage.host_reports > 0 && elapsed_ms > 0)
+        .then(|| usage.cpu_time_ms as f64 / elapsed_ms as f64 / nodes);
+    let mem_peak_host = (usage.host_reports > 0 && usage.host_mem_peak_bytes > 0)
+        .then_some(usage.host_mem_peak_bytes);
+    let mut e = Efficiency {
+        job_id: job.id,
+        state: job.state().as_str_name().to_string(),
+        elapsed_secs: (elapsed_ms / 1000) as u64,
+        time_limit_secs: job.time_limit_secs,
+        gpu_slots: usage.slots.len(),
+        gpu_samples,
+        gpu_util_mean: util,
+        gpu_util_max: util_max,
+        gpu_memory_peak_mib: peak,
+        gpu_memory_requested_mib: slot_mem,
+        gpu_energy_j: usage.slots.iter().map(|s| s.energy_j).sum(),
+        cpus_requested: cpus,
+        cpus_used_mean: cpus_used,
+        memory_requested_bytes: res.memory_bytes,
+        memory_peak_bytes: mem_peak_host,
+        rows: Vec::new(),
+        advice: Vec::new(),
+    };
+    e.rows = rows(&e, &res);
+    e.advice = advice(&e, job, &res, &usage);
+    e
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or_else(|| "no samples".to_string(), |v| format!("{v:.1}%"))
+}
+
+fn gib(mib: u64) -> String {
+    format!("{:.1} GiB", mib as f64 / 1024.0)
+}
+
+fn rows(e: &Efficiency, res: &pb::Resources) -> Vec<Row> {
+    let gpu_asked = match &res.gpu {
+        Some(pb::resources::Gpu::Gpus(n)) => format!("{n} GPU(s)"),
+        Some(pb::resources::Gpu::Share(s)) => {
+            format!("{:.2} of a GPU", f64::from(s.compute_milli) / 1000.0)
+        }
+        Some(pb::resources::Gpu::Mig(m)) => format!("{} x MIG {}", m.count.max(1), m.profile),
+        None => "none".to_string(),
+    };
+    let mut rows = vec![
+        Row {
+            what: "GPU compute".into(),
+            requested: gpu_asked,
+            used: format!(
+                "mean {}, max {} of its share",
+                pct(e.gpu_util_mean),
+                pct(e.gpu_util_max)
+            ),
+        },
+        Row {
+            what: "GPU memory (per GPU)".into(),
+            requested: gib(e.gpu_memory_requested_mib),
+            used: if e.gpu_samples > 0 {
+                format!("peak {}", gib(e.gpu_memory_peak_mib))
+            } else {
+                "no samples".into()
+            },
+        },
+        Row {
+            what: "Time".into(),
+            requested: humantime::format_duration(std::time::Duration::from_secs(
+                e.time_limit_secs,
+            ))
+            .to_string(),
+            used: humantime::format_duration(std::time::Duration::from_secs(e.elapsed_secs))
+                .to_string(),
+        },
+        Row {
+            what: "CPUs (per node)".into(),
+            requested: format!("{}", e.cpus_requested),
+            used: e.cpus_used_mean.map_or_else(
+                || "not measured".into(),
+                |c| format!("{c:.2} busy on average"),
+            ),
+        },
+        Row {
+            what: "Host memory (per node)".into(),
+            requested: if e.memory_requested_bytes == 0 {
+                "none reserved".into()
+            } else {
+                gib(e.memory_requested_bytes >> 20)
+            },
+            used: e.memory_peak_bytes.map_or_else(
+                || "not measured".into(),
+                |b| format!("peak {}", gib(b >> 20)),
+            ),
+        },
+    ];
+    if e.gpu_energy_j > 0.0 {
+        rows.push(Row {
+            what: "GPU energy".into(),
+            requested: "-".into(),
+            used: format!("{:.3} kWh", e.gpu_energy_j / 3.6e6),
+        });
+    }
+    rows
+}
+
+/// Rounds `x` up to a multiple of `step`.
+fn round_up(x: f64, step: f64) -> f64 {
+    (x / step - 1e-9).ceil() * step
+}
+
+fn advice(e: &Efficiency, job: &pb::Job, res: &pb::Resources, usage: &pb::JobUsage) -> Vec<String> {
+    let mut out = Vec::new();
+    let cheaper = |new: f64, old: f64| new <= old * (1.0 - WORTH);
+    let mem_mib = e.gpu_memory_requested_mib as f64;
+    // Below a few samples the figures say little.
+    let sampled = e.gpu_samples >= 3;
+    let peak = e.gpu_memory_peak_mib as f64;
+    match &res.gpu {
+        Some(pb::resources::Gpu::Gpus(n)) if sampled => {
+            let n = *n;
+            // GPUs that did nothing: no compute and no memory to speak of.
+            let idle = usage
+                .slots
+                .iter()
+                .filter(|s| {
+                    s.samples > 0
+                        && s.util_sum / (s.samples as f64) < 1.0
+                        && (s.mem_peak_mib as f64) < 0.01 * s.memory_mib.max(1) as f64
+                })
+                .count() as u32;
+            let util = e.gpu_util_mean.unwrap_or(100.0);
+            if n == 1 && mem_mib > 0.0 {
+                // One whole GPU: would a share have done?
+                let need = (util / 100.0 * MARGIN).max(peak * MARGIN / mem_mib);
+                let share = round_up(need.max(0.05), 0.05);
+                if share <= 0.5 {
+                    out.push(format!(
+                        "gpus = {share:.2}  # GPU busy {util:.0}% on average, memory peak {} of {}",
+                        gib(e.gpu_memory_peak_mib),
+                        gib(e.gpu_memory_requested_mib)
+                    ));
+                }
+            } else if idle > 0 && idle < n {
+                out.push(format!(
+                    "gpus = {}  # {idle} of its {n} GPUs did nothing (no compute, no memory)",
+                    n - idle
+                ));
+            }
+        }
+        Some(pb::resources::Gpu::Share(s)) if sampled => {
+            let had = f64::from(s.compute_milli) / 1000.0;
+            let util = e.gpu_util_mean.unwrap_or(100.0);
+            let compute = round_up((had * util / 100.0 * MARGIN).max(0.05), 0.05);
+            if s.memory_mib.is_some() || cheaper(peak * MARGIN, mem_mib) {
+                let want = round_up(peak * MARGIN / 1024.0, 1.0).max(1.0);
+                if cheaper(want * 1024.0, mem_mib) {
+                    out.push(format!(
+                        "gpu_memory = \"{want:.0}GiB\"  # GPU memory peak {} of {}",
+                        gib(e.gpu_memory_peak_mib),
+                        gib(e.gpu_memory_requested_mib)
+                    ));
+                }
+            }
+            if cheaper(compute, had) && s.memory_mib.is_none() {
+                out.push(format!(
+                    "gpus = {compute:.2}  # busy {util:.0}% of its {had:.2} share on average"
+                ));
+            }
+        }
+        _ => {}
+    }
+    let state = job.state();
+    if state == pb::JobState::Completed && e.elapsed_secs > 0 && e.time_limit_secs > 0 {
+        let want = round_up(e.elapsed_secs as f64 * MARGIN, 300.0);
+        if want <= e.time_limit_secs as f64 * 0.5 {
+            let d = std::time::Duration::from_secs(want as u64);
+            out.push(format!(
+                "time_limit = \"{}\"  # ran {} of {}",
+                humantime::format_duration(d),
+                humantime::format_duration(std::time::Duration::from_secs(e.elapsed_secs)),
+                humantime::format_duration(std::time::Duration::from_secs(e.time_limit_secs))
+            ));
+        }
+    }
+    if let Some(used) = e.cpus_used_mean {
+        let want = (used * MARGIN).ceil().max(1.0);
+        if cheaper(want, e.cpus_requested) {
+            out.push(format!(
+                "cpus = {want:.0}  # {used:.2} CPUs busy on average of {}",
+                e.cpus_requested
+            ));
+        }
+    }
+    if let Some(peak) = e.memory_peak_bytes
+        && e.memory_requested_bytes > 0
+    {
+        let want = round_up(peak as f64 * MARGIN / f64::from(1u32 << 30), 1.0).max(1.0);
+        if cheaper(
+            want * f64::from(1u32 << 30),
+            e.memory_requested_bytes as f64,
+        ) {
+            out.push(format!(
+                "memory = \"{want:.0}GiB\"  # host memory peak {} of {}",
+                gib(peak >> 20),
+                gib(e.memory_requested_bytes >> 20)
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

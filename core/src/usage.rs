@@ -1,0 +1,303 @@
+//! What every job really uses: the agents' GPU samples folded into per-slot figures
+//! while the job runs (memory only: a heartbeat a second from every node must not
+//! write the store), kept with the job record when its run ends, with the host figures
+//! (cgroup CPU time, peak memory) its ranks report as they end.
+//!
+//! Shares are measured against their share: a GPU's utilisation is split over the jobs
+//! on it in proportion to their compute shares, and a job's part is then read against
+//! its own share (a quarter share keeping a quarter of the GPU busy is at 100%). Energy
+//! is split the same way. GPU memory is each job's own (its processes').
+
+use std::collections::HashMap;
+
+use gpuctl_proto as pb;
+
+use crate::jobs::job_of;
+use crate::state::{Cluster, live_allocs};
+
+/// A gap between two samples longer than this is not charged energy in full: the agent
+/// was away, and what the GPU drew meanwhile is unknown.
+const MAX_SAMPLE_GAP_MS: i64 = 60_000;
+
+/// Live usage of running jobs, by job id.
+pub type LiveUsage = HashMap<u64, pb::JobUsage>;
+
+/// One allocated slot of a job on a node: (job, its slot use, the GPU's uuid).
+struct Holder<'a> {
+    job: u64,
+    slot: &'a pb::SlotUse,
+}
+
+impl Cluster {
+    /// Folds a heartbeat's samples into the usage of the jobs the agent runs.
+    pub fn fold_usage(
+        &mut self,
+        node: &str,
+        running: &[pb::RunningJob],
+        samples: &[pb::GpuMetrics],
+    ) {
+        if samples.is_empty() || running.is_empty() {
+            return;
+        }
+        // The MIG instances of each GPU (a slice's samples are its GPU's).
+        let parent: HashMap<&str, &str> = self
+            .nodes
+            .get(node)
+            .map(|n| {
+                n.gpus
+                    .iter()
+                    .flat_map(|g| {
+                        g.mig
+                            .iter()
+                            .map(move |m| (m.uuid.as_str(), g.uuid.as_str()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        // Who holds what on each GPU of the node, from the jobs the agent runs.
+        let mut on_gpu: HashMap<&str, Vec<Holder<'_>>> = HashMap::new();
+        for r in running {
+            let Some(j) = self.jobs.job(r.job_id).filter(|j| j.attempt == r.attempt) else {
+                continue;
+            };
+            for a in live_allocs(j).filter(|a| a.node == node) {
+                for s in &a.slots {
+                    let gpu = parent.get(s.uuid.as_str()).copied().unwrap_or(&s.uuid);
+                    on_gpu
+                        .entry(gpu)
+                        .or_default()
+                        .push(Holder { job: j.id, slot: s });
+                }
+            }
+        }
+        for m in samples {
+            let Some(holders) = on_gpu.get(m.uuid.as_str()) else {
+                continue;
+            };
+            let shares: u64 = holders.iter().map(|h| u64::from(share_of(h.slot))).sum();
+            for h in holders {
+                let used = m
+                    .jobs
+                    .iter()
+                    .find(|u| u.job_id == h.job)
+                    .map_or(0, |u| u.mem_used_mib);
+                let usage = self.live_usage.entry(h.job).or_default();
+                fold_sample(usage, node, h.slot, shares, used, m);
+            }
+        }
+    }
+
+    /// The usage to show for a job: the live figures while it runs, else the record's.
+    pub fn usage_of(&self, j: &pb::Job) -> Option<pb::JobUsage> {
+        self.live_usage
+            .get(&j.id)
+            .cloned()
+            .or_else(|| j.usage.clone())
+    }
+
+    /// A rank's host figures, from its end report.
+    pub fn add_host_usage(&mut self, r: &pb::JobReport) {
+        if r.cpu_time_ms.is_none() && r.mem_peak_bytes.is_none() {
+            return;
+        }
+        let u = self.live_usage.entry(r.job_id).or_default();
+        u.cpu_time_ms += r.cpu_time_ms.unwrap_or(0);
+        u.host_mem_peak_bytes = u.host_mem_peak_bytes.max(r.mem_peak_bytes.unwrap_or(0));
+        u.host_reports += 1;
+    }
+
+    /// Moves a job's live usage into its record once its run is over (it ended, or went
+    /// back to the queue): the record keeps the last run's.
+    pub fn settle_usage(&mut self, id: u64) {
+        let running = self
+            .jobs
+            .job(id)
+            .is_some_and(|j| live_allocs(j).next().is_some());
+        if running {
+            return;
+        }
+        if let Some(u) = self.live_usage.remove(&id) {
+            self.jobs.edit(id, |s| {
+                if let Some(j) = s.job.as_mut() {
+                    j.usage = Some(u);
+                }
+            });
+        }
+    }
+
+    /// Forgets live usage of jobs no longer running (a job removed, a run ended by a
+    /// path that did not settle it).
+    pub fn sweep_usage(&mut self) {
+        let gone: Vec<u64> = self
+            .live_usage
+            .keys()
+            .copied()
+            .filter(|&id| {
+                self.jobs
+                    .get(id)
+                    .is_none_or(|s| live_allocs(job_of(s)).next().is_none())
+            })
+            .collect();
+        for id in gone {
+            self.settle_usage(id);
+            self.live_usage.remove(&id);
+        }
+    }
+}
+
+/// The compute share of a slot use in milli (a MIG instance or a whole GPU: 1000).
+fn share_of(s: &pb::SlotUse) -> u32 {
+    match s.compute_milli {
+        0 => 1000,
+        c => c.min(1000),
+    }
+}
+
+/// Folds one sample of the GPU under `slot` into `usage`. `shares`: the compute shares
+/// of every job on the GPU, summed; `mem_used`: this job's GPU memory (MiB).
+pub fn fold_sample(
+    usage: &mut pb::JobUsage,
+    node: &str,
+    slot: &pb::SlotUse,
+    shares: u64,
+    mem_used: u64,
+    m: &pb::GpuMetrics,
+) {
+    let i = match usage
+        .slots
+        .iter()
+        .position(|s| s.node == node && s.uuid == slot.uuid)
+    {
+        Some(i) => i,
+        None => {
+            usage.slots.push(pb::SlotUsage {
+                node: node.to_string(),
+                uuid: slot.uuid.clone(),
+                share_milli: share_of(slot),
+                memory_mib: slot.memory_mib,
+                ..Default::default()
+            });
+            usage.slots.len() - 1
+        }
+    };
+    let s = &mut usage.slots[i];
+    if m.time_ms <= s.last_sample_ms {
+        // A sample already counted (a repeated heartbeat).
+        return;
+    }
+    let share = f64::from(share_of(slot));
+    let shares = (shares.max(u64::from(share_of(slot)))) as f64;
+    // The job's part of the GPU's utilisation, read against its own share.
+    let part = f64::from(m.util_pct.min(100)) * share / shares;
+    let util = (part * 1000.0 / share).min(100.0);
+    if s.samples > 0 {
+        let dt = (m.time_ms - s.last_sample_ms).min(MAX_SAMPLE_GAP_MS) as f64 / 1000.0;
+        s.energy_j += m.power_w.max(0.0) * dt * share / shares;
+    }
+    s.samples += 1;
+    s.util_sum += util;
+    s.util_max = s.util_max.max(util);
+    s.mem_peak_mib = s.mem_peak_mib.max(mem_used);
+    s.mem_sum_mib += mem_used as f64;
+    s.last_sample_ms = m.time_ms;
+}
+
+/// Mean utilisation against the share over every slot and sample, percent (`None`
+/// without samples).
+pub fn util_mean(u: &pb::JobUsage) -> Option<f64> {
+    let n: u64 = u.slots.iter().map(|s| s.samples).sum();
+    (n > 0).then(|| u.slots.iter().map(|s| s.util_sum).sum::<f64>() / n as f64)
+}
+
+/// The highest GPU memory of one slot, MiB.
+pub fn mem_peak(u: &pb::JobUsage) -> u64 {
+    u.slots.iter().map(|s| s.mem_peak_mib).max().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(util: u32, power: f64, t: i64, jobs: &[(u64, u64)]) -> pb::GpuMetrics {
+        pb::GpuMetrics {
+            uuid: "GPU-0".into(),
+            util_pct: util,
+            power_w: power,
+            time_ms: t,
+            jobs: jobs
+                .iter()
+                .map(|&(job_id, mem_used_mib)| pb::JobGpuUse {
+                    job_id,
+                    mem_used_mib,
+                    processes: 1,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn whole_gpu_figures_are_the_samples() {
+        let slot = pb::SlotUse {
+            uuid: "GPU-0".into(),
+            compute_milli: 1000,
+            memory_mib: 81920,
+        };
+        let mut u = pb::JobUsage::default();
+        for (k, (util, mem)) in [(20, 1000), (40, 3000), (90, 2000)].into_iter().enumerate() {
+            let m = sample(util, 200.0, 10_000 * (k as i64 + 1), &[(7, mem)]);
+            fold_sample(&mut u, "n1", &slot, 1000, mem, &m);
+        }
+        // The same sample again is not counted twice.
+        fold_sample(
+            &mut u,
+            "n1",
+            &slot,
+            1000,
+            2000,
+            &sample(90, 200.0, 30_000, &[]),
+        );
+        let s = &u.slots[0];
+        assert_eq!(s.samples, 3);
+        assert_eq!(util_mean(&u), Some(50.0));
+        assert_eq!(s.util_max, 90.0);
+        assert_eq!(mem_peak(&u), 3000);
+        assert_eq!(s.mem_sum_mib, 6000.0);
+        // Two gaps of 10 s at 200 W.
+        assert_eq!(s.energy_j, 4000.0);
+    }
+
+    #[test]
+    fn a_share_is_measured_against_its_share() {
+        let quarter = pb::SlotUse {
+            uuid: "GPU-0".into(),
+            compute_milli: 250,
+            memory_mib: 20480,
+        };
+        let mut u = pb::JobUsage::default();
+        // Alone on the GPU, 25% busy: all of its quarter.
+        fold_sample(
+            &mut u,
+            "n1",
+            &quarter,
+            250,
+            100,
+            &sample(25, 100.0, 1000, &[]),
+        );
+        assert_eq!(u.slots[0].util_sum, 100.0);
+        // With a half share next to it (750 milli in all), 60% busy: its part is
+        // 60 x 250/750 = 20% of the GPU, 80% of its quarter; a third of 100 W for 2 s.
+        fold_sample(
+            &mut u,
+            "n1",
+            &quarter,
+            750,
+            100,
+            &sample(60, 100.0, 3000, &[]),
+        );
+        let s = &u.slots[0];
+        assert!((s.util_sum - 180.0).abs() < 1e-9, "{}", s.util_sum);
+        assert!((s.energy_j - 200.0 / 3.0).abs() < 1e-9, "{}", s.energy_j);
+        assert_eq!(s.share_milli, 250);
+    }
+}

@@ -1,0 +1,105 @@
+//! The efficiency loop on real binaries: a fake GPU with scripted usage (a constant
+//! utilisation curve, a job declaring its GPU memory), the figures and advice of
+//! `gpuctl efficiency`, and `gpuctl history` before and after `kill -9` of the
+//! controller.
+
+use std::time::Duration;
+
+use gpuctl_tests::{Cluster, wait_for};
+
+const T: Duration = Duration::from_secs(30);
+
+#[test]
+fn scripted_usage_gives_the_figures_and_advice_and_history_survives_kill9() {
+    let mut c = Cluster::controller_only();
+    // One 80 GB GPU, 20% busy and drawing 250 W whatever runs on it.
+    std::fs::write(
+        c.path("gpus.toml"),
+        "[[gpus]]\ncount = 1\nmodel = \"A100-80GB\"\n[gpus.metrics]\nutilization = [[0, 20]]\npower = [[0, 250]]\n",
+    )
+    .unwrap();
+    let file = c.path("gpus.toml");
+    c.add_agent_raw(
+        "eff",
+        &[
+            "--fake-gpus-file",
+            file.to_str().unwrap(),
+            "--sample-interval",
+            "500ms",
+        ],
+    );
+    c.wait_nodes_up(1);
+    // A whole GPU, 4 CPUs, 2 hours: for 6 seconds of sleep with 3,000 MiB of GPU memory.
+    let id = c.submit(
+        "eff.toml",
+        "name = \"oversized\"\nscript = \"sleep 6\"\n[env]\nGPUCTL_FAKE_GPU_MEMORY_MIB = \"3000\"\n[resources]\ngpus = 1\ncpus = 4\ntime_limit = \"2h\"\n",
+    );
+    c.wait_state(id, "COMPLETED", T);
+    let e = c.json(&["efficiency", &id.to_string()]);
+    // Every sample said 20%: the mean and the maximum are 20.
+    assert_eq!(e["gpu_util_mean"], 20.0, "{e:#}");
+    assert_eq!(e["gpu_util_max"], 20.0, "{e:#}");
+    assert_eq!(e["gpu_memory_peak_mib"], 3000, "{e:#}");
+    assert_eq!(e["gpu_memory_requested_mib"], 81920, "{e:#}");
+    let samples = e["gpu_samples"].as_u64().unwrap();
+    assert!(samples >= 3, "{e:#}");
+    // 250 W over the time between the first and the last sample, at most the run.
+    let elapsed = e["elapsed_secs"].as_f64().unwrap();
+    let energy = e["gpu_energy_j"].as_f64().unwrap();
+    assert!(energy > 0.0 && energy <= 250.0 * (elapsed + 1.0), "{e:#}");
+    // The cgroup's CPU time: a sleeping job keeps well under one CPU busy.
+    let cpus = e["cpus_used_mean"]
+        .as_f64()
+        .expect("CPU time from the cgroup");
+    assert!((0.0..0.5).contains(&cpus), "{e:#}");
+    // max(20% x 1.25, 3000 x 1.25 / 81920) = 0.25 of a GPU; 6-7 s x 1.25 rounds up to
+    // 5 minutes; under half a CPU x 1.25 rounds up to 1.
+    let advice: Vec<String> = e["advice"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().split("  #").next().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        advice,
+        ["gpus = 0.25", "time_limit = \"5m\"", "cpus = 1"],
+        "{e:#}"
+    );
+    let text = c.gpuctl_ok(&["efficiency", &id.to_string()]);
+    assert!(text.contains("gpus = 0.25"), "{text}");
+    assert!(text.contains("REQUESTED"), "{text}");
+
+    let check_history = |c: &Cluster| {
+        let rows = c.json(&["history", "--name", "oversized"]);
+        let rows = rows.as_array().unwrap();
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let r = &rows[0];
+        assert_eq!(r["job_id"], id.to_string());
+        assert_eq!(r["state"], "COMPLETED");
+        assert_eq!(r["gpu_util_mean"], 20.0);
+        assert_eq!(r["gpu_memory_peak_mib"], 3000);
+        assert_eq!(r["exit_code"], 0);
+        let csv = c.gpuctl_ok(&[
+            "history",
+            "--csv",
+            "-o",
+            "jobid,name,state,gpu_util,gpu_mem_peak",
+            "-S",
+            "1h",
+        ]);
+        assert!(
+            csv.lines()
+                .any(|l| l == format!("{id},oversized,COMPLETED,20.0%,3000MiB")),
+            "{csv}"
+        );
+    };
+    check_history(&c);
+    // Nothing of it is lost with the controller.
+    c.kill9_controller();
+    c.start_controller();
+    check_history(&c);
+    // A window that ends before the job was submitted leaves it out.
+    let rows = c.json(&["history", "-S", "30d", "-E", "2000-01-01"]);
+    assert_eq!(rows.as_array().map(Vec::len), Some(0), "{rows}");
+    assert!(wait_for(T, || c.node_state("eff") != "DOWN"));
+}
