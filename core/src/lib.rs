@@ -27,6 +27,7 @@ pub mod jobs;
 pub mod ops;
 pub mod partitions;
 pub mod policy;
+pub mod report;
 pub mod retention;
 pub mod state;
 pub mod usage;

@@ -54,6 +54,9 @@ pub enum Command {
     /// Accounting: every job active in a time window, finished ones included, with what
     /// it used (like sacct).
     History(commands::history::HistoryArgs),
+    /// Where the GPU-hours went: allocated against used, idle, unused GPU memory, time
+    /// limit accuracy, top wasters and the load by weekday and hour.
+    Report(commands::report::ReportArgs),
     /// Fair share per account and user (like sshare).
     Share {
         #[arg(long)]
@@ -404,6 +407,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Queue(q) if q.json => commands::queue::stream_json(c, q).await?,
         Command::Queue(q) => emit(&commands::queue::run(c, q).await?, false),
         Command::History(h) => emit(&commands::history::run(c, h).await?, h.json),
+        Command::Report(r) => emit(&commands::report::run(c, r).await?, r.json),
         &Command::Share { json } => emit(&commands::share::run(c).await?, json),
         &Command::Windows { json } => emit(&commands::windows::run(c).await?, json),
         &Command::Partitions { json } => emit(&commands::partitions::run(c).await?, json),

@@ -94,6 +94,31 @@ fn scripted_usage_gives_the_figures_and_advice_and_history_survives_kill9() {
         );
     };
     check_history(&c);
+    // The report: one job of root's, measured all along, 20% busy.
+    let svg = c.path("report.svg");
+    let r = c.json(&["report", "--by", "user", "--plot", svg.to_str().unwrap()]);
+    let total = &r["total"];
+    assert_eq!(total["jobs"], 1, "{r:#}");
+    let alloc = total["gpu_hours_allocated"].as_f64().unwrap();
+    assert!(alloc > 0.0 && alloc < 10.0 / 3600.0, "{r:#}");
+    assert_eq!(total["gpu_hours_measured"].as_f64(), Some(alloc), "{r:#}");
+    let eff = total["gpu_efficiency_pct"].as_f64().unwrap();
+    assert!((eff - 20.0).abs() < 1e-6, "{r:#}");
+    assert_eq!(r["groups"][0]["name"], "root", "{r:#}");
+    let demand: f64 = r["demand_gpu_hours"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|d| d.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+        .sum();
+    assert!((demand - alloc).abs() < 1e-9, "{r:#}");
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        picture.contains("<svg") && picture.contains("GPU-hours"),
+        "{picture}"
+    );
+    let text = c.gpuctl_ok(&["report", "--by", "account"]);
+    assert!(text.contains("TOTAL") && text.contains("Mon"), "{text}");
     // Nothing of it is lost with the controller.
     c.kill9_controller();
     c.start_controller();

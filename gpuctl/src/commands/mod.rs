@@ -13,6 +13,7 @@ pub mod nodes;
 pub mod partitions;
 pub mod priority;
 pub mod queue;
+pub mod report;
 pub mod share;
 pub mod show;
 pub mod submit;

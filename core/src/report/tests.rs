@@ -1,0 +1,168 @@
+use super::*;
+
+/// Monday 2026-11-30 00:00 UTC.
+const MON: i64 = 1_796_083_200_000 - 86_400_000;
+const H: i64 = 3_600_000;
+
+fn slot(uuid: &str, milli: u32, mib: u64) -> pb::SlotUse {
+    pb::SlotUse {
+        uuid: uuid.into(),
+        compute_milli: milli,
+        memory_mib: mib,
+    }
+}
+
+/// (uuid, samples, utilisation sum, memory peak MiB)
+fn usage(slots: &[(&str, u64, f64, u64)]) -> pb::JobUsage {
+    pb::JobUsage {
+        slots: slots
+            .iter()
+            .map(|&(uuid, samples, util_sum, mem_peak_mib)| pb::SlotUsage {
+                node: "n1".into(),
+                uuid: uuid.into(),
+                samples,
+                util_sum,
+                mem_peak_mib,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn job(
+    id: u64,
+    user: &str,
+    account: &str,
+    start: i64,
+    end: i64,
+    limit_h: u64,
+    slots: Vec<pb::SlotUse>,
+    u: pb::JobUsage,
+) -> pb::Job {
+    pb::Job {
+        id,
+        state: pb::JobState::Completed as i32,
+        start_time_ms: start,
+        end_time_ms: end,
+        time_limit_secs: limit_h * 3600,
+        spec: Some(pb::JobSpec {
+            user: user.into(),
+            account: account.into(),
+            ..Default::default()
+        }),
+        allocations: vec![pb::Allocation {
+            node: "n1".into(),
+            slots,
+            ..Default::default()
+        }],
+        usage: Some(u),
+        ..Default::default()
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+#[test]
+fn a_small_week_adds_up_by_hand() {
+    let jobs = vec![
+        // 2 h on a whole GPU at 50%, 20 GiB of its 80 used, half of a 4 h limit.
+        job(
+            1,
+            "alice",
+            "ml",
+            MON + 8 * H,
+            MON + 10 * H,
+            4,
+            vec![slot("A", 1000, 81920)],
+            usage(&[("A", 2, 100.0, 20480)]),
+        ),
+        // 1 h on two GPUs: one 2% busy with no memory (idle), one never sampled; a
+        // tenth of a 10 h limit.
+        job(
+            2,
+            "bob",
+            "ml",
+            MON + 9 * H + H / 2,
+            MON + 10 * H + H / 2,
+            10,
+            vec![slot("B", 1000, 81920), slot("C", 1000, 81920)],
+            usage(&[("B", 4, 8.0, 0)]),
+        ),
+        // A quarter share from Sunday 23:00 to Monday 01:00: one hour in the window,
+        // fully busy, 10 of its 20 GiB used, its whole 2 h limit.
+        job(
+            3,
+            "carol",
+            "cv",
+            MON - H,
+            MON + H,
+            2,
+            vec![slot("D", 250, 20480)],
+            usage(&[("D", 1, 100.0, 10240)]),
+        ),
+    ];
+    let r = report(&jobs, MON, MON + 7 * 24 * H, MON + 8 * 24 * H, By::Account);
+    let t = &r.total;
+    assert_eq!(t.jobs, 3);
+    assert!(close(t.gpu_hours_allocated, 4.25), "{t:?}");
+    assert!(close(t.gpu_hours_measured, 3.25), "{t:?}");
+    assert!(close(t.gpu_hours_used, 1.0 + 0.02 + 0.25), "{t:?}");
+    assert!(close(t.gpu_hours_idle, 1.0), "{t:?}");
+    assert!(
+        close(t.gpu_efficiency_pct.unwrap(), 1.27 * 100.0 / 3.25),
+        "{t:?}"
+    );
+    // 60 GiB x 2 h + 80 GiB x 1 h + 10 GiB x 1 h.
+    assert!(close(t.gpu_memory_unused_gib_hours, 210.0), "{t:?}");
+    // Run time over limit: 0.5, 0.1 and 1.0.
+    assert!(close(t.time_limit_used_pct.unwrap(), 160.0 / 3.0), "{t:?}");
+    assert_eq!(t.time_limit_over_2x, 1);
+    // Groups, most allocated first; only ml wasted measured GPU-hours.
+    let names: Vec<&str> = r.groups.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(names, ["ml", "cv"]);
+    assert!(close(r.groups[0].figures.gpu_hours_allocated, 4.0));
+    assert_eq!(r.top_wasters.len(), 1);
+    assert!(close(
+        r.top_wasters[0].figures.gpu_hours_wasted(),
+        3.0 - 1.02
+    ));
+    // Monday: 0.25 at midnight, 1 at 08:00, 1 + 2 x 0.5 at 09:00, 2 x 0.5 at 10:00.
+    let mon = &r.demand_gpu_hours[0];
+    assert!(
+        close(mon[0], 0.25) && close(mon[8], 1.0) && close(mon[9], 2.0) && close(mon[10], 1.0),
+        "{mon:?}"
+    );
+    let all: f64 = r.demand_gpu_hours.iter().flatten().sum();
+    assert!(close(all, t.gpu_hours_allocated));
+    // Sunday 23:00 is outside the window: nothing on day 6.
+    assert!(r.demand_gpu_hours[6].iter().all(|&x| x == 0.0));
+}
+
+#[test]
+fn jobs_outside_the_window_or_never_started_count_nothing() {
+    let jobs = vec![
+        job(
+            1,
+            "a",
+            "x",
+            MON - 3 * H,
+            MON - H,
+            1,
+            vec![slot("A", 1000, 1)],
+            usage(&[]),
+        ),
+        pb::Job {
+            id: 2,
+            state: pb::JobState::Pending as i32,
+            ..Default::default()
+        },
+    ];
+    let r = report(&jobs, MON, MON + H, MON + H, By::User);
+    assert_eq!(r.total.jobs, 0);
+    assert!(r.groups.is_empty());
+    assert_eq!(r.total.gpu_efficiency_pct, None);
+}
