@@ -333,6 +333,7 @@ impl Cluster {
             self.last_heard.insert(node, i64::MAX / 2);
         }
         self.sweep_usage();
+        self.sweep_idle();
         effects
     }
 
@@ -407,10 +408,13 @@ impl Cluster {
         let mut changed = self.starts_not_run(req, now);
         changed |= self.check_health(req);
         let resp = self.heartbeat_answer(req, now);
-        let effects = Effects {
+        let mut effects = Effects {
             wake: changed,
             ..Effects::default()
         };
+        if resp.known {
+            effects.merge(self.check_idle(crate::idle::running_ids(&req.running), now));
+        }
         (resp, effects)
     }
 

@@ -37,6 +37,9 @@ pub struct Config {
     pub qos: BTreeMap<String, QosConfig>,
     pub retention: Retention,
     pub health: Health,
+    /// Idle allocations (`crate::idle`): `[idle]` with `after = "30m"`, `util_below = 5`,
+    /// `action = "warn" | "requeue" | "cancel"`, `exempt_qos`, `exempt_partitions`.
+    pub idle: crate::idle::IdlePolicy,
     pub fairshare: FairShare,
     pub preemption: Preemption,
     /// Accounts (Slurm's associations): `[accounts.risk]` with `shares = 3` and
@@ -340,6 +343,7 @@ impl Default for Config {
             qos: default_qos(),
             retention: Retention::default(),
             health: Health::default(),
+            idle: crate::idle::IdlePolicy::default(),
             fairshare: FairShare::default(),
             preemption: Preemption::default(),
             accounts: BTreeMap::new(),
@@ -456,6 +460,7 @@ impl Config {
             }
         }
         config.check_partitions().map_err(&invalid)?;
+        config.idle.check().map_err(&invalid)?;
         config.tz = crate::windows::zone(&config.timezone).map_err(&invalid)?;
         for (name, w) in &config.windows {
             w.check(name).map_err(&invalid)?;

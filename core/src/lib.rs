@@ -23,6 +23,7 @@ pub mod error;
 pub mod fairshare;
 pub mod filter;
 pub mod holds;
+pub mod idle;
 pub mod jobs;
 pub mod ops;
 pub mod partitions;

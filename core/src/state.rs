@@ -53,6 +53,8 @@ pub struct Cluster {
     pub metrics: HashMap<String, Vec<pb::GpuMetrics>>,
     /// What running jobs used so far (`usage.rs`), memory only.
     pub live_usage: crate::usage::LiveUsage,
+    /// When each running job was last seen busy (`idle.rs`), memory only.
+    pub idle: crate::idle::IdleTracks,
     /// Nodes changed since the last `take_changes`.
     nodes_changed: BTreeSet<String>,
     pub config: Config,
@@ -83,6 +85,13 @@ impl Effects {
             wake: true,
             ..Effects::default()
         }
+    }
+
+    /// Adds `other`'s commands, closed sessions and wake-up to these.
+    pub fn merge(&mut self, other: Effects) {
+        self.sends.extend(other.sends);
+        self.closed.extend(other.closed);
+        self.wake |= other.wake;
     }
 }
 

@@ -70,6 +70,7 @@ impl Cluster {
                 }
             }
         }
+        let mut busy = Vec::new();
         for m in samples {
             let Some(holders) = on_gpu.get(m.uuid.as_str()) else {
                 continue;
@@ -82,8 +83,13 @@ impl Cluster {
                     .find(|u| u.job_id == h.job)
                     .map_or(0, |u| u.mem_used_mib);
                 let usage = self.live_usage.entry(h.job).or_default();
-                fold_sample(usage, node, h.slot, shares, used, m);
+                if let Some(util) = fold_sample(usage, node, h.slot, shares, used, m) {
+                    busy.push((h.job, m.time_ms, util));
+                }
             }
+        }
+        for (job, t, util) in busy {
+            self.note_busy(job, t, util);
         }
     }
 
@@ -162,7 +168,7 @@ pub fn fold_sample(
     shares: u64,
     mem_used: u64,
     m: &pb::GpuMetrics,
-) {
+) -> Option<f64> {
     let i = match usage
         .slots
         .iter()
@@ -183,7 +189,7 @@ pub fn fold_sample(
     let s = &mut usage.slots[i];
     if m.time_ms <= s.last_sample_ms {
         // A sample already counted (a repeated heartbeat).
-        return;
+        return None;
     }
     let share = f64::from(share_of(slot));
     let shares = (shares.max(u64::from(share_of(slot)))) as f64;
@@ -200,6 +206,7 @@ pub fn fold_sample(
     s.mem_peak_mib = s.mem_peak_mib.max(mem_used);
     s.mem_sum_mib += mem_used as f64;
     s.last_sample_ms = m.time_ms;
+    Some(util)
 }
 
 /// Mean utilisation against the share over every slot and sample, percent (`None`

@@ -128,3 +128,50 @@ fn scripted_usage_gives_the_figures_and_advice_and_history_survives_kill9() {
     assert_eq!(rows.as_array().map(Vec::len), Some(0), "{rows}");
     assert!(wait_for(T, || c.node_state("eff") != "DOWN"));
 }
+
+#[test]
+fn idle_allocations_are_cancelled_with_the_reason_and_exempt_qos_left_alone() {
+    let mut c = Cluster::controller_with_config(
+        "[idle]\nafter = \"3s\"\nutil_below = 5\naction = \"cancel\"\nexempt_qos = [\"low\"]\n",
+    );
+    // Two GPUs that never get over 1% busy.
+    std::fs::write(
+        c.path("gpus.toml"),
+        "[[gpus]]\ncount = 2\nmodel = \"A100-80GB\"\n[gpus.metrics]\nutilization = [[0, 1]]\n",
+    )
+    .unwrap();
+    let file = c.path("gpus.toml");
+    c.add_agent_raw(
+        "idle",
+        &[
+            "--fake-gpus-file",
+            file.to_str().unwrap(),
+            "--sample-interval",
+            "500ms",
+        ],
+    );
+    c.wait_nodes_up(1);
+    let idle = c.submit(
+        "a.toml",
+        "name = \"idler\"\nscript = \"sleep 120\"\n[resources]\ngpus = 1\n",
+    );
+    let exempt = c.submit(
+        "b.toml",
+        "name = \"exempt\"\nqos = \"low\"\nscript = \"sleep 120\"\n[resources]\ngpus = 1\n",
+    );
+    c.wait_state(exempt, "RUNNING", T);
+    let j = c.wait_state(idle, "CANCELLED", T);
+    let reason = j["reason"].as_str().unwrap();
+    assert!(reason.contains("idle: its GPUs were under 5% for"), "{j:#}");
+    // The exempt job, as idle, still runs.
+    assert_eq!(c.job(exempt)["state"], "RUNNING");
+    let rows = c.json(&["history", "--name", "idler"]);
+    assert!(
+        rows[0]["reason"].as_str().unwrap().contains("idle:"),
+        "{rows:#}"
+    );
+    // The efficiency report of the cancelled job: 1% busy.
+    let e = c.json(&["efficiency", &idle.to_string()]);
+    assert_eq!(e["gpu_util_mean"], 1.0, "{e:#}");
+    c.gpuctl_ok(&["cancel", &exempt.to_string()]);
+}
