@@ -290,3 +290,141 @@ fn advice(e: &Efficiency, job: &pb::Job, res: &pb::Resources, usage: &pb::JobUsa
 
 #[cfg(test)]
 mod tests;
+
+/// How many earlier runs right-sizing looks at.
+pub const RIGHT_SIZE_RUNS: usize = 5;
+
+/// Shrinks `res` to what `runs` (reports of earlier completed runs of the same job,
+/// latest first) needed at most, with `MARGIN`, where that saves at least a quarter;
+/// `limit` is the time limit the job would get. Returns one line per change (or why
+/// nothing changed). Several whole GPUs are left as asked: which GPUs a multi-GPU job
+/// can do without is the user's call, not a guess.
+pub fn right_size(res: &mut pb::Resources, limit: u64, runs: &[Efficiency]) -> Vec<String> {
+    let mut notes = Vec::new();
+    let sampled: Vec<&Efficiency> = runs.iter().filter(|e| e.gpu_samples >= 3).collect();
+    let n = runs.len();
+    let most = |f: &dyn Fn(&Efficiency) -> Option<f64>, of: &[&Efficiency]| {
+        of.iter()
+            .filter_map(|e| f(e))
+            .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))))
+    };
+    let cheaper = |new: f64, old: f64| new <= old * (1.0 - WORTH);
+    if !sampled.is_empty() {
+        let util = most(&|e| e.gpu_util_mean, &sampled).unwrap_or(100.0);
+        let mem_frac = most(
+            &|e| {
+                (e.gpu_memory_requested_mib > 0)
+                    .then(|| e.gpu_memory_peak_mib as f64 / e.gpu_memory_requested_mib as f64)
+            },
+            &sampled,
+        )
+        .unwrap_or(1.0);
+        let peak_mib = most(&|e| Some(e.gpu_memory_peak_mib as f64), &sampled).unwrap_or(0.0);
+        match res.gpu.clone() {
+            Some(pb::resources::Gpu::Gpus(1)) => {
+                let share = round_up(
+                    (util / 100.0 * MARGIN).max(mem_frac * MARGIN).max(0.05),
+                    0.05,
+                );
+                if share <= 0.5 {
+                    res.gpu = Some(pb::resources::Gpu::Share(pb::GpuShare {
+                        compute_milli: (share * 1000.0).round() as u32,
+                        memory_mib: None,
+                    }));
+                    notes.push(format!(
+                        "right-size: gpus 1 -> {share:.2} (last {} run(s): GPU busy {util:.0}% on average at most, memory peak {:.0}% of the GPU)",
+                        sampled.len(),
+                        mem_frac * 100.0
+                    ));
+                }
+            }
+            Some(pb::resources::Gpu::Share(mut s)) => {
+                let had = f64::from(s.compute_milli) / 1000.0;
+                match s.memory_mib {
+                    Some(m) => {
+                        let want = round_up(peak_mib * MARGIN / 1024.0, 1.0).max(1.0) * 1024.0;
+                        if cheaper(want, m as f64) {
+                            s.memory_mib = Some(want as u64);
+                            notes.push(format!(
+                                "right-size: gpu_memory {} -> {} (GPU memory peak {})",
+                                gib(m),
+                                gib(want as u64),
+                                gib(peak_mib as u64)
+                            ));
+                        }
+                    }
+                    None => {
+                        let want = round_up(
+                            (had * util / 100.0 * MARGIN)
+                                .max(had * mem_frac * MARGIN)
+                                .max(0.05),
+                            0.05,
+                        );
+                        if cheaper(want, had) {
+                            s.compute_milli = (want * 1000.0).round() as u32;
+                            notes.push(format!(
+                                "right-size: gpus {had:.2} -> {want:.2} (busy {util:.0}% of its share on average at most)"
+                            ));
+                        }
+                    }
+                }
+                res.gpu = Some(pb::resources::Gpu::Share(s));
+            }
+            _ => {}
+        }
+    }
+    if let Some(ran) = most(
+        &|e| (e.elapsed_secs > 0).then_some(e.elapsed_secs as f64),
+        &runs.iter().collect::<Vec<_>>(),
+    ) {
+        let want = round_up(ran * MARGIN, 300.0);
+        if limit > 0 && want <= limit as f64 * 0.5 {
+            res.time_limit_secs = want as u64;
+            notes.push(format!(
+                "right-size: time_limit {} -> {} (longest run {})",
+                humantime::format_duration(std::time::Duration::from_secs(limit)),
+                humantime::format_duration(std::time::Duration::from_secs(want as u64)),
+                humantime::format_duration(std::time::Duration::from_secs(ran as u64))
+            ));
+        }
+    }
+    let all: Vec<&Efficiency> = runs.iter().collect();
+    if let Some(used) = most(&|e| e.cpus_used_mean, &all) {
+        let asked = if res.cpu_milli > 0 {
+            f64::from(res.cpu_milli) / 1000.0
+        } else {
+            f64::from(res.cpus.max(1))
+        };
+        let want = (used * MARGIN).ceil().max(1.0);
+        if cheaper(want, asked) {
+            res.cpus = want as u32;
+            res.cpu_milli = 0;
+            notes.push(format!(
+                "right-size: cpus {asked} -> {want:.0} ({used:.2} busy on average at most)"
+            ));
+        }
+    }
+    if let Some(peak) = most(&|e| e.memory_peak_bytes.map(|b| b as f64), &all)
+        && res.memory_bytes > 0
+    {
+        let want =
+            round_up(peak * MARGIN / f64::from(1u32 << 30), 1.0).max(1.0) * f64::from(1u32 << 30);
+        if cheaper(want, res.memory_bytes as f64) {
+            notes.push(format!(
+                "right-size: memory {} -> {} (host memory peak {})",
+                gib(res.memory_bytes >> 20),
+                gib(want as u64 >> 20),
+                gib(peak as u64 >> 20)
+            ));
+            res.memory_bytes = want as u64;
+        }
+    }
+    if notes.is_empty() {
+        notes.push(if n == 0 {
+            "right-size: no earlier completed run of this name with usage figures; the request is as written".into()
+        } else {
+            format!("right-size: the last {n} run(s) used about what is asked; nothing changed")
+        });
+    }
+    notes
+}

@@ -83,6 +83,11 @@ impl Cluster {
                 spec.user, limits.max_pending_per_user
             )));
         }
+        let notes = if spec.right_size {
+            self.right_size(&mut spec, partition_time, now)
+        } else {
+            Vec::new()
+        };
         let res = spec.resources.clone().unwrap_or_default();
         check_feasible(
             &self.node_views(),
@@ -127,6 +132,7 @@ impl Cluster {
                 reason: if waits { "Dependency" } else { "None" }.into(),
                 submit_time_ms: now,
                 time_limit_secs,
+                warnings: notes.clone(),
                 ..pb::Job::default()
             }),
             request_id: request_id.to_string(),
@@ -153,6 +159,43 @@ impl Cluster {
             })
             .collect();
         Ok(Admission::Array(tasks))
+    }
+
+    /// Right-sizing (`efficiency::right_size`) from the user's last completed runs of
+    /// the same name; the lines say what changed.
+    fn right_size(
+        &self,
+        spec: &mut pb::JobSpec,
+        partition_time: Option<u64>,
+        now: i64,
+    ) -> Vec<String> {
+        let mut runs: Vec<&pb::Job> = self
+            .jobs
+            .all()
+            .map(crate::jobs::job_of)
+            .filter(|j| {
+                j.state() == JobState::Completed
+                    && j.usage.is_some()
+                    && j.spec
+                        .as_ref()
+                        .is_some_and(|s| s.user == spec.user && s.name == spec.name)
+            })
+            .collect();
+        runs.sort_by_key(|j| std::cmp::Reverse(j.end_time_ms));
+        runs.truncate(crate::efficiency::RIGHT_SIZE_RUNS);
+        let reports: Vec<_> = runs
+            .iter()
+            .map(|j| crate::efficiency::report(j, now))
+            .collect();
+        let mut res = spec.resources.clone().unwrap_or_default();
+        let limit = if res.time_limit_secs > 0 {
+            res.time_limit_secs
+        } else {
+            partition_time.unwrap_or(self.config.default_time_limit.as_secs())
+        };
+        let notes = crate::efficiency::right_size(&mut res, limit, &reports);
+        spec.resources = Some(res);
+        notes
     }
 
     /// Queues a job `admit` built, once the shell has written it (with the next id).

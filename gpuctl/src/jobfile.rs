@@ -40,6 +40,9 @@ pub struct JobFile {
     /// Requeue the job when its node fails (instead of ending it NODE_FAIL).
     #[serde(default)]
     pub requeue: bool,
+    /// Shrink the request to what the last runs of this name needed (`--right-size`).
+    #[serde(default)]
+    pub right_size: bool,
     /// Like sbatch: "afterok:12:13,afterany:14,afternotok:15".
     pub dependency: Option<Spanned<String>>,
     #[serde(default)]
@@ -123,6 +126,7 @@ pub struct Job {
     pub signal: String,
     pub array: String,
     pub requeue: bool,
+    pub right_size: bool,
     pub dependencies: Vec<(pb::dependency::Kind, u64)>,
     pub gpus: u32,
     /// A share of one GPU, in milli-GPUs (0 = none).
@@ -306,6 +310,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         signal,
         array,
         requeue: raw.requeue,
+        right_size: raw.right_size,
         gpus: gpu.gpus,
         gpu_milli: gpu.gpu_milli,
         gpu_memory_mib: gpu.gpu_memory_mib,
@@ -692,6 +697,7 @@ impl Job {
             signal: self.signal,
             array: self.array,
             requeue: self.requeue,
+            right_size: self.right_size,
             dependencies: self
                 .dependencies
                 .iter()

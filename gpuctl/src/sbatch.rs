@@ -245,6 +245,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
         signal: String::new(),
         array: String::new(),
         requeue: false,
+        right_size: false,
         dependencies: Vec::new(),
         gpus: 0,
         gpu_milli: 0,

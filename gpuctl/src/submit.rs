@@ -67,6 +67,10 @@ pub struct SubmitArgs {
     /// Dependencies (replace the file's): afterok:12:13,afterany:14, singleton.
     #[arg(short = 'd', long)]
     pub dependency: Option<String>,
+    /// Shrink the request to what your last runs of this job name needed, with a
+    /// margin (GPU share, GPU memory, time limit, CPUs, memory); says what changed.
+    #[arg(long)]
+    pub right_size: bool,
 }
 
 impl SubmitArgs {
@@ -148,6 +152,7 @@ impl SubmitArgs {
         if let Some(o) = &self.output {
             job.stdout = Some(o.clone());
         }
+        job.right_size |= self.right_size;
         Ok(())
     }
 

@@ -149,7 +149,18 @@ impl controller_server::Controller for UserApi {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
         let job_id = self.0.submit(&caller, r.spec, &r.request_id).await?;
-        Ok(Response::new(pb::SubmitResponse { job_id }))
+        // What right-sizing changed, as the record keeps it.
+        let notes = self
+            .0
+            .get_job(job_id)
+            .map(|j| {
+                j.warnings
+                    .into_iter()
+                    .filter(|w| w.starts_with("right-size: "))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Response::new(pb::SubmitResponse { job_id, notes }))
     }
 
     async fn list_jobs(

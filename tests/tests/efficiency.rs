@@ -123,6 +123,46 @@ fn scripted_usage_gives_the_figures_and_advice_and_history_survives_kill9() {
     c.kill9_controller();
     c.start_controller();
     check_history(&c);
+    // The same job again, right-sized from that run: a quarter GPU, 5 minutes, 1 CPU.
+    let out = c.json(&[
+        "submit",
+        c.path("eff.toml").to_str().unwrap(),
+        "--right-size",
+    ]);
+    let notes: Vec<&str> = out["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert_eq!(notes.len(), 3, "{out:#}");
+    assert!(
+        notes[0].starts_with("right-size: gpus 1 -> 0.25 (last 1 run(s)"),
+        "{out:#}"
+    );
+    assert!(
+        notes[1].starts_with("right-size: time_limit 2h -> 5m"),
+        "{out:#}"
+    );
+    assert!(notes[2].starts_with("right-size: cpus 4 -> 1"), "{out:#}");
+    let again = c.job(out["job_id"].as_u64().unwrap());
+    assert_eq!(again["resources"]["gpu_milli"], 250, "{again:#}");
+    assert_eq!(again["resources"]["cpus"], 1, "{again:#}");
+    assert_eq!(again["time_limit_secs"], 300, "{again:#}");
+    // A job name with no earlier run is left as written, and says so.
+    std::fs::write(
+        c.path("new.toml"),
+        "name = \"fresh\"\nscript = \"true\"\nright_size = true\n[resources]\ngpus = 1\n",
+    )
+    .unwrap();
+    let out = c.json(&["submit", c.path("new.toml").to_str().unwrap()]);
+    assert!(
+        out["notes"][0]
+            .as_str()
+            .unwrap()
+            .contains("no earlier completed run"),
+        "{out:#}"
+    );
     // A window that ends before the job was submitted leaves it out.
     let rows = c.json(&["history", "-S", "30d", "-E", "2000-01-01"]);
     assert_eq!(rows.as_array().map(Vec::len), Some(0), "{rows}");

@@ -10,11 +10,18 @@ use crate::cli::{Cli, Client, Failure, connect, exit};
 #[derive(Serialize)]
 pub struct Submitted {
     job_id: u64,
+    /// What the controller changed in the request (right-sizing).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
 }
 
 impl View for Submitted {
     fn text(&self) -> String {
-        format!("Submitted job {}\n", self.job_id)
+        let mut text = format!("Submitted job {}\n", self.job_id);
+        for n in &self.notes {
+            text.push_str(&format!("{n}\n"));
+        }
+        text
     }
 }
 
@@ -63,8 +70,10 @@ pub async fn run(
     loop {
         let s = match client.submit(req.clone()).await {
             Ok(r) => {
+                let r = r.into_inner();
                 return Ok(Submitted {
-                    job_id: r.into_inner().job_id,
+                    job_id: r.job_id,
+                    notes: r.notes,
                 });
             }
             Err(s) if outcome_unknown(&s) => s,
