@@ -576,6 +576,8 @@ mod tests {
         assert_eq!(c.partitions_of("gpu03"), vec!["batch", "inference"]);
         assert_eq!(c.partitions_of("a100-x"), vec!["batch", "inference"]);
         assert_eq!(c.partitions_of("gpu05"), vec!["batch"]);
+        assert_eq!(c.idle.after, Some(Duration::from_secs(1800)));
+        assert_eq!(c.idle.action, crate::idle::IdleAction::Warn);
     }
 
     #[test]
