@@ -12,6 +12,7 @@ pub mod bankday;
 pub mod bench;
 pub mod inflation;
 pub mod replay;
+pub mod rightsize;
 pub mod trace;
 
 use std::path::PathBuf;

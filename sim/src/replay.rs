@@ -72,6 +72,13 @@ pub struct Args {
     /// Also draw utilisation and queue length over time (SVG).
     #[arg(long)]
     pub plot: bool,
+    /// Replay twice: as submitted, and with every request right-sized from its
+    /// modelled usage (`rightsize.rs`); writes rightsize.json and rightsize.md.
+    #[arg(long)]
+    pub right_size: bool,
+    /// The seed of the modelled usage.
+    #[arg(long, default_value_t = 1)]
+    pub usage_seed: u64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -514,12 +521,25 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         Some(p) => Config::load(p)?,
         None => Config::default(),
     };
-    let mut progress = super::Progress::new(combos.len() as u64, "replaying");
-    for (policy, packing) in combos {
-        let config = config_for(&policy, packing, a.reservation_depth, &jobs, &base)?;
-        let out = replay(&nodes, &jobs, &config, &base, &policy, a.epoch);
-        let (summary, samples, users) = (out.summary, out.samples, out.users);
-        let stem = format!("{policy}-{packing}");
+    let sized = a.right_size.then(|| {
+        let mut sized = jobs.clone();
+        let changes = crate::rightsize::right_size(&mut sized, a.usage_seed);
+        (sized, changes)
+    });
+    let sets: Vec<(&[TraceJob], &str)> = std::iter::once((jobs.as_slice(), ""))
+        .chain(sized.as_ref().map(|(s, _)| (s.as_slice(), "-rightsized")))
+        .collect();
+    let runs: Vec<(String, Policy, &[TraceJob], &str)> = sets
+        .iter()
+        .flat_map(|&(js, tag)| combos.iter().map(move |(p, k)| (p.clone(), *k, js, tag)))
+        .collect();
+    let mut progress = super::Progress::new(runs.len() as u64, "replaying");
+    for (policy, packing, jobs, tag) in runs {
+        let config = config_for(&policy, packing, a.reservation_depth, jobs, &base)?;
+        let out = replay(&nodes, jobs, &config, &base, &policy, a.epoch);
+        let (mut summary, samples, users) = (out.summary, out.samples, out.users);
+        summary.policy.push_str(tag);
+        let stem = format!("{policy}{tag}-{packing}");
         std::fs::write(a.out.join(format!("users-{stem}.csv")), users_csv(&users))?;
         std::fs::write(
             a.out.join(format!("timeline-{stem}.csv")),
@@ -542,6 +562,14 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     std::fs::write(a.out.join("summary.md"), table(&rows))?;
     println!("{json}");
     print!("{}", table(&rows));
+    if let Some((_, changes)) = &sized {
+        let gpus = capacity as f64 / 1000.0;
+        let cmp = crate::rightsize::compare(&rows, changes, gpus);
+        std::fs::write(a.out.join("rightsize.json"), serde_json::to_string_pretty(&cmp)?)?;
+        let md = crate::rightsize::table(&cmp);
+        std::fs::write(a.out.join("rightsize.md"), &md)?;
+        print!("{md}");
+    }
     Ok(())
 }
 
