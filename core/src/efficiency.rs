@@ -32,6 +32,8 @@ pub struct Efficiency {
     pub gpu_util_mean: Option<f64>,
     pub gpu_util_max: Option<f64>,
     pub gpu_memory_peak_mib: u64,
+    /// The job's GPU memory, mean over samples (of the slot with the highest mean).
+    pub gpu_memory_mean_mib: Option<f64>,
     /// Per slot, what it was given (MiB).
     pub gpu_memory_requested_mib: u64,
     pub gpu_energy_j: f64,
@@ -43,6 +45,39 @@ pub struct Efficiency {
     pub rows: Vec<Row>,
     /// Job-file lines for next time, each with its evidence after a `#`.
     pub advice: Vec<String>,
+    /// Each allocated GPU or slice.
+    pub slots: Vec<SlotFigures>,
+}
+
+/// One GPU or slice of the job: its share and what it used.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SlotFigures {
+    pub node: String,
+    pub uuid: String,
+    pub share_milli: u32,
+    pub memory_mib: u64,
+    pub samples: u64,
+    pub util_mean: Option<f64>,
+    pub util_max: f64,
+    pub memory_peak_mib: u64,
+    pub memory_mean_mib: Option<f64>,
+    pub energy_j: f64,
+}
+
+fn slot_figures(s: &pb::SlotUsage) -> SlotFigures {
+    let n = s.samples as f64;
+    SlotFigures {
+        node: s.node.clone(),
+        uuid: s.uuid.clone(),
+        share_milli: s.share_milli,
+        memory_mib: s.memory_mib,
+        samples: s.samples,
+        util_mean: (s.samples > 0).then(|| s.util_sum / n),
+        util_max: s.util_max,
+        memory_peak_mib: s.mem_peak_mib,
+        memory_mean_mib: (s.samples > 0).then(|| s.mem_sum_mib / n),
+        energy_j: s.energy_j,
+    }
 }
 
 /// The report for `job` at `now` (Unix ms; a running job's elapsed time runs to it).
@@ -92,6 +127,12 @@ pub fn report(job: &pb::Job, now: i64) -> Efficiency {
         gpu_util_mean: util,
         gpu_util_max: util_max,
         gpu_memory_peak_mib: peak,
+        gpu_memory_mean_mib: usage
+            .slots
+            .iter()
+            .filter(|s| s.samples > 0)
+            .map(|s| s.mem_sum_mib / s.samples as f64)
+            .reduce(f64::max),
         gpu_memory_requested_mib: slot_mem,
         gpu_energy_j: usage.slots.iter().map(|s| s.energy_j).sum(),
         cpus_requested: cpus,
@@ -100,6 +141,7 @@ pub fn report(job: &pb::Job, now: i64) -> Efficiency {
         memory_peak_bytes: mem_peak_host,
         rows: Vec::new(),
         advice: Vec::new(),
+        slots: usage.slots.iter().map(slot_figures).collect(),
     };
     e.rows = rows(&e, &res);
     e.advice = advice(&e, job, &res, &usage);

@@ -441,7 +441,14 @@ impl Controller {
         ids.iter()
             .filter_map(|&id| c.jobs.job(id))
             .filter(|j| all || !j.state().is_final())
-            .map(presented)
+            .map(|j| {
+                let mut p = presented(j);
+                // A running job's usage so far (history, report).
+                if let Some(u) = c.live_usage.get(&j.id) {
+                    p.usage = Some(u.clone());
+                }
+                p
+            })
             .collect()
     }
 

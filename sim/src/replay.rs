@@ -563,8 +563,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     println!("{json}");
     print!("{}", table(&rows));
     if let Some((_, changes)) = &sized {
-        let gpus = capacity as f64 / 1000.0;
-        let cmp = crate::rightsize::compare(&rows, changes, gpus);
+        let cmp = crate::rightsize::compare(&rows, changes);
         std::fs::write(a.out.join("rightsize.json"), serde_json::to_string_pretty(&cmp)?)?;
         let md = crate::rightsize::table(&cmp);
         std::fs::write(a.out.join("rightsize.md"), &md)?;

@@ -64,6 +64,10 @@ fn an_oversized_job_gets_every_line_computed_by_hand() {
     assert_eq!(e.gpu_util_mean, Some(10.0));
     assert_eq!(e.gpu_util_max, Some(12.0));
     assert_eq!(e.gpu_memory_peak_mib, 6000);
+    // (5000 + 6000 + 4000 + 4000) / 4.
+    assert_eq!(e.gpu_memory_mean_mib, Some(4750.0));
+    assert_eq!(e.slots.len(), 1);
+    assert_eq!(e.slots[0].util_mean, Some(10.0));
     assert_eq!(e.cpus_used_mean, Some(1.5));
     // Three gaps of 10 s at 300 W.
     assert_eq!(e.gpu_energy_j, 9000.0);
