@@ -88,17 +88,22 @@ fn main() {
     for s in c.jobs.active() {
         let j = s.job.as_ref().unwrap();
         for a in &j.allocations {
-            running.entry(a.node.clone()).or_default().push(pb::RunningJob {
-                job_id: j.id,
-                attempt: j.attempt,
-            });
+            running
+                .entry(a.node.clone())
+                .or_default()
+                .push(pb::RunningJob {
+                    job_id: j.id,
+                    attempt: j.attempt,
+                });
             for sl in &a.slots {
                 on_gpu.entry(sl.uuid.clone()).or_default().push(j.id);
             }
         }
     }
     let started: usize = running.values().map(Vec::len).sum();
-    println!("{nodes} nodes x 8 GPUs, {started} running jobs ({whole} whole GPUs, {shares} quarter shares)");
+    println!(
+        "{nodes} nodes x 8 GPUs, {started} running jobs ({whole} whole GPUs, {shares} quarter shares)"
+    );
     let heartbeat = |n: &str, t: i64| pb::HeartbeatRequest {
         node: n.to_string(),
         running: running.get(n).cloned().unwrap_or_default(),
@@ -158,7 +163,9 @@ fn main() {
                 + 16
                 + u.slots
                     .iter()
-                    .map(|s| std::mem::size_of::<pb::SlotUsage>() + s.node.capacity() + s.uuid.capacity())
+                    .map(|s| {
+                        std::mem::size_of::<pb::SlotUsage>() + s.node.capacity() + s.uuid.capacity()
+                    })
                     .sum::<usize>()
         })
         .sum();

@@ -72,7 +72,11 @@ fn an_idle_job_is_warned_once_per_stretch() {
     // Ten minutes idle: warned.
     beat(&mut c, id, 1, T0 + 10 * MIN);
     let j = c.jobs.job(id).unwrap();
-    assert!(j.reason.starts_with("idle: its GPUs were under 5% for 10m"), "{}", j.reason);
+    assert!(
+        j.reason.starts_with("idle: its GPUs were under 5% for 10m"),
+        "{}",
+        j.reason
+    );
     assert_eq!(j.warnings.len(), 1);
     // Once per stretch.
     beat(&mut c, id, 1, T0 + 11 * MIN);
@@ -122,6 +126,9 @@ fn an_idle_job_is_requeued_and_its_usage_kept() {
     assert_eq!(u.slots[0].mem_peak_mib, 2048);
     // Nine gaps of a minute at 100 W.
     assert_eq!(u.slots[0].energy_j, 9.0 * 60.0 * 100.0);
-    assert_eq!((u.cpu_time_ms, u.host_mem_peak_bytes, u.host_reports), (30_000, 1 << 30, 1));
+    assert_eq!(
+        (u.cpu_time_ms, u.host_mem_peak_bytes, u.host_reports),
+        (30_000, 1 << 30, 1)
+    );
     assert!(c.live_usage.is_empty());
 }

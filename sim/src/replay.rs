@@ -564,7 +564,10 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     print!("{}", table(&rows));
     if let Some((_, changes)) = &sized {
         let cmp = crate::rightsize::compare(&rows, changes);
-        std::fs::write(a.out.join("rightsize.json"), serde_json::to_string_pretty(&cmp)?)?;
+        std::fs::write(
+            a.out.join("rightsize.json"),
+            serde_json::to_string_pretty(&cmp)?,
+        )?;
         let md = crate::rightsize::table(&cmp);
         std::fs::write(a.out.join("rightsize.md"), &md)?;
         print!("{md}");

@@ -136,7 +136,10 @@ mod tests {
                 GpuRequest::Share { compute_milli, .. } => u64::from(compute_milli.unwrap_or(0)),
                 _ => 0,
             },
-            request: Request { gpu, ..Request::whole(1) },
+            request: Request {
+                gpu,
+                ..Request::whole(1)
+            },
             ..TraceJob::default()
         };
         // Find ids with a low and a high modelled use.
@@ -222,7 +225,13 @@ pub fn table(r: &Report) -> String {
     let c = &r.changes;
     let mut s = format!(
         "Right-sized {} jobs: {} whole GPUs to shares, {} shares shrunk, {} time limits cut; GPU-hours requested {:.0} -> {:.0} (used, modelled: {:.0})\n\n",
-        c.jobs, c.to_share, c.shares_shrunk, c.time_limits_cut, c.gpu_hours_before, c.gpu_hours_after, c.gpu_hours_used
+        c.jobs,
+        c.to_share,
+        c.shares_shrunk,
+        c.time_limits_cut,
+        c.gpu_hours_before,
+        c.gpu_hours_after,
+        c.gpu_hours_used
     );
     s.push_str("| policy | packing | wait mean (s) | wait p95 (s) | bounded slowdown | makespan (h) | util while backlogged | util overall |\n|---|---|---|---|---|---|---|---|\n");
     let pair = |x: [f64; 2], k: f64, d: usize| format!("{:.d$} -> {:.d$}", x[0] * k, x[1] * k);
