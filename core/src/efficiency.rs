@@ -148,10 +148,6 @@ pub fn report(job: &pb::Job, now: i64) -> Efficiency {
     e
 }
 
-fn pct(x: Option<f64>) -> String {
-    x.map_or_else(|| "no samples".to_string(), |v| format!("{v:.1}%"))
-}
-
 fn gib(mib: u64) -> String {
     format!("{:.1} GiB", mib as f64 / 1024.0)
 }
@@ -169,11 +165,12 @@ fn rows(e: &Efficiency, res: &pb::Resources) -> Vec<Row> {
         Row {
             what: "GPU compute".into(),
             requested: gpu_asked,
-            used: format!(
-                "mean {}, max {} of its share",
-                pct(e.gpu_util_mean),
-                pct(e.gpu_util_max)
-            ),
+            used: match (e.gpu_util_mean, e.gpu_util_max) {
+                (Some(mean), Some(max)) => {
+                    format!("mean {mean:.1}%, max {max:.1}% of its share")
+                }
+                _ => "no samples".into(),
+            },
         },
         Row {
             what: "GPU memory (per GPU)".into(),
