@@ -52,6 +52,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    gpuctl_sim::alloc::tune();
     let args = Args::parse();
     // A simulation drives the controller's state machine through thousands of jobs:
     // its per-job log lines would cost more than the simulation (GPUCTL_LOG=info shows them).

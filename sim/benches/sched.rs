@@ -1,5 +1,8 @@
 //! One full scheduling pass (priority + reservations + backfill + placement) over 1,000
-//! nodes x 8 GPUs, half busy, with 10,000 and 100,000 pending jobs of the Alibaba mix.
+//! nodes x 8 GPUs, half busy, with 10,000 and 100,000 pending jobs of the Alibaba mix,
+//! with the default weights and fair share on (500 users in 50 accounts with uneven
+//! usage: `bench::owners`; the factors are given before the timed pass, the table's own
+//! cost is what `sched_pass` reports apart).
 //!
 //! cargo bench -p gpuctl-sim --bench sched
 
@@ -12,13 +15,16 @@ use gpuctl_sim::bench;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn pass(c: &mut Criterion) {
+    gpuctl_sim::alloc::tune();
     let (pods, source) = bench::pods();
     eprintln!("task mix: {source}");
     let cluster = bench::cluster(1000, 1);
     let mut g = c.benchmark_group("full_pass_1000x8");
     g.sample_size(10);
     for n in [10_000usize, 100_000] {
-        let queue = bench::queue(&pods, n, 2);
+        let mut queue = bench::queue(&pods, n, 2);
+        let usage = bench::owners(&mut queue);
+        bench::fair_share(&mut queue, &usage);
         let config = SchedConfig {
             workload: gpuctl_sim::trace::workload(&pods),
             ..SchedConfig::default()

@@ -19,6 +19,7 @@ use std::time::Instant;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() {
+    gpuctl_sim::alloc::tune();
     let n: usize = std::env::args()
         .nth(1)
         .map_or(10_000, |s| s.parse().unwrap());
@@ -26,16 +27,7 @@ fn main() {
     let (pods, _) = bench::pods();
     let cluster = bench::cluster(1000, 1);
     let mut queue = bench::queue(&pods, n, 2);
-    for (i, j) in queue.iter_mut().enumerate() {
-        j.user = format!("u{}", i % 500);
-        j.account = format!("a{}", i % 50);
-    }
-    let mut usage = sched::fairshare::Usage::default();
-    for u in 0..500u64 {
-        // Deterministic, uneven usage: some users used a lot, some nothing.
-        let gpu_s = ((u * 7919) % 1000) as f64 * 3600.0 * (u % 3) as f64;
-        usage.charge(&format!("a{}", u % 50), &format!("u{u}"), gpu_s);
-    }
+    let usage = bench::owners(&mut queue);
     let mut config = SchedConfig {
         workload: gpuctl_sim::trace::workload(&pods),
         ..SchedConfig::default()
@@ -59,13 +51,7 @@ fn main() {
     let mut digest = String::new();
     for _ in 0..reps {
         let s = Instant::now();
-        let table = usage.table(
-            queue.iter().map(|j| (j.account.as_str(), j.user.as_str())),
-            &sched::fairshare::Equal,
-        );
-        for j in queue.iter_mut() {
-            j.fair_share_milli = table.factor(&j.account, &j.user);
-        }
+        bench::fair_share(&mut queue, &usage);
         fs.push(s.elapsed().as_secs_f64() * 1e3);
         let plan = sched::schedule(&cluster, &queue, &config, 0);
         let planned = s.elapsed();

@@ -154,3 +154,30 @@ pub fn pods() -> (Vec<Pod>, &'static str) {
         Err(_) => (synthetic_pods(7), "synthetic mix (trace not found)"),
     }
 }
+
+/// The benchmark's owners: job i belongs to user `u{i % 500}` in account
+/// `a{i % 50}`, and the users' decayed usage is uneven (some used a lot, some nothing),
+/// deterministically.
+pub fn owners(queue: &mut [PendingJob]) -> gpuctl_sched::fairshare::Usage {
+    for (i, j) in queue.iter_mut().enumerate() {
+        j.user = format!("u{}", i % 500);
+        j.account = format!("a{}", i % 50);
+    }
+    let mut usage = gpuctl_sched::fairshare::Usage::default();
+    for u in 0..500u64 {
+        let gpu_s = ((u * 7919) % 1000) as f64 * 3600.0 * (u % 3) as f64;
+        usage.charge(&format!("a{}", u % 50), &format!("u{u}"), gpu_s);
+    }
+    usage
+}
+
+/// Each job's fair-share factor from `usage` (equal shares), as a pass gives them.
+pub fn fair_share(queue: &mut [PendingJob], usage: &gpuctl_sched::fairshare::Usage) {
+    let table = usage.table(
+        queue.iter().map(|j| (j.account.as_str(), j.user.as_str())),
+        &gpuctl_sched::fairshare::Equal,
+    );
+    for j in queue.iter_mut() {
+        j.fair_share_milli = table.factor(&j.account, &j.user);
+    }
+}

@@ -8,6 +8,7 @@
 //!
 //! Both call the same `sched` code as the controller.
 
+pub mod alloc;
 pub mod bankday;
 pub mod bench;
 pub mod inflation;
