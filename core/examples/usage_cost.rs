@@ -146,7 +146,7 @@ fn main() {
         let reqs: Vec<_> = names.iter().map(|n| heartbeat(n, t + 500)).collect();
         let start = Instant::now();
         for r in &reqs {
-            c.fold_usage(&r.node, &r.running, &r.metrics);
+            c.fold_usage(&r.node, &r.running, &r.metrics, t + 500);
         }
         fold_ms.push(start.elapsed().as_secs_f64() * 1e3);
     }

@@ -525,7 +525,7 @@ impl Cluster {
             if !req.metrics.is_empty() {
                 c.metrics.insert(req.node.clone(), req.metrics.clone());
             }
-            c.fold_usage(&req.node, &req.running, &req.metrics);
+            c.fold_usage(&req.node, &req.running, &req.metrics, now);
         }
         let stale = req
             .running

@@ -29,12 +29,15 @@ struct Holder<'a> {
 }
 
 impl Cluster {
-    /// Folds a heartbeat's samples into the usage of the jobs the agent runs.
+    /// Folds a heartbeat's samples into the usage of the jobs the agent runs. `now` is
+    /// when the controller got them: a busy sample marks the job busy then (the idle
+    /// policy compares the controller's times, whatever the agent's clock says).
     pub fn fold_usage(
         &mut self,
         node: &str,
         running: &[pb::RunningJob],
         samples: &[pb::GpuMetrics],
+        now: i64,
     ) {
         if samples.is_empty() || running.is_empty() {
             return;
@@ -84,12 +87,12 @@ impl Cluster {
                     .map_or(0, |u| u.mem_used_mib);
                 let usage = self.live_usage.entry(h.job).or_default();
                 if let Some(util) = fold_sample(usage, node, h.slot, shares, used, m) {
-                    busy.push((h.job, m.time_ms, util));
+                    busy.push((h.job, util));
                 }
             }
         }
-        for (job, t, util) in busy {
-            self.note_busy(job, t, util);
+        for (job, util) in busy {
+            self.note_busy(job, now, util);
         }
     }
 
