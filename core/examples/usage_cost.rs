@@ -94,6 +94,7 @@ fn main() {
                 .push(pb::RunningJob {
                     job_id: j.id,
                     attempt: j.attempt,
+                    ..Default::default()
                 });
             for sl in &a.slots {
                 on_gpu.entry(sl.uuid.clone()).or_default().push(j.id);

@@ -526,6 +526,7 @@ impl Cluster {
                 c.metrics.insert(req.node.clone(), req.metrics.clone());
             }
             c.fold_usage(&req.node, &req.running, &req.metrics, now);
+            c.note_host(&req.node, &req.running);
         }
         let stale = req
             .running

@@ -53,6 +53,9 @@ pub struct Cluster {
     pub metrics: HashMap<String, Vec<pb::GpuMetrics>>,
     /// What running jobs used so far (`usage.rs`), memory only.
     pub live_usage: crate::usage::LiveUsage,
+    /// Each running rank's cgroup CPU time and peak memory, from heartbeats, by (job,
+    /// node); memory only, replaced by the end report's figures.
+    pub live_host: crate::usage::LiveHost,
     /// When each running job was last seen busy (`idle.rs`), memory only.
     pub idle: crate::idle::IdleTracks,
     /// Nodes changed since the last `take_changes`.

@@ -22,6 +22,9 @@ const MAX_SAMPLE_GAP_MS: i64 = 60_000;
 /// Live usage of running jobs, by job id.
 pub type LiveUsage = HashMap<u64, pb::JobUsage>;
 
+/// Running ranks' (CPU time ms, peak memory bytes), by (job id, node).
+pub type LiveHost = HashMap<(u64, String), (u64, u64)>;
+
 /// One allocated slot of a job on a node: (job, its slot use, the GPU's uuid).
 struct Holder<'a> {
     job: u64,
@@ -96,22 +99,50 @@ impl Cluster {
         }
     }
 
-    /// The usage to show for a job: the live figures while it runs, else the record's.
+    /// The usage to show for a job: the live figures while it runs (with its running
+    /// ranks' host figures so far), else the record's.
     pub fn usage_of(&self, j: &pb::Job) -> Option<pb::JobUsage> {
-        self.live_usage
-            .get(&j.id)
-            .cloned()
-            .or_else(|| j.usage.clone())
+        let mut u = self.live_usage.get(&j.id).cloned();
+        for ((id, _), &(cpu, mem)) in &self.live_host {
+            if *id == j.id {
+                let u = u.get_or_insert_with(Default::default);
+                u.cpu_time_ms += cpu;
+                u.host_mem_peak_bytes = u.host_mem_peak_bytes.max(mem);
+                u.host_reports += 1;
+            }
+        }
+        u.or_else(|| j.usage.clone())
+    }
+
+    /// A heartbeat's host figures of the ranks the agent runs.
+    pub fn note_host(&mut self, node: &str, running: &[pb::RunningJob]) {
+        for r in running {
+            if r.cpu_time_ms.is_none() && r.mem_peak_bytes.is_none() {
+                continue;
+            }
+            let holds = self
+                .jobs
+                .job(r.job_id)
+                .is_some_and(|j| j.attempt == r.attempt && live_allocs(j).any(|a| a.node == node));
+            if holds {
+                let v = (r.cpu_time_ms.unwrap_or(0), r.mem_peak_bytes.unwrap_or(0));
+                self.live_host.insert((r.job_id, node.to_string()), v);
+            }
+        }
     }
 
     /// A rank's host figures, from its end report.
+    /// (Where the report has none, the rank's last heartbeat's figures count.)
     pub fn add_host_usage(&mut self, r: &pb::JobReport) {
-        if r.cpu_time_ms.is_none() && r.mem_peak_bytes.is_none() {
+        let live = self.live_host.remove(&(r.job_id, r.node.clone()));
+        let cpu = r.cpu_time_ms.or(live.map(|l| l.0));
+        let mem = r.mem_peak_bytes.or(live.map(|l| l.1));
+        if cpu.is_none() && mem.is_none() {
             return;
         }
         let u = self.live_usage.entry(r.job_id).or_default();
-        u.cpu_time_ms += r.cpu_time_ms.unwrap_or(0);
-        u.host_mem_peak_bytes = u.host_mem_peak_bytes.max(r.mem_peak_bytes.unwrap_or(0));
+        u.cpu_time_ms += cpu.unwrap_or(0);
+        u.host_mem_peak_bytes = u.host_mem_peak_bytes.max(mem.unwrap_or(0));
         u.host_reports += 1;
     }
 
@@ -124,6 +155,22 @@ impl Cluster {
             .is_some_and(|j| live_allocs(j).next().is_some());
         if running {
             return;
+        }
+        // Ranks that ended without an end report (their node failed) count with what
+        // their last heartbeat said.
+        let ranks: Vec<(u64, String)> = self
+            .live_host
+            .keys()
+            .filter(|k| k.0 == id)
+            .cloned()
+            .collect();
+        for k in ranks {
+            if let Some((cpu, mem)) = self.live_host.remove(&k) {
+                let u = self.live_usage.entry(id).or_default();
+                u.cpu_time_ms += cpu;
+                u.host_mem_peak_bytes = u.host_mem_peak_bytes.max(mem);
+                u.host_reports += 1;
+            }
         }
         if let Some(u) = self.live_usage.remove(&id) {
             self.jobs.edit(id, |s| {
@@ -147,9 +194,19 @@ impl Cluster {
                     .is_none_or(|s| live_allocs(job_of(s)).next().is_none())
             })
             .collect();
+        let host_gone = self.live_host.keys().map(|k| k.0).filter(|&id| {
+            self.jobs
+                .get(id)
+                .is_none_or(|s| live_allocs(job_of(s)).next().is_none())
+        });
+        let mut gone = gone;
+        gone.extend(host_gone.collect::<Vec<_>>());
+        gone.sort_unstable();
+        gone.dedup();
         for id in gone {
             self.settle_usage(id);
             self.live_usage.remove(&id);
+            self.live_host.retain(|k, _| k.0 != id);
         }
     }
 }

@@ -32,6 +32,7 @@ fn beat(c: &mut Cluster, id: u64, util: u32, now: i64) -> gpuctl_core::Effects {
         running: vec![pb::RunningJob {
             job_id: id,
             attempt,
+            ..Default::default()
         }],
         metrics: vec![pb::GpuMetrics {
             uuid: "GPU-n1-0".into(),
@@ -131,4 +132,50 @@ fn an_idle_job_is_requeued_and_its_usage_kept() {
         (30_000, 1 << 30, 1)
     );
     assert!(c.live_usage.is_empty());
+}
+
+#[test]
+fn running_ranks_host_figures_show_live_and_count_when_the_node_fails() {
+    let mut c = cluster_with(IdleAction::Warn);
+    c.config.idle.after = None;
+    let id = running_job(&mut c);
+    let attempt = c.jobs.job(id).unwrap().attempt;
+    let req = pb::HeartbeatRequest {
+        node: "n1".into(),
+        running: vec![pb::RunningJob {
+            job_id: id,
+            attempt,
+            cpu_time_ms: Some(90_000),
+            mem_peak_bytes: Some(3 << 30),
+        }],
+        ..Default::default()
+    };
+    c.heartbeat(&req, T0 + MIN);
+    let live = c.usage_of(c.jobs.job(id).unwrap()).unwrap();
+    assert_eq!(
+        (
+            live.cpu_time_ms,
+            live.host_mem_peak_bytes,
+            live.host_reports
+        ),
+        (90_000, 3 << 30, 1)
+    );
+    // A later heartbeat replaces the figures (they are totals so far).
+    let mut later = req.clone();
+    later.running[0].cpu_time_ms = Some(120_000);
+    c.heartbeat(&later, T0 + 2 * MIN);
+    assert_eq!(
+        c.usage_of(c.jobs.job(id).unwrap()).unwrap().cpu_time_ms,
+        120_000
+    );
+    // The node goes silent: the job ends NODE_FAIL with the last figures kept.
+    c.check_nodes(T0 + 10 * MIN);
+    let j = c.jobs.job(id).unwrap();
+    assert_eq!(j.state(), JobState::NodeFail);
+    let u = j.usage.as_ref().expect("settled");
+    assert_eq!(
+        (u.cpu_time_ms, u.host_mem_peak_bytes, u.host_reports),
+        (120_000, 3 << 30, 1)
+    );
+    assert!(c.live_host.is_empty() && c.live_usage.is_empty());
 }

@@ -217,6 +217,7 @@ fn write_agent_corpus(w: &impl Fn(&str, Vec<u8>)) {
             running: vec![pb::RunningJob {
                 job_id: 1,
                 attempt: 1,
+                ..Default::default()
             }],
             unacked_reports: vec![pb::JobReport {
                 node: "n1".into(),
@@ -240,6 +241,7 @@ fn write_agent_corpus(w: &impl Fn(&str, Vec<u8>)) {
             running: vec![pb::RunningJob {
                 job_id: 1,
                 attempt: 1,
+                ..Default::default()
             }],
             metrics: vec![pb::GpuMetrics {
                 uuid: "GPU-0".into(),

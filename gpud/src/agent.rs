@@ -151,8 +151,31 @@ impl Agent {
             .collect();
         v.sort_unstable();
         v.into_iter()
-            .map(|(job_id, attempt)| pb::RunningJob { job_id, attempt })
+            .map(|(job_id, attempt)| pb::RunningJob {
+                job_id,
+                attempt,
+                ..Default::default()
+            })
             .collect()
+    }
+
+    /// `running`, with each instance's cgroup CPU time and peak memory (read from the
+    /// kernel's cgroup files, never from anything a user names).
+    fn running_with_usage(&self) -> Vec<pb::RunningJob> {
+        let cgroups: HashMap<(u64, u32), crate::cgroup::JobCgroup> = self
+            .watched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(|(k, (w, _))| Some((*k, w.cgroup.clone()?)))
+            .collect();
+        let mut running = self.running();
+        for r in &mut running {
+            if let Some(cg) = cgroups.get(&(r.job_id, r.attempt)) {
+                (r.cpu_time_ms, r.mem_peak_bytes) = cg.stats();
+            }
+        }
+        running
     }
 
     fn current_session(&self) -> Option<Arc<Session>> {
@@ -667,7 +690,12 @@ async fn heartbeats(
         let req = pb::HeartbeatRequest {
             node: agent.name.clone(),
             commands_handled,
-            running: agent.running(),
+            running: {
+                let a = agent.clone();
+                tokio::task::spawn_blocking(move || a.running_with_usage())
+                    .await
+                    .unwrap_or_else(|_| agent.running())
+            },
             reporting: agent
                 .reports
                 .snapshot()
@@ -675,6 +703,7 @@ async fn heartbeats(
                 .map(|r| pb::RunningJob {
                     job_id: r.job_id,
                     attempt: r.attempt,
+                    ..Default::default()
                 })
                 .collect(),
             metrics: agent

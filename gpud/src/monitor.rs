@@ -27,6 +27,8 @@ pub struct Watched {
     pub slots: Vec<pb::SlotUse>,
     /// Who submitted it (a metric label).
     pub user: String,
+    /// Its cgroup (CPU time and peak memory for heartbeats).
+    pub cgroup: Option<crate::cgroup::JobCgroup>,
 }
 
 /// A job using more GPU memory than its share.
@@ -417,6 +419,7 @@ mod tests {
 
     fn watched(job: u64, pgid: i32, share_mib: u64) -> Watched {
         Watched {
+            cgroup: None,
             user: String::new(),
             job_id: job,
             attempt: 1,

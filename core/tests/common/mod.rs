@@ -43,7 +43,11 @@ pub fn attach_with(c: &mut Cluster, node: &str, running: &[(u64, u32)], now: i64
         gpu_backend: "fake".into(),
         running: running
             .iter()
-            .map(|&(job_id, attempt)| pb::RunningJob { job_id, attempt })
+            .map(|&(job_id, attempt)| pb::RunningJob {
+                job_id,
+                attempt,
+                ..Default::default()
+            })
             .collect(),
         nonce,
         agent_id: format!("agent-{node}"),

@@ -165,6 +165,7 @@ pub(super) async fn run_job(
                             attempt,
                             pgid: job.id().map_or(0, |p| p as i32),
                             slots: start.slots.clone(),
+                            cgroup: job.cgroup.clone(),
                             user: start
                                 .spec
                                 .as_ref()
