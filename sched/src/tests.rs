@@ -867,3 +867,26 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn tail_keys_order_as_their_tuples() {
+    let tuples = [
+        (-5_000i64, 3usize, 7u64),
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 1, 0),
+        (1, 0, u64::from(u32::MAX)),
+        (1_700_000_000_000, 999, 12),
+        (Millis::MAX, 0, 0),
+    ];
+    for w in tuples.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        assert!(
+            tail_key(a.0, a.1, a.2) < tail_key(b.0, b.1, b.2),
+            "{a:?} {b:?}"
+        );
+    }
+    for (t, i, v) in tuples {
+        assert_eq!(tail_unkey(tail_key(t, i, v)), (t, i, v as u32));
+    }
+}
