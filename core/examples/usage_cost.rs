@@ -14,9 +14,8 @@ use gpuctl_proto as pb;
 
 const T0: i64 = 1_800_000_000_000;
 
-fn main() {
-    let nodes: usize = std::env::args().nth(1).map_or(1000, |s| s.parse().unwrap());
-    let seconds: i64 = std::env::args().nth(2).map_or(30, |s| s.parse().unwrap());
+/// The cluster with every job started: (state, node names, whole-GPU jobs, shares).
+fn running_cluster(nodes: usize) -> (Cluster, Vec<String>, usize, usize) {
     let mut config = Config::default();
     config.limits.max_pending_per_user = 1_000_000;
     let mut c = Cluster::new(config);
@@ -82,6 +81,13 @@ fn main() {
     let (view, queue, cfg) = c.pass_input(T0);
     let plan = gpuctl_sched::schedule(&view, &queue, &cfg, T0);
     c.apply_plan(&plan, T0);
+    (c, names, whole, shares)
+}
+
+fn main() {
+    let nodes: usize = std::env::args().nth(1).map_or(1000, |s| s.parse().unwrap());
+    let seconds: i64 = std::env::args().nth(2).map_or(30, |s| s.parse().unwrap());
+    let (mut c, names, whole, shares) = running_cluster(nodes);
     // What each node runs, as its agent would say.
     let mut running: std::collections::HashMap<String, Vec<pb::RunningJob>> = Default::default();
     let mut on_gpu: std::collections::HashMap<String, Vec<u64>> = Default::default();

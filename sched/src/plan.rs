@@ -11,14 +11,12 @@ pub(super) fn plan(
     explain_job: Option<JobId>,
 ) -> (Plan, Option<Explanation>) {
     let mut pass = Pass::new(cluster, config, now);
-    let norm = size_norm(cluster);
-    let ranked = priority::rank(queue, &config.weights, now, norm);
+    let ranked = priority::rank(queue, &config.weights, now, size_norm(cluster));
     let mut plan = Plan::default();
     let mut explanation = None;
     let mut first_blocked: Option<JobId> = None;
     let mut strict_lb = now;
     let mut reservations = 0usize;
-
     let shapes: Vec<usize> = ranked.iter().map(|(j, _)| pass.shape(&j.request)).collect();
     // Without expected starts: the first job (from the current rank on) that might still
     // start now. What is free now only shrinks, so this only moves forward.
@@ -52,13 +50,7 @@ pub(super) fn plan(
         let d = job.duration_ms.max(1000);
         let gang = req.nodes.max(1) as usize;
         let explaining = explain_job == Some(job.id);
-        let capped = caps.as_ref().and_then(|c| c.check(job)).map(Blocked::Cap);
-        let floored = || {
-            let f = floors.as_ref()?;
-            let window = f.check(job, now, d)?.to_string();
-            Some(Blocked::WindowFloor { window })
-        };
-        if let Some(reason) = capped.or_else(floored) {
+        if let Some(reason) = held_back(caps.as_ref(), floors.as_ref(), job, now, d) {
             let waiting = Waiting {
                 job: job.id,
                 reason,
@@ -73,7 +65,6 @@ pub(super) fn plan(
         }
         let may_start = config.backfill || first_blocked.is_none();
         let mut misses: Vec<(usize, Miss)> = Vec::new();
-
         let shape = shapes[rank];
         let mut reserved_by = None;
         let placed = if may_start || explaining {
@@ -136,18 +127,11 @@ pub(super) fn plan(
         if reservation.is_some() {
             reservations += 1;
         }
-        let reason = if let Some(r) = &reservation {
+        if let Some(r) = &reservation {
             strict_lb = strict_lb.max(r.start);
-            match (first_blocked, reserved_by) {
-                (Some(b), _) if !config.backfill => Blocked::Priority { behind: b },
-                (_, Some(b)) => Blocked::Priority { behind: b },
-                _ => Blocked::Resources,
-            }
-        } else if !within_depth {
-            Blocked::BeyondDepth
-        } else {
-            unplaceable(cluster, req)
-        };
+        }
+        let blockers = (first_blocked, reserved_by);
+        let reason = blocked_reason(cluster, config, req, &reservation, within_depth, blockers);
         first_blocked.get_or_insert(job.id);
         let waiting = Waiting {
             job: job.id,
@@ -167,6 +151,47 @@ pub(super) fn plan(
         plan.waiting.push(waiting);
     }
     (plan, explanation)
+}
+
+/// A cap (QoS, account, user, array throttle) or an open window's floor that keeps
+/// `job` (of time limit `d`) from starting now, whatever is free.
+fn held_back(
+    caps: Option<&limits::Caps>,
+    floors: Option<&floors::Floors>,
+    job: &PendingJob,
+    now: Millis,
+    d: Millis,
+) -> Option<Blocked> {
+    if let Some(cap) = caps.and_then(|c| c.check(job)) {
+        return Some(Blocked::Cap(cap));
+    }
+    let window = floors?.check(job, now, d)?.to_string();
+    Some(Blocked::WindowFloor { window })
+}
+
+/// Why a job that does not start now waits: behind the first blocked job (strict
+/// order) or the job whose reservation is in the way, for resources, past the
+/// reservation depth, or for nodes it cannot use (`unplaceable`). `blockers`: (the
+/// first blocked job so far, the job reserved where it would fit).
+fn blocked_reason(
+    cluster: &ClusterView,
+    config: &SchedConfig,
+    req: &Request,
+    reservation: &Option<Reservation>,
+    within_depth: bool,
+    blockers: (Option<JobId>, Option<JobId>),
+) -> Blocked {
+    if reservation.is_some() {
+        match blockers {
+            (Some(b), _) if !config.backfill => Blocked::Priority { behind: b },
+            (_, Some(b)) => Blocked::Priority { behind: b },
+            _ => Blocked::Resources,
+        }
+    } else if !within_depth {
+        Blocked::BeyondDepth
+    } else {
+        unplaceable(cluster, req)
+    }
 }
 
 /// The earliest reservation for `job` from `lb` on: its slots are claimed for its time

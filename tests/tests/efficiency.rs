@@ -123,7 +123,16 @@ fn scripted_usage_gives_the_figures_and_advice_and_history_survives_kill9() {
     c.kill9_controller();
     c.start_controller();
     check_history(&c);
-    // The same job again, right-sized from that run: a quarter GPU, 5 minutes, 1 CPU.
+    right_size_from_that_run(&c);
+    // A window that ends before the job was submitted leaves it out.
+    let rows = c.json(&["history", "-S", "30d", "-E", "2000-01-01"]);
+    assert_eq!(rows.as_array().map(Vec::len), Some(0), "{rows}");
+    assert!(wait_for(T, || c.node_state("eff") != "DOWN"));
+}
+
+/// The same job again, right-sized from the completed run of `eff.toml`.
+fn right_size_from_that_run(c: &Cluster) {
+    // A quarter GPU, 5 minutes, 1 CPU.
     let out = c.json(&[
         "submit",
         c.path("eff.toml").to_str().unwrap(),
@@ -163,10 +172,6 @@ fn scripted_usage_gives_the_figures_and_advice_and_history_survives_kill9() {
             .contains("no earlier completed run"),
         "{out:#}"
     );
-    // A window that ends before the job was submitted leaves it out.
-    let rows = c.json(&["history", "-S", "30d", "-E", "2000-01-01"]);
-    assert_eq!(rows.as_array().map(Vec::len), Some(0), "{rows}");
-    assert!(wait_for(T, || c.node_state("eff") != "DOWN"));
 }
 
 #[test]
