@@ -250,31 +250,17 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
     };
 
     let gpu = gpu_part(&src, res)?;
-    let qos = match raw.qos {
-        Some(q) if q.get_ref().is_empty() || q.get_ref().len() > 64 => {
-            return Err(at(q.span(), "`qos` must be 1 to 64 characters".into()));
+    // A name of the controller's config (QoS, account, partition): 1 to 64 characters.
+    let config_name = |v: Option<Spanned<String>>, key: &str| match v {
+        Some(v) if v.get_ref().is_empty() || v.get_ref().len() > 64 => {
+            Err(at(v.span(), format!("`{key}` must be 1 to 64 characters")))
         }
-        Some(q) => q.into_inner(),
-        None => String::new(),
+        Some(v) => Ok(v.into_inner()),
+        None => Ok(String::new()),
     };
-
-    let account = match raw.account {
-        Some(a) if a.get_ref().is_empty() || a.get_ref().len() > 64 => {
-            return Err(at(a.span(), "`account` must be 1 to 64 characters".into()));
-        }
-        Some(a) => a.into_inner(),
-        None => String::new(),
-    };
-    let partition = match raw.partition {
-        Some(p) if p.get_ref().is_empty() || p.get_ref().len() > 64 => {
-            return Err(at(
-                p.span(),
-                "`partition` must be 1 to 64 characters".into(),
-            ));
-        }
-        Some(p) => p.into_inner(),
-        None => String::new(),
-    };
+    let qos = config_name(raw.qos, "qos")?;
+    let account = config_name(raw.account, "account")?;
+    let partition = config_name(raw.partition, "partition")?;
     let signal = match raw.signal {
         Some(sig) => {
             gpuctl_proto::convert::parse_signal_spec(sig.get_ref())
