@@ -57,6 +57,9 @@ pub enum Command {
     /// Where the GPU-hours went: allocated against used, idle, unused GPU memory, time
     /// limit accuracy, top wasters and the load by weekday and hour.
     Report(commands::report::ReportArgs),
+    /// A live view of nodes, GPUs (utilisation and memory bars, temperature, power,
+    /// owners) and the queue; q quits. --once prints one frame as text.
+    Top(commands::top::TopArgs),
     /// Fair share per account and user (like sshare).
     Share {
         #[arg(long)]
@@ -408,6 +411,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Queue(q) => emit(&commands::queue::run(c, q).await?, false),
         Command::History(h) => emit(&commands::history::run(c, h).await?, h.json),
         Command::Report(r) => emit(&commands::report::run(c, r).await?, r.json),
+        Command::Top(t) => commands::top::run(c, t).await?,
         &Command::Share { json } => emit(&commands::share::run(c).await?, json),
         &Command::Windows { json } => emit(&commands::windows::run(c).await?, json),
         &Command::Partitions { json } => emit(&commands::partitions::run(c).await?, json),

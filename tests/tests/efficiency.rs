@@ -205,6 +205,16 @@ fn idle_allocations_are_cancelled_with_the_reason_and_exempt_qos_left_alone() {
         "name = \"exempt\"\nqos = \"low\"\nscript = \"sleep 120\"\n[resources]\ngpus = 1\n",
     );
     c.wait_state(exempt, "RUNNING", T);
+    // gpuctl top, one frame as text: the node's GPUs with their owners, and the queue.
+    assert!(wait_for(T, || {
+        let top = c.gpuctl_ok(&["top", "--once", "--width", "120"]);
+        top.contains(&format!("{exempt}:root"))
+    }));
+    let top = c.gpuctl_ok(&["top", "--once", "--width", "120"]);
+    assert!(
+        top.contains("idle ") && top.contains("A100-80GB") && top.contains("RUNNING"),
+        "{top}"
+    );
     let j = c.wait_state(idle, "CANCELLED", T);
     let reason = j["reason"].as_str().unwrap();
     assert!(reason.contains("idle: its GPUs were under 5% for"), "{j:#}");

@@ -17,6 +17,7 @@ pub mod report;
 pub mod share;
 pub mod show;
 pub mod submit;
+pub mod top;
 pub mod whoami;
 pub mod windows;
 
