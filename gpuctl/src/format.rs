@@ -10,12 +10,13 @@ use tabled::settings::Style;
 /// The last instant RFC 3339 can write (9999-12-31T23:59:59Z), in Unix ms.
 const MAX_RFC3339_MS: i64 = 253_402_300_799_000;
 
-/// A Unix-ms time as RFC 3339; `None` for "not yet" (0 or less). Times past year 9999
-/// (which no formatter writes) show as the last one it can.
+/// A Unix-ms time as RFC 3339 with milliseconds (`2026-12-02T03:31:35.123Z`: the JSON
+/// of jobs and history); `None` for "not yet" (0 or less). Times past year 9999 (which no
+/// formatter writes) show as the last one it can.
 pub fn time_string(ms: i64) -> Option<String> {
     (ms > 0).then(|| {
         let t = UNIX_EPOCH + Duration::from_millis(ms.min(MAX_RFC3339_MS) as u64);
-        humantime::format_rfc3339_seconds(t).to_string()
+        humantime::format_rfc3339_millis(t).to_string()
     })
 }
 
@@ -410,10 +411,13 @@ pub fn gpu_request(r: &pb::Resources) -> String {
     }
 }
 
+/// A time for tables: to the second, without the `T` and `Z`.
 pub fn short_time(ms: i64) -> String {
-    let Some(t) = time_string(ms) else {
+    if ms <= 0 {
         return "N/A".into();
-    };
+    }
+    let t = UNIX_EPOCH + Duration::from_millis(ms.min(MAX_RFC3339_MS) as u64);
+    let t = humantime::format_rfc3339_seconds(t).to_string();
     t.replace('T', " ").trim_end_matches('Z').to_string()
 }
 
@@ -869,7 +873,7 @@ mod tests {
         assert_eq!(time_string(0), None);
         assert_eq!(
             time_string(i64::MAX).as_deref(),
-            Some("9999-12-31T23:59:59Z")
+            Some("9999-12-31T23:59:59.000Z")
         );
         let j = pb::Job {
             start_time_ms: 1,
@@ -941,7 +945,7 @@ mod tests {
             assert!(v.get(k).is_some(), "missing {k}");
         }
         assert_eq!(v["state"], "COMPLETED");
-        assert_eq!(v["submit_time"], "2023-11-14T22:13:20Z");
+        assert_eq!(v["submit_time"], "2023-11-14T22:13:20.000Z");
         assert_eq!(v["elapsed_secs"], 2);
     }
 }

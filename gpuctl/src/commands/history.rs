@@ -169,7 +169,9 @@ impl Row {
         }
     }
 
-    fn cell(&self, col: &str) -> String {
+    /// One cell; `exact`: times with their milliseconds, as RFC 3339 (CSV), else to the
+    /// second (tables).
+    fn cell(&self, col: &str, exact: bool) -> String {
         let dash = |s: &str| {
             if s.is_empty() {
                 "-".to_string()
@@ -177,10 +179,17 @@ impl Row {
                 s.to_string()
             }
         };
-        let time = |t: &Option<String>| {
-            t.as_deref().map_or("-".to_string(), |t| {
-                t.replace('T', " ").trim_end_matches('Z').to_string()
-            })
+        let time = |t: &Option<String>| match t.as_deref() {
+            None => "-".to_string(),
+            Some(t) if exact => t.to_string(),
+            Some(t) => {
+                let t = t.replace('T', " ");
+                t.split('.')
+                    .next()
+                    .unwrap_or(&t)
+                    .trim_end_matches('Z')
+                    .to_string()
+            }
         };
         let secs =
             |s: u64| format::slurm_duration(i64::try_from(s).unwrap_or(i64::MAX / 1000) * 1000);
@@ -237,7 +246,7 @@ impl View for History {
         let rows: Vec<Vec<String>> = self
             .rows
             .iter()
-            .map(|r| self.columns.iter().map(|c| r.cell(c)).collect())
+            .map(|r| self.columns.iter().map(|c| r.cell(c, self.csv)).collect())
             .collect();
         if self.csv {
             let mut w = csv::Writer::from_writer(Vec::new());
