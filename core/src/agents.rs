@@ -188,6 +188,7 @@ impl Cluster {
             address,
             allow_root_jobs: req.allow_root_jobs,
             drain_automatic: old.is_some_and(|n| n.drain_automatic),
+            xid_handled_ms: old.map_or(0, |n| n.xid_handled_ms),
         };
         self.nodes.insert(req.node.clone(), node);
         self.node_changed(&req.node);
@@ -414,6 +415,7 @@ impl Cluster {
         };
         if resp.known {
             effects.merge(self.check_idle(crate::idle::running_ids(&req.running), now));
+            effects.merge(self.check_xids(req, now));
         }
         (resp, effects)
     }

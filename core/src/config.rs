@@ -76,6 +76,15 @@ pub struct Health {
     pub max_gpu_temp_c: u32,
     /// The drain is lifted when every GPU of the node is at or below this.
     pub resume_gpu_temp_c: u32,
+    /// XID errors that mean the GPU is broken (hardware): its node is drained (an admin
+    /// resumes it after the GPU is reset or replaced) and the jobs on that GPU are
+    /// requeued when they allow it, else ended. Default: NVIDIA's "reset or replace"
+    /// class (48 double-bit ECC, 61-64 and 74 NVLink/firmware, 79 fallen off the bus,
+    /// 92/94/95 ECC, 119/120 GSP).
+    pub xid_drain: Vec<u32>,
+    /// XID errors a job causes (13, 31, 43, 45, 68): a warning on the jobs of that GPU,
+    /// no drain.
+    pub xid_job: Vec<u32>,
 }
 
 impl Default for Health {
@@ -83,6 +92,8 @@ impl Default for Health {
         Health {
             max_gpu_temp_c: 90,
             resume_gpu_temp_c: 80,
+            xid_drain: vec![48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120],
+            xid_job: vec![13, 31, 43, 45, 68],
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod efficiency;
 pub mod error;
 pub mod fairshare;
 pub mod filter;
+pub mod health;
 pub mod holds;
 pub mod idle;
 pub mod jobs;

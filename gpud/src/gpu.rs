@@ -1,5 +1,7 @@
 //! GPUs behind one trait: `Nvml` for real nodes, `FakeGpus` for machines without GPUs.
 
+use std::collections::HashMap;
+
 use gpuctl_proto as pb;
 
 /// What the agent knows about one GPU.
@@ -76,6 +78,8 @@ pub struct GpuSample {
     pub ecc_uncorrected: Option<u64>,
     /// Processes using the GPU (or one of its MIG instances) and their memory.
     pub processes: Vec<ProcessUse>,
+    /// The latest critical XID error and when it happened (Unix ms).
+    pub xid: Option<(u32, i64)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +132,8 @@ pub struct FakeMetrics {
     pub fan: Curve,
     pub memory_used_mib: Curve,
     pub ecc_uncorrected: Curve,
+    /// XID errors: (seconds since the agent started, XID), e.g. `[[30, 79]]`.
+    pub xid: Vec<(f64, u32)>,
 }
 
 /// Fake GPUs with stable UUIDs derived from the node name and index.
@@ -137,6 +143,8 @@ pub struct FakeGpus {
     /// `--fake-gpus-file`: read again at every discovery, so a test can change the
     /// inventory under a running agent.
     file: Option<(std::path::PathBuf, String)>,
+    /// When the agent started (Unix ms): scripted XIDs happen at fixed times after it.
+    started_ms: i64,
 }
 
 /// `--fake-gpus-file`: GPUs, MIG layouts and scripted metric curves.
@@ -297,10 +305,14 @@ impl FakeGpus {
             return Err(err("between 1 and 64 GPUs"));
         }
         let metrics = vec![FakeMetrics::default(); gpus.len()];
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
         Ok(FakeGpus {
             gpus,
             metrics,
             file: None,
+            started_ms,
         })
     }
 
@@ -381,6 +393,12 @@ impl GpuBackend for FakeGpus {
                     power_limit_w: 400.0,
                     ecc_uncorrected: Some(m.ecc_uncorrected.at(secs).unwrap_or(0.0) as u64),
                     processes,
+                    xid: m
+                        .xid
+                        .iter()
+                        .filter(|(t, _)| *t <= secs)
+                        .max_by(|a, b| a.0.total_cmp(&b.0))
+                        .map(|&(t, code)| (code, self.started_ms + (t * 1000.0) as i64)),
                 }
             })
             .collect())
@@ -390,13 +408,86 @@ impl GpuBackend for FakeGpus {
 /// Real GPUs through NVML.
 pub struct Nvml {
     nvml: nvml_wrapper::Nvml,
+    /// The latest critical XID per GPU UUID and when (Unix ms), from `watch_xids`.
+    xids: std::sync::Arc<std::sync::Mutex<HashMap<String, (u32, i64)>>>,
+}
+
+/// Waits for NVML's critical XID events on every GPU (a thread of its own: the wait
+/// blocks) and records the latest per GPU. Where events are not supported it says so
+/// once and ends.
+fn watch_xids(xids: std::sync::Arc<std::sync::Mutex<HashMap<String, (u32, i64)>>>) {
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    use nvml_wrapper::enums::event::XidError;
+    use nvml_wrapper::error::NvmlError;
+    let Ok(nvml) = nvml_wrapper::Nvml::init() else {
+        return;
+    };
+    let Ok(mut set) = nvml.create_event_set() else {
+        tracing::warn!("NVML events unavailable: XID errors will not be seen");
+        return;
+    };
+    let count = nvml.device_count().unwrap_or(0);
+    let mut watched = 0;
+    for i in 0..count {
+        let Ok(d) = nvml.device_by_index(i) else {
+            continue;
+        };
+        let supported = d
+            .supported_event_types()
+            .is_ok_and(|t| t.contains(EventTypes::CRITICAL_XID_ERROR));
+        if !supported {
+            tracing::warn!(gpu = i, "this GPU reports no XID events");
+            continue;
+        }
+        match d.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+            Ok(s) => {
+                set = s;
+                watched += 1;
+            }
+            Err(e) => {
+                // The set went with the failed call.
+                tracing::warn!(gpu = i, "no XID events: {}", e.error);
+                return;
+            }
+        }
+    }
+    if watched == 0 {
+        return;
+    }
+    loop {
+        match set.wait(5_000) {
+            Ok(ev) => {
+                let (Some(XidError::Value(code)), Ok(uuid)) = (ev.event_data, ev.device.uuid())
+                else {
+                    continue;
+                };
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64);
+                tracing::error!(gpu = %uuid, xid = code, "critical XID error");
+                xids.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(uuid, (code as u32, now));
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                tracing::warn!("waiting for NVML events failed: {e}; XID errors will not be seen");
+                return;
+            }
+        }
+    }
 }
 
 impl Nvml {
     pub fn init() -> Result<Nvml, GpuError> {
         let nvml =
             nvml_wrapper::Nvml::init().map_err(|e| GpuError::NvmlUnavailable(e.to_string()))?;
-        Ok(Nvml { nvml })
+        let xids = std::sync::Arc::default();
+        let watched = std::sync::Arc::clone(&xids);
+        let _ = std::thread::Builder::new()
+            .name("nvml-xid".into())
+            .spawn(move || watch_xids(watched));
+        Ok(Nvml { nvml, xids })
     }
 }
 
@@ -518,6 +609,12 @@ impl GpuBackend for Nvml {
                 ecc_uncorrected: d
                     .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
                     .ok(),
+                xid: self
+                    .xids
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&d.uuid().map_err(e)?)
+                    .copied(),
                 processes,
             });
         }

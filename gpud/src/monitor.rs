@@ -346,6 +346,8 @@ pub fn to_pb(
             power_w: s.power_w,
             power_limit_w: s.power_limit_w,
             ecc_uncorrected: s.ecc_uncorrected,
+            last_xid: s.xid.map(|x| x.0),
+            last_xid_ms: s.xid.map_or(0, |x| x.1),
             jobs: usage
                 .get(&s.uuid)
                 .into_iter()

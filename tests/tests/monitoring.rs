@@ -338,6 +338,50 @@ fn a_hot_gpu_drains_its_node_until_it_cools() {
     assert_eq!(c.nodes()[0]["reason"], "fan swap");
 }
 
+#[test]
+fn an_xid_on_a_gpu_drains_its_node_and_requeues_the_job_on_it() {
+    let mut c = Cluster::controller_only();
+    let file = c.path("xid.toml");
+    // One GPU that falls off the bus 4 s after the agent starts.
+    std::fs::write(
+        &file,
+        "[[gpus]]\ncount = 1\nmodel = \"A100-80GB\"\n[gpus.metrics]\nxid = [[4, 79]]\n",
+    )
+    .unwrap();
+    c.add_agent_raw(
+        "xid",
+        &[
+            "--fake-gpus-file",
+            file.to_str().unwrap(),
+            "--sample-interval",
+            "300ms",
+        ],
+    );
+    c.wait_nodes_up(1);
+    let id = c.submit(
+        "x.toml",
+        "script = \"sleep 120\"\nrequeue = true\n[resources]\ngpus = 1\n",
+    );
+    c.wait_state(id, "RUNNING", T);
+    assert!(wait_for(T, || c.node_state("xid") == "DRAINED"));
+    let reason = c.nodes()[0]["reason"].as_str().unwrap().to_string();
+    assert!(
+        reason.starts_with("health (hardware): XID 79 (GPU has fallen off the bus) on GPU "),
+        "{reason}"
+    );
+    // The job on it goes back to the queue (its node is drained: it waits).
+    let j = c.wait_state(id, "PENDING", T);
+    assert!(j["warnings"][0].as_str().unwrap().contains("XID 79"), "{j}");
+    // Handled once: after an admin resumes the node, the job runs again and the same
+    // (still reported) XID drains nothing.
+    c.gpuctl_ok(&["node", "resume", "xid"]);
+    let j = c.wait_state(id, "RUNNING", T);
+    assert_eq!(j["attempt"], 2, "{j}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_ne!(c.node_state("xid"), "DRAINED");
+    c.gpuctl_ok(&["cancel", &id.to_string()]);
+}
+
 /// A real Prometheus scrapes both daemons, and the queries operators write return
 /// data: every panel of the Grafana dashboard in `deploy/grafana/`, the per-job join on
 /// `UUID` with `hpc_job`/`user`, utilisation of the cluster, running jobs. Skipped

@@ -1,0 +1,162 @@
+//! XID errors from the agents' samples (`[health] xid_drain`, `xid_job`): a hardware
+//! XID drains the GPU's node with the reason and requeues (or ends) the jobs on that GPU;
+//! a job-caused XID puts a warning on them. Each XID is handled once: the node record
+//! keeps the time of the latest handled (`xid_handled_ms`), so a restarted controller
+//! does not act again on what the agent still reports.
+
+use gpuctl_proto::{self as pb, JobState};
+
+use crate::jobs::{Transition, job_of};
+use crate::state::{Cluster, Effects, live_allocs};
+
+/// What an XID is known as (NVIDIA's XID catalogue, the common ones).
+fn xid_name(code: u32) -> &'static str {
+    match code {
+        13 => "graphics engine exception",
+        31 => "GPU memory page fault",
+        43 => "GPU stopped processing",
+        45 => "preemptive cleanup",
+        48 => "double-bit ECC error",
+        61 | 62 => "internal micro-controller error",
+        63 | 64 => "ECC page retirement or row remapping",
+        68 => "video processor exception",
+        74 => "NVLink error",
+        79 => "GPU has fallen off the bus",
+        92 => "high single-bit ECC error rate",
+        94 => "contained ECC error",
+        95 => "uncontained ECC error",
+        119 | 120 => "GSP error",
+        _ => "XID error",
+    }
+}
+
+impl Cluster {
+    /// The XIDs of a heartbeat not handled yet.
+    pub fn check_xids(&mut self, req: &pb::HeartbeatRequest, now: i64) -> Effects {
+        let mut effects = Effects::default();
+        let Some(handled) = self.nodes.get(&req.node).map(|n| n.xid_handled_ms) else {
+            return effects;
+        };
+        let mut fresh: Vec<(&str, u32, i64)> = req
+            .metrics
+            .iter()
+            .filter_map(|m| Some((m.uuid.as_str(), m.last_xid?, m.last_xid_ms)))
+            .filter(|&(_, _, t)| t > handled)
+            .collect();
+        if fresh.is_empty() {
+            return effects;
+        }
+        fresh.sort_by_key(|x| x.2);
+        let latest = fresh.last().map_or(handled, |x| x.2);
+        for (gpu, code, _) in fresh {
+            let health = &self.config.health;
+            let what = format!("XID {code} ({}) on GPU {gpu}", xid_name(code));
+            if health.xid_drain.contains(&code) {
+                tracing::error!(node = %req.node, "{what}: draining the node");
+                effects.merge(self.xid_hardware(&req.node, gpu, &what, now));
+            } else if health.xid_job.contains(&code) {
+                tracing::warn!(node = %req.node, "{what}: job-caused");
+                let why = format!("{what}: an error of the job (the GPU is fine)");
+                for id in self.jobs_on_gpu(&req.node, gpu) {
+                    self.jobs.edit(id, |s| {
+                        let j = s.job.as_mut().expect("a job record");
+                        if j.warnings.len() < 20 {
+                            j.warnings.push(why.clone());
+                        }
+                    });
+                }
+            } else {
+                tracing::warn!(node = %req.node, "{what}");
+            }
+        }
+        if let Some(n) = self.nodes.get_mut(&req.node) {
+            n.xid_handled_ms = latest;
+        }
+        self.node_changed(&req.node);
+        effects
+    }
+
+    /// Running jobs holding `gpu` (or one of its MIG instances) on `node`.
+    fn jobs_on_gpu(&self, node: &str, gpu: &str) -> Vec<u64> {
+        let migs: Vec<&str> = self
+            .nodes
+            .get(node)
+            .into_iter()
+            .flat_map(|n| &n.gpus)
+            .filter(|g| g.uuid == gpu)
+            .flat_map(|g| g.mig.iter().map(|m| m.uuid.as_str()))
+            .collect();
+        self.jobs
+            .active()
+            .map(job_of)
+            .filter(|j| {
+                live_allocs(j).any(|a| {
+                    a.node == node
+                        && a.slots
+                            .iter()
+                            .any(|s| s.uuid == gpu || migs.contains(&s.uuid.as_str()))
+                })
+            })
+            .map(|j| j.id)
+            .collect()
+    }
+
+    /// A broken GPU: its node drained (by hardware, for an admin to resume), and its
+    /// jobs requeued where they allow it, else ended FAILED with the reason.
+    fn xid_hardware(&mut self, node: &str, gpu: &str, what: &str, now: i64) -> Effects {
+        let mut effects = Effects::wake();
+        if let Some(n) = self.nodes.get_mut(node) {
+            let admin_drain = n.drain_reason.is_some() && !n.drain_automatic;
+            if !admin_drain {
+                n.drain_reason = Some(format!("health (hardware): {what}"));
+                // Not lifted by the temperature check: a reset or a replacement is due.
+                n.drain_automatic = false;
+            }
+        }
+        for id in self.jobs_on_gpu(node, gpu) {
+            // Kept with the job whatever the queue's reason becomes.
+            self.jobs.edit(id, |s| {
+                let j = s.job.as_mut().expect("a job record");
+                if j.warnings.len() < 20 {
+                    j.warnings.push(format!("{node}: {what}"));
+                }
+            });
+            let requeue = self
+                .jobs
+                .job(id)
+                .and_then(|j| j.spec.as_ref())
+                .is_some_and(|s| s.requeue);
+            if requeue {
+                let e = self.request_requeue(id, &format!("requeued: {what}"), None, now);
+                effects.merge(e);
+                continue;
+            }
+            let Some(j) = self.jobs.job(id) else { continue };
+            let attempt = j.attempt;
+            let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
+            self.jobs.edit(id, |s| s.cancel_requested = true);
+            let reason = format!("failed: {what}");
+            let mut sent = false;
+            for n in nodes {
+                if self.conns.contains_key(&n) {
+                    let mut kill = self.kill_cmd(id, attempt, &reason);
+                    if let Some(pb::agent_command::Command::Kill(k)) = kill.command.as_mut() {
+                        k.as_state = JobState::Failed as i32;
+                    }
+                    effects.sends.push((n, kill));
+                    sent = true;
+                }
+            }
+            if !sent {
+                let end = Transition::Finish {
+                    state: JobState::Failed,
+                    exit_code: None,
+                    reason,
+                };
+                let _ = self.jobs.transition(id, end, now);
+                self.settle_usage(id);
+            }
+        }
+        effects
+    }
+}
