@@ -108,7 +108,7 @@ pub struct Controller {
 /// which clients read as "unreachable"), the change is not durable.
 fn store_status(e: StoreError) -> Status {
     tracing::error!("state store: {e}");
-    let full = matches!(&e, StoreError::Stalled(_))
+    let full = matches!(&e, StoreError::Stalled(_) | StoreError::Failed)
         || matches!(&e, StoreError::Io(sled::Error::Io(io)) if io.raw_os_error() == Some(nix::libc::ENOSPC));
     let msg =
         format!("the controller could not write its state ({e}); the request was not acknowledged");

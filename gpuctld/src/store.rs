@@ -68,12 +68,22 @@ pub enum StoreError {
     /// waiting on it is acknowledged.
     #[error("the state store did not reach the disk within {0:?} (is the disk full or failing?)")]
     Stalled(std::time::Duration),
+    /// Retryable: an earlier write or flush failed, and the store takes no more until
+    /// the controller restarts from its durable state (it does so by itself once the
+    /// disk has room).
+    #[error(
+        "the state store failed earlier (is the disk full or failing?) and writes nothing until it restarts"
+    )]
+    Failed,
 }
 
 impl StoreError {
     /// Whether a retry may succeed once the disk has space or recovers.
     pub fn retryable(&self) -> bool {
-        matches!(self, StoreError::Io(_) | StoreError::Stalled(_))
+        matches!(
+            self,
+            StoreError::Io(_) | StoreError::Stalled(_) | StoreError::Failed
+        )
     }
 }
 
@@ -354,7 +364,7 @@ impl Store {
         // A flush stuck on a full disk must not hold every later caller (and shutdown)
         // forever: they get `Stalled` and may retry.
         if self.failed() {
-            return Err(StoreError::Stalled(FLUSH_TIMEOUT));
+            return Err(StoreError::Failed);
         }
         let flushed = tokio::time::timeout(
             FLUSH_TIMEOUT,
