@@ -250,7 +250,7 @@ fn a_window_floor_keeps_gpus_for_its_account_while_open_and_across_its_opening()
     assert_eq!(w["windows"][0]["name"], "business");
     assert_eq!(w["windows"][0]["open"], true, "{w}");
     assert_eq!(
-        w["windows"][0]["next_change"], "2024-01-01T20:00:00Z",
+        w["windows"][0]["next_change"], "2024-01-01T20:00:00.000Z",
         "{w}"
     );
     let job = "script = \"sleep 20\"\n[resources]\ngpus = 1\n";
