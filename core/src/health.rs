@@ -131,22 +131,10 @@ impl Cluster {
                 effects.merge(e);
                 continue;
             }
-            let Some(j) = self.jobs.job(id) else { continue };
-            let attempt = j.attempt;
-            let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
-            self.jobs.edit(id, |s| s.cancel_requested = true);
             let reason = format!("failed: {what}");
-            let mut sent = false;
-            for n in nodes {
-                if self.conns.contains_key(&n) {
-                    let mut kill = self.kill_cmd(id, attempt, &reason);
-                    if let Some(pb::agent_command::Command::Kill(k)) = kill.command.as_mut() {
-                        k.as_state = JobState::Failed as i32;
-                    }
-                    effects.sends.push((n, kill));
-                    sent = true;
-                }
-            }
+            let (sends, _) = self.kill_running(id, &reason, JobState::Failed);
+            let sent = !sends.is_empty();
+            effects.sends.extend(sends);
             if !sent {
                 let end = Transition::Finish {
                     state: JobState::Failed,

@@ -137,27 +137,11 @@ impl Cluster {
                     effects.merge(e);
                 }
                 IdleAction::Cancel => {
-                    let e = self.kill_for(id, &format!("cancelled: {why}"));
-                    effects.merge(e);
+                    let why = format!("cancelled: {why}");
+                    let (sends, _) = self.kill_running(id, &why, JobState::Cancelled);
+                    effects.sends.extend(sends);
+                    effects.wake = true;
                 }
-            }
-        }
-        effects
-    }
-
-    /// Cancels a running job by killing its instances, with `reason` as how it ended.
-    fn kill_for(&mut self, id: u64, reason: &str) -> Effects {
-        let mut effects = Effects::wake();
-        let Some(j) = self.jobs.job(id) else {
-            return effects;
-        };
-        let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
-        let attempt = j.attempt;
-        self.jobs.edit(id, |s| s.cancel_requested = true);
-        for node in nodes {
-            if self.conns.contains_key(&node) {
-                let kill = self.kill_cmd(id, attempt, reason);
-                effects.sends.push((node, kill));
             }
         }
         effects

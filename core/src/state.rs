@@ -166,6 +166,39 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Marks running job `id` cancel-requested and asks each of its connected nodes to
+    /// kill its instance, ending it as `as_state` with `reason`. Returns those commands
+    /// and how many of its nodes are not connected (their agents kill it when they
+    /// return).
+    pub fn kill_running(
+        &mut self,
+        id: u64,
+        reason: &str,
+        as_state: JobState,
+    ) -> (Vec<(String, pb::AgentCommand)>, usize) {
+        let Some(j) = self.jobs.job(id) else {
+            return (Vec::new(), 0);
+        };
+        let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
+        let attempt = j.attempt;
+        self.jobs.edit(id, |s| s.cancel_requested = true);
+        let (mut sends, mut missing) = (Vec::new(), 0);
+        for node in nodes {
+            if !self.conns.contains_key(&node) {
+                missing += 1;
+                continue;
+            }
+            let mut kill = self.kill_cmd(id, attempt, reason);
+            if let Some(pb::agent_command::Command::Kill(k)) = kill.command.as_mut() {
+                k.as_state = as_state as i32;
+            }
+            sends.push((node, kill));
+        }
+        (sends, missing)
+    }
+}
+
 /// What running jobs hold on one node, per slot UUID: (compute milli, memory MiB, jobs).
 #[derive(Default)]
 pub struct Usage {

@@ -4,7 +4,7 @@ use gpuctl_proto::{self as pb, JobState};
 
 use crate::error::{Actor, Refusal};
 use crate::jobs::{Transition, owner};
-use crate::state::{Cluster, Effects, live_allocs};
+use crate::state::{Cluster, Effects};
 
 impl Cluster {
     /// `ids`, where the id of an array (its first task) also stands for its other
@@ -131,22 +131,12 @@ impl Cluster {
                     results.push(result(true, "removed from the queue"));
                 }
                 JobState::Running => {
-                    let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
-                    let attempt = j.attempt;
-                    self.jobs.edit(id, |s| s.cancel_requested = true);
-                    let mut all_connected = true;
-                    for node in nodes {
-                        if self.conns.contains_key(&node) {
-                            let why = format!("cancelled by {}", actor.user);
-                            let kill = self.kill_cmd(id, attempt, &why);
-                            effects.sends.push((node, kill));
-                        } else {
-                            all_connected = false;
-                        }
-                    }
+                    let why = format!("cancelled by {}", actor.user);
+                    let (sends, missing) = self.kill_running(id, &why, JobState::Cancelled);
+                    effects.sends.extend(sends);
                     results.push(result(
                         true,
-                        if all_connected {
+                        if missing == 0 {
                             "killing"
                         } else {
                             "killing; a node is not connected and kills it when its agent returns"
