@@ -226,9 +226,56 @@ fn round_up(x: f64, step: f64) -> f64 {
     (x / step - 1e-9).ceil() * step
 }
 
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The rules of the advice and of right-sizing (and of the replay's model of it): each
+/// takes what was used and what was asked, and gives the smaller request, or `None`
+/// where it would not pay.
+///
+/// A whole GPU as a share: the larger of the busy fraction and the memory fraction,
+/// with `MARGIN`, rounded up to 0.05 (at least 0.05), when that is half a GPU or less.
+pub fn share_for_whole(busy: f64, mem_frac: f64) -> Option<f64> {
+    let share = round_up((busy * MARGIN).max(mem_frac * MARGIN).max(0.05), 0.05);
+    (share <= 0.5).then_some(share)
+}
+
+/// A share (`had`, a fraction of a GPU) shrunk to its busy and memory fractions of
+/// itself, with `MARGIN`, rounded up to 0.05, when that saves a quarter.
+pub fn shrunk_share(had: f64, busy: f64, mem_frac: f64) -> Option<f64> {
+    let want = round_up(
+        (had * busy * MARGIN).max(had * mem_frac * MARGIN).max(0.05),
+        0.05,
+    );
+    cheaper(want, had).then_some(want)
+}
+
+/// A time limit (seconds) from the longest run: run x `MARGIN` rounded up to 5 minutes,
+/// when that is at most half the limit.
+pub fn time_limit_for(run_secs: f64, limit_secs: f64) -> Option<f64> {
+    let want = round_up(run_secs * MARGIN, 300.0);
+    (want <= limit_secs * 0.5).then_some(want)
+}
+
+/// CPUs from the mean busy ones, with `MARGIN`, rounded up (at least 1).
+fn cpus_for(used: f64, asked: f64) -> Option<f64> {
+    let want = (used * MARGIN).ceil().max(1.0);
+    cheaper(want, asked).then_some(want)
+}
+
+/// Memory (GiB) from a peak (`unit` bytes, 1 MiB or 1 GiB...), with `MARGIN`, rounded up
+/// to a GiB (at least 1), for an ask of `asked` (the same unit).
+fn memory_gib_for(peak: f64, asked: f64, unit: f64) -> Option<f64> {
+    let want = round_up(peak * unit * MARGIN / GIB, 1.0).max(1.0);
+    cheaper(want * GIB / unit, asked).then_some(want)
+}
+
+/// Whether `new` saves at least `WORTH` of `old`.
+fn cheaper(new: f64, old: f64) -> bool {
+    new <= old * (1.0 - WORTH)
+}
+
 fn advice(e: &Efficiency, job: &pb::Job, res: &pb::Resources, usage: &pb::JobUsage) -> Vec<String> {
     let mut out = Vec::new();
-    let cheaper = |new: f64, old: f64| new <= old * (1.0 - WORTH);
     let mem_mib = e.gpu_memory_requested_mib as f64;
     // Below a few samples the figures say little.
     let sampled = e.gpu_samples >= 3;
@@ -249,9 +296,7 @@ fn advice(e: &Efficiency, job: &pb::Job, res: &pb::Resources, usage: &pb::JobUsa
             let util = e.gpu_util_mean.unwrap_or(100.0);
             if n == 1 && mem_mib > 0.0 {
                 // One whole GPU: would a share have done?
-                let need = (util / 100.0 * MARGIN).max(peak * MARGIN / mem_mib);
-                let share = round_up(need.max(0.05), 0.05);
-                if share <= 0.5 {
+                if let Some(share) = share_for_whole(util / 100.0, peak / mem_mib) {
                     out.push(format!(
                         "gpus = {share:.2}  # GPU busy {util:.0}% on average, memory peak {} of {}",
                         gib(e.gpu_memory_peak_mib),
@@ -268,18 +313,18 @@ fn advice(e: &Efficiency, job: &pb::Job, res: &pb::Resources, usage: &pb::JobUsa
         Some(pb::resources::Gpu::Share(s)) if sampled => {
             let had = f64::from(s.compute_milli) / 1000.0;
             let util = e.gpu_util_mean.unwrap_or(100.0);
-            let compute = round_up((had * util / 100.0 * MARGIN).max(0.05), 0.05);
-            if s.memory_mib.is_some() || cheaper(peak * MARGIN, mem_mib) {
-                let want = round_up(peak * MARGIN / 1024.0, 1.0).max(1.0);
-                if cheaper(want * 1024.0, mem_mib) {
-                    out.push(format!(
-                        "gpu_memory = \"{want:.0}GiB\"  # GPU memory peak {} of {}",
-                        gib(e.gpu_memory_peak_mib),
-                        gib(e.gpu_memory_requested_mib)
-                    ));
-                }
+            if (s.memory_mib.is_some() || cheaper(peak * MARGIN, mem_mib))
+                && let Some(want) = memory_gib_for(peak, mem_mib, (1 << 20) as f64)
+            {
+                out.push(format!(
+                    "gpu_memory = \"{want:.0}GiB\"  # GPU memory peak {} of {}",
+                    gib(e.gpu_memory_peak_mib),
+                    gib(e.gpu_memory_requested_mib)
+                ));
             }
-            if cheaper(compute, had) && s.memory_mib.is_none() {
+            if let Some(compute) = shrunk_share(had, util / 100.0, 0.0)
+                && s.memory_mib.is_none()
+            {
                 out.push(format!(
                     "gpus = {compute:.2}  # busy {util:.0}% of its {had:.2} share on average"
                 ));
@@ -288,41 +333,36 @@ fn advice(e: &Efficiency, job: &pb::Job, res: &pb::Resources, usage: &pb::JobUsa
         _ => {}
     }
     let state = job.state();
-    if state == pb::JobState::Completed && e.elapsed_secs > 0 && e.time_limit_secs > 0 {
-        let want = round_up(e.elapsed_secs as f64 * MARGIN, 300.0);
-        if want <= e.time_limit_secs as f64 * 0.5 {
-            let d = std::time::Duration::from_secs(want as u64);
-            out.push(format!(
-                "time_limit = \"{}\"  # ran {} of {}",
-                humantime::format_duration(d),
-                humantime::format_duration(std::time::Duration::from_secs(e.elapsed_secs)),
-                humantime::format_duration(std::time::Duration::from_secs(e.time_limit_secs))
-            ));
-        }
+    if state == pb::JobState::Completed
+        && e.elapsed_secs > 0
+        && e.time_limit_secs > 0
+        && let Some(want) = time_limit_for(e.elapsed_secs as f64, e.time_limit_secs as f64)
+    {
+        let d = std::time::Duration::from_secs(want as u64);
+        out.push(format!(
+            "time_limit = \"{}\"  # ran {} of {}",
+            humantime::format_duration(d),
+            humantime::format_duration(std::time::Duration::from_secs(e.elapsed_secs)),
+            humantime::format_duration(std::time::Duration::from_secs(e.time_limit_secs))
+        ));
     }
-    if let Some(used) = e.cpus_used_mean {
-        let want = (used * MARGIN).ceil().max(1.0);
-        if cheaper(want, e.cpus_requested) {
-            out.push(format!(
-                "cpus = {want:.0}  # {used:.2} CPUs busy on average of {}",
-                e.cpus_requested
-            ));
-        }
+    if let Some(used) = e.cpus_used_mean
+        && let Some(want) = cpus_for(used, e.cpus_requested)
+    {
+        out.push(format!(
+            "cpus = {want:.0}  # {used:.2} CPUs busy on average of {}",
+            e.cpus_requested
+        ));
     }
     if let Some(peak) = e.memory_peak_bytes
         && e.memory_requested_bytes > 0
+        && let Some(want) = memory_gib_for(peak as f64, e.memory_requested_bytes as f64, 1.0)
     {
-        let want = round_up(peak as f64 * MARGIN / f64::from(1u32 << 30), 1.0).max(1.0);
-        if cheaper(
-            want * f64::from(1u32 << 30),
-            e.memory_requested_bytes as f64,
-        ) {
-            out.push(format!(
-                "memory = \"{want:.0}GiB\"  # host memory peak {} of {}",
-                gib(peak >> 20),
-                gib(e.memory_requested_bytes >> 20)
-            ));
-        }
+        out.push(format!(
+            "memory = \"{want:.0}GiB\"  # host memory peak {} of {}",
+            gib(peak >> 20),
+            gib(e.memory_requested_bytes >> 20)
+        ));
     }
     out
 }
@@ -342,30 +382,27 @@ pub fn right_size(res: &mut pb::Resources, limit: u64, runs: &[Efficiency]) -> V
     let mut notes = Vec::new();
     let sampled: Vec<&Efficiency> = runs.iter().filter(|e| e.gpu_samples >= 3).collect();
     let n = runs.len();
-    let most = |f: &dyn Fn(&Efficiency) -> Option<f64>, of: &[&Efficiency]| {
-        of.iter()
-            .filter_map(|e| f(e))
-            .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))))
-    };
-    let cheaper = |new: f64, old: f64| new <= old * (1.0 - WORTH);
+    // The most any of `of` used, by `f`.
+    fn most<'a>(
+        of: impl IntoIterator<Item = &'a Efficiency>,
+        f: impl Fn(&Efficiency) -> Option<f64>,
+    ) -> Option<f64> {
+        of.into_iter().filter_map(f).reduce(f64::max)
+    }
     if !sampled.is_empty() {
-        let util = most(&|e| e.gpu_util_mean, &sampled).unwrap_or(100.0);
-        let mem_frac = most(
-            &|e| {
-                (e.gpu_memory_requested_mib > 0)
-                    .then(|| e.gpu_memory_peak_mib as f64 / e.gpu_memory_requested_mib as f64)
-            },
-            &sampled,
-        )
+        let util = most(sampled.iter().copied(), |e| e.gpu_util_mean).unwrap_or(100.0);
+        let mem_frac = most(sampled.iter().copied(), |e| {
+            (e.gpu_memory_requested_mib > 0)
+                .then(|| e.gpu_memory_peak_mib as f64 / e.gpu_memory_requested_mib as f64)
+        })
         .unwrap_or(1.0);
-        let peak_mib = most(&|e| Some(e.gpu_memory_peak_mib as f64), &sampled).unwrap_or(0.0);
+        let peak_mib = most(sampled.iter().copied(), |e| {
+            Some(e.gpu_memory_peak_mib as f64)
+        })
+        .unwrap_or(0.0);
         match res.gpu.clone() {
             Some(pb::resources::Gpu::Gpus(1)) => {
-                let share = round_up(
-                    (util / 100.0 * MARGIN).max(mem_frac * MARGIN).max(0.05),
-                    0.05,
-                );
-                if share <= 0.5 {
+                if let Some(share) = share_for_whole(util / 100.0, mem_frac) {
                     res.gpu = Some(pb::resources::Gpu::Share(pb::GpuShare {
                         compute_milli: (share * 1000.0).round() as u32,
                         memory_mib: None,
@@ -381,8 +418,9 @@ pub fn right_size(res: &mut pb::Resources, limit: u64, runs: &[Efficiency]) -> V
                 let had = f64::from(s.compute_milli) / 1000.0;
                 match s.memory_mib {
                     Some(m) => {
-                        let want = round_up(peak_mib * MARGIN / 1024.0, 1.0).max(1.0) * 1024.0;
-                        if cheaper(want, m as f64) {
+                        let mib = (1u64 << 20) as f64;
+                        if let Some(gib_want) = memory_gib_for(peak_mib, m as f64, mib) {
+                            let want = gib_want * 1024.0;
                             s.memory_mib = Some(want as u64);
                             notes.push(format!(
                                 "right-size: gpu_memory {} -> {} (GPU memory peak {})",
@@ -393,13 +431,7 @@ pub fn right_size(res: &mut pb::Resources, limit: u64, runs: &[Efficiency]) -> V
                         }
                     }
                     None => {
-                        let want = round_up(
-                            (had * util / 100.0 * MARGIN)
-                                .max(had * mem_frac * MARGIN)
-                                .max(0.05),
-                            0.05,
-                        );
-                        if cheaper(want, had) {
+                        if let Some(want) = shrunk_share(had, util / 100.0, mem_frac) {
                             s.compute_milli = (want * 1000.0).round() as u32;
                             notes.push(format!(
                                 "right-size: gpus {had:.2} -> {want:.2} (busy {util:.0}% of its share on average at most)"
@@ -412,30 +444,28 @@ pub fn right_size(res: &mut pb::Resources, limit: u64, runs: &[Efficiency]) -> V
             _ => {}
         }
     }
-    if let Some(ran) = most(
-        &|e| (e.elapsed_secs > 0).then_some(e.elapsed_secs as f64),
-        &runs.iter().collect::<Vec<_>>(),
-    ) {
-        let want = round_up(ran * MARGIN, 300.0);
-        if limit > 0 && want <= limit as f64 * 0.5 {
-            res.time_limit_secs = want as u64;
-            notes.push(format!(
-                "right-size: time_limit {} -> {} (longest run {})",
-                humantime::format_duration(std::time::Duration::from_secs(limit)),
-                humantime::format_duration(std::time::Duration::from_secs(want as u64)),
-                humantime::format_duration(std::time::Duration::from_secs(ran as u64))
-            ));
-        }
+    let longest = most(runs, |e| {
+        (e.elapsed_secs > 0).then_some(e.elapsed_secs as f64)
+    });
+    if let Some(ran) = longest
+        && limit > 0
+        && let Some(want) = time_limit_for(ran, limit as f64)
+    {
+        res.time_limit_secs = want as u64;
+        notes.push(format!(
+            "right-size: time_limit {} -> {} (longest run {})",
+            humantime::format_duration(std::time::Duration::from_secs(limit)),
+            humantime::format_duration(std::time::Duration::from_secs(want as u64)),
+            humantime::format_duration(std::time::Duration::from_secs(ran as u64))
+        ));
     }
-    let all: Vec<&Efficiency> = runs.iter().collect();
-    if let Some(used) = most(&|e| e.cpus_used_mean, &all) {
+    if let Some(used) = most(runs, |e| e.cpus_used_mean) {
         let asked = if res.cpu_milli > 0 {
             f64::from(res.cpu_milli) / 1000.0
         } else {
             f64::from(res.cpus.max(1))
         };
-        let want = (used * MARGIN).ceil().max(1.0);
-        if cheaper(want, asked) {
+        if let Some(want) = cpus_for(used, asked) {
             res.cpus = want as u32;
             res.cpu_milli = 0;
             notes.push(format!(
@@ -443,20 +473,18 @@ pub fn right_size(res: &mut pb::Resources, limit: u64, runs: &[Efficiency]) -> V
             ));
         }
     }
-    if let Some(peak) = most(&|e| e.memory_peak_bytes.map(|b| b as f64), &all)
+    if let Some(peak) = most(runs, |e| e.memory_peak_bytes.map(|b| b as f64))
         && res.memory_bytes > 0
+        && let Some(gib_want) = memory_gib_for(peak, res.memory_bytes as f64, 1.0)
     {
-        let want =
-            round_up(peak * MARGIN / f64::from(1u32 << 30), 1.0).max(1.0) * f64::from(1u32 << 30);
-        if cheaper(want, res.memory_bytes as f64) {
-            notes.push(format!(
-                "right-size: memory {} -> {} (host memory peak {})",
-                gib(res.memory_bytes >> 20),
-                gib(want as u64 >> 20),
-                gib(peak as u64 >> 20)
-            ));
-            res.memory_bytes = want as u64;
-        }
+        let want = gib_want * GIB;
+        notes.push(format!(
+            "right-size: memory {} -> {} (host memory peak {})",
+            gib(res.memory_bytes >> 20),
+            gib(want as u64 >> 20),
+            gib(peak as u64 >> 20)
+        ));
+        res.memory_bytes = want as u64;
     }
     if notes.is_empty() {
         notes.push(if n == 0 {

@@ -11,7 +11,7 @@
 //! long right-sized as as submitted (a share of what it used is enough; interference
 //! between shares is not modelled).
 
-use gpuctl_core::efficiency::MARGIN;
+use gpuctl_core::efficiency::{share_for_whole, shrunk_share, time_limit_for};
 use gpuctl_sched::GpuRequest;
 
 use crate::replay::TraceJob;
@@ -30,10 +30,6 @@ pub fn modelled_util(id: u64, seed: u64) -> f64 {
     0.05 + 0.9 * x * x
 }
 
-fn round_up(x: f64, step: f64) -> f64 {
-    (x / step - 1e-9).ceil() * step
-}
-
 /// What right-sizing changed over a trace.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Changes {
@@ -49,11 +45,12 @@ pub struct Changes {
     pub gpu_hours_used: f64,
 }
 
-/// Shrinks each job's request to its modelled use plus the margin, as
-/// `efficiency::right_size` does from recorded runs: a whole single GPU becomes a share
-/// when use x 1.25 fits in half a GPU, a share shrinks when that saves a quarter of it,
-/// time limits become the run time x 1.25 rounded up to 5 minutes when that is at most
-/// half of them. Multi-GPU jobs keep their GPUs.
+/// Shrinks each job's request to its modelled use with the rules of
+/// `efficiency::right_size` (the same functions: `share_for_whole`, `shrunk_share`,
+/// `time_limit_for`): a whole single GPU becomes a share when use x 1.25 fits in half a
+/// GPU, a share shrinks when that saves a quarter of it, time limits become the run
+/// time x 1.25 rounded up to 5 minutes when that is at most half of them. Multi-GPU jobs
+/// keep their GPUs.
 pub fn right_size(jobs: &mut [TraceJob], seed: u64) -> Changes {
     let mut c = Changes {
         jobs: jobs.len(),
@@ -66,8 +63,7 @@ pub fn right_size(jobs: &mut [TraceJob], seed: u64) -> Changes {
         c.gpu_hours_used += j.gpu_milli as f64 / 1000.0 * u * hours;
         match j.request.gpu {
             GpuRequest::Whole { count: 1 } if j.request.nodes <= 1 => {
-                let share = round_up((u * MARGIN).max(0.05), 0.05);
-                if share <= 0.5 {
+                if let Some(share) = share_for_whole(u, 0.0) {
                     let milli = (share * 1000.0).round() as u32;
                     j.request.gpu = GpuRequest::Share {
                         compute_milli: Some(milli),
@@ -82,9 +78,7 @@ pub fn right_size(jobs: &mut [TraceJob], seed: u64) -> Changes {
                 compute_milli: Some(had),
                 memory_mib,
             } if memory_mib.is_none_or(|m| m == 0) => {
-                let had_f = f64::from(had) / 1000.0;
-                let want = round_up((had_f * u * MARGIN).max(0.05), 0.05);
-                if want <= had_f * 0.75 {
+                if let Some(want) = shrunk_share(f64::from(had) / 1000.0, u, 0.0) {
                     let milli = (want * 1000.0).round() as u32;
                     j.request.gpu = GpuRequest::Share {
                         compute_milli: Some(milli),
@@ -96,9 +90,9 @@ pub fn right_size(jobs: &mut [TraceJob], seed: u64) -> Changes {
             }
             _ => {}
         }
-        let limit = round_up(j.duration as f64 * MARGIN, 300_000.0) as i64;
-        if limit as f64 <= j.time_limit as f64 * 0.5 {
-            j.time_limit = limit.max(j.duration);
+        let (run_s, limit_s) = (j.duration as f64 / 1000.0, j.time_limit as f64 / 1000.0);
+        if let Some(limit) = time_limit_for(run_s, limit_s) {
+            j.time_limit = ((limit * 1000.0) as i64).max(j.duration);
             c.time_limits_cut += 1;
         }
         c.gpu_hours_after += j.gpu_milli as f64 / 1000.0 * hours;
