@@ -421,6 +421,18 @@ pub fn short_time(ms: i64) -> String {
     t.replace('T', " ").trim_end_matches('Z').to_string()
 }
 
+/// A job's id as squeue and sacct show it: `12`, or `12_3` for task 3 of array 12.
+pub fn job_id_text(j: &pb::Job) -> String {
+    match j
+        .spec
+        .as_ref()
+        .and_then(|s| s.array_task_id.map(|t| (s.array_job_id, t)))
+    {
+        Some((array, t)) => format!("{array}_{t}"),
+        None => j.id.to_string(),
+    }
+}
+
 /// The columns `gpuctl queue -o` knows.
 pub const QUEUE_COLUMNS: &[&str] = &[
     "jobid",
@@ -472,10 +484,7 @@ fn queue_cell(j: &pb::Job, col: &str, now: i64) -> String {
         }
     };
     match col {
-        "jobid" => match spec.array_task_id {
-            Some(t) => format!("{}_{t}", spec.array_job_id),
-            None => j.id.to_string(),
-        },
+        "jobid" => job_id_text(j),
         "partition" => dash(&spec.partition),
         "name" => spec.name.clone(),
         "user" => spec.user.clone(),

@@ -120,6 +120,9 @@ pub struct Row {
     /// CPU time over (elapsed x CPUs asked x nodes), percent.
     pub cpu_efficiency: Option<f64>,
     pub gpu_energy_j: Option<f64>,
+    /// The times as Unix ms, for the table's cells.
+    #[serde(skip)]
+    times_ms: [i64; 3],
 }
 
 impl Row {
@@ -136,10 +139,7 @@ impl Row {
             f64::from(res.cpus.max(1))
         } * f64::from(res.nodes.max(1));
         Row {
-            job_id: match spec.array_task_id {
-                Some(t) => format!("{}_{t}", spec.array_job_id),
-                None => j.id.to_string(),
-            },
+            job_id: format::job_id_text(j),
             array_job_id: spec.array_task_id.map(|_| spec.array_job_id),
             array_task_id: spec.array_task_id,
             name: spec.name.clone(),
@@ -166,6 +166,7 @@ impl Row {
             gpu_energy_j: u
                 .filter(|_| sampled)
                 .map(|u| u.slots.iter().map(|s| s.energy_j).sum()),
+            times_ms: [j.submit_time_ms, j.start_time_ms, j.end_time_ms],
         }
     }
 
@@ -179,17 +180,10 @@ impl Row {
                 s.to_string()
             }
         };
-        let time = |t: &Option<String>| match t.as_deref() {
+        let time = |k: usize| match format::time_string(self.times_ms[k]) {
             None => "-".to_string(),
-            Some(t) if exact => t.to_string(),
-            Some(t) => {
-                let t = t.replace('T', " ");
-                t.split('.')
-                    .next()
-                    .unwrap_or(&t)
-                    .trim_end_matches('Z')
-                    .to_string()
-            }
+            Some(t) if exact => t,
+            Some(_) => format::short_time(self.times_ms[k]),
         };
         let secs =
             |s: u64| format::slurm_duration(i64::try_from(s).unwrap_or(i64::MAX / 1000) * 1000);
@@ -201,9 +195,9 @@ impl Row {
             "partition" => dash(&self.partition),
             "qos" => dash(&self.qos),
             "state" => self.state.clone(),
-            "submit" => time(&self.submit_time),
-            "start" => time(&self.start_time),
-            "end" => time(&self.end_time),
+            "submit" => time(0),
+            "start" => time(1),
+            "end" => time(2),
             "elapsed" => secs(self.elapsed_secs),
             "time_limit" => secs(self.time_limit_secs),
             "gpus" => self.gpus.clone(),
