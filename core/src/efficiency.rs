@@ -82,9 +82,13 @@ fn slot_figures(s: &pb::SlotUsage) -> SlotFigures {
 
 /// The report for `job` at `now` (Unix ms; a running job's elapsed time runs to it).
 pub fn report(job: &pb::Job, now: i64) -> Efficiency {
-    let spec = job.spec.clone().unwrap_or_default();
-    let res = spec.resources.unwrap_or_default();
-    let usage = job.usage.clone().unwrap_or_default();
+    let res = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.clone())
+        .unwrap_or_default();
+    let none = pb::JobUsage::default();
+    let usage = job.usage.as_ref().unwrap_or(&none);
     let end = if job.end_time_ms > 0 {
         job.end_time_ms
     } else {
@@ -104,10 +108,10 @@ pub fn report(job: &pb::Job, now: i64) -> Efficiency {
         .max()
         .unwrap_or(0);
     let gpu_samples = usage.slots.iter().map(|s| s.samples).sum();
-    let util = util_mean(&usage);
+    let util = util_mean(usage);
     let util_max =
         (gpu_samples > 0).then(|| usage.slots.iter().map(|s| s.util_max).fold(0.0, f64::max));
-    let peak = mem_peak(&usage);
+    let peak = mem_peak(usage);
     let cpus = if res.cpu_milli > 0 {
         f64::from(res.cpu_milli) / 1000.0
     } else {
@@ -144,7 +148,7 @@ pub fn report(job: &pb::Job, now: i64) -> Efficiency {
         slots: usage.slots.iter().map(slot_figures).collect(),
     };
     e.rows = rows(&e, &res);
-    e.advice = advice(&e, job, &res, &usage);
+    e.advice = advice(&e, job, &res, usage);
     e
 }
 

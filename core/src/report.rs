@@ -107,13 +107,16 @@ pub struct Report {
 }
 
 fn group_of(j: &pb::Job, by: By) -> String {
-    let spec = j.spec.clone().unwrap_or_default();
-    let name = match by {
-        By::User => spec.user,
-        By::Account => spec.account,
-        By::Partition => spec.partition,
-    };
-    if name.is_empty() { "-".into() } else { name }
+    let name = j.spec.as_ref().map_or("", |s| match by {
+        By::User => s.user.as_str(),
+        By::Account => s.account.as_str(),
+        By::Partition => s.partition.as_str(),
+    });
+    if name.is_empty() {
+        "-".into()
+    } else {
+        name.to_string()
+    }
 }
 
 /// One job's figures over [since, until].
@@ -141,19 +144,16 @@ fn job_figures(
         jobs: 1,
         ..Figures::default()
     };
-    let usage = j.usage.clone().unwrap_or_default();
+    let usage = j.usage.as_ref();
     let mut gpus = 0.0;
     for alloc in &j.allocations {
         for s in &alloc.slots {
-            let share = match s.compute_milli {
-                0 => 1.0,
-                c => f64::from(c.min(1000)) / 1000.0,
-            };
+            let share = f64::from(crate::usage::share_of(s)) / 1000.0;
             gpus += share;
             f.gpu_hours_allocated += share * hours;
             let measured = usage
-                .slots
-                .iter()
+                .into_iter()
+                .flat_map(|u| &u.slots)
                 .find(|u| u.node == alloc.node && u.uuid == s.uuid && u.samples > 0);
             if let Some(u) = measured {
                 let util = u.util_sum / u.samples as f64;

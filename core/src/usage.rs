@@ -212,7 +212,7 @@ impl Cluster {
 }
 
 /// The compute share of a slot use in milli (a MIG instance or a whole GPU: 1000).
-fn share_of(s: &pb::SlotUse) -> u32 {
+pub fn share_of(s: &pb::SlotUse) -> u32 {
     match s.compute_milli {
         0 => 1000,
         c => c.min(1000),
