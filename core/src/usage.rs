@@ -184,23 +184,14 @@ impl Cluster {
     /// Forgets live usage of jobs no longer running (a job removed, a run ended by a
     /// path that did not settle it).
     pub fn sweep_usage(&mut self) {
-        let gone: Vec<u64> = self
-            .live_usage
-            .keys()
-            .copied()
+        let jobs = &self.jobs;
+        let mut gone: Vec<u64> = (self.live_usage.keys().copied())
+            .chain(self.live_host.keys().map(|k| k.0))
             .filter(|&id| {
-                self.jobs
-                    .get(id)
+                jobs.get(id)
                     .is_none_or(|s| live_allocs(job_of(s)).next().is_none())
             })
             .collect();
-        let host_gone = self.live_host.keys().map(|k| k.0).filter(|&id| {
-            self.jobs
-                .get(id)
-                .is_none_or(|s| live_allocs(job_of(s)).next().is_none())
-        });
-        let mut gone = gone;
-        gone.extend(host_gone.collect::<Vec<_>>());
         gone.sort_unstable();
         gone.dedup();
         for id in gone {
