@@ -207,6 +207,18 @@ impl Cluster {
         self.spawn_agent(name, None, &key, args);
     }
 
+    /// Starts gpud `name` on the fake GPUs (and scripted metrics) of `gpus`, a
+    /// `--fake-gpus-file` written to `<name>-gpus.toml`, sampling every `sample`.
+    pub fn add_agent_gpus_file(&mut self, name: &str, gpus: &str, sample: &str) {
+        let file = self.path(&format!("{name}-gpus.toml"));
+        std::fs::write(&file, gpus).unwrap();
+        let file = file.to_str().unwrap().to_string();
+        self.add_agent_raw(
+            name,
+            &["--fake-gpus-file", &file, "--sample-interval", sample],
+        );
+    }
+
     /// Starts gpud with the given cluster key file.
     pub fn add_agent_with_key(&mut self, name: &str, spec: &str, key: &Path, extra: &[&str]) {
         self.spawn_agent(name, Some(spec), key, extra);

@@ -13,20 +13,10 @@ const T: Duration = Duration::from_secs(30);
 fn scripted_usage_gives_the_figures_and_advice_and_history_survives_kill9() {
     let mut c = Cluster::controller_only();
     // One 80 GB GPU, 20% busy and drawing 250 W whatever runs on it.
-    std::fs::write(
-        c.path("gpus.toml"),
-        "[[gpus]]\ncount = 1\nmodel = \"A100-80GB\"\n[gpus.metrics]\nutilization = [[0, 20]]\npower = [[0, 250]]\n",
-    )
-    .unwrap();
-    let file = c.path("gpus.toml");
-    c.add_agent_raw(
+    c.add_agent_gpus_file(
         "eff",
-        &[
-            "--fake-gpus-file",
-            file.to_str().unwrap(),
-            "--sample-interval",
-            "500ms",
-        ],
+        "[[gpus]]\ncount = 1\nmodel = \"A100-80GB\"\n[gpus.metrics]\nutilization = [[0, 20]]\npower = [[0, 250]]\n",
+        "500ms",
     );
     c.wait_nodes_up(1);
     // A whole GPU, 4 CPUs, 2 hours: for 6 seconds of sleep with 3,000 MiB of GPU memory.
@@ -180,20 +170,10 @@ fn idle_allocations_are_cancelled_with_the_reason_and_exempt_qos_left_alone() {
         "[idle]\nafter = \"3s\"\nutil_below = 5\naction = \"cancel\"\nexempt_qos = [\"low\"]\n",
     );
     // Two GPUs that never get over 1% busy.
-    std::fs::write(
-        c.path("gpus.toml"),
-        "[[gpus]]\ncount = 2\nmodel = \"A100-80GB\"\n[gpus.metrics]\nutilization = [[0, 1]]\n",
-    )
-    .unwrap();
-    let file = c.path("gpus.toml");
-    c.add_agent_raw(
+    c.add_agent_gpus_file(
         "idle",
-        &[
-            "--fake-gpus-file",
-            file.to_str().unwrap(),
-            "--sample-interval",
-            "500ms",
-        ],
+        "[[gpus]]\ncount = 2\nmodel = \"A100-80GB\"\n[gpus.metrics]\nutilization = [[0, 1]]\n",
+        "500ms",
     );
     c.wait_nodes_up(1);
     let idle = c.submit(

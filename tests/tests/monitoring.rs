@@ -305,20 +305,10 @@ fn controller_metrics_count_jobs_nodes_gpus_and_passes() {
 fn a_hot_gpu_drains_its_node_until_it_cools() {
     let mut c =
         Cluster::controller_with_config("[health]\nmax_gpu_temp_c = 90\nresume_gpu_temp_c = 80");
-    let file = c.path("hot.toml");
-    std::fs::write(
-        &file,
-        "[[gpus]]\ncount = 2\nmodel = \"A100-80GB\"\n[gpus.metrics]\ntemperature = [[0, 40], [4, 40], [4.2, 97], [9, 97], [9.2, 50]]\n",
-    )
-    .unwrap();
-    c.add_agent_raw(
+    c.add_agent_gpus_file(
         "hot",
-        &[
-            "--fake-gpus-file",
-            file.to_str().unwrap(),
-            "--sample-interval",
-            "300ms",
-        ],
+        "[[gpus]]\ncount = 2\nmodel = \"A100-80GB\"\n[gpus.metrics]\ntemperature = [[0, 40], [4, 40], [4.2, 97], [9, 97], [9.2, 50]]\n",
+        "300ms",
     );
     c.wait_nodes_up(1);
     assert!(wait_for(T, || c.node_state("hot") == "DRAINED"));
@@ -341,21 +331,11 @@ fn a_hot_gpu_drains_its_node_until_it_cools() {
 #[test]
 fn an_xid_on_a_gpu_drains_its_node_and_requeues_the_job_on_it() {
     let mut c = Cluster::controller_only();
-    let file = c.path("xid.toml");
     // One GPU that falls off the bus 4 s after the agent starts.
-    std::fs::write(
-        &file,
-        "[[gpus]]\ncount = 1\nmodel = \"A100-80GB\"\n[gpus.metrics]\nxid = [[4, 79]]\n",
-    )
-    .unwrap();
-    c.add_agent_raw(
+    c.add_agent_gpus_file(
         "xid",
-        &[
-            "--fake-gpus-file",
-            file.to_str().unwrap(),
-            "--sample-interval",
-            "300ms",
-        ],
+        "[[gpus]]\ncount = 1\nmodel = \"A100-80GB\"\n[gpus.metrics]\nxid = [[4, 79]]\n",
+        "300ms",
     );
     c.wait_nodes_up(1);
     let id = c.submit(
