@@ -25,6 +25,8 @@ pub struct Options {
     pub socket: Option<PathBuf>,
     /// Serve Prometheus metrics here.
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve the read-only web page here.
+    pub web_listen: Option<SocketAddr>,
 }
 
 /// Binds the user socket: a stale file from an earlier run is replaced; anyone may
@@ -89,6 +91,13 @@ pub async fn run(
             .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
         tracing::info!("Prometheus metrics on http://{}/metrics", l.local_addr()?);
         tokio::spawn(crate::metrics::serve(l, ctl.clone()));
+    }
+    if let Some(addr) = opts.web_listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on --web-listen {addr}"))?;
+        tracing::info!("web page on http://{}/", l.local_addr()?);
+        tokio::spawn(crate::web::serve(l, ctl.clone()));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sched = tokio::spawn(ctl.clone().scheduler_loop(stop_rx.clone()));

@@ -7,6 +7,7 @@
 //! - `auth`: who a caller is (Unix-socket peer credentials, API tokens), admin checks.
 //! - `store`: sled persistence with a schema version.
 //! - `server`: the tonic services (`Controller` for users, `AgentLink` for agents).
+//! - `metrics`, `web`: the Prometheus endpoint and the read-only web page.
 //! - `daemon`: wiring: open the store, bind, serve, schedule, shut down on a signal.
 //!
 //! The scheduler core is the `gpuctl-sched` crate; `gpuctld simulate` is `gpuctl-sim`.
@@ -18,3 +19,4 @@ pub mod daemon;
 pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod web;

@@ -33,6 +33,11 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0 picks a free port, logged).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Serve a read-only web page (GPU heat map, utilisation and queue over time, jobs,
+    /// users) at http://ADDR/. It has no login: bind it to loopback or put it behind
+    /// the site's proxy.
+    #[arg(long)]
+    web_listen: Option<SocketAddr>,
     /// For tests: time-of-day windows see this instant (RFC 3339) at start, and time
     /// runs on from it. Nothing else uses it.
     #[arg(long, hide = true, value_parser = humantime::parse_rfc3339)]
@@ -84,6 +89,7 @@ async fn main() -> std::process::ExitCode {
                         config,
                         socket: args.socket,
                         metrics_listen: args.metrics_listen,
+                        web_listen: args.web_listen,
                     },
                     gpuctld::daemon::signal(),
                 )

@@ -523,3 +523,53 @@ pub enum JobAction {
     Release,
     Requeue,
 }
+
+impl Controller {
+    /// The jobs the web page shows, newest first: every running job, up to
+    /// `max_pending` pending ones, and up to `max_done` that ended at or after
+    /// `ended_since_ms`.
+    pub fn web_jobs(
+        &self,
+        ended_since_ms: i64,
+        max_pending: usize,
+        max_done: usize,
+    ) -> Vec<pb::Job> {
+        let c = self.lock();
+        let mut live = Vec::new();
+        let mut pending = 0;
+        let mut done = Vec::new();
+        for s in c.jobs.all().rev() {
+            let j = job_of(s);
+            match j.state() {
+                JobState::Running => live.push(presented(j)),
+                JobState::Pending if pending < max_pending => {
+                    pending += 1;
+                    live.push(presented(j));
+                }
+                JobState::Pending => {}
+                _ if j.end_time_ms >= ended_since_ms && done.len() < max_done => {
+                    done.push(presented(j));
+                }
+                _ => {}
+            }
+        }
+        live.extend(done);
+        live
+    }
+}
+
+impl Controller {
+    /// Pending and running jobs, counted.
+    pub fn job_counts(&self) -> (u64, u64) {
+        let c = self.lock();
+        let (mut pending, mut running) = (0, 0);
+        for s in c.jobs.all() {
+            match job_of(s).state() {
+                JobState::Pending => pending += 1,
+                JobState::Running => running += 1,
+                _ => {}
+            }
+        }
+        (pending, running)
+    }
+}

@@ -1,0 +1,360 @@
+//! The read-only web page (`gpuctld --web-listen ADDR`): one HTML file with its script
+//! inline (no build step, nothing fetched from elsewhere) and one JSON document it polls,
+//! `GET /api/state`: the cluster's totals, every node's GPUs (the heat map), jobs, users,
+//! and the cluster over time (a point every [`SAMPLE_EVERY`], kept for a day).
+//!
+//! Everything users control (job names, users, reasons) reaches the page as JSON and is
+//! put into the document as text, never as markup.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuctl_core::jobs::owner;
+use gpuctl_proto as pb;
+use serde::Serialize;
+
+use crate::controller::{Controller, now_ms};
+
+/// How often the cluster's totals are recorded for the charts.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(10);
+/// A day of points.
+const KEEP: usize = 8640;
+/// Jobs on the page: every running one, the newest pending ones, the latest ended.
+const MAX_PENDING: usize = 300;
+const MAX_DONE: usize = 50;
+const DONE_WITHIN_MS: i64 = 3_600_000;
+
+const PAGE: &str = include_str!("web/index.html");
+
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Point {
+    pub t_ms: i64,
+    pub gpus: u64,
+    /// Allocated GPU capacity in GPUs (a quarter share counts 0.25).
+    pub allocated: f64,
+    /// Mean utilisation of the GPUs that reported a sample (%), if any did.
+    pub util_mean: Option<f64>,
+    pub pending: u64,
+    pub running: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct Gpu {
+    index: u32,
+    model: String,
+    util_pct: Option<u32>,
+    mem_used_mib: Option<u64>,
+    memory_mib: u64,
+    temp_c: Option<u32>,
+    power_w: Option<f64>,
+    /// Allocated compute, 0 to 1.
+    allocated: f64,
+    jobs: Vec<u64>,
+    mig: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Node {
+    name: String,
+    state: String,
+    reason: String,
+    gpu_backend: String,
+    gpus: Vec<Gpu>,
+}
+
+#[derive(Debug, Serialize)]
+struct Job {
+    id: u64,
+    name: String,
+    user: String,
+    state: String,
+    gpus: String,
+    node: String,
+    reason: String,
+    submit_ms: i64,
+    start_ms: i64,
+    end_ms: i64,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct User {
+    user: String,
+    running: u64,
+    pending: u64,
+    /// GPUs held by the user's running jobs (shares as fractions).
+    gpus: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct State<'a> {
+    now_ms: i64,
+    now: Point,
+    nodes: Vec<Node>,
+    jobs: Vec<Job>,
+    users: Vec<User>,
+    history: &'a [Point],
+}
+
+/// The points recorded so far.
+#[derive(Default)]
+pub struct History(Mutex<VecDeque<Point>>);
+
+impl History {
+    fn push(&self, p: Point) {
+        let mut h = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if h.len() == KEEP {
+            h.pop_front();
+        }
+        h.push_back(p);
+    }
+
+    fn snapshot(&self) -> Vec<Point> {
+        let h = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        h.iter().copied().collect()
+    }
+}
+
+/// The cluster's totals now.
+fn point(ctl: &Controller, nodes: &[pb::Node]) -> Point {
+    let (pending, running) = ctl.job_counts();
+    let mut p = Point {
+        t_ms: now_ms(),
+        gpus: 0,
+        allocated: 0.0,
+        util_mean: None,
+        pending,
+        running,
+    };
+    let (mut util_sum, mut sampled) = (0.0, 0u32);
+    for n in nodes.iter().filter(|n| n.state() != pb::NodeState::Down) {
+        p.gpus += n.gpus.len() as u64;
+        for g in &n.gpus {
+            p.allocated += f64::from(g.compute_allocated_milli.min(1000)) / 1000.0;
+            if let Some(m) = &g.metrics {
+                util_sum += f64::from(m.util_pct);
+                sampled += 1;
+            }
+        }
+    }
+    if sampled > 0 {
+        p.util_mean = Some(util_sum / f64::from(sampled));
+    }
+    p
+}
+
+/// What a job asked for, short: `2`, `0.25`, `1 x 3g.40gb`, `-`.
+fn gpus_text(spec: Option<&pb::JobSpec>) -> String {
+    let res = spec.and_then(|s| s.resources.as_ref());
+    let nodes = res.map_or(1, |r| r.nodes.max(1));
+    let per_node = match res.and_then(|r| r.gpu.as_ref()) {
+        Some(pb::resources::Gpu::Gpus(0)) | None => return "-".into(),
+        Some(pb::resources::Gpu::Gpus(n)) => n.to_string(),
+        Some(pb::resources::Gpu::Share(s)) => {
+            format!("{}", f64::from(s.compute_milli) / 1000.0)
+        }
+        Some(pb::resources::Gpu::Mig(m)) => format!("{} x {}", m.count.max(1), m.profile),
+    };
+    if nodes > 1 {
+        format!("{nodes} x {per_node}")
+    } else {
+        per_node
+    }
+}
+
+fn node_of(n: &pb::Node) -> Node {
+    Node {
+        name: n.name.clone(),
+        state: n.state().as_str_name().to_string(),
+        reason: n.reason.clone(),
+        gpu_backend: n.gpu_backend.clone(),
+        gpus: n
+            .gpus
+            .iter()
+            .map(|g| Gpu {
+                index: g.index,
+                model: g.model.clone(),
+                util_pct: g.metrics.as_ref().map(|m| m.util_pct),
+                mem_used_mib: g.metrics.as_ref().map(|m| m.mem_used_mib),
+                memory_mib: g.memory_mib,
+                temp_c: g.metrics.as_ref().map(|m| m.temp_c),
+                power_w: g.metrics.as_ref().map(|m| m.power_w),
+                allocated: f64::from(g.compute_allocated_milli.min(1000)) / 1000.0,
+                jobs: g.jobs.clone(),
+                mig: g.mig.iter().map(|m| m.profile.clone()).collect(),
+            })
+            .collect(),
+    }
+}
+
+fn state_json(ctl: &Controller, history: &History) -> String {
+    let nodes = ctl.list_nodes(&[]).nodes;
+    let now = point(ctl, &nodes);
+    let jobs = ctl.web_jobs(now.t_ms - DONE_WITHIN_MS, MAX_PENDING, MAX_DONE);
+    let mut users: BTreeMap<String, User> = BTreeMap::new();
+    for j in &jobs {
+        let u = users.entry(owner(j).to_string()).or_insert_with(|| User {
+            user: owner(j).to_string(),
+            ..User::default()
+        });
+        match j.state() {
+            pb::JobState::Running => {
+                u.running += 1;
+                u.gpus += j
+                    .allocations
+                    .iter()
+                    .flat_map(|a| &a.slots)
+                    .map(|s| f64::from(s.compute_milli.min(1000)) / 1000.0)
+                    .sum::<f64>();
+            }
+            pb::JobState::Pending => u.pending += 1,
+            _ => {}
+        }
+    }
+    let mut history = history.snapshot();
+    // The chart always reaches now.
+    history.push(now);
+    let state = State {
+        now_ms: now.t_ms,
+        now,
+        nodes: nodes.iter().map(node_of).collect(),
+        jobs: jobs
+            .iter()
+            .map(|j| Job {
+                id: j.id,
+                name: j.spec.as_ref().map_or_else(String::new, |s| s.name.clone()),
+                user: owner(j).to_string(),
+                state: j.state().as_str_name().to_string(),
+                gpus: gpus_text(j.spec.as_ref()),
+                node: j.node.clone(),
+                reason: j.reason.clone(),
+                submit_ms: j.submit_time_ms,
+                start_ms: j.start_time_ms,
+                end_ms: j.end_time_ms,
+            })
+            .collect(),
+        users: users.into_values().collect(),
+        history: &history,
+    };
+    serde_json::to_string(&state).expect("the state serialises")
+}
+
+/// The page may run its own inline script (named by its hash) and talk to this server,
+/// nothing else: had anything a user controls slipped into the document as markup, it
+/// could still not run.
+fn content_security_policy(page: &str) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    let script = page
+        .split_once("<script>")
+        .and_then(|(_, rest)| rest.split_once("</script>"))
+        .map_or("", |(s, _)| s);
+    let hash = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(script));
+    format!(
+        "default-src 'none'; script-src 'sha256-{hash}'; style-src 'unsafe-inline'; \
+         connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'"
+    )
+}
+
+/// Serves the page until the process ends, and records a point every [`SAMPLE_EVERY`].
+pub async fn serve(listener: tokio::net::TcpListener, ctl: Arc<Controller>) {
+    use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE};
+    let history = Arc::new(History::default());
+    {
+        let (ctl, history) = (ctl.clone(), history.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SAMPLE_EVERY);
+            loop {
+                tick.tick().await;
+                let nodes = ctl.list_nodes(&[]).nodes;
+                history.push(point(&ctl, &nodes));
+            }
+        });
+    }
+    let csp: &'static str = Box::leak(content_security_policy(PAGE).into_boxed_str());
+    let app = axum::Router::new()
+        .route(
+            "/",
+            axum::routing::get(move || async move {
+                (
+                    [
+                        (CONTENT_TYPE, "text/html; charset=utf-8"),
+                        (CONTENT_SECURITY_POLICY, csp),
+                    ],
+                    PAGE,
+                )
+            }),
+        )
+        .route(
+            "/api/state",
+            axum::routing::get(move || {
+                let (ctl, history) = (ctl.clone(), history.clone());
+                async move {
+                    let body = tokio::task::spawn_blocking(move || state_json(&ctl, &history))
+                        .await
+                        .unwrap_or_else(|_| "{}".to_string());
+                    (
+                        [
+                            (CONTENT_TYPE, "application/json"),
+                            (CACHE_CONTROL, "no-store"),
+                        ],
+                        body,
+                    )
+                }
+            }),
+        );
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!("web page server failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpus_text_names_each_kind() {
+        let spec = |gpu, nodes| pb::JobSpec {
+            resources: Some(pb::Resources {
+                gpu,
+                nodes,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(gpus_text(None), "-");
+        assert_eq!(gpus_text(Some(&spec(None, 0))), "-");
+        assert_eq!(
+            gpus_text(Some(&spec(Some(pb::resources::Gpu::Gpus(2)), 3))),
+            "3 x 2"
+        );
+        let share = pb::resources::Gpu::Share(pb::GpuShare {
+            compute_milli: 250,
+            ..Default::default()
+        });
+        assert_eq!(gpus_text(Some(&spec(Some(share), 1))), "0.25");
+        let mig = pb::resources::Gpu::Mig(pb::MigInstances {
+            profile: "3g.40gb".into(),
+            count: 1,
+        });
+        assert_eq!(gpus_text(Some(&spec(Some(mig), 1))), "1 x 3g.40gb");
+    }
+
+    #[test]
+    fn history_keeps_a_day() {
+        let h = History::default();
+        for t in 0..(KEEP as i64 + 5) {
+            h.push(Point {
+                t_ms: t,
+                gpus: 1,
+                allocated: 0.0,
+                util_mean: None,
+                pending: 0,
+                running: 0,
+            });
+        }
+        let s = h.snapshot();
+        assert_eq!(s.len(), KEEP);
+        assert_eq!(s[0].t_ms, 5);
+    }
+}
