@@ -15,9 +15,10 @@ use prost::Message;
 use tokio::sync::{Notify, mpsc};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::exporter::Exporter;
 use crate::gpu::{GpuBackend, GpuInfo};
 use crate::launch::{JobLauncher, Launcher};
-use crate::monitor::{Enforcer, Exporter, Watched};
+use crate::monitor::{Enforcer, Watched};
 use crate::reports::ReportQueue;
 
 mod jobs;
@@ -347,7 +348,7 @@ pub async fn run(
             .await
             .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
         tracing::info!("Prometheus metrics on http://{}/metrics", l.local_addr()?);
-        tokio::spawn(crate::monitor::serve(l, exporter.clone()));
+        tokio::spawn(crate::exporter::serve(l, exporter.clone()));
     }
     let sampler = tokio::spawn(sampler(
         agent.clone(),
@@ -456,17 +457,24 @@ async fn sampler(
                 of_job(o.job_id).map_or((0, Duration::from_secs(10)), |w| (w.0.attempt, w.1));
             agent.kill(o.job_id, attempt, JobState::Failed, kill_grace, &reason);
         }
-        // GPU (parent UUID) -> jobs holding it or one of its MIG instances.
-        let mut holders = crate::monitor::Holders::new();
+        // GPU (parent UUID) -> jobs holding it or one of its MIG instances; a MIG
+        // instance's UUID -> the jobs on it.
+        let mut holders = crate::exporter::Holders::new();
+        let mut hold = |uuid: &str, w: &Watched| {
+            let e = holders.entry(uuid.to_string()).or_default();
+            if !e.iter().any(|h| h.0 == w.job_id) {
+                e.push((w.job_id, w.user.clone()));
+            }
+        };
         for w in &jobs {
             for slot in &w.slots {
                 let parent = gpus
                     .iter()
                     .find(|g| g.uuid == slot.uuid || g.mig.iter().any(|m| m.uuid == slot.uuid));
                 if let Some(g) = parent {
-                    let e = holders.entry(g.uuid.clone()).or_default();
-                    if !e.iter().any(|h| h.0 == w.job_id) {
-                        e.push((w.job_id, w.user.clone()));
+                    hold(&g.uuid, w);
+                    if g.uuid != slot.uuid {
+                        hold(&slot.uuid, w);
                     }
                 }
             }

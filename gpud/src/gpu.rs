@@ -4,6 +4,9 @@ use std::collections::HashMap;
 
 use gpuctl_proto as pb;
 
+mod fake;
+pub use fake::{Curve, FAKE_MEMORY_ENV, FakeGpus, FakeMetrics};
+
 /// What the agent knows about one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuInfo {
@@ -22,6 +25,8 @@ pub struct MigInfo {
     /// e.g. "3g.40gb".
     pub profile: String,
     pub memory_mib: u64,
+    /// NVML's GPU instance id (dcgm-exporter's `GPU_I_ID`).
+    pub gi_id: u32,
 }
 
 impl GpuInfo {
@@ -80,6 +85,34 @@ pub struct GpuSample {
     pub processes: Vec<ProcessUse>,
     /// The latest critical XID error and when it happened (Unix ms).
     pub xid: Option<(u32, i64)>,
+    pub sm_clock_mhz: Option<u32>,
+    pub mem_clock_mhz: Option<u32>,
+    /// Energy used since the driver loaded (mJ).
+    pub energy_mj: Option<u64>,
+    pub pcie_replays: Option<u64>,
+    pub enc_util_pct: Option<u32>,
+    pub dec_util_pct: Option<u32>,
+    pub remapped_rows: Option<RemappedRows>,
+    /// Each MIG instance's own memory use (GPUs in MIG mode).
+    pub mig: Vec<MigSample>,
+}
+
+/// Row remapping (Ampere and later): rows remapped for correctable and uncorrectable
+/// errors, whether a remapping waits for a GPU reset, and whether one failed (the GPU
+/// needs service).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemappedRows {
+    pub correctable: u64,
+    pub uncorrectable: u64,
+    pub pending: bool,
+    pub failed: bool,
+}
+
+/// One MIG instance's sample.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigSample {
+    pub uuid: String,
+    pub mem_used_mib: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,317 +130,13 @@ pub trait GpuBackend: Send + Sync {
     fn sample(&self, secs: f64) -> Result<Vec<GpuSample>, GpuError>;
 }
 
-/// A metric over time: (seconds since the agent started, value) points, linear in
-/// between, the last value held after the last point.
-#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
-#[serde(transparent)]
-pub struct Curve(pub Vec<(f64, f64)>);
-
-impl Curve {
-    pub fn at(&self, t: f64) -> Option<f64> {
-        let pts = &self.0;
-        let first = pts.first()?;
-        if t <= first.0 {
-            return Some(first.1);
-        }
-        for w in pts.windows(2) {
-            let ((t0, v0), (t1, v1)) = (w[0], w[1]);
-            if t <= t1 {
-                let f = if t1 > t0 { (t - t0) / (t1 - t0) } else { 1.0 };
-                return Some(v0 + (v1 - v0) * f);
-            }
-        }
-        pts.last().map(|p| p.1)
-    }
-}
-
-/// Scripted metrics of fake GPUs (from `--fake-gpus-file`); unset ones are derived
-/// from the GPU's processes.
-#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FakeMetrics {
-    pub utilization: Curve,
-    pub temperature: Curve,
-    pub power: Curve,
-    pub fan: Curve,
-    pub memory_used_mib: Curve,
-    pub ecc_uncorrected: Curve,
-    /// XID errors: (seconds since the agent started, XID), e.g. `[[30, 79]]`.
-    pub xid: Vec<(f64, u32)>,
-}
-
-/// Fake GPUs with stable UUIDs derived from the node name and index.
-pub struct FakeGpus {
-    gpus: Vec<GpuInfo>,
-    metrics: Vec<FakeMetrics>,
-    /// `--fake-gpus-file`: read again at every discovery, so a test can change the
-    /// inventory under a running agent.
-    file: Option<(std::path::PathBuf, String)>,
-    /// When the agent started (Unix ms): scripted XIDs happen at fixed times after it.
-    started_ms: i64,
-}
-
-/// `--fake-gpus-file`: GPUs, MIG layouts and scripted metric curves.
-///
-/// ```toml
-/// [[gpus]]
-/// count = 2
-/// model = "A100-80GB"
-/// mig = ["3g.40gb", "2g.20gb"]      # optional
-/// [gpus.metrics]
-/// temperature = [[0, 40], [60, 85]]  # [seconds, value]: rising over a minute
-/// utilization = [[0, 100]]
-/// ```
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FakeFile {
-    gpus: Vec<FakeGroup>,
-}
-
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FakeGroup {
-    #[serde(default = "one")]
-    count: u32,
-    model: String,
-    #[serde(default)]
-    mig: Vec<String>,
-    #[serde(default)]
-    metrics: FakeMetrics,
-}
-
-fn one() -> u32 {
-    1
-}
-
-/// The env variable a process sets to "use" GPU memory on fake GPUs (MiB), so that
-/// tests can play a process going over its share. It counts once per process group,
-/// on the GPUs in the process's `CUDA_VISIBLE_DEVICES`.
-pub const FAKE_MEMORY_ENV: &str = "GPUCTL_FAKE_GPU_MEMORY_MIB";
-
-/// Processes that declare fake GPU memory: (pid, MiB, CUDA_VISIBLE_DEVICES entries).
-fn fake_processes() -> Vec<(u32, u64, Vec<String>)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for e in dir.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
-            continue;
-        };
-        let mut mib = None;
-        let mut devices = Vec::new();
-        for kv in env.split(|b| *b == 0) {
-            let kv = String::from_utf8_lossy(kv);
-            if let Some(v) = kv
-                .strip_prefix(FAKE_MEMORY_ENV)
-                .and_then(|r| r.strip_prefix('='))
-            {
-                mib = v.trim().parse::<u64>().ok();
-            } else if let Some(v) = kv.strip_prefix("CUDA_VISIBLE_DEVICES=") {
-                devices = v.split(',').map(str::to_string).collect();
-            }
-        }
-        if let Some(m) = mib {
-            let pgid = crate::procfs::pgid_of(pid).unwrap_or(pid as i32);
-            out.push((pgid, pid, m, devices));
-        }
-    }
-    // A job's processes inherit the variable: it counts once per process group (at
-    // the group's lowest pid), as the memory of the whole group.
-    out.sort_by_key(|p| (p.0, p.1));
-    out.dedup_by_key(|p| p.0);
-    out.into_iter().map(|(_, pid, m, d)| (pid, m, d)).collect()
-}
-
-impl FakeGpus {
-    /// Parses `4xA100-80GB`, `2xA100-80GB,1xT4-16GB`, or with a MIG layout per GPU
-    /// `2xA100-80GB:mig=3g.40gb+2g.20gb+2g.20gb`.
-    pub fn parse(spec: &str, node: &str) -> Result<FakeGpus, GpuError> {
-        let err = |why: &str| GpuError::FakeSpec {
-            spec: spec.to_string(),
-            why: why.to_string(),
-        };
-        let mut gpus = Vec::new();
-        for item in spec.split(',').map(str::trim) {
-            let (item, mig) = match item.split_once(':') {
-                Some((gpu, opt)) => {
-                    let layout = opt.strip_prefix("mig=").ok_or_else(|| {
-                        err(&format!("{opt:?}: the only option is mig=PROFILE+PROFILE"))
-                    })?;
-                    (gpu, Some(layout))
-                }
-                None => (item, None),
-            };
-            let (count, model) = item
-                .split_once('x')
-                .ok_or_else(|| err(&format!("{item:?} is not COUNTxMODEL-MEMORY")))?;
-            let count: u32 = count
-                .parse()
-                .map_err(|_| err(&format!("{count:?} is not a count")))?;
-            let mem = model
-                .rsplit_once('-')
-                .and_then(|(_, m)| m.strip_suffix("GB"))
-                .and_then(|m| m.parse::<u64>().ok())
-                .filter(|&m| m > 0)
-                .ok_or_else(|| err(&format!("{model:?} does not end in -<N>GB")))?;
-            let profiles: Vec<(String, u64)> = match mig {
-                None => Vec::new(),
-                Some(layout) => layout
-                    .split('+')
-                    .map(|p| {
-                        let gb = p
-                            .split_once("g.")
-                            .and_then(|(_, m)| m.strip_suffix("gb"))
-                            .and_then(|m| m.parse::<u64>().ok())
-                            .ok_or_else(|| {
-                                err(&format!("MIG profile {p:?} is not like 3g.40gb"))
-                            })?;
-                        Ok((p.to_string(), gb * 1024))
-                    })
-                    .collect::<Result<_, GpuError>>()?,
-            };
-            if profiles.iter().map(|p| p.1).sum::<u64>() > mem * 1024 {
-                return Err(err(&format!(
-                    "MIG layout {mig:?} needs more memory than {model} has"
-                )));
-            }
-            for _ in 0..count {
-                let index = gpus.len() as u32;
-                let stable = |what: &str| {
-                    uuid::Uuid::new_v5(
-                        &uuid::Uuid::NAMESPACE_OID,
-                        format!("gpuctl-fake/{node}/{index}/{model}{what}").as_bytes(),
-                    )
-                };
-                gpus.push(GpuInfo {
-                    index,
-                    uuid: format!("GPU-{}", stable("")),
-                    model: model.to_string(),
-                    memory_mib: mem * 1024,
-                    pci_bus_id: format!("00000000:{:02X}:00.0", index + 1),
-                    mig: profiles
-                        .iter()
-                        .enumerate()
-                        .map(|(k, (p, m))| MigInfo {
-                            uuid: format!("MIG-{}", stable(&format!("/mig{k}/{p}"))),
-                            profile: p.clone(),
-                            memory_mib: *m,
-                        })
-                        .collect(),
-                });
-            }
-        }
-        if gpus.is_empty() || gpus.len() > 64 {
-            return Err(err("between 1 and 64 GPUs"));
-        }
-        let metrics = vec![FakeMetrics::default(); gpus.len()];
-        let started_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        Ok(FakeGpus {
-            gpus,
-            metrics,
-            file: None,
-            started_ms,
-        })
-    }
-
-    /// Reads a `--fake-gpus-file` (see [`FakeFile`]).
-    pub fn from_file(path: &std::path::Path, node: &str) -> Result<FakeGpus, GpuError> {
-        let shown = path.display().to_string();
-        let err = |why: String| GpuError::FakeSpec {
-            spec: shown.clone(),
-            why,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        let file: FakeFile = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
-        let mut spec = Vec::new();
-        let mut metrics = Vec::new();
-        for g in &file.gpus {
-            let mut item = format!("{}x{}", g.count, g.model);
-            if !g.mig.is_empty() {
-                item.push_str(&format!(":mig={}", g.mig.join("+")));
-            }
-            spec.push(item);
-            metrics.extend(std::iter::repeat_n(g.metrics.clone(), g.count as usize));
-        }
-        let mut f = FakeGpus::parse(&spec.join(","), node).map_err(|e| err(e.to_string()))?;
-        f.metrics = metrics;
-        f.file = Some((path.to_path_buf(), node.to_string()));
-        Ok(f)
-    }
-}
-
-impl GpuBackend for FakeGpus {
-    fn kind(&self) -> &'static str {
-        "fake"
-    }
-
-    fn discover(&self) -> Result<Vec<GpuInfo>, GpuError> {
-        match &self.file {
-            Some((path, node)) => Ok(FakeGpus::from_file(path, node)?.gpus),
-            None => Ok(self.gpus.clone()),
-        }
-    }
-
-    fn sample(&self, secs: f64) -> Result<Vec<GpuSample>, GpuError> {
-        let procs = fake_processes();
-        // With a file, its current content (GPUs and curves) is what is sampled.
-        let reloaded = match &self.file {
-            Some((path, node)) => Some(FakeGpus::from_file(path, node)?),
-            None => None,
-        };
-        let me = reloaded.as_ref().unwrap_or(self);
-        Ok(me
-            .gpus
-            .iter()
-            .zip(&me.metrics)
-            .map(|(g, m)| {
-                let mine = |dev: &String| *dev == g.uuid || g.mig.iter().any(|x| x.uuid == *dev);
-                let processes: Vec<ProcessUse> = procs
-                    .iter()
-                    .filter(|(_, _, devs)| devs.iter().any(mine))
-                    .map(|&(pid, mib, _)| ProcessUse {
-                        pid,
-                        mem_used_mib: mib,
-                    })
-                    .collect();
-                let busy = if processes.is_empty() { 0.0 } else { 100.0 };
-                let util = m.utilization.at(secs).unwrap_or(busy).clamp(0.0, 100.0);
-                let used = m.memory_used_mib.at(secs).map_or_else(
-                    || processes.iter().map(|p| p.mem_used_mib).sum::<u64>(),
-                    |v| v.max(0.0) as u64,
-                );
-                GpuSample {
-                    uuid: g.uuid.clone(),
-                    util_pct: util as u32,
-                    mem_util_pct: (util * 0.6) as u32,
-                    mem_used_mib: used.min(g.memory_mib),
-                    temp_c: m.temperature.at(secs).unwrap_or(35.0 + util * 0.4) as u32,
-                    fan_pct: Some(m.fan.at(secs).unwrap_or(30.0 + util * 0.5) as u32),
-                    power_w: m.power.at(secs).unwrap_or(60.0 + util * 3.4),
-                    power_limit_w: 400.0,
-                    ecc_uncorrected: Some(m.ecc_uncorrected.at(secs).unwrap_or(0.0) as u64),
-                    processes,
-                    xid: m
-                        .xid
-                        .iter()
-                        .filter(|(t, _)| *t <= secs)
-                        .max_by(|a, b| a.0.total_cmp(&b.0))
-                        .map(|&(t, code)| (code, self.started_ms + (t * 1000.0) as i64)),
-                }
-            })
-            .collect())
-    }
-}
-
 /// Real GPUs through NVML.
 pub struct Nvml {
     nvml: nvml_wrapper::Nvml,
+    /// The same library through nvml-wrapper-sys, for the calls nvml-wrapper 0.11 does
+    /// not wrap (MIG handles, GPU instance ids, remapped rows); each symbol is checked
+    /// before use, so an older driver without one only loses that figure.
+    sys: Option<nvml_wrapper_sys::bindings::NvmlLib>,
     /// The latest critical XID per GPU UUID and when (Unix ms), from `watch_xids`.
     xids: std::sync::Arc<std::sync::Mutex<HashMap<String, (u32, i64)>>>,
 }
@@ -487,54 +216,106 @@ impl Nvml {
         let _ = std::thread::Builder::new()
             .name("nvml-xid".into())
             .spawn(move || watch_xids(watched));
-        Ok(Nvml { nvml, xids })
+        // SAFETY: loads the library NVML already has loaded (dlopen refcounts it).
+        let sys = unsafe { nvml_wrapper_sys::bindings::NvmlLib::new("libnvidia-ml.so.1") }
+            .map_err(|e| tracing::warn!("MIG instances and remapped rows unavailable: {e}"))
+            .ok();
+        Ok(Nvml { nvml, sys, xids })
     }
 }
 
 impl Nvml {
-    /// MIG instances of a GPU in MIG mode. nvml-wrapper 0.11 does not wrap the MIG
-    /// handle calls, so they go through nvml-wrapper-sys on the same (already loaded)
-    /// library, and each instance handle is then used through the safe `Device`.
-    fn mig_instances(&self, d: &nvml_wrapper::Device<'_>) -> Result<Vec<MigInfo>, GpuError> {
-        use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t, nvmlReturn_enum_NVML_SUCCESS};
+    /// The MIG instances' device handles of a GPU in MIG mode (none otherwise), each
+    /// with its GPU instance id. nvml-wrapper 0.11 does not wrap the MIG handle calls:
+    /// they go through nvml-wrapper-sys on the same library, and each handle is then
+    /// used through the safe `Device`.
+    fn mig_devices<'n>(
+        &'n self,
+        d: &nvml_wrapper::Device<'n>,
+    ) -> Result<Vec<(nvml_wrapper::Device<'n>, u32)>, GpuError> {
+        use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlReturn_enum_NVML_SUCCESS};
         match d.mig_mode() {
             Ok(m) if m.current == 1 => {}
             // Not MIG-capable, or MIG disabled.
             _ => return Ok(Vec::new()),
         }
-        let e =
-            |what: &str, code: u32| GpuError::Nvml(format!("{what} returned NVML error {code}"));
-        // SAFETY: loads the library NVML already has loaded (dlopen refcounts it), and
-        // calls two NVML functions with a valid device handle and out-pointers to locals.
-        unsafe {
-            let lib = NvmlLib::new("libnvidia-ml.so.1")
-                .map_err(|x| GpuError::NvmlUnavailable(x.to_string()))?;
-            let handle = d.handle();
-            let mut max = 0u32;
-            let rc = lib.nvmlDeviceGetMaxMigDeviceCount(handle, &mut max);
-            if rc != nvmlReturn_enum_NVML_SUCCESS {
-                return Err(e("nvmlDeviceGetMaxMigDeviceCount", rc));
-            }
-            let mut out = Vec::new();
-            for i in 0..max {
-                let mut mig: nvmlDevice_t = std::ptr::null_mut();
-                if lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, i, &mut mig)
-                    != nvmlReturn_enum_NVML_SUCCESS
-                {
-                    // Empty index: no instance was created there.
-                    continue;
-                }
-                let md = nvml_wrapper::Device::new(mig, &self.nvml);
-                let en = |x: nvml_wrapper::error::NvmlError| GpuError::Nvml(x.to_string());
-                let name = md.name().map_err(en)?;
-                out.push(MigInfo {
-                    uuid: md.uuid().map_err(en)?,
-                    profile: mig_profile_of(&name),
-                    memory_mib: md.memory_info().map_err(en)?.total / (1024 * 1024),
-                });
-            }
-            Ok(out)
+        let Some(lib) = self.sys.as_ref().filter(|l| {
+            l.nvmlDeviceGetMaxMigDeviceCount.is_ok()
+                && l.nvmlDeviceGetMigDeviceHandleByIndex.is_ok()
+        }) else {
+            return Err(GpuError::Nvml(
+                "a GPU is in MIG mode but this NVML has no MIG device calls".into(),
+            ));
+        };
+        // SAFETY: the handle is only passed to NVML calls below.
+        let handle = unsafe { d.handle() };
+        let mut max = 0u32;
+        // SAFETY: a valid device handle and an out-pointer to a local; the symbol exists.
+        let rc = unsafe { lib.nvmlDeviceGetMaxMigDeviceCount(handle, &mut max) };
+        if rc != nvmlReturn_enum_NVML_SUCCESS {
+            return Err(GpuError::Nvml(format!(
+                "nvmlDeviceGetMaxMigDeviceCount returned NVML error {rc}"
+            )));
         }
+        let mut out = Vec::new();
+        for i in 0..max {
+            let mut mig: nvmlDevice_t = std::ptr::null_mut();
+            // SAFETY: as above.
+            let rc = unsafe { lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, i, &mut mig) };
+            if rc != nvmlReturn_enum_NVML_SUCCESS {
+                // Empty index: no instance was created there.
+                continue;
+            }
+            let mut gi = 0u32;
+            if lib.nvmlDeviceGetGpuInstanceId.is_ok() {
+                // SAFETY: a MIG device handle NVML just gave, an out-pointer to a local.
+                unsafe { lib.nvmlDeviceGetGpuInstanceId(mig, &mut gi) };
+            }
+            // SAFETY: the handle is NVML's and lives as long as the library.
+            out.push((unsafe { nvml_wrapper::Device::new(mig, &self.nvml) }, gi));
+        }
+        Ok(out)
+    }
+
+    /// MIG instances of a GPU in MIG mode (empty otherwise).
+    fn mig_instances(&self, d: &nvml_wrapper::Device<'_>) -> Result<Vec<MigInfo>, GpuError> {
+        let en = |x: nvml_wrapper::error::NvmlError| GpuError::Nvml(x.to_string());
+        self.mig_devices(d)?
+            .into_iter()
+            .map(|(md, gi_id)| {
+                Ok(MigInfo {
+                    uuid: md.uuid().map_err(en)?,
+                    profile: mig_profile_of(&md.name().map_err(en)?),
+                    memory_mib: md.memory_info().map_err(en)?.total / (1024 * 1024),
+                    gi_id,
+                })
+            })
+            .collect()
+    }
+
+    /// Remapped rows, where the GPU and the library have them.
+    fn remapped_rows(&self, d: &nvml_wrapper::Device<'_>) -> Option<RemappedRows> {
+        let lib = self
+            .sys
+            .as_ref()
+            .filter(|l| l.nvmlDeviceGetRemappedRows.is_ok())?;
+        let (mut corr, mut unc, mut pending, mut failed) = (0u32, 0u32, 0u32, 0u32);
+        // SAFETY: a valid device handle and out-pointers to locals; the symbol exists.
+        let rc = unsafe {
+            lib.nvmlDeviceGetRemappedRows(
+                d.handle(),
+                &mut corr,
+                &mut unc,
+                &mut pending,
+                &mut failed,
+            )
+        };
+        (rc == nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_SUCCESS).then_some(RemappedRows {
+            correctable: u64::from(corr),
+            uncorrectable: u64::from(unc),
+            pending: pending != 0,
+            failed: failed != 0,
+        })
     }
 }
 
@@ -570,7 +351,9 @@ impl GpuBackend for Nvml {
     }
 
     fn sample(&self, _secs: f64) -> Result<Vec<GpuSample>, GpuError> {
-        use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+        use nvml_wrapper::enum_wrappers::device::{
+            Clock, EccCounter, MemoryError, TemperatureSensor,
+        };
         use nvml_wrapper::enums::device::UsedGpuMemory;
         let e = |e: nvml_wrapper::error::NvmlError| GpuError::Nvml(e.to_string());
         let count = self.nvml.device_count().map_err(e)?;
@@ -616,98 +399,28 @@ impl GpuBackend for Nvml {
                     .get(&d.uuid().map_err(e)?)
                     .copied(),
                 processes,
+                sm_clock_mhz: d.clock_info(Clock::SM).ok(),
+                mem_clock_mhz: d.clock_info(Clock::Memory).ok(),
+                energy_mj: d.total_energy_consumption().ok(),
+                pcie_replays: d.pcie_replay_counter().ok().map(u64::from),
+                enc_util_pct: d.encoder_utilization().ok().map(|u| u.utilization),
+                dec_util_pct: d.decoder_utilization().ok().map(|u| u.utilization),
+                remapped_rows: self.remapped_rows(&d),
+                // A MIG instance has its own memory; NVML has no SM activity per
+                // instance (that is DCGM's profiling), so utilisation stays the GPU's.
+                mig: self
+                    .mig_devices(&d)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|(md, _)| {
+                        Some(MigSample {
+                            uuid: md.uuid().ok()?,
+                            mem_used_mib: md.memory_info().ok()?.used / (1024 * 1024),
+                        })
+                    })
+                    .collect(),
             });
         }
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fake_spec_parses_lists() {
-        let f = FakeGpus::parse("2xA100-80GB,1xT4-16GB", "n1").unwrap();
-        let g = f.discover().unwrap();
-        assert_eq!(g.len(), 3);
-        assert_eq!((g[0].model.as_str(), g[0].memory_mib), ("A100-80GB", 81920));
-        assert_eq!(
-            (g[2].model.as_str(), g[2].memory_mib, g[2].index),
-            ("T4-16GB", 16384, 2)
-        );
-        assert!(
-            g.iter()
-                .all(|x| x.uuid.starts_with("GPU-") && x.uuid.len() == 40)
-        );
-    }
-
-    #[test]
-    fn fake_uuids_are_stable_and_distinct() {
-        let a = FakeGpus::parse("4xA100-80GB", "n1")
-            .unwrap()
-            .discover()
-            .unwrap();
-        let b = FakeGpus::parse("4xA100-80GB", "n1")
-            .unwrap()
-            .discover()
-            .unwrap();
-        let c = FakeGpus::parse("4xA100-80GB", "n2")
-            .unwrap()
-            .discover()
-            .unwrap();
-        assert_eq!(a, b);
-        assert_ne!(a[0].uuid, c[0].uuid);
-        let mut u: Vec<_> = a.iter().map(|g| &g.uuid).collect();
-        u.dedup();
-        assert_eq!(u.len(), 4);
-    }
-
-    #[test]
-    fn curves_interpolate_and_hold() {
-        let c = Curve(vec![(0.0, 40.0), (60.0, 85.0)]);
-        assert_eq!(c.at(-1.0), Some(40.0));
-        assert_eq!(c.at(30.0), Some(62.5));
-        assert_eq!(c.at(600.0), Some(85.0));
-        assert_eq!(Curve::default().at(1.0), None);
-    }
-
-    #[test]
-    fn fake_file_with_mig_and_scripted_metrics() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("gpus.toml");
-        std::fs::write(
-            &p,
-            "[[gpus]]\ncount = 2\nmodel = \"A100-80GB\"\n[gpus.metrics]\ntemperature = [[0, 40], [60, 85]]\npower = [[0, 100]]\n\n[[gpus]]\nmodel = \"A100-80GB\"\nmig = [\"3g.40gb\", \"2g.20gb\"]\n",
-        )
-        .unwrap();
-        let f = FakeGpus::from_file(&p, "n1").unwrap();
-        let g = f.discover().unwrap();
-        assert_eq!(g.len(), 3);
-        assert_eq!(g[2].mig.len(), 2);
-        let s = f.sample(30.0).unwrap();
-        assert_eq!(s[0].temp_c, 62);
-        assert_eq!(s[1].power_w, 100.0);
-        // Unscripted: derived from the (absent) processes.
-        assert_eq!(s[2].util_pct, 0);
-        assert_eq!(s[2].temp_c, 35);
-        std::fs::write(&p, "[[gpus]]\nmodel = \"A100\"\n").unwrap();
-        let e = FakeGpus::from_file(&p, "n1").err().unwrap().to_string();
-        assert!(e.contains("gpus.toml") && e.contains("-<N>GB"), "{e}");
-    }
-
-    #[test]
-    fn bad_fake_specs_explain() {
-        for bad in [
-            "",
-            "A100",
-            "xA100-80GB",
-            "2xA100",
-            "2xA100-0GB",
-            "100xA100-80GB",
-        ] {
-            let e = FakeGpus::parse(bad, "n").err().unwrap().to_string();
-            assert!(e.contains("bad --fake-gpus spec"), "{bad}: {e}");
-        }
     }
 }

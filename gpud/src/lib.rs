@@ -1,11 +1,12 @@
 //! gpud, the gpuctl node agent.
 //!
 //! Modules:
-//! - `gpu`: the `GpuBackend` trait with the NVML backend and the fake one.
+//! - `gpu`: the `GpuBackend` trait with the NVML backend and the fake one (`gpu::fake`).
 //! - `launch`: the environment and output paths a job gets (pure), and the `Launcher`
 //!   trait that starts and signals job processes.
-//! - `monitor`: GPU sampling mapped to jobs, GPU-memory share enforcement, the
-//!   Prometheus exporter (DCGM names).
+//! - `monitor`: GPU sampling mapped to jobs, GPU-memory share enforcement.
+//! - `exporter`: the Prometheus endpoint (dcgm-exporter's counters, names and labels,
+//!   MIG instances included).
 //! - `mps`: the CUDA MPS control daemon per GPU for fractional shares.
 //! - `reports`: job reports kept on disk until the controller acknowledges them.
 //! - `agent`: registration, the command stream, heartbeats, job lifecycles.
@@ -14,11 +15,12 @@
 //! - `host`: facts about this machine (CPUs, memory, hostname).
 //! - `procfs`: facts about processes from /proc (process group, start time).
 //!
-//! Module dependencies go one way: `gpu` and `launch` use `procfs`; `monitor` uses
-//! `gpu`; `agent` uses them all.
+//! Module dependencies go one way: `gpu` and `launch` use `procfs`; `monitor` and
+//! `exporter` use `gpu`; `agent` uses them all.
 
 pub mod agent;
 pub mod cgroup;
+pub mod exporter;
 pub mod gpu;
 pub mod host;
 pub mod launch;

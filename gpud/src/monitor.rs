@@ -5,14 +5,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use gpuctl_proto as pb;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 
 use crate::gpu::{GpuInfo, GpuSample};
 
@@ -132,202 +127,6 @@ impl Enforcer {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-#[allow(non_snake_case)] // DCGM exporter's label names
-struct GpuLabels {
-    gpu: String,
-    UUID: String,
-    Hostname: String,
-    modelName: String,
-}
-
-/// A job on a GPU. `hpc_job` as dcgm-exporter names it: a label `job` would collide
-/// with Prometheus's own (and become `exported_job`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-#[allow(non_snake_case)] // DCGM exporter's label names
-struct JobLabels {
-    hpc_job: String,
-    user: String,
-    gpu: String,
-    UUID: String,
-    Hostname: String,
-}
-
-/// Who holds a GPU: (job id, user) per GPU UUID (a MIG instance counts for its GPU).
-pub type Holders = HashMap<String, Vec<(u64, String)>>;
-
-type G = Family<GpuLabels, Gauge<f64, AtomicU64>>;
-
-/// The Prometheus registry with DCGM exporter names.
-pub struct Exporter {
-    registry: Registry,
-    util: G,
-    mem_copy_util: G,
-    fb_used: G,
-    fb_free: G,
-    temp: G,
-    power: G,
-    power_limit: G,
-    fan: G,
-    ecc_dbe: G,
-    job_mem: Family<JobLabels, Gauge<f64, AtomicU64>>,
-    job_info: Family<JobLabels, Gauge<f64, AtomicU64>>,
-    sample_seconds: Gauge<f64, AtomicU64>,
-}
-
-impl Default for Exporter {
-    fn default() -> Self {
-        Exporter::new()
-    }
-}
-
-impl Exporter {
-    pub fn new() -> Exporter {
-        let mut registry = Registry::default();
-        let mut fam = |name: &str, help: &str| {
-            let f = G::default();
-            registry.register(name, help, f.clone());
-            f
-        };
-        let util = fam("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).");
-        let mem_copy_util = fam("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).");
-        let fb_used = fam("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).");
-        let fb_free = fam("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).");
-        let temp = fam("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).");
-        let power = fam("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).");
-        let power_limit = fam(
-            "DCGM_FI_DEV_POWER_MGMT_LIMIT",
-            "Power management limit (in W).",
-        );
-        let fan = fam("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).");
-        let ecc_dbe = fam(
-            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-            "Uncorrectable (double-bit) volatile ECC errors.",
-        );
-        let job_mem = Family::<JobLabels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
-            "gpuctl_job_gpu_memory_used_mib",
-            "GPU memory used by a job's processes on one GPU (in MiB).",
-            job_mem.clone(),
-        );
-        let job_info = Family::<JobLabels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
-            "gpuctl_gpu_job_info",
-            "1 for each job holding a GPU (or a share or MIG instance of it); join it to the DCGM series on UUID, whose own labels stay the same as jobs come and go.",
-            job_info.clone(),
-        );
-        let sample_seconds = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "gpuctl_gpud_sample_duration_seconds",
-            "How long the last GPU sample took.",
-            sample_seconds.clone(),
-        );
-        Exporter {
-            registry,
-            util,
-            mem_copy_util,
-            fb_used,
-            fb_free,
-            temp,
-            power,
-            power_limit,
-            fan,
-            ecc_dbe,
-            job_mem,
-            job_info,
-            sample_seconds,
-        }
-    }
-
-    /// Replaces every series with the latest sample.
-    pub fn update(
-        &self,
-        host: &str,
-        gpus: &[GpuInfo],
-        samples: &[GpuSample],
-        usage: &HashMap<String, BTreeMap<u64, (u64, u32)>>,
-        holders: &Holders,
-        took: Duration,
-    ) {
-        for f in [
-            &self.util,
-            &self.mem_copy_util,
-            &self.fb_used,
-            &self.fb_free,
-            &self.temp,
-            &self.power,
-            &self.power_limit,
-            &self.fan,
-            &self.ecc_dbe,
-        ] {
-            f.clear();
-        }
-        self.job_mem.clear();
-        self.job_info.clear();
-        for s in samples {
-            let Some(g) = gpus.iter().find(|g| g.uuid == s.uuid) else {
-                continue;
-            };
-            let l = GpuLabels {
-                gpu: g.index.to_string(),
-                UUID: g.uuid.clone(),
-                Hostname: host.to_string(),
-                modelName: g.model.clone(),
-            };
-            let job_labels = |job: u64, user: &str| JobLabels {
-                hpc_job: job.to_string(),
-                user: user.to_string(),
-                gpu: g.index.to_string(),
-                UUID: s.uuid.clone(),
-                Hostname: host.to_string(),
-            };
-            let held = holders.get(&s.uuid).map_or(&[][..], Vec::as_slice);
-            for (job, user) in held {
-                self.job_info
-                    .get_or_create(&job_labels(*job, user))
-                    .set(1.0);
-            }
-            let set = |f: &G, v: f64| {
-                f.get_or_create(&l).set(v);
-            };
-            set(&self.util, f64::from(s.util_pct));
-            set(&self.mem_copy_util, f64::from(s.mem_util_pct));
-            set(&self.fb_used, s.mem_used_mib as f64);
-            set(
-                &self.fb_free,
-                g.memory_mib.saturating_sub(s.mem_used_mib) as f64,
-            );
-            set(&self.temp, f64::from(s.temp_c));
-            set(&self.power, s.power_w);
-            set(&self.power_limit, s.power_limit_w);
-            if let Some(f) = s.fan_pct {
-                set(&self.fan, f64::from(f));
-            }
-            if let Some(e) = s.ecc_uncorrected {
-                set(&self.ecc_dbe, e as f64);
-            }
-            for (job, (mib, _)) in usage.get(&s.uuid).into_iter().flatten() {
-                let user = held
-                    .iter()
-                    .find(|h| h.0 == *job)
-                    .map_or("", |h| h.1.as_str());
-                self.job_mem
-                    .get_or_create(&job_labels(*job, user))
-                    .set(*mib as f64);
-            }
-        }
-        self.sample_seconds.set(took.as_secs_f64());
-    }
-
-    /// The exposition text.
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
-    }
-}
-
 /// The latest sample, as heartbeats carry it.
 pub fn to_pb(
     samples: &[GpuSample],
@@ -367,29 +166,6 @@ pub fn to_pb(
 #[derive(Default)]
 pub struct Latest {
     pub metrics: Mutex<Vec<pb::GpuMetrics>>,
-}
-
-/// Serves `GET /metrics` (OpenMetrics text) on `listener` until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, exporter: std::sync::Arc<Exporter>) {
-    use axum::http::header::CONTENT_TYPE;
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let exporter = exporter.clone();
-            async move {
-                (
-                    [(
-                        CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    exporter.encode(),
-                )
-            }
-        }),
-    );
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!("metrics server failed: {e}");
-    }
 }
 
 #[cfg(test)]
@@ -476,50 +252,5 @@ mod tests {
         let v = e.check(&gpus, &jobs, &over, grace, t0 + Duration::from_secs(21));
         assert_eq!(v.kill.len(), 1);
         assert_eq!(v.kill[0].share_mib, 1000);
-    }
-
-    #[test]
-    fn exporter_uses_dcgm_names_and_labels() {
-        let ex = Exporter::new();
-        let gpus = [gpu("GPU-a")];
-        let mut s = sample("GPU-a", &[(100, 1500)]);
-        s.util_pct = 87;
-        s.temp_c = 71;
-        s.mem_used_mib = 1500;
-        let usage: HashMap<String, BTreeMap<u64, (u64, u32)>> =
-            [("GPU-a".to_string(), BTreeMap::from([(7, (1500, 1))]))].into();
-        let holders: Holders = [("GPU-a".to_string(), vec![(7, "alice".to_string())])].into();
-        ex.update(
-            "n1",
-            &gpus,
-            &[s],
-            &usage,
-            &holders,
-            Duration::from_millis(3),
-        );
-        let text = ex.encode();
-        assert!(
-            text.contains(
-                "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-a\",Hostname=\"n1\",modelName=\"A100-80GB\"} 87.0"
-            ),
-            "{text}"
-        );
-        assert!(text.contains("DCGM_FI_DEV_GPU_TEMP{"), "{text}");
-        assert!(
-            text.contains(
-                "gpuctl_job_gpu_memory_used_mib{hpc_job=\"7\",user=\"alice\",gpu=\"0\",UUID=\"GPU-a\",Hostname=\"n1\"} 1500.0"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "gpuctl_gpu_job_info{hpc_job=\"7\",user=\"alice\",gpu=\"0\",UUID=\"GPU-a\",Hostname=\"n1\"} 1.0"
-            ),
-            "{text}"
-        );
-        assert!(
-            !text.contains("{job=") && !text.contains(",job="),
-            "no label named job: {text}"
-        );
     }
 }

@@ -383,9 +383,10 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
     let (ctld_port, gpud_port, prom_port) = (free_port(), free_port(), free_port());
     let mut c =
         Cluster::controller_with_args(&["--metrics-listen", &format!("127.0.0.1:{ctld_port}")]);
+    // Two whole GPUs and one in MIG mode.
     c.add_agent(
         "p1",
-        "2xA100-80GB",
+        "2xA100-80GB,1xA100-80GB:mig=3g.40gb+3g.40gb",
         &[
             "--metrics-listen",
             &format!("127.0.0.1:{gpud_port}"),
@@ -399,6 +400,24 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
         "script = \"sleep 60\"\n[env]\nGPUCTL_FAKE_GPU_MEMORY_MIB = \"2000\"\n[resources]\ngpus = 1\n",
     );
     c.wait_state(id, "RUNNING", T);
+    // Two shares of the other GPU: two holders of one GPU, which the dashboard's join
+    // must take (a many-to-one join the wrong way round fails on it).
+    let shares: Vec<u64> = (0..2)
+        .map(|k| {
+            c.submit(
+                &format!("s{k}.toml"),
+                "script = \"sleep 60\"\n[resources]\ngpus = 0.25\n",
+            )
+        })
+        .collect();
+    // A job on a MIG instance, using memory there.
+    let mig = c.submit(
+        "m.toml",
+        "script = \"sleep 60\"\n[env]\nGPUCTL_FAKE_GPU_MEMORY_MIB = \"3000\"\n[resources]\nmig = \"3g.40gb\"\n",
+    );
+    for j in shares.iter().chain([&mig]) {
+        c.wait_state(*j, "RUNNING", T);
+    }
     // A job that waits for GPUs, so that the queue's panels have something to show.
     let waiting = c.submit("w.toml", "script = \"true\"\n[resources]\ngpus = 2\n");
     assert!(wait_for(T, || c.job(waiting)["reason"] == "Resources"));
@@ -423,7 +442,7 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
         })
         .collect();
     assert!(
-        panels.len() >= 15,
+        panels.len() >= 30,
         "a dashboard of {} queries",
         panels.len()
     );
@@ -469,7 +488,8 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
             .and_then(|v| v["data"]["result"].as_array().cloned())
             .unwrap_or_default()
     };
-    let join = "DCGM_FI_DEV_GPU_UTIL * on(UUID) group_left(hpc_job, user) gpuctl_gpu_job_info";
+    let join = "gpuctl_gpu_job_info * on(UUID) group_left() DCGM_FI_DEV_GPU_UTIL";
+    let mig_join = "gpuctl_mig_job_info * on(UUID, GPU_I_ID) group_left() DCGM_FI_DEV_FB_USED";
     let utilisation_q = "sum(gpuctl_gpus_allocated) / sum(gpuctl_gpus)";
     let running_q = "gpuctl_jobs{state=\"RUNNING\"}";
     let ok = wait_for(Duration::from_secs(60), || {
@@ -488,6 +508,7 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
     let all_panels = wait_for(Duration::from_secs(30), || empty_panels(()).is_empty());
     let missing = empty_panels(());
     let results = query(join);
+    let on_mig = query(mig_join);
     let utilisation = query(utilisation_q);
     let running = query(running_q);
     let _ = prom.kill();
@@ -498,13 +519,36 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
         c.path("prometheus.log").display()
     );
     assert!(all_panels, "dashboard panels without data: {missing:#?}");
-    assert_eq!(results[0]["metric"]["hpc_job"], id.to_string());
-    assert_eq!(results[0]["metric"]["user"], "root");
+    // One row per job and GPU: the whole GPU's job, both shares, the MIG job.
+    let mut jobs: Vec<String> = results
+        .iter()
+        .map(|r| r["metric"]["hpc_job"].as_str().unwrap().to_string())
+        .collect();
+    jobs.sort();
+    let mut want: Vec<String> = [id, shares[0], shares[1], mig]
+        .iter()
+        .map(u64::to_string)
+        .collect();
+    want.sort();
+    assert_eq!(jobs, want, "{results:#?}");
+    assert!(results.iter().all(|r| r["metric"]["user"] == "root"));
     assert_eq!(
         results[0]["metric"]["job"], "gpud",
         "Prometheus's own job label is free"
     );
-    assert_eq!(utilisation[0]["value"][1], "0.5");
-    assert_eq!(running[0]["value"][1], "1");
-    c.gpuctl_ok(&["cancel", &id.to_string()]);
+    // The MIG job's row is its instance's memory, with the instance's labels.
+    assert_eq!(on_mig.len(), 1, "{on_mig:#?}");
+    assert_eq!(on_mig[0]["metric"]["hpc_job"], mig.to_string());
+    assert_eq!(on_mig[0]["metric"]["GPU_I_PROFILE"], "3g.40gb");
+    assert_eq!(on_mig[0]["value"][1], "3000");
+    let u: f64 = utilisation[0]["value"][1]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(u > 0.5 && u < 1.0, "{u}: 1.5 GPUs and a MIG instance of 3");
+    assert_eq!(running[0]["value"][1], "4");
+    for j in [id, shares[0], shares[1], mig] {
+        c.gpuctl_ok(&["cancel", &j.to_string()]);
+    }
 }
