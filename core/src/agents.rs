@@ -420,46 +420,6 @@ impl Cluster {
         (resp, effects)
     }
 
-    /// Drains a node whose GPU is over `health.max_gpu_temp_c` (a hardware reason,
-    /// automatic), and lifts that drain once every GPU is at or below
-    /// `health.resume_gpu_temp_c`. An admin's drain is left alone. Returns whether the
-    /// node changed.
-    fn check_health(&mut self, req: &pb::HeartbeatRequest) -> bool {
-        let h = &self.config.health;
-        if h.max_gpu_temp_c == 0 || req.metrics.is_empty() {
-            return false;
-        }
-        let Some(n) = self.nodes.get_mut(&req.node) else {
-            return false;
-        };
-        let hottest = req
-            .metrics
-            .iter()
-            .max_by_key(|m| m.temp_c)
-            .expect("not empty");
-        let admin_drain = n.drain_reason.is_some() && !n.drain_automatic;
-        if admin_drain {
-            return false;
-        }
-        if hottest.temp_c > h.max_gpu_temp_c && n.drain_reason.is_none() {
-            let why = format!(
-                "health (hardware): GPU {} at {} C, over health.max_gpu_temp_c {} C",
-                hottest.uuid, hottest.temp_c, h.max_gpu_temp_c
-            );
-            tracing::warn!(node = %req.node, "draining: {why}");
-            n.drain_reason = Some(why);
-            n.drain_automatic = true;
-        } else if n.drain_automatic && hottest.temp_c <= h.resume_gpu_temp_c {
-            tracing::info!(node = %req.node, temp_c = hottest.temp_c, "healthy again: drain lifted");
-            n.drain_reason = None;
-            n.drain_automatic = false;
-        } else {
-            return false;
-        }
-        self.node_changed(&req.node);
-        true
-    }
-
     /// Ends the jobs whose starts the agent handled without running them.
     fn starts_not_run(&mut self, req: &pb::HeartbeatRequest, now: i64) -> bool {
         let c = self;

@@ -85,6 +85,14 @@ pub struct Health {
     /// XID errors a job causes (13, 31, 43, 45, 68): a warning on the jobs of that GPU,
     /// no drain.
     pub xid_job: Vec<u32>,
+    /// A GPU reporting uncorrectable (double-bit) volatile ECC errors drains its node
+    /// until the count is back to zero (a GPU reset clears it).
+    pub ecc_drain: bool,
+    /// A GPU drawing more than this (W) drains its node until every GPU is at or below
+    /// 95% of it; 0 turns the check off.
+    pub max_gpu_power_w: u32,
+    /// A GPU whose row remapping failed drains its node (its memory needs service).
+    pub remap_failure_drain: bool,
 }
 
 impl Default for Health {
@@ -94,6 +102,9 @@ impl Default for Health {
             resume_gpu_temp_c: 80,
             xid_drain: vec![48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120],
             xid_job: vec![13, 31, 43, 45, 68],
+            ecc_drain: true,
+            max_gpu_power_w: 0,
+            remap_failure_drain: true,
         }
     }
 }

@@ -148,3 +148,91 @@ impl Cluster {
         effects
     }
 }
+
+/// What is wrong with a node by its latest heartbeat, and whether it is all clear
+/// (past the hysteresis of the temperature and power checks).
+fn conditions(h: &crate::config::Health, req: &pb::HeartbeatRequest) -> (Vec<String>, bool) {
+    let mut problems = Vec::new();
+    let mut clear = true;
+    for m in &req.metrics {
+        if h.max_gpu_temp_c > 0 {
+            if m.temp_c > h.max_gpu_temp_c {
+                problems.push(format!(
+                    "health (hardware): GPU {} at {} C, over health.max_gpu_temp_c {} C",
+                    m.uuid, m.temp_c, h.max_gpu_temp_c
+                ));
+            }
+            clear &= m.temp_c <= h.resume_gpu_temp_c;
+        }
+        if h.max_gpu_power_w > 0 {
+            let max = f64::from(h.max_gpu_power_w);
+            if m.power_w > max {
+                problems.push(format!(
+                    "health (hardware): GPU {} drawing {:.0} W, over health.max_gpu_power_w {} W",
+                    m.uuid, m.power_w, h.max_gpu_power_w
+                ));
+            }
+            clear &= m.power_w <= 0.95 * max;
+        }
+        if h.ecc_drain && m.ecc_uncorrected.unwrap_or(0) > 0 {
+            problems.push(format!(
+                "health (hardware): GPU {} has {} uncorrectable ECC error(s)",
+                m.uuid,
+                m.ecc_uncorrected.unwrap_or(0)
+            ));
+        }
+        if h.remap_failure_drain && m.row_remap_failure {
+            problems.push(format!(
+                "health (hardware): GPU {} failed to remap a memory row; it needs service",
+                m.uuid
+            ));
+        }
+    }
+    if !req.health_error.is_empty() {
+        problems.push(format!("health (site check): {}", req.health_error));
+    }
+    clear &= problems.is_empty();
+    (problems, clear)
+}
+
+impl Cluster {
+    /// Drains a node that is unwell by its heartbeat (GPU temperature or power over
+    /// the limit, uncorrectable ECC errors, a failed row remapping: hardware; the site's
+    /// health program complaining: site check), with every reason, and lifts that
+    /// drain once all is clear again. An admin's drain, and the drain of a hardware XID
+    /// (a reset or replacement is due), are left alone. Returns whether the node
+    /// changed.
+    pub(crate) fn check_health(&mut self, req: &pb::HeartbeatRequest) -> bool {
+        let (problems, clear) = conditions(&self.config.health, req);
+        let Some(n) = self.nodes.get_mut(&req.node) else {
+            return false;
+        };
+        let admin_drain = n.drain_reason.is_some() && !n.drain_automatic;
+        if admin_drain {
+            return false;
+        }
+        if !problems.is_empty() {
+            // Drained already: the reason changes only when there is more wrong (not
+            // at every degree of a hot GPU: each change is a store write).
+            let known = n
+                .drain_reason
+                .as_deref()
+                .map_or(0, |r| r.split("; ").count());
+            if n.drain_reason.is_some() && problems.len() <= known {
+                return false;
+            }
+            let why = problems.join("; ");
+            tracing::warn!(node = %req.node, "draining: {why}");
+            n.drain_reason = Some(why);
+            n.drain_automatic = true;
+        } else if n.drain_reason.is_some() && clear {
+            tracing::info!(node = %req.node, "healthy again: drain lifted");
+            n.drain_reason = None;
+            n.drain_automatic = false;
+        } else {
+            return false;
+        }
+        self.node_changed(&req.node);
+        true
+    }
+}

@@ -130,3 +130,105 @@ fn a_job_that_may_not_requeue_ends_failed_with_the_xid() {
         kill.reason
     );
 }
+
+/// A heartbeat of two GPUs with the given metrics and the health program's complaint.
+fn beat_with(c: &mut Cluster, gpus: [pb::GpuMetrics; 2], site: &str, now: i64) {
+    let req = pb::HeartbeatRequest {
+        node: "n1".into(),
+        metrics: gpus
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| pb::GpuMetrics {
+                uuid: format!("GPU-n1-{i}"),
+                time_ms: now,
+                ..m
+            })
+            .collect(),
+        health_error: site.into(),
+        ..Default::default()
+    };
+    c.heartbeat(&req, now);
+}
+
+fn drain(c: &Cluster) -> Option<String> {
+    c.nodes["n1"].drain_reason.clone()
+}
+
+fn gpu(temp_c: u32, power_w: f64) -> pb::GpuMetrics {
+    pb::GpuMetrics {
+        temp_c,
+        power_w,
+        ecc_uncorrected: Some(0),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn each_health_condition_drains_with_its_reason_and_lifts_when_clear() {
+    let mut c = cluster();
+    c.config.health.max_gpu_power_w = 400;
+    attach(&mut c, "n1", T0);
+    let ok = || [gpu(50, 200.0), gpu(50, 200.0)];
+    beat_with(&mut c, ok(), "", T0);
+    assert_eq!(drain(&c), None);
+
+    // Power over the limit; lifted only at or below 95% of it.
+    beat_with(&mut c, [gpu(50, 420.0), gpu(50, 200.0)], "", T0 + 1);
+    let why = drain(&c).unwrap();
+    assert!(
+        why.starts_with(
+            "health (hardware): GPU GPU-n1-0 drawing 420 W, over health.max_gpu_power_w 400 W"
+        ),
+        "{why}"
+    );
+    beat_with(&mut c, [gpu(50, 390.0), gpu(50, 200.0)], "", T0 + 2);
+    assert!(drain(&c).is_some(), "390 W is within the hysteresis");
+    beat_with(&mut c, ok(), "", T0 + 3);
+    assert_eq!(drain(&c), None);
+
+    // Uncorrectable ECC errors; and a second problem adds to the reason.
+    let mut ecc = gpu(50, 200.0);
+    ecc.ecc_uncorrected = Some(2);
+    beat_with(&mut c, [gpu(50, 200.0), ecc.clone()], "", T0 + 4);
+    assert_eq!(
+        drain(&c).unwrap(),
+        "health (hardware): GPU GPU-n1-1 has 2 uncorrectable ECC error(s)"
+    );
+    beat_with(&mut c, [gpu(50, 200.0), ecc], "ib0 link down", T0 + 5);
+    assert_eq!(
+        drain(&c).unwrap(),
+        "health (hardware): GPU GPU-n1-1 has 2 uncorrectable ECC error(s); health (site check): ib0 link down"
+    );
+    beat_with(&mut c, ok(), "ib0 link down", T0 + 6);
+    assert!(drain(&c).is_some(), "the site check still fails");
+    beat_with(&mut c, ok(), "", T0 + 7);
+    assert_eq!(drain(&c), None);
+
+    // A failed row remapping.
+    let mut remap = gpu(50, 200.0);
+    remap.row_remap_failure = true;
+    beat_with(&mut c, [remap, gpu(50, 200.0)], "", T0 + 8);
+    assert!(drain(&c).unwrap().contains("failed to remap a memory row"));
+    beat_with(&mut c, ok(), "", T0 + 9);
+    assert_eq!(drain(&c), None);
+
+    // An admin's drain is never lifted nor reworded by the checks.
+    c.nodes.get_mut("n1").unwrap().drain_reason = Some("fan swap".into());
+    beat_with(&mut c, ok(), "disk full", T0 + 10);
+    beat_with(&mut c, ok(), "", T0 + 11);
+    assert_eq!(drain(&c).unwrap(), "fan swap");
+}
+
+#[test]
+fn the_checks_that_are_off_do_not_drain() {
+    let mut c = cluster();
+    c.config.health.ecc_drain = false;
+    c.config.health.remap_failure_drain = false;
+    c.config.health.max_gpu_temp_c = 0;
+    attach(&mut c, "n1", T0);
+    let mut bad = gpu(99, 900.0);
+    bad.ecc_uncorrected = Some(5);
+    bad.row_remap_failure = true;
+    beat_with(&mut c, [bad, gpu(50, 200.0)], "", T0 + 1);
+    assert_eq!(drain(&c), None);
+}

@@ -444,6 +444,12 @@ impl agent_link_server::AgentLink for AgentApi {
             .0
             .verify_agent(&meta, "heartbeat", &req.node, &req.encode_to_vec())?;
         self.0.check_session(&req.node, &signed)?;
+        // It becomes the node's drain reason: one short printable line.
+        if req.health_error.len() > 1000 || req.health_error.chars().any(char::is_control) {
+            return Err(Status::invalid_argument(
+                "health_error must be one line of at most 1000 bytes without control characters",
+            ));
+        }
         Ok(Response::new(self.0.heartbeat(&req).await?))
     }
 

@@ -258,6 +258,7 @@ fn write_agent_corpus(w: &impl Fn(&str, Vec<u8>)) {
             }],
             commands_handled: 1,
             reporting: Vec::new(),
+            health_error: String::new(),
         }
         .encode_to_vec(),
     );

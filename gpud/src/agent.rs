@@ -47,6 +47,8 @@ pub struct Options {
     pub gpu_memory_grace: Duration,
     /// Serve Prometheus metrics here.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The site's health program.
+    pub health: Option<crate::health::HealthProgram>,
     /// `nvidia-cuda-mps-control` (default: looked up on $PATH).
     pub mps_control: Option<PathBuf>,
     /// How often the GPU inventory (GPUs, MIG layouts) is discovered again.
@@ -104,6 +106,8 @@ struct Agent {
     /// The live session; `None` while not attached.
     session: Mutex<Option<Arc<Session>>>,
     session_ready: Notify,
+    /// The health program's latest complaint ("" = healthy, or no program).
+    health: Arc<Mutex<String>>,
 }
 
 fn now_ms() -> i64 {
@@ -139,6 +143,7 @@ impl Agent {
             id,
             session: Mutex::new(None),
             session_ready: Notify::new(),
+            health: Arc::default(),
         })
     }
 
@@ -292,7 +297,7 @@ impl Agent {
 
 /// Runs the agent until `shutdown` resolves. Running jobs are left running.
 pub async fn run(
-    opts: Options,
+    mut opts: Options,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.state_dir)
@@ -350,6 +355,10 @@ pub async fn run(
         tracing::info!("Prometheus metrics on http://{}/metrics", l.local_addr()?);
         tokio::spawn(crate::exporter::serve(l, exporter.clone()));
     }
+    let health = opts.health.take().map(|p| {
+        tracing::info!(program = %p.program.display(), every = ?p.every, "health program");
+        tokio::spawn(crate::health::run(p, agent.health.clone()))
+    });
     let sampler = tokio::spawn(sampler(
         agent.clone(),
         opts.backend.clone(),
@@ -365,6 +374,9 @@ pub async fn run(
     }
     reporter.abort();
     sampler.abort();
+    if let Some(h) = health {
+        h.abort();
+    }
     Ok(())
 }
 
@@ -695,9 +707,15 @@ async fn heartbeats(
         tick.tick().await;
         // Read before the running list: a start counted here is in one of the lists.
         let commands_handled = session.handled.load(std::sync::atomic::Ordering::SeqCst);
+        let health_error = agent
+            .health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let req = pb::HeartbeatRequest {
             node: agent.name.clone(),
             commands_handled,
+            health_error,
             running: {
                 let a = agent.clone();
                 tokio::task::spawn_blocking(move || a.running_with_usage())

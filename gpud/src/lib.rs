@@ -12,6 +12,7 @@
 //! - `agent`: registration, the command stream, heartbeats, job lifecycles.
 //! - `shim`: `gpud __shim`, the job's top process that records how it ended, so that
 //!   a restarted agent learns a job's real end.
+//! - `health`: the site's health program (like Slurm's HealthCheckProgram).
 //! - `host`: facts about this machine (CPUs, memory, hostname).
 //! - `procfs`: facts about processes from /proc (process group, start time).
 //!
@@ -22,6 +23,7 @@ pub mod agent;
 pub mod cgroup;
 pub mod exporter;
 pub mod gpu;
+pub mod health;
 pub mod host;
 pub mod launch;
 pub mod monitor;

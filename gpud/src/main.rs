@@ -45,6 +45,16 @@ struct Args {
     /// Serve Prometheus metrics (DCGM exporter names) at http://ADDR/metrics.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// The site's node check, like Slurm's HealthCheckProgram: run every
+    /// --health-interval; a non-zero exit drains the node with the program's first line
+    /// of output as the reason, and the drain is lifted once it passes again.
+    #[arg(long)]
+    health_program: Option<PathBuf>,
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    health_interval: Duration,
+    /// A health program still running after this is killed and counts as failed.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    health_timeout: Duration,
     /// The CUDA MPS control program for fractional GPU shares (default:
     /// nvidia-cuda-mps-control on $PATH; without it shares run without MPS, with a
     /// warning on the job).
@@ -155,6 +165,13 @@ async fn agent_main() -> ExitCode {
         sample_interval: args.sample_interval,
         gpu_memory_grace: args.gpu_memory_grace,
         metrics_listen: args.metrics_listen,
+        health: args
+            .health_program
+            .map(|program| gpud::health::HealthProgram {
+                program,
+                every: args.health_interval,
+                timeout: args.health_timeout,
+            }),
         mps_control: args.mps_control,
         inventory_interval: args.inventory_interval,
         controller: args.controller,

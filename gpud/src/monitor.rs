@@ -147,6 +147,7 @@ pub fn to_pb(
             ecc_uncorrected: s.ecc_uncorrected,
             last_xid: s.xid.map(|x| x.0),
             last_xid_ms: s.xid.map_or(0, |x| x.1),
+            row_remap_failure: s.remapped_rows.is_some_and(|r| r.failed),
             jobs: usage
                 .get(&s.uuid)
                 .into_iter()

@@ -552,3 +552,41 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
         c.gpuctl_ok(&["cancel", &j.to_string()]);
     }
 }
+
+/// The site's health program (`gpud --health-program`, like Slurm's
+/// HealthCheckProgram): while it fails, the node is drained with its first line of
+/// output as a site-check reason; once it passes, the drain is lifted.
+#[test]
+fn a_failing_health_program_drains_its_node_until_it_passes() {
+    let mut c = Cluster::controller_only();
+    let flag = c.path("ib0-down");
+    let script = c.path("check.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ -e {f} ]; then echo \"ib0 link down\"; exit 1; fi\nexit 0\n",
+            f = flag.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(&flag, "").unwrap();
+    let script = script.to_str().unwrap().to_string();
+    c.add_agent(
+        "site1",
+        "1xA100-80GB",
+        &["--health-program", &script, "--health-interval", "300ms"],
+    );
+    assert!(
+        wait_for(T, || c.node_state("site1") == "DRAINED"),
+        "{}\n{}",
+        c.nodes(),
+        c.agent_log("site1")
+    );
+    assert_eq!(c.nodes()[0]["reason"], "health (site check): ib0 link down");
+    std::fs::remove_file(&flag).unwrap();
+    assert!(
+        wait_for(T, || c.node_state("site1") == "IDLE"),
+        "drain not lifted"
+    );
+}

@@ -69,6 +69,7 @@ fn harness(launcher: FakeLauncher) -> Harness {
         sample_interval: Duration::from_secs(1),
         gpu_memory_grace: Duration::from_secs(1),
         metrics_listen: None,
+        health: None,
         mps_control: None,
         inventory_interval: Duration::from_secs(60),
         address: None,
