@@ -9,7 +9,7 @@ use serde::Deserialize;
 use gpuctl_sched::packing::Policy;
 use gpuctl_sched::priority::PriorityWeights;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Time limit of jobs that set none.
@@ -69,7 +69,7 @@ pub struct Config {
 
 /// The `[health]` table: what drains a node by itself (and lifts the drain once the
 /// node is healthy again; an admin's drain is never lifted by it).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Health {
     /// A GPU hotter than this (°C) drains its node; 0 turns the check off.
@@ -112,7 +112,7 @@ impl Default for Health {
 /// The `[retention]` table: how long finished jobs are kept (for `show`, `queue
 /// --all` and dependencies). A finished job keeps its metadata only: its env, script
 /// and command arguments are dropped when it ends.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Retention {
     /// Finished jobs older than this (since their end) are removed.
@@ -136,7 +136,7 @@ fn utc() -> jiff::tz::TimeZone {
 }
 
 /// The `[fairshare]` table.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FairShare {
     /// Usage counts half after this long (Slurm's PriorityDecayHalfLife).
@@ -167,7 +167,7 @@ impl FairShare {
 
 /// The `[preemption]` table: a job of a QoS that `preempts` others may stop their
 /// running jobs to start (each QoS's `preempts` says whose).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Preemption {
     pub enabled: bool,
@@ -189,7 +189,7 @@ impl Default for Preemption {
 }
 
 /// One `[accounts.NAME]` table.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AccountConfig {
     /// Its shares of the cluster (fair share); 1 when not given.
@@ -201,7 +201,7 @@ pub struct AccountConfig {
 }
 
 /// One `[qos.NAME]` table.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct QosConfig {
     /// Its value in the multifactor priority (times `scheduler.priority.qos`).
@@ -277,7 +277,7 @@ fn default_qos() -> BTreeMap<String, QosConfig> {
 }
 
 /// The `[limits]` table: what one request may ask for.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Largest gRPC request the controller decodes.
@@ -314,7 +314,7 @@ impl Default for Limits {
 }
 
 /// The `[scheduler]` table.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulerConfig {
     /// `first-fit`, `best-fit` or `fgd`.
@@ -433,6 +433,11 @@ impl Config {
             .iter()
             .map(|(k, q)| (k.clone(), q.priority))
             .collect();
+    }
+
+    /// The configuration as TOML, every key with its value (`gpuctld config`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a config serialises to TOML")
     }
 
     pub fn load(path: &Path) -> Result<Config, ConfigError> {

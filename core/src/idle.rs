@@ -12,7 +12,7 @@ use serde::Deserialize;
 use crate::jobs::job_of;
 use crate::state::{Cluster, Effects, live_allocs};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum IdleAction {
     /// A warning on the job (its reason and warnings); it keeps running.
@@ -25,7 +25,7 @@ pub enum IdleAction {
 }
 
 /// The `[idle]` table. Off unless `after` is given.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IdlePolicy {
     #[serde(with = "humantime_serde")]

@@ -23,7 +23,7 @@ use crate::state::Cluster;
 pub const DEFAULT_PARTITION: &str = "default";
 
 /// What a partition does with jobs (Slurm's `State=`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PartitionState {
     /// Takes jobs and runs them.
@@ -46,7 +46,7 @@ impl PartitionState {
 }
 
 /// One `[partitions.NAME]` table.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PartitionConfig {
     /// Which nodes: names, hostlists like Slurm's (`gpu[01-08,12]`), `*` globs; empty

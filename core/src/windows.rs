@@ -30,7 +30,7 @@ use jiff::{Timestamp, Zoned};
 use serde::Deserialize;
 
 /// One `[windows.NAME]` table.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Window {
     /// Weekdays it opens on: mon, tue, wed, thu, fri, sat, sun.

@@ -48,6 +48,9 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Print the effective configuration (the embedded defaults with --config applied)
+    /// as TOML, and exit; a bad config fails with its file, line and column.
+    Config,
     /// Run the scheduler on a virtual clock over a trace (no daemons).
     Simulate {
         #[command(subcommand)]
@@ -65,6 +68,11 @@ async fn main() -> std::process::ExitCode {
     init_logging(args.log_format, if quiet { "warn" } else { "info" });
     let result = match args.command {
         Some(Command::Simulate { mode }) => gpuctl_sim::run(mode),
+        Some(Command::Config) => match &args.config {
+            Some(p) => Config::load(p).map_err(anyhow::Error::from),
+            None => Ok(Config::default()),
+        }
+        .map(|c| print!("{}", c.to_toml())),
         None => {
             async {
                 let mut config = match &args.config {

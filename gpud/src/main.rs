@@ -50,6 +50,7 @@ struct Args {
     /// of output as the reason, and the drain is lifted once it passes again.
     #[arg(long)]
     health_program: Option<PathBuf>,
+    /// How often the health program runs.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     health_interval: Duration,
     /// A health program still running after this is killed and counts as failed.

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::model::*;
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PriorityWeights {
     /// Points for a job that waited `age_max` or longer (linear before that).
@@ -31,7 +31,9 @@ pub struct PriorityWeights {
     /// Points for an owner who used nothing lately (times the fair-share factor, 0..1;
     /// see `fairshare`).
     pub fair_share: i64,
-    /// QoS names and their values; unknown names count 0.
+    /// QoS names and their values; unknown names count 0. Derived from `[qos]` (this
+    /// key is the old way to name them), so not printed with the effective config.
+    #[serde(skip_serializing)]
     pub qos_levels: BTreeMap<String, i64>,
 }
 
