@@ -62,7 +62,10 @@ fn the_reference_config_is_the_defaults_and_names_every_key() {
 #[test]
 fn the_operations_guide_example_config_loads() {
     let guide = std::fs::read_to_string(repo("docs/operations.md")).unwrap();
-    let start = guide.find("```toml\ndefault_time_limit").expect("the example") + 8;
+    let start = guide
+        .find("```toml\ndefault_time_limit")
+        .expect("the example")
+        + 8;
     let end = start + guide[start..].find("```").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("example.toml");

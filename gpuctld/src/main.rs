@@ -50,7 +50,11 @@ struct Args {
 enum Command {
     /// Print the effective configuration (the embedded defaults with --config applied)
     /// as TOML, and exit; a bad config fails with its file, line and column.
-    Config,
+    Config {
+        /// The configuration file to check (the same as gpuctld --config FILE config).
+        #[arg(long = "config", value_name = "CONFIG")]
+        file: Option<PathBuf>,
+    },
     /// Run the scheduler on a virtual clock over a trace (no daemons).
     Simulate {
         #[command(subcommand)]
@@ -68,7 +72,7 @@ async fn main() -> std::process::ExitCode {
     init_logging(args.log_format, if quiet { "warn" } else { "info" });
     let result = match args.command {
         Some(Command::Simulate { mode }) => gpuctl_sim::run(mode),
-        Some(Command::Config) => match &args.config {
+        Some(Command::Config { file }) => match file.as_ref().or(args.config.as_ref()) {
             Some(p) => Config::load(p).map_err(anyhow::Error::from),
             None => Ok(Config::default()),
         }

@@ -78,3 +78,145 @@ fn alert_rules_load_and_fire_in_promtool() {
         String::from_utf8_lossy(&test.stderr)
     );
 }
+
+fn repo(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
+}
+
+/// The systemd units pass `systemd-analyze verify` (run on copies pointing at the built
+/// programs): every key known, every value parsed, the programs there.
+#[test]
+fn the_systemd_units_verify() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no systemd-analyze here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = gpuctl_tests::bin_dir();
+    let mut units = Vec::new();
+    for unit in ["gpuctld.service", "gpud.service"] {
+        let text = std::fs::read_to_string(repo(&format!("deploy/systemd/{unit}"))).unwrap();
+        assert!(text.contains("ExecStart=/usr/bin/"), "{unit}");
+        let copy = dir.path().join(unit);
+        std::fs::write(
+            &copy,
+            text.replace("/usr/bin/", &format!("{}/", bin.display())),
+        )
+        .unwrap();
+        units.push(copy);
+    }
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .args(&units)
+        .output()
+        .unwrap();
+    let errors = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && errors.trim().is_empty(), "{errors}");
+    // The agent's jobs outlive it: stopping gpud must not kill them.
+    let gpud = std::fs::read_to_string(repo("deploy/systemd/gpud.service")).unwrap();
+    assert!(gpud.contains("\nKillMode=process\n") && gpud.contains("\nDelegate=yes\n"));
+}
+
+/// Every flag of both daemons is in the configuration reference.
+#[test]
+fn the_config_reference_names_every_daemon_flag() {
+    let page = std::fs::read_to_string(repo("docs/config.md")).unwrap();
+    for program in ["gpuctld", "gpud"] {
+        let out = Command::new(gpuctl_tests::bin(program))
+            .arg("--help")
+            .output()
+            .unwrap();
+        let help = String::from_utf8(out.stdout).unwrap();
+        let flags: Vec<&str> = help
+            .split_whitespace()
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| w.trim_end_matches([',', '.', ')', ';']))
+            .filter(|w| !["--help", "--version"].contains(w))
+            .collect();
+        assert!(flags.len() > 5, "{help}");
+        for f in flags {
+            assert!(
+                page.contains(&format!("`{f}")),
+                "{program} {f} not in docs/config.md"
+            );
+        }
+    }
+}
+
+/// `gpuctld config` prints the effective configuration, which loads again as the same;
+/// a bad file fails with its line and column.
+#[test]
+fn gpuctld_config_prints_a_config_that_loads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(gpuctl_tests::bin("gpuctld"))
+            .arg("config")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let mine = dir.path().join("mine.toml");
+    std::fs::write(
+        &mine,
+        "kill_grace = \"30s\"\n[health]\nmax_gpu_power_w = 450\n",
+    )
+    .unwrap();
+    let first = run(&["--config", mine.to_str().unwrap()]);
+    assert!(first.status.success());
+    let text = String::from_utf8(first.stdout).unwrap();
+    assert!(text.contains("kill_grace = \"30s\"") && text.contains("max_gpu_power_w = 450"));
+    let effective = dir.path().join("effective.toml");
+    std::fs::write(&effective, &text).unwrap();
+    let again = run(&["--config", effective.to_str().unwrap()]);
+    assert_eq!(String::from_utf8(again.stdout).unwrap(), text);
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "kill_grace = \"30s\"\n[health]\nmax_gpu_temp = 80\n").unwrap();
+    let out = run(&["--config", bad.to_str().unwrap()]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success());
+    assert!(
+        err.contains("bad.toml") && err.contains("line 3") && err.contains("max_gpu_temp"),
+        "{err}"
+    );
+}
+
+/// The Debian packages' metadata names files that exist (those built by
+/// scripts/build-debs.sh aside) and a unit for each daemon.
+#[test]
+fn the_deb_metadata_names_files_that_exist() {
+    for (package, unit) in [("gpuctld", true), ("gpud", true), ("gpuctl", false)] {
+        let manifest: toml::Value = toml::from_str(
+            &std::fs::read_to_string(repo(&format!("{package}/Cargo.toml"))).unwrap(),
+        )
+        .unwrap();
+        let deb = &manifest["package"]["metadata"]["deb"];
+        let assets = deb["assets"].as_array().unwrap();
+        assert!(
+            assets
+                .iter()
+                .any(|a| a[0].as_str() == Some(&format!("target/release/{package}"))),
+            "{package} ships its program"
+        );
+        for a in assets {
+            let src = a[0].as_str().unwrap();
+            if !src.starts_with("target/") {
+                assert!(repo(package).join(src).exists(), "{package}: {src} missing");
+            }
+        }
+        if unit {
+            let dir = deb["systemd-units"]["unit-scripts"].as_str().unwrap();
+            assert!(
+                repo(package)
+                    .join(dir)
+                    .join(format!("{package}.service"))
+                    .exists()
+            );
+        }
+    }
+}
