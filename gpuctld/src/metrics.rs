@@ -29,6 +29,11 @@ struct UserLabel {
     user: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AccountLabel {
+    account: String,
+}
+
 type GaugeF = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 /// What the controller's state says at one moment (computed under its lock).
@@ -41,8 +46,15 @@ pub struct Snapshot {
     /// Allocated GPU capacity in GPUs (a quarter share counts 0.25).
     pub gpus_allocated: f64,
     pub fragmentation_gpus: f64,
-    /// Running GPUs per user (shares as fractions).
+    /// Running GPUs per user and per account (shares as fractions).
     pub running_gpus_by_user: BTreeMap<String, f64>,
+    pub running_gpus_by_account: BTreeMap<String, f64>,
+    /// MIG instances of up nodes, and those held by jobs.
+    pub mig_instances: u64,
+    pub mig_instances_allocated: u64,
+    /// GPUs holding shares (fractional jobs), and the share jobs on them.
+    pub shared_gpus: u64,
+    pub share_slots: u64,
 }
 
 /// The registry and what is kept between scrapes.
@@ -56,6 +68,9 @@ pub struct Metrics {
     fragmentation: GaugeF,
     user_gpus: Family<UserLabel, GaugeF>,
     user_gpu_seconds: Family<UserLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
+    account_gpus: Family<AccountLabel, GaugeF>,
+    account_gpu_seconds: Family<AccountLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
+    slices: Family<StateLabel, Gauge>,
     /// When GPU-seconds were last added (ms), to integrate running GPUs over time.
     last_ms: Mutex<Option<i64>>,
     pub submits: Counter,
@@ -110,6 +125,24 @@ impl Metrics {
             "GPU-seconds held by each user's running jobs since the controller started (sampled at scrapes).",
             user_gpu_seconds.clone(),
         );
+        let account_gpus = Family::<AccountLabel, GaugeF>::default();
+        r.register(
+            "gpuctl_account_running_gpus",
+            "GPUs held by each account's running jobs (shares as fractions).",
+            account_gpus.clone(),
+        );
+        let account_gpu_seconds = Family::default();
+        r.register(
+            "gpuctl_account_gpu_seconds",
+            "GPU-seconds held by each account's running jobs since the controller started (sampled at scrapes).",
+            account_gpu_seconds.clone(),
+        );
+        let slices = Family::<StateLabel, Gauge>::default();
+        r.register(
+            "gpuctl_slices",
+            "GPU slices: state=mig_total, mig_allocated (MIG instances of up nodes and those held), shared_gpus (GPUs holding fractional shares), share_jobs (the share allocations on them).",
+            slices.clone(),
+        );
         let submits = Counter::default();
         r.register("gpuctl_submits", "Jobs acknowledged.", submits.clone());
         let pass_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
@@ -133,6 +166,9 @@ impl Metrics {
             fragmentation,
             user_gpus,
             user_gpu_seconds,
+            account_gpus,
+            account_gpu_seconds,
+            slices,
             last_ms: Mutex::new(None),
             submits,
             pass_seconds,
@@ -170,6 +206,25 @@ impl Metrics {
             let l = UserLabel { user: user.clone() };
             self.user_gpus.get_or_create(&l).set(*gpus);
             self.user_gpu_seconds.get_or_create(&l).inc_by(gpus * dt);
+        }
+        self.account_gpus.clear();
+        for (account, gpus) in &s.running_gpus_by_account {
+            let l = AccountLabel {
+                account: account.clone(),
+            };
+            self.account_gpus.get_or_create(&l).set(*gpus);
+            self.account_gpu_seconds.get_or_create(&l).inc_by(gpus * dt);
+        }
+        for (state, v) in [
+            ("mig_total", s.mig_instances),
+            ("mig_allocated", s.mig_instances_allocated),
+            ("shared_gpus", s.shared_gpus),
+            ("share_jobs", s.share_slots),
+        ] {
+            let l = StateLabel {
+                state: state.into(),
+            };
+            self.slices.get_or_create(&l).set(v as i64);
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
@@ -218,6 +273,9 @@ mod tests {
         s.pending_by_reason.insert("Resources".into(), 2);
         s.nodes_by_state.insert("MIXED".into(), 1);
         s.running_gpus_by_user.insert("alice".into(), 2.0);
+        s.running_gpus_by_account.insert("risk".into(), 2.0);
+        s.mig_instances = 7;
+        s.mig_instances_allocated = 3;
         m.submits.inc();
         m.pass_seconds.observe(0.003);
         let _ = m.render(&s, 1_000);
@@ -231,6 +289,10 @@ mod tests {
             "gpuctl_fragmentation_gpus 0.5",
             "gpuctl_user_running_gpus{user=\"alice\"} 2.0",
             "gpuctl_user_gpu_seconds_total{user=\"alice\"} 20.0",
+            "gpuctl_account_running_gpus{account=\"risk\"} 2.0",
+            "gpuctl_account_gpu_seconds_total{account=\"risk\"} 20.0",
+            "gpuctl_slices{state=\"mig_total\"} 7",
+            "gpuctl_slices{state=\"mig_allocated\"} 3",
             "gpuctl_submits_total 1",
             "gpuctl_schedule_pass_seconds_count 1",
         ] {

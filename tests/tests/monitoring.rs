@@ -289,6 +289,11 @@ fn controller_metrics_count_jobs_nodes_gpus_and_passes() {
         value("gpuctl_user_running_gpus", Some(("user", "root"))),
         2.0
     );
+    assert_eq!(
+        value("gpuctl_account_running_gpus", Some(("account", "root"))),
+        2.0
+    );
+    assert_eq!(value("gpuctl_slices", Some(("state", "mig_total"))), 0.0);
     assert_eq!(value("gpuctl_submits_total", None), 3.0);
     assert!(
         body.contains("gpuctl_schedule_pass_seconds_count"),

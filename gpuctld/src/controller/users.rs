@@ -29,15 +29,17 @@ impl Controller {
                 .or_default() += 1;
             if n.state() != pb::NodeState::Down {
                 snap.gpus_total += n.gpus.len() as u64;
-                snap.gpus_allocated += n
-                    .gpus
-                    .iter()
-                    .map(|g| g.compute_allocated_milli.min(1000) as f64 / 1000.0)
-                    .sum::<f64>();
+                for g in &n.gpus {
+                    snap.gpus_allocated += g.compute_allocated_milli.min(1000) as f64 / 1000.0;
+                    snap.mig_instances += g.mig.len() as u64;
+                    snap.mig_instances_allocated +=
+                        g.mig.iter().filter(|m| m.allocated_to != 0).count() as u64;
+                }
             }
         }
         {
             let c = self.lock();
+            let mut shared = std::collections::BTreeSet::new();
             for s in c.jobs.all() {
                 let j = job_of(s);
                 let state = j.state().as_str_name().to_string();
@@ -53,18 +55,28 @@ impl Controller {
                         *snap.pending_by_reason.entry(reason).or_default() += 1;
                     }
                     JobState::Running => {
-                        let held: f64 = live_allocs(j)
-                            .flat_map(|a| &a.slots)
-                            .map(|s| f64::from(s.compute_milli.min(1000)) / 1000.0)
-                            .sum();
+                        let mut held = 0.0;
+                        for s in live_allocs(j).flat_map(|a| &a.slots) {
+                            held += f64::from(s.compute_milli.min(1000)) / 1000.0;
+                            if s.compute_milli < 1000 && !s.uuid.starts_with("MIG-") {
+                                snap.share_slots += 1;
+                                shared.insert(s.uuid.as_str());
+                            }
+                        }
                         *snap
                             .running_gpus_by_user
                             .entry(owner(j).to_string())
+                            .or_default() += held;
+                        let account = j.spec.as_ref().map_or("", |s| s.account.as_str());
+                        *snap
+                            .running_gpus_by_account
+                            .entry(account.to_string())
                             .or_default() += held;
                     }
                     _ => {}
                 }
             }
+            snap.shared_gpus = shared.len() as u64;
         }
         self.metrics.render(&snap, now_ms())
     }
