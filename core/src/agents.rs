@@ -569,7 +569,12 @@ impl Cluster {
         let mut kill_others = Vec::new();
         match r.kind() {
             pb::job_report::Kind::Started => {
-                c.jobs.edit(id, |s| s.start_confirmed = true);
+                let at = if r.time_ms > 0 { r.time_ms } else { now };
+                c.jobs.edit(id, |s| {
+                    s.start_confirmed = true;
+                    let j = s.job.as_mut().expect("a job record");
+                    j.launch_time_ms = j.launch_time_ms.max(at);
+                });
             }
             pb::job_report::Kind::Ended => {
                 let state = match r.state() {

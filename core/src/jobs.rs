@@ -421,6 +421,7 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             j.gpus.clear();
             j.allocations = allocations;
             j.start_time_ms = now;
+            j.launch_time_ms = 0;
             j.expected_start_ms = 0;
             j.reason = String::new();
             s.start_confirmed = false;
@@ -440,6 +441,7 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             j.node.clear();
             j.gpus.clear();
             j.start_time_ms = 0;
+            j.launch_time_ms = 0;
             j.reason = reason;
             s.start_confirmed = false;
             s.requeue_requested.clear();

@@ -37,8 +37,19 @@ fn submit_start_and_end() {
         "the placement is written"
     );
 
+    assert_eq!(
+        c.jobs.job(id).unwrap().launch_time_ms,
+        0,
+        "not launched yet"
+    );
     report(&mut c, "n1", id, None, T0 + 20);
     assert!(c.jobs.get(id).unwrap().start_confirmed);
+    let j = c.jobs.job(id).unwrap();
+    assert_eq!(
+        (j.start_time_ms, j.launch_time_ms),
+        (T0 + 10, T0 + 20),
+        "dispatched at the pass, launched at the agent's report"
+    );
     let e = report(&mut c, "n1", id, Some((JobState::Completed, 0)), T0 + 5000);
     assert!(e.sends.is_empty() && e.wake);
     let j = c.jobs.job(id).unwrap();

@@ -253,6 +253,7 @@ impl serde::Serialize for JobJson<'_> {
         m.serialize_entry("gpus", &j.gpus)?;
         m.serialize_entry("hold", &non_empty(&j.hold))?;
         m.serialize_entry("id", &j.id)?;
+        m.serialize_entry("launch_time", &time_str(j.launch_time_ms))?;
         m.serialize_entry("name", &spec.name)?;
         m.serialize_entry("node", &non_empty(&j.node))?;
         m.serialize_entry("partition", &spec.partition)?;
@@ -834,6 +835,9 @@ pub fn show_job(j: &pb::Job) -> String {
     }
     line("SubmitTime", s("submit_time"));
     line("StartTime", s("start_time"));
+    if j.launch_time_ms > 0 {
+        line("LaunchTime", s("launch_time"));
+    }
     line("EndTime", s("end_time"));
     line("Elapsed", slurm_duration(elapsed_ms(j, now_ms())));
     if spec.command.is_empty() {

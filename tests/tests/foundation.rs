@@ -39,6 +39,18 @@ gpus = 2
     let job = c.wait_state(id, "COMPLETED", T);
     assert_eq!(job["exit_code"], 0);
     assert_eq!(job["node"], "n1");
+    // Dispatched, then launched on the node, then ended (RFC 3339 in UTC, so the
+    // strings order as the times do).
+    let t = |k: &str| {
+        job[k]
+            .as_str()
+            .unwrap_or_else(|| panic!("{k}: {job}"))
+            .to_string()
+    };
+    assert!(
+        t("start_time") <= t("launch_time") && t("launch_time") <= t("end_time"),
+        "{job}"
+    );
     let gpus = gpus_of(&job);
     assert_eq!(gpus.len(), 2);
     let node_gpus: Vec<String> = c.nodes()[0]["gpus"]
