@@ -58,9 +58,12 @@ fn slot_costs(c: &Cluster) -> BTreeMap<&str, (f64, bool)> {
 }
 
 /// Normalised GPUs an allocation holds.
-fn gpus_held(allocs: &[pb::Allocation], costs: &BTreeMap<&str, (f64, bool)>) -> f64 {
+fn gpus_held<'a>(
+    allocs: impl IntoIterator<Item = &'a pb::Allocation>,
+    costs: &BTreeMap<&str, (f64, bool)>,
+) -> f64 {
     allocs
-        .iter()
+        .into_iter()
         .flat_map(|a| &a.slots)
         .map(|s| match costs.get(s.uuid.as_str()) {
             Some(&(w, true)) => w,
@@ -101,8 +104,8 @@ impl Cluster {
         }
         for s in self.jobs.active() {
             let j = job_of(s);
-            let live: Vec<pb::Allocation> = live_allocs(j).cloned().collect();
-            if live.is_empty() {
+            // Borrowed, not cloned: this runs for every running job at every pass.
+            if live_allocs(j).next().is_none() {
                 continue;
             }
             let from = j.start_time_ms.max(last);
@@ -112,7 +115,7 @@ impl Cluster {
                 charges.push((
                     account.to_string(),
                     owner(j).to_string(),
-                    gpus_held(&live, &costs) * secs,
+                    gpus_held(live_allocs(j), &costs) * secs,
                 ));
             }
         }
@@ -155,7 +158,8 @@ impl Cluster {
 
     /// The fair-share table of everyone with usage or pending jobs.
     pub fn fair_share_table(&self) -> FairShareTable {
-        let owners: Vec<(&str, &str)> = self
+        // Each (account, user) once: the table makes two strings of each it is given.
+        let owners: std::collections::HashSet<(&str, &str)> = self
             .jobs
             .active()
             .map(job_of)

@@ -105,9 +105,11 @@ impl Changes {
 
 #[derive(Default)]
 pub struct Jobs {
-    map: BTreeMap<u64, StoredJob>,
-    /// PENDING and RUNNING jobs.
-    active: BTreeSet<u64>,
+    /// PENDING and RUNNING jobs, by id: passes walk these several times each, so they
+    /// are a map of their own (walked in order, not looked up one by one).
+    live: BTreeMap<u64, StoredJob>,
+    /// Finished jobs (as retained), by id.
+    done: BTreeMap<u64, StoredJob>,
     /// PENDING jobs with dependencies.
     with_deps: BTreeSet<u64>,
     /// PENDING jobs per user (for `max_pending_per_user`).
@@ -139,41 +141,73 @@ fn has_deps(j: &pb::Job) -> bool {
 
 impl Jobs {
     pub fn get(&self, id: u64) -> Option<&StoredJob> {
-        self.map.get(&id)
+        self.live.get(&id).or_else(|| self.done.get(&id))
+    }
+
+    fn get_mut(&mut self, id: u64) -> Option<&mut StoredJob> {
+        match self.live.get_mut(&id) {
+            Some(s) => Some(s),
+            None => self.done.get_mut(&id),
+        }
+    }
+
+    fn take(&mut self, id: u64) -> Option<StoredJob> {
+        self.live.remove(&id).or_else(|| self.done.remove(&id))
+    }
+
+    fn put(&mut self, id: u64, s: StoredJob) {
+        if job_of(&s).state().is_final() {
+            self.done.insert(id, s);
+        } else {
+            self.live.insert(id, s);
+        }
     }
 
     pub fn job(&self, id: u64) -> Option<&pb::Job> {
-        self.map.get(&id).map(job_of)
+        self.get(id).map(job_of)
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.live.len() + self.done.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.live.is_empty() && self.done.is_empty()
     }
 
+    /// Every job, by id.
     pub fn all(&self) -> impl DoubleEndedIterator<Item = &StoredJob> {
-        self.map.values()
+        let mut v: Vec<&StoredJob> = Vec::with_capacity(self.len());
+        let (mut a, mut b) = (self.live.iter().peekable(), self.done.iter().peekable());
+        loop {
+            let from_live = match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) => x.0 < y.0,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            let next = if from_live { a.next() } else { b.next() };
+            v.extend(next.map(|x| x.1));
+        }
+        v.into_iter()
     }
 
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
-        self.map.keys().copied()
+        self.all().map(|s| job_of(s).id)
     }
 
     /// PENDING and RUNNING jobs, by id.
     pub fn active(&self) -> impl Iterator<Item = &StoredJob> {
-        self.active.iter().map(|id| &self.map[id])
+        self.live.values()
     }
 
     pub fn active_ids(&self) -> Vec<u64> {
-        self.active.iter().copied().collect()
+        self.live.keys().copied().collect()
     }
 
     /// PENDING jobs with dependencies.
     pub fn with_deps(&self) -> impl Iterator<Item = &pb::Job> {
-        self.with_deps.iter().map(|id| job_of(&self.map[id]))
+        self.with_deps.iter().map(|id| job_of(&self.live[id]))
     }
 
     pub fn pending_of(&self, user: &str) -> usize {
@@ -192,18 +226,17 @@ impl Jobs {
     pub fn insert(&mut self, stored: StoredJob) {
         let j = job_of(&stored);
         let id = j.id;
-        if let Some(old) = self.map.remove(&id) {
+        if let Some(old) = self.take(id) {
             self.unindex(&old);
         }
         self.index(&stored);
-        self.map.insert(id, stored);
+        self.put(id, stored);
     }
 
     fn index(&mut self, s: &StoredJob) {
         let j = job_of(s);
         match j.state() {
             JobState::Pending => {
-                self.active.insert(j.id);
                 *self
                     .pending_by_user
                     .entry(owner(j).to_string())
@@ -212,9 +245,7 @@ impl Jobs {
                     self.with_deps.insert(j.id);
                 }
             }
-            JobState::Running => {
-                self.active.insert(j.id);
-            }
+            JobState::Running => {}
             _ => {
                 self.finished.insert((j.end_time_ms, j.id));
             }
@@ -227,7 +258,6 @@ impl Jobs {
 
     fn unindex(&mut self, s: &StoredJob) {
         let j = job_of(s);
-        self.active.remove(&j.id);
         self.with_deps.remove(&j.id);
         self.finished.remove(&(j.end_time_ms, j.id));
         if j.state() == JobState::Pending
@@ -246,7 +276,7 @@ impl Jobs {
 
     /// Removes a finished job (retention). Returns whether it was there.
     pub fn remove(&mut self, id: u64) -> bool {
-        let Some(old) = self.map.remove(&id) else {
+        let Some(old) = self.take(id) else {
             return false;
         };
         self.unindex(&old);
@@ -259,7 +289,7 @@ impl Jobs {
     /// shows) and records the job as changed. The state must stay as it is: that is
     /// `transition`'s alone.
     pub fn edit<R>(&mut self, id: u64, f: impl FnOnce(&mut StoredJob) -> R) -> Option<R> {
-        let s = self.map.get_mut(&id)?;
+        let s = self.get_mut(id)?;
         let before = job_of(s).state();
         let r = f(s);
         assert_eq!(
@@ -274,7 +304,7 @@ impl Jobs {
     /// Sets what a pending job shows while it waits (its reason and expected start):
     /// kept in memory only, recomputed by every pass. Only for PENDING jobs.
     pub fn annotate_pending(&mut self, id: u64, f: impl FnOnce(&mut pb::Job)) {
-        if let Some(s) = self.map.get_mut(&id) {
+        if let Some(s) = self.live.get_mut(&id) {
             let j = job_mut(s);
             if j.state() == JobState::Pending {
                 f(j);
@@ -286,7 +316,7 @@ impl Jobs {
     /// The one place where a job's state changes. Keeps every index true and records
     /// the job as changed.
     pub fn transition(&mut self, id: u64, t: Transition, now: i64) -> Result<(), Refused> {
-        let s = self.map.get(&id).ok_or(Refused::Unknown(id))?;
+        let s = self.get(id).ok_or(Refused::Unknown(id))?;
         let from = job_of(s).state();
         let what = match &t {
             Transition::Start { .. } => "start",
@@ -312,7 +342,7 @@ impl Jobs {
         if !legal {
             return Err(Refused::Illegal { id, from, what });
         }
-        let mut s = self.map.remove(&id).expect("looked up above");
+        let mut s = self.take(id).expect("looked up above");
         self.unindex(&s);
         let before = (from == JobState::Running).then(|| {
             let j = job_of(&s);
@@ -331,7 +361,7 @@ impl Jobs {
             self.ended_runs.push(run);
         }
         self.index(&s);
-        self.map.insert(id, s);
+        self.put(id, s);
         self.changes.put.insert(id);
         Ok(())
     }
@@ -364,10 +394,17 @@ impl Jobs {
     #[cfg(test)]
     pub fn check(&self) {
         let mut fresh = Jobs::default();
-        for s in self.map.values() {
+        for s in self.live.values().chain(self.done.values()) {
             fresh.index(s);
         }
-        assert_eq!(fresh.active, self.active, "active");
+        assert!(
+            self.live.values().all(|s| !job_of(s).state().is_final()),
+            "live"
+        );
+        assert!(
+            self.done.values().all(|s| job_of(s).state().is_final()),
+            "done"
+        );
         assert_eq!(fresh.with_deps, self.with_deps, "with_deps");
         assert_eq!(
             fresh.pending_by_user, self.pending_by_user,

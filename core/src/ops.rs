@@ -89,11 +89,7 @@ impl Cluster {
             Vec::new()
         };
         let res = spec.resources.clone().unwrap_or_default();
-        check_feasible(
-            &self.node_views(),
-            &res,
-            self.config.partition_filter(&spec.partition),
-        )?;
+        check_feasible(self, &res, self.config.partition_filter(&spec.partition))?;
         check_dependencies(self, &spec)?;
         // Like the agents would: a job of root runs only where an agent allows it.
         if spec.user == "root"
@@ -271,7 +267,14 @@ impl Cluster {
     /// its job starts, and its `StartJob`s go to its nodes; waiting jobs show their
     /// reason and expected start.
     pub fn apply_plan(&mut self, plan: &sched::Plan, now: i64) -> Effects {
-        let mut ledger = sched::Ledger::new(&self.view());
+        // Starts are checked against what holds now on their nodes (things changed
+        // while the pass ran outside the lock).
+        let touched: std::collections::BTreeSet<&str> = plan
+            .starts
+            .iter()
+            .flat_map(|s| s.allocs.iter().map(|a| a.node.as_str()))
+            .collect();
+        let mut ledger = sched::Ledger::new(&self.view_of(&touched));
         let mut effects = Effects::default();
         for start in &plan.starts {
             let pending = self

@@ -95,8 +95,9 @@ impl Cluster {
         if pc.preempts.is_empty() && pc.by_account.is_empty() {
             return;
         }
-        let shares = self.fair_share_table();
-        let waiting: Vec<PendingJob> = plan
+        // Few waiting jobs may preempt: find them before the fair-share table (the
+        // table costs as much as the lookups of every waiting job).
+        let may: Vec<&pb::Job> = plan
             .waiting
             .iter()
             .filter(|w| {
@@ -112,6 +113,13 @@ impl Cluster {
                         pc.preempts.contains_key(&s.qos) || pc.by_account.contains_key(&s.account)
                     })
             })
+            .collect();
+        if may.is_empty() {
+            return;
+        }
+        let shares = self.fair_share_table();
+        let waiting: Vec<PendingJob> = may
+            .into_iter()
             .map(|j| pending_job(j, &shares, &self.config))
             .collect();
         if waiting.is_empty() {

@@ -284,16 +284,35 @@ pub(crate) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), 
 }
 
 /// Refuses a job that no known node could ever run. With no node known yet, the job waits.
+/// Nodes are looked at one by one until enough could run it (at a submit, usually the
+/// first), so that a submit costs the same on 10 nodes as on 10,000; only a refusal
+/// looks at them all, to say why.
 pub(crate) fn check_feasible(
-    view: &ClusterView,
+    c: &crate::state::Cluster,
     r: &pb::Resources,
     partition: Option<String>,
 ) -> Result<(), Refusal> {
-    if view.nodes.is_empty() {
+    if c.nodes.is_empty() {
         return Ok(());
     }
     let mut req = sched::Request::from(r);
     req.partition = partition;
+    let partitions = c.config.all_partitions();
+    let mut fitting = 0;
+    for n in c.nodes.values() {
+        let v = c.node_view(n, &partitions);
+        if v.admits(&req) && sched::fits_empty(&v, &req) {
+            fitting += 1;
+            if fitting >= req.nodes as usize {
+                return Ok(());
+            }
+        }
+    }
+    refusal(&c.node_views(), req)
+}
+
+/// Why no node, or too few, could ever run `req`.
+fn refusal(view: &ClusterView, req: sched::Request) -> Result<(), Refusal> {
     // The nodes of its partition (every node when it has none).
     let own: Vec<&sched::NodeView> = view.nodes.iter().filter(|n| n.admits(&req)).collect();
     if let Some(p) = &req.partition

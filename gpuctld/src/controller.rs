@@ -466,12 +466,14 @@ impl Controller {
 
 /// The ids of the jobs a filter lets through, in id order.
 fn job_ids(c: &Shared, filter: &JobFilter) -> Vec<u64> {
-    let ids: Vec<u64> = if filter.all {
-        c.jobs.ids().collect()
-    } else {
-        c.jobs.active_ids()
+    // The records walked in order, not looked up one id at a time.
+    let pick = |s: &gpuctl_proto::store::StoredJob| {
+        let j = job_of(s);
+        filter.matches(j).then_some(j.id)
     };
-    ids.into_iter()
-        .filter(|&id| c.jobs.job(id).is_some_and(|j| filter.matches(j)))
-        .collect()
+    if filter.all {
+        c.jobs.all().filter_map(pick).collect()
+    } else {
+        c.jobs.active().filter_map(pick).collect()
+    }
 }

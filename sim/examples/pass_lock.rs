@@ -1,0 +1,109 @@
+//! What a scheduling pass costs the controller's lock at scale: the parts of a pass the
+//! controller runs under its lock (`pass_input`: the cluster view and the queue;
+//! `apply_plan`: placements, reasons, expected starts) next to the pass itself (which
+//! runs outside it). NODES x 8 GPUs, jobs of 1, 2, 4 and 8 GPUs until PENDING wait
+//! after the cluster is full, as the scale harness (tests/benches/scale.rs) sets up.
+//!
+//! cargo run --release -p gpuctl-sim --example pass_lock -- [NODES] [PENDING] [PASSES]
+
+use std::time::Instant;
+
+use gpuctl_core::ops::Admission;
+use gpuctl_core::{Actor, Cluster, Config};
+use gpuctl_proto as pb;
+
+const T0: i64 = 1_800_000_000_000;
+
+/// The allocator of the daemon (see gpuctld's main.rs).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn cluster(nodes: usize, jobs: usize) -> Cluster {
+    let mut config = Config::default();
+    config.limits.max_pending_per_user = 10_000_000;
+    let mut c = Cluster::new(config);
+    for k in 0..nodes {
+        let n = format!("sim{k:05}");
+        let nonce = format!("nonce-{k}").into_bytes();
+        c.challenge(&n, nonce.clone(), T0);
+        let req = pb::RegisterRequest {
+            node: n.clone(),
+            gpus: (0..8)
+                .map(|i| pb::Gpu {
+                    index: i,
+                    uuid: format!("GPU-{n}-{i}"),
+                    model: "H100-80GB".into(),
+                    memory_mib: 81920,
+                    ..Default::default()
+                })
+                .collect(),
+            cpus: 128,
+            memory_bytes: 2 << 40,
+            gpu_backend: "fake".into(),
+            nonce,
+            agent_id: format!("agent-{n}"),
+            ..Default::default()
+        };
+        c.attach(&req, None, T0).expect("attach");
+    }
+    let actor = Actor {
+        user: "alice".into(),
+        admin: false,
+    };
+    for i in 0..jobs {
+        let spec = pb::JobSpec {
+            user: "alice".into(),
+            name: "j".into(),
+            command: vec!["python".into(), "train.py".into(), format!("--seed={i}")],
+            workdir: "/tmp".into(),
+            resources: Some(pb::Resources {
+                gpu: Some(pb::resources::Gpu::Gpus([1, 2, 4, 8][i % 4])),
+                cpus: 8,
+                time_limit_secs: 3600,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        match c.admit(&actor, spec, "", T0).expect("admitted") {
+            Admission::New(s) => {
+                c.commit_submit(*s);
+            }
+            _ => unreachable!(),
+        }
+    }
+    c
+}
+
+fn main() {
+    gpuctl_sim::alloc::tune();
+    let arg = |i: usize, d: usize| std::env::args().nth(i).map_or(d, |s| s.parse().unwrap());
+    let (nodes, pending, passes) = (arg(1, 10_000), arg(2, 100_000), arg(3, 5));
+    let capacity = nodes * 8 * 4 / 15;
+    let t = Instant::now();
+    let mut c = cluster(nodes, pending + capacity);
+    println!(
+        "{nodes} nodes x 8 GPUs, {} jobs submitted in {:.1} s",
+        pending + capacity,
+        t.elapsed().as_secs_f64()
+    );
+    for k in 0..passes {
+        let now = T0 + 1000 * (k as i64 + 1);
+        let t = Instant::now();
+        let (view, queue, cfg) = c.pass_input(now);
+        let input = t.elapsed();
+        let n = queue.len();
+        let t = Instant::now();
+        let plan = gpuctl_sched::schedule(&view, &queue, &cfg, now);
+        let pass = t.elapsed();
+        let t = Instant::now();
+        c.apply_plan(&plan, now);
+        let apply = t.elapsed();
+        let _ = c.take_changes();
+        println!(
+            "pass {k}: {n} queued; under the lock: input {:.0} ms, apply {:.0} ms; the pass itself {:.0} ms",
+            input.as_secs_f64() * 1e3,
+            apply.as_secs_f64() * 1e3,
+            pass.as_secs_f64() * 1e3
+        );
+    }
+}
