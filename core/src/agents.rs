@@ -260,7 +260,7 @@ impl Cluster {
         other_kills: &mut Vec<(String, u64)>,
     ) {
         let c = self;
-        for id in c.jobs.active_ids() {
+        for id in c.jobs.on_node(node) {
             let Some(stored) = c.jobs.get(id) else {
                 continue;
             };
@@ -340,12 +340,7 @@ impl Cluster {
 
     /// Ends or requeues the jobs running on failed `node`; kills their other ranks.
     fn fail_jobs_on(&mut self, node: &str, now: i64, effects: &mut Effects) {
-        let ids: Vec<u64> = self
-            .jobs
-            .active()
-            .filter(|s| live_allocs(job_of(s)).any(|a| a.node == node))
-            .map(|s| job_of(s).id)
-            .collect();
+        let ids = self.jobs.on_node(node);
         for id in ids {
             let j = self.jobs.job(id).expect("an active job");
             let others: Vec<String> = live_allocs(j)

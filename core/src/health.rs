@@ -6,7 +6,7 @@
 
 use gpuctl_proto::{self as pb, JobState};
 
-use crate::jobs::{Transition, job_of};
+use crate::jobs::Transition;
 use crate::state::{Cluster, Effects, live_allocs};
 
 /// What an XID is known as (NVIDIA's XID catalogue, the common ones).
@@ -87,8 +87,9 @@ impl Cluster {
             .flat_map(|g| g.mig.iter().map(|m| m.uuid.as_str()))
             .collect();
         self.jobs
-            .active()
-            .map(job_of)
+            .on_node(node)
+            .into_iter()
+            .filter_map(|id| self.jobs.job(id))
             .filter(|j| {
                 live_allocs(j).any(|a| {
                     a.node == node

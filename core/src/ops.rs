@@ -212,6 +212,17 @@ impl Cluster {
     /// retention and cancels jobs whose dependencies can never be met (recorded as
     /// changes).
     pub fn pass_input(&mut self, now: i64) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
+        let waiting = self.pass_prepare(now);
+        (self.view(), self.queue(&waiting), self.pass_config(now))
+    }
+
+    /// The first, changing part of `pass_input`: retention, fair-share charges,
+    /// dependencies and partitions settled. Answers the pending jobs left out of the
+    /// pass (they wait for other jobs, or their partition). The daemon takes the rest
+    /// (`view`, `queue`, `pass_config`) in separate holds of its lock, so that no
+    /// request waits for a whole pass input at 100,000 jobs; the plan's starts are
+    /// checked again against the cluster as it is when applied.
+    pub fn pass_prepare(&mut self, now: i64) -> BTreeSet<u64> {
         let retention = self.config.retention.clone();
         self.retire(&retention, now);
         self.charge_usage(now);
@@ -225,7 +236,7 @@ impl Cluster {
                 j.expected_start_ms = 0;
             });
         }
-        (self.view(), self.queue(&waiting), self.pass_config(now))
+        waiting
     }
 
     /// The same input without changing anything (for `explain` and `priorities`): jobs
@@ -239,12 +250,25 @@ impl Cluster {
         (self.view(), self.queue(&waiting), self.pass_config(now))
     }
 
-    fn queue(&self, waiting: &BTreeSet<u64>) -> Vec<PendingJob> {
-        let mut queue = self.pending();
+    /// The pending jobs of a pass, less `waiting`.
+    pub fn queue(&self, waiting: &BTreeSet<u64>) -> Vec<PendingJob> {
+        let shares = self.fair_share_table();
+        self.queue_part(waiting, &shares, 0, usize::MAX).0
+    }
+
+    /// Part of `queue`: up to `max` jobs with ids above `after` (see `pending_part`).
+    pub fn queue_part(
+        &self,
+        waiting: &BTreeSet<u64>,
+        shares: &sched::fairshare::FairShareTable,
+        after: u64,
+        max: usize,
+    ) -> (Vec<PendingJob>, Option<u64>) {
+        let (mut part, next) = self.pending_part(shares, after, max);
         if !waiting.is_empty() {
-            queue.retain(|p| !waiting.contains(&p.id));
+            part.retain(|p| !waiting.contains(&p.id));
         }
-        queue
+        (part, next)
     }
 
     /// Whether a pending job is held (it stays out of every pass).
@@ -252,7 +276,8 @@ impl Cluster {
         self.jobs.job(id).is_some_and(|j| !j.hold.is_empty())
     }
 
-    fn pass_config(&self, now: i64) -> sched::SchedConfig {
+    /// The pass's config at `now`: the workload mix, caps, windows.
+    pub fn pass_config(&self, now: i64) -> sched::SchedConfig {
         let mut cfg = self.sched_config.clone();
         if cfg.policy == sched::packing::Policy::Fgd {
             cfg.workload = self.workload();
@@ -267,6 +292,15 @@ impl Cluster {
     /// its job starts, and its `StartJob`s go to its nodes; waiting jobs show their
     /// reason and expected start.
     pub fn apply_plan(&mut self, plan: &sched::Plan, now: i64) -> Effects {
+        let mut effects = self.apply_starts(plan, now);
+        self.annotate_waiting(&plan.waiting);
+        self.preempt(plan, now, &mut effects);
+        effects
+    }
+
+    /// The starts of a plan: each checked again against the cluster as it is now
+    /// (things may have moved while planning), its job started, its `StartJob`s sent.
+    pub fn apply_starts(&mut self, plan: &sched::Plan, now: i64) -> Effects {
         // Starts are checked against what holds now on their nodes (things changed
         // while the pass ran outside the lock).
         let touched: std::collections::BTreeSet<&str> = plan
@@ -297,8 +331,14 @@ impl Cluster {
             }
             self.start(start, now, &mut effects);
         }
+        effects
+    }
+
+    /// Waiting jobs show their reason and expected start (in memory only); a part of a
+    /// plan's `waiting` at a time is fine.
+    pub fn annotate_waiting(&mut self, waiting: &[sched::Waiting]) {
         let mut reason = String::new();
-        for w in &plan.waiting {
+        for w in waiting {
             use std::fmt::Write as _;
             reason.clear();
             let _ = write!(reason, "{}", w.reason);
@@ -311,8 +351,6 @@ impl Cluster {
                 j.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);
             });
         }
-        self.preempt(plan, now, &mut effects);
-        effects
     }
 
     fn start(&mut self, start: &sched::Start, now: i64, effects: &mut Effects) {

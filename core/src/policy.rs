@@ -90,7 +90,7 @@ impl Cluster {
     /// levels take the place of. Each victim gets its checkpoint signal, then the
     /// kill; it is requeued (keeping its id and submit time) when its job file says
     /// `requeue`, and otherwise ends PREEMPTED.
-    pub(crate) fn preempt(&mut self, plan: &sched::Plan, now: i64, effects: &mut Effects) {
+    pub fn preempt(&mut self, plan: &sched::Plan, now: i64, effects: &mut Effects) {
         let pc = self.preempt_config(now);
         if pc.preempts.is_empty() && pc.by_account.is_empty() {
             return;

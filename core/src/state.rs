@@ -338,12 +338,30 @@ impl Cluster {
 
     pub fn pending(&self) -> Vec<PendingJob> {
         let shares = self.fair_share_table();
-        self.jobs
-            .active()
-            .map(job_of)
-            .filter(|j| j.state() == JobState::Pending && j.hold.is_empty())
-            .map(|j| pending_job(j, &shares, &self.config))
-            .collect()
+        self.pending_part(&shares, 0, usize::MAX).0
+    }
+
+    /// Up to `max` pending jobs (not held) with ids above `after`, as the scheduler
+    /// sees them, and the id to go on after when there are more: the daemon takes a
+    /// large queue in parts, releasing its lock in between.
+    pub fn pending_part(
+        &self,
+        shares: &sched::fairshare::FairShareTable,
+        after: u64,
+        max: usize,
+    ) -> (Vec<PendingJob>, Option<u64>) {
+        let mut out = Vec::new();
+        for s in self.jobs.active_after(after) {
+            let j = job_of(s);
+            if j.state() != JobState::Pending || !j.hold.is_empty() {
+                continue;
+            }
+            if out.len() == max {
+                return (out, Some(after.max(j.id - 1)));
+            }
+            out.push(pending_job(j, shares, &self.config));
+        }
+        (out, None)
     }
 
     /// The typical workload (for FGD): the shapes of the jobs the controller knows.

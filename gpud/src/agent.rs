@@ -648,8 +648,11 @@ async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyh
                     opts.controller,
                     e.message()
                 );
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                // Jittered: after a controller restart, thousands of agents must not
+                // come back in lockstep (the scale harness, docs/benchmarks.md).
+                let jitter = rand::random_range(0.5..1.5);
+                tokio::time::sleep(backoff.mul_f64(jitter)).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
             }
         };

@@ -1,7 +1,7 @@
 //! What a scheduling pass costs the controller's lock at scale: the parts of a pass the
-//! controller runs under its lock (`pass_input`: the cluster view and the queue;
-//! `apply_plan`: placements, reasons, expected starts) next to the pass itself (which
-//! runs outside it). NODES x 8 GPUs, jobs of 1, 2, 4 and 8 GPUs until PENDING wait
+//! controller runs under its lock, each a hold of its own (`pass_prepare`, `view`,
+//! `queue`, `pass_config`; `apply_plan`: placements, reasons, expected starts) next to
+//! the pass itself (which runs outside it). NODES x 8 GPUs, jobs of 1, 2, 4 and 8 GPUs until PENDING wait
 //! after the cluster is full, as the scale harness (tests/benches/scale.rs) sets up.
 //!
 //! cargo run --release -p gpuctl-sim --example pass_lock -- [NODES] [PENDING] [PASSES]
@@ -88,9 +88,20 @@ fn main() {
     );
     for k in 0..passes {
         let now = T0 + 1000 * (k as i64 + 1);
+        // As the daemon takes it: four holds of its lock.
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
-        let (view, queue, cfg) = c.pass_input(now);
-        let input = t.elapsed();
+        let waiting = c.pass_prepare(now);
+        let prepare = ms(t);
+        let t = Instant::now();
+        let view = c.view();
+        let view_ms = ms(t);
+        let t = Instant::now();
+        let queue = c.queue(&waiting);
+        let queue_ms = ms(t);
+        let t = Instant::now();
+        let cfg = c.pass_config(now);
+        let config_ms = ms(t);
         let n = queue.len();
         let t = Instant::now();
         let plan = gpuctl_sched::schedule(&view, &queue, &cfg, now);
@@ -100,8 +111,8 @@ fn main() {
         let apply = t.elapsed();
         let _ = c.take_changes();
         println!(
-            "pass {k}: {n} queued; under the lock: input {:.0} ms, apply {:.0} ms; the pass itself {:.0} ms",
-            input.as_secs_f64() * 1e3,
+            "pass {k}: {n} queued; under the lock: prepare {prepare:.0} ms, view {view_ms:.0} ms, \
+             queue {queue_ms:.0} ms, config {config_ms:.0} ms, apply {:.0} ms; the pass itself {:.0} ms",
             apply.as_secs_f64() * 1e3,
             pass.as_secs_f64() * 1e3
         );

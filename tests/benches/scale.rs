@@ -13,8 +13,10 @@
 //! - recovery after `kill -9`: until the controller answers again with every job, and
 //!   until every agent is attached again.
 //!
-//!   cargo bench -p gpuctl-tests --bench scale [-- --nodes 10000 --pending 100000
-//!       --heartbeat 10 --window 60 --job-secs 300]
+//! ```text
+//! cargo bench -p gpuctl-tests --bench scale [-- --nodes 10000 --pending 100000
+//!     --heartbeat 10 --window 60 --job-secs 300]
+//! ```
 //!
 //! Agents and controller share this machine's cores: on a small host the agents' own
 //! work (signing, decoding) competes with the controller's, so the figures are upper
@@ -238,15 +240,16 @@ impl SimAgent {
                 stats.starts.fetch_add(1, Ordering::Relaxed);
                 self.report(s.job_id, s.attempt, None).await;
             }
-            Some(pb::agent_command::Command::Kill(k)) => {
-                if self.running.remove(&(k.job_id, k.attempt)).is_some() {
-                    let state = match k.as_state() {
-                        JobState::Unspecified => JobState::Cancelled,
-                        s => s,
-                    };
-                    self.report(k.job_id, k.attempt, Some(state)).await;
-                }
+            Some(pb::agent_command::Command::Kill(k))
+                if self.running.remove(&(k.job_id, k.attempt)).is_some() =>
+            {
+                let state = match k.as_state() {
+                    JobState::Unspecified => JobState::Cancelled,
+                    s => s,
+                };
+                self.report(k.job_id, k.attempt, Some(state)).await;
             }
+            Some(pb::agent_command::Command::Kill(_)) => {}
             None => {}
         }
     }
@@ -292,16 +295,23 @@ impl SimAgent {
     }
 
     async fn run(mut self, stats: Arc<Stats>) {
+        // As gpud: after a refused attach, wait with jittered exponential backoff
+        // (0.1 s doubling to 5 s, times 0.5 to 1.5), so that 10,000 agents do not
+        // retry in lockstep.
+        let mut failures = 0u32;
         loop {
             match self.attach().await {
                 Ok(stream) => {
+                    failures = 0;
                     stats.attached.fetch_add(1, Ordering::Relaxed);
                     self.session(stream, &stats).await;
                     stats.attached.fetch_sub(1, Ordering::Relaxed);
                 }
                 Err(_) => {
-                    let wait = 0.5 + unit(self.index as u64 + self.seq);
-                    tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+                    failures += 1;
+                    let base = (0.1 * 2f64.powi(failures.min(6) as i32 - 1)).min(5.0);
+                    let jitter = 0.5 + unit(self.index as u64 * 31 + u64::from(failures));
+                    tokio::time::sleep(Duration::from_secs_f64(base * jitter)).await;
                 }
             }
         }
