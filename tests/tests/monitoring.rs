@@ -367,6 +367,66 @@ fn an_xid_on_a_gpu_drains_its_node_and_requeues_the_job_on_it() {
     c.gpuctl_ok(&["cancel", &id.to_string()]);
 }
 
+/// A whole-GPU job, two shares of one GPU, a job on a MIG instance (each using GPU
+/// memory where it says so) and a job waiting for GPUs: every panel has data.
+fn jobs_for_the_dashboard(c: &Cluster) -> (u64, Vec<u64>, u64) {
+    let id = c.submit(
+        "r.toml",
+        "script = \"sleep 60\"\n[env]\nGPUCTL_FAKE_GPU_MEMORY_MIB = \"2000\"\n[resources]\ngpus = 1\n",
+    );
+    c.wait_state(id, "RUNNING", T);
+    // Two shares of the other GPU: two holders of one GPU, which the dashboard's join
+    // must take (a many-to-one join the wrong way round fails on it).
+    let shares: Vec<u64> = (0..2)
+        .map(|k| {
+            c.submit(
+                &format!("s{k}.toml"),
+                "script = \"sleep 60\"\n[resources]\ngpus = 0.25\n",
+            )
+        })
+        .collect();
+    // A job on a MIG instance, using memory there.
+    let mig = c.submit(
+        "m.toml",
+        "script = \"sleep 60\"\n[env]\nGPUCTL_FAKE_GPU_MEMORY_MIB = \"3000\"\n[resources]\nmig = \"3g.40gb\"\n",
+    );
+    for j in shares.iter().chain([&mig]) {
+        c.wait_state(*j, "RUNNING", T);
+    }
+    // A job that waits for GPUs, so that the queue's panels have something to show.
+    let waiting = c.submit("w.toml", "script = \"true\"\n[resources]\ngpus = 2\n");
+    assert!(wait_for(T, || c.job(waiting)["reason"] == "Resources"));
+    (id, shares, mig)
+}
+
+/// The result of an instant query of the Prometheus on `port` (empty when it fails).
+fn prom_query(port: u16, q: &str) -> Vec<serde_json::Value> {
+    let path = format!(
+        "/api/v1/query?query={}",
+        q.bytes()
+            .map(|b| if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            })
+            .collect::<String>()
+    );
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return Vec::new();
+    };
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return Vec::new();
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let body = out.split_once("\r\n\r\n").map_or("", |x| x.1);
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["data"]["result"].as_array().cloned())
+        .unwrap_or_default()
+}
+
 /// A real Prometheus scrapes both daemons, and the queries operators write return
 /// data: every panel of the Grafana dashboard in `deploy/grafana/`, the per-job join on
 /// `UUID` with `hpc_job`/`user`, utilisation of the cluster, running jobs. Skipped
@@ -400,32 +460,7 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
         ],
     );
     c.wait_nodes_up(1);
-    let id = c.submit(
-        "r.toml",
-        "script = \"sleep 60\"\n[env]\nGPUCTL_FAKE_GPU_MEMORY_MIB = \"2000\"\n[resources]\ngpus = 1\n",
-    );
-    c.wait_state(id, "RUNNING", T);
-    // Two shares of the other GPU: two holders of one GPU, which the dashboard's join
-    // must take (a many-to-one join the wrong way round fails on it).
-    let shares: Vec<u64> = (0..2)
-        .map(|k| {
-            c.submit(
-                &format!("s{k}.toml"),
-                "script = \"sleep 60\"\n[resources]\ngpus = 0.25\n",
-            )
-        })
-        .collect();
-    // A job on a MIG instance, using memory there.
-    let mig = c.submit(
-        "m.toml",
-        "script = \"sleep 60\"\n[env]\nGPUCTL_FAKE_GPU_MEMORY_MIB = \"3000\"\n[resources]\nmig = \"3g.40gb\"\n",
-    );
-    for j in shares.iter().chain([&mig]) {
-        c.wait_state(*j, "RUNNING", T);
-    }
-    // A job that waits for GPUs, so that the queue's panels have something to show.
-    let waiting = c.submit("w.toml", "script = \"true\"\n[resources]\ngpus = 2\n");
-    assert!(wait_for(T, || c.job(waiting)["reason"] == "Resources"));
+    let (id, shares, mig) = jobs_for_the_dashboard(&c);
     let dashboard: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/gpuctl.json"),
@@ -467,32 +502,7 @@ fn a_real_prometheus_scrapes_both_daemons_and_the_queries_return_data() {
         .stderr(log)
         .spawn()
         .unwrap();
-    let query = |q: &str| -> Vec<serde_json::Value> {
-        let path = format!(
-            "/api/v1/query?query={}",
-            q.bytes()
-                .map(|b| if b.is_ascii_alphanumeric() {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                })
-                .collect::<String>()
-        );
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", prom_port)) else {
-            return Vec::new();
-        };
-        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        if s.write_all(req.as_bytes()).is_err() {
-            return Vec::new();
-        }
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        let body = out.split_once("\r\n\r\n").map_or("", |x| x.1);
-        serde_json::from_str::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| v["data"]["result"].as_array().cloned())
-            .unwrap_or_default()
-    };
+    let query = |q: &str| prom_query(prom_port, q);
     let join = "gpuctl_gpu_job_info * on(UUID) group_left() DCGM_FI_DEV_GPU_UTIL";
     let mig_join = "gpuctl_mig_job_info * on(UUID, GPU_I_ID) group_left() DCGM_FI_DEV_FB_USED";
     let utilisation_q = "sum(gpuctl_gpus_allocated) / sum(gpuctl_gpus)";
