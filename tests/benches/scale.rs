@@ -35,7 +35,7 @@ use gpuctl_proto::auth::{
 };
 use gpuctl_proto::controller_client::ControllerClient;
 use gpuctl_proto::{self as pb, JobState};
-use gpuctl_tests::{bench_arg, release_bins};
+use gpuctl_tests::{bench_arg, free_port, release_bins};
 use prost::Message;
 use tonic::transport::Channel;
 
@@ -665,6 +665,17 @@ fn load_phase(rt: &tokio::runtime::Runtime, o: Opts, d: &Daemon, pid: u32, stats
     );
 }
 
+/// How many jobs the controller lists (pending and running), once it answers.
+async fn active_jobs(socket: &Path) -> usize {
+    let mut c = user_client(socket).await;
+    c.list_jobs(pb::ListJobsRequest::default())
+        .await
+        .expect("the queue answered")
+        .into_inner()
+        .jobs
+        .len()
+}
+
 /// `kill -9`, start again: until it answers with every job, and until every agent is
 /// attached again.
 fn recovery_phase(
@@ -675,29 +686,13 @@ fn recovery_phase(
     d: Daemon,
     stats: &Stats,
 ) -> Daemon {
-    let jobs_before = rt.block_on(async {
-        let mut c = user_client(&d.socket).await;
-        c.list_jobs(pb::ListJobsRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .jobs
-            .len()
-    });
+    let jobs_before = rt.block_on(active_jobs(&d.socket));
     let mut child = d.child;
     child.kill().unwrap();
     child.wait().unwrap();
     let t = Instant::now();
     let nd = start_gpuctld_on(bin, dir, d.metrics, d.port);
-    let answered = rt.block_on(async {
-        let mut c = user_client(&nd.socket).await;
-        c.list_jobs(pb::ListJobsRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .jobs
-            .len()
-    });
+    let answered = rt.block_on(active_jobs(&nd.socket));
     let up = t.elapsed().as_secs_f64();
     while (stats.attached.load(Ordering::Relaxed) as usize) < o.nodes
         && t.elapsed() < Duration::from_secs(600)
@@ -733,11 +728,7 @@ fn main() {
         ),
     )
     .unwrap();
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let metrics = free_port();
     let d = start_gpuctld(&bin, dir.path(), metrics);
     let key = ClusterKey::load(&dir.path().join("state/cluster.key")).unwrap();
     println!(

@@ -441,6 +441,16 @@ fn remove_cgroup_tree(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
+/// A TCP port on loopback that was free a moment ago (for `--metrics-listen`,
+/// `--web-listen`, a Prometheus).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Polls `f` every 50 ms until it is true or `timeout` passes.
 pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + timeout;

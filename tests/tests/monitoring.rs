@@ -7,17 +7,9 @@ use std::io::{Read, Write};
 use std::process::Command;
 use std::time::Duration;
 
-use gpuctl_tests::{Cluster, wait_for};
+use gpuctl_tests::{Cluster, free_port, wait_for};
 
 const T: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn scrape(port: u16) -> String {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -8,17 +8,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use gpuctl_tests::{Cluster, wait_for};
+use gpuctl_tests::{Cluster, free_port, wait_for};
 
 const T: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn artefacts() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-artefacts");
