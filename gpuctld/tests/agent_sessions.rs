@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use gpuctl_proto::agent_link_server::AgentLink as _;
-use gpuctl_proto::auth::{
-    ClusterKey, MAC_HEADER, NODE_HEADER, SEQ_HEADER, SESSION_HEADER, Signed, TIME_HEADER,
-};
+use gpuctl_proto::auth::{ClusterKey, Signed};
 use gpuctl_proto::{self as pb};
 use gpuctld::auth::Caller;
 use gpuctld::config::Config;
@@ -39,20 +37,9 @@ impl Agent {
                 seq: 0,
             }
         };
-        let mac = self
-            .key
-            .sign_request(method, "n1", now, &signed, &msg.encode_to_vec());
-        let mut r = tonic::Request::new(msg);
-        let m = r.metadata_mut();
-        m.insert(NODE_HEADER, "n1".parse().unwrap());
-        m.insert(TIME_HEADER, now.into());
-        m.insert(
-            SESSION_HEADER,
-            hex::encode(&signed.session).parse().unwrap(),
-        );
-        m.insert(SEQ_HEADER, signed.seq.into());
-        m.insert(MAC_HEADER, mac.parse().unwrap());
-        r
+        self.key
+            .signed_request(method, "n1", now, &signed, msg)
+            .unwrap()
     }
 
     fn register(nonce: Vec<u8>) -> pb::RegisterRequest {

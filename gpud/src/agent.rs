@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use gpuctl_proto::auth::{
-    ClusterKey, MAC_HEADER, NODE_HEADER, SEQ_HEADER, SESSION_HEADER, Signed, TIME_HEADER,
-};
+use gpuctl_proto::auth::{ClusterKey, Signed};
 use gpuctl_proto::{self as pb, JobState, agent_link_client::AgentLinkClient};
 use prost::Message;
 use tokio::sync::{Notify, mpsc};
@@ -205,21 +203,9 @@ impl Agent {
             session: session.map(|s| s.id.clone()).unwrap_or_default(),
             seq: session.map_or(0, |s| s.seq.fetch_add(1, Ordering::SeqCst) + 1),
         };
-        let mac = self
-            .key
-            .sign_request(method, &self.name, time, &signed, &msg.encode_to_vec());
-        let mut req = tonic::Request::new(msg);
-        let meta = req.metadata_mut();
-        let node = self.name.parse().expect("node names are ASCII");
-        meta.insert(NODE_HEADER, node);
-        meta.insert(TIME_HEADER, time.into());
-        meta.insert(
-            SESSION_HEADER,
-            hex::encode(&signed.session).parse().expect("hex is ASCII"),
-        );
-        meta.insert(SEQ_HEADER, signed.seq.into());
-        meta.insert(MAC_HEADER, mac.parse().expect("hex is ASCII"));
-        req
+        self.key
+            .signed_request(method, &self.name, time, &signed, msg)
+            .expect("node names are ASCII")
     }
 
     fn report(&self, r: pb::JobReport) {

@@ -241,6 +241,31 @@ impl ClusterKey {
         )
     }
 
+    /// `msg` as an agent sends it: in a request whose metadata carries the node, the
+    /// time, the session, the sequence number and the MAC the controller checks.
+    pub fn signed_request<T: Message>(
+        &self,
+        method: &str,
+        node: &str,
+        time_ms: i64,
+        signed: &Signed,
+        msg: T,
+    ) -> Result<tonic::Request<T>, AuthError> {
+        let mac = self.sign_request(method, node, time_ms, signed, &msg.encode_to_vec());
+        let mut req = tonic::Request::new(msg);
+        let meta = req.metadata_mut();
+        let bad = |_| AuthError::Malformed(NODE_HEADER);
+        meta.insert(NODE_HEADER, node.parse().map_err(bad)?);
+        meta.insert(TIME_HEADER, time_ms.into());
+        meta.insert(
+            SESSION_HEADER,
+            hex::encode(&signed.session).parse().expect("hex is ASCII"),
+        );
+        meta.insert(SEQ_HEADER, signed.seq.into());
+        meta.insert(MAC_HEADER, mac.parse().expect("hex is ASCII"));
+        Ok(req)
+    }
+
     /// Checks a request's metadata (looked up by `get`) against the request body and
     /// `now_ms`; returns the session and sequence number it was signed with (the caller
     /// checks them against the live session).

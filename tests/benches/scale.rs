@@ -30,9 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpuctl_proto::agent_link_client::AgentLinkClient;
-use gpuctl_proto::auth::{
-    ClusterKey, MAC_HEADER, NODE_HEADER, SEQ_HEADER, SESSION_HEADER, Signed, TIME_HEADER,
-};
+use gpuctl_proto::auth::{ClusterKey, Signed};
 use gpuctl_proto::controller_client::ControllerClient;
 use gpuctl_proto::{self as pb, JobState};
 use gpuctl_tests::{bench_arg, free_port, release_bins};
@@ -103,20 +101,9 @@ impl SimAgent {
                 seq: 0,
             }
         };
-        let mac = self
-            .key
-            .sign_request(method, &self.node, now, &signed, &msg.encode_to_vec());
-        let mut r = tonic::Request::new(msg);
-        let m = r.metadata_mut();
-        m.insert(NODE_HEADER, self.node.parse().unwrap());
-        m.insert(TIME_HEADER, now.into());
-        m.insert(
-            SESSION_HEADER,
-            hex::encode(&signed.session).parse().unwrap(),
-        );
-        m.insert(SEQ_HEADER, signed.seq.into());
-        m.insert(MAC_HEADER, mac.parse().unwrap());
-        r
+        self.key
+            .signed_request(method, &self.node, now, &signed, msg)
+            .unwrap()
     }
 
     fn gpu_uuid(&self, g: usize) -> String {
