@@ -55,6 +55,11 @@ pub struct Snapshot {
     /// GPUs holding shares (fractional jobs), and the share jobs on them.
     pub shared_gpus: u64,
     pub share_slots: u64,
+    /// Mean utilisation of the up nodes' GPUs that reported a sample (%), if any did
+    /// (the web page's; the GPU series themselves come from the agents).
+    pub gpu_util_mean: Option<f64>,
+    /// Running and pending jobs per user (the web page's users).
+    pub jobs_by_user: BTreeMap<String, (u64, u64)>,
 }
 
 /// The registry and what is kept between scrapes.

@@ -6,7 +6,7 @@
 //! Everything users control (job names, users, reasons) reaches the page as JSON and is
 //! put into the document as text, never as markup.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use gpuctl_proto as pb;
 use serde::Serialize;
 
 use crate::controller::{Controller, now_ms};
+use crate::metrics::Snapshot;
 
 /// How often the cluster's totals are recorded for the charts.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(10);
@@ -77,7 +78,7 @@ struct Job {
     end_ms: i64,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Serialize)]
 struct User {
     user: String,
     running: u64,
@@ -115,32 +116,17 @@ impl History {
     }
 }
 
-/// The cluster's totals now.
-fn point(ctl: &Controller, nodes: &[pb::Node]) -> Point {
-    let (pending, running) = ctl.job_counts();
-    let mut p = Point {
+/// The cluster's totals in a snapshot of the state.
+fn point(snap: &Snapshot) -> Point {
+    let count = |state: &str| snap.jobs_by_state.get(state).copied().unwrap_or(0);
+    Point {
         t_ms: now_ms(),
-        gpus: 0,
-        allocated: 0.0,
-        util_mean: None,
-        pending,
-        running,
-    };
-    let (mut util_sum, mut sampled) = (0.0, 0u32);
-    for n in nodes.iter().filter(|n| n.state() != pb::NodeState::Down) {
-        p.gpus += n.gpus.len() as u64;
-        for g in &n.gpus {
-            p.allocated += f64::from(g.compute_allocated_milli.min(1000)) / 1000.0;
-            if let Some(m) = &g.metrics {
-                util_sum += f64::from(m.util_pct);
-                sampled += 1;
-            }
-        }
+        gpus: snap.gpus_total,
+        allocated: snap.gpus_allocated,
+        util_mean: snap.gpu_util_mean,
+        pending: count("PENDING"),
+        running: count("RUNNING"),
     }
-    if sampled > 0 {
-        p.util_mean = Some(util_sum / f64::from(sampled));
-    }
-    p
 }
 
 /// What a job asked for, short: `2`, `0.25`, `1 x 3g.40gb`, `-`.
@@ -188,29 +174,22 @@ fn node_of(n: &pb::Node) -> Node {
 }
 
 fn state_json(ctl: &Controller, history: &History) -> String {
-    let nodes = ctl.list_nodes(&[]).nodes;
-    let now = point(ctl, &nodes);
+    let list = ctl.list_nodes(&[]);
+    let snap = ctl.snapshot(&list);
+    let now = point(&snap);
+    let nodes = list.nodes;
     let jobs = ctl.web_jobs(now.t_ms - DONE_WITHIN_MS, MAX_PENDING, MAX_DONE);
-    let mut users: BTreeMap<String, User> = BTreeMap::new();
-    for j in &jobs {
-        let u = users.entry(owner(j).to_string()).or_insert_with(|| User {
-            user: owner(j).to_string(),
-            ..User::default()
-        });
-        match j.state() {
-            pb::JobState::Running => {
-                u.running += 1;
-                u.gpus += j
-                    .allocations
-                    .iter()
-                    .flat_map(|a| &a.slots)
-                    .map(|s| f64::from(s.compute_milli.min(1000)) / 1000.0)
-                    .sum::<f64>();
-            }
-            pb::JobState::Pending => u.pending += 1,
-            _ => {}
-        }
-    }
+    // Every user's counts (the jobs listed are capped).
+    let users = snap
+        .jobs_by_user
+        .iter()
+        .map(|(user, &(running, pending))| User {
+            user: user.clone(),
+            running,
+            pending,
+            gpus: snap.running_gpus_by_user.get(user).copied().unwrap_or(0.0),
+        })
+        .collect();
     let mut history = history.snapshot();
     // The chart always reaches now.
     history.push(now);
@@ -233,7 +212,7 @@ fn state_json(ctl: &Controller, history: &History) -> String {
                 end_ms: j.end_time_ms,
             })
             .collect(),
-        users: users.into_values().collect(),
+        users,
         history: &history,
     };
     serde_json::to_string(&state).expect("the state serialises")
@@ -266,8 +245,7 @@ pub async fn serve(listener: tokio::net::TcpListener, ctl: Arc<Controller>) {
             let mut tick = tokio::time::interval(SAMPLE_EVERY);
             loop {
                 tick.tick().await;
-                let nodes = ctl.list_nodes(&[]).nodes;
-                history.push(point(&ctl, &nodes));
+                history.push(point(&ctl.snapshot(&ctl.list_nodes(&[]))));
             }
         });
     }

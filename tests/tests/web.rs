@@ -108,6 +108,11 @@ fn the_web_page_renders_the_cluster_in_a_real_browser() {
     ] {
         assert!(dom.contains(card), "{card} not on the page:\n{dom}");
     }
+    // The users table: root runs 2 jobs holding 2.25 GPUs, 1 waits.
+    assert!(
+        dom.contains("<td>root</td><td class=\"num\">2</td><td class=\"num\">1</td><td class=\"num\">2.25</td>"),
+        "{dom}"
+    );
     // One heat-map cell per GPU, the busy ones at their utilisation; the charts drew.
     assert_eq!(dom.matches("class=\"gpu").count(), 6, "{dom}");
     assert_eq!(dom.matches(">93</div>").count(), 2, "{dom}");

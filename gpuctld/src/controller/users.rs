@@ -17,11 +17,18 @@ use crate::auth::Caller;
 impl Controller {
     /// The metrics' exposition text, from the state now.
     pub fn metrics_text(&self) -> String {
-        let nodes = self.list_nodes(&[]);
+        let snap = self.snapshot(&self.list_nodes(&[]));
+        self.metrics.render(&snap, now_ms())
+    }
+
+    /// What the state says now, with `nodes` (a `list_nodes` of every node): the
+    /// metrics' and the web page's figures.
+    pub fn snapshot(&self, nodes: &pb::ListNodesResponse) -> crate::metrics::Snapshot {
         let mut snap = crate::metrics::Snapshot {
             fragmentation_gpus: nodes.fragmentation_gpus,
             ..Default::default()
         };
+        let (mut util_sum, mut sampled) = (0.0, 0u32);
         for n in &nodes.nodes {
             *snap
                 .nodes_by_state
@@ -34,9 +41,14 @@ impl Controller {
                     snap.mig_instances += g.mig.len() as u64;
                     snap.mig_instances_allocated +=
                         g.mig.iter().filter(|m| m.allocated_to != 0).count() as u64;
+                    if let Some(m) = &g.metrics {
+                        util_sum += f64::from(m.util_pct);
+                        sampled += 1;
+                    }
                 }
             }
         }
+        snap.gpu_util_mean = (sampled > 0).then(|| util_sum / f64::from(sampled));
         {
             let c = self.lock();
             let mut shared = std::collections::BTreeSet::new();
@@ -53,6 +65,7 @@ impl Controller {
                         };
                         let reason = reason.split(':').next().unwrap_or(reason).to_string();
                         *snap.pending_by_reason.entry(reason).or_default() += 1;
+                        snap.jobs_by_user.entry(owner(j).to_string()).or_default().1 += 1;
                     }
                     JobState::Running => {
                         let mut held = 0.0;
@@ -67,6 +80,7 @@ impl Controller {
                             .running_gpus_by_user
                             .entry(owner(j).to_string())
                             .or_default() += held;
+                        snap.jobs_by_user.entry(owner(j).to_string()).or_default().0 += 1;
                         let account = j.spec.as_ref().map_or("", |s| s.account.as_str());
                         *snap
                             .running_gpus_by_account
@@ -78,7 +92,7 @@ impl Controller {
             }
             snap.shared_gpus = shared.len() as u64;
         }
-        self.metrics.render(&snap, now_ms())
+        snap
     }
 
     /// Why a job waits, node by node, from a fresh (pure) pass.
@@ -567,21 +581,5 @@ impl Controller {
         }
         live.extend(done);
         live
-    }
-}
-
-impl Controller {
-    /// Pending and running jobs, counted.
-    pub fn job_counts(&self) -> (u64, u64) {
-        let c = self.lock();
-        let (mut pending, mut running) = (0, 0);
-        for s in c.jobs.all() {
-            match job_of(s).state() {
-                JobState::Pending => pending += 1,
-                JobState::Running => running += 1,
-                _ => {}
-            }
-        }
-        (pending, running)
     }
 }
