@@ -358,21 +358,10 @@ mod tests {
     use super::*;
     use crate::gpu::{MigInfo, MigSample, ProcessUse, RemappedRows};
 
-    fn gpu(uuid: &str) -> GpuInfo {
-        GpuInfo {
-            index: 0,
-            uuid: uuid.into(),
-            model: "A100-80GB".into(),
-            memory_mib: 81920,
-            pci_bus_id: String::new(),
-            mig: Vec::new(),
-        }
-    }
-
     #[test]
     fn exporter_uses_dcgm_names_and_labels() {
         let ex = Exporter::new();
-        let gpus = [gpu("GPU-a")];
+        let gpus = [GpuInfo::a100_for_tests("GPU-a")];
         let s = GpuSample {
             uuid: "GPU-a".into(),
             processes: vec![ProcessUse {
@@ -441,7 +430,7 @@ mod tests {
     #[test]
     fn mig_instances_get_their_own_series() {
         let ex = Exporter::new();
-        let mut g = gpu("GPU-m");
+        let mut g = GpuInfo::a100_for_tests("GPU-m");
         g.mig = vec![
             MigInfo {
                 uuid: "MIG-1".into(),

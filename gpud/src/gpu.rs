@@ -30,6 +30,19 @@ pub struct MigInfo {
 }
 
 impl GpuInfo {
+    /// GPU 0, an A100-80GB with this UUID (the unit tests' GPU).
+    #[cfg(test)]
+    pub(crate) fn a100_for_tests(uuid: &str) -> GpuInfo {
+        GpuInfo {
+            index: 0,
+            uuid: uuid.into(),
+            model: "A100-80GB".into(),
+            memory_mib: 81920,
+            pci_bus_id: String::new(),
+            mig: Vec::new(),
+        }
+    }
+
     pub fn to_pb(&self) -> pb::Gpu {
         pb::Gpu {
             uuid: self.uuid.clone(),

@@ -174,17 +174,6 @@ mod tests {
     use super::*;
     use crate::gpu::ProcessUse;
 
-    fn gpu(uuid: &str) -> GpuInfo {
-        GpuInfo {
-            index: 0,
-            uuid: uuid.into(),
-            model: "A100-80GB".into(),
-            memory_mib: 81920,
-            pci_bus_id: String::new(),
-            mig: Vec::new(),
-        }
-    }
-
     fn sample(uuid: &str, procs: &[(u32, u64)]) -> GpuSample {
         GpuSample {
             uuid: uuid.into(),
@@ -231,7 +220,7 @@ mod tests {
 
     #[test]
     fn over_share_warns_then_kills_after_grace_and_forgets_when_back_under() {
-        let gpus = [gpu("GPU-a")];
+        let gpus = [GpuInfo::a100_for_tests("GPU-a")];
         let jobs = [watched(1, 100, 1000)];
         let mut e = Enforcer::default();
         let t0 = Instant::now();
