@@ -139,6 +139,24 @@ pub struct EndedRun {
     pub allocations: Vec<pb::Allocation>,
 }
 
+/// Two walks of disjoint id-ordered maps as one, in the order `first` says.
+fn merge_by_id<'a>(
+    a: impl Iterator<Item = (&'a u64, &'a StoredJob)>,
+    b: impl Iterator<Item = (&'a u64, &'a StoredJob)>,
+    first: impl Fn(u64, u64) -> bool,
+) -> impl Iterator<Item = &'a StoredJob> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || {
+        let from_a = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => first(*x.0, *y.0),
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let next = if from_a { a.next() } else { b.next() };
+        next.map(|x| x.1)
+    })
+}
+
 fn has_deps(j: &pb::Job) -> bool {
     j.spec.as_ref().is_some_and(|s| !s.dependencies.is_empty())
 }
@@ -179,21 +197,14 @@ impl Jobs {
         self.live.is_empty() && self.done.is_empty()
     }
 
-    /// Every job, by id.
-    pub fn all(&self) -> impl DoubleEndedIterator<Item = &StoredJob> {
-        let mut v: Vec<&StoredJob> = Vec::with_capacity(self.len());
-        let (mut a, mut b) = (self.live.iter().peekable(), self.done.iter().peekable());
-        loop {
-            let from_live = match (a.peek(), b.peek()) {
-                (Some(x), Some(y)) => x.0 < y.0,
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (None, None) => break,
-            };
-            let next = if from_live { a.next() } else { b.next() };
-            v.extend(next.map(|x| x.1));
-        }
-        v.into_iter()
+    /// Every job, by id (the live and the finished merged as walked, nothing copied).
+    pub fn all(&self) -> impl Iterator<Item = &StoredJob> {
+        merge_by_id(self.live.iter(), self.done.iter(), |x, y| x < y)
+    }
+
+    /// Every job, newest (highest id) first.
+    pub fn newest(&self) -> impl Iterator<Item = &StoredJob> {
+        merge_by_id(self.live.iter().rev(), self.done.iter().rev(), |x, y| x > y)
     }
 
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {

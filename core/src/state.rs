@@ -368,8 +368,7 @@ impl Cluster {
     pub fn workload(&self) -> Workload {
         let reqs: Vec<Request> = self
             .jobs
-            .all()
-            .rev()
+            .newest()
             .take(10_000)
             .map(|s| Request::from(&resources(job_of(s))))
             .collect();

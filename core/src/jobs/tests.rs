@@ -194,6 +194,32 @@ fn edit_may_not_change_the_state() {
 }
 
 #[test]
+fn all_and_newest_walk_live_and_finished_jobs_in_id_order() {
+    let mut t = Jobs::default();
+    for id in 1..=7 {
+        t.insert(pending(id, "erin", false, &format!("r{id}")));
+    }
+    // Finished: 1, 2, 5 and 7; live: 3, 4 (running), 6.
+    for id in [1, 2, 5, 7] {
+        let done = Transition::Finish {
+            state: JobState::Completed,
+            exit_code: Some(0),
+            reason: String::new(),
+        };
+        t.transition(id, done, 100).unwrap();
+    }
+    start(&mut t, 4, "n1", 50);
+    t.check();
+    let ids = |it: &mut dyn Iterator<Item = &StoredJob>| -> Vec<u64> {
+        it.map(|s| job_of(s).id).collect()
+    };
+    assert_eq!(ids(&mut t.all()), vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(ids(&mut t.newest()), vec![7, 6, 5, 4, 3, 2, 1]);
+    assert_eq!(ids(&mut t.active()), vec![3, 4, 6]);
+    assert_eq!(t.on_node("n1"), vec![4]);
+}
+
+#[test]
 fn retention_removes_the_oldest_finished_and_their_request_ids() {
     let mut t = Jobs::default();
     for id in 1..=5 {

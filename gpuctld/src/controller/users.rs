@@ -564,7 +564,7 @@ impl Controller {
         let mut live = Vec::new();
         let mut pending = 0;
         let mut done = Vec::new();
-        for s in c.jobs.all().rev() {
+        for s in c.jobs.newest() {
             let j = job_of(s);
             match j.state() {
                 JobState::Running => live.push(presented(j)),
