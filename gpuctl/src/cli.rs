@@ -359,6 +359,7 @@ async fn channel(url: &str, timeout: std::time::Duration) -> Result<Channel, Fai
             message: format!("bad controller URL {url:?}: {e}"),
         })?
         .connect_timeout(std::time::Duration::from_secs(5))
+        .tcp_nodelay(true)
         .timeout(timeout)
         // Large replies (the queue of a busy cluster) arrive without waiting on HTTP/2
         // flow control every 64 KiB.

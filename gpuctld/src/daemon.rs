@@ -136,10 +136,18 @@ pub async fn run(
                 AgentLinkServer::new(AgentApi(ctl.clone())).max_decoding_message_size(max_message),
             )
     };
-    let tcp = router().serve_with_incoming_shutdown(
-        TcpListenerStream::new(listener),
-        stopped(serve_stop_rx.clone()),
-    );
+    // Without TCP_NODELAY a small reply or command (a StartJob, a heartbeat's answer)
+    // written after another can sit in Nagle's buffer until the peer's delayed ACK, up
+    // to 40 ms on Linux: that was most of the time from dispatch to launch.
+    let incoming = tokio_stream::StreamExt::map(TcpListenerStream::new(listener), |s| {
+        if let Ok(s) = &s
+            && let Err(e) = s.set_nodelay(true)
+        {
+            tracing::warn!("cannot set TCP_NODELAY on a connection: {e}");
+        }
+        s
+    });
+    let tcp = router().serve_with_incoming_shutdown(incoming, stopped(serve_stop_rx.clone()));
     match socket {
         Some(l) => {
             let unix = router()

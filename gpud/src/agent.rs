@@ -37,6 +37,8 @@ pub struct Options {
     /// Jobs' cgroups are `<cgroup_parent>/job-<id>` under every hierarchy (default
     /// `gpuctl/<name>-<first 8 of the agent id>`).
     pub cgroup_parent: Option<String>,
+    /// Remount the cgroup2 mount with `favordynmods` at start (cheap job launches).
+    pub cgroup_favordynmods: bool,
     /// The cluster key (the controller's `<state-dir>/cluster.key`).
     pub key: ClusterKey,
     /// How often GPUs are sampled.
@@ -304,6 +306,8 @@ pub async fn run(
     let channel = Endpoint::from_shared(opts.controller.clone())
         .with_context(|| format!("bad --controller URL {:?}", opts.controller))?
         .connect_timeout(Duration::from_secs(3))
+        // Reports and heartbeats go out at once, not after the controller's delayed ACK.
+        .tcp_nodelay(true)
         .connect_lazy();
     let mut cgroups = crate::cgroup::Mode::detect(&opts.cgroup_base);
     if let Err(e) = cgroups.verify(&cgroup_parent) {
@@ -320,6 +324,7 @@ pub async fn run(
         ),
         ref m => tracing::info!("job limits through {}", m.describe()),
     }
+    migration_cost(&cgroups, opts.cgroup_favordynmods);
     let cgroups_for_adoption = cgroups.clone();
     let launcher = Box::new(JobLauncher {
         cgroups,
@@ -526,6 +531,29 @@ async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
 }
 
 /// The stable identity of this agent: created once in its state dir.
+/// Says (and with `--cgroup-favordynmods`, fixes) what each job launch pays to move its
+/// first process into its cgroup.
+fn migration_cost(cgroups: &crate::cgroup::Mode, favor: bool) {
+    use crate::cgroup::Migration;
+    let now = if favor {
+        cgroups.favor_dynmods().unwrap_or_else(|e| {
+            tracing::warn!("cannot remount the cgroup2 mount with favordynmods: {e}");
+            Migration::Unknown
+        })
+    } else {
+        std::fs::read_to_string("/proc/mounts")
+            .map_or(Migration::Unknown, |m| cgroups.migration(&m))
+    };
+    match now {
+        Migration::Fast => tracing::info!("cgroup migrations are cheap (favordynmods)"),
+        Migration::Slow(path) => tracing::warn!(
+            "every job launch waits 10-50 ms for the kernel to move it into its cgroup: {} is mounted without favordynmods (start gpud with --cgroup-favordynmods, or boot with cgroup_favordynmods=true)",
+            path.display()
+        ),
+        Migration::Unknown => {}
+    }
+}
+
 fn agent_id(state_dir: &std::path::Path) -> anyhow::Result<String> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt;

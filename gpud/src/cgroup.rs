@@ -28,6 +28,102 @@ pub enum Mode {
     None,
 }
 
+/// Whether moving a process into a cgroup is cheap here: without `favordynmods` on a
+/// cgroup2 mount, the kernel waits for an RCU grace period on the first migration of a
+/// burst (10-50 ms measured per job launch on this project's hosts; docs/benchmarks.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Migration {
+    /// `favordynmods` is on (set by the kernel's `cgroup_favordynmods=true`, the mount,
+    /// or `gpud --cgroup-favordynmods`).
+    Fast,
+    /// Off, on the cgroup2 mount at this path (where it could be turned on).
+    Slow(PathBuf),
+    /// No cgroup2 mount to set it on (pure v1 or no cgroups): nothing to do.
+    Unknown,
+}
+
+/// The options of the mount at `path` in `/proc/mounts` text: (fs type, options).
+fn mount_options<'a>(mounts: &'a str, path: &Path) -> Option<(&'a str, Vec<&'a str>)> {
+    let want = path.to_str()?;
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4 && f[1] == want).then(|| (f[2], f[3].split(',').collect()))
+        })
+        .last()
+}
+
+/// Mount flags among mount options (the rest are the filesystem's own).
+fn vfs_flag(opt: &str) -> Option<nix::mount::MsFlags> {
+    use nix::mount::MsFlags;
+    Some(match opt {
+        "ro" => MsFlags::MS_RDONLY,
+        "rw" => MsFlags::empty(),
+        "nosuid" => MsFlags::MS_NOSUID,
+        "nodev" => MsFlags::MS_NODEV,
+        "noexec" => MsFlags::MS_NOEXEC,
+        "relatime" => MsFlags::MS_RELATIME,
+        "noatime" => MsFlags::MS_NOATIME,
+        "nodiratime" => MsFlags::MS_NODIRATIME,
+        "strictatime" => MsFlags::MS_STRICTATIME,
+        _ => return None,
+    })
+}
+
+impl Mode {
+    /// The cgroup2 mount whose `favordynmods` decides migration cost.
+    fn cgroup2_mount(&self) -> Option<&Path> {
+        match self {
+            Mode::V2 { root } => Some(root),
+            Mode::V1 { unified, .. } => unified.as_deref(),
+            Mode::None => None,
+        }
+    }
+
+    /// Whether migrations are cheap (reads `/proc/mounts`; `mounts` in tests).
+    pub fn migration(&self, mounts: &str) -> Migration {
+        let Some(path) = self.cgroup2_mount() else {
+            return Migration::Unknown;
+        };
+        match mount_options(mounts, path) {
+            Some((_, opts)) if opts.contains(&"favordynmods") => Migration::Fast,
+            Some(("cgroup2", _)) => Migration::Slow(path.to_path_buf()),
+            _ => Migration::Unknown,
+        }
+    }
+
+    /// Turns `favordynmods` on where it is off: remounts the cgroup2 mount with its
+    /// current options plus that one (the kernel's flag is global: it makes v1
+    /// migrations cheap too). Answers what holds afterwards.
+    pub fn favor_dynmods(&self) -> io::Result<Migration> {
+        let mounts = fs::read_to_string("/proc/mounts")?;
+        let Migration::Slow(path) = self.migration(&mounts) else {
+            return Ok(self.migration(&mounts));
+        };
+        let (_, opts) = mount_options(&mounts, &path).expect("found above");
+        let mut flags = nix::mount::MsFlags::MS_REMOUNT;
+        let mut data: Vec<&str> = Vec::new();
+        for o in opts {
+            match vfs_flag(o) {
+                Some(f) => flags |= f,
+                None => data.push(o),
+            }
+        }
+        data.push("favordynmods");
+        let data = data.join(",");
+        nix::mount::mount(
+            None::<&str>,
+            &path,
+            None::<&str>,
+            flags,
+            Some(data.as_str()),
+        )
+        .map_err(io::Error::from)?;
+        Ok(self.migration(&fs::read_to_string("/proc/mounts")?))
+    }
+}
+
 /// Limits applied to a job's cgroup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -443,6 +539,43 @@ mod tests {
         assert_eq!(cpu_max(2000), "200000 100000");
         assert_eq!(cpu_max(500), "50000 100000");
         assert_eq!(cpu_max(0), "max 100000");
+    }
+
+    #[test]
+    fn migration_cost_from_mount_options() {
+        let hybrid = Mode::V1 {
+            cpu: Some("/sys/fs/cgroup/cpu".into()),
+            memory: None,
+            pids: None,
+            unified: Some("/sys/fs/cgroup/unified".into()),
+        };
+        let slow = "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n\
+                    cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,relatime,nsdelegate 0 0\n";
+        assert_eq!(
+            hybrid.migration(slow),
+            Migration::Slow("/sys/fs/cgroup/unified".into())
+        );
+        let fast = slow.replace("nsdelegate", "nsdelegate,favordynmods");
+        assert_eq!(hybrid.migration(&fast), Migration::Fast);
+        let v2 = Mode::V2 {
+            root: "/sys/fs/cgroup".into(),
+        };
+        assert_eq!(
+            v2.migration("cgroup2 /sys/fs/cgroup cgroup2 rw,favordynmods 0 0\n"),
+            Migration::Fast
+        );
+        // Pure v1, or the path is not a cgroup2 mount: nothing to turn on.
+        let v1 = Mode::V1 {
+            cpu: Some("/sys/fs/cgroup/cpu".into()),
+            memory: None,
+            pids: None,
+            unified: None,
+        };
+        assert_eq!(v1.migration(slow), Migration::Unknown);
+        assert_eq!(v2.migration(slow), Migration::Unknown);
+        let (_, opts) = mount_options(slow, Path::new("/sys/fs/cgroup/unified")).unwrap();
+        let fs_own: Vec<&str> = opts.into_iter().filter(|o| vfs_flag(o).is_none()).collect();
+        assert_eq!(fs_own, ["nsdelegate"]);
     }
 
     #[test]

@@ -81,6 +81,12 @@ struct Args {
     /// one).
     #[arg(long)]
     cgroup_parent: Option<String>,
+    /// Remount the host's cgroup2 mount with `favordynmods` at start if it lacks it: job
+    /// launches stop waiting 10-50 ms for an RCU grace period to enter their cgroup,
+    /// at a small cost to every fork and exit on the host (kernel 6.0 or later; the
+    /// setting is the host's, and stays after gpud stops).
+    #[arg(long)]
+    cgroup_favordynmods: bool,
     /// The cluster key: a copy of the controller's <state-dir>/cluster.key (mode 0600).
     #[arg(long, env = "GPUD_KEY_FILE", default_value = "/etc/gpuctl/cluster.key")]
     key_file: PathBuf,
@@ -189,6 +195,7 @@ async fn agent_main() -> ExitCode {
         allow_root_jobs: args.allow_root_jobs,
         cgroup_base: args.cgroup_base,
         cgroup_parent: args.cgroup_parent,
+        cgroup_favordynmods: args.cgroup_favordynmods,
         address: args.address,
     };
     match gpud::agent::run(opts, shutdown_signal()).await {

@@ -64,6 +64,7 @@ fn harness(launcher: FakeLauncher) -> Harness {
         heartbeat: Duration::from_secs(1),
         allow_root_jobs: true,
         cgroup_base: dir.path().join("no-cgroups"),
+        cgroup_favordynmods: false,
         cgroup_parent: None,
         key: key.clone(),
         sample_interval: Duration::from_secs(1),
