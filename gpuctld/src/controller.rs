@@ -27,6 +27,7 @@ use gpuctl_core::jobs::{job_of, presented};
 use gpuctl_sched as sched;
 
 mod agents;
+pub use agents::check_health_error;
 pub mod users;
 
 pub use gpuctl_core::validate::check_paths;

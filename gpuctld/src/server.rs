@@ -404,6 +404,8 @@ impl Drop for CommandStream {
 #[tonic::async_trait]
 impl agent_link_server::AgentLink for AgentApi {
     type AttachStream = CommandStream;
+    type HeartbeatsStream =
+        Pin<Box<dyn Stream<Item = Result<pb::HeartbeatResponse, Status>> + Send + 'static>>;
 
     async fn challenge(
         &self,
@@ -444,13 +446,28 @@ impl agent_link_server::AgentLink for AgentApi {
             .0
             .verify_agent(&meta, "heartbeat", &req.node, &req.encode_to_vec())?;
         self.0.check_session(&req.node, &signed)?;
-        // It becomes the node's drain reason: one short printable line.
-        if req.health_error.len() > 1000 || req.health_error.chars().any(char::is_control) {
-            return Err(Status::invalid_argument(
-                "health_error must be one line of at most 1000 bytes without control characters",
-            ));
-        }
+        crate::controller::check_health_error(&req.health_error)?;
         Ok(Response::new(self.0.heartbeat(&req).await?))
+    }
+
+    /// Each heartbeat is answered as the stream is polled (no task per agent); the first
+    /// that fails its checks ends the stream with that status.
+    async fn heartbeats(
+        &self,
+        req: Request<tonic::Streaming<pb::SignedHeartbeat>>,
+    ) -> Result<Response<Self::HeartbeatsStream>, Status> {
+        let state = (req.into_inner(), self.0.clone(), false);
+        let out = futures::stream::unfold(state, |(mut inbound, ctl, failed)| async move {
+            if failed {
+                return None;
+            }
+            // An error here is the agent going away: the stream just ends.
+            let m = inbound.message().await.ok()??;
+            let answer = ctl.streamed_heartbeat(&m).await;
+            let failed = answer.is_err();
+            Some((answer, (inbound, ctl, failed)))
+        });
+        Ok(Response::new(Box::pin(out)))
     }
 
     async fn report_job(

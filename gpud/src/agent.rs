@@ -210,6 +210,16 @@ impl Agent {
             .expect("node names are ASCII")
     }
 
+    /// A heartbeat for the Heartbeats stream, numbered in `session` like any request.
+    fn signed_heartbeat(&self, session: &Session, hb: pb::HeartbeatRequest) -> pb::SignedHeartbeat {
+        use std::sync::atomic::Ordering;
+        let signed = Signed {
+            session: session.id.clone(),
+            seq: session.seq.fetch_add(1, Ordering::SeqCst) + 1,
+        };
+        self.key.sign_heartbeat(&self.name, now_ms(), &signed, &hb)
+    }
+
     fn report(&self, r: pb::JobReport) {
         self.reports.push(r);
         self.report_ready.notify_one();
@@ -720,48 +730,48 @@ async fn heartbeats(
     session: Arc<Session>,
 ) {
     let mut tick = tokio::time::interval(every);
+    // The session's heartbeat stream: opened at the first heartbeat and again after it
+    // breaks; `None` with `unary` set once the controller does not offer it (then each
+    // heartbeat is its own request, as before the stream existed).
+    let mut link: Option<HeartbeatLink> = None;
+    let mut unary = false;
     loop {
         tick.tick().await;
-        // Read before the running list: a start counted here is in one of the lists.
-        let commands_handled = session.handled.load(std::sync::atomic::Ordering::SeqCst);
-        let health_error = agent
-            .health
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let req = pb::HeartbeatRequest {
-            node: agent.name.clone(),
-            commands_handled,
-            health_error,
-            running: {
-                let a = agent.clone();
-                tokio::task::spawn_blocking(move || a.running_with_usage())
-                    .await
-                    .unwrap_or_else(|_| agent.running())
-            },
-            reporting: agent
-                .reports
-                .snapshot()
-                .iter()
-                .map(|r| pb::RunningJob {
-                    job_id: r.job_id,
-                    attempt: r.attempt,
-                    ..Default::default()
-                })
-                .collect(),
-            metrics: agent
-                .latest
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-        };
+        let req = heartbeat_request(&agent, &session).await;
         let sent = std::time::Instant::now();
-        match client
-            .heartbeat(agent.signed("heartbeat", Some(&session), req))
-            .await
-        {
+        let answer = if unary {
+            client
+                .heartbeat(agent.signed("heartbeat", Some(&session), req))
+                .await
+                .map(tonic::Response::into_inner)
+        } else {
+            if link.is_none() {
+                match HeartbeatLink::open(&mut client).await {
+                    Ok(l) => link = Some(l),
+                    Err(e) if e.code() == tonic::Code::Unimplemented => {
+                        tracing::info!(
+                            "the controller has no heartbeat stream; heartbeats go one request each"
+                        );
+                        unary = true;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::debug!("cannot open the heartbeat stream: {}", e.message());
+                        continue;
+                    }
+                }
+            }
+            let l = link.as_mut().expect("opened above");
+            let r = l
+                .exchange(agent.signed_heartbeat(&session, req), every)
+                .await;
+            if r.is_err() {
+                link = None;
+            }
+            r
+        };
+        match answer {
             Ok(r) => {
-                let r = r.into_inner();
                 if !r.known {
                     tracing::warn!("controller does not know this agent's stream");
                 }
@@ -775,6 +785,80 @@ async fn heartbeats(
                 }
             }
             Err(e) => tracing::debug!("heartbeat failed: {}", e.message()),
+        }
+    }
+}
+
+/// What a heartbeat tells the controller now.
+async fn heartbeat_request(agent: &Arc<Agent>, session: &Session) -> pb::HeartbeatRequest {
+    // Read before the running list: a start counted here is in one of the lists.
+    let commands_handled = session.handled.load(std::sync::atomic::Ordering::SeqCst);
+    let health_error = agent
+        .health
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    pb::HeartbeatRequest {
+        node: agent.name.clone(),
+        commands_handled,
+        health_error,
+        running: {
+            let a = agent.clone();
+            tokio::task::spawn_blocking(move || a.running_with_usage())
+                .await
+                .unwrap_or_else(|_| agent.running())
+        },
+        reporting: agent
+            .reports
+            .snapshot()
+            .iter()
+            .map(|r| pb::RunningJob {
+                job_id: r.job_id,
+                attempt: r.attempt,
+                ..Default::default()
+            })
+            .collect(),
+        metrics: agent
+            .latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
+    }
+}
+
+/// One session's Heartbeats stream: heartbeats go in, their answers come back in order.
+struct HeartbeatLink {
+    tx: tokio::sync::mpsc::Sender<pb::SignedHeartbeat>,
+    answers: tonic::Streaming<pb::HeartbeatResponse>,
+}
+
+impl HeartbeatLink {
+    async fn open(client: &mut AgentLinkClient<Channel>) -> Result<HeartbeatLink, tonic::Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let answers = client
+            .heartbeats(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(HeartbeatLink { tx, answers })
+    }
+
+    /// Sends one heartbeat and waits (at most `wait`) for its answer; an error means
+    /// the stream is no good any more.
+    async fn exchange(
+        &mut self,
+        hb: pb::SignedHeartbeat,
+        wait: Duration,
+    ) -> Result<pb::HeartbeatResponse, tonic::Status> {
+        if self.tx.send(hb).await.is_err() {
+            return Err(tonic::Status::unavailable("the heartbeat stream closed"));
+        }
+        match tokio::time::timeout(wait.max(Duration::from_secs(1)), self.answers.message()).await {
+            Ok(Ok(Some(r))) => Ok(r),
+            Ok(Ok(None)) => Err(tonic::Status::unavailable(
+                "the controller ended the heartbeat stream",
+            )),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(tonic::Status::deadline_exceeded("no answer to a heartbeat")),
         }
     }
 }

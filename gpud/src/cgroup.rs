@@ -45,13 +45,11 @@ pub enum Migration {
 /// The options of the mount at `path` in `/proc/mounts` text: (fs type, options).
 fn mount_options<'a>(mounts: &'a str, path: &Path) -> Option<(&'a str, Vec<&'a str>)> {
     let want = path.to_str()?;
-    mounts
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 4 && f[1] == want).then(|| (f[2], f[3].split(',').collect()))
-        })
-        .last()
+    // The last mount at a path is the one in effect.
+    mounts.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() >= 4 && f[1] == want).then(|| (f[2], f[3].split(',').collect()))
+    })
 }
 
 /// Mount flags among mount options (the rest are the filesystem's own).

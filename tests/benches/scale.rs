@@ -15,8 +15,12 @@
 //!
 //! ```text
 //! cargo bench -p gpuctl-tests --bench scale [-- --nodes 10000 --pending 100000
-//!     --heartbeat 10 --window 60 --job-secs 300]
+//!     --heartbeat 10 --window 60 --job-secs 300 --per-channel 50 --unary-heartbeats 0
+//!     --heartbeats-only 0]
 //! ```
+//!
+//! Heartbeats go on each session's Heartbeats stream, as gpud sends them;
+//! `--unary-heartbeats 1` sends each as its own request (the path before the stream).
 //!
 //! Agents and controller share this machine's cores: on a small host the agents' own
 //! work (signing, decoding) competes with the controller's, so the figures are upper
@@ -45,8 +49,9 @@ struct Opts {
     heartbeat: Duration,
     window: Duration,
     job_secs: f64,
-    /// Agents per HTTP/2 connection (each holds one long-lived command stream).
+    /// Agents per HTTP/2 connection (each holds a command and a heartbeat stream open).
     per_channel: usize,
+    unary: bool,
 }
 
 /// What the agents saw.
@@ -84,6 +89,14 @@ struct SimAgent {
     running: HashMap<(u64, u32), tokio::time::Instant>,
     job_secs: f64,
     heartbeat: Duration,
+    /// Heartbeats one request each (the old path) instead of on a stream, as gpud
+    /// does with a controller that has no Heartbeats stream.
+    unary: bool,
+    /// This session's heartbeat stream (opened at its first heartbeat).
+    hb_link: Option<(
+        tokio::sync::mpsc::Sender<pb::SignedHeartbeat>,
+        tonic::Streaming<pb::HeartbeatResponse>,
+    )>,
 }
 
 impl SimAgent {
@@ -153,6 +166,7 @@ impl SimAgent {
         self.session = nonce;
         self.seq = 0;
         self.handled = 0;
+        self.hb_link = None;
         Ok(stream)
     }
 
@@ -198,19 +212,55 @@ impl SimAgent {
                 .collect(),
             ..Default::default()
         };
-        let req = self.req("heartbeat", hb, true);
         let sent = Instant::now();
-        match self.client.heartbeat(req).await {
+        let answer = if self.unary {
+            let req = self.req("heartbeat", hb, true);
+            self.client.heartbeat(req).await.map(|r| r.into_inner())
+        } else {
+            self.streamed(hb).await
+        };
+        match answer {
             Ok(r) => {
                 let ms = sent.elapsed().as_secs_f64() * 1000.0;
                 stats.heartbeat_ms.lock().unwrap().push(ms);
-                r.into_inner().known
+                r.known
             }
             Err(_) => {
                 stats.heartbeat_errors.fetch_add(1, Ordering::Relaxed);
+                self.hb_link = None;
                 false
             }
         }
+    }
+
+    /// One heartbeat on the session's Heartbeats stream, as gpud sends it.
+    async fn streamed(
+        &mut self,
+        hb: pb::HeartbeatRequest,
+    ) -> Result<pb::HeartbeatResponse, tonic::Status> {
+        if self.hb_link.is_none() {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            let answers = self
+                .client
+                .heartbeats(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await?
+                .into_inner();
+            self.hb_link = Some((tx, answers));
+        }
+        self.seq += 1;
+        let signed = Signed {
+            session: self.session.clone(),
+            seq: self.seq,
+        };
+        let m = self.key.sign_heartbeat(&self.node, now_ms(), &signed, &hb);
+        let (tx, answers) = self.hb_link.as_mut().expect("opened above");
+        tx.send(m)
+            .await
+            .map_err(|_| tonic::Status::unavailable("stream closed"))?;
+        answers
+            .message()
+            .await?
+            .ok_or_else(|| tonic::Status::unavailable("stream ended"))
     }
 
     async fn command(&mut self, signed: &pb::SignedCommand, stats: &Stats) {
@@ -514,6 +564,8 @@ fn start_agents(rt: &tokio::runtime::Runtime, o: Opts, port: u16, key: &ClusterK
                 running: HashMap::new(),
                 job_secs: o.job_secs,
                 heartbeat: o.heartbeat,
+                unary: o.unary,
+                hb_link: None,
             };
             tokio::spawn(agent.run(stats.clone()));
         }
@@ -703,7 +755,10 @@ fn main() {
         heartbeat: Duration::from_secs(bench_arg("--heartbeat", 10)),
         window: Duration::from_secs(bench_arg("--window", 60)),
         job_secs: bench_arg("--job-secs", 300) as f64,
-        per_channel: bench_arg("--per-channel", 100) as usize,
+        // An agent holds two streams open (commands, heartbeats): 50 agents keep a
+        // connection under HTTP/2's usual limit of 200 concurrent streams.
+        per_channel: bench_arg("--per-channel", 50) as usize,
+        unary: bench_arg("--unary-heartbeats", 0) == 1,
     };
     let bin = release_bins(&["gpuctld"]);
     let dir = tempfile::tempdir().unwrap();
@@ -732,6 +787,12 @@ fn main() {
         .unwrap();
     let stats = start_agents(&rt, o, d.port, &key);
     heartbeat_phase(o, d.child.id(), &stats);
+    if bench_arg("--heartbeats-only", 0) == 1 {
+        let mut d = d;
+        let _ = d.child.kill();
+        let _ = d.child.wait();
+        return;
+    }
     load_phase(&rt, o, &d, d.child.id(), &stats);
     let mut d = recovery_phase(&rt, o, &bin, dir.path(), d, &stats);
     let _ = d.child.kill();

@@ -49,6 +49,21 @@ impl Controller {
             })
     }
 
+    /// Checks a heartbeat of the Heartbeats stream (its signature, then its session like
+    /// any request's), and answers it as `heartbeat` does.
+    pub async fn streamed_heartbeat(
+        &self,
+        m: &pb::SignedHeartbeat,
+    ) -> Result<pb::HeartbeatResponse, Status> {
+        let (signed, hb) = self.key.verify_heartbeat(m, now_ms()).map_err(|e| {
+            tracing::warn!(node = %m.node, "streamed heartbeat refused: {e}");
+            Status::unauthenticated(format!("agent request refused: {e}"))
+        })?;
+        self.check_session(&hb.node, &signed)?;
+        check_health_error(&hb.health_error)?;
+        self.heartbeat(&hb).await
+    }
+
     /// Checks that a request belongs to the node's live session and was not seen on it
     /// before (a replay), and counts the agent as heard from.
     pub fn check_session(&self, node: &str, signed: &Signed) -> Result<(), Status> {
@@ -150,4 +165,15 @@ impl Controller {
         c.links.clear();
         c.conns.clear();
     }
+}
+
+/// A heartbeat's `health_error` becomes the node's drain reason: one short printable
+/// line.
+pub fn check_health_error(e: &str) -> Result<(), Status> {
+    if e.len() > 1000 || e.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(
+            "health_error must be one line of at most 1000 bytes without control characters",
+        ));
+    }
+    Ok(())
 }
