@@ -165,7 +165,10 @@ nodes = 2
 fn dependencies_wait_run_or_are_never_satisfied() {
     let c = Cluster::start(&[("deps", "2xA100-80GB")]);
     let a = c.submit("a.toml", "script = \"sleep 2\"\n[resources]\ngpus = 1\n");
-    let fail = c.submit("f.toml", "script = \"exit 1\"\n");
+    // It fails after a second: the jobs below depend on it while it runs (a job starts
+    // within milliseconds, and a dependency on a job that already failed is refused at
+    // submit).
+    let fail = c.submit("f.toml", "script = \"sleep 1; exit 1\"\n");
     let b = c.submit(
         "b.toml",
         &format!("command = [\"true\"]\ndependency = \"afterok:{a}\"\n[resources]\ngpus = 1\n"),
