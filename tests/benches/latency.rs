@@ -169,8 +169,15 @@ fn main() {
         "command = [\"sleep\", \"1\"]\nstdout = \"/dev/null\"\n[resources]\ngpus = 1\ncpus = 1\n",
     )
     .unwrap();
+    launch_phase(&b, samples);
+    run_time_phase(&b, samples);
+    let n = cli_phase(&b, samples);
+    queued_phase(&b, queued, n);
+    drop(daemons);
+}
 
-    // Submit -> launch on an idle node, one job at a time.
+/// Submit -> launch on an idle node, one job at a time.
+fn launch_phase(b: &Bench, samples: usize) {
     let (mut dispatch, mut launch, mut total, mut cli) = (vec![], vec![], vec![], vec![]);
     for i in 0..samples + 3 {
         let t = Instant::now();
@@ -210,8 +217,10 @@ fn main() {
         "  `gpuctl submit` round trip (process start to exit): {}",
         spread(cli)
     );
+}
 
-    // A job that sleeps 1 s, 8 at a time.
+/// A job that sleeps 1 s, 8 at a time.
+fn run_time_phase(b: &Bench, samples: usize) {
     let (mut by_launch, mut by_start) = (vec![], vec![]);
     for _ in 0..samples.div_ceil(8) {
         let ids: Vec<u64> = (0..8).map(|_| b.submit("sleep.toml")).collect();
@@ -225,8 +234,11 @@ fn main() {
     println!("`sleep 1`: observed run time beyond 1,000 ms (ms):");
     println!("  end_time - launch_time: {}", spread(by_launch));
     println!("  end_time - start_time: {}", spread(by_start));
+}
 
-    // The CLI's own cost, then sequential submits that stay queued.
+/// The CLI's own cost, then sequential submits that stay queued (the node is drained
+/// from here on). Answers how many were submitted.
+fn cli_phase(b: &Bench, samples: usize) -> usize {
     b.ok(&["node", "drain", "bench", "--reason", "bench"]);
     let timed = |f: &dyn Fn()| {
         let t = Instant::now();
@@ -236,7 +248,7 @@ fn main() {
         t.elapsed().as_secs_f64() * 1000.0 / samples as f64
     };
     let version = timed(&|| {
-        Command::new(bin.join("gpuctl"))
+        Command::new(b.bin.join("gpuctl"))
             .arg("--version")
             .output()
             .unwrap();
@@ -255,8 +267,12 @@ fn main() {
         n as f64 / secs,
         secs * 1000.0 / n as f64
     );
+    n
+}
 
-    // Many queued jobs: one array, then the lists and a cancel of all of them.
+/// Many queued jobs (`queued` in all, `n` there already): one array, then the lists
+/// and a cancel of all of them.
+fn queued_phase(b: &Bench, queued: usize, n: usize) {
     let spec = format!("0-{}", queued - n - 1);
     let out = b.ok(&["submit", "--array", &spec, "true.toml"]);
     let array: String = out
@@ -307,7 +323,6 @@ fn main() {
         "cancel {queued} queued jobs until none is left: {:.3} s",
         t.elapsed().as_secs_f64()
     );
-    drop(daemons);
 }
 
 /// The controller and the agent, killed when the bench ends (or panics).
