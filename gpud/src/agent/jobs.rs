@@ -143,7 +143,12 @@ pub(super) async fn run_job(
                 let e = std::io::Error::other(format!("launch panicked: {e}"));
                 (Err(e), Vec::new())
             });
-            (spawned, now_ms(), held)
+            // Its launch time is when the process existed, before its record was
+            // written and this task woke up again (about a millisecond).
+            match spawned {
+                Ok((job, at)) => (Ok(job), at, held),
+                Err(e) => (Err(e), now_ms(), held),
+            }
         }
     };
     let report = match spawned {
@@ -284,13 +289,14 @@ fn mps_shares(
     (held, env)
 }
 
-/// Starts a job under the shim and records it on disk.
+/// Starts a job under the shim and records it on disk; answers it with when its process
+/// was started (Unix ms).
 fn spawn_recorded(
     agent: &Arc<Agent>,
     start: &pb::StartJob,
     user: &str,
     extra_env: &[(String, String)],
-) -> std::io::Result<crate::launch::Launched> {
+) -> std::io::Result<(crate::launch::Launched, i64)> {
     let run_as = resolve_user(user, agent.allow_root_jobs).map_err(std::io::Error::other)?;
     let mut spec =
         LaunchSpec::from_start(start, &agent.name, &agent.state_dir.join("scripts"), run_as)?;
@@ -306,13 +312,14 @@ fn spawn_recorded(
     let _ = std::fs::remove_file(&status);
     spec.shim = Some((std::env::current_exe()?, status));
     let job = agent.launcher.spawn(&spec)?;
+    let started_ms = now_ms();
     let pid = job.id().unwrap_or(0);
     let rec = JobRecord {
         job_id: start.job_id,
         attempt: start.attempt,
         pid,
         start_ticks: crate::procfs::proc_start(pid).map_or(0, |x| x.1),
-        started_ms: now_ms(),
+        started_ms,
         cgroup_leaf: spec.cgroup_leaf(),
         start: start.encode_to_vec(),
     };
@@ -330,7 +337,7 @@ fn spawn_recorded(
         f.write_all(&serde_json::to_vec(&rec).map_err(std::io::Error::other)?)?;
     }
     std::fs::rename(&tmp, &path)?;
-    Ok(job)
+    Ok((job, started_ms))
 }
 
 fn exit_report(
