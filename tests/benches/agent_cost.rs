@@ -5,10 +5,10 @@
 //!
 //!   cargo bench -p gpuctl-tests --bench agent_cost [-- --seconds 60]
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpuctl_tests::{bench_arg, release_bins};
+use gpuctl_tests::{bench_arg, release_bins, start_bench_controller};
 
 /// (utime + stime in clock ticks, resident KiB) of a process.
 fn usage(pid: u32) -> (u64, u64) {
@@ -36,25 +36,7 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let socket = d.join("gpuctld.sock");
-    std::fs::write(d.join("gpuctld.toml"), "default_time_limit = \"1h\"\n").unwrap();
-    let mut ctld = Command::new(bin.join("gpuctld"))
-        .args(["--listen", "127.0.0.1:0", "--state-dir"])
-        .arg(d.join("ctld"))
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--config")
-        .arg(d.join("gpuctld.toml"))
-        .env("GPUCTL_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(ctld.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+    let (mut ctld, addr) = start_bench_controller(&bin, d);
     let mut gpud = Command::new(bin.join("gpud"))
         .args(["--controller", &format!("http://{addr}"), "--name", "bench"])
         .args([

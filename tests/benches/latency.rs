@@ -14,10 +14,10 @@
 //! cgroup2 mount; the setting stays). The bench prints which way the host was.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use gpuctl_tests::{bench_arg, release_bins};
+use gpuctl_tests::{bench_arg, release_bins, start_bench_controller};
 use serde_json::Value;
 
 struct Bench {
@@ -103,25 +103,7 @@ fn spread(mut v: Vec<f64>) -> String {
 }
 
 fn start_cluster(bin: &Path, d: &Path, favor: bool) -> (std::process::Child, std::process::Child) {
-    std::fs::write(d.join("gpuctld.toml"), "default_time_limit = \"1h\"\n").unwrap();
-    let mut ctld = Command::new(bin.join("gpuctld"))
-        .args(["--listen", "127.0.0.1:0", "--state-dir"])
-        .arg(d.join("ctld"))
-        .arg("--socket")
-        .arg(d.join("gpuctld.sock"))
-        .arg("--config")
-        .arg(d.join("gpuctld.toml"))
-        .env("GPUCTL_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(ctld.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+    let (ctld, addr) = start_bench_controller(bin, d);
     let gpud = Command::new(bin.join("gpud"))
         .args(["--controller", &format!("http://{addr}"), "--name", "bench"])
         .args(["--fake-gpus", "8xA100-80GB", "--cpus", "64"])

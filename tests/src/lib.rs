@@ -466,6 +466,24 @@ pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 /// Whether a process with this pid exists (and is not a zombie).
+/// Waits until `path` holds a process id (a job writes it with `echo $$ > FILE`: the
+/// file exists, empty, before the number is in it) and answers it.
+pub fn wait_for_pid(path: &Path, timeout: Duration) -> i32 {
+    let read = || {
+        std::fs::read_to_string(path)
+            .ok()?
+            .trim()
+            .parse::<i32>()
+            .ok()
+    };
+    assert!(
+        wait_for(timeout, || read().is_some()),
+        "no pid in {}",
+        path.display()
+    );
+    read().expect("read above")
+}
+
 pub fn process_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => !s
@@ -549,4 +567,30 @@ pub fn release_bins(packages: &[&str]) -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"))
         .join("release")
+}
+
+/// For the benchmarks: a release `gpuctld` (`bin`) with its state in `dir/ctld`, its Unix
+/// socket at `dir/gpuctld.sock`, a 1-hour default time limit and quiet logs, on an
+/// ephemeral loopback port. Answers the process and its agent address (HOST:PORT).
+pub fn start_bench_controller(bin: &Path, dir: &Path) -> (std::process::Child, String) {
+    std::fs::write(dir.join("gpuctld.toml"), "default_time_limit = \"1h\"\n").unwrap();
+    let mut ctld = Command::new(bin.join("gpuctld"))
+        .args(["--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.join("ctld"))
+        .arg("--socket")
+        .arg(dir.join("gpuctld.sock"))
+        .arg("--config")
+        .arg(dir.join("gpuctld.toml"))
+        .env("GPUCTL_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(ctld.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+    (ctld, addr)
 }

@@ -226,12 +226,7 @@ gpus = 1
     );
     let pending = c.submit("p.toml", "command = [\"true\"]\n[resources]\ngpus = 1\n");
     c.wait_state(run, "RUNNING", T);
-    assert!(wait_for(T, || c.path("child.pid").exists()));
-    let child: i32 = std::fs::read_to_string(c.path("child.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let child = gpuctl_tests::wait_for_pid(&c.path("child.pid"), T);
     assert!(process_alive(child));
 
     let out = c.gpuctl_ok(&["cancel", &pending.to_string()]);

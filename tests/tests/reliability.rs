@@ -46,12 +46,7 @@ fn agent_back_after_being_declared_down_is_reconciled() {
     let id = c.submit("r.toml", REQUEUE);
     c.wait_state(id, "RUNNING", T);
     let first = c.path(&format!("pid-{id}-n1"));
-    assert!(wait_for(T, || first.exists()));
-    let pid: i32 = std::fs::read_to_string(&first)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = gpuctl_tests::wait_for_pid(&first, T);
     c.add_agent("n2", "1xA100-80GB", &[]);
     c.wait_nodes_up(2);
     // n1 freezes: no heartbeats. After the timeout its job is requeued onto n2.
