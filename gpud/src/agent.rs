@@ -557,7 +557,7 @@ fn migration_cost(cgroups: &crate::cgroup::Mode, favor: bool) {
     match now {
         Migration::Fast => tracing::info!("cgroup migrations are cheap (favordynmods)"),
         Migration::Slow(path) => tracing::warn!(
-            "every job launch waits 10-50 ms for the kernel to move it into its cgroup: {} is mounted without favordynmods (start gpud with --cgroup-favordynmods, or boot with cgroup_favordynmods=true)",
+            "a job launched after a quiet spell can wait 10-50 ms for the kernel to move it into its cgroup: {} is mounted without favordynmods (start gpud with --cgroup-favordynmods, or boot with cgroup_favordynmods=true)",
             path.display()
         ),
         Migration::Unknown => {}
@@ -739,36 +739,35 @@ async fn heartbeats(
         tick.tick().await;
         let req = heartbeat_request(&agent, &session).await;
         let sent = std::time::Instant::now();
-        let answer = if unary {
-            client
-                .heartbeat(agent.signed("heartbeat", Some(&session), req))
-                .await
-                .map(tonic::Response::into_inner)
-        } else {
-            if link.is_none() {
-                match HeartbeatLink::open(&mut client).await {
-                    Ok(l) => link = Some(l),
-                    Err(e) if e.code() == tonic::Code::Unimplemented => {
-                        tracing::info!(
-                            "the controller has no heartbeat stream; heartbeats go one request each"
-                        );
-                        unary = true;
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::debug!("cannot open the heartbeat stream: {}", e.message());
-                        continue;
-                    }
+        if !unary && link.is_none() {
+            match HeartbeatLink::open(&mut client).await {
+                Ok(l) => link = Some(l),
+                Err(e) if e.code() == tonic::Code::Unimplemented => {
+                    tracing::info!(
+                        "the controller has no heartbeat stream; heartbeats go one request each"
+                    );
+                    unary = true;
+                }
+                Err(e) => {
+                    tracing::debug!("cannot open the heartbeat stream: {}", e.message());
+                    continue;
                 }
             }
-            let l = link.as_mut().expect("opened above");
-            let r = l
-                .exchange(agent.signed_heartbeat(&session, req), every)
-                .await;
-            if r.is_err() {
-                link = None;
+        }
+        let answer = match link.as_mut() {
+            Some(l) if !unary => {
+                let r = l
+                    .exchange(agent.signed_heartbeat(&session, req), every)
+                    .await;
+                if r.is_err() {
+                    link = None;
+                }
+                r
             }
-            r
+            _ => client
+                .heartbeat(agent.signed("heartbeat", Some(&session), req))
+                .await
+                .map(tonic::Response::into_inner),
         };
         match answer {
             Ok(r) => {
