@@ -27,7 +27,6 @@ use gpuctl_core::jobs::{job_of, presented};
 use gpuctl_sched as sched;
 
 mod agents;
-pub use agents::check_health_error;
 pub mod users;
 
 pub use gpuctl_core::validate::check_paths;

@@ -445,9 +445,7 @@ impl agent_link_server::AgentLink for AgentApi {
         let signed = self
             .0
             .verify_agent(&meta, "heartbeat", &req.node, &req.encode_to_vec())?;
-        self.0.check_session(&req.node, &signed)?;
-        crate::controller::check_health_error(&req.health_error)?;
-        Ok(Response::new(self.0.heartbeat(&req).await?))
+        Ok(Response::new(self.0.signed_heartbeat(&req, &signed).await?))
     }
 
     /// Each heartbeat is answered as the stream is polled (no task per agent); the first

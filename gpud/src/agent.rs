@@ -110,6 +110,16 @@ struct Agent {
     health: Arc<Mutex<String>>,
 }
 
+/// The next number of `session` (`None`: Challenge and Attach, which belong to none yet
+/// and carry no number).
+fn numbered(session: Option<&Session>) -> Signed {
+    use std::sync::atomic::Ordering;
+    Signed {
+        session: session.map(|s| s.id.clone()).unwrap_or_default(),
+        seq: session.map_or(0, |s| s.seq.fetch_add(1, Ordering::SeqCst) + 1),
+    }
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -199,25 +209,15 @@ impl Agent {
         session: Option<&Session>,
         msg: T,
     ) -> tonic::Request<T> {
-        use std::sync::atomic::Ordering;
-        let time = now_ms();
-        let signed = Signed {
-            session: session.map(|s| s.id.clone()).unwrap_or_default(),
-            seq: session.map_or(0, |s| s.seq.fetch_add(1, Ordering::SeqCst) + 1),
-        };
         self.key
-            .signed_request(method, &self.name, time, &signed, msg)
+            .signed_request(method, &self.name, now_ms(), &numbered(session), msg)
             .expect("node names are ASCII")
     }
 
     /// A heartbeat for the Heartbeats stream, numbered in `session` like any request.
     fn signed_heartbeat(&self, session: &Session, hb: pb::HeartbeatRequest) -> pb::SignedHeartbeat {
-        use std::sync::atomic::Ordering;
-        let signed = Signed {
-            session: session.id.clone(),
-            seq: session.seq.fetch_add(1, Ordering::SeqCst) + 1,
-        };
-        self.key.sign_heartbeat(&self.name, now_ms(), &signed, &hb)
+        self.key
+            .sign_heartbeat(&self.name, now_ms(), &numbered(Some(session)), &hb)
     }
 
     fn report(&self, r: pb::JobReport) {

@@ -96,8 +96,9 @@ impl Mode {
     /// migrations cheap too). Answers what holds afterwards.
     pub fn favor_dynmods(&self) -> io::Result<Migration> {
         let mounts = fs::read_to_string("/proc/mounts")?;
-        let Migration::Slow(path) = self.migration(&mounts) else {
-            return Ok(self.migration(&mounts));
+        let path = match self.migration(&mounts) {
+            Migration::Slow(path) => path,
+            other => return Ok(other),
         };
         let (_, opts) = mount_options(&mounts, &path).expect("found above");
         let mut flags = nix::mount::MsFlags::MS_REMOUNT;

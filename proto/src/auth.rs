@@ -294,18 +294,7 @@ impl ClusterKey {
         self.request_mac(method, node, time_ms, &signed, body)
             .verify_slice(&mac)
             .map_err(|_| AuthError::BadMac)?;
-        if node != named_node {
-            return Err(AuthError::NodeMismatch {
-                signed: node.to_string(),
-                named: named_node.to_string(),
-            });
-        }
-        let skew = (now_ms - time_ms).abs();
-        if skew > MAX_SKEW_MS {
-            return Err(AuthError::Skew {
-                skew_s: skew / 1000,
-            });
-        }
+        node_and_clock(node, named_node, time_ms, now_ms)?;
         Ok(signed)
     }
 
@@ -350,18 +339,7 @@ impl ClusterKey {
             .map_err(|_| AuthError::BadMac)?;
         let hb = <crate::HeartbeatRequest as Message>::decode(m.heartbeat.as_slice())
             .map_err(|e| AuthError::Undecodable(e.to_string()))?;
-        if hb.node != m.node {
-            return Err(AuthError::NodeMismatch {
-                signed: m.node.clone(),
-                named: hb.node,
-            });
-        }
-        let skew = (now_ms - m.time_ms).abs();
-        if skew > MAX_SKEW_MS {
-            return Err(AuthError::Skew {
-                skew_s: skew / 1000,
-            });
-        }
+        node_and_clock(&m.node, &hb.node, m.time_ms, now_ms)?;
         Ok((signed, hb))
     }
 
@@ -397,6 +375,24 @@ impl ClusterKey {
         AgentCommand::decode(signed.command.as_slice())
             .map_err(|e| AuthError::Undecodable(e.to_string()))
     }
+}
+
+/// After a good MAC: the node signed for must be the node the request names, and the
+/// signing time within `MAX_SKEW_MS` of `now_ms`.
+fn node_and_clock(signed: &str, named: &str, time_ms: i64, now_ms: i64) -> Result<(), AuthError> {
+    if signed != named {
+        return Err(AuthError::NodeMismatch {
+            signed: signed.to_string(),
+            named: named.to_string(),
+        });
+    }
+    let skew = (now_ms - time_ms).abs();
+    if skew > MAX_SKEW_MS {
+        return Err(AuthError::Skew {
+            skew_s: skew / 1000,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

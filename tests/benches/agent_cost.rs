@@ -8,7 +8,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpuctl_tests::{bench_arg, release_bins, start_bench_controller};
+use gpuctl_tests::{bench_arg, release_bins, start_bench_agent, start_bench_controller};
 
 /// (utime + stime in clock ticks, resident KiB) of a process.
 fn usage(pid: u32) -> (u64, u64) {
@@ -37,29 +37,19 @@ fn main() {
     let d = dir.path();
     let socket = d.join("gpuctld.sock");
     let (mut ctld, addr) = start_bench_controller(&bin, d);
-    let mut gpud = Command::new(bin.join("gpud"))
-        .args(["--controller", &format!("http://{addr}"), "--name", "bench"])
-        .args([
-            "--fake-gpus",
-            "8xA100-80GB",
-            "--cpus",
-            "64",
-            "--memory",
-            "512GiB",
-        ])
-        .args(["--sample-interval", "1s", "--heartbeat-interval", "1s"])
-        .args([
-            "--allow-root-jobs",
+    let mut gpud = start_bench_agent(
+        &bin,
+        d,
+        &addr,
+        &[
+            "--sample-interval",
+            "1s",
+            "--heartbeat-interval",
+            "1s",
             "--cgroup-parent",
             "gpuctl-bench/agent-cost",
-        ])
-        .arg("--key-file")
-        .arg(d.join("ctld/cluster.key"))
-        .arg("--state-dir")
-        .arg(d.join("gpud"))
-        .env("GPUCTL_LOG", "warn")
-        .spawn()
-        .unwrap();
+        ],
+    );
     let gpuctl = |args: &[&str]| {
         let out = Command::new(bin.join("gpuctl"))
             .arg("--controller")

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use gpuctl_tests::{bench_arg, release_bins, start_bench_controller};
+use gpuctl_tests::{bench_arg, release_bins, start_bench_agent, start_bench_controller};
 use serde_json::Value;
 
 struct Bench {
@@ -104,19 +104,9 @@ fn spread(mut v: Vec<f64>) -> String {
 
 fn start_cluster(bin: &Path, d: &Path, favor: bool) -> (std::process::Child, std::process::Child) {
     let (ctld, addr) = start_bench_controller(bin, d);
-    let gpud = Command::new(bin.join("gpud"))
-        .args(["--controller", &format!("http://{addr}"), "--name", "bench"])
-        .args(["--fake-gpus", "8xA100-80GB", "--cpus", "64"])
-        .args(["--memory", "512GiB", "--allow-root-jobs"])
-        .args(["--cgroup-parent", "gpuctl-bench/latency"])
-        .args(favor.then_some("--cgroup-favordynmods"))
-        .arg("--key-file")
-        .arg(d.join("ctld/cluster.key"))
-        .arg("--state-dir")
-        .arg(d.join("gpud"))
-        .env("GPUCTL_LOG", "warn")
-        .spawn()
-        .unwrap();
+    let mut extra = vec!["--cgroup-parent", "gpuctl-bench/latency"];
+    extra.extend(favor.then_some("--cgroup-favordynmods"));
+    let gpud = start_bench_agent(bin, d, &addr, &extra);
     (ctld, gpud)
 }
 

@@ -101,13 +101,8 @@ struct SimAgent {
 
 impl SimAgent {
     fn req<T: Message>(&mut self, method: &str, msg: T, numbered: bool) -> tonic::Request<T> {
-        let now = now_ms();
         let signed = if numbered {
-            self.seq += 1;
-            Signed {
-                session: self.session.clone(),
-                seq: self.seq,
-            }
+            self.next_signed()
         } else {
             Signed {
                 session: Vec::new(),
@@ -115,8 +110,17 @@ impl SimAgent {
             }
         };
         self.key
-            .signed_request(method, &self.node, now, &signed, msg)
+            .signed_request(method, &self.node, now_ms(), &signed, msg)
             .unwrap()
+    }
+
+    /// The session's next number.
+    fn next_signed(&mut self) -> Signed {
+        self.seq += 1;
+        Signed {
+            session: self.session.clone(),
+            seq: self.seq,
+        }
     }
 
     fn gpu_uuid(&self, g: usize) -> String {
@@ -247,11 +251,7 @@ impl SimAgent {
                 .into_inner();
             self.hb_link = Some((tx, answers));
         }
-        self.seq += 1;
-        let signed = Signed {
-            session: self.session.clone(),
-            seq: self.seq,
-        };
+        let signed = self.next_signed();
         let m = self.key.sign_heartbeat(&self.node, now_ms(), &signed, &hb);
         let (tx, answers) = self.hb_link.as_mut().expect("opened above");
         tx.send(m)

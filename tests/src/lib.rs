@@ -594,3 +594,22 @@ pub fn start_bench_controller(bin: &Path, dir: &Path) -> (std::process::Child, S
     let addr = line.trim().rsplit(' ').next().unwrap().to_string();
     (ctld, addr)
 }
+
+/// For the benchmarks: a release `gpud` named `bench` attached to the controller at
+/// `addr` (as `start_bench_controller` answers it), with 8 fake A100s, 64 CPUs and
+/// 512 GiB, running root's jobs, its state in `dir/gpud`, quiet logs; `extra` adds
+/// flags (its cgroup parent, intervals).
+pub fn start_bench_agent(bin: &Path, dir: &Path, addr: &str, extra: &[&str]) -> Child {
+    Command::new(bin.join("gpud"))
+        .args(["--controller", &format!("http://{addr}"), "--name", "bench"])
+        .args(["--fake-gpus", "8xA100-80GB", "--cpus", "64"])
+        .args(["--memory", "512GiB", "--allow-root-jobs"])
+        .args(extra)
+        .arg("--key-file")
+        .arg(dir.join("ctld/cluster.key"))
+        .arg("--state-dir")
+        .arg(dir.join("gpud"))
+        .env("GPUCTL_LOG", "warn")
+        .spawn()
+        .unwrap()
+}

@@ -59,9 +59,19 @@ impl Controller {
             tracing::warn!(node = %m.node, "streamed heartbeat refused: {e}");
             Status::unauthenticated(format!("agent request refused: {e}"))
         })?;
-        self.check_session(&hb.node, &signed)?;
+        self.signed_heartbeat(&hb, &signed).await
+    }
+
+    /// A heartbeat whose signature was verified: it must belong to the node's live
+    /// session (not a replay) and carry a well-formed health line; then it is answered.
+    pub async fn signed_heartbeat(
+        &self,
+        hb: &pb::HeartbeatRequest,
+        signed: &Signed,
+    ) -> Result<pb::HeartbeatResponse, Status> {
+        self.check_session(&hb.node, signed)?;
         check_health_error(&hb.health_error)?;
-        self.heartbeat(&hb).await
+        self.heartbeat(hb).await
     }
 
     /// Checks that a request belongs to the node's live session and was not seen on it
@@ -169,7 +179,7 @@ impl Controller {
 
 /// A heartbeat's `health_error` becomes the node's drain reason: one short printable
 /// line.
-pub fn check_health_error(e: &str) -> Result<(), Status> {
+fn check_health_error(e: &str) -> Result<(), Status> {
     if e.len() > 1000 || e.chars().any(char::is_control) {
         return Err(Status::invalid_argument(
             "health_error must be one line of at most 1000 bytes without control characters",
