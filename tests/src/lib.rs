@@ -600,15 +600,26 @@ pub fn start_bench_controller(bin: &Path, dir: &Path) -> (std::process::Child, S
 /// 512 GiB, running root's jobs, its state in `dir/gpud`, quiet logs; `extra` adds
 /// flags (its cgroup parent, intervals).
 pub fn start_bench_agent(bin: &Path, dir: &Path, addr: &str, extra: &[&str]) -> Child {
+    start_bench_node(bin, dir, addr, "bench", extra)
+}
+
+/// `start_bench_agent` for one of several nodes on this host: named `name`, its state
+/// in `dir/gpud-NAME` (`dir/gpud` for `bench`).
+pub fn start_bench_node(bin: &Path, dir: &Path, addr: &str, name: &str, extra: &[&str]) -> Child {
+    let state = if name == "bench" {
+        dir.join("gpud")
+    } else {
+        dir.join(format!("gpud-{name}"))
+    };
     Command::new(bin.join("gpud"))
-        .args(["--controller", &format!("http://{addr}"), "--name", "bench"])
+        .args(["--controller", &format!("http://{addr}"), "--name", name])
         .args(["--fake-gpus", "8xA100-80GB", "--cpus", "64"])
         .args(["--memory", "512GiB", "--allow-root-jobs"])
         .args(extra)
         .arg("--key-file")
         .arg(dir.join("ctld/cluster.key"))
         .arg("--state-dir")
-        .arg(dir.join("gpud"))
+        .arg(state)
         .env("GPUCTL_LOG", "warn")
         .spawn()
         .unwrap()
