@@ -68,6 +68,9 @@ pub struct Cluster {
     pub usage_dirty: bool,
     /// When usage was last marked to be written (it is written at most once a minute).
     pub usage_marked_ms: i64,
+    /// What each running job is charged per second, kept from pass to pass (memory
+    /// only; `fairshare.rs`).
+    pub held: crate::fairshare::HeldCache,
 }
 
 /// What the shell does after an operation, in this order: write `take_changes`, flush,

@@ -264,3 +264,38 @@ fn an_array_makes_one_job_per_task_and_its_throttle_holds() {
     fake.array_job_id = 7;
     assert!(c.admit(&alice(), fake, "", T0).is_err());
 }
+
+#[test]
+fn charges_follow_each_run_across_passes_and_a_requeue() {
+    let mut cfg = Config::default();
+    // No decay within the test: the charges add up exactly.
+    cfg.fairshare.half_life = std::time::Duration::from_secs(1 << 40);
+    let mut c = Cluster::new(cfg);
+    attach(&mut c, "n1", T0);
+    let id = submit(&mut c, 2, false, T0);
+    let e = pass(&mut c, T0);
+    started(&mut c, "n1", &e, T0);
+    let hour = 3_600_000;
+    // Two passes an hour apart: the second charges from the first, not from the start.
+    pass(&mut c, T0 + hour);
+    pass(&mut c, T0 + 2 * hour);
+    let used = c.usage.of_account("alice");
+    assert!((used - 2.0 * 7200.0).abs() < 1e-3, "{used}");
+    // Requeued: the first run is charged to its end; the second from its own start.
+    c.requeue(&alice(), id, "requeued by alice", T0 + 2 * hour + 10_000)
+        .unwrap();
+    report(
+        &mut c,
+        "n1",
+        id,
+        Some((JobState::Cancelled, -15)),
+        T0 + 2 * hour + 20_000,
+    );
+    let e = pass(&mut c, T0 + 2 * hour + 21_000);
+    started(&mut c, "n1", &e, T0 + 2 * hour + 21_000);
+    assert_eq!(state(&c, id), JobState::Running);
+    pass(&mut c, T0 + 3 * hour);
+    let used = c.usage.of_account("alice");
+    let want = 2.0 * (7_220.0 + 3_600.0 - 21.0);
+    assert!((used - want).abs() < 1e-3, "{used} != {want}");
+}
