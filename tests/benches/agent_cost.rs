@@ -5,10 +5,9 @@
 //!
 //!   cargo bench -p gpuctl-tests --bench agent_cost [-- --seconds 60]
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpuctl_tests::{bench_arg, release_bins, start_bench_agent, start_bench_controller};
+use gpuctl_tests::{bench_arg, bench_cli, release_bins, start_bench_agent, start_bench_controller};
 
 /// (utime + stime in clock ticks, resident KiB) of a process.
 fn usage(pid: u32) -> (u64, u64) {
@@ -35,7 +34,6 @@ fn main() {
     let bin = release_bins(&["gpuctld", "gpuctl", "gpud"]);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let socket = d.join("gpuctld.sock");
     let (mut ctld, addr) = start_bench_controller(&bin, d);
     let mut gpud = start_bench_agent(
         &bin,
@@ -50,21 +48,7 @@ fn main() {
             "gpuctl-bench/agent-cost",
         ],
     );
-    let gpuctl = |args: &[&str]| {
-        let out = Command::new(bin.join("gpuctl"))
-            .arg("--controller")
-            .arg(format!("unix:{}", socket.display()))
-            .args(args)
-            .current_dir(d)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let gpuctl = |args: &[&str]| bench_cli(&bin, d, args);
     std::fs::write(
         d.join("job.toml"),
         "script = \"sleep 3600\"\n[resources]\ngpus = 0.5\ncpus = 1\n",

@@ -15,10 +15,10 @@
 //! bench).
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use gpuctl_tests::{bench_arg, release_bins, start_bench_controller, start_bench_node};
+use gpuctl_tests::{bench_arg, bench_cli, release_bins, start_bench_controller, start_bench_node};
 use serde_json::Value;
 
 /// The durations in ms: a fixed linear congruential sequence over [1,000, 5,400).
@@ -93,21 +93,7 @@ fn main() {
             .0
             .push(start_bench_node(&bin, d, &addr, name, &extra));
     }
-    let gpuctl = |args: &[&str]| -> String {
-        let out = Command::new(bin.join("gpuctl"))
-            .arg("--controller")
-            .arg(format!("unix:{}", d.join("gpuctld.sock").display()))
-            .args(args)
-            .current_dir(d)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "gpuctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let gpuctl = |args: &[&str]| bench_cli(&bin, d, args);
     wait_idle(&gpuctl, nodes);
     let ds = durations(jobs);
     let ids = submit_held(&gpuctl, d, &ds);

@@ -624,3 +624,22 @@ pub fn start_bench_node(bin: &Path, dir: &Path, addr: &str, name: &str, extra: &
         .spawn()
         .unwrap()
 }
+
+/// For the benchmarks: runs the release `gpuctl` in `bin` against the controller that
+/// `start_bench_controller` started in `dir` (its Unix socket), from `dir`, and answers
+/// its stdout; panics with its stderr when it fails.
+pub fn bench_cli(bin: &Path, dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin.join("gpuctl"))
+        .arg("--controller")
+        .arg(format!("unix:{}", dir.join("gpuctld.sock").display()))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gpuctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
