@@ -14,7 +14,7 @@ use gpuctl_sched::fairshare::{FairShareTable, Shares, mig_fraction};
 use gpuctl_proto::store::{StoredUsage, UsageEntry};
 
 use crate::config::Config;
-use crate::jobs::{job_of, owner};
+use crate::jobs::owner;
 use crate::state::{Cluster, live_allocs};
 
 /// Usage is written at most this often (a crash loses at most this much of it).
@@ -205,13 +205,7 @@ impl Cluster {
 
     /// The fair-share table of everyone with usage or pending jobs.
     pub fn fair_share_table(&self) -> FairShareTable {
-        // Each (account, user) once: the table makes two strings of each it is given.
-        let owners: std::collections::HashSet<(&str, &str)> = self
-            .jobs
-            .active()
-            .map(job_of)
-            .map(|j| (j.spec.as_ref().map_or("", |x| x.account.as_str()), owner(j)))
-            .collect();
-        self.usage.table(owners, &ConfigShares(&self.config))
+        self.usage
+            .table(self.jobs.active_owners(), &ConfigShares(&self.config))
     }
 }
