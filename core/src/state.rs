@@ -277,8 +277,12 @@ impl Cluster {
         if names.is_empty() {
             return v;
         }
-        for s in self.jobs.active() {
-            let j = job_of(s);
+        // The jobs on those nodes from the by-node index (a walk over every active job
+        // was most of applying a plan at 120,000 jobs), each once, in id order.
+        let mut ids: Vec<u64> = names.iter().flat_map(|n| self.jobs.on_node(n)).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        for j in ids.into_iter().filter_map(|id| self.jobs.job(id)) {
             for a in live_allocs(j).filter(|a| names.contains(a.node.as_str())) {
                 v.running.push(sched::Running {
                     job: j.id,
