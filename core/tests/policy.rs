@@ -299,3 +299,30 @@ fn charges_follow_each_run_across_passes_and_a_requeue() {
     let want = 2.0 * (7_220.0 + 3_600.0 - 21.0);
     assert!((used - want).abs() < 1e-3, "{used} != {want}");
 }
+
+#[test]
+fn a_job_cancelled_before_its_start_was_reported_is_stale_when_it_is() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let id = submit(&mut c, 1, false, T0);
+    let e = pass(&mut c, T0);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {id}"))]);
+    // Cancelled before the agent said it runs: the cancel's kill and the pass's start
+    // go out from different tasks, so the kill may reach the agent first (ignored: no
+    // such job yet). The start's report is then answered "stale": the agent kills it.
+    let (_, e) = c.cancel(&alice(), &[id], T0 + 1).unwrap();
+    assert_eq!(commands(&e), vec![to("n1", &format!("kill {id}"))]);
+    let started = |id: u64| pb::JobReport {
+        node: "n1".into(),
+        job_id: id,
+        kind: pb::job_report::Kind::Started as i32,
+        time_ms: T0 + 2,
+        attempt: 1,
+        ..Default::default()
+    };
+    assert!(c.report(&started(id), T0 + 2).0.stale);
+    // A start reported as usual is not.
+    let other = submit(&mut c, 1, false, T0 + 3);
+    pass(&mut c, T0 + 3);
+    assert!(!c.report(&started(other), T0 + 4).0.stale);
+}
