@@ -292,7 +292,7 @@ impl Cluster {
     /// its job starts, and its `StartJob`s go to its nodes; waiting jobs show their
     /// reason and expected start.
     pub fn apply_plan(&mut self, plan: &sched::Plan, now: i64) -> Effects {
-        let mut effects = self.apply_starts(plan, now);
+        let mut effects = self.apply_starts(&plan.starts, now);
         self.annotate_waiting(&plan.waiting);
         self.preempt(plan, now, &mut effects);
         effects
@@ -300,17 +300,18 @@ impl Cluster {
 
     /// The starts of a plan: each checked again against the cluster as it is now
     /// (things may have moved while planning), its job started, its `StartJob`s sent.
-    pub fn apply_starts(&mut self, plan: &sched::Plan, now: i64) -> Effects {
+    /// A part of a plan's starts at a time is fine: each part is checked against the
+    /// cluster as the parts before it left it.
+    pub fn apply_starts(&mut self, starts: &[sched::Start], now: i64) -> Effects {
         // Starts are checked against what holds now on their nodes (things changed
         // while the pass ran outside the lock).
-        let touched: std::collections::BTreeSet<&str> = plan
-            .starts
+        let touched: std::collections::BTreeSet<&str> = starts
             .iter()
             .flat_map(|s| s.allocs.iter().map(|a| a.node.as_str()))
             .collect();
         let mut ledger = sched::Ledger::new(&self.view_of(&touched));
         let mut effects = Effects::default();
-        for start in &plan.starts {
+        for start in starts {
             let pending = self
                 .jobs
                 .job(start.job)

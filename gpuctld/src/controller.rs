@@ -38,6 +38,10 @@ pub type CommandTx = mpsc::Sender<Result<pb::AgentCommand, Status>>;
 /// (about 15 ms each at 100,000 pending on the development machine).
 const PART: usize = 20_000;
 
+/// Starts per hold of the lock when a pass applies its plan (55,000 starts at once, a
+/// cluster filling up, held the lock for 500 ms in one piece).
+const START_PART: usize = 2_000;
+
 /// The least time between two passes. Each pass is followed by a pause of twice its own
 /// length (up to 2 s), which bounds scheduling to a third of the controller's time under
 /// a storm of events; this floor only spaces cheap passes (a small queue's pass takes
@@ -382,7 +386,10 @@ impl Controller {
     /// A plan applied as `Cluster::apply_plan` does, in parts: the starts, the waiting
     /// jobs' reasons a part at a time, then preemption; persisted (not yet flushed).
     fn apply_plan(&self, plan: &sched::Plan, now: i64) -> Result<Out, StoreError> {
-        let mut effects = self.step(|c| c.apply_starts(plan, now));
+        let mut effects = Effects::default();
+        for part in plan.starts.chunks(START_PART) {
+            effects.merge(self.step(|c| c.apply_starts(part, now)));
+        }
         for part in plan.waiting.chunks(PART) {
             self.step(|c| c.annotate_waiting(part));
         }
