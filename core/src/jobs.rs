@@ -245,6 +245,11 @@ impl Jobs {
         self.live.keys().copied().collect()
     }
 
+    /// How many jobs are PENDING or RUNNING.
+    pub fn active_len(&self) -> usize {
+        self.live.len()
+    }
+
     /// RUNNING jobs with a live allocation, by id: (id, start time, live allocations).
     pub fn running(&self) -> impl Iterator<Item = (u64, i64, usize)> {
         self.running

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuctl_core::filter::JobFilter;
@@ -41,6 +42,13 @@ const PART: usize = 20_000;
 /// Starts per hold of the lock when a pass applies its plan (55,000 starts at once, a
 /// cluster filling up, held the lock for 500 ms in one piece).
 const START_PART: usize = 2_000;
+
+/// A pass that took less than this (its input, plan and apply) runs the next time on
+/// an async worker, not on the blocking pool.
+const INLINE_PASS: Duration = Duration::from_millis(2);
+
+/// ... and while fewer jobs than this are pending or running.
+const INLINE_JOBS: usize = 2_000;
 
 /// The least time between two passes. Each pass is followed by a pause of twice its own
 /// length (up to 2 s), which bounds scheduling to a third of the controller's time under
@@ -119,6 +127,8 @@ pub struct Controller {
     /// Wakes the scheduling loop; several events before it runs make one pass.
     wake: Notify,
     metrics: Arc<crate::metrics::Metrics>,
+    /// How long the last pass took (microseconds; see `INLINE_PASS`).
+    last_pass_us: AtomicU64,
 }
 
 /// A store failure as the caller sees it: the controller is up (so not UNAVAILABLE,
@@ -207,6 +217,8 @@ impl Controller {
             key,
             config,
             wake: Notify::new(),
+            // The first pass (perhaps over a large recovered queue) on the blocking pool.
+            last_pass_us: AtomicU64::new(u64::MAX),
         }))
     }
 
@@ -221,15 +233,16 @@ impl Controller {
     /// wait for a worker) are all served before the next step: a plain unlock let the
     /// pass take the lock again at once, and a request waited for every step of the pass
     /// (a user's queue p99 of 300 ms at 10,000 nodes, while no single hold was over 70).
-    /// Steps of a small cluster's pass take microseconds and pause for none.
-    fn step<R>(&self, f: impl FnOnce(&mut Shared) -> R) -> R {
+    /// Steps of a small cluster's pass take microseconds and pause for none; `inline`
+    /// (a small pass on an async worker) never pauses.
+    fn step<R>(&self, inline: bool, f: impl FnOnce(&mut Shared) -> R) -> R {
         let mut c = self.lock();
         let started = std::time::Instant::now();
         let r = f(&mut c);
         let took = started.elapsed();
         MutexGuard::unlock_fair(c);
         let gap = took / 10;
-        if gap >= Duration::from_micros(200) {
+        if !inline && gap >= Duration::from_micros(200) {
             std::thread::sleep(gap);
         }
         r
@@ -319,29 +332,51 @@ impl Controller {
     /// parts of `PART` jobs.) The steps under the lock run on a blocking thread, never
     /// on the async workers, with a gap after each (see `step`).
     pub async fn schedule_pass(self: &Arc<Self>) -> Result<(), StoreError> {
+        // A small pass (the last took under `INLINE_PASS`, and few jobs are active now:
+        // a burst of submits makes the next pass large) runs on this async worker: a
+        // hop to the blocking pool and back costs a thread wake-up each, about 1 ms of
+        // a small cluster's submit-to-launch time on the development VM.
+        let inline = self.last_pass_us.load(Ordering::Relaxed) < INLINE_PASS.as_micros() as u64
+            && self.lock().jobs.active_len() < INLINE_JOBS;
         let now = now_ms();
-        let ctl = self.clone();
-        let (queue, view, cfg, changed) = tokio::task::spawn_blocking(move || ctl.pass_input(now))
-            .await
-            .expect("pass input panicked")?;
+        let started = std::time::Instant::now();
+        let (queue, view, cfg, changed) = if inline {
+            self.pass_input(now, true)?
+        } else {
+            let ctl = self.clone();
+            tokio::task::spawn_blocking(move || ctl.pass_input(now, false))
+                .await
+                .expect("pass input panicked")?
+        };
+        let mut took = started.elapsed();
         if changed {
             self.store.flush().await?;
         }
         if queue.is_empty() {
+            self.last_pass_us
+                .store(took.as_micros() as u64, Ordering::Relaxed);
             return Ok(());
         }
         let now = now_ms();
         let started = std::time::Instant::now();
-        let plan = tokio::task::spawn_blocking(move || sched::schedule(&view, &queue, &cfg, now))
-            .await
-            .expect("scheduler pass panicked");
-        self.metrics
-            .pass_seconds
-            .observe(started.elapsed().as_secs_f64());
-        let ctl = self.clone();
-        let out = tokio::task::spawn_blocking(move || ctl.apply_plan(&plan, now))
-            .await
-            .expect("applying a plan panicked")?;
+        let plan_apply = move |ctl: &Controller| {
+            let plan = sched::schedule(&view, &queue, &cfg, now);
+            ctl.metrics
+                .pass_seconds
+                .observe(started.elapsed().as_secs_f64());
+            ctl.apply_plan(&plan, now, inline)
+        };
+        let out = if inline {
+            plan_apply(self)?
+        } else {
+            let ctl = self.clone();
+            tokio::task::spawn_blocking(move || plan_apply(&ctl))
+                .await
+                .expect("scheduler pass panicked")?
+        };
+        took += started.elapsed();
+        self.last_pass_us
+            .store(took.as_micros() as u64, Ordering::Relaxed);
         if out.sends.is_empty() {
             return Ok(());
         }
@@ -354,6 +389,7 @@ impl Controller {
     fn pass_input(
         &self,
         now: i64,
+        inline: bool,
     ) -> Result<
         (
             Vec<sched::PendingJob>,
@@ -363,35 +399,35 @@ impl Controller {
         ),
         StoreError,
     > {
-        let (waiting, changed) = self.step(|c| {
+        let (waiting, changed) = self.step(inline, |c| {
             let waiting = c.pass_prepare(now);
             self.persist(c).map(|changed| (waiting, changed))
         })?;
-        let view = self.step(|c| c.view());
-        let shares = self.step(|c| c.fair_share_table());
+        let view = self.step(inline, |c| c.view());
+        let shares = self.step(inline, |c| c.fair_share_table());
         let mut queue = Vec::new();
         let mut after = 0;
         loop {
-            let (part, next) = self.step(|c| c.queue_part(&waiting, &shares, after, PART));
+            let (part, next) = self.step(inline, |c| c.queue_part(&waiting, &shares, after, PART));
             queue.extend(part);
             match next {
                 Some(n) => after = n,
                 None => break,
             }
         }
-        let cfg = self.step(|c| c.pass_config(now));
+        let cfg = self.step(inline, |c| c.pass_config(now));
         Ok((queue, view, cfg, changed))
     }
 
     /// A plan applied as `Cluster::apply_plan` does, in parts: the starts, the waiting
     /// jobs' reasons a part at a time, then preemption; persisted (not yet flushed).
-    fn apply_plan(&self, plan: &sched::Plan, now: i64) -> Result<Out, StoreError> {
+    fn apply_plan(&self, plan: &sched::Plan, now: i64, inline: bool) -> Result<Out, StoreError> {
         let mut effects = Effects::default();
         for part in plan.starts.chunks(START_PART) {
-            effects.merge(self.step(|c| c.apply_starts(part, now)));
+            effects.merge(self.step(inline, |c| c.apply_starts(part, now)));
         }
         for part in plan.waiting.chunks(PART) {
-            self.step(|c| c.annotate_waiting(part));
+            self.step(inline, |c| c.annotate_waiting(part));
         }
         let mut c = self.lock();
         c.preempt(plan, now, &mut effects);
