@@ -22,10 +22,14 @@ impl Cluster {
             .collect();
         let mut out = ids.to_vec();
         if !arrays.is_empty() {
+            // Membership in a set: `out.contains` made cancelling an array of n tasks
+            // cost n^2/2 comparisons under the lock (10 ms at 10,000 tasks, seconds at
+            // 100,000).
+            let mut seen: std::collections::HashSet<u64> = ids.iter().copied().collect();
             for s in self.jobs.active() {
                 let j = crate::jobs::job_of(s);
                 let a = j.spec.as_ref().map_or(0, |s| s.array_job_id);
-                if arrays.contains(&a) && !out.contains(&j.id) {
+                if arrays.contains(&a) && seen.insert(j.id) {
                     out.push(j.id);
                 }
             }
@@ -66,9 +70,10 @@ impl Cluster {
                     Some(((s.array_job_id, s.array_task_id?), j.id))
                 })
                 .collect();
+            let mut seen: std::collections::HashSet<u64> = ids.iter().copied().collect();
             for t in tasks {
                 match index.get(&(t.array_job_id, t.task_id)) {
-                    Some(&id) if !ids.contains(&id) => ids.push(id),
+                    Some(&id) if seen.insert(id) => ids.push(id),
                     Some(_) => {}
                     None => missing.push(pb::CancelResult {
                         job_id: t.array_job_id,
