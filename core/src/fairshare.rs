@@ -91,6 +91,14 @@ struct Held {
     owner: usize,
 }
 
+/// Adds `x` to `v[i]`, growing `v` with zeros as needed.
+fn add(v: &mut Vec<f64>, i: usize, x: f64) {
+    if v.len() <= i {
+        v.resize(i + 1, 0.0);
+    }
+    v[i] += x;
+}
+
 impl HeldCache {
     fn owner(&mut self, account: &str, user: &str) -> usize {
         let key = (account.to_string(), user.to_string());
@@ -119,55 +127,49 @@ impl Cluster {
             return;
         }
         self.usage.decay_to(now, half_life);
-        // Summed per (account, user) first: a few owners, thousands of running jobs.
-        let mut charges: HashMap<(&str, &str), f64> = HashMap::new();
+        // Summed per owner (by the cache's owner numbers) first: a few owners,
+        // thousands of running jobs. Ended runs and running jobs apart, then added.
+        let mut cache = std::mem::take(&mut self.held);
+        let (mut ended_by, mut running_by) = (Vec::new(), Vec::new());
         for r in &ended {
             let from = r.start_ms.max(last);
             if r.end_ms > from {
                 let secs = (r.end_ms - from) as f64 / 1000.0;
-                let key = (r.account.as_str(), r.user.as_str());
-                *charges.entry(key).or_default() += gpus_held(self, &r.allocations) * secs;
+                let o = cache.owner(&r.account, &r.user);
+                add(&mut ended_by, o, gpus_held(self, &r.allocations) * secs);
             }
         }
-        let mut cache = std::mem::take(&mut self.held);
         let mut kept = HashMap::with_capacity(cache.by_job.len());
-        let mut per_owner = vec![0.0; cache.owners.len()];
         for (id, start_ms, live) in self.jobs.running() {
             let held = match cache.by_job.get(&id) {
                 Some(h) if h.start_ms == start_ms && h.live == live => *h,
                 _ => {
                     let Some(j) = self.jobs.job(id) else { continue };
                     let account = j.spec.as_ref().map_or("", |x| x.account.as_str());
-                    let owner = cache.owner(account, owner(j));
-                    per_owner.resize(cache.owners.len(), 0.0);
                     Held {
                         start_ms,
                         live,
                         gpus: gpus_held(self, live_allocs(j)),
-                        owner,
+                        owner: cache.owner(account, owner(j)),
                     }
                 }
             };
             kept.insert(id, held);
             let from = start_ms.max(last);
             if now > from {
-                per_owner[held.owner] += held.gpus * (now - from) as f64 / 1000.0;
-            }
-        }
-        for (i, amount) in per_owner.into_iter().enumerate() {
-            if amount > 0.0 {
-                let (a, u) = &cache.owners[i];
-                *charges.entry((a.as_str(), u.as_str())).or_default() += amount;
+                add(
+                    &mut running_by,
+                    held.owner,
+                    held.gpus * (now - from) as f64 / 1000.0,
+                );
             }
         }
         cache.by_job = kept;
-        let charges: Vec<(String, String, f64)> = charges
-            .into_iter()
-            .map(|((a, u), amount)| (a.to_string(), u.to_string(), amount))
-            .collect();
         self.held = cache;
-        for (a, u, amount) in charges {
-            self.usage.charge(&a, &u, amount);
+        for (i, (a, u)) in self.held.owners.iter().enumerate() {
+            let ended = ended_by.get(i).copied().unwrap_or(0.0);
+            let running = running_by.get(i).copied().unwrap_or(0.0);
+            self.usage.charge(a, u, ended + running);
         }
         if now - self.usage_marked_ms >= USAGE_WRITE_MS {
             self.usage_dirty = true;
