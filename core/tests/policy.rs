@@ -312,17 +312,11 @@ fn a_job_cancelled_before_its_start_was_reported_is_stale_when_it_is() {
     // such job yet). The start's report is then answered "stale": the agent kills it.
     let (_, e) = c.cancel(&alice(), &[id], T0 + 1).unwrap();
     assert_eq!(commands(&e), vec![to("n1", &format!("kill {id}"))]);
-    let started = |id: u64| pb::JobReport {
-        node: "n1".into(),
-        job_id: id,
-        kind: pb::job_report::Kind::Started as i32,
-        time_ms: T0 + 2,
-        attempt: 1,
-        ..Default::default()
-    };
-    assert!(c.report(&started(id), T0 + 2).0.stale);
+    let started = job_report(&c, "n1", id, None, T0 + 2);
+    assert!(c.report(&started, T0 + 2).0.stale);
     // A start reported as usual is not.
     let other = submit(&mut c, 1, false, T0 + 3);
     pass(&mut c, T0 + 3);
-    assert!(!c.report(&started(other), T0 + 4).0.stale);
+    let started = job_report(&c, "n1", other, None, T0 + 4);
+    assert!(!c.report(&started, T0 + 4).0.stale);
 }

@@ -14,38 +14,20 @@
 //! cgroup2 mount; the setting stays). The bench prints which way the host was.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpuctl_tests::{bench_arg, release_bins, start_bench_agent, start_bench_controller};
+use gpuctl_tests::{bench_arg, bench_cli, release_bins, start_bench_agent, start_bench_controller};
 use serde_json::Value;
 
 struct Bench {
     bin: PathBuf,
-    socket: PathBuf,
     dir: PathBuf,
 }
 
 impl Bench {
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(self.bin.join("gpuctl"))
-            .arg("--controller")
-            .arg(format!("unix:{}", self.socket.display()))
-            .args(args)
-            .current_dir(&self.dir)
-            .output()
-            .unwrap()
-    }
-
     fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "gpuctl {:?}...: {}",
-            &args[..args.len().min(3)],
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        bench_cli(&self.bin, &self.dir, args)
     }
 
     fn json(&self, args: &[&str]) -> Value {
@@ -120,7 +102,6 @@ fn main() {
     let daemons = Daemons(start_cluster(&bin, d, favor));
     let b = Bench {
         bin: bin.clone(),
-        socket: d.join("gpuctld.sock"),
         dir: d.to_path_buf(),
     };
     let t = Instant::now();

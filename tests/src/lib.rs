@@ -627,7 +627,7 @@ pub fn start_bench_node(bin: &Path, dir: &Path, addr: &str, name: &str, extra: &
 
 /// For the benchmarks: runs the release `gpuctl` in `bin` against the controller that
 /// `start_bench_controller` started in `dir` (its Unix socket), from `dir`, and answers
-/// its stdout; panics with its stderr when it fails.
+/// its stdout; panics with its stderr (and its first arguments) when it fails.
 pub fn bench_cli(bin: &Path, dir: &Path, args: &[&str]) -> String {
     let out = Command::new(bin.join("gpuctl"))
         .arg("--controller")
@@ -638,7 +638,8 @@ pub fn bench_cli(bin: &Path, dir: &Path, args: &[&str]) -> String {
         .unwrap();
     assert!(
         out.status.success(),
-        "gpuctl {args:?}: {}",
+        "gpuctl {:?}...: {}",
+        &args[..args.len().min(3)],
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()

@@ -125,8 +125,21 @@ pub fn report(
     end: Option<(JobState, i32)>,
     now: i64,
 ) -> Effects {
+    let r = job_report(c, node, id, end, now);
+    c.report(&r, now).1
+}
+
+/// The agent's report of job `id`'s current attempt on `node`: STARTED (`end` None) or
+/// ENDED in `end`'s state with its exit code.
+pub fn job_report(
+    c: &Cluster,
+    node: &str,
+    id: u64,
+    end: Option<(JobState, i32)>,
+    now: i64,
+) -> pb::JobReport {
     let attempt = c.jobs.job(id).unwrap().attempt;
-    let r = pb::JobReport {
+    pb::JobReport {
         node: node.into(),
         job_id: id,
         kind: if end.is_some() {
@@ -140,8 +153,7 @@ pub fn report(
         time_ms: now,
         attempt,
         ..Default::default()
-    };
-    c.report(&r, now).1
+    }
 }
 
 /// The commands of `effects` as (node, "start JOB" | "kill JOB").
