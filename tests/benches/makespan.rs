@@ -96,7 +96,7 @@ fn main() {
     let gpuctl = |args: &[&str]| bench_cli(&bin, d, args);
     wait_idle(&gpuctl, nodes);
     let ds = durations(jobs);
-    let ids = submit_held(&gpuctl, d, &ds);
+    let ids = submit_held(&gpuctl, d, &names, &ds);
     let mut release = vec!["release"];
     release.extend(ids.iter().map(String::as_str));
     let released = unix_ms_now();
@@ -124,11 +124,14 @@ fn main() {
 fn wait_idle(gpuctl: &dyn Fn(&[&str]) -> String, nodes: usize) {
     let t = Instant::now();
     loop {
+        // `nodes --json` is an array of nodes.
         let v: Value = serde_json::from_str(&gpuctl(&["nodes", "--json"])).unwrap();
-        let idle = v["nodes"]
+        let idle = v
             .as_array()
-            .or_else(|| v.as_array())
-            .map_or(0, |ns| ns.iter().filter(|n| n["state"] == "IDLE").count());
+            .unwrap()
+            .iter()
+            .filter(|n| n["state"] == "IDLE")
+            .count();
         if idle == nodes {
             return;
         }
@@ -142,16 +145,13 @@ fn wait_idle(gpuctl: &dyn Fn(&[&str]) -> String, nodes: usize) {
 
 /// Submits one job per duration (with the nodes drained, so none starts), holds them
 /// all in one request, and resumes the nodes. Answers the ids in submit order.
-fn submit_held(gpuctl: &dyn Fn(&[&str]) -> String, d: &Path, ds: &[i64]) -> Vec<String> {
-    let v: Value = serde_json::from_str(&gpuctl(&["nodes", "--json"])).unwrap();
-    let names: Vec<String> = v["nodes"]
-        .as_array()
-        .or_else(|| v.as_array())
-        .unwrap()
-        .iter()
-        .map(|n| n["name"].as_str().unwrap().to_string())
-        .collect();
-    for n in &names {
+fn submit_held(
+    gpuctl: &dyn Fn(&[&str]) -> String,
+    d: &Path,
+    names: &[String],
+    ds: &[i64],
+) -> Vec<String> {
+    for n in names {
         gpuctl(&["node", "drain", n, "--reason", "bench"]);
     }
     let mut ids = Vec::new();
@@ -173,7 +173,7 @@ fn submit_held(gpuctl: &dyn Fn(&[&str]) -> String, d: &Path, ds: &[i64]) -> Vec<
     let mut hold = vec!["hold"];
     hold.extend(ids.iter().map(String::as_str));
     gpuctl(&hold);
-    for n in &names {
+    for n in names {
         gpuctl(&["node", "resume", n]);
     }
     ids
