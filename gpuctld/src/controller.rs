@@ -278,20 +278,23 @@ impl Controller {
         Ok(Out { sends, wake, wrote })
     }
 
-    /// After `settle`: makes what was written durable (`always`: whatever was written
-    /// by anyone, before an answer that lets the caller forget something), then sends
-    /// and wakes the scheduler.
+    /// After `settle`: wakes the scheduler, makes what was written durable (`always`:
+    /// whatever was written by anyone, before an answer that lets the caller forget
+    /// something), then sends. The pass may run while this flush does: whatever it
+    /// starts is sent only after its own flush, which covers everything written
+    /// before it (write-ahead holds; the pass saves the flush's time on every start
+    /// that follows an end or a submit).
     async fn deliver(&self, out: Out, always: bool) -> Result<(), StoreError> {
+        let (sends, wake) = (out.sends, out.wake);
+        if wake {
+            self.wake_scheduler();
+        }
         if out.wrote || always {
             self.store.flush().await?;
         }
-        let (sends, wake) = (out.sends, out.wake);
         for (tx, cmd) in sends {
             // A closed stream means the agent left; its reconnect reconciles the job.
             let _ = tx.send(Ok(cmd)).await;
-        }
-        if wake {
-            self.wake_scheduler();
         }
         Ok(())
     }
@@ -536,10 +539,11 @@ impl Controller {
                 return Ok(id);
             }
         };
-        // Acknowledge only once durable.
+        // The pass may start it while this flush runs (see `deliver`); the answer
+        // waits until the job is durable.
+        self.wake_scheduler();
         self.store.flush().await.map_err(store_status)?;
         self.metrics.submits.inc();
-        self.wake_scheduler();
         Ok(id)
     }
 

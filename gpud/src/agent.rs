@@ -339,6 +339,7 @@ pub async fn run(
     let launcher = Box::new(JobLauncher {
         cgroups,
         parent: cgroup_parent.clone(),
+        server: crate::forkserver::Client::new(std::env::current_exe()?),
     });
     let mps = crate::mps::Mps::find(opts.mps_control.clone(), &opts.state_dir.join("mps"));
     let agent = Arc::new(Agent::new(&opts, launcher, mps, id.clone(), gpus.clone())?);

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use gpuctl_proto as pb;
@@ -233,9 +232,8 @@ pub struct LaunchSpec {
     /// The user to become; `None`: stay the agent's user.
     pub run_as: Option<RunAs>,
     pub limits: crate::cgroup::Limits,
-    /// Run the program under `gpud __shim` (this executable), which writes the job's
-    /// wait status to this file when it ends (see `shim`).
-    pub shim: Option<(PathBuf, PathBuf)>,
+    /// Where the job's shim writes its wait status when it ends (see `shim`).
+    pub status_file: Option<PathBuf>,
 }
 
 /// A user the job runs as, resolved on the node from the passwd database.
@@ -368,7 +366,7 @@ impl LaunchSpec {
             append,
             script,
             run_as,
-            shim: None,
+            status_file: None,
             limits: crate::cgroup::Limits {
                 cpu_milli: gpuctl_proto::convert::cpu_milli(&res),
                 memory_bytes: res.memory_bytes,
@@ -410,12 +408,23 @@ fn write_script(
 
 /// A started job: its first process, and the cgroup holding everything it starts.
 pub struct Launched {
-    /// The process the agent started; `None` for a job adopted after an agent restart.
+    /// The process the agent started itself (launchers other than `JobLauncher`).
     pub child: Option<Child>,
+    /// How the agent learns that the shim ended (`None`: an adopted job, its pid polled).
+    done: Option<Done>,
+    /// When the program was started (Unix ms), as the shim answered.
+    launched_ms: Option<i64>,
     pub cgroup: Option<crate::cgroup::JobCgroup>,
     pid: Option<u32>,
     /// Where the shim writes the job's wait status.
     status_file: Option<PathBuf>,
+}
+
+/// The pipe the shim holds open until it ends (`forkserver`), registered with the
+/// runtime on the first wait.
+enum Done {
+    Pipe(std::os::fd::OwnedFd),
+    Watched(tokio::io::unix::AsyncFd<std::fs::File>),
 }
 
 impl Launched {
@@ -427,6 +436,8 @@ impl Launched {
     ) -> Launched {
         Launched {
             child: None,
+            done: None,
+            launched_ms: None,
             cgroup,
             pid: Some(pid),
             status_file: Some(status_file),
@@ -439,6 +450,8 @@ impl Launched {
         Launched {
             pid: child.id(),
             child: Some(child),
+            done: None,
+            launched_ms: None,
             cgroup: None,
             status_file: None,
         }
@@ -448,11 +461,42 @@ impl Launched {
         self.pid
     }
 
-    /// Waits for the job to end. For an adopted job: polls the pid, then reads the
-    /// status the shim left.
+    /// When the job's program was started (Unix ms), where the launcher knows it.
+    pub fn launched_ms(&self) -> Option<i64> {
+        self.launched_ms
+    }
+
+    /// Waits for the job to end: for the child the agent started; for a shim, the end
+    /// of its pipe and then the status it recorded (a shim killed before it could
+    /// record one, which only SIGKILL does, reads as killed by SIGKILL); for an adopted
+    /// job, polls the pid, then reads the status the shim left.
     pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        use std::os::unix::process::ExitStatusExt;
         if let Some(child) = &mut self.child {
             return child.wait().await;
+        }
+        if let Some(Done::Pipe(fd)) = self.done.take() {
+            nix::fcntl::fcntl(
+                &fd,
+                nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+            )?;
+            // SAFETY: the File owns the fd for as long as the AsyncFd lives.
+            let watched = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(
+                    std::fs::File::from(fd),
+                    tokio::io::Interest::READABLE,
+                )
+            }?;
+            self.done = Some(Done::Watched(watched));
+        }
+        if let Some(Done::Watched(fd)) = &self.done {
+            wait_eof(fd).await?;
+            if self.launch_error().is_some() {
+                return Ok(std::process::ExitStatus::from_raw(127 << 8));
+            }
+            return Ok(self
+                .recorded_status()
+                .unwrap_or_else(|| std::process::ExitStatus::from_raw(nix::libc::SIGKILL)));
         }
         let pid = self.pid.unwrap_or(0);
         let start = crate::procfs::proc_start(pid).map(|x| x.1);
@@ -525,17 +569,13 @@ pub struct JobLauncher {
     pub cgroups: crate::cgroup::Mode,
     /// Jobs go to `<parent>/job-<id>` in each hierarchy.
     pub parent: String,
-}
-
-fn cstr(p: &Path) -> std::io::Result<std::ffi::CString> {
-    use std::os::unix::ffi::OsStrExt;
-    std::ffi::CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path with a NUL byte"))
+    /// Forks each job's shim (see `forkserver`).
+    pub server: crate::forkserver::Client,
 }
 
 /// The steps of a launch between fork and exec, in order; a failing child writes its
 /// step's number to a pipe so that the error names what failed.
-const STEPS: [&str; 7] = [
+const STEPS: [&str; 8] = [
     "enter the job's cgroup",
     "open the job's status file",
     "become the job's user",
@@ -543,13 +583,13 @@ const STEPS: [&str; 7] = [
     "open the stdout file",
     "open the stderr file",
     "start the program",
+    "reach the launch server",
 ];
 
 /// Opens an output file as the (already switched) job's user, without ever blocking:
 /// O_NONBLOCK so that a FIFO without a reader fails at once (ENXIO) instead of hanging,
 /// O_NOFOLLOW against a symlink, and then only a regular file or /dev/null is taken.
-/// Runs between fork and exec: only async-signal-safe calls.
-fn open_output(path: &std::ffi::CString, append: bool) -> std::io::Result<i32> {
+pub(crate) fn open_output(path: &std::ffi::CString, append: bool) -> std::io::Result<i32> {
     use nix::libc;
     let mode = if append {
         libc::O_APPEND
@@ -636,8 +676,12 @@ fn launch_error(spec: &LaunchSpec, step: Option<usize>, e: &std::io::Error) -> S
 
 impl Launcher for JobLauncher {
     fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Launched> {
-        use std::os::fd::{AsRawFd, OwnedFd};
-        use std::os::unix::process::CommandExt;
+        let status = spec.status_file.clone().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a job launch needs a status file",
+            )
+        })?;
         let cgroup = match self
             .cgroups
             .create(&self.parent, &spec.cgroup_leaf(), spec.limits)
@@ -650,135 +694,65 @@ impl Launcher for JobLauncher {
                 None
             }
         };
-        let procs = cgroup
-            .as_ref()
-            .map(|c| c.open_procs())
-            .transpose()?
-            .unwrap_or_default();
-        let fds = crate::cgroup::raw_fds(&procs);
-        let out = cstr(&spec.stdout)?;
-        let err = spec.stderr.as_deref().map(cstr).transpose()?;
-        let workdir = cstr(&spec.workdir)?;
-        let append = spec.append;
-        let status = spec
-            .shim
-            .as_ref()
-            .map(|(_, status)| cstr(status))
-            .transpose()?;
-        // The failing step's number travels back through this pipe (closed on exec).
-        let (step_r, step_w): (OwnedFd, OwnedFd) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
-                .map_err(std::io::Error::from)?;
-        let step_fd = step_w.as_raw_fd();
-        let run_as = spec.run_as.clone();
-        let mut cmd = match &spec.shim {
-            Some((exe, _)) => {
-                let mut c = std::process::Command::new(exe);
-                c.arg(crate::shim::ARG).arg(&spec.program);
-                c
-            }
-            None => std::process::Command::new(&spec.program),
+        let req = crate::forkserver::Request {
+            program: spec.program.clone(),
+            args: spec.args.clone(),
+            env: spec
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            workdir: spec.workdir.clone(),
+            stdout: spec.stdout.clone(),
+            stderr: spec.stderr.clone(),
+            append: spec.append,
+            status: status.clone(),
+            cgroup_procs: cgroup
+                .as_ref()
+                .map(|c| c.dirs.iter().map(|d| d.join("cgroup.procs")).collect())
+                .unwrap_or_default(),
+            user: spec.run_as.as_ref().map(|u| crate::forkserver::Become {
+                uid: u.uid,
+                gid: u.gid,
+                groups: u.groups.clone(),
+            }),
         };
-        cmd.args(&spec.args)
-            .env_clear()
-            .envs(&spec.env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0);
-        // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-        // system calls (write, setgroups, setgid, setuid, chdir, open, fstat, fcntl, dup2,
-        // close) on data prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fail = |step: u8, e: std::io::Error| {
-                    nix::libc::write(step_fd, [step].as_ptr().cast(), 1);
-                    Err(e)
-                };
-                if let Err(e) = crate::cgroup::enter(&fds) {
-                    return fail(0, e);
-                }
-                // The shim's status file, opened as the agent (root) before dropping to
-                // the job's user, handed over as fd 3.
-                if let Some(st) = &status {
-                    let fd = nix::libc::open(
-                        st.as_ptr(),
-                        nix::libc::O_WRONLY
-                            | nix::libc::O_CREAT
-                            | nix::libc::O_TRUNC
-                            | nix::libc::O_NOFOLLOW,
-                        0o600,
-                    );
-                    if fd < 0 {
-                        return fail(1, std::io::Error::last_os_error());
-                    }
-                    if fd != crate::shim::STATUS_FD {
-                        nix::libc::dup2(fd, crate::shim::STATUS_FD);
-                        nix::libc::close(fd);
-                    }
-                }
-                if let Some(u) = &run_as {
-                    let groups: Vec<nix::unistd::Gid> = u
-                        .groups
-                        .iter()
-                        .map(|g| nix::unistd::Gid::from_raw(*g))
-                        .collect();
-                    let became = nix::unistd::setgroups(&groups)
-                        .and_then(|()| nix::unistd::setgid(nix::unistd::Gid::from_raw(u.gid)))
-                        .and_then(|()| nix::unistd::setuid(nix::unistd::Uid::from_raw(u.uid)));
-                    if let Err(e) = became {
-                        return fail(2, e.into());
-                    }
-                }
-                // Every path from here on is resolved as the job's user.
-                if nix::libc::chdir(workdir.as_ptr()) != 0 {
-                    return fail(3, std::io::Error::last_os_error());
-                }
-                let o = match open_output(&out, append) {
-                    Ok(fd) => fd,
-                    Err(e) => return fail(4, e),
-                };
-                nix::libc::dup2(o, 1);
-                match &err {
-                    Some(e) => {
-                        let f = match open_output(e, append) {
-                            Ok(fd) => fd,
-                            Err(e) => return fail(5, e),
-                        };
-                        nix::libc::dup2(f, 2);
-                        nix::libc::close(f);
-                    }
-                    None => {
-                        nix::libc::dup2(o, 2);
-                    }
-                }
-                nix::libc::close(o);
-                Ok(())
-            });
-        }
-        let spawned = tokio::process::Command::from(cmd)
-            .kill_on_drop(false)
-            .spawn();
-        drop(step_w);
-        let child = spawned.map_err(|e| {
+        let failed = |step: Option<usize>, e: std::io::Error| {
             if let Some(cg) = &cgroup {
                 cg.destroy();
             }
-            let mut b = [0u8; 1];
-            let step = match nix::unistd::read(&step_r, &mut b) {
-                Ok(1) => Some(b[0] as usize),
-                _ => None,
-            };
             std::io::Error::new(e.kind(), launch_error(spec, step, &e))
-        })?;
-        drop(procs);
-        let pid = child.id();
-        Ok(Launched {
-            child: Some(child),
-            cgroup,
-            pid,
-            status_file: spec.shim.as_ref().map(|s| s.1.clone()),
-        })
+        };
+        match self.server.launch(&req) {
+            Ok((done, crate::forkserver::Answer::Started { pid, at_ms })) => Ok(Launched {
+                child: None,
+                done: Some(Done::Pipe(done)),
+                launched_ms: Some(at_ms),
+                cgroup,
+                pid: Some(pid),
+                status_file: Some(status),
+            }),
+            Ok((_, crate::forkserver::Answer::Failed { step, errno })) => {
+                Err(failed(Some(step), std::io::Error::from_raw_os_error(errno)))
+            }
+            Err(e) => Err(failed(Some(crate::forkserver::STEP_SERVER), e)),
+        }
+    }
+}
+
+/// Reads `fd` (a pipe only its writer's end closes) until its end of file.
+async fn wait_eof(fd: &tokio::io::unix::AsyncFd<std::fs::File>) -> std::io::Result<()> {
+    use std::io::Read;
+    let mut b = [0u8; 64];
+    loop {
+        let mut ready = fd.readable().await?;
+        match ready.try_io(|f| f.get_ref().read(&mut b)) {
+            Ok(Ok(0)) => return Ok(()),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => {}
+        }
     }
 }
 

@@ -10,8 +10,10 @@
 //! - `mps`: the CUDA MPS control daemon per GPU for fractional shares.
 //! - `reports`: job reports kept on disk until the controller acknowledges them.
 //! - `agent`: registration, the command stream, heartbeats, job lifecycles.
-//! - `shim`: `gpud __shim`, the job's top process that records how it ended, so that
-//!   a restarted agent learns a job's real end.
+//! - `forkserver`: `gpud __forkserver`, the small process that forks each job's shim
+//!   (its cgroup, its user, its outputs) without the cost of forking the agent.
+//! - `shim`: the job's top process that records how it ended, so that a restarted
+//!   agent learns a job's real end.
 //! - `health`: the site's health program (like Slurm's HealthCheckProgram).
 //! - `host`: facts about this machine (CPUs, memory, hostname).
 //! - `procfs`: facts about processes from /proc (process group, start time).
@@ -22,6 +24,7 @@
 pub mod agent;
 pub mod cgroup;
 pub mod exporter;
+pub mod forkserver;
 pub mod gpu;
 pub mod health;
 pub mod host;

@@ -100,12 +100,13 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    // `gpud __shim PROGRAM ARGS...` (the agent starts jobs under it): no runtime, no
-    // logging, just the job.
-    let mut args = std::env::args_os();
-    let _ = args.next();
-    if args.next().is_some_and(|a| a == gpud::shim::ARG) {
-        gpud::shim::run(args.collect());
+    // `gpud __forkserver` (the agent starts it once; it forks each job's shim): no
+    // runtime, no logging, one thread.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == gpud::forkserver::ARG)
+    {
+        gpud::forkserver::serve();
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,20 +1,17 @@
-//! The job shim: `gpud __shim PROGRAM ARGS...` runs as the job's top process (in its
-//! cgroup, as its user) and waits for PROGRAM. When PROGRAM ends, the shim writes its
-//! raw wait status to fd 3 (a file the agent opened, as root, in the agent's state dir)
-//! and ends the same way (same exit code, or the same signal). The agent normally
-//! waits for the shim as its child; an agent restarted after a crash is no longer the
-//! parent, so it watches the pid and reads the status the shim left: a job's real end
-//! survives the agent.
+//! The job shim: each job's top process (in its cgroup, as its user), a fork of the
+//! launch server (`forkserver`) that starts the job's program and waits for it. When
+//! the program ends, the shim writes its raw wait status to fd 3 (a file opened as
+//! root in the agent's state dir) and ends the same way (same exit code, or the same
+//! signal). The agent sees the shim's end as the end of file of a pipe the shim holds;
+//! an agent restarted after a crash watches the pid instead. Either way it reads the
+//! status the shim left: a job's real end survives the agent.
 
-use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::FromRawFd;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
 
 use nix::sys::signal::{SigHandler, Signal, signal};
-
-/// The first argument that selects the shim.
-pub const ARG: &str = "__shim";
 
 /// A status file line that says the program could not be started.
 pub const LAUNCH_ERROR: &str = "error: ";
@@ -22,12 +19,10 @@ pub const LAUNCH_ERROR: &str = "error: ";
 /// The fd the status is written to.
 pub const STATUS_FD: i32 = 3;
 
-/// Runs the shim (never returns).
-pub fn run(args: Vec<OsString>) -> ! {
-    let Some((program, rest)) = args.split_first() else {
-        eprintln!("gpud {ARG}: no program");
-        std::process::exit(127);
-    };
+/// Starts `program` and waits for it; answers `ok PID MS` on `result` once it was
+/// started (or could not be: the status file then says why), and holds `result` open
+/// until the end (never returns).
+pub fn supervise(program: &Path, args: &[String], env: &[(String, String)], result: OwnedFd) -> ! {
     // The status fd must not leak into the job.
     // SAFETY: fcntl on an fd number; harmless if it is not open.
     unsafe {
@@ -51,7 +46,9 @@ pub fn run(args: Vec<OsString>) -> ! {
         }
     }
     let mut cmd = std::process::Command::new(program);
-    cmd.args(rest);
+    cmd.args(args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)));
     // SAFETY: only resets signal dispositions (async-signal-safe) before exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -61,35 +58,40 @@ pub fn run(args: Vec<OsString>) -> ! {
             Ok(())
         });
     }
-    // SAFETY: fd 3 was opened for us by the agent; we own it from here.
+    // SAFETY: fd 3 was installed for us by the launch's steps; we own it from here.
     let mut f = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
-    let status = match cmd.status() {
+    let spawned = cmd.spawn();
+    let mut result = std::fs::File::from(result);
+    // The agent may be gone (restarted): then nobody reads this, and that is fine.
+    let _ = writeln!(result, "ok {} {}", std::process::id(), now_ms());
+    let status = match spawned.and_then(|mut c| c.wait()) {
         Ok(s) => s,
         Err(e) => {
             let msg = if e.kind() == std::io::ErrorKind::NotFound {
                 format!(
                     "{}: command not found (PATH={})",
-                    program.to_string_lossy(),
-                    std::env::var("PATH").unwrap_or_default()
+                    program.display(),
+                    env.iter()
+                        .find(|(k, _)| k == "PATH")
+                        .map_or("", |(_, v)| v.as_str())
                 )
             } else {
-                format!("cannot run {}: {e}", program.to_string_lossy())
+                format!("cannot run {}: {e}", program.display())
             };
-            eprintln!("gpuctl: {msg}");
             let _ = writeln!(f, "{LAUNCH_ERROR}{msg}");
+            drop(f);
+            // Where the job's stderr goes (opened as its user by the launch).
+            eprintln!("gpuctl: {msg}");
             // 127: like a shell's "command not found".
             std::process::exit(127);
         }
     };
     // The wait status and when the job ended (Unix ms): an agent that was down when
     // the job ended reports the real end, not the time it came back.
-    let end_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
     // Not synced: the file outlives the agent (a process), not the node; after a crash
     // of the node the job is gone with it (the agent's own records are not synced
     // either). An fsync here was the job's end waiting for the disk.
-    let _ = writeln!(f, "{} {end_ms}", status.into_raw());
+    let _ = writeln!(f, "{} {}", status.into_raw(), now_ms());
     drop(f);
     if let Some(sig) = status.signal() {
         if let Ok(s) = Signal::try_from(sig) {
@@ -102,6 +104,12 @@ pub fn run(args: Vec<OsString>) -> ! {
         std::process::exit(128 + sig);
     }
     std::process::exit(status.code().unwrap_or(1));
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }
 
 /// Why the shim could not start the program, if that is what happened.

@@ -1,7 +1,8 @@
 //! The user-facing fast paths (not a test): one release `gpuctld` and one `gpud` with 8
 //! fake GPUs on loopback, driven by the real CLI. Prints, each with its spread:
 //! - submit -> dispatch -> launch on an idle node (the job's own `submit_time`,
-//!   `start_time`, `launch_time`), and the CLI's round trip for that submit;
+//!   `start_time`, `launch_time`, and the program's own clock when it ran), and the
+//!   CLI's round trip for that submit;
 //! - a job that sleeps 1 s: its `end_time - launch_time` and `end_time - start_time`;
 //! - sequential `gpuctl submit` from a loop (jobs that stay queued: the node is drained),
 //!   with what a bare CLI start and a bare request cost, for the breakdown;
@@ -72,6 +73,14 @@ fn unix_ms(v: &Value) -> i64 {
     (days * 86_400 + secs) * 1000 + frac
 }
 
+/// This host's wall clock in Unix microseconds.
+fn unix_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
 /// "p50 / p90 / max" of a sample.
 fn spread(mut v: Vec<f64>) -> String {
     v.sort_by(f64::total_cmp);
@@ -117,6 +126,12 @@ fn main() {
         "command = [\"true\"]\nstdout = \"/dev/null\"\n[resources]\ngpus = 1\ncpus = 1\n",
     )
     .unwrap();
+    std::fs::create_dir_all(d.join("out")).unwrap();
+    std::fs::write(
+        d.join("date.toml"),
+        "command = [\"date\", \"+%s%6N\"]\nstdout = \"out/%j.txt\"\n[resources]\ngpus = 1\ncpus = 1\n",
+    )
+    .unwrap();
     std::fs::write(
         d.join("sleep.toml"),
         "command = [\"sleep\", \"1\"]\nstdout = \"/dev/null\"\n[resources]\ngpus = 1\ncpus = 1\n",
@@ -130,11 +145,15 @@ fn main() {
 }
 
 /// Submit -> launch on an idle node, one job at a time.
+/// The job is `date +%s%6N`: its own clock when it ran, in microseconds, against the
+/// bench's clock when it invoked `gpuctl submit` (both this host's wall clock).
 fn launch_phase(b: &Bench, samples: usize) {
     let (mut dispatch, mut launch, mut total, mut cli) = (vec![], vec![], vec![], vec![]);
+    let (mut ran_cli, mut ran_submit) = (vec![], vec![]);
     for i in 0..samples + 3 {
+        let invoked_us = unix_us();
         let t = Instant::now();
-        let id = b.submit("true.toml");
+        let id = b.submit("date.toml");
         let round_trip = t.elapsed().as_secs_f64() * 1000.0;
         let j = b.wait_ended(id);
         if i < 3 {
@@ -149,6 +168,10 @@ fn launch_phase(b: &Bench, samples: usize) {
         launch.push((l - st) as f64);
         total.push((l - s) as f64);
         cli.push(round_trip);
+        let out = std::fs::read_to_string(b.dir.join(format!("out/{id}.txt"))).unwrap();
+        let ran_us: i64 = out.trim().parse().unwrap();
+        ran_cli.push((ran_us - invoked_us) as f64 / 1000.0);
+        ran_submit.push((ran_us - s * 1000) as f64 / 1000.0);
     }
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let cgroup2 = mounts
@@ -166,6 +189,14 @@ fn launch_phase(b: &Bench, samples: usize) {
         spread(launch)
     );
     println!("  submit_time -> launch_time: {}", spread(total));
+    println!(
+        "  submit_time -> the program's own clock when it ran: {}",
+        spread(ran_submit)
+    );
+    println!(
+        "  `gpuctl submit` invoked -> the program's own clock when it ran: {}",
+        spread(ran_cli)
+    );
     println!(
         "  `gpuctl submit` round trip (process start to exit): {}",
         spread(cli)

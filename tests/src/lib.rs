@@ -385,6 +385,12 @@ impl Cluster {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.child.id() as i32), sig).unwrap();
     }
 
+    /// The agent's process id.
+    pub fn agent_pid(&self, name: &str) -> i32 {
+        let a = self.agents.iter().find(|a| a.name == name).unwrap();
+        a.child.id() as i32
+    }
+
     pub fn kill9_agent(&mut self, name: &str) {
         let i = self.agents.iter().position(|a| a.name == name).unwrap();
         let mut a = self.agents.remove(i);

@@ -158,3 +158,75 @@ fn jobs_survive_an_agent_kill9_and_restart() {
         "{log}"
     );
 }
+
+/// The children of `pid` whose command line has `arg`.
+fn children_with_arg(pid: i32, arg: &str) -> Vec<i32> {
+    let mut found = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        // pid (comm) state ppid ...
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        if ppid == Some(pid) && cmdline.split(|&b| b == 0).any(|a| a == arg.as_bytes()) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// Jobs' shims are forks of the agent's launch server: a job sees only its stdio
+/// (no fd of the agent, the server or the shim leaks into it); a job running when the
+/// server dies still ends with its real status, and the next launch starts a server
+/// again.
+#[test]
+fn launch_server_death_loses_no_job() {
+    let c = Cluster::start(&[("n1", "2xA100-80GB")]);
+    let fds = c.submit(
+        "fds.toml",
+        "command = [\"ls\", \"/proc/self/fd\"]\nstdout = \"fds-%j.out\"\n[resources]\ngpus = 1\n",
+    );
+    c.wait_state(fds, "COMPLETED", T);
+    // 0-2 and the directory `ls` itself opened to list them.
+    let listed = std::fs::read_to_string(c.path(&format!("fds-{fds}.out"))).unwrap();
+    assert_eq!(listed, "0\n1\n2\n3\n", "fds the job saw");
+
+    let agent = c.agent_pid("n1");
+    let servers = children_with_arg(agent, "__forkserver");
+    assert_eq!(servers.len(), 1, "one launch server under the agent");
+    let long = c.submit(
+        "long.toml",
+        "script = \"sleep 2; echo slept\"\nstdout = \"long-%j.out\"\n[resources]\ngpus = 1\n",
+    );
+    c.wait_state(long, "RUNNING", T);
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(servers[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let j = c.wait_state(long, "COMPLETED", T);
+    assert_eq!(j["exit_code"], 0, "{j}");
+    let text = std::fs::read_to_string(c.path(&format!("long-{long}.out"))).unwrap();
+    assert_eq!(text, "slept\n");
+
+    let next = c.submit(
+        "next.toml",
+        "command = [\"true\"]\nstdout = \"/dev/null\"\n[resources]\ngpus = 1\n",
+    );
+    c.wait_state(next, "COMPLETED", T);
+    assert!(
+        c.agent_log("n1").contains("the launch server went away"),
+        "{}",
+        c.agent_log("n1")
+    );
+    let again = children_with_arg(agent, "__forkserver");
+    assert_eq!(again.len(), 1, "a new launch server");
+    assert_ne!(again, servers);
+}

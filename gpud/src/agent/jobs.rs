@@ -310,9 +310,9 @@ fn spawn_recorded(
     }
     let status = record_path(&agent.state_dir, start.job_id, start.attempt, "status");
     let _ = std::fs::remove_file(&status);
-    spec.shim = Some((std::env::current_exe()?, status));
+    spec.status_file = Some(status);
     let job = agent.launcher.spawn(&spec)?;
-    let started_ms = now_ms();
+    let started_ms = job.launched_ms().unwrap_or_else(now_ms);
     let pid = job.id().unwrap_or(0);
     let rec = JobRecord {
         job_id: start.job_id,

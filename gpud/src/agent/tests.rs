@@ -186,8 +186,8 @@ async fn a_start_launches_on_its_gpus_and_reports_start_and_end() {
     assert_eq!(spec.env["CUDA_VISIBLE_DEVICES"], gpu);
     assert_eq!(spec.env["SLURM_JOB_ID"], "7");
     assert!(
-        spec.shim.is_some(),
-        "the agent always starts jobs under its shim"
+        spec.status_file.is_some(),
+        "the agent always starts jobs under a shim that records their status"
     );
     assert_eq!(
         kinds(&reports, 7),
