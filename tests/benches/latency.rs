@@ -254,16 +254,24 @@ fn cli_phase(b: &Bench, samples: usize) -> usize {
     n
 }
 
-/// Many queued jobs (`queued` in all, `n` there already): one array, then the lists
-/// and a cancel of all of them.
+/// Many queued jobs (`queued` in all, `n` there already): arrays of up to 10,000 tasks
+/// (the controller's default `limits.max_array_tasks`), then the lists and a cancel of
+/// all of them.
 fn queued_phase(b: &Bench, queued: usize, n: usize) {
-    let spec = format!("0-{}", queued - n - 1);
-    let out = b.ok(&["submit", "--array", &spec, "true.toml"]);
-    let array: String = out
-        .split_whitespace()
-        .find(|w| w.parse::<u64>().is_ok())
-        .unwrap()
-        .into();
+    let mut arrays: Vec<String> = vec![];
+    let mut left = queued - n;
+    while left > 0 {
+        let tasks = left.min(10_000);
+        let spec = format!("0-{}", tasks - 1);
+        let out = b.ok(&["submit", "--array", &spec, "true.toml"]);
+        arrays.push(
+            out.split_whitespace()
+                .find(|w| w.parse::<u64>().is_ok())
+                .unwrap()
+                .into(),
+        );
+        left -= tasks;
+    }
     let listed = b.json(&["queue", "--json"]);
     assert_eq!(listed.as_array().unwrap().len(), queued, "jobs queued");
     let singles: Vec<String> = listed
@@ -292,9 +300,11 @@ fn queued_phase(b: &Bench, queued: usize, n: usize) {
         "`gpuctl nodes --json` with {queued} queued jobs (ms): {}",
         spread(nodes_ms)
     );
-    // The array by its id, the single jobs by theirs (at most 4,096 ids a request).
+    // The arrays by their ids, the single jobs by theirs (at most 4,096 ids a request).
     let t = Instant::now();
-    b.ok(&["cancel", &array]);
+    let mut args = vec!["cancel"];
+    args.extend(arrays.iter().map(String::as_str));
+    b.ok(&args);
     for chunk in singles.chunks(4096) {
         let mut args = vec!["cancel"];
         args.extend(chunk.iter().map(String::as_str));

@@ -576,10 +576,16 @@ pub fn release_bins(packages: &[&str]) -> PathBuf {
 }
 
 /// For the benchmarks: a release `gpuctld` (`bin`) with its state in `dir/ctld`, its Unix
-/// socket at `dir/gpuctld.sock`, a 1-hour default time limit and quiet logs, on an
+/// socket at `dir/gpuctld.sock`, a 1-hour default time limit, no cap on one user's
+/// pending jobs to speak of, and quiet logs, on an
 /// ephemeral loopback port. Answers the process and its agent address (HOST:PORT).
 pub fn start_bench_controller(bin: &Path, dir: &Path) -> (std::process::Child, String) {
-    std::fs::write(dir.join("gpuctld.toml"), "default_time_limit = \"1h\"\n").unwrap();
+    // Room for the latency bench's 100,000 queued jobs (arrays of 10,000).
+    std::fs::write(
+        dir.join("gpuctld.toml"),
+        "default_time_limit = \"1h\"\n[limits]\nmax_pending_per_user = 1000000\n",
+    )
+    .unwrap();
     let mut ctld = Command::new(bin.join("gpuctld"))
         .args(["--listen", "127.0.0.1:0", "--state-dir"])
         .arg(dir.join("ctld"))
