@@ -27,6 +27,23 @@ pub enum Admission {
     Array(Vec<StoredJob>),
 }
 
+/// The pending jobs a pass leaves out, as `pass_prepare` settled them: those waiting
+/// for other jobs or for their partition, and every job submitted after it (ids from
+/// `first_new` on). The daemon takes the queue in later holds of its lock: a job
+/// submitted between them has not had its dependencies looked at, so it waits for the
+/// next pass (its submit asks for one).
+#[derive(Debug, Clone, Default)]
+pub struct Waiting {
+    pub ids: BTreeSet<u64>,
+    pub first_new: u64,
+}
+
+impl Waiting {
+    pub fn contains(&self, id: u64) -> bool {
+        id >= self.first_new || self.ids.contains(&id)
+    }
+}
+
 impl Cluster {
     /// Checks a job for the queue (its spec's user already set by the shell from the
     /// caller) and builds its record with the next id. Changes nothing.
@@ -222,13 +239,16 @@ impl Cluster {
     /// (`view`, `queue`, `pass_config`) in separate holds of its lock, so that no
     /// request waits for a whole pass input at 100,000 jobs; the plan's starts are
     /// checked again against the cluster as it is when applied.
-    pub fn pass_prepare(&mut self, now: i64) -> BTreeSet<u64> {
+    pub fn pass_prepare(&mut self, now: i64) -> Waiting {
         let retention = self.config.retention.clone();
         self.retire(&retention, now);
         self.charge_usage(now);
-        let mut waiting = settle_dependencies(self, now);
+        let mut waiting = Waiting {
+            ids: settle_dependencies(self, now),
+            first_new: self.next_job_id,
+        };
         for (id, why) in self.partition_blocked() {
-            waiting.insert(id);
+            waiting.ids.insert(id);
             self.jobs.annotate_pending(id, |j| {
                 if j.reason != why {
                     j.reason = why.into();
@@ -245,13 +265,17 @@ impl Cluster {
         &self,
         now: i64,
     ) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
-        let mut waiting = crate::state::dependency_blocked(self);
-        waiting.extend(self.partition_blocked().into_iter().map(|(id, _)| id));
+        let mut ids = crate::state::dependency_blocked(self);
+        ids.extend(self.partition_blocked().into_iter().map(|(id, _)| id));
+        let waiting = Waiting {
+            ids,
+            first_new: u64::MAX,
+        };
         (self.view(), self.queue(&waiting), self.pass_config(now))
     }
 
     /// The pending jobs of a pass, less `waiting`.
-    pub fn queue(&self, waiting: &BTreeSet<u64>) -> Vec<PendingJob> {
+    pub fn queue(&self, waiting: &Waiting) -> Vec<PendingJob> {
         let shares = self.fair_share_table();
         self.queue_part(waiting, &shares, 0, usize::MAX).0
     }
@@ -259,15 +283,13 @@ impl Cluster {
     /// Part of `queue`: up to `max` jobs with ids above `after` (see `pending_part`).
     pub fn queue_part(
         &self,
-        waiting: &BTreeSet<u64>,
+        waiting: &Waiting,
         shares: &sched::fairshare::FairShareTable,
         after: u64,
         max: usize,
     ) -> (Vec<PendingJob>, Option<u64>) {
         let (mut part, next) = self.pending_part(shares, after, max);
-        if !waiting.is_empty() {
-            part.retain(|p| !waiting.contains(&p.id));
-        }
+        part.retain(|p| !waiting.contains(p.id));
         (part, next)
     }
 

@@ -286,6 +286,36 @@ fn a_dependency_that_can_never_be_met_cancels_its_job_in_the_pass() {
     assert_eq!(j.reason, "DependencyNeverSatisfied: job 1 ended FAILED");
 }
 
+/// The daemon takes a pass's input in separate holds of its lock: a job submitted
+/// between `pass_prepare` and the queue's parts has not had its dependencies looked
+/// at, so it is left to the next pass (a race the parallel integration tests hit: a
+/// job started while the job it depended on still waited).
+#[test]
+fn a_job_submitted_while_a_pass_takes_its_input_waits_for_the_next() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let blocker = submit(&mut c, 2, false, T0);
+    let mut s = spec(1, false);
+    s.dependencies = vec![pb::Dependency {
+        kind: pb::dependency::Kind::AfterOk as i32,
+        job_id: blocker,
+    }];
+    // The pass settles what it knows, then a submit gets in before the queue is read.
+    let waiting = c.pass_prepare(T0);
+    let late = submit_spec(&mut c, s, T0);
+    let plain = submit(&mut c, 1, false, T0);
+    let queue = c.queue(&waiting);
+    let ids: Vec<u64> = queue.iter().map(|p| p.id).collect();
+    assert_eq!(ids, vec![blocker], "only what pass_prepare saw");
+    assert!(waiting.contains(late) && waiting.contains(plain));
+    // The next pass takes them (the smaller job first, on one of the two GPUs), the
+    // dependent job still waiting.
+    let e = pass(&mut c, T0 + 1);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {plain}"))]);
+    assert_eq!(state(&c, late), JobState::Pending);
+    assert_eq!(c.jobs.job(late).unwrap().reason, "Dependency");
+}
+
 #[test]
 fn a_start_the_agent_handled_but_did_not_run_fails_its_job() {
     let mut c = cluster();
