@@ -50,6 +50,12 @@ const INLINE_PASS: Duration = Duration::from_millis(2);
 /// ... and while fewer jobs than this are pending or running.
 const INLINE_JOBS: usize = 2_000;
 
+/// A submit or a job's end runs the pass itself (`pass_now`) when the last one took
+/// under this: its answer waits for the pass, so only where a pass costs less than the
+/// flush it saves (a sequential submit loop against a long queue must not pay for
+/// passes).
+const SUBMIT_PASS: Duration = Duration::from_micros(300);
+
 /// The least time between two passes. Each pass is followed by a pause of twice its own
 /// length (up to 2 s), which bounds scheduling to a third of the controller's time under
 /// a storm of events; this floor only spaces cheap passes (a small queue's pass takes
@@ -129,6 +135,8 @@ pub struct Controller {
     metrics: Arc<crate::metrics::Metrics>,
     /// How long the last pass took (microseconds; see `INLINE_PASS`).
     last_pass_us: AtomicU64,
+    /// Held through a pass: one at a time, from the loop or from a submit.
+    pass_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A store failure as the caller sees it: the controller is up (so not UNAVAILABLE,
@@ -219,6 +227,7 @@ impl Controller {
             wake: Notify::new(),
             // The first pass (perhaps over a large recovered queue) on the blocking pool.
             last_pass_us: AtomicU64::new(u64::MAX),
+            pass_lock: Arc::new(tokio::sync::Mutex::new(())),
         }))
     }
 
@@ -318,8 +327,11 @@ impl Controller {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => break,
             }
+            let pass = self.pass_lock.lock().await;
             let started = std::time::Instant::now();
-            if let Err(e) = self.schedule_pass().await {
+            let done = self.schedule_pass().await;
+            drop(pass);
+            if let Err(e) = done {
                 tracing::error!("scheduling pass failed: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -442,7 +454,7 @@ impl Controller {
     /// Queues a job for `caller`. The job runs as the caller; an admin may name another
     /// user in the spec (like `sbatch --uid`), anyone else is refused for trying.
     pub async fn submit(
-        &self,
+        self: &Arc<Self>,
         caller: &Caller,
         spec: Option<pb::JobSpec>,
         request_id: &str,
@@ -539,12 +551,42 @@ impl Controller {
                 return Ok(id);
             }
         };
-        // The pass may start it while this flush runs (see `deliver`); the answer
-        // waits until the job is durable.
-        self.wake_scheduler();
+        if !self.pass_now().await {
+            // The pass may start it while this flush runs (see `deliver`).
+            self.wake_scheduler();
+        }
         self.store.flush().await.map_err(store_status)?;
         self.metrics.submits.inc();
         Ok(id)
+    }
+
+    /// After a submit or a job's end, before the answer's flush: on a small cluster
+    /// with no pass running, the pass runs here, so that one flush makes both the event
+    /// and the starts it allows durable (the StartJob leaves with the answer: one disk
+    /// write less between a submit and its launch, or a job's end and the next start;
+    /// Slurm too tries to schedule at submit and at a job's end). Answers whether it
+    /// ran; if not (a pass running, or a large one due), the caller wakes the loop.
+    pub(crate) async fn pass_now(self: &Arc<Self>) -> bool {
+        let small = self.last_pass_us.load(Ordering::Relaxed) < SUBMIT_PASS.as_micros() as u64;
+        let Some(pass) = small
+            .then(|| self.pass_lock.clone().try_lock_owned().ok())
+            .flatten()
+        else {
+            return false;
+        };
+        // A task of its own: a client that goes away mid-request drops this future, and
+        // a pass must never stop between applying its starts and sending them.
+        let ctl = self.clone();
+        let pass = tokio::spawn(async move {
+            let done = ctl.schedule_pass().await;
+            drop(pass);
+            if let Err(e) = done {
+                // The caller's own flush reports a store that failed; the loop retries.
+                tracing::error!("scheduling pass failed: {e}");
+                ctl.wake_scheduler();
+            }
+        });
+        pass.await.is_ok()
     }
 
     pub fn list_jobs(&self, filter: &JobFilter) -> Vec<pb::Job> {

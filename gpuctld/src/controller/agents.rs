@@ -159,12 +159,16 @@ impl Controller {
     }
 
     /// Applies an agent's report; answers whether a started instance is stale.
-    pub async fn report(&self, r: &pb::JobReport) -> Result<pb::JobReportAck, Status> {
-        let (ack, out) = {
+    pub async fn report(self: &Arc<Self>, r: &pb::JobReport) -> Result<pb::JobReportAck, Status> {
+        let (ack, mut out) = {
             let mut c = self.lock();
             let (ack, effects) = c.report(r, now_ms());
             (ack, self.settle(c, effects).map_err(store_status)?)
         };
+        // A job's end frees its GPUs: the next start goes out with this answer's flush.
+        if out.wake && self.pass_now().await {
+            out.wake = false;
+        }
         self.deliver(out, true).await.map_err(store_status)?;
         Ok(ack)
     }
