@@ -293,19 +293,32 @@ impl Controller {
     /// starts is sent only after its own flush, which covers everything written
     /// before it (write-ahead holds; the pass saves the flush's time on every start
     /// that follows an end or a submit).
+    ///
+    /// The flush and the sends run in a task of their own: a client that goes away
+    /// drops its request's future, and what the state already decided (a cancel's kill,
+    /// a start) must still reach the disk and the agents.
     async fn deliver(&self, out: Out, always: bool) -> Result<(), StoreError> {
         let (sends, wake) = (out.sends, out.wake);
         if wake {
             self.wake_scheduler();
         }
-        if out.wrote || always {
-            self.store.flush().await?;
+        let flush = out.wrote || always;
+        if !flush && sends.is_empty() {
+            return Ok(());
         }
-        for (tx, cmd) in sends {
-            // A closed stream means the agent left; its reconnect reconciles the job.
-            let _ = tx.send(Ok(cmd)).await;
-        }
-        Ok(())
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if flush {
+                store.flush().await?;
+            }
+            for (tx, cmd) in sends {
+                // A closed stream means the agent left; its reconnect reconciles the job.
+                let _ = tx.send(Ok(cmd)).await;
+            }
+            Ok(())
+        })
+        .await
+        .expect("delivery panicked")
     }
 
     pub fn config(&self) -> &Config {

@@ -159,6 +159,34 @@ async fn a_cancelled_start_that_never_ran_ends_cancelled() {
     assert_eq!(ctl.get_job(id).unwrap().state(), pb::JobState::Cancelled);
 }
 
+/// A client that goes away drops its request's future (tonic does): a cancel dropped
+/// while its change waits for the disk still sends its kill.
+#[tokio::test]
+async fn a_cancel_whose_client_went_away_still_sends_its_kill() {
+    let (_dir, ctl, mut agent) = setup();
+    let mut stream = agent.attach().await.unwrap();
+    let id = ctl.submit(&root(), Some(job_spec()), "").await.unwrap();
+    ctl.schedule_pass().await.unwrap();
+    let _start = stream.next().await.unwrap().unwrap();
+    let (caller, ids) = (root(), [id]);
+    {
+        let cancel = ctl.cancel(&caller, &ids, &[]);
+        tokio::pin!(cancel);
+        // Its first poll changes the state and waits for the flush; then it is dropped.
+        assert!(futures::poll!(cancel.as_mut()).is_pending());
+    }
+    let signed = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+        .await
+        .expect("the kill reached the agent")
+        .unwrap()
+        .unwrap();
+    let cmd = agent.key.verify_command("n1", &signed).unwrap();
+    assert!(
+        matches!(cmd.command, Some(pb::agent_command::Command::Kill(_))),
+        "{cmd:?}"
+    );
+}
+
 #[tokio::test]
 async fn replayed_attach_and_requests_are_refused() {
     let (_dir, _ctl, mut agent) = setup();
