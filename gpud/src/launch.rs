@@ -418,6 +418,8 @@ pub struct Launched {
     pid: Option<u32>,
     /// Where the shim writes the job's wait status.
     status_file: Option<PathBuf>,
+    /// That file as read once the job ended (`wait`).
+    record: Option<crate::shim::Record>,
 }
 
 /// The pipe the shim holds open until it ends (`forkserver`), registered with the
@@ -441,6 +443,7 @@ impl Launched {
             cgroup,
             pid: Some(pid),
             status_file: Some(status_file),
+            record: None,
         }
     }
 
@@ -454,6 +457,7 @@ impl Launched {
             launched_ms: None,
             cgroup: None,
             status_file: None,
+            record: None,
         }
     }
 
@@ -491,11 +495,12 @@ impl Launched {
         }
         if let Some(Done::Watched(fd)) = &self.done {
             wait_eof(fd).await?;
-            if self.launch_error().is_some() {
+            let r = self.read_record();
+            if r.launch_error.is_some() {
                 return Ok(std::process::ExitStatus::from_raw(127 << 8));
             }
-            return Ok(self
-                .recorded_status()
+            return Ok(r
+                .status
                 .unwrap_or_else(|| std::process::ExitStatus::from_raw(nix::libc::SIGKILL)));
         }
         let pid = self.pid.unwrap_or(0);
@@ -503,30 +508,36 @@ impl Launched {
         while start.is_some_and(|t| crate::procfs::alive(pid, t)) {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        self.recorded_status().ok_or_else(|| {
+        self.read_record().status.ok_or_else(|| {
             std::io::Error::other("the job ended while its agent was down and left no exit status")
+        })
+    }
+
+    /// Reads the shim's status file once the job ended and keeps what it says.
+    fn read_record(&mut self) -> &crate::shim::Record {
+        let path = self.status_file.as_deref();
+        self.record
+            .get_or_insert_with(|| path.map(crate::shim::read_record).unwrap_or_default())
+    }
+
+    /// What the shim recorded: as `wait` read it, or read now.
+    fn record(&self) -> crate::shim::Record {
+        self.record.clone().unwrap_or_else(|| {
+            self.status_file
+                .as_deref()
+                .map(crate::shim::read_record)
+                .unwrap_or_default()
         })
     }
 
     /// Why the shim could not start the program, if it could not.
     pub fn launch_error(&self) -> Option<String> {
-        self.status_file
-            .as_deref()
-            .and_then(crate::shim::read_launch_error)
+        self.record().launch_error
     }
 
     /// When the job ended, as the shim recorded it (Unix ms).
     pub fn ended_ms(&self) -> Option<i64> {
-        self.status_file
-            .as_deref()
-            .and_then(crate::shim::read_end_ms)
-    }
-
-    /// The status the shim wrote, if it did.
-    pub fn recorded_status(&self) -> Option<std::process::ExitStatus> {
-        self.status_file
-            .as_deref()
-            .and_then(crate::shim::read_status)
+        self.record().end_ms
     }
 
     /// Sends `sig` to everything the job started: its process group and its cgroup.
@@ -731,6 +742,7 @@ impl Launcher for JobLauncher {
                 cgroup,
                 pid: Some(pid),
                 status_file: Some(status),
+                record: None,
             }),
             Ok((_, crate::forkserver::Answer::Failed { step, errno })) => {
                 Err(failed(Some(step), std::io::Error::from_raw_os_error(errno)))

@@ -112,24 +112,56 @@ fn now_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
-/// Why the shim could not start the program, if that is what happened.
-pub fn read_launch_error(path: &std::path::Path) -> Option<String> {
-    let text = std::fs::read_to_string(path).ok()?;
-    text.trim().strip_prefix(LAUNCH_ERROR).map(str::to_string)
+/// What the shim left in its status file: the wait status and when the job ended, or
+/// why it could not start the program.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Record {
+    pub status: Option<std::process::ExitStatus>,
+    /// Unix ms.
+    pub end_ms: Option<i64>,
+    pub launch_error: Option<String>,
 }
 
-/// Reads a status file the shim wrote.
-pub fn read_status(path: &std::path::Path) -> Option<std::process::ExitStatus> {
-    let text = std::fs::read_to_string(path).ok()?;
-    text.split_whitespace()
-        .next()?
-        .parse::<i32>()
-        .ok()
-        .map(std::process::ExitStatus::from_raw)
+/// Reads a status file the shim wrote (an empty record where there is none).
+pub fn read_record(path: &Path) -> Record {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    if let Some(e) = text.trim().strip_prefix(LAUNCH_ERROR) {
+        return Record {
+            launch_error: Some(e.to_string()),
+            ..Record::default()
+        };
+    }
+    let mut words = text.split_whitespace();
+    Record {
+        status: words
+            .next()
+            .and_then(|w| w.parse::<i32>().ok())
+            .map(std::process::ExitStatus::from_raw),
+        end_ms: words.next().and_then(|w| w.parse().ok()),
+        launch_error: None,
+    }
 }
 
-/// When the job ended (Unix ms), as the shim recorded it.
-pub fn read_end_ms(path: &std::path::Path) -> Option<i64> {
-    let text = std::fs::read_to_string(path).ok()?;
-    text.split_whitespace().nth(1)?.parse().ok()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("1.1.status");
+        assert_eq!(read_record(&p), Record::default(), "no file yet");
+        std::fs::write(&p, "256 1700000000123\n").unwrap();
+        let r = read_record(&p);
+        assert_eq!(r.status.and_then(|s| s.code()), Some(1));
+        assert_eq!(r.end_ms, Some(1_700_000_000_123));
+        assert_eq!(r.launch_error, None);
+        std::fs::write(&p, "error: x: command not found (PATH=/bin)\n").unwrap();
+        let r = read_record(&p);
+        assert_eq!(
+            r.launch_error.as_deref(),
+            Some("x: command not found (PATH=/bin)")
+        );
+        assert_eq!((r.status, r.end_ms), (None, None));
+    }
 }
