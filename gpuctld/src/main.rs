@@ -42,6 +42,12 @@ struct Args {
     /// runs on from it. Nothing else uses it.
     #[arg(long, hide = true, value_parser = humantime::parse_rfc3339)]
     fake_time: Option<std::time::SystemTime>,
+    /// Threads that serve requests, heartbeats and reports (0: half the host's cores,
+    /// at least one). Passes over large queues and the store's flushes run on threads
+    /// of their own; the requests mostly take the one state lock in turn, so more
+    /// workers mostly add wake-ups (docs/benchmarks.md, "Fewer async workers").
+    #[arg(long, env = "GPUCTLD_WORKERS", default_value_t = 0)]
+    workers: usize,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -62,10 +68,30 @@ enum Command {
     },
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     gpuctl_sim::alloc::tune();
-    let args = Args::parse();
+    let mut args = Args::parse();
+    let workers = match args.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
+        n => n,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build();
+    match runtime {
+        Ok(rt) => {
+            args.workers = workers;
+            rt.block_on(run(args))
+        }
+        Err(e) => {
+            eprintln!("gpuctld: error: cannot start the async runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> std::process::ExitCode {
     // A simulation drives the controller's state machine through thousands of jobs:
     // its per-job log lines would cost more than the simulation (GPUCTL_LOG=info shows them).
     let quiet = matches!(args.command, Some(Command::Simulate { .. }));
@@ -83,6 +109,7 @@ async fn main() -> std::process::ExitCode {
                     Some(p) => Config::load(p)?,
                     None => Config::default(),
                 };
+                tracing::info!(workers = args.workers, "async worker threads");
                 if let Some(t) = args.fake_time {
                     let ms = |t: std::time::SystemTime| {
                         t.duration_since(std::time::UNIX_EPOCH)
