@@ -490,19 +490,24 @@ impl JobCgroup {
 
     /// Kills what is left and removes the directories.
     pub fn destroy(&self) {
-        for _ in 0..50 {
+        // The last process usually leaves within a millisecond of its job's end (the
+        // shim closes its pipe before the kernel takes it out of the cgroup): waits
+        // start short and grow to 20 ms, about a second in all.
+        let waits =
+            || (0..60).map(|i| std::time::Duration::from_micros((250u64 << i.min(7)).min(20_000)));
+        for wait in waits() {
             if self.pids().is_empty() {
                 break;
             }
             self.signal(nix::sys::signal::Signal::SIGKILL);
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(wait);
         }
         // The kernel may hold a cgroup busy for a moment after its last process exits.
         for d in &self.dirs {
-            for _ in 0..50 {
+            for wait in waits() {
                 match fs::remove_dir(d) {
                     Err(e) if d.exists() && e.raw_os_error() == Some(nix::libc::EBUSY) => {
-                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        std::thread::sleep(wait);
                     }
                     _ => break,
                 }

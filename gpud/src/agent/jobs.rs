@@ -223,8 +223,9 @@ pub(super) async fn run_job(
                 });
             let ended_ms = job.ended_ms();
             let (cpu_time_ms, mem_peak_bytes) = job.usage();
-            // Whatever the job left behind goes too.
-            job.cleanup();
+            // Whatever the job left behind goes too, off the runtime's threads: a
+            // process stuck in the kernel can hold its cgroup for up to a second.
+            let _ = tokio::task::spawn_blocking(move || job.cleanup()).await;
             let mut r = exit_report(status, forced, ended);
             if let Some(t) = ended_ms.filter(|&t| t > 0) {
                 r.time_ms = t;
