@@ -108,7 +108,12 @@ fn main() -> ExitCode {
     {
         gpud::forkserver::serve();
     }
+    // Two async workers whatever the host: the agent's async work is light (heartbeats,
+    // reports, the command stream), launches and /proc reads run on blocking threads,
+    // and tokio's default (a worker per core: 128 on a large GPU node) would only add
+    // threads that wake each other (docs/benchmarks.md, "Fewer async workers").
     tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .expect("start the tokio runtime")
