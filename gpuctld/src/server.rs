@@ -109,7 +109,7 @@ pub fn redact(caller: &Caller, job: &mut pb::Job) {
 }
 
 /// Jobs per `ListJobsPaged` page.
-const PAGE: usize = 2000;
+const PAGE: usize = 250;
 
 #[tonic::async_trait]
 impl controller_server::Controller for UserApi {
