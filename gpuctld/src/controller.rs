@@ -307,6 +307,7 @@ impl Controller {
             return Ok(());
         }
         let store = self.store.clone();
+        let sent = !sends.is_empty();
         tokio::spawn(async move {
             if flush {
                 store.flush().await?;
@@ -314,6 +315,12 @@ impl Controller {
             for (tx, cmd) in sends {
                 // A closed stream means the agent left; its reconnect reconciles the job.
                 let _ = tx.send(Ok(cmd)).await;
+            }
+            if sent {
+                // The agents' streams write their commands now: without this, the
+                // request that caused them (woken as this task ends, so run first)
+                // answered its caller before the StartJob left, 0.7 ms later.
+                tokio::task::yield_now().await;
             }
             Ok(())
         })
