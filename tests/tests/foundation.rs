@@ -257,6 +257,47 @@ gpus = 1
 }
 
 #[test]
+fn a_finished_jobs_leftover_processes_die_with_its_cgroup() {
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    // The job's main process exits at once and leaves a child behind that ignores
+    // SIGTERM and SIGHUP, detached from the job's process group.
+    let id = c.submit(
+        "j.toml",
+        r#"
+script = """
+setsid sh -c 'trap "" TERM HUP; echo $$ > left.pid; exec sleep 300' < /dev/null > /dev/null 2>&1 &
+while [ ! -s left.pid ]; do sleep 0.05; done
+"""
+[resources]
+gpus = 1
+"#,
+    );
+    c.wait_state(id, "COMPLETED", T);
+    let left = gpuctl_tests::wait_for_pid(&c.path("left.pid"), T);
+    assert!(
+        wait_for(T, || !process_alive(left)),
+        "process {left} outlived its job"
+    );
+    // Every hierarchy's job directory is gone (hybrid here: v1 controllers and the
+    // cgroup2 mount; on a pure v2 host, the one directory).
+    let dirs: Vec<std::path::PathBuf> = ["", "cpu", "memory", "pids", "unified"]
+        .iter()
+        .map(|h| {
+            std::path::Path::new("/sys/fs/cgroup")
+                .join(h)
+                .join(c.cgroup_parent("n1"))
+                .join(format!("job-{id}"))
+        })
+        .collect();
+    assert!(
+        wait_for(T, || dirs.iter().all(|d| !d.exists())),
+        "job cgroups left: {:?}",
+        dirs.iter().filter(|d| d.exists()).collect::<Vec<_>>()
+    );
+    assert_eq!(c.node_state("n1"), "IDLE");
+}
+
+#[test]
 fn time_limit_ends_job_as_timeout() {
     let c = Cluster::start(&[("n1", "1xA100-80GB")]);
     let id = c.submit(
