@@ -516,18 +516,14 @@ impl Launched {
     /// Reads the shim's status file once the job ended and keeps what it says.
     fn read_record(&mut self) -> &crate::shim::Record {
         let path = self.status_file.as_deref();
-        self.record
-            .get_or_insert_with(|| path.map(crate::shim::read_record).unwrap_or_default())
+        self.record.get_or_insert_with(|| file_record(path))
     }
 
     /// What the shim recorded: as `wait` read it, or read now.
     fn record(&self) -> crate::shim::Record {
-        self.record.clone().unwrap_or_else(|| {
-            self.status_file
-                .as_deref()
-                .map(crate::shim::read_record)
-                .unwrap_or_default()
-        })
+        self.record
+            .clone()
+            .unwrap_or_else(|| file_record(self.status_file.as_deref()))
     }
 
     /// Why the shim could not start the program, if it could not.
@@ -566,6 +562,11 @@ impl Launched {
             cg.destroy();
         }
     }
+}
+
+/// The shim's status file as it is now (an empty record for a job without one).
+fn file_record(path: Option<&Path>) -> crate::shim::Record {
+    path.map(crate::shim::read_record).unwrap_or_default()
 }
 
 /// Starts job processes.
