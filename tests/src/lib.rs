@@ -411,7 +411,7 @@ impl Drop for Cluster {
         self.kill9_controller();
         // Jobs still running when a test ends (their agent was killed) and the cgroup
         // parents are ours to remove.
-        for hierarchy in ["", "cpu", "memory", "pids", "unified"] {
+        for hierarchy in CGROUP_HIERARCHIES {
             for n in &names {
                 let dir = Path::new("/sys/fs/cgroup")
                     .join(hierarchy)
@@ -421,6 +421,10 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// Where under /sys/fs/cgroup an agent's job cgroups can be: the cgroup2 root (pure
+/// v2), the v1 controllers and the hybrid cgroup2 mount.
+pub const CGROUP_HIERARCHIES: [&str; 5] = ["", "cpu", "memory", "pids", "unified"];
 
 /// Kills every process in the job cgroups under `dir`, then removes them and `dir`.
 fn remove_cgroup_tree(dir: &Path) {

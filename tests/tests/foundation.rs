@@ -280,7 +280,7 @@ gpus = 1
     );
     // Every hierarchy's job directory is gone (hybrid here: v1 controllers and the
     // cgroup2 mount; on a pure v2 host, the one directory).
-    let dirs: Vec<std::path::PathBuf> = ["", "cpu", "memory", "pids", "unified"]
+    let dirs: Vec<std::path::PathBuf> = gpuctl_tests::CGROUP_HIERARCHIES
         .iter()
         .map(|h| {
             std::path::Path::new("/sys/fs/cgroup")
