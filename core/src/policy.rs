@@ -194,3 +194,113 @@ impl Cluster {
         effects.wake = true;
     }
 }
+
+/// Room for a job that needs a GPU, as the state is now (`Cluster::gpu_room`): what a
+/// submit of such a job may skip a pass for. Errs towards more room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuRoom {
+    /// Anything may fit (or may be made to fit: a window's floor may preempt).
+    Any,
+    /// No node that takes jobs has any GPU compute free.
+    None,
+    /// The most CPU and host memory free on any node with GPU compute free (not
+    /// necessarily the same node).
+    Free { cpu_milli: u32, memory_bytes: u64 },
+}
+
+impl GpuRoom {
+    /// Whether a job of `req` (which needs GPU compute) may start in this room.
+    pub fn admits(self, req: &Request) -> bool {
+        match self {
+            GpuRoom::Any => true,
+            GpuRoom::None => false,
+            GpuRoom::Free {
+                cpu_milli,
+                memory_bytes,
+            } => req.cpu_milli <= cpu_milli && req.memory_bytes <= memory_bytes,
+        }
+    }
+}
+
+impl Cluster {
+    /// The room a job that needs a GPU has now: per node that takes jobs, whether any
+    /// GPU slot has compute free (a slot held below a whole GPU counts, even where no
+    /// request could use the rest), and then its free CPU and memory. The controller
+    /// defers the pass of a submit that cannot start in it (a loop of submits against a
+    /// full cluster must not pay for a pass over the whole queue each).
+    pub fn gpu_room(&self, now: i64) -> GpuRoom {
+        let p = self.preempt_config(now);
+        if !(p.by_account.is_empty() && p.by_partition.is_empty()) {
+            return GpuRoom::Any;
+        }
+        let mut room = GpuRoom::None;
+        let mut held: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+        for n in self.nodes.values() {
+            if self.eligibility(n) != sched::Eligibility::Up {
+                continue;
+            }
+            held.clear();
+            let (mut cpu, mut memory) = (0u64, 0u64);
+            for j in self
+                .jobs
+                .on_node(&n.name)
+                .into_iter()
+                .filter_map(|id| self.jobs.job(id))
+            {
+                for a in live_allocs(j).filter(|a| a.node == n.name) {
+                    cpu += u64::from(a.cpu_milli);
+                    memory += a.memory_bytes;
+                    for s in &a.slots {
+                        *held.entry(s.uuid.as_str()).or_default() += s.compute_milli;
+                    }
+                }
+            }
+            let mut slots = n.gpus.iter().flat_map(|g| {
+                let mig = g.mig.iter().map(|m| m.uuid.as_str());
+                std::iter::once(g.uuid.as_str())
+                    .filter(|_| g.mig.is_empty())
+                    .chain(mig)
+            });
+            if !slots.any(|uuid| held.get(uuid).copied().unwrap_or(0) < sched::GPU_MILLI) {
+                continue;
+            }
+            let free_cpu =
+                u32::try_from(u64::from(n.cpus.saturating_mul(1000)).saturating_sub(cpu))
+                    .unwrap_or(u32::MAX);
+            let free_memory = n.memory_bytes.saturating_sub(memory);
+            room = match room {
+                GpuRoom::Free {
+                    cpu_milli,
+                    memory_bytes,
+                } => GpuRoom::Free {
+                    cpu_milli: cpu_milli.max(free_cpu),
+                    memory_bytes: memory_bytes.max(free_memory),
+                },
+                _ => GpuRoom::Free {
+                    cpu_milli: free_cpu,
+                    memory_bytes: free_memory,
+                },
+            };
+        }
+        room
+    }
+
+    /// The request of a new job whose pass may wait while its room is short: one that
+    /// needs GPU compute (a share given only as memory gets its compute from the GPU it
+    /// lands on: counted as not) and whose QoS preempts nobody. `None`: its pass runs.
+    pub fn deferrable(&self, j: &pb::Job) -> Option<Request> {
+        let qos = j.spec.as_ref().map_or("", |s| s.qos.as_str());
+        let preempts = self
+            .config
+            .qos
+            .get(qos)
+            .is_some_and(|q| !q.preempts.is_empty());
+        let req = Request::from(&resources(j));
+        let needs_gpu = match &req.gpu {
+            sched::GpuRequest::Whole { count } | sched::GpuRequest::Mig { count, .. } => *count > 0,
+            sched::GpuRequest::Share { compute_milli, .. } => compute_milli.is_some_and(|c| c > 0),
+            sched::GpuRequest::None => false,
+        };
+        (needs_gpu && !preempts).then_some(req)
+    }
+}

@@ -8,6 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
+use gpuctl_core::policy::GpuRoom;
 use gpuctl_core::{Actor, Cluster};
 use gpuctl_proto::store::{StoredJob, StoredNode};
 use gpuctl_proto::{self as pb, JobState};
@@ -353,4 +354,103 @@ fn a_second_agent_cannot_take_a_live_name() {
     // A nonce is single use: the same attach again is refused for it.
     let err = c.attach(&req, None, T0 + 3).unwrap_err();
     assert_eq!(err.kind, gpuctl_core::Kind::FailedPrecondition);
+}
+
+/// A job of `gpu` (one node, one CPU) as the state holds it, for `deferrable`.
+fn job_of_gpu(gpu: Option<pb::resources::Gpu>, qos: &str) -> pb::Job {
+    let mut s = spec(0, false);
+    s.qos = qos.into();
+    s.resources.as_mut().unwrap().gpu = gpu;
+    pb::Job {
+        spec: Some(s),
+        ..pb::Job::default()
+    }
+}
+
+#[test]
+fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
+    let mut c = cluster();
+    assert_eq!(
+        c.gpu_room(T0),
+        GpuRoom::None,
+        "no node up: nothing can start"
+    );
+    attach(&mut c, "n1", T0); // 2 GPUs, 16 CPUs, 64 GiB
+    let all = GpuRoom::Free {
+        cpu_milli: 16_000,
+        memory_bytes: 64 << 30,
+    };
+    assert_eq!(c.gpu_room(T0), all);
+    let whole = submit(&mut c, 1, false, T0);
+    let share = |c: &mut Cluster, cpus: u32| {
+        let mut s = spec(0, false);
+        let r = s.resources.as_mut().unwrap();
+        r.cpus = cpus;
+        r.gpu = Some(pb::resources::Gpu::Share(pb::GpuShare {
+            compute_milli: 500,
+            memory_mib: None,
+        }));
+        submit_spec(c, s, T0)
+    };
+    let half = share(&mut c, 14);
+    pass(&mut c, T0 + 1);
+    assert_eq!(
+        (state(&c, whole), state(&c, half)),
+        (JobState::Running, JobState::Running)
+    );
+    let one_cpu_left = GpuRoom::Free {
+        cpu_milli: 1000,
+        memory_bytes: 64 << 30,
+    };
+    assert_eq!(c.gpu_room(T0 + 1), one_cpu_left, "half a GPU free, one CPU");
+    let two_cpus = pb::Job {
+        spec: Some(spec(1, false)),
+        ..pb::Job::default()
+    };
+    let mut req = c
+        .deferrable(&two_cpus)
+        .expect("a GPU job of the default QoS");
+    assert!(one_cpu_left.admits(&req));
+    req.cpu_milli = 2000;
+    assert!(
+        !one_cpu_left.admits(&req),
+        "no node with a free GPU has two CPUs"
+    );
+    let other_half = share(&mut c, 1);
+    pass(&mut c, T0 + 2);
+    assert_eq!(state(&c, other_half), JobState::Running);
+    assert_eq!(c.gpu_room(T0 + 2), GpuRoom::None, "both GPUs held");
+    assert!(!GpuRoom::None.admits(&req) && GpuRoom::Any.admits(&req));
+
+    // What may wait for a pass: jobs that need GPU compute and preempt nobody (the
+    // default config's `high` preempts `low`).
+    let gpus = Some(pb::resources::Gpu::Gpus(1));
+    assert!(c.deferrable(&job_of_gpu(gpus.clone(), "normal")).is_some());
+    assert!(
+        c.deferrable(&job_of_gpu(gpus, "high")).is_none(),
+        "it may preempt"
+    );
+    assert!(
+        c.deferrable(&job_of_gpu(None, "normal")).is_none(),
+        "CPUs only"
+    );
+    let memory_only = pb::resources::Gpu::Share(pb::GpuShare {
+        compute_milli: 0,
+        memory_mib: Some(1024),
+    });
+    assert!(
+        c.deferrable(&job_of_gpu(Some(memory_only), "normal"))
+            .is_none()
+    );
+
+    // A job's end frees its GPU (and wakes the scheduler, whose pass comes anyway).
+    let e = report(&mut c, "n1", whole, Some((JobState::Completed, 0)), T0 + 3);
+    assert!(e.wake);
+    assert_eq!(
+        c.gpu_room(T0 + 3),
+        GpuRoom::Free {
+            cpu_milli: 1000,
+            memory_bytes: 64 << 30
+        }
+    );
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuctl_core::filter::JobFilter;
 use gpuctl_core::ops::Admission;
+use gpuctl_core::policy::GpuRoom;
 use gpuctl_core::{Cluster, Effects, Kind, Refusal};
 use gpuctl_proto::auth::ClusterKey;
 use gpuctl_proto::{self as pb};
@@ -64,6 +65,12 @@ const SUBMIT_PASS: Duration = Duration::from_micros(300);
 /// submit-to-launch time; Slurm's `sched_min_interval` is 2 ms).
 const MIN_PASS_GAP: Duration = Duration::from_millis(2);
 
+/// How long a submit's pass may wait while its job cannot start (`Shared::room`): the
+/// submits of a loop against a full cluster share one pass a second instead of each
+/// waking one over the whole queue (Slurm's `batch_sched_delay`, 3 s by default). Their
+/// jobs show reason `None` meanwhile, as a new job does in Slurm.
+const DEFERRED_PASS: Duration = Duration::from_secs(1);
+
 pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -82,6 +89,14 @@ struct Shared {
     /// Command streams by node (the state knows the sessions).
     links: HashMap<String, Link>,
     tokens: Tokens,
+    /// The room for a job that needs a GPU after the last pass (`Cluster::gpu_room`);
+    /// back to `Any` at any event that wakes the scheduler (a job's end, a node's
+    /// change), whose pass then comes anyway. A submit of a job that needs a GPU and
+    /// does not fit it defers its pass (`DEFERRED_PASS`).
+    room: GpuRoom,
+    /// The least CPU and memory a submit that deferred its pass since the last pass
+    /// took its input asked for.
+    deferred: Option<(u32, u64)>,
 }
 
 impl std::ops::Deref for Shared {
@@ -115,12 +130,25 @@ impl Shared {
         for node in &effects.closed {
             self.links.remove(node);
         }
+        if effects.wake {
+            self.room = GpuRoom::Any;
+        }
         let sends = effects
             .sends
             .into_iter()
             .filter_map(|(node, cmd)| self.links.get(&node).map(|l| (l.tx.clone(), cmd)))
             .collect();
         (sends, effects.wake)
+    }
+
+    /// Whether the submit of `j` defers its pass (and records that it did).
+    fn defers(&mut self, j: &pb::Job) -> bool {
+        let Some(req) = self.core.deferrable(j).filter(|r| !self.room.admits(r)) else {
+            return false;
+        };
+        let (cpu, memory) = self.deferred.unwrap_or((u32::MAX, u64::MAX));
+        self.deferred = Some((cpu.min(req.cpu_milli), memory.min(req.memory_bytes)));
+        true
     }
 }
 
@@ -132,6 +160,8 @@ pub struct Controller {
     config: Config,
     /// Wakes the scheduling loop; several events before it runs make one pass.
     wake: Notify,
+    /// Asks the scheduling loop for a pass within `DEFERRED_PASS`.
+    defer: Notify,
     metrics: Arc<crate::metrics::Metrics>,
     /// How long the last pass took (microseconds; see `INLINE_PASS`).
     last_pass_us: AtomicU64,
@@ -220,11 +250,14 @@ impl Controller {
                 core,
                 links: HashMap::new(),
                 tokens: Tokens::new(loaded.tokens),
+                room: GpuRoom::Any,
+                deferred: None,
             }),
             store,
             key,
             config,
             wake: Notify::new(),
+            defer: Notify::new(),
             // The first pass (perhaps over a large recovered queue) on the blocking pool.
             last_pass_us: AtomicU64::new(u64::MAX),
             pass_lock: Arc::new(tokio::sync::Mutex::new(())),
@@ -333,6 +366,30 @@ impl Controller {
     }
 
     /// Asks for a scheduling pass soon.
+    /// At the end of a pass (`waiting`: jobs still wait): the room submits are measured
+    /// against from now on. A submit that deferred since the pass took its input (so is
+    /// not in it) gets its pass: at once if it may fit after all (answers true: wake
+    /// the loop), else within `DEFERRED_PASS`.
+    fn settle_room(&self, c: &mut Shared, waiting: bool, now: i64) -> bool {
+        c.room = if waiting {
+            c.core.gpu_room(now)
+        } else {
+            GpuRoom::Any
+        };
+        let Some((cpu_milli, memory_bytes)) = c.deferred else {
+            return false;
+        };
+        let fits = c.room.admits(&sched::Request {
+            cpu_milli,
+            memory_bytes,
+            ..sched::Request::default()
+        });
+        if !fits {
+            self.defer.notify_one();
+        }
+        fits
+    }
+
     pub fn wake_scheduler(&self) {
         self.wake.notify_one();
     }
@@ -341,12 +398,25 @@ impl Controller {
     pub async fn scheduler_loop(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(self.config.sched_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut due: Option<tokio::time::Instant> = None;
         loop {
+            let deferred = async {
+                match due {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tick.tick() => {}
+                () = deferred => {}
+                _ = self.defer.notified() => {
+                    due.get_or_insert_with(|| tokio::time::Instant::now() + DEFERRED_PASS);
+                    continue;
+                }
                 _ = shutdown.changed() => break,
             }
+            due = None;
             let pass = self.pass_lock.lock().await;
             let started = std::time::Instant::now();
             let done = self.schedule_pass().await;
@@ -388,6 +458,14 @@ impl Controller {
             self.store.flush().await?;
         }
         if queue.is_empty() {
+            // Jobs left out of the plan (their partition has no node up) still wait.
+            let wake = self.step(inline, |c| {
+                let waiting = c.jobs.active_len() > 0;
+                self.settle_room(c, waiting, now)
+            });
+            if wake {
+                self.wake_scheduler();
+            }
             self.last_pass_us
                 .store(took.as_micros() as u64, Ordering::Relaxed);
             return Ok(());
@@ -435,6 +513,7 @@ impl Controller {
         StoreError,
     > {
         let (waiting, changed) = self.step(inline, |c| {
+            c.deferred = None;
             let waiting = c.pass_prepare(now);
             self.persist(c).map(|changed| (waiting, changed))
         })?;
@@ -466,7 +545,10 @@ impl Controller {
         }
         let mut c = self.lock();
         c.preempt(plan, now, &mut effects);
-        self.settle(c, effects)
+        let wrote = self.persist(&mut c)?;
+        let (sends, mut wake) = c.route(effects);
+        wake |= self.settle_room(&mut c, !plan.waiting.is_empty(), now);
+        Ok(Out { sends, wake, wrote })
     }
 
     // ------------------------------------------------------------ user operations
@@ -529,6 +611,7 @@ impl Controller {
             )));
         }
         let actor = caller.actor();
+        let mut defer = false;
         let admitted = {
             let mut c = self.lock();
             match c
@@ -542,6 +625,7 @@ impl Controller {
                     self.store
                         .insert_new_job(&stored, id + 1)
                         .map_err(store_status)?;
+                    defer = c.defers(job_of(&stored));
                     c.commit_submit(*stored);
                     Ok(id)
                 }
@@ -551,6 +635,7 @@ impl Controller {
                     self.store
                         .insert_new_jobs(&tasks, next)
                         .map_err(store_status)?;
+                    defer = tasks.first().is_some_and(|t| c.defers(job_of(t)));
                     for t in tasks {
                         c.commit_submit(t);
                     }
@@ -571,7 +656,10 @@ impl Controller {
                 return Ok(id);
             }
         };
-        if !self.pass_now().await {
+        if defer {
+            self.metrics.submits_deferred.inc();
+            self.defer.notify_one();
+        } else if !self.pass_now().await {
             // The pass may start it while this flush runs (see `deliver`).
             self.wake_scheduler();
         }

@@ -79,6 +79,7 @@ pub struct Metrics {
     /// When GPU-seconds were last added (ms), to integrate running GPUs over time.
     last_ms: Mutex<Option<i64>>,
     pub submits: Counter,
+    pub submits_deferred: Counter,
     pub pass_seconds: Histogram,
     pub commit_seconds: Histogram,
 }
@@ -150,6 +151,12 @@ impl Metrics {
         );
         let submits = Counter::default();
         r.register("gpuctl_submits", "Jobs acknowledged.", submits.clone());
+        let submits_deferred = Counter::default();
+        r.register(
+            "gpuctl_submits_deferred",
+            "Submits whose scheduling pass waited (up to 1 s) because no GPU was free.",
+            submits_deferred.clone(),
+        );
         let pass_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
         r.register(
             "gpuctl_schedule_pass_seconds",
@@ -176,6 +183,7 @@ impl Metrics {
             slices,
             last_ms: Mutex::new(None),
             submits,
+            submits_deferred,
             pass_seconds,
             commit_seconds,
         })

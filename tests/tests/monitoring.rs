@@ -597,3 +597,48 @@ fn a_failing_health_program_drains_its_node_until_it_passes() {
         "drain not lifted"
     );
 }
+
+/// While no GPU is free, a submit of a GPU job does not run a pass of its own: its pass
+/// waits up to a second, shared with other submits (`gpuctl_submits_deferred_total`
+/// counts them). Nothing is lost by it: the deferred jobs still get their reason, a
+/// CPU-only job is not deferred, and the jobs start as soon as the GPU is free.
+#[test]
+fn submits_to_a_full_cluster_share_a_deferred_pass_and_lose_no_start() {
+    let port = free_port();
+    let mut c = Cluster::controller_with_args(&["--metrics-listen", &format!("127.0.0.1:{port}")]);
+    c.add_agent("n1", "1xA100-80GB", &[]);
+    c.wait_nodes_up(1);
+    let deferred = || {
+        let body = scrape(port);
+        let line = body
+            .lines()
+            .find(|l| l.starts_with("gpuctl_submits_deferred_total "))
+            .unwrap_or_else(|| panic!("no deferred counter in\n{body}"));
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap()
+    };
+    let long = c.submit(
+        "long.toml",
+        "script = \"sleep 300\"\n[resources]\ngpus = 1\n",
+    );
+    c.wait_state(long, "RUNNING", T);
+    // Its launch report (an event: it wakes a pass) is in before the submits below.
+    assert!(wait_for(T, || !c.job(long)["launch_time"].is_null()));
+    let gpu_job = "script = \"true\"\n[resources]\ngpus = 1\n";
+    // The last pass left the only GPU held: these defer (the first may still run a
+    // pass of its own if the launch report's pass has not run yet).
+    let waiting: Vec<u64> = (1..=4)
+        .map(|i| c.submit(&format!("w{i}.toml"), gpu_job))
+        .collect();
+    let before = deferred();
+    assert!(before >= 3.0, "{before}");
+    for &id in &waiting {
+        assert!(wait_for(T, || c.job(id)["reason"] == "Resources"), "{id}");
+    }
+    let cpu = c.submit("cpu.toml", "script = \"true\"\n");
+    c.wait_state(cpu, "COMPLETED", T);
+    assert_eq!(deferred(), before, "a CPU-only job can start: not deferred");
+    c.gpuctl_ok(&["cancel", &long.to_string()]);
+    for id in waiting {
+        c.wait_state(id, "COMPLETED", T);
+    }
+}
