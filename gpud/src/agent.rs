@@ -923,7 +923,8 @@ fn run_command(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand)
                 }
                 jobs.insert(key, tx);
             }
-            tokio::spawn(run_job(agent.clone(), start, rx, None));
+            let begin = jobs::launch(agent, &start);
+            tokio::spawn(run_job(agent.clone(), start, rx, begin));
         }
         Some(pb::agent_command::Command::Kill(kill)) => {
             let grace = Duration::from_secs(kill.kill_grace_secs);

@@ -502,3 +502,27 @@ fn gpud_without_nvml_says_so_and_exits_nonzero() {
         "{err}"
     );
 }
+
+/// A job's program starts with no signal blocked and with the signals its shim ignores
+/// (and SIGPIPE, which the Rust runtime ignores) at their defaults: the shim starts it
+/// with `posix_spawn`, which resets them.
+#[test]
+fn a_jobs_program_starts_with_default_signals() {
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let id = c.submit(
+        "sig.toml",
+        "command = [\"grep\", \"-E\", \"^Sig(Blk|Ign)\", \"/proc/self/status\"]\nstdout = \"sig.out\"\n",
+    );
+    c.wait_state(id, "COMPLETED", T);
+    let out = std::fs::read_to_string(c.path("sig.out")).unwrap();
+    let mask = |name: &str| {
+        let line = out.lines().find(|l| l.starts_with(name)).expect(name);
+        u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+    };
+    assert_eq!(mask("SigBlk:"), 0, "{out}");
+    // HUP, INT, QUIT, USR1, USR2, PIPE, TERM: bit (signal - 1).
+    let defaults = [1u32, 2, 3, 10, 12, 13, 15]
+        .iter()
+        .fold(0u64, |m, s| m | 1 << (s - 1));
+    assert_eq!(mask("SigIgn:") & defaults, 0, "{out}");
+}

@@ -43,6 +43,30 @@ pub(super) struct Adopted {
     started_ms: i64,
 }
 
+/// What a launch on a blocking thread answers: the job with when its process started,
+/// and the GPUs whose MPS daemons it holds.
+type Launching =
+    tokio::task::JoinHandle<(std::io::Result<(crate::launch::Launched, i64)>, Vec<String>)>;
+
+/// How a job's run begins: its launch under way, or an instance from before a restart.
+pub(super) enum Begin {
+    Launch(Launching),
+    Adopted(Box<Adopted>),
+}
+
+/// Starts a job's launch on a blocking thread at once, from the command's handler (off
+/// the runtime's threads: MPS daemons and the launch itself; nothing a launch touches
+/// may stall heartbeats). Spawning the job's task first and launching from there cost a
+/// wake-up of that task, 0.1 ms of every launch (p90 0.5 ms).
+pub(super) fn launch(agent: &Arc<Agent>, start: &pb::StartJob) -> Begin {
+    let (a, s) = (agent.clone(), start.clone());
+    Begin::Launch(tokio::task::spawn_blocking(move || {
+        let user = s.spec.as_ref().map(|x| x.user.clone()).unwrap_or_default();
+        let (held, env) = mps_shares(&a, &s, false);
+        (spawn_recorded(&a, &s, &user, &env), held)
+    }))
+}
+
 /// Jobs an earlier agent process left: running ones are adopted (watched again, with
 /// their kill channels registered before the agent registers), ended ones are reported
 /// with the status their shim wrote.
@@ -95,10 +119,10 @@ pub(super) fn adopt_jobs(agent: &Arc<Agent>, cgroups: &crate::cgroup::Mode, pare
             agent.clone(),
             start,
             rx,
-            Some(Adopted {
+            Begin::Adopted(Box::new(Adopted {
                 job,
                 started_ms: rec.started_ms,
-            }),
+            })),
         ));
     }
 }
@@ -107,7 +131,7 @@ pub(super) async fn run_job(
     agent: Arc<Agent>,
     start: pb::StartJob,
     mut kill_rx: mpsc::Receiver<KillRequest>,
-    adopted: Option<Adopted>,
+    begin: Begin,
 ) {
     let id = start.job_id;
     let attempt = start.attempt;
@@ -122,24 +146,11 @@ pub(super) async fn run_job(
         attempt,
         ..Default::default()
     };
-    let user = start
-        .spec
-        .as_ref()
-        .map(|s| s.user.clone())
-        .unwrap_or_default();
-    let was_adopted = adopted.is_some();
-    let (spawned, started_ms, mps_held) = match adopted {
-        Some(a) => (Ok(a.job), a.started_ms, mps_shares(&agent, &start, true).0),
-        None => {
-            // Off the runtime's threads (MPS daemons and the launch itself): nothing a
-            // launch touches may stall heartbeats.
-            let (a, s) = (agent.clone(), start.clone());
-            let (spawned, held) = tokio::task::spawn_blocking(move || {
-                let (held, env) = mps_shares(&a, &s, false);
-                (spawn_recorded(&a, &s, &user, &env), held)
-            })
-            .await
-            .unwrap_or_else(|e| {
+    let was_adopted = matches!(begin, Begin::Adopted(_));
+    let (spawned, started_ms, mps_held) = match begin {
+        Begin::Adopted(a) => (Ok(a.job), a.started_ms, mps_shares(&agent, &start, true).0),
+        Begin::Launch(launching) => {
+            let (spawned, held) = launching.await.unwrap_or_else(|e| {
                 let e = std::io::Error::other(format!("launch panicked: {e}"));
                 (Err(e), Vec::new())
             });
