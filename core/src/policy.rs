@@ -296,11 +296,6 @@ impl Cluster {
             .get(qos)
             .is_some_and(|q| !q.preempts.is_empty());
         let req = Request::from(&resources(j));
-        let needs_gpu = match &req.gpu {
-            sched::GpuRequest::Whole { count } | sched::GpuRequest::Mig { count, .. } => *count > 0,
-            sched::GpuRequest::Share { compute_milli, .. } => compute_milli.is_some_and(|c| c > 0),
-            sched::GpuRequest::None => false,
-        };
-        (needs_gpu && !preempts).then_some(req)
+        (req.gpu_milli_total() > 0 && !preempts).then_some(req)
     }
 }

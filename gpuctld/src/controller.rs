@@ -365,7 +365,6 @@ impl Controller {
         &self.config
     }
 
-    /// Asks for a scheduling pass soon.
     /// At the end of a pass (`waiting`: jobs still wait): the room submits are measured
     /// against from now on. A submit that deferred since the pass took its input (so is
     /// not in it) gets its pass: at once if it may fit after all (answers true: wake
@@ -390,6 +389,7 @@ impl Controller {
         fits
     }
 
+    /// Asks for a scheduling pass soon.
     pub fn wake_scheduler(&self) {
         self.wake.notify_one();
     }
@@ -545,10 +545,11 @@ impl Controller {
         }
         let mut c = self.lock();
         c.preempt(plan, now, &mut effects);
-        let wrote = self.persist(&mut c)?;
-        let (sends, mut wake) = c.route(effects);
-        wake |= self.settle_room(&mut c, !plan.waiting.is_empty(), now);
-        Ok(Out { sends, wake, wrote })
+        // Before `settle`: effects that wake the scheduler leave the room at `Any`.
+        let wake = self.settle_room(&mut c, !plan.waiting.is_empty(), now);
+        let mut out = self.settle(c, effects)?;
+        out.wake |= wake;
+        Ok(out)
     }
 
     // ------------------------------------------------------------ user operations
