@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use gpuctl_core::policy::GpuRoom;
+use gpuctl_core::policy::{GpuRoom, gpu_room};
 use gpuctl_core::{Actor, Cluster};
 use gpuctl_proto::store::{StoredJob, StoredNode};
 use gpuctl_proto::{self as pb, JobState};
@@ -369,18 +369,16 @@ fn job_of_gpu(gpu: Option<pb::resources::Gpu>, qos: &str) -> pb::Job {
 
 #[test]
 fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
+    // The room as the state holds it: its view with no plan on top.
+    let room = |c: &Cluster| gpu_room(&c.view(), &gpuctl_sched::Plan::default());
     let mut c = cluster();
-    assert_eq!(
-        c.gpu_room(T0),
-        GpuRoom::None,
-        "no node up: nothing can start"
-    );
+    assert_eq!(room(&c), GpuRoom::None, "no node up: nothing can start");
     attach(&mut c, "n1", T0); // 2 GPUs, 16 CPUs, 64 GiB
     let all = GpuRoom::Free {
         cpu_milli: 16_000,
         memory_bytes: 64 << 30,
     };
-    assert_eq!(c.gpu_room(T0), all);
+    assert_eq!(room(&c), all);
     let whole = submit(&mut c, 1, false, T0);
     let share = |c: &mut Cluster, cpus: u32| {
         let mut s = spec(0, false);
@@ -393,7 +391,14 @@ fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
         submit_spec(c, s, T0)
     };
     let half = share(&mut c, 14);
-    pass(&mut c, T0 + 1);
+    // A plan's starts count as held: the room after the plan, from the view it was
+    // made on, is the room of the state it leaves.
+    let (view, queue, cfg) = c.pass_input(T0 + 1);
+    let plan = gpuctl_sched::schedule(&view, &queue, &cfg, T0 + 1);
+    assert_eq!(plan.starts.len(), 2);
+    let after_plan = gpu_room(&view, &plan);
+    c.apply_plan(&plan, T0 + 1);
+    assert_eq!(after_plan, room(&c));
     assert_eq!(
         (state(&c, whole), state(&c, half)),
         (JobState::Running, JobState::Running)
@@ -402,7 +407,7 @@ fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
         cpu_milli: 1000,
         memory_bytes: 64 << 30,
     };
-    assert_eq!(c.gpu_room(T0 + 1), one_cpu_left, "half a GPU free, one CPU");
+    assert_eq!(room(&c), one_cpu_left, "half a GPU free, one CPU");
     let two_cpus = pb::Job {
         spec: Some(spec(1, false)),
         ..pb::Job::default()
@@ -419,7 +424,7 @@ fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
     let other_half = share(&mut c, 1);
     pass(&mut c, T0 + 2);
     assert_eq!(state(&c, other_half), JobState::Running);
-    assert_eq!(c.gpu_room(T0 + 2), GpuRoom::None, "both GPUs held");
+    assert_eq!(room(&c), GpuRoom::None, "both GPUs held");
     assert!(!GpuRoom::None.admits(&req) && GpuRoom::Any.admits(&req));
 
     // What may wait for a pass: jobs that need GPU compute and preempt nobody (the
@@ -447,7 +452,7 @@ fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
     let e = report(&mut c, "n1", whole, Some((JobState::Completed, 0)), T0 + 3);
     assert!(e.wake);
     assert_eq!(
-        c.gpu_room(T0 + 3),
+        room(&c),
         GpuRoom::Free {
             cpu_milli: 1000,
             memory_bytes: 64 << 30

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuctl_core::filter::JobFilter;
 use gpuctl_core::ops::Admission;
-use gpuctl_core::policy::GpuRoom;
+use gpuctl_core::policy::{GpuRoom, gpu_room};
 use gpuctl_core::{Cluster, Effects, Kind, Refusal};
 use gpuctl_proto::auth::ClusterKey;
 use gpuctl_proto::{self as pb};
@@ -365,13 +365,13 @@ impl Controller {
         &self.config
     }
 
-    /// At the end of a pass (`waiting`: jobs still wait): the room submits are measured
-    /// against from now on. A submit that deferred since the pass took its input (so is
-    /// not in it) gets its pass: at once if it may fit after all (answers true: wake
-    /// the loop), else within `DEFERRED_PASS`.
-    fn settle_room(&self, c: &mut Shared, waiting: bool, now: i64) -> bool {
-        c.room = if waiting {
-            c.core.gpu_room(now)
+    /// At the end of a pass (`waiting`: jobs still wait; `room`: `gpu_room` after its
+    /// plan): the room submits are measured against from now on. A submit that deferred
+    /// since the pass took its input (so is not in it) gets its pass: at once if it may
+    /// fit after all (answers true: wake the loop), else within `DEFERRED_PASS`.
+    fn settle_room(&self, c: &mut Shared, waiting: bool, room: GpuRoom, now: i64) -> bool {
+        c.room = if waiting && !c.core.floors_preempt(now) {
+            room
         } else {
             GpuRoom::Any
         };
@@ -459,9 +459,10 @@ impl Controller {
         }
         if queue.is_empty() {
             // Jobs left out of the plan (their partition has no node up) still wait.
+            let room = gpu_room(&view, &sched::Plan::default());
             let wake = self.step(inline, |c| {
                 let waiting = c.jobs.active_len() > 0;
-                self.settle_room(c, waiting, now)
+                self.settle_room(c, waiting, room, now)
             });
             if wake {
                 self.wake_scheduler();
@@ -477,7 +478,12 @@ impl Controller {
             ctl.metrics
                 .pass_seconds
                 .observe(started.elapsed().as_secs_f64());
-            ctl.apply_plan(&plan, now, inline)
+            let room = if plan.waiting.is_empty() {
+                GpuRoom::Any
+            } else {
+                gpu_room(&view, &plan)
+            };
+            ctl.apply_plan(&plan, room, now, inline)
         };
         let out = if inline {
             plan_apply(self)?
@@ -535,7 +541,13 @@ impl Controller {
 
     /// A plan applied as `Cluster::apply_plan` does, in parts: the starts, the waiting
     /// jobs' reasons a part at a time, then preemption; persisted (not yet flushed).
-    fn apply_plan(&self, plan: &sched::Plan, now: i64, inline: bool) -> Result<Out, StoreError> {
+    fn apply_plan(
+        &self,
+        plan: &sched::Plan,
+        room: GpuRoom,
+        now: i64,
+        inline: bool,
+    ) -> Result<Out, StoreError> {
         let mut effects = Effects::default();
         for part in plan.starts.chunks(START_PART) {
             effects.merge(self.step(inline, |c| c.apply_starts(part, now)));
@@ -546,7 +558,7 @@ impl Controller {
         let mut c = self.lock();
         c.preempt(plan, now, &mut effects);
         // Before `settle`: effects that wake the scheduler leave the room at `Any`.
-        let wake = self.settle_room(&mut c, !plan.waiting.is_empty(), now);
+        let wake = self.settle_room(&mut c, !plan.waiting.is_empty(), room, now);
         let mut out = self.settle(c, effects)?;
         out.wake |= wake;
         Ok(out)

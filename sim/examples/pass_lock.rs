@@ -1,6 +1,7 @@
 //! What a scheduling pass costs the controller's lock at scale: the parts of a pass the
 //! controller runs under its lock, each a hold of its own (`pass_prepare`, `view`,
 //! `queue`, `pass_config`; `apply_plan`: placements, reasons, expected starts) next to
+//! the room a GPU job has after it (`gpu_room`, outside the lock) and
 //! the pass itself (which runs outside it). NODES x 8 GPUs, jobs of 1, 2, 4 and 8 GPUs until PENDING wait
 //! after the cluster is full, as the scale harness (tests/benches/scale.rs) sets up.
 //!
@@ -123,11 +124,16 @@ fn main() {
         let t = Instant::now();
         c.preempt(&plan, now, &mut effects);
         holds.push(ms(t));
+        // Outside the lock, as the daemon computes it: the room submits are measured
+        // against.
+        let t = Instant::now();
+        let room = gpuctl_core::policy::gpu_room(&view, &plan);
+        let room_ms = ms(t);
         let _ = c.take_changes();
         println!(
             "pass {k}: {n} queued, {} started; under the lock: prepare {prepare:.0} ms, view {view_ms:.0} ms, \
              queue {queue_ms:.0} ms, config {config_ms:.0} ms, apply {:.0} ms in {} holds (longest {:.0} ms); \
-             the pass itself {:.0} ms",
+             the pass itself {:.0} ms; after it, outside the lock, the room {room_ms:.1} ms ({room:?})",
             plan.starts.len(),
             holds.iter().sum::<f64>(),
             holds.len(),
