@@ -195,7 +195,7 @@ impl Cluster {
     }
 }
 
-/// Room for a job that needs a GPU, as the state is now (`Cluster::gpu_room`): what a
+/// Room for a job that needs a GPU after a pass (`gpu_room`): what a
 /// submit of such a job may skip a pass for. Errs towards more room.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuRoom {

@@ -89,7 +89,7 @@ struct Shared {
     /// Command streams by node (the state knows the sessions).
     links: HashMap<String, Link>,
     tokens: Tokens,
-    /// The room for a job that needs a GPU after the last pass (`Cluster::gpu_room`);
+    /// The room for a job that needs a GPU after the last pass (`policy::gpu_room`);
     /// back to `Any` at any event that wakes the scheduler (a job's end, a node's
     /// change), whose pass then comes anyway. A submit of a job that needs a GPU and
     /// does not fit it defers its pass (`DEFERRED_PASS`).
