@@ -209,15 +209,16 @@ pub enum GpuRoom {
 }
 
 impl GpuRoom {
-    /// Whether a job of `req` (which needs GPU compute) may start in this room.
-    pub fn admits(self, req: &Request) -> bool {
+    /// Whether a job that needs GPU compute, and these CPUs and memory, may start in
+    /// this room.
+    pub fn admits(self, cpu_milli: u32, memory_bytes: u64) -> bool {
         match self {
             GpuRoom::Any => true,
             GpuRoom::None => false,
             GpuRoom::Free {
-                cpu_milli,
-                memory_bytes,
-            } => req.cpu_milli <= cpu_milli && req.memory_bytes <= memory_bytes,
+                cpu_milli: cpu,
+                memory_bytes: memory,
+            } => cpu_milli <= cpu && memory_bytes <= memory,
         }
     }
 }

@@ -415,17 +415,20 @@ fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
     let mut req = c
         .deferrable(&two_cpus)
         .expect("a GPU job of the default QoS");
-    assert!(one_cpu_left.admits(&req));
+    assert!(one_cpu_left.admits(req.cpu_milli, req.memory_bytes));
     req.cpu_milli = 2000;
     assert!(
-        !one_cpu_left.admits(&req),
+        !one_cpu_left.admits(req.cpu_milli, req.memory_bytes),
         "no node with a free GPU has two CPUs"
     );
     let other_half = share(&mut c, 1);
     pass(&mut c, T0 + 2);
     assert_eq!(state(&c, other_half), JobState::Running);
     assert_eq!(room(&c), GpuRoom::None, "both GPUs held");
-    assert!(!GpuRoom::None.admits(&req) && GpuRoom::Any.admits(&req));
+    assert!(
+        !GpuRoom::None.admits(req.cpu_milli, req.memory_bytes)
+            && GpuRoom::Any.admits(req.cpu_milli, req.memory_bytes)
+    );
 
     // What may wait for a pass: jobs that need GPU compute and preempt nobody (the
     // default config's `high` preempts `low`).

@@ -143,7 +143,12 @@ impl Shared {
 
     /// Whether the submit of `j` defers its pass (and records that it did).
     fn defers(&mut self, j: &pb::Job) -> bool {
-        let Some(req) = self.core.deferrable(j).filter(|r| !self.room.admits(r)) else {
+        let room = self.room;
+        let Some(req) = self
+            .core
+            .deferrable(j)
+            .filter(|r| !room.admits(r.cpu_milli, r.memory_bytes))
+        else {
             return false;
         };
         let (cpu, memory) = self.deferred.unwrap_or((u32::MAX, u64::MAX));
@@ -378,11 +383,7 @@ impl Controller {
         let Some((cpu_milli, memory_bytes)) = c.deferred else {
             return false;
         };
-        let fits = c.room.admits(&sched::Request {
-            cpu_milli,
-            memory_bytes,
-            ..sched::Request::default()
-        });
+        let fits = c.room.admits(cpu_milli, memory_bytes);
         if !fits {
             self.defer.notify_one();
         }
@@ -445,7 +446,7 @@ impl Controller {
             && self.lock().jobs.active_len() < INLINE_JOBS;
         let now = now_ms();
         let started = std::time::Instant::now();
-        let (queue, view, cfg, changed) = if inline {
+        let (queue, view, cfg, changed, left_out) = if inline {
             self.pass_input(now, true)?
         } else {
             let ctl = self.clone();
@@ -458,12 +459,14 @@ impl Controller {
             self.store.flush().await?;
         }
         if queue.is_empty() {
-            // Jobs left out of the plan (their partition has no node up) still wait.
-            let room = gpu_room(&view, &sched::Plan::default());
-            let wake = self.step(inline, |c| {
-                let waiting = c.jobs.active_len() > 0;
-                self.settle_room(c, waiting, room, now)
-            });
+            // Jobs left out of the plan (their partition has no node up, they wait for
+            // others) still wait; with none, the room is not needed.
+            let room = if left_out {
+                gpu_room(&view, &sched::Plan::default())
+            } else {
+                GpuRoom::Any
+            };
+            let wake = self.step(inline, |c| self.settle_room(c, left_out, room, now));
             if wake {
                 self.wake_scheduler();
             }
@@ -504,7 +507,8 @@ impl Controller {
 
     /// A pass's input in short holds of the lock, not one: requests (queue, heartbeats)
     /// get in between (at 100,000 jobs one hold was 250 ms). Starts are checked again
-    /// when the plan is applied. Answers whether anything was written.
+    /// when the plan is applied. Answers whether anything was written, and whether
+    /// pending jobs were left out of the queue (they wait for others or a partition).
     fn pass_input(
         &self,
         now: i64,
@@ -514,6 +518,7 @@ impl Controller {
             Vec<sched::PendingJob>,
             sched::ClusterView,
             sched::SchedConfig,
+            bool,
             bool,
         ),
         StoreError,
@@ -536,7 +541,7 @@ impl Controller {
             }
         }
         let cfg = self.step(inline, |c| c.pass_config(now));
-        Ok((queue, view, cfg, changed))
+        Ok((queue, view, cfg, changed, !waiting.ids.is_empty()))
     }
 
     /// A plan applied as `Cluster::apply_plan` does, in parts: the starts, the waiting

@@ -168,8 +168,9 @@ fn resolve(program: &Path, env: &[(String, String)]) -> std::io::Result<std::pat
         .find(|(k, _)| k == "PATH")
         .map_or("/bin:/usr/bin", |(_, v)| v.as_str());
     let mut denied = false;
-    for dir in search.split(':') {
-        let candidate = Path::new(if dir.is_empty() { "." } else { dir }).join(program);
+    // An empty entry is the working directory: "" joined with the name is relative.
+    for dir in std::env::split_paths(search) {
+        let candidate = dir.join(program);
         match nix::unistd::access(&candidate, nix::unistd::AccessFlags::X_OK) {
             Ok(()) if candidate.is_file() => return Ok(candidate),
             Err(nix::errno::Errno::EACCES) => denied = true,
