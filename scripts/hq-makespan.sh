@@ -5,6 +5,13 @@
 # repository: `cargo build --release -p hyperqueue --bin hq`).
 #
 #   scripts/hq-makespan.sh PATH/TO/hq [JOBS] [WORKERS]
+#   ORDER=submit scripts/hq-makespan.sh PATH/TO/hq
+#   SEED=N scripts/hq-makespan.sh PATH/TO/hq    (the bench's `--seed N` mix; 0 by default)
+#
+# With ORDER=submit each duration is a job of its own, all submitted before any worker
+# starts (HyperQueue has no hold): it then starts them in submit order, as gpuctl does,
+# and the release is the first task's start (generous to HyperQueue: its workers'
+# start and registration are not counted).
 #
 # The same 500 `sleep D` durations (the bench's generator), WORKERS workers with 8
 # GPUs each (declared: `--resource gpus/nvidia=range(0-7)`), all on this host. The
@@ -28,6 +35,8 @@ for _ in $(seq 100); do
   "$HQ" --server-dir "$D/server" server info >/dev/null 2>&1 && break
   sleep 0.1
 done
+ORDER=${ORDER:-job}
+start_workers() {
 for w in $(seq "$WORKERS"); do
   "$HQ" worker start --server-dir "$D/server" --cpus 64 --detect-resources none \
     --resource "gpus/nvidia=range(0-7)" >"$D/worker-$w.log" 2>&1 &
@@ -37,35 +46,55 @@ for _ in $(seq 200); do
   [ "$n" = "$WORKERS" ] && break
   sleep 0.1
 done
+}
+[ "$ORDER" = submit ] || start_workers
 
 # The bench's durations (ms), as seconds with three decimals, one per line.
-$PY - "$JOBS" >"$D/durations.txt" <<'EOF'
+$PY - "$JOBS" "${SEED:-0}" >"$D/durations.txt" <<'EOF'
 import sys
-n = int(sys.argv[1]); x = 0x2545F4914F6CDD1D; m = (1 << 64) - 1
+n = int(sys.argv[1]); m = (1 << 64) - 1
+x = (0x2545F4914F6CDD1D + int(sys.argv[2]) * 0x9E3779B97F4A7C15) & m
 for _ in range(n):
     x = (x * 6364136223846793005 + 1442695040888963407) & m
     print("%.3f" % ((1000 + (x >> 33) % 4400) / 1000))
 EOF
 
-released=$($PY -c 'import time; print(time.time())')
-# Output discarded, as the bench's jobs write to /dev/null.
-id=$("$HQ" --server-dir "$D/server" submit --output-mode quiet --each-line "$D/durations.txt" \
-  --cwd "$D" --stdout none --stderr none \
-  --resource gpus/nvidia=1 -- bash -c 'exec sleep "$HQ_ENTRY"')
-"$HQ" --server-dir "$D/server" job wait "$id" >/dev/null
-"$HQ" --server-dir "$D/server" task list "$id" --output-mode json >"$D/tasks.json"
+if [ "$ORDER" = submit ]; then
+  # One job a duration, in order, then the workers: the first task's start is the release.
+  while read -r d; do
+    "$HQ" --server-dir "$D/server" submit --output-mode quiet --cwd "$D" --stdout none \
+      --stderr none --resource gpus/nvidia=1 -- bash -c "exec sleep $d" >>"$D/ids.txt"
+  done <"$D/durations.txt"
+  start_workers
+  released=first
+  "$HQ" --server-dir "$D/server" job wait all >/dev/null
+  "$HQ" --server-dir "$D/server" task list "1-$JOBS" --output-mode json >"$D/tasks.json"
+else
+  released=$($PY -c 'import time; print(time.time())')
+  # Output discarded, as the bench's jobs write to /dev/null.
+  id=$("$HQ" --server-dir "$D/server" submit --output-mode quiet --each-line "$D/durations.txt" \
+    --cwd "$D" --stdout none --stderr none \
+    --resource gpus/nvidia=1 -- bash -c 'exec sleep "$HQ_ENTRY"')
+  "$HQ" --server-dir "$D/server" job wait "$id" >/dev/null
+  "$HQ" --server-dir "$D/server" task list "$id" --output-mode json >"$D/tasks.json"
+fi
 
 $PY - "$D/tasks.json" "$D/durations.txt" "$released" "$((WORKERS * 8))" <<'EOF'
 import json, sys
 from datetime import datetime
-tasks_file, durations_file, released, gpus = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+tasks_file, durations_file, released, gpus = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 durations = [float(l) for l in open(durations_file)]
 data = json.load(open(tasks_file))
-tasks = data[0]["tasks"] if isinstance(data, list) and data and "tasks" in data[0] else data
-if isinstance(tasks, dict):
-    tasks = next(iter(tasks.values()))
 def t(s):
     return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+if isinstance(data, dict) and len(data) > 1:
+    # One job a duration (ORDER=submit): job N ran duration N; its one task gets that id.
+    tasks = [dict(x, id=int(j) - 1) for j, ts in data.items() for x in ts]
+else:
+    tasks = data[0]["tasks"] if isinstance(data, list) and data and "tasks" in data[0] else data
+    if isinstance(tasks, dict):
+        tasks = next(iter(tasks.values()))
+released = min(t(x["started_at"]) for x in tasks) if released == "first" else float(released)
 def list_schedule(order):
     free = [0.0] * gpus
     for d in order:

@@ -555,6 +555,17 @@ impl Launched {
         self.cgroup.as_ref().map_or((None, None), |c| c.stats())
     }
 
+    /// Whether a process of the job is still there: in its cgroup, or where it has
+    /// none, in its process group.
+    pub fn left_behind(&self) -> bool {
+        match &self.cgroup {
+            Some(cg) => !cg.pids().is_empty(),
+            None => self
+                .pid
+                .is_some_and(|p| killpg(Pid::from_raw(p as i32), None).is_ok()),
+        }
+    }
+
     /// Kills whatever is left and removes the cgroup.
     pub fn cleanup(&self) {
         self.signal(Signal::SIGKILL);
@@ -820,6 +831,35 @@ mod tests {
                 .collect(),
             ..pb::StartJob::default()
         }
+    }
+
+    /// A job's end is reported before its cleanup only when nothing of it is left:
+    /// `left_behind` sees a process the job left in its group, and no longer once the
+    /// cleanup has killed it.
+    #[tokio::test]
+    async fn a_process_left_in_the_jobs_group_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("left.pid");
+        let spawn = |script: String| {
+            tokio::process::Command::new("/bin/sh")
+                .args(["-c", &script])
+                .process_group(0)
+                .spawn()
+                .unwrap()
+        };
+        let mut alone = Launched::started(spawn("exit 0".into()));
+        alone.wait().await.unwrap();
+        assert!(!alone.left_behind(), "a job that left nothing");
+        let script = format!("sleep 30 & echo $! > {}; exit 0", pid_file.display());
+        let mut job = Launched::started(spawn(script));
+        job.wait().await.unwrap();
+        assert!(job.left_behind(), "the sleep is still in the job's group");
+        job.cleanup();
+        let gone = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            !job.left_behind()
+        });
+        assert!(gone, "the cleanup killed what the job left");
     }
 
     #[test]

@@ -7,9 +7,16 @@ use std::sync::Mutex;
 use gpuctl_proto as pb;
 use prost::Message;
 
+/// The queue in memory, and its copy on disk. `push` and `ack` change the memory only
+/// (they run on the agent's async worker, in the path from a job's end to the
+/// controller); `persist` writes the copy, on a blocking thread, after the report is on
+/// its way (see `Agent::report`).
 pub struct ReportQueue {
     path: PathBuf,
     queue: Mutex<Vec<pb::JobReport>>,
+    /// One write of the file at a time; each writes the queue as it is when it starts,
+    /// so the last to finish holds the newest state.
+    file: Mutex<()>,
 }
 
 impl ReportQueue {
@@ -34,6 +41,7 @@ impl ReportQueue {
         Ok(ReportQueue {
             path,
             queue: Mutex::new(queue),
+            file: Mutex::new(()),
         })
     }
 
@@ -41,9 +49,11 @@ impl ReportQueue {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn save(&self, q: &[pb::JobReport]) {
+    /// Writes the queue as it is now to disk (blocking: call it off the async workers).
+    pub fn persist(&self) {
+        let _one_at_a_time = self.file.lock().unwrap_or_else(|p| p.into_inner());
         let mut bytes = Vec::new();
-        for r in q {
+        for r in self.lock().iter() {
             r.encode_length_delimited(&mut bytes)
                 .expect("Vec grows as needed");
         }
@@ -54,24 +64,22 @@ impl ReportQueue {
         }
     }
 
+    /// Queues a report (in memory: `persist` writes it).
     pub fn push(&self, r: pb::JobReport) {
-        let mut q = self.lock();
-        q.push(r);
-        self.save(&q);
+        self.lock().push(r);
     }
 
     pub fn snapshot(&self) -> Vec<pb::JobReport> {
         self.lock().clone()
     }
 
-    /// Removes reports the controller acknowledged.
-    pub fn ack(&self, acked: &[pb::JobReport]) {
+    /// Removes reports the controller acknowledged (in memory); returns whether any was
+    /// queued, i.e. whether the copy on disk is now out of date.
+    pub fn ack(&self, acked: &[pb::JobReport]) -> bool {
         let mut q = self.lock();
         let before = q.len();
         q.retain(|r| !acked.contains(r));
-        if q.len() != before {
-            self.save(&q);
-        }
+        q.len() != before
     }
 }
 
@@ -91,9 +99,19 @@ mod tests {
         let q = ReportQueue::open(path.clone()).unwrap();
         q.push(r(1));
         q.push(r(2));
+        // In memory until persisted.
+        assert!(
+            ReportQueue::open(path.clone())
+                .unwrap()
+                .snapshot()
+                .is_empty()
+        );
+        q.persist();
         let q = ReportQueue::open(path.clone()).unwrap();
         assert_eq!(q.snapshot(), vec![r(1), r(2)]);
-        q.ack(&[r(1)]);
+        assert!(q.ack(&[r(1)]));
+        assert!(!q.ack(&[r(1)]), "acking twice changes nothing");
+        q.persist();
         let q = ReportQueue::open(path).unwrap();
         assert_eq!(q.snapshot(), vec![r(2)]);
     }

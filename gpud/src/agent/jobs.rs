@@ -192,14 +192,14 @@ pub(super) async fn run_job(
                     ),
                 );
             if !was_adopted {
-                agent.report(pb::JobReport {
+                drop(agent.report(pb::JobReport {
                     node: agent.name.clone(),
                     job_id: id,
                     kind: pb::job_report::Kind::Started as i32,
                     time_ms: started_ms,
                     attempt,
                     ..pb::JobReport::default()
-                });
+                }));
             }
             let full = Duration::from_secs(start.time_limit_secs.max(1));
             // An adopted job keeps the deadline it had.
@@ -234,25 +234,51 @@ pub(super) async fn run_job(
                 });
             let ended_ms = job.ended_ms();
             let (cpu_time_ms, mem_peak_bytes) = job.usage();
-            // Whatever the job left behind goes too, off the runtime's threads: a
-            // process stuck in the kernel can hold its cgroup for up to a second.
-            let _ = tokio::task::spawn_blocking(move || job.cleanup()).await;
+            // Whatever the job left behind goes before its end is reported, off the
+            // runtime's threads (a process stuck in the kernel can hold its cgroup for
+            // up to a second): its GPUs are free only once nothing of it runs. When
+            // nothing is left, as after almost every end, the report goes first and
+            // the empty cgroup is removed while it travels.
+            let after_report = if job.left_behind() {
+                let _ = tokio::task::spawn_blocking(move || job.cleanup()).await;
+                None
+            } else {
+                Some(job)
+            };
             let mut r = exit_report(status, forced, ended);
             if let Some(t) = ended_ms.filter(|&t| t > 0) {
                 r.time_ms = t;
             }
             r.cpu_time_ms = cpu_time_ms;
             r.mem_peak_bytes = mem_peak_bytes;
-            r
+            tracing::info!(job = id, state = r.state().as_str_name(), exit_code = ?r.exit_code, "job ended");
+            let saved = agent.report(r);
+            if let Some(job) = after_report {
+                let _ = tokio::task::spawn_blocking(move || job.cleanup()).await;
+            }
+            finish(&agent, &start, mps_held, saved).await;
+            return;
         }
     };
     tracing::info!(job = id, state = report.state().as_str_name(), exit_code = ?report.exit_code, "job ended");
-    // The report is on disk before the record goes: a crash in between re-reports the
-    // same end, which the controller ignores.
-    agent.report(report);
+    let saved = agent.report(report);
+    finish(&agent, &start, mps_held, saved).await;
+}
+
+/// After a job's end is reported: its MPS shares go back, and once the report is in the
+/// queue's copy on disk, the job's own records go (a crash before that re-reports the
+/// end from the records, which the controller ignores as a repeat).
+async fn finish(
+    agent: &Arc<Agent>,
+    start: &pb::StartJob,
+    mps_held: Vec<String>,
+    saved: tokio::task::JoinHandle<()>,
+) {
+    let (id, attempt) = (start.job_id, start.attempt);
     for g in &mps_held {
         agent.mps.release(g);
     }
+    let _ = saved.await;
     for ext in ["json", "status"] {
         let _ = std::fs::remove_file(record_path(&agent.state_dir, id, attempt, ext));
     }
