@@ -220,6 +220,15 @@ impl Jobs {
         merge_by_id(self.live.iter(), self.done.iter(), |x, y| x < y)
     }
 
+    /// Every job with an id in `lo..=hi`, by id.
+    pub fn in_range(&self, lo: u64, hi: u64) -> impl Iterator<Item = &StoredJob> {
+        merge_by_id(
+            self.live.range(lo..=hi),
+            self.done.range(lo..=hi),
+            |x, y| x < y,
+        )
+    }
+
     /// Every job, newest (highest id) first.
     pub fn newest(&self) -> impl Iterator<Item = &StoredJob> {
         merge_by_id(self.live.iter().rev(), self.done.iter().rev(), |x, y| x > y)

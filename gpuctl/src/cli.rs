@@ -259,7 +259,7 @@ pub(crate) fn print(text: &str) {
 /// Serializes straight into a buffered stdout (large outputs: `queue --json`).
 pub(crate) fn print_json_streamed(v: &impl serde::Serialize) {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-    let result = serde_json::to_writer_pretty(&mut out, v)
+    let result = crate::pretty::to_writer(&mut out, v)
         .map_err(std::io::Error::from)
         .and_then(|()| out.write_all(b"\n"))
         .and_then(|()| out.flush());
@@ -285,7 +285,26 @@ impl tonic::service::Interceptor for Auth {
     }
 }
 
-pub type Client = ControllerClient<InterceptedService<Channel, Auth>>;
+/// The connection to the controller: its generated client, and the same channel for
+/// calls whose answers are taken undecoded (`queue --json` decodes its pages on worker
+/// threads: `commands::queue`).
+pub struct Client {
+    api: ControllerClient<InterceptedService<Channel, Auth>>,
+    pub(crate) raw: tonic::client::Grpc<InterceptedService<Channel, Auth>>,
+}
+
+impl std::ops::Deref for Client {
+    type Target = ControllerClient<InterceptedService<Channel, Auth>>;
+    fn deref(&self) -> &Self::Target {
+        &self.api
+    }
+}
+
+impl std::ops::DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.api
+    }
+}
 
 /// The socket gpuctld conventionally listens on.
 pub const DEFAULT_SOCKET: &str = "/run/gpuctl/gpuctld.sock";
@@ -341,9 +360,14 @@ pub(crate) async fn connect(cli: &Cli) -> Result<Client, Failure> {
         })
         .transpose()?;
     let channel = channel(&url, cli.timeout).await?;
-    Ok(ControllerClient::with_interceptor(channel, Auth(token))
-        // `queue --json` of a 100,000-job queue is tens of MB.
-        .max_decoding_message_size(1 << 30))
+    let auth = Auth(token);
+    Ok(Client {
+        raw: tonic::client::Grpc::new(InterceptedService::new(channel.clone(), auth.clone()))
+            .max_decoding_message_size(1 << 30),
+        api: ControllerClient::with_interceptor(channel, auth)
+            // `queue --json` of a 100,000-job queue is tens of MB.
+            .max_decoding_message_size(1 << 30),
+    })
 }
 
 async fn channel(url: &str, timeout: std::time::Duration) -> Result<Channel, Failure> {

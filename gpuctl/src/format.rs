@@ -76,11 +76,23 @@ pub fn job_json(j: &pb::Job) -> Value {
 pub struct JobJson<'a> {
     job: &'a pb::Job,
     gpu_use: Option<&'a [crate::commands::show::GpuUse]>,
+    /// The time `elapsed_secs` of a running job is counted to (Unix ms).
+    now: i64,
 }
 
 impl<'a> JobJson<'a> {
     pub fn new(job: &'a pb::Job) -> JobJson<'a> {
-        JobJson { job, gpu_use: None }
+        JobJson::at(job, now_ms())
+    }
+
+    /// The job with a running job's elapsed time counted to `now` (one clock read for
+    /// a whole listing).
+    pub fn at(job: &'a pb::Job, now: i64) -> JobJson<'a> {
+        JobJson {
+            job,
+            gpu_use: None,
+            now,
+        }
     }
 
     pub fn with_gpu_use(
@@ -90,6 +102,7 @@ impl<'a> JobJson<'a> {
         JobJson {
             job,
             gpu_use: Some(gpu_use),
+            now: now_ms(),
         }
     }
 }
@@ -118,8 +131,21 @@ impl serde::Serialize for StreamedJobs {
     }
 }
 
-fn time_str(ms: i64) -> Option<String> {
-    time_string(ms)
+/// A time as `time_string` has it, written without a `String` of its own.
+struct TimeJson(i64);
+
+impl serde::Serialize for TimeJson {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        if self.0 <= 0 {
+            return ser.serialize_none();
+        }
+        let t = UNIX_EPOCH + Duration::from_millis(self.0.min(MAX_RFC3339_MS) as u64);
+        ser.collect_str(&humantime::format_rfc3339_millis(t))
+    }
+}
+
+fn time_str(ms: i64) -> TimeJson {
+    TimeJson(ms)
 }
 
 fn non_empty(s: &str) -> Option<&str> {
@@ -213,11 +239,17 @@ impl serde::Serialize for ResourcesJson<'_> {
 impl serde::Serialize for JobJson<'_> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
+        static NO_SPEC: std::sync::OnceLock<pb::JobSpec> = std::sync::OnceLock::new();
+        static NO_RESOURCES: std::sync::OnceLock<pb::Resources> = std::sync::OnceLock::new();
         let j = self.job;
-        let none = pb::JobSpec::default();
-        let spec = j.spec.as_ref().unwrap_or(&none);
-        let no_res = pb::Resources::default();
-        let r = spec.resources.as_ref().unwrap_or(&no_res);
+        let spec = j
+            .spec
+            .as_ref()
+            .unwrap_or_else(|| NO_SPEC.get_or_init(pb::JobSpec::default));
+        let r = spec
+            .resources
+            .as_ref()
+            .unwrap_or_else(|| NO_RESOURCES.get_or_init(pb::Resources::default));
         // Keys in alphabetical order, as the Value-based output had them.
         let env: std::collections::BTreeMap<&String, &String> = spec.env.iter().collect();
         let mut m = ser.serialize_map(None)?;
@@ -242,7 +274,7 @@ impl serde::Serialize for JobJson<'_> {
                 .map(|(kind, job_id)| DepJson { kind, job_id })
                 .collect::<Vec<_>>(),
         )?;
-        m.serialize_entry("elapsed_secs", &(elapsed_ms(j, now_ms()) / 1000))?;
+        m.serialize_entry("elapsed_secs", &(elapsed_ms(j, self.now) / 1000))?;
         m.serialize_entry("end_time", &time_str(j.end_time_ms))?;
         m.serialize_entry("env", &env)?;
         m.serialize_entry("exit_code", &j.exit_code)?;

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use gpuctl_tests::{Cluster, wait_for};
+use serde_json::Value;
 
 const T: Duration = Duration::from_secs(40);
 
@@ -197,4 +198,66 @@ fn singleton_jobs_of_one_name_run_one_after_another() {
         c.job(b)["dependencies"],
         serde_json::json!([{"kind": "singleton", "job_id": 0}])
     );
+}
+
+/// `queue --json` over several of the controller's pages (250 jobs each), dense and
+/// sparse runs of ids alike, lists every job it should once, in id order, filtered or
+/// not; `--all` adds the ended ones.
+#[test]
+fn a_listing_over_many_pages_is_whole_and_in_order() {
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    std::fs::write(
+        c.path("wide.toml"),
+        "name = \"wide\"\nscript = \"sleep 300\"\n[resources]\ngpus = 1\n",
+    )
+    .unwrap();
+    // The node takes nothing until the first hundred tasks are held: task 100 runs,
+    // inside the first page's run of ids.
+    c.gpuctl_ok(&["node", "drain", "n1", "--reason", "setup"]);
+    let first = c.json(&["submit", "--array", "0-699", "wide.toml"])["job_id"]
+        .as_u64()
+        .unwrap();
+    let held: Vec<String> = (0..100).map(|i| (first + i).to_string()).collect();
+    let mut args = vec!["hold"];
+    args.extend(held.iter().map(String::as_str));
+    c.gpuctl_ok(&args);
+    c.gpuctl_ok(&["node", "resume", "n1"]);
+    c.wait_state(first + 100, "RUNNING", T);
+    // Past the first page, four tasks in five go: the second page's ids are sparse.
+    let gone: Vec<String> = (250..700)
+        .filter(|i| i % 5 != 0)
+        .map(|i| format!("{first}_{i}"))
+        .collect();
+    let mut args = vec!["cancel"];
+    args.extend(gone.iter().map(String::as_str));
+    c.gpuctl_ok(&args);
+    let ids = |v: Value| -> Vec<u64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_u64().unwrap())
+            .collect()
+    };
+    let active: Vec<u64> = (0..700u64)
+        .filter(|i| *i < 250 || i % 5 == 0)
+        .map(|i| first + i)
+        .collect();
+    assert_eq!(ids(c.json(&["queue"])), active);
+    assert_eq!(
+        ids(c.json(&["queue", "--name", "wide"])),
+        active,
+        "a filtered listing"
+    );
+    let pending: Vec<u64> = active
+        .iter()
+        .copied()
+        .filter(|&id| id != first + 100)
+        .collect();
+    assert_eq!(
+        ids(c.json(&["queue", "-t", "PD"])),
+        pending,
+        "only the pending ones"
+    );
+    let all: Vec<u64> = (first..first + 700).collect();
+    assert_eq!(ids(c.json(&["queue", "--all"])), all);
 }

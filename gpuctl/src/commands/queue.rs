@@ -6,8 +6,8 @@
 use gpuctl_proto::{self as pb, JobState};
 
 use super::View;
-use crate::cli::{Client, Failure, fail, print_json_streamed};
-use crate::format;
+use crate::cli::{Client, Failure, fail};
+use crate::{format, json_pages};
 
 #[derive(clap::Args, Clone, Debug)]
 #[command(disable_help_flag = true)]
@@ -159,39 +159,55 @@ pub async fn run(client: &mut Client, args: &QueueArgs) -> Result<Queue, Failure
     })
 }
 
-/// `--json`: pages are printed as they arrive (receiving, decoding and writing JSON
-/// overlap). The first page decides a failure before any output.
+/// `--json`: pages are printed as they arrive; receiving them, decoding them and
+/// writing their JSON overlap, two pages decoded at a time (`json_pages`). The first
+/// page decides a failure before any output.
 pub async fn stream_json(client: &mut Client, args: &QueueArgs) -> Result<(), Failure> {
     let req = args.request(client).await?;
-    let mut pages = client.list_jobs_paged(req).await?.into_inner();
+    client
+        .raw
+        .ready()
+        .await
+        .map_err(|e| fail(format!("the connection is not ready: {e}")))?;
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/gpuctl.v1.Controller/ListJobsPaged");
+    let mut pages = client
+        .raw
+        .server_streaming(tonic::Request::new(req), path, json_pages::RawPages)
+        .await?
+        .into_inner();
     let first = pages.message().await?;
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<pb::Job>>(4);
-    let writer = tokio::task::spawn_blocking(move || {
-        print_json_streamed(&format::StreamedJobs::new(rx));
-    });
-    if let Some(p) = first {
-        let _ = tx.send(p.jobs);
-    }
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, bytes::Bytes)>(4);
+    let writer = tokio::task::spawn_blocking(move || json_pages::print(rx));
     let mut failed = None;
-    loop {
-        match pages.message().await {
-            Ok(Some(p)) => {
-                if tx.send(p.jobs).is_err() {
+    if let Some(p) = first {
+        let _ = tx.send((0, p));
+        let mut n = 1;
+        loop {
+            match pages.message().await {
+                Ok(Some(p)) => {
+                    if tx.send((n, p)).is_err() {
+                        break;
+                    }
+                    n += 1;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    failed = Some(e);
                     break;
                 }
-            }
-            Ok(None) => break,
-            Err(e) => {
-                failed = Some(e);
-                break;
             }
         }
     }
     drop(tx);
-    if writer.await.is_err() {
-        return Err(fail(
-            "writing the JSON failed; the output above is incomplete",
-        ));
+    match writer.await {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => return Err(fail(format!("{why}; the output above is incomplete"))),
+        Err(_) => {
+            return Err(fail(
+                "writing the JSON failed; the output above is incomplete",
+            ));
+        }
     }
     match failed {
         Some(e) => Err(e.into()),
