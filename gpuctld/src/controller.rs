@@ -738,7 +738,7 @@ impl Controller {
         // spans about 250 ids), unless the ids are sparse in their range.
         let walk = match (lo, hi) {
             (Some(lo), Some(hi)) => {
-                (hi - lo) as usize <= 4 * ids.len() && ids.is_sorted_by(|a, b| a < b)
+                ids.is_sorted_by(|a, b| a < b) && (hi - lo) as usize <= 4 * ids.len()
             }
             _ => false,
         };
