@@ -227,6 +227,11 @@ fn tokens_over_tcp() {
         .as_u64()
         .unwrap();
     assert_eq!(c.job(id)["user"], ALICE);
+    // `queue --json` takes its pages undecoded, on the same authenticated channel.
+    let out = run(Some(&token), &["queue", "--json", "--all"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let q: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(q.as_array().unwrap().iter().any(|j| j["id"] == id), "{q}");
     let out = run(Some(&token), &["submit", "--user", "root", "t.toml"]);
     assert!(
         stderr(&out).contains("permission denied"),
@@ -234,14 +239,22 @@ fn tokens_over_tcp() {
         stderr(&out)
     );
 
-    // Revoked: refused from then on.
+    // Revoked: refused from then on, with nothing printed before the refusal.
     c.gpuctl_ok(&["admin", "token", "revoke", &tid]);
-    let out = run(Some(&token), &["queue"]);
-    assert!(
-        stderr(&out).contains("unknown or revoked API token"),
-        "{}",
-        stderr(&out)
-    );
+    for args in [&["queue"][..], &["queue", "--json"]] {
+        let out = run(Some(&token), args);
+        assert!(
+            stderr(&out).contains("unknown or revoked API token"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            out.stdout.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
 }
 
 #[test]
