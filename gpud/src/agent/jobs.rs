@@ -162,10 +162,14 @@ pub(super) async fn run_job(
             }
         }
     };
-    let report = match spawned {
+    // The end's report, and the job whose empty cgroup is removed once it is sent.
+    let (report, leftover) = match spawned {
         Err(e) => {
             tracing::warn!(job = id, "cannot start job: {e}");
-            ended(JobState::Failed, None, format!("launch failed: {e}"))
+            (
+                ended(JobState::Failed, None, format!("launch failed: {e}")),
+                None,
+            )
         }
         Ok(mut job) => {
             tracing::info!(job = id, pid = job.id(), gpus = ?start.slots.iter().map(|s| &s.uuid).collect::<Vec<_>>(), cgroup = job.cgroup.is_some(), adopted = was_adopted, "job started");
@@ -251,17 +255,14 @@ pub(super) async fn run_job(
             }
             r.cpu_time_ms = cpu_time_ms;
             r.mem_peak_bytes = mem_peak_bytes;
-            tracing::info!(job = id, state = r.state().as_str_name(), exit_code = ?r.exit_code, "job ended");
-            let saved = agent.report(r);
-            if let Some(job) = after_report {
-                let _ = tokio::task::spawn_blocking(move || job.cleanup()).await;
-            }
-            finish(&agent, &start, mps_held, saved).await;
-            return;
+            (r, after_report)
         }
     };
     tracing::info!(job = id, state = report.state().as_str_name(), exit_code = ?report.exit_code, "job ended");
     let saved = agent.report(report);
+    if let Some(job) = leftover {
+        let _ = tokio::task::spawn_blocking(move || job.cleanup()).await;
+    }
     finish(&agent, &start, mps_held, saved).await;
 }
 
