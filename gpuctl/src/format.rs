@@ -14,9 +14,14 @@ const MAX_RFC3339_MS: i64 = 253_402_300_799_000;
 /// of jobs and history); `None` for "not yet" (0 or less). Times past year 9999 (which no
 /// formatter writes) show as the last one it can.
 pub fn time_string(ms: i64) -> Option<String> {
+    rfc3339_ms(ms).map(|t| t.to_string())
+}
+
+/// A job's time (Unix ms; 0 or less: none) as RFC 3339 with milliseconds, unwritten.
+fn rfc3339_ms(ms: i64) -> Option<humantime::Rfc3339Timestamp> {
     (ms > 0).then(|| {
         let t = UNIX_EPOCH + Duration::from_millis(ms.min(MAX_RFC3339_MS) as u64);
-        humantime::format_rfc3339_millis(t).to_string()
+        humantime::format_rfc3339_millis(t)
     })
 }
 
@@ -107,40 +112,15 @@ impl<'a> JobJson<'a> {
     }
 }
 
-/// A JSON array of jobs serialized while its pages are still arriving (pulled from
-/// `rx` until it closes).
-pub struct StreamedJobs(std::sync::Mutex<std::sync::mpsc::Receiver<Vec<pb::Job>>>);
-
-impl StreamedJobs {
-    pub fn new(rx: std::sync::mpsc::Receiver<Vec<pb::Job>>) -> StreamedJobs {
-        StreamedJobs(std::sync::Mutex::new(rx))
-    }
-}
-
-impl serde::Serialize for StreamedJobs {
-    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        let rx = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let mut seq = ser.serialize_seq(None)?;
-        while let Ok(page) = rx.recv() {
-            for j in &page {
-                seq.serialize_element(&JobJson::new(j))?;
-            }
-        }
-        seq.end()
-    }
-}
-
 /// A time as `time_string` has it, written without a `String` of its own.
 struct TimeJson(i64);
 
 impl serde::Serialize for TimeJson {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
-        if self.0 <= 0 {
-            return ser.serialize_none();
+        match rfc3339_ms(self.0) {
+            Some(t) => ser.collect_str(&t),
+            None => ser.serialize_none(),
         }
-        let t = UNIX_EPOCH + Duration::from_millis(self.0.min(MAX_RFC3339_MS) as u64);
-        ser.collect_str(&humantime::format_rfc3339_millis(t))
     }
 }
 
