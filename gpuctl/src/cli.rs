@@ -403,13 +403,13 @@ async fn channel(url: &str, timeout: std::time::Duration) -> Result<Channel, Fai
 
 pub async fn run(cli: Cli) -> Result<(), Failure> {
     // A bad job file is reported before anything is contacted.
-    let spec = match &cli.command {
+    let specs = match &cli.command {
         Command::Submit(args) => {
             let cwd = std::env::current_dir()
                 .map_err(|e| fail(format!("cannot read the current directory: {e}")))?;
-            Some(args.spec(&cwd).map_err(fail)?)
+            args.specs(&cwd).map_err(fail)?
         }
-        _ => None,
+        _ => Vec::new(),
     };
     match &cli.command {
         Command::Man => return print_manual(),
@@ -428,9 +428,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         // Printed above, without a controller.
         Command::Completions { .. } | Command::Man => {}
         Command::Submit(args) => {
-            let spec = spec.expect("parsed above");
-            let view = commands::submit::run(&cli, c, &args.label(), spec).await?;
-            emit(&view, args.json);
+            commands::submit::run_all(&cli, c, specs, args.json).await?;
         }
         Command::Queue(q) if q.json => commands::queue::stream_json(c, q).await?,
         Command::Queue(q) => emit(&commands::queue::run(c, q).await?, false),

@@ -13,9 +13,15 @@ use crate::sbatch::{self, Extra};
 /// `gpuctl submit`'s arguments.
 #[derive(clap::Args)]
 pub struct SubmitArgs {
-    /// A job file: TOML (job.toml), or a shell script with #SBATCH lines.
-    #[arg(required_unless_present = "wrap", conflicts_with = "wrap")]
-    pub file: Option<PathBuf>,
+    /// Job files: TOML (job.toml), or shell scripts with #SBATCH lines. Several files
+    /// are all read and checked first (nothing is sent if one is bad), then queued in
+    /// order on one connection, each as its own job.
+    #[arg(
+        required_unless_present = "wrap",
+        conflicts_with = "wrap",
+        value_name = "FILE"
+    )]
+    pub files: Vec<PathBuf>,
     /// Run this shell command as the job, without a file (like sbatch --wrap).
     #[arg(long)]
     pub wrap: Option<String>,
@@ -74,38 +80,75 @@ pub struct SubmitArgs {
 }
 
 impl SubmitArgs {
-    /// What errors and messages call the job: its file, or `--wrap`.
-    pub fn label(&self) -> String {
-        self.file
-            .as_ref()
-            .map_or_else(|| "--wrap".to_string(), |f| f.display().to_string())
+    /// Every job asked for, in order, with what errors and messages call it (its file,
+    /// or `--wrap`), read and overridden as wire specs; warnings go to stderr. All files
+    /// are read before any answer: the error names every bad one.
+    pub fn specs(&self, cwd: &Path) -> Result<Vec<(String, pb::JobSpec)>, String> {
+        // A bad `--export` is said once, not once a file.
+        if let Some(e) = &self.export {
+            exported_env(e, std::iter::empty())?;
+        }
+        if self.files.is_empty() {
+            let (job, extra) = match &self.wrap {
+                Some(cmd) => sbatch::parse("wrap", &format!("#!/bin/sh\n{cmd}\n"))
+                    .map(|(mut j, e)| {
+                        j.name = "wrap".into();
+                        (j, e)
+                    })
+                    .map_err(|e| e.to_string())?,
+                None => return Err("give a job file or --wrap \"command\"".into()),
+            };
+            let spec = self.spec("--wrap", job, extra, cwd)??;
+            return Ok(vec![("--wrap".to_string(), spec)]);
+        }
+        let mut specs = Vec::with_capacity(self.files.len());
+        let mut errors = Vec::new();
+        for f in &self.files {
+            let label = f.display().to_string();
+            let spec = match jobfile::load_any(f) {
+                Ok((job, extra)) => self.spec(&label, job, extra, cwd)?,
+                Err(e) => Err(e.to_string()),
+            };
+            match spec {
+                Ok(s) => specs.push((label, s)),
+                Err(e) => errors.push(e),
+            }
+        }
+        match errors.len() {
+            0 => Ok(specs),
+            _ if self.files.len() == 1 => Err(errors.remove(0)),
+            n => Err(format!(
+                "{}\nnothing submitted: {n} of {} files have errors",
+                errors.join("\n"),
+                self.files.len()
+            )),
+        }
     }
 
-    /// The job, read and overridden, as the wire spec; warnings go to stderr.
-    pub fn spec(&self, cwd: &Path) -> Result<pb::JobSpec, String> {
-        let (mut job, extra) = match (&self.file, &self.wrap) {
-            (Some(f), _) => jobfile::load_any(f).map_err(|e| e.to_string())?,
-            (None, Some(cmd)) => sbatch::parse("wrap", &format!("#!/bin/sh\n{cmd}\n"))
-                .map(|(mut j, e)| {
-                    j.name = "wrap".into();
-                    (j, e)
-                })
-                .map_err(|e| e.to_string())?,
-            (None, None) => return Err("give a job file or --wrap \"command\"".into()),
-        };
+    /// One job (called `label`), overridden by the command line, as the wire spec. The
+    /// outer error is the command line's (the same for every file), the inner the
+    /// job's own.
+    fn spec(
+        &self,
+        label: &str,
+        mut job: Job,
+        extra: Extra,
+        cwd: &Path,
+    ) -> Result<Result<pb::JobSpec, String>, String> {
         for w in &extra.warnings {
-            eprintln!("gpuctl: warning: {}: {w}", self.label());
+            eprintln!("gpuctl: warning: {label}: {w}");
         }
         self.apply(&mut job)?;
         // The controller runs the job as the authenticated caller; naming a user
         // (admins only) asks for another.
         let mut spec = job.into_spec(cwd, self.user.as_deref().unwrap_or(""), 0, 0);
-        self.export_env(&extra, &mut spec)?;
-        // The controller's own rules for a request's shape, before anything is sent.
         let res = spec.resources.clone().unwrap_or_default();
-        gpuctl_proto::convert::checked_request(&res)
-            .map_err(|e| format!("{}: {e}", self.label()))?;
-        Ok(spec)
+        Ok(self
+            .export_env(&extra, &mut spec)
+            // The controller's own rules for a request's shape, before anything is sent.
+            .and_then(|()| gpuctl_proto::convert::checked_request(&res).map_err(|e| e.to_string()))
+            .map(|_| spec)
+            .map_err(|e| format!("{label}: {e}")))
     }
 
     /// The command line's options win over the file's.
@@ -281,7 +324,7 @@ mod tests {
             "-o",
             "q-%j.out",
         ]);
-        let s = a.spec(Path::new("/w")).unwrap();
+        let s = a.specs(Path::new("/w")).unwrap().remove(0).1;
         assert_eq!(s.name, "quick");
         assert_eq!(s.script, "#!/bin/sh\npython x.py\n");
         assert_eq!(s.stdout, "q-%j.out");
@@ -303,7 +346,7 @@ mod tests {
         let file = dir.path().join("share.toml");
         std::fs::write(&file, "command = [\"python\"]\n[resources]\ngpus = 0.5\n").unwrap();
         let a = args(&[file.to_str().unwrap(), "-N", "2"]);
-        let e = a.spec(Path::new("/w")).unwrap_err();
+        let e = a.specs(Path::new("/w")).unwrap_err();
         assert!(e.contains("multi-node jobs take whole GPUs"), "{e}");
         assert!(e.starts_with(file.to_str().unwrap()), "{e}");
     }

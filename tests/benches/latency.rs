@@ -5,7 +5,8 @@
 //!   CLI's round trip for that submit;
 //! - a job that sleeps 1 s: its `end_time - launch_time` and `end_time - start_time`;
 //! - sequential `gpuctl submit` from a loop (jobs that stay queued: the node is drained),
-//!   with what a bare CLI start and a bare request cost, for the breakdown;
+//!   with what a bare CLI start and a bare request cost, for the breakdown, and the same
+//!   jobs as one `gpuctl submit` of that many files;
 //! - `gpuctl queue --json` and `gpuctl nodes --json` at N queued jobs, and cancelling
 //!   all of them until none is left.
 //!
@@ -221,7 +222,7 @@ fn run_time_phase(b: &Bench, samples: usize) {
 }
 
 /// The CLI's own cost, then sequential submits that stay queued (the node is drained
-/// from here on). Answers how many were submitted.
+/// from here on), then as many again in one call. Answers how many were submitted.
 fn cli_phase(b: &Bench, samples: usize) -> usize {
     b.ok(&["node", "drain", "bench", "--reason", "bench"]);
     let timed = |f: &dyn Fn()| {
@@ -251,7 +252,20 @@ fn cli_phase(b: &Bench, samples: usize) -> usize {
         n as f64 / secs,
         secs * 1000.0 / n as f64
     );
-    n
+    // The same jobs as one call with many files (one connection, one durable request a job).
+    let files = vec!["true.toml"; n];
+    let mut args = vec!["submit"];
+    args.extend(files);
+    let t = Instant::now();
+    let out = b.ok(&args);
+    let secs = t.elapsed().as_secs_f64();
+    assert_eq!(out.lines().count(), n, "{out}");
+    println!(
+        "one `gpuctl submit` of {n} files: {:.0}/s ({:.2} ms each)",
+        n as f64 / secs,
+        secs * 1000.0 / n as f64
+    );
+    2 * n
 }
 
 /// Many queued jobs (`queued` in all, `n` there already): arrays of up to 10,000 tasks

@@ -140,6 +140,81 @@ fn bad_job_files_are_refused_and_nothing_is_queued() {
 }
 
 #[test]
+fn several_files_are_all_checked_then_queued_in_order() {
+    let c = Cluster::start(&[("n1", "4xA100-80GB")]);
+    let job = |name: &str, gpus: u32| {
+        std::fs::write(
+            c.path(&format!("{name}.toml")),
+            format!("name = \"{name}\"\ncommand = [\"true\"]\n[resources]\ngpus = {gpus}\n"),
+        )
+        .unwrap();
+    };
+    for n in ["a", "b", "c", "d", "e"] {
+        job(n, 1);
+    }
+    job("huge", 9);
+    std::fs::write(c.path("open.toml"), "command = [\"x\"\n").unwrap();
+    std::fs::write(c.path("typo.toml"), "command = [\"x\"]\ngpu = 1\n").unwrap();
+
+    // Every bad file is named, with its line and column, and nothing is queued.
+    let out = c.gpuctl(&["submit", "a.toml", "open.toml", "b.toml", "typo.toml"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("open.toml:1:15:"), "{err}");
+    assert!(err.contains("typo.toml:2:1: unknown field `gpu`"), "{err}");
+    assert!(
+        err.contains("nothing submitted: 2 of 4 files have errors"),
+        "{err}"
+    );
+    assert_eq!(c.json(&["queue", "--all"]), serde_json::json!([]));
+
+    // Queued in the order given, one job each.
+    let v = c.json(&["submit", "a.toml", "b.toml", "c.toml"]);
+    assert_eq!(
+        v,
+        serde_json::json!([
+            {"file": "a.toml", "job_id": 1},
+            {"file": "b.toml", "job_id": 2},
+            {"file": "c.toml", "job_id": 3},
+        ])
+    );
+    let names = |v: Value| -> Vec<(u64, String)> {
+        let mut jobs: Vec<(u64, String)> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| {
+                (
+                    j["id"].as_u64().unwrap(),
+                    j["name"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        jobs.sort();
+        jobs
+    };
+    let queued = names(c.json(&["queue", "--all"]));
+    assert_eq!(queued, [(1, "a".into()), (2, "b".into()), (3, "c".into())]);
+
+    // The controller's refusal stops the rest; what went before is queued and said.
+    let out = c.gpuctl(&["submit", "d.toml", "huge.toml", "e.toml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "Submitted job 4\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("huge.toml: rejected: impossible request"),
+        "{err}"
+    );
+    assert!(
+        err.contains("1 of 3 jobs submitted; not submitted: huge.toml and the file after it"),
+        "{err}"
+    );
+    let queued = names(c.json(&["queue", "--all"]));
+    assert_eq!(queued.len(), 4, "{queued:?}");
+    assert_eq!(queued[3], (4, "d".into()));
+}
+
+#[test]
 fn reservation_holds_while_small_jobs_backfill() {
     let c = Cluster::start(&[("n1", "2xA100-80GB")]);
     let job = |name: &str, gpus: u32, limit: &str, prio: i32| {

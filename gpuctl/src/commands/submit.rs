@@ -4,11 +4,14 @@
 use gpuctl_proto as pb;
 use serde::Serialize;
 
-use super::View;
-use crate::cli::{Cli, Client, Failure, connect, exit};
+use super::{View, emit};
+use crate::cli::{Cli, Client, Failure, connect, exit, print, print_json_streamed};
 
 #[derive(Serialize)]
 pub struct Submitted {
+    /// The job file, when one call submitted several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
     job_id: u64,
     /// What the controller changed in the request (right-sizing).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -23,6 +26,57 @@ impl View for Submitted {
         }
         text
     }
+}
+
+/// Several jobs, in order, one request each on one connection (each durable, each with
+/// its own request id), printed as they are queued (`--json`: an array of
+/// `{file, job_id}` at the end). The first refusal stops the rest: the error says
+/// which files were not submitted, and what was queued before it has been printed.
+pub async fn run_all(
+    cli: &Cli,
+    client: &mut Client,
+    specs: Vec<(String, pb::JobSpec)>,
+    json: bool,
+) -> Result<(), Failure> {
+    if let [(file, _)] = specs.as_slice() {
+        let file = file.clone();
+        let spec = specs.into_iter().next().expect("one").1;
+        emit(&run(cli, client, &file, spec).await?, json);
+        return Ok(());
+    }
+    let total = specs.len();
+    let mut done = Vec::with_capacity(total);
+    for (file, spec) in specs {
+        match run(cli, client, &file, spec).await {
+            Ok(mut s) => {
+                s.file = Some(file);
+                if !json {
+                    print(&s.text());
+                }
+                done.push(s);
+            }
+            Err(mut f) => {
+                if json {
+                    print_json_streamed(&done);
+                }
+                let after = match total - done.len() - 1 {
+                    0 => String::new(),
+                    1 => " and the file after it".to_string(),
+                    n => format!(" and the {n} files after it"),
+                };
+                f.message = format!(
+                    "{}\n{} of {total} jobs submitted; not submitted: {file}{after}",
+                    f.message,
+                    done.len()
+                );
+                return Err(f);
+            }
+        }
+    }
+    if json {
+        print_json_streamed(&done);
+    }
+    Ok(())
 }
 
 /// Whether a failed request may or may not have reached the controller (the
@@ -72,6 +126,7 @@ pub async fn run(
             Ok(r) => {
                 let r = r.into_inner();
                 return Ok(Submitted {
+                    file: None,
                     job_id: r.job_id,
                     notes: r.notes,
                 });
