@@ -5,6 +5,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     unsafe { std::env::set_var("PROTOC", protoc) };
     println!("cargo:rerun-if-changed=proto");
     tonic_prost_build::configure()
+        // Small starting buffers: every open stream keeps its own (src/codec.rs).
+        .codec_path("crate::codec::Codec")
         .compile_protos(&["proto/gpuctl.proto", "proto/store.proto"], &["proto"])?;
     Ok(())
 }

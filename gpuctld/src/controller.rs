@@ -34,7 +34,10 @@ pub mod users;
 
 pub use gpuctl_core::validate::check_paths;
 
-pub type CommandTx = mpsc::Sender<Result<pb::AgentCommand, Status>>;
+/// An agent's command stream. Commands are boxed: a channel's storage is blocks of 32
+/// slots of its item, allocated when it opens, and an `AgentCommand` is 656 bytes, so an
+/// idle attached agent held 21 KB here (210 MB at 10,000 agents).
+pub type CommandTx = mpsc::Sender<Result<Box<pb::AgentCommand>, Status>>;
 
 /// Jobs per hold of the lock when a pass takes its queue or annotates its waiting jobs
 /// (about 15 ms each at 100,000 pending on the development machine).
@@ -352,7 +355,7 @@ impl Controller {
             }
             for (tx, cmd) in sends {
                 // A closed stream means the agent left; its reconnect reconciles the job.
-                let _ = tx.send(Ok(cmd)).await;
+                let _ = tx.send(Ok(Box::new(cmd))).await;
             }
             if sent {
                 // The agents' streams write their commands now: without this, the

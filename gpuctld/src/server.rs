@@ -358,7 +358,7 @@ impl controller_server::Controller for UserApi {
 /// The command stream handed to an agent. When tonic drops it (the agent went away),
 /// the node is marked disconnected.
 pub struct CommandStream {
-    rx: mpsc::Receiver<Result<pb::AgentCommand, Status>>,
+    rx: mpsc::Receiver<Result<Box<pb::AgentCommand>, Status>>,
     ctl: Arc<Controller>,
     node: String,
     generation: u64,
@@ -381,7 +381,7 @@ impl Stream for CommandStream {
                 this.seq += 1;
                 match this
                     .ctl
-                    .sign_command(&this.node, this.generation, this.seq, cmd)
+                    .sign_command(&this.node, this.generation, this.seq, *cmd)
                 {
                     Some(signed) => Poll::Ready(Some(Ok(signed))),
                     None => {

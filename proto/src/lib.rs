@@ -6,6 +6,7 @@
 //! protobuf packages because prost refers across packages by relative paths.
 
 pub mod auth;
+pub mod codec;
 pub mod convert;
 
 #[allow(clippy::all, clippy::pedantic)]

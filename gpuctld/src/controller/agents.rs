@@ -96,7 +96,7 @@ impl Controller {
         self: &Arc<Self>,
         req: pb::RegisterRequest,
         peer: Option<std::net::SocketAddr>,
-    ) -> Result<(mpsc::Receiver<Result<pb::AgentCommand, Status>>, u64), Status> {
+    ) -> Result<(mpsc::Receiver<Result<Box<pb::AgentCommand>, Status>>, u64), Status> {
         let (tx, rx) = mpsc::channel(1024);
         let (generation, out) = {
             let mut c = self.lock();
