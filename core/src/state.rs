@@ -296,16 +296,38 @@ impl Cluster {
 
     /// The nodes alone (what `fits_empty` needs).
     pub fn node_views(&self) -> ClusterView {
-        let partitions = self.config.all_partitions();
-        let nodes = self
-            .nodes
-            .values()
-            .map(|n| self.node_view(n, &partitions))
-            .collect();
         ClusterView {
-            nodes,
+            nodes: self.node_views_part(None, usize::MAX).0,
             running: Vec::new(),
         }
+    }
+
+    /// Up to `max` nodes as the scheduler sees them, by name, from the one after
+    /// `after` (the first when `None`), and the name to go on after when there are
+    /// more: the daemon takes a large cluster's view in parts, releasing its lock in
+    /// between (a plan's starts are checked again against the nodes when applied).
+    pub fn node_views_part(
+        &self,
+        after: Option<&str>,
+        max: usize,
+    ) -> (Vec<NodeView>, Option<String>) {
+        use std::ops::Bound;
+        let partitions = self.config.all_partitions();
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut nodes = self
+            .nodes
+            .range::<str, _>((from, Bound::Unbounded))
+            .map(|(_, n)| n);
+        let part: Vec<NodeView> = nodes
+            .by_ref()
+            .take(max)
+            .map(|n| self.node_view(n, &partitions))
+            .collect();
+        let next = match (nodes.next(), part.last()) {
+            (Some(_), Some(last)) => Some(last.name.clone()),
+            _ => None,
+        };
+        (part, next)
     }
 
     /// One node as the scheduler sees it (`partitions`: `config.all_partitions()`).
@@ -325,9 +347,19 @@ impl Cluster {
     }
 
     pub fn running_views(&self) -> Vec<sched::Running> {
+        self.running_views_part(0, usize::MAX).0
+    }
+
+    /// What runs, from the active jobs with ids above `after`, up to `max` of them
+    /// looked at, and the id to go on after when there are more (the daemon's parts,
+    /// as with `node_views_part`).
+    pub fn running_views_part(&self, after: u64, max: usize) -> (Vec<sched::Running>, Option<u64>) {
         let mut running = Vec::new();
-        for s in self.jobs.active() {
+        let mut jobs = self.jobs.active_after(after);
+        let mut last = None;
+        for s in jobs.by_ref().take(max) {
             let j = job_of(s);
+            last = Some(j.id);
             let mut end_ms = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
             if s.vacate_by_ms > 0 {
                 end_ms = end_ms.min(s.vacate_by_ms);
@@ -340,7 +372,8 @@ impl Cluster {
                 });
             }
         }
-        running
+        let next = jobs.next().and(last);
+        (running, next)
     }
 
     pub fn pending(&self) -> Vec<PendingJob> {

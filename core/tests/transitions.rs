@@ -462,3 +462,51 @@ fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
         }
     );
 }
+
+/// The daemon takes a pass's view in parts (nodes by name, then what runs by job id),
+/// releasing its lock in between: with nothing changing, the parts make up the view,
+/// whatever their size.
+#[test]
+fn the_view_in_parts_is_the_view() {
+    let mut c = cluster();
+    for n in ["n1", "n2", "n3", "n4", "n5"] {
+        attach(&mut c, n, T0);
+    }
+    // Running jobs of 1 and 2 GPUs (the nodes have 2), and some left pending.
+    for k in 0..12 {
+        submit(&mut c, 1 + k % 2, false, T0);
+    }
+    pass(&mut c, T0 + 1);
+    let whole = c.view();
+    assert_eq!(whole.nodes.len(), 5);
+    assert!(whole.running.len() >= 5, "{:?}", whole.running.len());
+    assert!(
+        c.jobs
+            .active()
+            .any(|s| s.job.as_ref().unwrap().state() == JobState::Pending)
+    );
+    for size in [1, 2, 3, 7, usize::MAX] {
+        let mut parts = c.node_views();
+        parts.nodes.clear();
+        let mut after: Option<String> = None;
+        loop {
+            let (part, next) = c.node_views_part(after.as_deref(), size);
+            assert!(part.len() <= size);
+            parts.nodes.extend(part);
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        let mut after = 0;
+        loop {
+            let (part, next) = c.running_views_part(after, size);
+            parts.running.extend(part);
+            match next {
+                Some(n) => after = n,
+                None => break,
+            }
+        }
+        assert_eq!(parts, whole, "parts of {size}");
+    }
+}

@@ -1,5 +1,6 @@
 //! What a scheduling pass costs the controller's lock at scale: the parts of a pass the
-//! controller runs under its lock, each a hold of its own (`pass_prepare`, `view`,
+//! controller runs under its lock, each a hold of its own (`pass_prepare`, the view in
+//! parts,
 //! `queue`, `pass_config`; `apply_plan`: placements, reasons, expected starts) next to
 //! the room a GPU job has after it (`gpu_room`, outside the lock) and
 //! the pass itself (which runs outside it). NODES x 8 GPUs, jobs of 1, 2, 4 and 8 GPUs until PENDING wait
@@ -94,9 +95,35 @@ fn main() {
         let t = Instant::now();
         let waiting = c.pass_prepare(now);
         let prepare = ms(t);
-        let t = Instant::now();
-        let view = c.view();
-        let view_ms = ms(t);
+        // The view in parts, as the daemon takes it: 5,000 nodes (`NODE_PART`), then
+        // 20,000 active jobs' allocations (`PART`), at a time; each a hold.
+        let mut view = gpuctl_sched::ClusterView::default();
+        let mut view_holds = Vec::new();
+        let mut after = None;
+        loop {
+            let t = Instant::now();
+            let (part, next) = c.node_views_part(after.as_deref(), 5_000);
+            view_holds.push(ms(t));
+            view.nodes.extend(part);
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        let mut after = 0;
+        loop {
+            let t = Instant::now();
+            let (part, next) = c.running_views_part(after, 20_000);
+            view_holds.push(ms(t));
+            view.running.extend(part);
+            match next {
+                Some(n) => after = n,
+                None => break,
+            }
+        }
+        debug_assert_eq!(view, c.view());
+        let view_ms: f64 = view_holds.iter().sum();
+        let view_longest = view_holds.iter().copied().fold(0.0, f64::max);
         let t = Instant::now();
         let queue = c.queue(&waiting);
         let queue_ms = ms(t);
@@ -131,10 +158,11 @@ fn main() {
         let room_ms = ms(t);
         let _ = c.take_changes();
         println!(
-            "pass {k}: {n} queued, {} started; under the lock: prepare {prepare:.0} ms, view {view_ms:.0} ms, \
+            "pass {k}: {n} queued, {} started; under the lock: prepare {prepare:.0} ms, view {view_ms:.0} ms in {} holds (longest {view_longest:.0} ms), \
              queue {queue_ms:.0} ms, config {config_ms:.0} ms, apply {:.0} ms in {} holds (longest {:.0} ms); \
              the pass itself {:.0} ms; after it, outside the lock, the room {room_ms:.1} ms ({room:?})",
             plan.starts.len(),
+            view_holds.len(),
             holds.iter().sum::<f64>(),
             holds.len(),
             holds.iter().copied().fold(0.0, f64::max),
