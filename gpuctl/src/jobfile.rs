@@ -95,8 +95,8 @@ pub enum JobFileError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{file}: job file is {size} bytes; the limit is {MAX_JOB_FILE_BYTES} bytes")]
-    TooLarge { file: String, size: usize },
+    #[error("{file}: job file is {size}; the limit is {MAX_JOB_FILE_BYTES} bytes")]
+    TooLarge { file: String, size: String },
     #[error("{file}:{line}:{column}: {message}\n{snippet}")]
     At {
         file: String,
@@ -149,17 +149,36 @@ pub fn load(path: &Path) -> Result<Job, JobFileError> {
 /// Reads and validates a job file: TOML, or a Slurm batch script (`#!` first, or
 /// `#SBATCH` lines), with what a batch script asks for besides the job.
 pub fn load_any(path: &Path) -> Result<(Job, crate::sbatch::Extra), JobFileError> {
+    use std::io::Read as _;
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| JobFileError::Read {
+    let read_err = |source| JobFileError::Read {
         file: file.clone(),
         source,
-    })?;
-    if text.len() > MAX_JOB_FILE_BYTES {
+    };
+    // At most one byte over the limit is read: `/dev/zero` or a huge file given by
+    // mistake is refused, not read into memory.
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            f.take(MAX_JOB_FILE_BYTES as u64 + 1)
+                .read_to_end(&mut bytes)
+        })
+        .map_err(read_err)?;
+    if bytes.len() > MAX_JOB_FILE_BYTES {
         return Err(JobFileError::TooLarge {
+            size: match std::fs::metadata(path) {
+                Ok(m) if m.is_file() => format!("{} bytes", m.len()),
+                _ => format!("over {MAX_JOB_FILE_BYTES} bytes"),
+            },
             file,
-            size: text.len(),
         });
     }
+    let text = String::from_utf8(bytes).map_err(|_| {
+        read_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        ))
+    })?;
     if crate::sbatch::is_batch_script(&text) {
         return crate::sbatch::parse(&file, &text);
     }
@@ -171,7 +190,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
     if text.len() > MAX_JOB_FILE_BYTES {
         return Err(JobFileError::TooLarge {
             file: file.to_string(),
-            size: text.len(),
+            size: format!("{} bytes", text.len()),
         });
     }
     let src = Src { file, text };

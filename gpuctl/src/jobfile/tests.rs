@@ -174,6 +174,36 @@ fn oversized_file_refused() {
 }
 
 #[test]
+fn a_file_that_never_ends_is_refused_unread() {
+    // `/dev/zero` would fill memory if read whole.
+    let e = load_any(Path::new("/dev/zero")).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "/dev/zero: job file is over {MAX_JOB_FILE_BYTES} bytes; the limit is {MAX_JOB_FILE_BYTES} bytes"
+        )
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, vec![b'#'; MAX_JOB_FILE_BYTES + 10]).unwrap();
+    let e = load_any(&big).unwrap_err().to_string();
+    assert!(
+        e.ends_with(&format!(
+            "job file is {} bytes; the limit is {MAX_JOB_FILE_BYTES} bytes",
+            MAX_JOB_FILE_BYTES + 10
+        )),
+        "{e}"
+    );
+    let bad = dir.path().join("latin1.toml");
+    std::fs::write(&bad, b"name = \"caf\xe9\"\n").unwrap();
+    let e = load_any(&bad).unwrap_err().to_string();
+    assert!(
+        e.contains("cannot read job file: stream did not contain valid UTF-8"),
+        "{e}"
+    );
+}
+
+#[test]
 fn spec_resolves_relative_workdir() {
     let job = parse("j.toml", "command = [\"true\"]\nworkdir = \"sub\"\n").unwrap();
     let spec = job.into_spec(Path::new("/home/u"), "u", 1000, 1000);
