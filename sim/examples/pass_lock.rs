@@ -140,8 +140,10 @@ fn main() {
         let mut effects = gpuctl_core::Effects::default();
         for part in plan.starts.chunks(2_000) {
             let t = Instant::now();
-            effects.merge(c.apply_starts(part, now));
+            let part = c.apply_starts(part, now);
             holds.push(ms(t));
+            // Outside the lock in the daemon.
+            effects.merge(part);
         }
         for part in plan.waiting.chunks(20_000) {
             let t = Instant::now();
