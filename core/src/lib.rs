@@ -39,4 +39,4 @@ pub mod windows;
 
 pub use config::Config;
 pub use error::{Actor, Kind, Refusal};
-pub use state::{Changes, Cluster, Effects};
+pub use state::{Changes, Cluster, Effects, ViewCursor};

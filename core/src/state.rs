@@ -19,6 +19,14 @@ pub fn limit_ms(secs: u64) -> i64 {
     i64::try_from(secs).unwrap_or(i64::MAX).saturating_mul(1000)
 }
 
+/// Where a view taken in parts has got to (`Cluster::view_part`).
+#[derive(Debug, Default)]
+pub struct ViewCursor {
+    after_node: Option<String>,
+    nodes_done: bool,
+    after_job: u64,
+}
+
 /// An attached agent's session, as the cluster state knows it (the connection itself,
 /// its command stream, is the shell's).
 pub struct Conn {
@@ -294,6 +302,35 @@ impl Cluster {
         v
     }
 
+    /// Adds the next part of the cluster's view to `view`: up to `nodes` nodes (by
+    /// name), then, once every node is in, what runs on up to `jobs` active jobs (by
+    /// id). Answers whether there is more. The daemon takes each part in a hold of its
+    /// lock of its own; with nothing changing in between, the parts make `view()`.
+    pub fn view_part(
+        &self,
+        at: &mut ViewCursor,
+        view: &mut ClusterView,
+        nodes: usize,
+        jobs: usize,
+    ) -> bool {
+        if !at.nodes_done {
+            let (part, next) = self.node_views_part(at.after_node.as_deref(), nodes);
+            view.nodes.extend(part);
+            at.nodes_done = next.is_none();
+            at.after_node = next;
+            return true;
+        }
+        let (part, next) = self.running_views_part(at.after_job, jobs);
+        view.running.extend(part);
+        match next {
+            Some(id) => {
+                at.after_job = id;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The nodes alone (what `fits_empty` needs).
     pub fn node_views(&self) -> ClusterView {
         ClusterView {
@@ -353,7 +390,7 @@ impl Cluster {
     /// What runs, from the active jobs with ids above `after`, up to `max` of them
     /// looked at, and the id to go on after when there are more (the daemon's parts,
     /// as with `node_views_part`).
-    pub fn running_views_part(&self, after: u64, max: usize) -> (Vec<sched::Running>, Option<u64>) {
+    fn running_views_part(&self, after: u64, max: usize) -> (Vec<sched::Running>, Option<u64>) {
         let mut running = Vec::new();
         let mut jobs = self.jobs.active_after(after);
         let mut last = None;

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use gpuctl_core::filter::JobFilter;
 use gpuctl_core::ops::Admission;
 use gpuctl_core::policy::{GpuRoom, gpu_room};
-use gpuctl_core::{Cluster, Effects, Kind, Refusal};
+use gpuctl_core::{Cluster, Effects, Kind, Refusal, ViewCursor};
 use gpuctl_proto::auth::ClusterKey;
 use gpuctl_proto::{self as pb};
 use parking_lot::{Mutex, MutexGuard};
@@ -535,26 +535,8 @@ impl Controller {
             let waiting = c.pass_prepare(now);
             self.persist(c).map(|changed| (waiting, changed))
         })?;
-        let mut view = sched::ClusterView::default();
-        let mut after = None;
-        loop {
-            let (part, next) =
-                self.step(inline, |c| c.node_views_part(after.as_deref(), NODE_PART));
-            view.nodes.extend(part);
-            match next {
-                Some(n) => after = Some(n),
-                None => break,
-            }
-        }
-        let mut after = 0;
-        loop {
-            let (part, next) = self.step(inline, |c| c.running_views_part(after, PART));
-            view.running.extend(part);
-            match next {
-                Some(n) => after = n,
-                None => break,
-            }
-        }
+        let (mut view, mut at) = (sched::ClusterView::default(), ViewCursor::default());
+        while self.step(inline, |c| c.view_part(&mut at, &mut view, NODE_PART, PART)) {}
         let shares = self.step(inline, |c| c.fair_share_table());
         let mut queue = Vec::new();
         let mut after = 0;

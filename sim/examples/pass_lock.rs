@@ -98,27 +98,14 @@ fn main() {
         // The view in parts, as the daemon takes it: 5,000 nodes (`NODE_PART`), then
         // 20,000 active jobs' allocations (`PART`), at a time; each a hold.
         let mut view = gpuctl_sched::ClusterView::default();
+        let mut at = gpuctl_core::ViewCursor::default();
         let mut view_holds = Vec::new();
-        let mut after = None;
         loop {
             let t = Instant::now();
-            let (part, next) = c.node_views_part(after.as_deref(), 5_000);
+            let more = c.view_part(&mut at, &mut view, 5_000, 20_000);
             view_holds.push(ms(t));
-            view.nodes.extend(part);
-            match next {
-                Some(n) => after = Some(n),
-                None => break,
-            }
-        }
-        let mut after = 0;
-        loop {
-            let t = Instant::now();
-            let (part, next) = c.running_views_part(after, 20_000);
-            view_holds.push(ms(t));
-            view.running.extend(part);
-            match next {
-                Some(n) => after = n,
-                None => break,
+            if !more {
+                break;
             }
         }
         debug_assert_eq!(view, c.view());
