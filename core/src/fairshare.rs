@@ -76,6 +76,9 @@ fn gpus_held<'a>(c: &Cluster, allocs: impl IntoIterator<Item = &'a pb::Allocatio
 #[derive(Debug, Default)]
 pub struct HeldCache {
     by_job: HashMap<u64, Held>,
+    /// Charges so far: each running job's entry is stamped with the charge that last
+    /// saw it, and entries of jobs no longer running are dropped by their stamp.
+    charges: u64,
     /// (account, user) by index: a run names its owner by number.
     owners: Vec<(String, String)>,
     owner_ids: HashMap<(String, String), usize>,
@@ -89,6 +92,8 @@ struct Held {
     live: usize,
     gpus: f64,
     owner: usize,
+    /// The charge that last saw it running.
+    seen: u64,
 }
 
 /// Adds `x` to `v[i]`, growing `v` with zeros as needed.
@@ -100,6 +105,15 @@ fn add(v: &mut Vec<f64>, i: usize, x: f64) {
 }
 
 impl HeldCache {
+    /// How many running jobs' charges are kept.
+    pub fn len(&self) -> usize {
+        self.by_job.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_job.is_empty()
+    }
+
     fn owner(&mut self, account: &str, user: &str) -> usize {
         let key = (account.to_string(), user.to_string());
         if let Some(&i) = self.owner_ids.get(&key) {
@@ -139,22 +153,32 @@ impl Cluster {
                 add(&mut ended_by, o, gpus_held(self, &r.allocations) * secs);
             }
         }
-        let mut kept = HashMap::with_capacity(cache.by_job.len());
+        // Updated in place (a new map of 55,000 entries each pass was most of a
+        // charge's time at 25,000 nodes); entries not seen by this charge go after.
+        cache.charges += 1;
+        let mark = cache.charges;
+        let mut seen = 0;
         for (id, start_ms, live) in self.jobs.running() {
-            let held = match cache.by_job.get(&id) {
-                Some(h) if h.start_ms == start_ms && h.live == live => *h,
+            let held = match cache.by_job.get_mut(&id) {
+                Some(h) if h.start_ms == start_ms && h.live == live => {
+                    h.seen = mark;
+                    *h
+                }
                 _ => {
                     let Some(j) = self.jobs.job(id) else { continue };
                     let account = j.spec.as_ref().map_or("", |x| x.account.as_str());
-                    Held {
+                    let h = Held {
                         start_ms,
                         live,
                         gpus: gpus_held(self, live_allocs(j)),
                         owner: cache.owner(account, owner(j)),
-                    }
+                        seen: mark,
+                    };
+                    cache.by_job.insert(id, h);
+                    h
                 }
             };
-            kept.insert(id, held);
+            seen += 1;
             let from = start_ms.max(last);
             if now > from {
                 add(
@@ -164,7 +188,9 @@ impl Cluster {
                 );
             }
         }
-        cache.by_job = kept;
+        if cache.by_job.len() > seen {
+            cache.by_job.retain(|_, h| h.seen == mark);
+        }
         self.held = cache;
         for (i, (a, u)) in self.held.owners.iter().enumerate() {
             let ended = ended_by.get(i).copied().unwrap_or(0.0);

@@ -298,6 +298,20 @@ fn charges_follow_each_run_across_passes_and_a_requeue() {
     let used = c.usage.of_account("alice");
     let want = 2.0 * (7_220.0 + 3_600.0 - 21.0);
     assert!((used - want).abs() < 1e-3, "{used} != {want}");
+    // One run is kept between charges, and none once it has ended.
+    assert_eq!(c.held.len(), 1);
+    report(
+        &mut c,
+        "n1",
+        id,
+        Some((JobState::Completed, 0)),
+        T0 + 3 * hour + 1_000,
+    );
+    pass(&mut c, T0 + 3 * hour + 2_000);
+    assert!(c.held.is_empty(), "{} kept", c.held.len());
+    let used = c.usage.of_account("alice");
+    let want = want + 2.0 * 1.0;
+    assert!((used - want).abs() < 1e-3, "{used} != {want}");
 }
 
 #[test]
