@@ -343,11 +343,7 @@ impl Cluster {
     /// `after` (the first when `None`), and the name to go on after when there are
     /// more: the daemon takes a large cluster's view in parts, releasing its lock in
     /// between (a plan's starts are checked again against the nodes when applied).
-    pub fn node_views_part(
-        &self,
-        after: Option<&str>,
-        max: usize,
-    ) -> (Vec<NodeView>, Option<String>) {
+    fn node_views_part(&self, after: Option<&str>, max: usize) -> (Vec<NodeView>, Option<String>) {
         use std::ops::Bound;
         let partitions = self.config.all_partitions();
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);

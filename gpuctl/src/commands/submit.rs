@@ -38,9 +38,8 @@ pub async fn run_all(
     specs: Vec<(String, pb::JobSpec)>,
     json: bool,
 ) -> Result<(), Failure> {
-    if let [(file, _)] = specs.as_slice() {
-        let file = file.clone();
-        let spec = specs.into_iter().next().expect("one").1;
+    if specs.len() == 1 {
+        let (file, spec) = specs.into_iter().next().expect("one");
         emit(&run(cli, client, &file, spec).await?, json);
         return Ok(());
     }
