@@ -126,6 +126,31 @@ impl HeldCache {
 }
 
 impl Cluster {
+    /// Puts a run that just started into the charge cache, so that the next charge
+    /// finds it there: `apply_starts` calls it, in the parts a plan is applied in. Left
+    /// to the charge, a mass start's runs were all computed in one hold of the lock
+    /// (98,000 at 25,000 nodes: 128 ms).
+    pub(crate) fn cache_held(&mut self, id: u64) {
+        let (Some((start_ms, live)), Some(j)) = (self.jobs.running_of(id), self.jobs.job(id))
+        else {
+            return;
+        };
+        let gpus = gpus_held(self, live_allocs(j));
+        let account = j.spec.as_ref().map_or("", |x| x.account.as_str());
+        let owner = self.held.owner(account, owner(j));
+        let seen = self.held.charges;
+        self.held.by_job.insert(
+            id,
+            Held {
+                start_ms,
+                live,
+                gpus,
+                owner,
+                seen,
+            },
+        );
+    }
+
     /// Charges usage up to `now`: what ran since the last charge.
     pub fn charge_usage(&mut self, now: i64) {
         let half_life =

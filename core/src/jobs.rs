@@ -266,6 +266,11 @@ impl Jobs {
             .map(|(&id, &(start, live))| (id, start, live))
     }
 
+    /// A RUNNING job's start time and live allocations, as `running` has them.
+    pub fn running_of(&self, id: u64) -> Option<(i64, usize)> {
+        self.running.get(&id).copied()
+    }
+
     /// Every (account, user) with a PENDING or RUNNING job.
     pub fn active_owners(&self) -> impl Iterator<Item = (&str, &str)> {
         self.active_owners

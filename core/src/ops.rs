@@ -353,6 +353,7 @@ impl Cluster {
                 continue;
             }
             self.start(start, now, &mut effects);
+            self.cache_held(start.job);
         }
         effects
     }

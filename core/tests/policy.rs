@@ -274,6 +274,9 @@ fn charges_follow_each_run_across_passes_and_a_requeue() {
     attach(&mut c, "n1", T0);
     let id = submit(&mut c, 2, false, T0);
     let e = pass(&mut c, T0);
+    // Its charge rate is computed as it starts (in the apply's parts), not by the next
+    // charge (after a mass start, all at once in one hold).
+    assert_eq!(c.held.len(), 1);
     started(&mut c, "n1", &e, T0);
     let hour = 3_600_000;
     // Two passes an hour apart: the second charges from the first, not from the start.
