@@ -809,6 +809,17 @@ fn job_ids(c: &Shared, filter: &JobFilter) -> Vec<u64> {
         ids.sort_unstable();
         ids.dedup();
         ids
+    } else if !filter.names.is_empty() {
+        // Jobs by name (`queue --name`): those jobs only, from their index.
+        let mut ids: Vec<u64> = filter
+            .names
+            .iter()
+            .flat_map(|n| c.jobs.active_named(n))
+            .filter_map(pick)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     } else {
         c.jobs.active().filter_map(pick).collect()
     }

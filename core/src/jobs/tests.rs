@@ -18,6 +18,8 @@ fn pending(id: u64, user: &str, deps: bool, request: &str) -> StoredJob {
             submit_time_ms: 1,
             spec: Some(pb::JobSpec {
                 user: user.into(),
+                // Two names, so that the by-name index has more than one entry.
+                name: format!("train-{}", id % 2),
                 env: [("SECRET".to_string(), "x".to_string())].into(),
                 dependencies,
                 ..pb::JobSpec::default()
@@ -61,8 +63,13 @@ fn submit_start_end_keeps_every_index() {
         "inserts are written by the caller"
     );
 
+    let named =
+        |t: &Jobs, name: &str| -> Vec<u64> { t.active_named(name).map(|s| job_of(s).id).collect() };
+    assert_eq!(named(&t, "train-1"), [1]);
+    assert_eq!(named(&t, "train-0"), [2]);
     start(&mut t, 1, "n1", 100);
     t.check();
+    assert_eq!(named(&t, "train-1"), [1], "a running job is still active");
     let j = presented(t.job(1).unwrap());
     assert_eq!(
         (j.state(), j.attempt, j.start_time_ms),
@@ -93,6 +100,7 @@ fn submit_start_end_keeps_every_index() {
         "compacted at its end"
     );
     assert_eq!(t.active_ids(), vec![2]);
+    assert!(named(&t, "train-1").is_empty(), "an ended job is not");
     let changes = t.take_changes();
     assert_eq!(changes.put, [1].into());
     assert!(t.take_changes().is_empty());
