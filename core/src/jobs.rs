@@ -288,20 +288,20 @@ impl Jobs {
 
     /// `user`'s PENDING and RUNNING jobs, by id.
     pub fn active_of(&self, user: &str) -> impl Iterator<Item = &StoredJob> {
-        self.active_by_user
-            .get(user)
-            .into_iter()
-            .flatten()
-            .filter_map(|id| self.live.get(id))
+        self.live_in(self.active_by_user.get(user))
     }
 
     /// PENDING and RUNNING jobs named `name`, by id.
     pub fn active_named(&self, name: &str) -> impl Iterator<Item = &StoredJob> {
-        self.active_by_name
-            .get(name)
-            .into_iter()
-            .flatten()
-            .filter_map(|id| self.live.get(id))
+        self.live_in(self.active_by_name.get(name))
+    }
+
+    /// The live records of an index entry's ids.
+    fn live_in<'a>(
+        &'a self,
+        ids: Option<&'a BTreeSet<u64>>,
+    ) -> impl Iterator<Item = &'a StoredJob> {
+        ids.into_iter().flatten().filter_map(|id| self.live.get(id))
     }
 
     /// RUNNING jobs with a live allocation on `node`, by id.

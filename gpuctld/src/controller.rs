@@ -796,30 +796,19 @@ fn job_ids(c: &Shared, filter: &JobFilter) -> Vec<u64> {
         let j = job_of(s);
         filter.matches(j).then_some(j.id)
     };
+    // From an index: the listed users' or names' jobs only, not a walk over everyone's.
+    let indexed = |jobs: &mut dyn Iterator<Item = &gpuctl_proto::store::StoredJob>| {
+        let mut ids: Vec<u64> = jobs.filter_map(pick).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    };
     if filter.all {
         c.jobs.all().filter_map(pick).collect()
     } else if !filter.users.is_empty() {
-        // A user's queue: their own jobs only, not a walk over everyone's.
-        let mut ids: Vec<u64> = filter
-            .users
-            .iter()
-            .flat_map(|u| c.jobs.active_of(u))
-            .filter_map(pick)
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids
+        indexed(&mut filter.users.iter().flat_map(|u| c.jobs.active_of(u)))
     } else if !filter.names.is_empty() {
-        // Jobs by name (`queue --name`): those jobs only, from their index.
-        let mut ids: Vec<u64> = filter
-            .names
-            .iter()
-            .flat_map(|n| c.jobs.active_named(n))
-            .filter_map(pick)
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids
+        indexed(&mut filter.names.iter().flat_map(|n| c.jobs.active_named(n)))
     } else {
         c.jobs.active().filter_map(pick).collect()
     }
