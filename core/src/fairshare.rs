@@ -96,6 +96,26 @@ struct Held {
     seen: u64,
 }
 
+/// The charge rate of `j`'s run that started at `start_ms` with `live` allocations
+/// (its owner numbered in `cache`), stamped `seen`.
+fn held(
+    c: &Cluster,
+    cache: &mut HeldCache,
+    j: &pb::Job,
+    start_ms: i64,
+    live: usize,
+    seen: u64,
+) -> Held {
+    let account = j.spec.as_ref().map_or("", |x| x.account.as_str());
+    Held {
+        start_ms,
+        live,
+        gpus: gpus_held(c, live_allocs(j)),
+        owner: cache.owner(account, owner(j)),
+        seen,
+    }
+}
+
 /// Adds `x` to `v[i]`, growing `v` with zeros as needed.
 fn add(v: &mut Vec<f64>, i: usize, x: f64) {
     if v.len() <= i {
@@ -135,20 +155,11 @@ impl Cluster {
         else {
             return;
         };
-        let gpus = gpus_held(self, live_allocs(j));
-        let account = j.spec.as_ref().map_or("", |x| x.account.as_str());
-        let owner = self.held.owner(account, owner(j));
-        let seen = self.held.charges;
-        self.held.by_job.insert(
-            id,
-            Held {
-                start_ms,
-                live,
-                gpus,
-                owner,
-                seen,
-            },
-        );
+        let mut cache = std::mem::take(&mut self.held);
+        let seen = cache.charges;
+        let h = held(self, &mut cache, j, start_ms, live, seen);
+        cache.by_job.insert(id, h);
+        self.held = cache;
     }
 
     /// Charges usage up to `now`: what ran since the last charge.
@@ -191,14 +202,7 @@ impl Cluster {
                 }
                 _ => {
                     let Some(j) = self.jobs.job(id) else { continue };
-                    let account = j.spec.as_ref().map_or("", |x| x.account.as_str());
-                    let h = Held {
-                        start_ms,
-                        live,
-                        gpus: gpus_held(self, live_allocs(j)),
-                        owner: cache.owner(account, owner(j)),
-                        seen: mark,
-                    };
+                    let h = held(self, &mut cache, j, start_ms, live, mark);
                     cache.by_job.insert(id, h);
                     h
                 }
