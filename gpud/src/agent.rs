@@ -97,6 +97,8 @@ struct Agent {
     mps: crate::mps::Mps,
     /// The GPUs as last discovered; a change re-registers the agent.
     gpus: Mutex<Vec<GpuInfo>>,
+    /// MIG capability device numbers (the driver's, or the fake backend's numbering).
+    caps: Option<crate::devices::Caps>,
     gpus_changed: Notify,
     reports: Arc<ReportQueue>,
     /// Wakes the reporter when a report is queued.
@@ -136,7 +138,13 @@ impl Agent {
         id: String,
         gpus: Vec<GpuInfo>,
     ) -> anyhow::Result<Agent> {
+        let caps = if opts.backend.kind() == "fake" {
+            Some(crate::devices::Caps::numbered(gpus.len() as u32))
+        } else {
+            crate::devices::Caps::from_driver()
+        };
         Ok(Agent {
+            caps,
             name: opts.name.clone(),
             reports: Arc::new(ReportQueue::open(opts.state_dir.join("reports.pb"))?),
             state_dir: opts.state_dir.clone(),
@@ -348,7 +356,27 @@ pub async fn run(
     }
     migration_cost(&cgroups, opts.cgroup_favordynmods);
     let cgroups_for_adoption = cgroups.clone();
+    let confine_devices = match cgroups.verify_devices(&cgroup_parent) {
+        Ok(crate::cgroup::Isolation::Enforced) => {
+            tracing::info!("jobs are confined to their GPUs' device nodes");
+            true
+        }
+        Ok(crate::cgroup::Isolation::Unavailable) => {
+            tracing::warn!(
+                "GPU device isolation is unavailable ({}): a job can open GPUs it was not given",
+                cgroups.describe()
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!(
+                "GPU device isolation failed its check ({e}): a job can open GPUs it was not given"
+            );
+            false
+        }
+    };
     let launcher = Box::new(JobLauncher {
+        confine_devices,
         cgroups,
         parent: cgroup_parent.clone(),
         server: crate::forkserver::Client::new(std::env::current_exe()?),

@@ -23,6 +23,8 @@ pub enum Mode {
         cpu: Option<PathBuf>,
         memory: Option<PathBuf>,
         pids: Option<PathBuf>,
+        /// The `devices` controller: GPU isolation (see `devices`).
+        devices: Option<PathBuf>,
         unified: Option<PathBuf>,
     },
     None,
@@ -166,6 +168,7 @@ impl Mode {
         let cpu = dir("cpu").or_else(|| dir("cpu,cpuacct"));
         let memory = dir("memory");
         let pids = dir("pids");
+        let devices = dir("devices");
         let unified = dir("unified");
         if cpu.is_none() && memory.is_none() && pids.is_none() {
             return Mode::None;
@@ -174,6 +177,7 @@ impl Mode {
             cpu,
             memory,
             pids,
+            devices,
             unified,
         }
     }
@@ -185,12 +189,14 @@ impl Mode {
                 cpu,
                 memory,
                 pids,
+                devices,
                 unified,
             } => format!(
-                "cgroup v1 (cpu: {}, memory: {}, pids: {}, cgroup.kill: {})",
+                "cgroup v1 (cpu: {}, memory: {}, pids: {}, devices: {}, cgroup2: {})",
                 cpu.is_some(),
                 memory.is_some(),
                 pids.is_some(),
+                devices.is_some(),
                 unified.is_some()
             ),
             Mode::None => "no writable cgroup hierarchy".into(),
@@ -200,6 +206,30 @@ impl Mode {
     /// Checks that a process can really be moved into a cgroup here (a hierarchy can be
     /// writable and still refuse, e.g. under some container runtimes): starts `true` in a
     /// probe cgroup the way jobs start.
+    /// Whether GPU devices can be confined here: attaches an empty rule set (no GPU
+    /// open) to a probe cgroup. `Ok(Unavailable)`: no mechanism; `Err`: one refused.
+    pub fn verify_devices(&self, parent: &str) -> io::Result<Isolation> {
+        if *self == Mode::None {
+            return Ok(Isolation::Unavailable);
+        }
+        let probe = format!("{parent}/probe-dev-{}", std::process::id());
+        let limits = Limits {
+            cpu_milli: 0,
+            memory_bytes: 0,
+            pids: 64,
+        };
+        let cg = self.create(&probe, "job-0", limits)?;
+        let rules = crate::devices::DeviceRules::for_slots(&[], [], None);
+        let done = cg.constrain_devices(&rules);
+        cg.destroy();
+        for d in &cg.dirs {
+            if let Some(p) = d.parent() {
+                let _ = fs::remove_dir(p);
+            }
+        }
+        done
+    }
+
     pub fn verify(&self, parent: &str) -> io::Result<()> {
         use std::os::unix::process::CommandExt;
         if *self == Mode::None {
@@ -242,7 +272,10 @@ impl Mode {
     pub fn existing(&self, parent: &str, leaf: &str) -> Option<JobCgroup> {
         let name = format!("{parent}/{leaf}");
         let at = |root: &Path| Some(root.join(&name)).filter(|d| d.is_dir());
-        let mut cg = JobCgroup::default();
+        let mut cg = JobCgroup {
+            name: name.clone(),
+            ..JobCgroup::default()
+        };
         match self {
             Mode::None => return None,
             Mode::V2 { root } => {
@@ -254,10 +287,15 @@ impl Mode {
                 cpu,
                 memory,
                 pids,
+                devices,
                 unified,
             } => {
                 for root in [cpu, pids].into_iter().flatten() {
                     cg.dirs.extend(at(root));
+                }
+                if let Some(root) = devices {
+                    cg.v1_devices = at(root);
+                    cg.dirs.extend(cg.v1_devices.clone());
                 }
                 if let Some(root) = memory {
                     cg.v1_memory = at(root);
@@ -306,7 +344,10 @@ impl Mode {
             fs::write(dir.join(file), value)
                 .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.join(file).display())))
         };
-        let mut cg = JobCgroup::default();
+        let mut cg = JobCgroup {
+            name: name.clone(),
+            ..JobCgroup::default()
+        };
         match self {
             Mode::None => {}
             Mode::V2 { root } => {
@@ -332,6 +373,7 @@ impl Mode {
                 cpu,
                 memory,
                 pids,
+                devices,
                 unified,
             } => {
                 if let Some(root) = cpu {
@@ -367,6 +409,11 @@ impl Mode {
                     w(&dir, "pids.max", &limits.pids.to_string())?;
                     cg.dirs.push(dir);
                 }
+                if let Some(root) = devices {
+                    let dir = mk(root)?;
+                    cg.v1_devices = Some(dir.clone());
+                    cg.dirs.push(dir);
+                }
                 if let Some(root) = unified {
                     let dir = mk(root)?;
                     cg.v2 = Some(dir.clone());
@@ -381,13 +428,47 @@ impl Mode {
 /// One job's cgroup directories (one per hierarchy).
 #[derive(Debug, Default, Clone)]
 pub struct JobCgroup {
+    /// `<parent>/<leaf>`, the same below every hierarchy's root.
+    pub name: String,
     pub dirs: Vec<PathBuf>,
     /// The cgroup2 directory (for `cgroup.kill` and `memory.events`).
     v2: Option<PathBuf>,
     v1_memory: Option<PathBuf>,
+    v1_devices: Option<PathBuf>,
+}
+
+/// How a job's GPU devices are confined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// By the kernel: the cgroup2 device program, the v1 devices controller, or both.
+    Enforced,
+    /// Nothing here can confine devices (no cgroup2 directory, no v1 devices controller).
+    Unavailable,
 }
 
 impl JobCgroup {
+    /// Confines the job to `rules`' devices with every mechanism its cgroups have. An
+    /// error means a mechanism that exists refused: the job must not start.
+    pub fn constrain_devices(&self, rules: &crate::devices::DeviceRules) -> io::Result<Isolation> {
+        let mut done = Isolation::Unavailable;
+        if let Some(d) = &self.v1_devices {
+            rules.apply_v1(d)?;
+            done = Isolation::Enforced;
+        }
+        if let Some(d) = &self.v2 {
+            match rules.apply_bpf(d) {
+                Ok(()) => done = Isolation::Enforced,
+                // Kernels without cgroup BPF (EINVAL/ENOSYS/EPERM in a container) still
+                // have v1's controller where it is mounted.
+                Err(e) if done == Isolation::Enforced => {
+                    tracing::debug!("cgroup2 device filter not attached ({e}); v1 devices enforce");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.dirs.is_empty()
     }
@@ -490,6 +571,7 @@ impl JobCgroup {
 
     /// Kills what is left and removes the directories.
     pub fn destroy(&self) {
+        crate::devices::revoke(&self.name);
         // The last process usually leaves within a millisecond of its job's end (the
         // shim closes its pipe before the kernel takes it out of the cgroup): waits
         // start short and grow to 20 ms, about a second in all.
@@ -551,6 +633,7 @@ mod tests {
             cpu: Some("/sys/fs/cgroup/cpu".into()),
             memory: None,
             pids: None,
+            devices: None,
             unified: Some("/sys/fs/cgroup/unified".into()),
         };
         let slow = "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n\
@@ -573,6 +656,7 @@ mod tests {
             cpu: Some("/sys/fs/cgroup/cpu".into()),
             memory: None,
             pids: None,
+            devices: None,
             unified: None,
         };
         assert_eq!(v1.migration(slow), Migration::Unknown);
@@ -602,12 +686,14 @@ mod tests {
             cpu,
             memory,
             pids,
+            devices,
             unified,
         } = Mode::detect(t.path())
         else {
             panic!("expected v1");
         };
         assert!(cpu.is_some() && memory.is_some() && pids.is_none() && unified.is_some());
+        assert!(devices.is_none());
     }
 
     #[test]

@@ -11,6 +11,8 @@ pub use fake::{Curve, FAKE_MEMORY_ENV, FakeGpus, FakeMetrics};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuInfo {
     pub index: u32,
+    /// The device node's minor: the GPU is `/dev/nvidia<minor>` (195:minor).
+    pub minor: u32,
     pub uuid: String,
     pub model: String,
     pub memory_mib: u64,
@@ -35,6 +37,7 @@ impl GpuInfo {
     pub(crate) fn a100_for_tests(uuid: &str) -> GpuInfo {
         GpuInfo {
             index: 0,
+            minor: 0,
             uuid: uuid.into(),
             model: "A100-80GB".into(),
             memory_mib: 81920,
@@ -353,6 +356,7 @@ impl GpuBackend for Nvml {
             let d = self.nvml.device_by_index(index).map_err(e)?;
             gpus.push(GpuInfo {
                 index,
+                minor: d.minor_number().unwrap_or(index),
                 uuid: d.uuid().map_err(e)?,
                 model: d.name().map_err(e)?,
                 memory_mib: d.memory_info().map_err(e)?.total / (1024 * 1024),

@@ -234,6 +234,8 @@ pub struct LaunchSpec {
     pub limits: crate::cgroup::Limits,
     /// Where the job's shim writes its wait status when it ends (see `shim`).
     pub status_file: Option<PathBuf>,
+    /// The GPU device nodes the job may open (`None`: the agent does not confine).
+    pub devices: Option<crate::devices::DeviceRules>,
 }
 
 /// A user the job runs as, resolved on the node from the passwd database.
@@ -367,6 +369,7 @@ impl LaunchSpec {
             script,
             run_as,
             status_file: None,
+            devices: None,
             limits: crate::cgroup::Limits {
                 cpu_milli: gpuctl_proto::convert::cpu_milli(&res),
                 memory_bytes: res.memory_bytes,
@@ -583,6 +586,10 @@ fn file_record(path: Option<&Path>) -> crate::shim::Record {
 /// Starts job processes.
 pub trait Launcher: Send + Sync {
     fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Launched>;
+    /// Whether jobs' cgroups confine their GPU devices.
+    fn confines_devices(&self) -> bool {
+        false
+    }
 }
 
 /// Each job leads its own process group and, where the host allows, lives in its own
@@ -590,6 +597,8 @@ pub trait Launcher: Send + Sync {
 /// opens its output files as that user.
 pub struct JobLauncher {
     pub cgroups: crate::cgroup::Mode,
+    /// Jobs' cgroups confine their GPU devices (checked at start; see `devices`).
+    pub confine_devices: bool,
     /// Jobs go to `<parent>/job-<id>` in each hierarchy.
     pub parent: String,
     /// Forks each job's shim (see `forkserver`).
@@ -697,7 +706,37 @@ fn launch_error(spec: &LaunchSpec, step: Option<usize>, e: &std::io::Error) -> S
     }
 }
 
+impl JobLauncher {
+    /// Applies the job's device rules to its cgroup, where this agent confines devices:
+    /// a job whose confinement fails does not start (it could open every GPU).
+    fn confine(
+        &self,
+        spec: &LaunchSpec,
+        cgroup: Option<&crate::cgroup::JobCgroup>,
+    ) -> std::io::Result<()> {
+        let Some(rules) = spec.devices.as_ref().filter(|_| self.confine_devices) else {
+            return Ok(());
+        };
+        let Some(cg) = cgroup else {
+            return Err(std::io::Error::other("the job has no cgroup"));
+        };
+        match cg.constrain_devices(rules)? {
+            crate::cgroup::Isolation::Enforced => {
+                crate::devices::grant(&cg.name, rules.uuids.clone());
+                Ok(())
+            }
+            crate::cgroup::Isolation::Unavailable => Err(std::io::Error::other(
+                "no device controller in the job's cgroups",
+            )),
+        }
+    }
+}
+
 impl Launcher for JobLauncher {
+    fn confines_devices(&self) -> bool {
+        self.confine_devices
+    }
+
     fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Launched> {
         let status = spec.status_file.clone().ok_or_else(|| {
             std::io::Error::new(
@@ -717,6 +756,15 @@ impl Launcher for JobLauncher {
                 None
             }
         };
+        if let Err(e) = self.confine(spec, cgroup.as_ref()) {
+            if let Some(cg) = &cgroup {
+                cg.destroy();
+            }
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("cannot confine the job to its GPUs: {e}"),
+            ));
+        }
         let req = crate::forkserver::Request {
             program: spec.program.clone(),
             args: spec.args.clone(),

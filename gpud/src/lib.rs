@@ -1,6 +1,8 @@
 //! gpud, the gpuctl node agent.
 //!
 //! Modules:
+//! - `devices`, `devices_bpf`: GPU device isolation in a job's cgroup (v1 `devices`
+//!   entries, a cgroup2 eBPF device program), from the job's slots (pure rules).
 //! - `gpu`: the `GpuBackend` trait with the NVML backend and the fake one (`gpu::fake`).
 //! - `launch`: the environment and output paths a job gets (pure), and the `Launcher`
 //!   trait that starts and signals job processes.
@@ -23,6 +25,8 @@
 
 pub mod agent;
 pub mod cgroup;
+pub mod devices;
+pub mod devices_bpf;
 pub mod exporter;
 pub mod forkserver;
 pub mod gpu;

@@ -100,6 +100,15 @@ pub(super) fn adopt_jobs(agent: &Arc<Agent>, cgroups: &crate::cgroup::Mode, pare
         let cgroup = cgroups
             .existing(parent, &rec.cgroup_leaf)
             .or_else(|| cgroups.existing(&legacy, &rec.cgroup_leaf));
+        // Its device rules live on in its cgroup; the fake backend's accounting needs
+        // to know them again.
+        if let Some(cg) = cgroup
+            .as_ref()
+            .filter(|_| agent.launcher.confines_devices())
+        {
+            let uuids = start.slots.iter().map(|s| s.uuid.clone()).collect();
+            crate::devices::grant(&cg.name, uuids);
+        }
         let job = crate::launch::Launched::adopt(rec.pid, cgroup, status);
         let (tx, rx) = mpsc::channel(4);
         agent
@@ -340,6 +349,11 @@ fn spawn_recorded(
     let mut spec =
         LaunchSpec::from_start(start, &agent.name, &agent.state_dir.join("scripts"), run_as)?;
     spec.env.extend(extra_env.iter().cloned());
+    spec.devices = Some(crate::devices::DeviceRules::for_slots(
+        &agent.gpus.lock().unwrap_or_else(|p| p.into_inner()),
+        start.slots.iter().map(|s| s.uuid.as_str()),
+        agent.caps.as_ref(),
+    ));
     let jobs = agent.state_dir.join("jobs");
     std::fs::create_dir_all(&jobs)?;
     {

@@ -105,7 +105,9 @@ fn one() -> u32 {
 
 /// The env variable a process sets to "use" GPU memory on fake GPUs (MiB), so that
 /// tests can play a process going over its share. It counts once per process group,
-/// on the GPUs in the process's `CUDA_VISIBLE_DEVICES`.
+/// on the GPUs the process may open: in a confined job, the job's GPUs (of those its
+/// `CUDA_VISIBLE_DEVICES` names, when it names any), as CUDA can open no other;
+/// outside one, the GPUs its `CUDA_VISIBLE_DEVICES` names.
 pub const FAKE_MEMORY_ENV: &str = "GPUCTL_FAKE_GPU_MEMORY_MIB";
 
 /// Processes that declare fake GPU memory: (pid, MiB, CUDA_VISIBLE_DEVICES entries).
@@ -122,7 +124,7 @@ fn fake_processes() -> Vec<(u32, u64, Vec<String>)> {
             continue;
         };
         let mut mib = None;
-        let mut devices = Vec::new();
+        let mut devices: Option<Vec<String>> = None;
         for kv in env.split(|b| *b == 0) {
             let kv = String::from_utf8_lossy(kv);
             if let Some(v) = kv
@@ -131,10 +133,17 @@ fn fake_processes() -> Vec<(u32, u64, Vec<String>)> {
             {
                 mib = v.trim().parse::<u64>().ok();
             } else if let Some(v) = kv.strip_prefix("CUDA_VISIBLE_DEVICES=") {
-                devices = v.split(',').map(str::to_string).collect();
+                devices = Some(v.split(',').map(str::to_string).collect());
             }
         }
         if let Some(m) = mib {
+            let devices = match (crate::devices::granted_to(pid), devices) {
+                (Some(granted), Some(named)) => {
+                    named.into_iter().filter(|d| granted.contains(d)).collect()
+                }
+                (Some(granted), None) => granted,
+                (None, named) => named.unwrap_or_default(),
+            };
             let pgid = crate::procfs::pgid_of(pid).unwrap_or(pid as i32);
             out.push((pgid, pid, m, devices));
         }
@@ -208,6 +217,8 @@ impl FakeGpus {
                 };
                 gpus.push(GpuInfo {
                     index,
+                    // As NVML numbers them on real nodes: fake GPU i is /dev/nvidia<i>.
+                    minor: index,
                     uuid: format!("GPU-{}", stable("")),
                     model: model.to_string(),
                     memory_mib: mem * 1024,
