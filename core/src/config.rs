@@ -297,6 +297,20 @@ pub struct Limits {
     /// so that the store never runs into a full disk (job ends and node updates, which
     /// are small, are still written).
     pub min_free_disk: bytesize::ByteSize,
+    /// Open connections each TCP listener (gRPC, metrics, web) holds at most.
+    pub max_connections: usize,
+    /// Open connections from one peer address per listener (a node's agent and its
+    /// users' CLIs share their node's address).
+    pub max_connections_per_address: usize,
+    /// A new connection must send its first request's headers within this.
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// A connection silent this long is closed (live clients answer keepalive pings).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// File descriptors new connections may never take: the Unix socket, agents'
+    /// streams and the store keep working while a flood is refused.
+    pub reserved_fds: u64,
 }
 
 impl Default for Limits {
@@ -309,6 +323,11 @@ impl Default for Limits {
             max_array_tasks: 10_000,
             max_time_limit: Duration::from_secs(30 * 24 * 3600),
             min_free_disk: bytesize::ByteSize::mib(64),
+            max_connections: 16_384,
+            max_connections_per_address: 256,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            reserved_fds: 512,
         }
     }
 }

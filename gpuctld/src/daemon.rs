@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use gpuctl_proto::auth::ClusterKey;
+use gpuctl_proto::guard;
 use gpuctl_proto::{agent_link_server::AgentLinkServer, controller_server::ControllerServer};
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
 use crate::config::Config;
 use crate::controller::Controller;
@@ -72,8 +72,14 @@ pub async fn run(
         );
     }
     let max_message = opts.config.limits.max_message_bytes.as_u64() as usize;
+    let conn_limits = connection_limits(&opts.config.limits);
     let min_free = opts.config.limits.min_free_disk.as_u64();
     let ctl = Controller::open(store.clone(), opts.config, key)?;
+    let guarded = |name: &'static str| {
+        let stats = guard::Stats::new(name, conn_limits);
+        ctl.watch_listener(stats.clone());
+        stats
+    };
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
@@ -90,6 +96,7 @@ pub async fn run(
             .await
             .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
         tracing::info!("Prometheus metrics on http://{}/metrics", l.local_addr()?);
+        let l = guard::Listener::new(l, guarded("metrics"), guard::Protocol::Http1);
         tokio::spawn(crate::metrics::serve(l, ctl.clone()));
     }
     if let Some(addr) = opts.web_listen {
@@ -97,6 +104,7 @@ pub async fn run(
             .await
             .with_context(|| format!("cannot listen on --web-listen {addr}"))?;
         tracing::info!("web page on http://{}/", l.local_addr()?);
+        let l = guard::Listener::new(l, guarded("web"), guard::Protocol::Http1);
         tokio::spawn(crate::web::serve(l, ctl.clone()));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -129,6 +137,13 @@ pub async fn run(
         tonic::transport::Server::builder()
             // Large replies (ListJobs of a big queue) in fewer, bigger HTTP/2 frames.
             .max_frame_size(1 << 20)
+            // Live clients answer pings, so a quiet but live connection (an agent's
+            // stream between commands) is never idle to the listener's guard, and one
+            // whose peer is gone is closed.
+            .http2_keepalive_interval(Some(KEEPALIVE))
+            .http2_keepalive_timeout(Some(KEEPALIVE))
+            // Streams one connection may open at once (an idle flood's other lever).
+            .max_concurrent_streams(Some(1024))
             .add_service(
                 ControllerServer::new(UserApi(ctl.clone())).max_decoding_message_size(max_message),
             )
@@ -136,22 +151,24 @@ pub async fn run(
                 AgentLinkServer::new(AgentApi(ctl.clone())).max_decoding_message_size(max_message),
             )
     };
-    // Without TCP_NODELAY a small reply or command (a StartJob, a heartbeat's answer)
-    // written after another can sit in Nagle's buffer until the peer's delayed ACK, up
-    // to 40 ms on Linux: that was most of the time from dispatch to launch.
-    let incoming = tokio_stream::StreamExt::map(TcpListenerStream::new(listener), |s| {
-        if let Ok(s) = &s
-            && let Err(e) = s.set_nodelay(true)
-        {
-            tracing::warn!("cannot set TCP_NODELAY on a connection: {e}");
-        }
-        s
-    });
+    // The guard sets TCP_NODELAY: without it a small reply or command (a StartJob, a
+    // heartbeat's answer) written after another can sit in Nagle's buffer until the
+    // peer's delayed ACK, up to 40 ms on Linux.
+    let incoming = guard::Listener::new(listener, guarded("grpc"), guard::Protocol::Http2);
     let tcp = router().serve_with_incoming_shutdown(incoming, stopped(serve_stop_rx.clone()));
     match socket {
         Some(l) => {
-            let unix = router()
-                .serve_with_incoming_shutdown(UnixListenerStream::new(l), stopped(serve_stop_rx));
+            // Local users have their own listener and cap (no address to count by):
+            // a TCP flood cannot reach it, and the descriptor reserve keeps it served.
+            let unix_limits = guard::Limits {
+                max_per_address: usize::MAX,
+                reserved_fds: conn_limits.reserved_fds / 4,
+                ..conn_limits
+            };
+            let stats = guard::Stats::new("unix", unix_limits);
+            ctl.watch_listener(stats.clone());
+            let l = guard::Listener::new(l, stats, guard::Protocol::Http2);
+            let unix = router().serve_with_incoming_shutdown(l, stopped(serve_stop_rx));
             let (a, b) = tokio::join!(tcp, unix);
             a.context("gRPC server (TCP) failed")?;
             b.context("gRPC server (Unix socket) failed")?;
@@ -167,6 +184,34 @@ pub async fn run(
     }
     tracing::info!("state flushed; bye");
     Ok(())
+}
+
+/// How often the gRPC server pings a connection (and how long it waits for the answer).
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A TCP listener under the connection limits (the metrics and web pages').
+pub type TcpGuarded = guard::Listener<tokio::net::TcpListener>;
+
+/// The listeners' limits from the `[limits]` table; the descriptor limit is raised to
+/// its hard maximum first, and the caps are kept under what it allows.
+fn connection_limits(l: &gpuctl_core::config::Limits) -> guard::Limits {
+    let nofile = guard::raise_fd_limit().unwrap_or(1024);
+    let max = l
+        .max_connections
+        .min(nofile.saturating_sub(l.reserved_fds) as usize);
+    if max < l.max_connections {
+        tracing::warn!(
+            "the descriptor limit ({nofile}) allows {max} connections, not limits.max_connections {} (raise LimitNOFILE)",
+            l.max_connections
+        );
+    }
+    guard::Limits {
+        max_connections: max.max(1),
+        max_per_address: l.max_connections_per_address.max(1),
+        handshake_timeout: l.handshake_timeout,
+        idle_timeout: l.idle_timeout.max(KEEPALIVE * 2),
+        reserved_fds: l.reserved_fds,
+    }
 }
 
 /// sled does not come back from a full disk in place (after ENOSPC its flushes hang).

@@ -82,6 +82,7 @@ pub struct Metrics {
     pub submits_deferred: Counter,
     pub pass_seconds: Histogram,
     pub commit_seconds: Histogram,
+    conns: gpuctl_proto::guard_metrics::Connections,
 }
 
 impl Metrics {
@@ -90,85 +91,88 @@ impl Metrics {
         let jobs = Family::<StateLabel, Gauge>::default();
         r.register(
             "gpuctl_jobs",
-            "Jobs by state (finished ones as retained).",
+            "Jobs by state (finished ones as retained)",
             jobs.clone(),
         );
         let pending = Family::<ReasonLabel, Gauge>::default();
         r.register(
             "gpuctl_jobs_pending",
-            "Pending jobs by reason.",
+            "Pending jobs by reason",
             pending.clone(),
         );
         let nodes = Family::<StateLabel, Gauge>::default();
-        r.register("gpuctl_nodes", "Nodes by state.", nodes.clone());
+        r.register("gpuctl_nodes", "Nodes by state", nodes.clone());
         let gpus_total = Gauge::default();
         r.register(
             "gpuctl_gpus",
-            "GPUs of the nodes that are up.",
+            "GPUs of the nodes that are up",
             gpus_total.clone(),
         );
         let gpus_allocated = GaugeF::default();
         r.register(
             "gpuctl_gpus_allocated",
-            "Allocated GPU capacity in GPUs (shares and MIG instances as fractions).",
+            "Allocated GPU capacity in GPUs (shares and MIG instances as fractions)",
             gpus_allocated.clone(),
         );
         let fragmentation = GaugeF::default();
         r.register(
             "gpuctl_fragmentation_gpus",
-            "Idle GPU capacity the typical job mix could not use (FGD's measure), in GPUs.",
+            "Idle GPU capacity the typical job mix could not use (FGD's measure), in GPUs",
             fragmentation.clone(),
         );
         let user_gpus = Family::<UserLabel, GaugeF>::default();
         r.register(
             "gpuctl_user_running_gpus",
-            "GPUs held by each user's running jobs (shares as fractions).",
+            "GPUs held by each user's running jobs (shares as fractions)",
             user_gpus.clone(),
         );
         let user_gpu_seconds = Family::default();
         r.register(
             "gpuctl_user_gpu_seconds",
-            "GPU-seconds held by each user's running jobs since the controller started (sampled at scrapes).",
+            "GPU-seconds held by each user's running jobs since the controller started (sampled at scrapes)",
             user_gpu_seconds.clone(),
         );
         let account_gpus = Family::<AccountLabel, GaugeF>::default();
         r.register(
             "gpuctl_account_running_gpus",
-            "GPUs held by each account's running jobs (shares as fractions).",
+            "GPUs held by each account's running jobs (shares as fractions)",
             account_gpus.clone(),
         );
         let account_gpu_seconds = Family::default();
         r.register(
             "gpuctl_account_gpu_seconds",
-            "GPU-seconds held by each account's running jobs since the controller started (sampled at scrapes).",
+            "GPU-seconds held by each account's running jobs since the controller started (sampled at scrapes)",
             account_gpu_seconds.clone(),
         );
         let slices = Family::<StateLabel, Gauge>::default();
         r.register(
             "gpuctl_slices",
-            "GPU slices: state=mig_total, mig_allocated (MIG instances of up nodes and those held), shared_gpus (GPUs holding fractional shares), share_jobs (the share allocations on them).",
+            "GPU slices: state=mig_total, mig_allocated (MIG instances of up nodes and those held), shared_gpus (GPUs holding fractional shares), share_jobs (the share allocations on them)",
             slices.clone(),
         );
         let submits = Counter::default();
-        r.register("gpuctl_submits", "Jobs acknowledged.", submits.clone());
+        r.register("gpuctl_submits", "Jobs acknowledged", submits.clone());
         let submits_deferred = Counter::default();
         r.register(
             "gpuctl_submits_deferred",
-            "Submits whose scheduling pass waited (up to 1 s) because no GPU was free.",
+            "Submits whose scheduling pass waited (up to 1 s) because no GPU was free",
             submits_deferred.clone(),
         );
         let pass_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
         r.register(
             "gpuctl_schedule_pass_seconds",
-            "How long a scheduling pass took.",
+            "How long a scheduling pass took",
             pass_seconds.clone(),
         );
         r.register(
             "gpuctl_store_commit_seconds",
-            "How long a durable commit (group flush) took.",
+            "How long a durable commit (group flush) took",
             commit_seconds.clone(),
         );
+        let conns = gpuctl_proto::guard_metrics::Connections::default();
+        conns.register(&mut r);
         Arc::new(Metrics {
+            conns,
             registry: r,
             jobs,
             pending,
@@ -190,7 +194,13 @@ impl Metrics {
     }
 
     /// The exposition text for the state in `s` at `now_ms`.
+    /// Exports `stats`' counters with the rest.
+    pub fn watch_listener(&self, stats: Arc<gpuctl_proto::guard::Stats>) {
+        self.conns.watch(stats);
+    }
+
     pub fn render(&self, s: &Snapshot, now_ms: i64) -> String {
+        self.conns.update();
         self.jobs.clear();
         for (k, v) in &s.jobs_by_state {
             self.jobs
@@ -247,7 +257,7 @@ impl Metrics {
 }
 
 /// Serves `GET /metrics` on `listener` until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, ctl: Arc<crate::controller::Controller>) {
+pub async fn serve(listener: crate::daemon::TcpGuarded, ctl: Arc<crate::controller::Controller>) {
     use axum::http::header::CONTENT_TYPE;
     let app = axum::Router::new().route(
         "/metrics",
@@ -311,5 +321,7 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }
+        // One full stop at the end of each HELP (the encoder adds it).
+        assert!(!text.contains("..\n"), "{text}");
     }
 }

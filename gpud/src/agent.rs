@@ -395,6 +395,19 @@ pub async fn run(
             .await
             .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
         tracing::info!("Prometheus metrics on http://{}/metrics", l.local_addr()?);
+        // Scrapers are few: a flood of idle connections is refused, not served.
+        use gpuctl_proto::guard;
+        let nofile = guard::raise_fd_limit().unwrap_or(1024);
+        let limits = guard::Limits {
+            max_connections: 256.min(nofile.saturating_sub(256) as usize).max(1),
+            max_per_address: 32,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            reserved_fds: 128,
+        };
+        let stats = guard::Stats::new("metrics", limits);
+        exporter.conns.watch(stats.clone());
+        let l = guard::Listener::new(l, stats, guard::Protocol::Http1);
         tokio::spawn(crate::exporter::serve(l, exporter.clone()));
     }
     let health = opts.health.take().map(|p| {

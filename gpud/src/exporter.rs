@@ -140,6 +140,8 @@ pub struct Exporter {
     job_info: J,
     mig_job_info: J,
     sample_seconds: Gauge<f64, AtomicU64>,
+    /// The metrics listener's own connection counters.
+    pub conns: gpuctl_proto::guard_metrics::Connections,
 }
 
 impl Default for Exporter {
@@ -209,34 +211,37 @@ impl Exporter {
         let mut fields = HashMap::new();
         for (name, help) in FIELDS {
             let f = G::default();
-            registry.register(*name, *help, f.clone());
+            registry.register(*name, help.trim_end_matches('.'), f.clone());
             fields.insert(*name, f);
         }
         let job_mem = J::default();
         registry.register(
             "gpuctl_job_gpu_memory_used_mib",
-            "GPU memory used by a job's processes on one GPU (in MiB).",
+            "GPU memory used by a job's processes on one GPU (in MiB)",
             job_mem.clone(),
         );
         let job_info = J::default();
         registry.register(
             "gpuctl_gpu_job_info",
-            "1 for each job holding a GPU (or a share or MIG instance of it); join it to the DCGM series on UUID, whose own labels stay the same as jobs come and go.",
+            "1 for each job holding a GPU (or a share or MIG instance of it); join it to the DCGM series on UUID, whose own labels stay the same as jobs come and go",
             job_info.clone(),
         );
         let mig_job_info = J::default();
         registry.register(
             "gpuctl_mig_job_info",
-            "1 for each job on a MIG instance, labelled with the instance (GPU_I_PROFILE, GPU_I_ID); join it to the instance's DCGM series on UUID and GPU_I_ID.",
+            "1 for each job on a MIG instance, labelled with the instance (GPU_I_PROFILE, GPU_I_ID); join it to the instance's DCGM series on UUID and GPU_I_ID",
             mig_job_info.clone(),
         );
         let sample_seconds = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "gpuctl_gpud_sample_duration_seconds",
-            "How long the last GPU sample took.",
+            "How long the last GPU sample took",
             sample_seconds.clone(),
         );
+        let conns = gpuctl_proto::guard_metrics::Connections::default();
+        conns.register(&mut registry);
         Exporter {
+            conns,
             registry,
             fields,
             job_mem,
@@ -323,6 +328,7 @@ impl Exporter {
 
     /// The exposition text.
     pub fn encode(&self) -> String {
+        self.conns.update();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
@@ -331,7 +337,10 @@ impl Exporter {
 }
 
 /// Serves `GET /metrics` (OpenMetrics text) on `listener` until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, exporter: std::sync::Arc<Exporter>) {
+pub async fn serve(
+    listener: gpuctl_proto::guard::Listener<tokio::net::TcpListener>,
+    exporter: std::sync::Arc<Exporter>,
+) {
     use axum::http::header::CONTENT_TYPE;
     let app = axum::Router::new().route(
         "/metrics",
@@ -424,7 +433,15 @@ mod tests {
             !text.contains("{job=") && !text.contains(",job="),
             "no label named job: {text}"
         );
-        assert!(!text.contains("_total"), "{text}");
+        // DCGM's counters are gauges by name; the one counter is the listener's own.
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.contains("_total") && !l.contains("gpuctl_connections_refused")),
+            "{text}"
+        );
+        // One full stop at the end of each HELP (the encoder adds it).
+        assert!(!text.contains("..\n"), "{text}");
     }
 
     #[test]

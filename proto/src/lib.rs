@@ -8,6 +8,9 @@
 pub mod auth;
 pub mod codec;
 pub mod convert;
+pub mod guard;
+pub mod guard_metrics;
+pub mod ratelog;
 
 #[allow(clippy::all, clippy::pedantic)]
 pub mod gpuctl {

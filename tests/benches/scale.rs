@@ -828,7 +828,7 @@ fn main() {
     std::fs::write(
         dir.path().join("gpuctld.toml"),
         format!(
-            "node_timeout = \"{}s\"\n[limits]\nmax_pending_per_user = 10000000\nmax_message_bytes = \"64MiB\"\n",
+            "node_timeout = \"{}s\"\n[limits]\nmax_pending_per_user = 10000000\nmax_message_bytes = \"64MiB\"\nmax_connections = 100000\nmax_connections_per_address = 100000\n",
             o.heartbeat.as_secs() * 6
         ),
     )

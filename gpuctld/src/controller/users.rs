@@ -16,6 +16,11 @@ use crate::auth::Caller;
 
 impl Controller {
     /// The metrics' exposition text, from the state now.
+    /// Exports a listener's connection counters with the metrics.
+    pub fn watch_listener(&self, stats: std::sync::Arc<gpuctl_proto::guard::Stats>) {
+        self.metrics.watch_listener(stats);
+    }
+
     pub fn metrics_text(&self) -> String {
         let snap = self.snapshot(&self.list_nodes(&[]));
         self.metrics.render(&snap, now_ms())

@@ -1,0 +1,546 @@
+//! Bounded listeners: what every TCP (and Unix) listener of both daemons accepts through,
+//! so that a flood of idle connections cannot use up the process's descriptors or memory.
+//!
+//! - A cap on open connections in all and per peer address, and a reserve of file
+//!   descriptors that connections may never take (the Unix socket, agents' streams, the
+//!   store and job files keep working under a flood).
+//! - A handshake deadline: a connection must send its first request's headers (HTTP/2:
+//!   a HEADERS frame after the preface; HTTP/1: the end of the header block) within it.
+//! - An idle deadline: a connection that sends nothing for this long is closed (the
+//!   gRPC server's keepalive pings keep live clients talking).
+//! - Every refusal counts in [`Stats`] by reason (the daemons export them as metrics)
+//!   and is logged as one summary line per period, not one line per connection.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+/// What a listener allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Open connections in all.
+    pub max_connections: usize,
+    /// Open connections from one peer address.
+    pub max_per_address: usize,
+    /// Time from accept to the first request's headers.
+    pub handshake_timeout: Duration,
+    /// Time without a byte from the peer before the connection is closed.
+    pub idle_timeout: Duration,
+    /// Descriptors kept free for everything that is not a new connection.
+    pub reserved_fds: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 16_384,
+            max_per_address: 256,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            reserved_fds: 256,
+        }
+    }
+}
+
+/// What the peer speaks: decides when its handshake is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// gRPC: the client preface, then frames until the first HEADERS frame.
+    Http2,
+    /// The metrics and web pages: the first request's header block (`\r\n\r\n`).
+    Http1,
+}
+
+/// Why a connection was refused or closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// The listener's cap on open connections.
+    Total,
+    /// The cap per peer address.
+    PerAddress,
+    /// Too few free descriptors left (the reserve).
+    Descriptors,
+    /// No request headers within the handshake deadline.
+    Handshake,
+    /// Nothing from the peer within the idle deadline.
+    Idle,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 5] = [
+        Refusal::Total,
+        Refusal::PerAddress,
+        Refusal::Descriptors,
+        Refusal::Handshake,
+        Refusal::Idle,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Total => "total_cap",
+            Refusal::PerAddress => "per_address_cap",
+            Refusal::Descriptors => "fd_reserve",
+            Refusal::Handshake => "handshake_timeout",
+            Refusal::Idle => "idle_timeout",
+        }
+    }
+}
+
+/// A listener's counters, shared with its connections and read by the metrics.
+#[derive(Debug)]
+pub struct Stats {
+    pub name: &'static str,
+    limits: Limits,
+    open: Mutex<HashMap<IpAddr, usize>>,
+    total: AtomicU64,
+    refused: [AtomicU64; 5],
+    log: crate::ratelog::RateLog,
+}
+
+impl Stats {
+    pub fn new(name: &'static str, limits: Limits) -> Arc<Stats> {
+        Arc::new(Stats {
+            name,
+            limits,
+            open: Mutex::new(HashMap::new()),
+            total: AtomicU64::new(0),
+            refused: Default::default(),
+            log: crate::ratelog::RateLog::new(Duration::from_secs(10)),
+        })
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused or closed for `why` since start.
+    pub fn refused(&self, why: Refusal) -> u64 {
+        self.refused[why as usize].load(Ordering::Relaxed)
+    }
+
+    fn count(&self, why: Refusal, peer: Option<IpAddr>) {
+        self.refused[why as usize].fetch_add(1, Ordering::Relaxed);
+        let name = self.name;
+        self.log.note(|n, secs| {
+            tracing::warn!(
+                listener = name,
+                reason = why.as_str(),
+                last_peer = ?peer,
+                "{n} connection(s) refused or closed on the {name} listener in the last {secs} s ({}); see gpuctl_connections_refused_total",
+                why.as_str()
+            );
+        });
+    }
+
+    /// Takes a slot for a connection from `peer`, or says why not.
+    fn admit(self: &Arc<Self>, peer: Option<IpAddr>) -> Result<Permit, Refusal> {
+        if self.open() as usize >= self.limits.max_connections {
+            return Err(Refusal::Total);
+        }
+        if fds_left().is_some_and(|left| left < self.limits.reserved_fds) {
+            return Err(Refusal::Descriptors);
+        }
+        if let Some(ip) = peer {
+            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            let n = open.entry(ip).or_default();
+            if *n >= self.limits.max_per_address {
+                return Err(Refusal::PerAddress);
+            }
+            *n += 1;
+        }
+        self.total.fetch_add(1, Ordering::Relaxed);
+        Ok(Permit {
+            stats: self.clone(),
+            peer,
+        })
+    }
+}
+
+/// Free descriptors under the soft limit (`None` where they cannot be counted).
+fn fds_left() -> Option<u64> {
+    let (soft, _) = nix_rlimit()?;
+    let used = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    Some(soft.saturating_sub(used))
+}
+
+fn nix_rlimit() -> Option<(u64, u64)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one struct rlimit to the pointer given.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
+    (rc == 0).then_some((r.rlim_cur, r.rlim_max))
+}
+
+/// Raises the soft descriptor limit to the hard one (as servers do at start); answers
+/// the limit in effect.
+pub fn raise_fd_limit() -> Option<u64> {
+    let (soft, hard) = nix_rlimit()?;
+    if soft < hard {
+        let r = libc::rlimit {
+            rlim_cur: hard,
+            rlim_max: hard,
+        };
+        // SAFETY: setrlimit reads one struct rlimit from the pointer given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } == 0 {
+            return Some(hard);
+        }
+    }
+    Some(soft)
+}
+
+/// A connection's slot; gives it back when the connection is dropped.
+#[derive(Debug)]
+struct Permit {
+    stats: Arc<Stats>,
+    peer: Option<IpAddr>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.stats.total.fetch_sub(1, Ordering::Relaxed);
+        if let Some(ip) = self.peer {
+            let mut open = self.stats.open.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = open.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    open.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+/// Where a connection is in its handshake.
+#[derive(Debug)]
+enum Phase {
+    /// HTTP/2: bytes of the 24-byte preface still to come.
+    Preface(usize),
+    /// HTTP/2: inside a frame; `header` collects the 9-byte frame header, then `skip`
+    /// payload bytes follow.
+    Frames {
+        header: [u8; 9],
+        have: usize,
+        skip: usize,
+    },
+    /// HTTP/1: how many bytes of `\r\n\r\n` were seen last.
+    Header(usize),
+    Done,
+}
+
+/// An accepted connection under its listener's limits.
+#[derive(Debug)]
+pub struct Guarded<S> {
+    inner: S,
+    phase: Phase,
+    /// The next deadline (handshake, then idle) and when the peer last sent a byte.
+    deadline: Pin<Box<Sleep>>,
+    last_read: Instant,
+    limits: Limits,
+    _permit: Permit,
+}
+
+impl<S> Guarded<S> {
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Advances the handshake over bytes the peer sent.
+    fn saw(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            match &mut self.phase {
+                Phase::Done => return,
+                Phase::Preface(left) => {
+                    let n = (*left).min(bytes.len());
+                    *left -= n;
+                    bytes = &bytes[n..];
+                    if *left == 0 {
+                        self.phase = Phase::Frames {
+                            header: [0; 9],
+                            have: 0,
+                            skip: 0,
+                        };
+                    }
+                }
+                Phase::Frames { header, have, skip } => {
+                    if *skip > 0 {
+                        let n = (*skip).min(bytes.len());
+                        *skip -= n;
+                        bytes = &bytes[n..];
+                        continue;
+                    }
+                    let n = (9 - *have).min(bytes.len());
+                    header[*have..*have + n].copy_from_slice(&bytes[..n]);
+                    *have += n;
+                    bytes = &bytes[n..];
+                    if *have == 9 {
+                        // Frame type 1 is HEADERS: the first request has arrived.
+                        if header[3] == 1 {
+                            self.phase = Phase::Done;
+                        } else {
+                            *skip = usize::from(header[0]) << 16
+                                | usize::from(header[1]) << 8
+                                | usize::from(header[2]);
+                            *have = 0;
+                        }
+                    }
+                }
+                Phase::Header(matched) => {
+                    for (i, b) in bytes.iter().enumerate() {
+                        let want = b"\r\n\r\n"[*matched];
+                        *matched = if *b == want {
+                            *matched + 1
+                        } else if *b == b'\r' {
+                            1
+                        } else {
+                            0
+                        };
+                        if *matched == 4 {
+                            self.phase = Phase::Done;
+                            bytes = &bytes[i + 1..];
+                            break;
+                        }
+                    }
+                    if !matches!(self.phase, Phase::Done) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `Some(why)` when the connection's deadline has passed.
+    fn expired(&mut self, cx: &mut Context<'_>) -> Option<Refusal> {
+        loop {
+            if self.deadline.as_mut().poll(cx).is_pending() {
+                return None;
+            }
+            if !matches!(self.phase, Phase::Done) {
+                return Some(Refusal::Handshake);
+            }
+            // Reads push the idle deadline lazily: re-arm from the last read.
+            let next = self.last_read + self.limits.idle_timeout;
+            if next <= Instant::now() {
+                return Some(Refusal::Idle);
+            }
+            self.deadline.as_mut().reset(next);
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let got = buf.filled()[before..].to_vec();
+                if !got.is_empty() {
+                    let was_done = matches!(self.phase, Phase::Done);
+                    self.last_read = Instant::now();
+                    if !was_done {
+                        self.saw(&got);
+                        if matches!(self.phase, Phase::Done) {
+                            let next = self.last_read + self.limits.idle_timeout;
+                            self.deadline.as_mut().reset(next);
+                        }
+                    }
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.expired(cx) {
+                Some(why) => {
+                    self._permit.stats.count(why, self._permit.peer);
+                    Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("connection closed: {}", why.as_str()),
+                    )))
+                }
+                None => Poll::Pending,
+            },
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for Guarded<tokio::net::TcpStream> {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl tonic::transport::server::Connected for Guarded<tokio::net::UnixStream> {
+    type ConnectInfo = tonic::transport::server::UdsConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+/// One kind of listener (TCP or Unix) that [`Listener`] accepts from.
+pub trait Accept: Send + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn poll_accept(&self, cx: &mut Context<'_>)
+    -> Poll<io::Result<(Self::Stream, Option<IpAddr>)>>;
+}
+
+impl Accept for tokio::net::TcpListener {
+    type Stream = tokio::net::TcpStream;
+    fn poll_accept(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(Self::Stream, Option<IpAddr>)>> {
+        tokio::net::TcpListener::poll_accept(self, cx).map_ok(|(s, a)| {
+            // Small replies and commands go out at once, not after the peer's delayed
+            // ACK (up to 40 ms on Linux).
+            let _ = s.set_nodelay(true);
+            (s, Some(a.ip()))
+        })
+    }
+}
+
+impl Accept for tokio::net::UnixListener {
+    type Stream = tokio::net::UnixStream;
+    fn poll_accept(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(Self::Stream, Option<IpAddr>)>> {
+        tokio::net::UnixListener::poll_accept(self, cx).map_ok(|(s, _)| (s, None))
+    }
+}
+
+/// A listener whose connections are [`Guarded`]: a `Stream` of them for tonic, and
+/// `accept` for axum.
+pub struct Listener<L: Accept> {
+    inner: L,
+    stats: Arc<Stats>,
+    protocol: Protocol,
+    /// After EMFILE/ENFILE: accept again only after this (the backlog waits meanwhile).
+    backoff: Option<Pin<Box<Sleep>>>,
+}
+
+impl<L: Accept> Listener<L> {
+    pub fn new(inner: L, stats: Arc<Stats>, protocol: Protocol) -> Self {
+        Listener {
+            inner,
+            stats,
+            protocol,
+            backoff: None,
+        }
+    }
+
+    pub fn get_ref(&self) -> &L {
+        &self.inner
+    }
+
+    fn poll_next_conn(&mut self, cx: &mut Context<'_>) -> Poll<Guarded<L::Stream>> {
+        loop {
+            if let Some(b) = &mut self.backoff {
+                if b.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.backoff = None;
+            }
+            let (stream, peer) = match self.inner.poll_accept(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(x)) => x,
+                Poll::Ready(Err(e)) => {
+                    if matches!(e.raw_os_error(), Some(24 /* EMFILE */ | 23 /* ENFILE */)) {
+                        self.stats.count(Refusal::Descriptors, None);
+                    }
+                    // Accept errors (out of descriptors, a peer gone before accept)
+                    // are never the server's end: wait a moment and go on.
+                    let wait = Duration::from_millis(50);
+                    self.backoff = Some(Box::pin(tokio::time::sleep(wait)));
+                    continue;
+                }
+            };
+            match self.stats.admit(peer) {
+                Ok(permit) => {
+                    let limits = self.stats.limits;
+                    let now = Instant::now();
+                    return Poll::Ready(Guarded {
+                        inner: stream,
+                        phase: match self.protocol {
+                            Protocol::Http2 => Phase::Preface(24),
+                            Protocol::Http1 => Phase::Header(0),
+                        },
+                        deadline: Box::pin(tokio::time::sleep_until(
+                            now + limits.handshake_timeout,
+                        )),
+                        last_read: now,
+                        limits,
+                        _permit: permit,
+                    });
+                }
+                // Dropping the stream closes it at once.
+                Err(why) => self.stats.count(why, peer),
+            }
+        }
+    }
+}
+
+impl<L: Accept + Unpin> futures::Stream for Listener<L> {
+    type Item = io::Result<Guarded<L::Stream>>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.poll_next_conn(cx).map(|c| Some(Ok(c)))
+    }
+}
+
+impl axum::serve::Listener for Listener<tokio::net::TcpListener> {
+    type Io = Guarded<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let conn = std::future::poll_fn(|cx| self.poll_next_conn(cx)).await;
+            if let Ok(addr) = conn.get_ref().peer_addr() {
+                return (conn, addr);
+            }
+        }
+    }
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,157 @@
+use super::*;
+use futures::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+fn limits() -> Limits {
+    Limits {
+        max_connections: 100,
+        max_per_address: 3,
+        handshake_timeout: Duration::from_millis(300),
+        idle_timeout: Duration::from_millis(600),
+        reserved_fds: 0,
+    }
+}
+
+/// Serves `l` with a task per connection that reads until the connection ends, and
+/// answers how each ended (Ok: the peer closed; Err: the guard closed it).
+async fn serve(
+    l: tokio::net::TcpListener,
+    limits: Limits,
+    protocol: Protocol,
+) -> (
+    Arc<Stats>,
+    tokio::sync::mpsc::UnboundedReceiver<Result<(), String>>,
+) {
+    let stats = Stats::new("test", limits);
+    let mut incoming = Listener::new(l, stats.clone(), protocol);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(mut c)) = incoming.next().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut b = [0u8; 256];
+                loop {
+                    match c.read(&mut b).await {
+                        Ok(0) => break tx.send(Ok(())),
+                        Ok(_) => {}
+                        Err(e) => break tx.send(Err(e.to_string())),
+                    }
+                }
+            });
+        }
+    });
+    (stats, rx)
+}
+
+async fn closed(s: &mut tokio::net::TcpStream) -> bool {
+    let mut b = [0u8; 16];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test]
+async fn connections_past_the_per_address_cap_are_closed_and_counted() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (stats, _rx) = serve(l, limits(), Protocol::Http2).await;
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(PREFACE).await.unwrap();
+        kept.push(s);
+    }
+    for _ in 0..2 {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(closed(&mut s).await, "refused at once");
+    }
+    assert_eq!(stats.refused(Refusal::PerAddress), 2);
+    assert_eq!(stats.open(), 3);
+    // A slot given back is taken again.
+    drop(kept.pop());
+    let t0 = Instant::now();
+    while stats.open() > 2 && t0.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(stats.open(), 2);
+}
+
+#[tokio::test]
+async fn a_connection_without_request_headers_is_closed_at_the_handshake_deadline() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (stats, mut rx) = serve(l, limits(), Protocol::Http2).await;
+    // The preface and a SETTINGS frame only: the flood's connection.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    idle.write_all(PREFACE).await.unwrap();
+    idle.write_all(&[0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100])
+        .await
+        .unwrap();
+    // A real client: preface, SETTINGS, then a HEADERS frame, then pings now and then.
+    let mut live = tokio::net::TcpStream::connect(addr).await.unwrap();
+    live.write_all(PREFACE).await.unwrap();
+    live.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    live.write_all(&[0, 0, 2, 1, 4, 0, 0, 0, 1, 0x82, 0x84])
+        .await
+        .unwrap();
+    assert!(closed(&mut idle).await);
+    assert!(
+        rx.recv()
+            .await
+            .unwrap()
+            .unwrap_err()
+            .contains("handshake_timeout")
+    );
+    assert_eq!(stats.refused(Refusal::Handshake), 1);
+    // The live one outlives the handshake deadline while it talks...
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        live.write_all(&[0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8])
+            .await
+            .unwrap();
+    }
+    assert_eq!(stats.open(), 1);
+    // ...and is closed once it has been silent past the idle deadline.
+    assert!(closed(&mut live).await);
+    assert_eq!(stats.refused(Refusal::Idle), 1);
+    assert_eq!(stats.open(), 0);
+}
+
+#[tokio::test]
+async fn http1_handshake_ends_with_the_header_block() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (stats, _rx) = serve(l, limits(), Protocol::Http1).await;
+    // Slowloris: a header line at a time, never the blank line.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut ok = tokio::net::TcpStream::connect(addr).await.unwrap();
+    ok.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r")
+        .await
+        .unwrap();
+    ok.write_all(b"\n").await.unwrap();
+    for _ in 0..3 {
+        slow.write_all(b"X-A: b\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(closed(&mut slow).await);
+    assert_eq!(stats.refused(Refusal::Handshake), 1);
+    assert_eq!(stats.open(), 1, "the complete request's connection stays");
+}
+
+#[tokio::test]
+async fn the_total_cap_holds_across_addresses() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut lim = limits();
+    lim.max_connections = 2;
+    lim.max_per_address = 100;
+    let (stats, _rx) = serve(l, lim, Protocol::Http2).await;
+    let _a = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _b = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert!(closed(&mut c).await);
+    assert_eq!(stats.refused(Refusal::Total), 1);
+}
