@@ -40,7 +40,10 @@ impl Caller {
     }
 
     pub fn deny(&self, why: &str) -> Status {
-        tracing::warn!(user = %self.user, via = self.via, "permission denied: {why}");
+        let why = gpuctl_proto::ratelog::shown(why, 300);
+        DENIED.note(|n, secs| {
+            tracing::warn!(user = %self.user, via = self.via, "permission denied: {why} ({n} denials in the last {secs} s, this one included)");
+        });
         Status::permission_denied(format!("permission denied for user {}: {why}", self.user))
     }
 }
@@ -139,3 +142,7 @@ mod tests {
         assert!(!valid_user_name("a/b"));
     }
 }
+
+/// Denials: a user can cause them at will, so they are logged a line a period.
+static DENIED: gpuctl_proto::ratelog::RateLog =
+    gpuctl_proto::ratelog::RateLog::new(std::time::Duration::from_secs(10));

@@ -78,7 +78,11 @@ impl UserApi {
             })?;
         let secret = header.strip_prefix("Bearer ").unwrap_or(header).trim();
         let user = self.0.token_user(secret).ok_or_else(|| {
-            tracing::warn!("request with an unknown or revoked token refused");
+            BAD_TOKEN.note(|n, secs| {
+                tracing::warn!(
+                    "request with an unknown or revoked token refused ({n} in the last {secs} s, this one included)"
+                );
+            });
             Status::unauthenticated("unknown or revoked API token")
         })?;
         Ok(Caller {
@@ -480,3 +484,7 @@ impl agent_link_server::AgentLink for AgentApi {
         Ok(Response::new(self.0.report(&req).await?))
     }
 }
+
+/// Requests with a bad token: anyone can send them, so they are logged a line a period.
+static BAD_TOKEN: gpuctl_proto::ratelog::RateLog =
+    gpuctl_proto::ratelog::RateLog::new(std::time::Duration::from_secs(10));

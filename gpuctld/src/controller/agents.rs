@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use gpuctl_proto as pb;
 use gpuctl_proto::auth::Signed;
+use gpuctl_proto::ratelog::{RateLog, shown};
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -40,12 +41,29 @@ impl Controller {
         node: &str,
         body: &[u8],
     ) -> Result<Signed, Status> {
+        if node.len() > MAX_NODE_NAME {
+            REFUSED.note(|n, secs| {
+                tracing::warn!(
+                    node = %shown(node, 64),
+                    "agent request refused: a node name of {} bytes ({n} refused in the last {secs} s, this one included)",
+                    node.len()
+                );
+            });
+            return Err(Status::invalid_argument(format!(
+                "a node name is at most {MAX_NODE_NAME} bytes (this one has {})",
+                node.len()
+            )));
+        }
         let get = |k: &str| meta.get(k).and_then(|v| v.to_str().ok());
         self.key
             .verify_request(method, node, body, get, now_ms())
             .map_err(|e| {
-                tracing::warn!(node, method, "agent request refused: {e}");
-                Status::unauthenticated(format!("agent request refused: {e}"))
+                let why = shown(&e.to_string(), 200);
+                let node = shown(node, 64);
+                REFUSED.note(|n, secs| {
+                    tracing::warn!(%node, method, refused_in_period = n, "agent request refused: {why} ({n} refused in the last {secs} s, this one included)");
+                });
+                Status::unauthenticated(format!("agent request refused: {why}"))
             })
     }
 
@@ -56,8 +74,12 @@ impl Controller {
         m: &pb::SignedHeartbeat,
     ) -> Result<pb::HeartbeatResponse, Status> {
         let (signed, hb) = self.key.verify_heartbeat(m, now_ms()).map_err(|e| {
-            tracing::warn!(node = %m.node, "streamed heartbeat refused: {e}");
-            Status::unauthenticated(format!("agent request refused: {e}"))
+            let why = shown(&e.to_string(), 200);
+            let node = shown(&m.node, 64);
+            REFUSED.note(|n, secs| {
+                tracing::warn!(%node, refused_in_period = n, "streamed heartbeat refused: {why} ({n} refused in the last {secs} s, this one included)");
+            });
+            Status::unauthenticated(format!("agent request refused: {why}"))
         })?;
         self.signed_heartbeat(&hb, &signed).await
     }
@@ -191,3 +213,9 @@ fn check_health_error(e: &str) -> Result<(), Status> {
     }
     Ok(())
 }
+
+/// Longest node name an agent may use (a DNS name's length).
+const MAX_NODE_NAME: usize = 253;
+
+/// Refused agent requests: anyone can send them, so they are logged a line a period.
+static REFUSED: RateLog = RateLog::new(std::time::Duration::from_secs(10));
