@@ -46,7 +46,8 @@ pub struct Config {
     /// `users = ["alice", "bob"]`. A job is charged to the account it names, or to the
     /// first account that lists its user, or, when none does, to an account named
     /// after the user.
-    pub accounts: BTreeMap<String, AccountConfig>,
+    /// In the file's order (the first account listing a user is their default).
+    pub accounts: indexmap::IndexMap<String, AccountConfig>,
     /// Partitions (`crate::partitions`): `[partitions.inference]` with `nodes =
     /// ["gpu[01-04]"]`, `max_time`, `allowed_accounts`, `default_qos`. Without a
     /// partition marked `default = true`, jobs that name none go to `default`, which
@@ -387,7 +388,7 @@ impl Default for Config {
             idle: crate::idle::IdlePolicy::default(),
             fairshare: FairShare::default(),
             preemption: Preemption::default(),
-            accounts: BTreeMap::new(),
+            accounts: indexmap::IndexMap::new(),
             partitions: BTreeMap::new(),
             timezone: "UTC".into(),
             windows: BTreeMap::new(),
@@ -425,13 +426,19 @@ impl Config {
             .map_or_else(|| user.to_string(), |(name, _)| name.clone())
     }
 
-    /// Whether `user` may charge `account`.
+    /// Whether `user` may charge `account`: an account that lists them; a user no
+    /// account lists, their own name. (A user listed in an account charging an account
+    /// named after themselves would escape that account's caps.)
     pub fn may_charge(&self, user: &str, account: &str, admin: bool) -> bool {
+        let listed = || {
+            self.accounts
+                .values()
+                .any(|a| a.users.iter().any(|u| u == user))
+        };
         match self.accounts.get(account) {
             _ if admin => true,
             Some(a) => a.users.iter().any(|u| u == user),
-            // Accounts not configured: a user charges only their own.
-            None => self.accounts.is_empty() || account == user,
+            None => self.accounts.is_empty() || (account == user && !listed()),
         }
     }
 
@@ -624,6 +631,33 @@ mod tests {
         assert_eq!(c.partitions_of("gpu05"), vec!["batch"]);
         assert_eq!(c.idle.after, Some(Duration::from_secs(1800)));
         assert_eq!(c.idle.action, crate::idle::IdleAction::Warn);
+    }
+
+    /// Attack 4 of "Hardening, second round": bob, listed in `risk` (at its cap),
+    /// charged `-A bob` and escaped the cap. And a user's default account is the first
+    /// that lists them in the file, not the first by name.
+    #[test]
+    fn listed_users_charge_only_their_accounts_and_default_to_the_first_in_the_file() {
+        let c: Config = toml::from_str(
+            "[accounts.zeta]\nusers = [\"bob\"]\n[accounts.risk]\nusers = [\"bob\", \"alice\"]\n",
+        )
+        .unwrap();
+        assert!(c.may_charge("bob", "risk", false));
+        assert!(c.may_charge("bob", "zeta", false));
+        assert!(
+            !c.may_charge("bob", "bob", false),
+            "listed: not their own name"
+        );
+        assert!(!c.may_charge("alice", "zeta", false));
+        assert!(
+            c.may_charge("carol", "carol", false),
+            "listed nowhere: their own name"
+        );
+        assert!(!c.may_charge("carol", "risk", false));
+        assert!(c.may_charge("root", "anything", true));
+        assert_eq!(c.default_account("bob"), "zeta");
+        assert_eq!(c.default_account("alice"), "risk");
+        assert_eq!(c.default_account("carol"), "carol");
     }
 
     #[test]

@@ -45,8 +45,13 @@ fn bind_socket(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListene
         std::fs::remove_file(path)
             .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
     }
-    if let Some(dir) = path.parent() {
+    if let Some(dir) = path.parent()
+        && !dir.is_dir()
+    {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        // Users reach the socket through it (the process's umask is 077).
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("cannot open {} to users", dir.display()))?;
     }
     let l = tokio::net::UnixListener::bind(path)
         .with_context(|| format!("cannot listen on {}", path.display()))?;
@@ -60,8 +65,17 @@ pub async fn run(
     opts: Options,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&opts.state_dir)
+    // Everything gpuctld writes is its own (the store holds jobs' env and scripts, the
+    // cluster key): 0600 files whatever the umask it was started with. The Unix socket
+    // is opened to users explicitly.
+    // SAFETY: umask(2) only swaps the process's mask.
+    unsafe { nix::libc::umask(0o077) };
+    let (state_dir, wide) = gpuctl_proto::statedir::prepare(&opts.state_dir, 0o700)
         .with_context(|| format!("cannot create state dir {}", opts.state_dir.display()))?;
+    if let Some(w) = wide {
+        tracing::warn!("{w}");
+    }
+    let opts = Options { state_dir, ..opts };
     let store = Store::open(&opts.state_dir)?;
     let key_path = opts.state_dir.join("cluster.key");
     let (key, created) = ClusterKey::load_or_create(&key_path)?;

@@ -318,8 +318,14 @@ pub async fn run(
     mut opts: Options,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&opts.state_dir)
+    // 0711: job users pass through to their own scripts (scripts/, 0711, each file
+    // theirs and 0500); nobody but root lists or reads anything else.
+    let (state_dir, wide) = gpuctl_proto::statedir::prepare(&opts.state_dir, 0o711)
         .with_context(|| format!("cannot create state dir {}", opts.state_dir.display()))?;
+    if let Some(w) = wide {
+        tracing::warn!("{w}");
+    }
+    opts.state_dir = state_dir;
     let id = agent_id(&opts.state_dir)?;
     let cgroup_parent = opts
         .cgroup_parent

@@ -58,7 +58,19 @@ impl ReportQueue {
                 .expect("Vec grows as needed");
         }
         let tmp = self.path.with_extension("tmp");
-        let res = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &self.path));
+        // Root's alone, whatever the umask: reports name jobs and their ends.
+        let res = {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .and_then(|mut f| f.write_all(&bytes))
+                .and_then(|()| std::fs::rename(&tmp, &self.path))
+        };
         if let Err(e) = res {
             tracing::error!("cannot save job reports to {}: {e}", self.path.display());
         }

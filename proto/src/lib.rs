@@ -11,6 +11,7 @@ pub mod convert;
 pub mod guard;
 pub mod guard_metrics;
 pub mod ratelog;
+pub mod statedir;
 
 #[allow(clippy::all, clippy::pedantic)]
 pub mod gpuctl {

@@ -51,7 +51,9 @@ pub fn shown(s: &str, max: usize) -> String {
             out.push_str(&format!("... ({} bytes in all)", s.len()));
             break;
         }
-        if c.is_control() || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{feff}') {
+        if c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{feff}')
+        {
             out.extend(c.escape_unicode());
         } else {
             out.push(c);
@@ -69,8 +71,14 @@ mod tests {
         assert_eq!(shown("node1", 64), "node1");
         let big = "x".repeat(4 << 20);
         let s = shown(&big, 64);
-        assert!(s.len() < 100 && s.ends_with("(4194304 bytes in all)"), "{s}");
-        assert_eq!(shown("a\nb\u{1b}[31m\u{200b}", 64), "a\\u{a}b\\u{1b}[31m\\u{200b}");
+        assert!(
+            s.len() < 100 && s.ends_with("(4194304 bytes in all)"),
+            "{s}"
+        );
+        assert_eq!(
+            shown("a\nb\u{1b}[31m\u{200b}", 64),
+            "a\\u{a}b\\u{1b}[31m\\u{200b}"
+        );
     }
 
     #[test]

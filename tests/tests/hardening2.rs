@@ -7,7 +7,6 @@ use std::time::Duration;
 use gpuctl_proto::{self as pb, agent_link_client::AgentLinkClient};
 use gpuctl_tests::Cluster;
 
-#[allow(dead_code)]
 const T: Duration = Duration::from_secs(30);
 
 /// Attack 3: unauthenticated Challenge calls with a 4 MiB node name wrote one WARN line
@@ -49,6 +48,109 @@ fn unauthenticated_requests_do_not_flood_the_log() {
     assert!(log.len() < 8 * 1024, "{} bytes of log", log.len());
     let refused = log.lines().filter(|l| l.contains("refused")).count();
     assert!((1..=4).contains(&refused), "{refused} lines:\n{log}");
-    assert!(!log.contains("FAKE LOG LINE\n"), "a caller's newline is escaped: {log}");
+    assert!(
+        !log.contains("FAKE LOG LINE\n"),
+        "a caller's newline is escaped: {log}"
+    );
     assert!(log.lines().all(|l| l.len() < 1024), "{log}");
+}
+
+/// Every path under `dir` whose mode gives anything to group or others, but what the
+/// daemon opens on purpose (`allowed`).
+fn open_to_others(dir: &std::path::Path, allowed: &[&str]) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        let mode = meta.permissions().mode() & 0o777;
+        let name = p.strip_prefix(dir).unwrap().display().to_string();
+        if meta.is_dir() {
+            todo.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        }
+        if mode & 0o077 != 0 && !allowed.contains(&name.as_str()) {
+            out.push(format!("{name} {mode:03o}"));
+        }
+    }
+    out
+}
+
+/// Attack 5: with the usual umask 022 a new state dir was 0755 and the database 0644
+/// (another user read a job's env secret). Now the controller's state is 0700/0600
+/// whatever the umask; the agent's dir is 0711 (job users pass through to their own
+/// scripts) with nothing in it readable by others; a wider existing dir is warned about.
+#[test]
+fn state_dirs_are_private_whatever_the_umask() {
+    // SAFETY: umask(2) only swaps the process's mask; the daemons inherit 022.
+    let old = unsafe { nix::libc::umask(0o022) };
+    let mut c = Cluster::start(&[("priv1", "1xA100-80GB")]);
+    unsafe { nix::libc::umask(old) };
+    let id = c.submit(
+        "secret.toml",
+        "script = \"echo hi\"\n[env]\nSECRET = \"hunter2\"\n",
+    );
+    c.wait_state(id, "COMPLETED", T);
+    let ctld = c.path("ctld-state");
+    assert_eq!(open_to_others(&ctld, &[]), Vec::<String>::new());
+    let agent = c.path("gpud-priv1");
+    // "" is the state dir itself (0711); scripts/ is 0711 by design.
+    assert_eq!(
+        open_to_others(&agent, &["", "scripts"]),
+        Vec::<String>::new()
+    );
+    // An existing dir opened wider is named at the next start.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&ctld, std::fs::Permissions::from_mode(0o755)).unwrap();
+    c.stop_controller();
+    c.start_controller();
+    assert!(
+        c.controller_log().contains("is mode 755, wider than 700"),
+        "{}",
+        c.controller_log()
+    );
+}
+
+/// A newcomer's stumble: `gpud --state-dir ./gpud-state` (the README's own line) made
+/// every script job fail with "gpud-state/scripts/job-1.1.sh: command not found" when
+/// the job's directory was another one: state dirs are absolute from the start.
+#[test]
+fn a_relative_agent_state_dir_runs_script_jobs_from_anywhere() {
+    let c = Cluster::controller_only();
+    let log = std::fs::File::create(c.path("gpud-rel.log")).unwrap();
+    let mut agent = std::process::Command::new(gpuctl_tests::bin("gpud"))
+        .args(["--controller", &c.tcp_url(), "--name", "rel1"])
+        .args(["--fake-gpus", "1xA100-80GB", "--allow-root-jobs"])
+        .args(["--state-dir", "./gpud-state", "--heartbeat-interval", "1s"])
+        .arg("--cgroup-parent")
+        .arg(c.cgroup_parent("rel1"))
+        .arg("--key-file")
+        .arg(c.key_file())
+        .current_dir(c.path(""))
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    c.wait_nodes_up(1);
+    let elsewhere = c.path("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(
+        elsewhere.join("s.toml"),
+        "script = \"echo ran > ran.txt\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
+        .args(["--controller", &c.url(), "submit", "--json", "s.toml"])
+        .current_dir(&elsewhere)
+        .output()
+        .unwrap();
+    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["job_id"]
+        .as_u64()
+        .unwrap();
+    let j = c.wait_state(id, "COMPLETED", T);
+    assert_eq!(j["exit_code"], 0, "{j}");
+    assert_eq!(
+        std::fs::read_to_string(elsewhere.join("ran.txt")).unwrap(),
+        "ran\n"
+    );
+    let _ = agent.kill();
+    let _ = agent.wait();
 }
