@@ -343,8 +343,44 @@ fn token(cli: &Cli) -> Result<Option<String>, Failure> {
     }
 }
 
+/// Refuses what this CLI cannot speak safely: `https://` (no TLS here yet: the token
+/// would go in clear to a peer that expects it encrypted) and unknown schemes.
+fn check_scheme(url: &str) -> Result<(), Failure> {
+    let usage = |message: String| Failure {
+        code: exit::USAGE,
+        message,
+    };
+    if url.starts_with("https://") {
+        return Err(usage(format!(
+            "{url}: this gpuctl does not speak TLS, and an API token must not travel in clear to a controller addressed as https://; use the controller's Unix socket (--controller unix:PATH) or http:// on a network you trust"
+        )));
+    }
+    if !(url.starts_with("unix:") || url.starts_with("http://")) {
+        return Err(usage(format!(
+            "bad controller URL {url:?}: write unix:PATH or http://HOST:PORT"
+        )));
+    }
+    Ok(())
+}
+
+/// The text of an error and its causes, each once (a connection error's chain repeats
+/// its cause at every level).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let t = s.to_string();
+        if !msg.contains(&t) {
+            msg = format!("{msg}: {t}");
+        }
+        src = s.source();
+    }
+    msg
+}
+
 pub(crate) async fn connect(cli: &Cli) -> Result<Client, Failure> {
     let url = controller_url(cli);
+    check_scheme(&url)?;
     // On the socket the caller is their uid: no token is read (nor required readable).
     let token = if url.starts_with("unix:") {
         None
@@ -390,15 +426,7 @@ async fn channel(url: &str, timeout: std::time::Duration) -> Result<Channel, Fai
         .initial_stream_window_size(16 << 20)
         .initial_connection_window_size(32 << 20)
         .max_frame_size(1 << 20);
-    endpoint.connect().await.map_err(|e| {
-        let mut msg = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            msg = format!("{msg}: {s}");
-            src = s.source();
-        }
-        unreachable(msg)
-    })
+    endpoint.connect().await.map_err(|e| unreachable(chain(&e)))
 }
 
 pub async fn run(cli: Cli) -> Result<(), Failure> {

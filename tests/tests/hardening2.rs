@@ -154,3 +154,38 @@ fn a_relative_agent_state_dir_runs_script_jobs_from_anywhere() {
     let _ = agent.kill();
     let _ = agent.wait();
 }
+
+/// Attack 6: the CLI sent a token in clear to an `https://` controller URL without a
+/// word. It refuses such a URL before connecting (nothing reaches the listener); and an
+/// unreachable controller is named once, not "Connection refused" three times.
+#[test]
+fn the_cli_sends_no_token_to_an_https_url() {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    l.set_nonblocking(true).unwrap();
+    let out = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
+        .args([
+            "--controller",
+            &format!("https://127.0.0.1:{port}"),
+            "queue",
+        ])
+        .env("GPUCTL_TOKEN", "s3cret-token-value")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not speak TLS"), "{err}");
+    let mut got = Vec::new();
+    if let Ok((mut s, _)) = l.accept() {
+        let _ = s.read_to_end(&mut got);
+    }
+    assert!(got.is_empty(), "sent {} bytes", got.len());
+    drop(l);
+    let out = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
+        .args(["--controller", &format!("http://127.0.0.1:{port}"), "queue"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("Connection refused").count(), 1, "{err}");
+}
