@@ -124,6 +124,19 @@ impl Cluster {
             }
             _ => None,
         };
+        // The same identity attaching while its connection is live and heard from: a
+        // copy of this agent's state dir runs elsewhere (or twice here). Taking over
+        // would make the two take over from each other without end; the second waits
+        // (and takes over once the first has been silent a while, as after a crash
+        // whose connection the controller has not seen close).
+        if let Some(conn) = live.filter(|c| c.agent_id == req.agent_id)
+            && now - heard < same_identity_window(timeout)
+        {
+            return Err(Refusal::failed_precondition(format!(
+                "node {:?} is attached now under this agent identity (from {}): is a copy of this agent's state dir (agent-id) running elsewhere? retrying until that agent stops",
+                req.node, conn.peer
+            )));
+        }
         if let Some((id, addr)) = other {
             tracing::warn!(node = %req.node, other = %id, %addr, new = %req.agent_id, "a second agent tried to attach under a live name; refused");
             return Err(Refusal::already_exists(format!(
@@ -629,4 +642,10 @@ impl Cluster {
         }
         kill_others
     }
+}
+
+/// How recently a live connection must have been heard from for an attach under the
+/// same identity to be refused: a quarter of the node timeout, at most 15 s.
+fn same_identity_window(node_timeout_ms: i64) -> i64 {
+    (node_timeout_ms / 4).min(15_000)
 }

@@ -189,3 +189,48 @@ fn the_cli_sends_no_token_to_an_https_url() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("Connection refused").count(), 1, "{err}");
 }
+
+/// Attack 7 (low): a copied agent identity (its state dir's agent-id) started twice
+/// made the two agents take over from each other ten times a second. The second now
+/// waits while the first is attached and heard from; the first keeps its connection.
+#[test]
+fn a_copied_agent_identity_does_not_take_over_a_live_one() {
+    let mut c = Cluster::start(&[("twin", "1xA100-80GB")]);
+    let id = std::fs::read_to_string(c.path("gpud-twin/agent-id")).unwrap();
+    let copy = c.path("gpud-copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    std::fs::write(copy.join("agent-id"), &id).unwrap();
+    let parent = c.cgroup_parent("copy");
+    let tcp = c.tcp_url();
+    c.add_agent_custom(
+        "copy",
+        "twin",
+        &[
+            "--controller",
+            &tcp,
+            "--fake-gpus",
+            "1xA100-80GB",
+            "--state-dir",
+            copy.to_str().unwrap(),
+            "--cgroup-parent",
+            &parent,
+            "--allow-root-jobs",
+        ],
+    );
+    assert!(
+        gpuctl_tests::wait_for(T, || c
+            .agent_log("copy")
+            .contains("attached now under this agent identity")),
+        "{}\n{}",
+        c.agent_log("copy"),
+        c.controller_log()
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let connected = c
+        .controller_log()
+        .lines()
+        .filter(|l| l.contains("agent connected"))
+        .count();
+    assert_eq!(connected, 1, "{}", c.controller_log());
+    assert_eq!(c.node_state("twin"), "IDLE");
+}
