@@ -9,6 +9,14 @@ use crate::state::{Cluster, Effects};
 impl Cluster {
     /// `ids`, where the id of an array (its first task) also stands for its other
     /// unfinished tasks, like `scancel ARRAY_ID`.
+    /// The job id of task `task_id` of array `array_job_id`, when it exists.
+    pub fn array_task_job(&self, array_job_id: u64, task_id: u32) -> Option<u64> {
+        self.jobs.all().map(crate::jobs::job_of).find_map(|j| {
+            let s = j.spec.as_ref()?;
+            (s.array_job_id == array_job_id && s.array_task_id == Some(task_id)).then_some(j.id)
+        })
+    }
+
     fn with_array_tasks(&self, ids: &[u64]) -> Vec<u64> {
         let arrays: std::collections::BTreeSet<u64> = ids
             .iter()

@@ -88,6 +88,13 @@ pub(crate) fn check_policy(
             spec.priority
         )));
     }
+    if spec.priority.unsigned_abs() > gpuctl_proto::convert::MAX_PRIORITY_ADJUST {
+        return Err(Refusal::invalid_argument(format!(
+            "priority {} is out of range: a job's priority adjustment (nice) is -{max} to {max}",
+            spec.priority,
+            max = gpuctl_proto::convert::MAX_PRIORITY_ADJUST
+        )));
+    }
     if !spec.qos.is_empty() {
         let names = || cfg.qos.keys().cloned().collect::<Vec<_>>().join(", ");
         let Some(q) = cfg.qos.get(&spec.qos) else {

@@ -175,7 +175,10 @@ fn a_returning_agent_without_a_confirmed_job_fails_it_and_kills_strangers() {
     let unconfirmed = submit(&mut c, 1, false, T0);
     pass(&mut c, T0);
     report(&mut c, "n1", confirmed, None, T0);
-    // The agent restarts: it runs neither, but something the controller never placed.
+    // The agent restarts (its stream closes with its process): it runs neither, but
+    // something the controller never placed.
+    let generation = c.conns["n1"].generation;
+    c.disconnected("n1", generation);
     let e = attach_with(&mut c, "n1", &[(77, 1)], T0 + 5_000);
     assert_eq!(commands(&e), vec![to("n1", "kill 77")]);
     let j = c.jobs.job(confirmed).unwrap();

@@ -75,24 +75,26 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Keep pending jobs from starting (like scontrol hold).
+    /// Keep pending jobs from starting (like scontrol hold): job ids, array tasks
+    /// (12_3) or task lists (12_[1-5,9]).
     Hold {
-        #[arg(required = true)]
-        job_ids: Vec<u64>,
+        #[arg(required = true, value_name = "JOB")]
+        job_ids: Vec<String>,
         #[arg(long)]
         json: bool,
     },
-    /// Let held jobs start again (like scontrol release).
+    /// Let held jobs start again (like scontrol release); jobs as for hold.
     Release {
-        #[arg(required = true)]
-        job_ids: Vec<u64>,
+        #[arg(required = true, value_name = "JOB")]
+        job_ids: Vec<String>,
         #[arg(long)]
         json: bool,
     },
-    /// Stop running jobs and put them back in the queue (like scontrol requeue).
+    /// Stop running jobs and put them back in the queue (like scontrol requeue); jobs
+    /// as for hold.
     Requeue {
-        #[arg(required = true)]
-        job_ids: Vec<u64>,
+        #[arg(required = true, value_name = "JOB")]
+        job_ids: Vec<String>,
         #[arg(long)]
         json: bool,
     },

@@ -394,7 +394,12 @@ fn host_part(
     let time_limit = match &res.time_limit {
         Some(t) => match humantime::parse_duration(t.get_ref().trim()) {
             Ok(d) if d.as_secs() >= 1 => Some(d),
-            Ok(_) => return Err(at(t.span(), "`time_limit` must be at least 1s".into())),
+            Ok(_) => {
+                return Err(at(
+                    t.span(),
+                    format!("`time_limit`: {}", crate::sbatch::ZERO_TIME),
+                ));
+            }
             Err(e) => {
                 return Err(at(
                     t.span(),

@@ -156,6 +156,10 @@ fn options(at: usize, line: &str) -> Result<Vec<Opt>, (Range<usize>, String)> {
     Ok(out)
 }
 
+/// What a zero time limit gets, on the command line, in `#SBATCH` and in a job file
+/// alike: Slurm reads 0 as unlimited, and gpuctl has no unlimited jobs.
+pub const ZERO_TIME: &str = "a time limit of 0 (Slurm's \"unlimited\") is not offered: give one of at least 1 second (the cluster's limits.max_time_limit is the longest)";
+
 /// Slurm's time formats: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`.
 pub fn slurm_time(v: &str) -> Result<Duration, String> {
     let bad = || format!("--time {v:?} is not a Slurm time (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)");
@@ -178,7 +182,7 @@ pub fn slurm_time(v: &str) -> Result<Duration, String> {
         _ => return Err(bad()),
     };
     if secs == 0 {
-        return Err("--time must be at least 1 second".into());
+        return Err(ZERO_TIME.into());
     }
     Ok(Duration::from_secs(secs))
 }
@@ -204,7 +208,12 @@ pub(crate) fn slurm_memory(v: &str) -> Result<u64, String> {
 }
 
 /// A GPU count with an optional type: `N`, `TYPE:N`, or (in `--gres`) `gpu[:TYPE][:N]`.
-pub(crate) fn gpus_of(v: &str, gres: bool) -> Result<(u32, Option<String>), String> {
+/// GPUs asked for: whole GPUs, an optional model, and a share of one GPU in milli-GPUs
+/// (`0.5` or `A100:0.25`, as `gpus = 0.5` in a job file; 0 = whole GPUs).
+pub(crate) type GpuAsk = (u32, Option<String>, u32);
+
+/// `N`, `TYPE`, `TYPE:N`, a share below 1 (`0.5`, `TYPE:0.5`); with `gres`, after `gpu:`.
+pub(crate) fn gpus_of(v: &str, gres: bool) -> Result<GpuAsk, String> {
     let mut parts: Vec<&str> = v.split(':').collect();
     if gres {
         if parts.first() != Some(&"gpu") {
@@ -214,17 +223,38 @@ pub(crate) fn gpus_of(v: &str, gres: bool) -> Result<(u32, Option<String>), Stri
         }
         parts.remove(0);
     }
-    let count = |s: &str| {
-        s.parse::<u32>()
-            .map_err(|_| format!("{v:?}: {s:?} is not a GPU count"))
+    // A number: whole GPUs, or a share of one below 1 (in thousandths).
+    let amount = |s: &str| -> Result<(u32, u32), String> {
+        if let Ok(n) = s.parse::<u32>() {
+            return Ok((n, 0));
+        }
+        match s.parse::<f64>() {
+            Ok(x) if x > 0.0 && x < 1.0 && (x * 1000.0).round() >= 1.0 => {
+                Ok((0, (x * 1000.0).round() as u32))
+            }
+            Ok(_) => Err(format!(
+                "{v:?}: {s:?} is neither a whole number of GPUs nor a share of one between 0.001 and 0.999"
+            )),
+            Err(_) => Err(format!("{v:?}: {s:?} is not a GPU count")),
+        }
     };
-    match parts.as_slice() {
-        [] => Ok((1, None)),
-        [n] if n.chars().all(|c| c.is_ascii_digit()) => Ok((count(n)?, None)),
-        [t] => Ok((1, Some(t.to_string()))),
-        [t, n] => Ok((count(n)?, Some(t.to_string()))),
-        _ => Err(format!("{v:?} is not N or TYPE:N")),
-    }
+    let numeric = |s: &str| s.starts_with(|c: char| c.is_ascii_digit() || c == '.');
+    let (n, model) = match parts.as_slice() {
+        [] => return Ok((1, None, 0)),
+        [n] if numeric(n) => (*n, None),
+        [t] if t.starts_with(|c: char| c.is_ascii_alphabetic()) => {
+            return Ok((1, Some(t.to_string()), 0));
+        }
+        [t] => {
+            return Err(format!(
+                "{v:?}: {t:?} is neither a GPU count nor a GPU model"
+            ));
+        }
+        [t, n] => (*n, Some(t.to_string())),
+        _ => return Err(format!("{v:?} is not N, TYPE:N or a share like 0.5")),
+    };
+    let (whole, milli) = amount(n)?;
+    Ok((whole, model, milli))
 }
 
 /// The job a batch script describes. Its whole text is the job's script.
@@ -294,8 +324,9 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 "mem" => job.memory_bytes = slurm_memory(v).map_err(fail)?,
                 "mem-per-cpu" => mem_per_cpu = Some(slurm_memory(v).map_err(fail)?),
                 "gres" | "gpus" | "gpus-per-node" => {
-                    let (n, model) = gpus_of(v, o.name == "gres").map_err(fail)?;
+                    let (n, model, milli) = gpus_of(v, o.name == "gres").map_err(fail)?;
                     job.gpus = n;
+                    job.gpu_milli = milli;
                     job.gpu_models.extend(model);
                 }
                 "dependency" => job.dependencies = parse_dependency(v).map_err(fail)?,
@@ -312,10 +343,21 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 "chdir" => job.workdir = Some(PathBuf::from(v)),
                 "export" => extra.export = Some(v.to_string()),
                 "nice" => {
+                    // Slurm's meaning: a positive nice lowers the priority, a negative
+                    // one raises it (which the controller allows admins only).
                     let n: i32 = v
                         .parse()
-                        .map_err(|_| fail(format!("--nice {v:?} is not a number")))?;
-                    job.priority = -n.abs();
+                        .ok()
+                        .filter(|n: &i32| {
+                            n.unsigned_abs() <= gpuctl_proto::convert::MAX_PRIORITY_ADJUST
+                        })
+                        .ok_or_else(|| {
+                            fail(format!(
+                                "--nice {v:?} must be a number from -{max} to {max}",
+                                max = gpuctl_proto::convert::MAX_PRIORITY_ADJUST
+                            ))
+                        })?;
+                    job.priority = -n;
                 }
                 n if IGNORED.contains(&n) => extra
                     .warnings

@@ -160,9 +160,9 @@ impl SubmitArgs {
             job.time_limit = Some(time_limit(t)?);
         }
         if let Some(g) = &self.gpus {
-            let (n, model) = sbatch::gpus_of(g, false)?;
+            let (n, model, milli) = sbatch::gpus_of(g, false)?;
             job.gpus = n;
-            job.gpu_milli = 0;
+            job.gpu_milli = milli;
             job.gpu_memory_mib = 0;
             job.mig_profile.clear();
             job.gpu_models = model.into_iter().collect();
@@ -212,10 +212,17 @@ impl SubmitArgs {
 
 /// A time limit on the command line: Slurm's formats, or humantime ("2h 30m").
 fn time_limit(t: &str) -> Result<Duration, String> {
-    sbatch::slurm_time(t).or_else(|slurm| {
-        humantime::parse_duration(t)
-            .map_err(|_| format!("{slurm}, and not a duration like \"2h 30m\" either"))
-    })
+    match sbatch::slurm_time(t) {
+        Err(e) if e == sbatch::ZERO_TIME => Err(e),
+        Ok(d) => Ok(d),
+        Err(slurm) => match humantime::parse_duration(t) {
+            Ok(d) if d.is_zero() => Err(sbatch::ZERO_TIME.into()),
+            Ok(d) => Ok(d),
+            Err(_) => Err(format!(
+                "{slurm}, and not a duration like \"2h 30m\" either"
+            )),
+        },
+    }
 }
 
 /// What `--export` passes: ALL of `vars` (those with variable names and UTF-8 values;

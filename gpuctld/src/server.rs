@@ -278,7 +278,7 @@ impl controller_server::Controller for UserApi {
 
     async fn hold(&self, req: Request<pb::JobActionRequest>) -> Result<Response<pb::Job>, Status> {
         let caller = self.caller(&req)?;
-        let id = req.into_inner().job_id;
+        let id = self.0.action_target(&req.into_inner())?;
         Ok(Response::new(
             self.0.job_action(&caller, id, JobAction::Hold).await?,
         ))
@@ -289,7 +289,7 @@ impl controller_server::Controller for UserApi {
         req: Request<pb::JobActionRequest>,
     ) -> Result<Response<pb::Job>, Status> {
         let caller = self.caller(&req)?;
-        let id = req.into_inner().job_id;
+        let id = self.0.action_target(&req.into_inner())?;
         Ok(Response::new(
             self.0.job_action(&caller, id, JobAction::Release).await?,
         ))
@@ -300,7 +300,7 @@ impl controller_server::Controller for UserApi {
         req: Request<pb::JobActionRequest>,
     ) -> Result<Response<pb::Job>, Status> {
         let caller = self.caller(&req)?;
-        let id = req.into_inner().job_id;
+        let id = self.0.action_target(&req.into_inner())?;
         Ok(Response::new(
             self.0.job_action(&caller, id, JobAction::Requeue).await?,
         ))

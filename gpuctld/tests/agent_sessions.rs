@@ -228,6 +228,24 @@ async fn a_second_identity_cannot_take_a_live_name() {
     let e = agent.api.attach(req).await.err().unwrap();
     assert_eq!(e.code(), tonic::Code::AlreadyExists);
     assert!(e.message().contains("agent-a"), "{}", e.message());
-    // The same identity again (an agent restart) is welcome.
-    assert!(agent.attach().await.is_ok());
+    // The same identity while its stream is live and heard from: a copy of this
+    // agent; it waits (a retryable code, not AlreadyExists, which stops an agent).
+    let e = agent.attach().await.err().unwrap();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message().contains("copy of this agent"),
+        "{}",
+        e.message()
+    );
+    // Once that stream has closed (an agent restart), the same identity is welcome.
+    drop(_stream);
+    let mut ok = false;
+    for _ in 0..100 {
+        if agent.attach().await.is_ok() {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(ok, "the restarted agent attaches");
 }

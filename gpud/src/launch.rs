@@ -641,7 +641,17 @@ pub(crate) fn open_output(path: &std::ffi::CString, append: bool) -> std::io::Re
             0o644,
         );
         if fd < 0 {
-            return Err(std::io::Error::last_os_error());
+            let e = std::io::Error::last_os_error();
+            // ENXIO is a FIFO or socket without a reader, or a device with none behind
+            // it (/dev/tty without a terminal): say which (ENOTTY: a device).
+            let mut st: libc::stat = std::mem::zeroed();
+            if e.raw_os_error() == Some(libc::ENXIO)
+                && libc::lstat(path.as_ptr(), &mut st) == 0
+                && matches!(st.st_mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK)
+            {
+                return Err(std::io::Error::from_raw_os_error(libc::ENOTTY));
+            }
+            return Err(e);
         }
         let mut st: libc::stat = std::mem::zeroed();
         if libc::fstat(fd, &mut st) != 0 {
@@ -655,7 +665,12 @@ pub(crate) fn open_output(path: &std::ffi::CString, append: bool) -> std::io::Re
             kind == libc::S_IFCHR && libc::major(st.st_rdev) == 1 && libc::minor(st.st_rdev) == 3;
         if kind != libc::S_IFREG && !dev_null {
             libc::close(fd);
-            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            let device = matches!(kind, libc::S_IFCHR | libc::S_IFBLK);
+            return Err(std::io::Error::from_raw_os_error(if device {
+                libc::ENOTTY
+            } else {
+                libc::EINVAL
+            }));
         }
         let fl = libc::fcntl(fd, libc::F_GETFL);
         libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
@@ -685,6 +700,10 @@ fn launch_error(spec: &LaunchSpec, step: Option<usize>, e: &std::io::Error) -> S
             match errno {
                 Some(nix::libc::EINVAL | nix::libc::EISDIR) => format!(
                     "{what} {} is not a regular file (only regular files and /dev/null are written)",
+                    path.display()
+                ),
+                Some(nix::libc::ENOTTY) => format!(
+                    "{what} {} is a device (only regular files and /dev/null are written)",
                     path.display()
                 ),
                 Some(nix::libc::ENXIO) => format!(

@@ -8,6 +8,10 @@ use gpuctl_sched::{Alloc, GpuRequest, Request, SlotUse as DomainSlotUse, SlotVie
 use crate::resources::Gpu as GpuPart;
 use crate::{Allocation, Gpu, GpuShare, JobState, MigInstances, Resources, SlotUse, dependency};
 
+/// The largest priority adjustment a job may carry either way (`nice`, `priority` in
+/// a job file): well past every weight the scheduler adds, far from `i32`'s ends.
+pub const MAX_PRIORITY_ADJUST: u32 = 1_000_000;
+
 /// A stored or received job state the domain does not know (`JOB_STATE_UNSPECIFIED` or
 /// a number from a newer version).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -234,3 +234,22 @@ fn a_copied_agent_identity_does_not_take_over_a_live_one() {
     assert_eq!(connected, 1, "{}", c.controller_log());
     assert_eq!(c.node_state("twin"), "IDLE");
 }
+
+/// Attack 7 (low): `/dev/tty` as output was refused with the FIFO reason. A device is
+/// named as a device; a FIFO is still a FIFO.
+#[test]
+fn a_device_as_output_is_named_a_device() {
+    let c = Cluster::start(&[("tty1", "1xA100-80GB")]);
+    for (path, want) in [("/dev/tty", "is a device"), ("/dev/zero", "is a device")] {
+        let id = c.submit(
+            "tty.toml",
+            &format!("command = [\"echo\", \"x\"]\nstdout = \"{path}\"\n"),
+        );
+        let j = c.wait_state(id, "FAILED", T);
+        let reason = j["reason"].as_str().unwrap();
+        assert!(
+            reason.contains(want) && !reason.contains("FIFO"),
+            "{path}: {reason}"
+        );
+    }
+}

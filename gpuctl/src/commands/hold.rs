@@ -33,10 +33,22 @@ impl View for Results {
     }
 }
 
-pub async fn run(client: &mut Client, action: Action, ids: &[u64]) -> Result<Results, Failure> {
+pub async fn run(
+    client: &mut Client,
+    action: Action,
+    targets: &[String],
+) -> Result<Results, Failure> {
+    // The forms cancel takes: ids, array tasks, task lists.
+    let (ids, tasks) = super::cancel::parse_targets(targets)?;
+    let reqs = ids
+        .into_iter()
+        .map(|job_id| pb::JobActionRequest { job_id, task: None })
+        .chain(tasks.into_iter().map(|t| pb::JobActionRequest {
+            job_id: 0,
+            task: Some(t),
+        }));
     let mut out = Vec::new();
-    for &job_id in ids {
-        let req = pb::JobActionRequest { job_id };
+    for req in reqs {
         let j = match action {
             Action::Hold => client.hold(req).await?,
             Action::Release => client.release(req).await?,
@@ -44,7 +56,7 @@ pub async fn run(client: &mut Client, action: Action, ids: &[u64]) -> Result<Res
         }
         .into_inner();
         out.push(Done {
-            job_id,
+            job_id: j.id,
             state: crate::format::state_name(j.state()).to_string(),
             reason: if j.reason.is_empty() {
                 "-".into()

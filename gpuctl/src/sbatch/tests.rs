@@ -116,3 +116,22 @@ fn toml_files_are_not_batch_scripts() {
     assert!(is_batch_script("#!/bin/bash\necho hi\n"));
     assert!(is_batch_script("#SBATCH -J x\necho hi\n"));
 }
+
+/// `-G 0.5` was read as a GPU model named "0.5": a number below 1 is a share of one
+/// GPU, as `gpus = 0.5` in a job file.
+#[test]
+fn a_fractional_gpu_count_is_a_share() {
+    assert_eq!(gpus_of("0.5", false).unwrap(), (0, None, 500));
+    assert_eq!(
+        gpus_of("A100:0.25", false).unwrap(),
+        (0, Some("A100".into()), 250)
+    );
+    assert_eq!(
+        gpus_of("gpu:a100:2", true).unwrap(),
+        (2, Some("a100".into()), 0)
+    );
+    assert_eq!(gpus_of("a100", false).unwrap(), (1, Some("a100".into()), 0));
+    for bad in ["1.5", "0.0001", ".", "0.", "-1", "2.0"] {
+        assert!(gpus_of(bad, false).is_err(), "{bad}");
+    }
+}

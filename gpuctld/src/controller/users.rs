@@ -280,6 +280,21 @@ impl Controller {
     }
 
     /// Holds, releases or requeues one job.
+    /// The job a hold, release or requeue names: its id, or an array's task.
+    pub fn action_target(&self, req: &pb::JobActionRequest) -> Result<u64, Status> {
+        let Some(t) = &req.task else {
+            return Ok(req.job_id);
+        };
+        self.lock()
+            .array_task_job(t.array_job_id, t.task_id)
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "array {} has no task {} (gpuctl queue -t all lists its tasks)",
+                    t.array_job_id, t.task_id
+                ))
+            })
+    }
+
     pub async fn job_action(
         &self,
         caller: &Caller,
