@@ -1,5 +1,5 @@
 //! The codec of every generated service and client: prost, with 1 KiB starting buffers
-//! instead of tonic's 8 KiB.
+//! instead of tonic's 8 KiB, and a body that does not decode answered INVALID_ARGUMENT.
 //!
 //! Each open stream keeps its codec buffer for its whole life, and an attached agent
 //! holds three (its command stream, and both directions of its heartbeat stream), so at
@@ -35,13 +35,37 @@ where
     type Encode = T;
     type Decode = U;
     type Encoder = ProstEncoder<T>;
-    type Decoder = ProstDecoder<U>;
+    type Decoder = Decoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
         ProstEncoder::new(BufferSettings::new(BUFFER, YIELD))
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ProstDecoder::new(BufferSettings::new(BUFFER, YIELD))
+        Decoder(ProstDecoder::new(BufferSettings::new(BUFFER, YIELD)))
+    }
+}
+
+/// prost's decoder, with a body that does not decode answered INVALID_ARGUMENT (the
+/// caller sent it wrong) instead of tonic's INTERNAL (which says the server failed).
+#[derive(Debug)]
+pub struct Decoder<U>(ProstDecoder<U>);
+
+impl<U: prost::Message + Default> tonic::codec::Decoder for Decoder<U> {
+    type Item = U;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, buf: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<U>, Self::Error> {
+        self.0.decode(buf).map_err(|s| {
+            if s.code() == tonic::Code::Internal {
+                tonic::Status::invalid_argument(format!("malformed message: {}", s.message()))
+            } else {
+                s
+            }
+        })
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        self.0.buffer_settings()
     }
 }

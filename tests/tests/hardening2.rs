@@ -253,3 +253,68 @@ fn a_device_as_output_is_named_a_device() {
         );
     }
 }
+
+/// Attack 7 (low): a request body that does not decode was answered INTERNAL (the
+/// server's fault); it is the caller's: INVALID_ARGUMENT, and nothing changes.
+#[test]
+fn a_malformed_request_body_is_invalid_argument() {
+    let c = Cluster::controller_only();
+    let tcp = c.tcp_url();
+    let status = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(async move {
+            let channel = tonic::transport::Endpoint::from_shared(tcp)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut grpc = tonic::client::Grpc::new(channel);
+            grpc.ready().await.unwrap();
+            // Field 1 as a varint where SubmitRequest has a message: not a SubmitRequest.
+            let body = pb::JobActionRequest {
+                job_id: 5,
+                task: None,
+            };
+            let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+                "/gpuctl.v1.Controller/Submit",
+            );
+            let codec =
+                gpuctl_proto::codec::Codec::<pb::JobActionRequest, pb::SubmitResponse>::default();
+            grpc.unary(tonic::Request::new(body), path, codec)
+                .await
+                .unwrap_err()
+        });
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("malformed"), "{status:?}");
+    assert_eq!(c.json(&["queue"]).as_array().map_or(0, Vec::len), 0);
+}
+
+/// Attack 7 (low): U+200B and other invisible characters were taken in names (a job
+/// named "train\u{200b}" looks like another user's "train").
+#[test]
+fn invisible_characters_in_names_are_refused() {
+    let c = Cluster::controller_only();
+    for (key, value) in [
+        ("name", "train\u{200b}"),
+        ("name", "a\u{202e}txt.exe"),
+        ("account", "risk\u{feff}"),
+        ("name", "x\u{2060}y"),
+    ] {
+        std::fs::write(
+            c.path("inv.toml"),
+            format!("command = [\"true\"]\n{key} = \"{value}\"\n"),
+        )
+        .unwrap();
+        let out = c.gpuctl(&["submit", "inv.toml"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("invisible character"),
+            "{value:?}: {err}"
+        );
+    }
+    // Visible non-ASCII is fine.
+    c.submit(
+        "ok.toml",
+        "command = [\"true\"]\nname = \"entraînement-日本\"\n",
+    );
+}
