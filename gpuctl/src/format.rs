@@ -513,7 +513,7 @@ fn queue_cell(j: &pb::Job, col: &str, now: i64) -> String {
         "submit_time" => short_time(j.submit_time_ms),
         "gpus" => gpu_request(spec.resources.as_ref().unwrap_or(&pb::Resources::default())),
         "node" => dash(&j.node),
-        "reason" => dash(&j.reason),
+        "reason" => short_reason(&j.reason),
         "attempt" => j.attempt.to_string(),
         "time_limit" => {
             slurm_duration(i64::try_from(j.time_limit_secs).unwrap_or(i64::MAX / 1000) * 1000)
@@ -521,6 +521,21 @@ fn queue_cell(j: &pb::Job, col: &str, now: i64) -> String {
         _ => String::new(),
     }
 }
+
+/// The REASON cell: at most [`REASON_WIDTH`] characters (a long warning would pad every
+/// row of the table to its width; `show` and `--json` carry all of it).
+fn short_reason(reason: &str) -> String {
+    if reason.is_empty() {
+        return "-".into();
+    }
+    if reason.chars().count() <= REASON_WIDTH {
+        return reason.to_string();
+    }
+    let cut: String = reason.chars().take(REASON_WIDTH - 3).collect();
+    format!("{}...", cut.trim_end())
+}
+
+const REASON_WIDTH: usize = 40;
 
 /// The queue as a table of `columns` (names from `QUEUE_COLUMNS`).
 /// Pending tasks of one array waiting for the same reason fold into one row, like
@@ -916,6 +931,24 @@ mod tests {
             !bare.contains("JOBID") && bare.lines().count() == 1,
             "{bare}"
         );
+    }
+
+    /// A long warning as a reason padded every queue row to ~200 columns.
+    #[test]
+    fn the_reason_column_stays_short() {
+        let long = "warning: GPU memory 12000 MiB is over its share of 10240 MiB; MPS is not running on this node, so the limit is not enforced";
+        let j = pb::Job {
+            reason: long.into(),
+            ..pb::Job::default()
+        };
+        let t = queue_table(&[j], &default_queue_columns(false), true);
+        assert!(t.lines().all(|l| l.chars().count() < 120), "{t}");
+        assert!(
+            t.contains("warning: GPU memory 12000 MiB is over..."),
+            "{t}"
+        );
+        assert_eq!(short_reason(""), "-");
+        assert_eq!(short_reason("Resources"), "Resources");
     }
 
     #[test]

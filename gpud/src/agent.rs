@@ -626,6 +626,13 @@ fn migration_cost(cgroups: &crate::cgroup::Mode, favor: bool) {
     }
 }
 
+/// This agent's identity, `<state_dir>/agent-id` (created with the state dir when new).
+pub fn identity(state_dir: &std::path::Path) -> anyhow::Result<String> {
+    let (dir, _) = gpuctl_proto::statedir::prepare(state_dir, 0o711)
+        .with_context(|| format!("cannot create state dir {}", state_dir.display()))?;
+    agent_id(&dir)
+}
+
 fn agent_id(state_dir: &std::path::Path) -> anyhow::Result<String> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt;

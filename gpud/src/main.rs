@@ -124,9 +124,18 @@ async fn agent_main() -> ExitCode {
     let args = Args::parse();
     init_logging(args.log_format);
     let name = args.name.unwrap_or_else(gpud::host::hostname);
+    // Fake GPU UUIDs derive from this agent's identity (its state dir's agent-id), not
+    // its name: two clusters on one host with a `node1` each must not share UUIDs.
+    let fake_identity = || match gpud::agent::identity(&args.state_dir) {
+        Ok(id) => format!("{name}/{id}"),
+        Err(e) => {
+            eprintln!("gpud: warning: {e:#}; fake GPU UUIDs derive from the node name alone");
+            name.clone()
+        }
+    };
     let fake = match (&args.fake_gpus, &args.fake_gpus_file) {
-        (Some(spec), _) => Some(FakeGpus::parse(spec, &name)),
-        (None, Some(file)) => Some(FakeGpus::from_file(file, &name)),
+        (Some(spec), _) => Some(FakeGpus::parse(spec, &fake_identity())),
+        (None, Some(file)) => Some(FakeGpus::from_file(file, &fake_identity())),
         (None, None) => None,
     };
     let backend: std::sync::Arc<dyn GpuBackend> = match fake {

@@ -318,3 +318,24 @@ fn invisible_characters_in_names_are_refused() {
         "command = [\"true\"]\nname = \"entraînement-日本\"\n",
     );
 }
+
+/// A newcomer's stumble: fake GPU UUIDs derived from the node name, so two clusters on
+/// one host with a `node1` each saw each other's jobs on their GPUs. They derive from
+/// the agent's identity now, and stay the same across its restarts.
+#[test]
+fn fake_gpu_uuids_differ_between_agents_of_the_same_name() {
+    let mut a = Cluster::start(&[("node1", "1xA100-80GB")]);
+    let b = Cluster::start(&[("node1", "1xA100-80GB")]);
+    let uuid = |c: &Cluster| {
+        c.nodes()[0]["gpus"][0]["uuid"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let first = uuid(&a);
+    assert_ne!(first, uuid(&b));
+    a.kill9_agent("node1");
+    a.add_agent("node1", "1xA100-80GB", &[]);
+    assert!(gpuctl_tests::wait_for(T, || a.node_state("node1") == "IDLE"));
+    assert_eq!(uuid(&a), first, "stable across a restart");
+}

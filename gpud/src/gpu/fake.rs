@@ -157,7 +157,8 @@ fn fake_processes() -> Vec<(u32, u64, Vec<String>)> {
 
 impl FakeGpus {
     /// Parses `4xA100-80GB`, `2xA100-80GB,1xT4-16GB`, or with a MIG layout per GPU
-    /// `2xA100-80GB:mig=3g.40gb+2g.20gb+2g.20gb`.
+    /// `2xA100-80GB:mig=3g.40gb+2g.20gb+2g.20gb`. UUIDs derive from `node` (the agent
+    /// passes its name and identity), stable across restarts.
     pub fn parse(spec: &str, node: &str) -> Result<FakeGpus, GpuError> {
         let err = |why: &str| GpuError::FakeSpec {
             spec: spec.to_string(),
