@@ -339,3 +339,52 @@ fn fake_gpu_uuids_differ_between_agents_of_the_same_name() {
     assert!(gpuctl_tests::wait_for(T, || a.node_state("node1") == "IDLE"));
     assert_eq!(uuid(&a), first, "stable across a restart");
 }
+
+fn scrape_value(port: u16, prefix: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A newcomer's stumble: `gpuctl_gpus_allocated` said 2.25 while
+/// `gpuctl_user_running_gpus{user="root"}` said 3.25 for the same jobs (quarter shares
+/// and MIG instances). One definition now: a MIG instance is its slices of seven.
+#[test]
+fn allocated_gpus_mean_the_same_in_every_metric() {
+    let port = gpuctl_tests::free_port();
+    let mut c = Cluster::controller_with_args(&["--metrics-listen", &format!("127.0.0.1:{port}")]);
+    c.add_agent("mig1", "1xA100-80GB:mig=3g.40gb+2g.20gb+2g.20gb", &[]);
+    c.add_agent("whole1", "1xA100-80GB", &[]);
+    c.wait_nodes_up(2);
+    let mut ids = Vec::new();
+    for r in [
+        "mig = \"3g.40gb\"",
+        "mig = \"2g.20gb\"",
+        "gpus = 0.25",
+        "gpus = 0.25",
+    ] {
+        ids.push(c.submit(
+            "j.toml",
+            &format!("script = \"sleep 60\"\n[resources]\n{r}\n"),
+        ));
+    }
+    for &id in &ids {
+        c.wait_state(id, "RUNNING", T);
+    }
+    let want = 3.0 / 7.0 + 2.0 / 7.0 + 0.5;
+    let all = scrape_value(port, "gpuctl_gpus_allocated ").unwrap();
+    let user = scrape_value(port, "gpuctl_user_running_gpus{user=\"root\"}").unwrap();
+    assert!((all - want).abs() < 1e-6, "allocated {all}, want {want}");
+    assert!((user - want).abs() < 1e-6, "user {user}, want {want}");
+    let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+    let mut args = vec!["cancel"];
+    args.extend(ids.iter().map(String::as_str));
+    c.gpuctl_ok(&args);
+}

@@ -42,7 +42,6 @@ impl Controller {
             if n.state() != pb::NodeState::Down {
                 snap.gpus_total += n.gpus.len() as u64;
                 for g in &n.gpus {
-                    snap.gpus_allocated += g.compute_allocated_milli.min(1000) as f64 / 1000.0;
                     snap.mig_instances += g.mig.len() as u64;
                     snap.mig_instances_allocated +=
                         g.mig.iter().filter(|m| m.allocated_to != 0).count() as u64;
@@ -54,6 +53,20 @@ impl Controller {
             }
         }
         snap.gpu_util_mean = (sampled > 0).then(|| util_sum / f64::from(sampled));
+        // MIG instances by UUID: their profile says their share of the GPU.
+        let mig: std::collections::HashMap<&str, &str> = nodes
+            .nodes
+            .iter()
+            .flat_map(|n| &n.gpus)
+            .flat_map(|g| &g.mig)
+            .map(|m| (m.uuid.as_str(), m.profile.as_str()))
+            .collect();
+        let up: std::collections::HashSet<&str> = nodes
+            .nodes
+            .iter()
+            .filter(|n| n.state() != pb::NodeState::Down)
+            .map(|n| n.name.as_str())
+            .collect();
         {
             let c = self.lock();
             let mut shared = std::collections::BTreeSet::new();
@@ -74,8 +87,17 @@ impl Controller {
                     }
                     JobState::Running => {
                         let mut held = 0.0;
+                        for a in live_allocs(j) {
+                            let on_up = up.contains(a.node.as_str());
+                            for s in &a.slots {
+                                let g = slot_gpus(s, &mig);
+                                held += g;
+                                if on_up {
+                                    snap.gpus_allocated += g;
+                                }
+                            }
+                        }
                         for s in live_allocs(j).flat_map(|a| &a.slots) {
-                            held += f64::from(s.compute_milli.min(1000)) / 1000.0;
                             if s.compute_milli < 1000 && !s.uuid.starts_with("MIG-") {
                                 snap.share_slots += 1;
                                 shared.insert(s.uuid.as_str());
@@ -601,5 +623,16 @@ impl Controller {
         }
         live.extend(done);
         live
+    }
+}
+
+/// The GPUs a slot holds: the one definition behind `gpuctl_gpus_allocated`, the per
+/// user and per account running GPUs and the web page. A whole GPU is 1, a share its
+/// compute fraction, a MIG instance its compute slices of seven (3g.40gb: 3/7), as
+/// fair share charges them.
+fn slot_gpus(s: &pb::SlotUse, mig: &std::collections::HashMap<&str, &str>) -> f64 {
+    match mig.get(s.uuid.as_str()) {
+        Some(profile) => gpuctl_sched::fairshare::mig_fraction(profile),
+        None => f64::from(s.compute_milli.min(1000)) / 1000.0,
     }
 }
