@@ -86,6 +86,7 @@ const FIELDS: &[(&str, &str)] = &[
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)."),
     ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz)."),
     ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C)."),
     ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
     (
         "DCGM_FI_DEV_POWER_MGMT_LIMIT",
@@ -158,6 +159,7 @@ fn values(g: &GpuInfo, s: &GpuSample) -> Vec<(&'static str, f64)> {
         ("DCGM_FI_DEV_SM_CLOCK", s.sm_clock_mhz.and_then(f)),
         ("DCGM_FI_DEV_MEM_CLOCK", s.mem_clock_mhz.and_then(f)),
         ("DCGM_FI_DEV_GPU_TEMP", f(s.temp_c)),
+        ("DCGM_FI_DEV_MEMORY_TEMP", s.mem_temp_c.and_then(f)),
         ("DCGM_FI_DEV_POWER_USAGE", Some(s.power_w)),
         ("DCGM_FI_DEV_POWER_MGMT_LIMIT", Some(s.power_limit_w)),
         (
@@ -379,6 +381,7 @@ mod tests {
             }],
             util_pct: 87,
             temp_c: 71,
+            mem_temp_c: Some(75),
             mem_used_mib: 1500,
             sm_clock_mhz: Some(1410),
             energy_mj: Some(123_456),
@@ -406,6 +409,7 @@ mod tests {
         for line in [
             format!("DCGM_FI_DEV_GPU_UTIL{gpu} 87.0"),
             format!("DCGM_FI_DEV_GPU_TEMP{gpu} 71.0"),
+            format!("DCGM_FI_DEV_MEMORY_TEMP{gpu} 75.0"),
             format!("DCGM_FI_DEV_SM_CLOCK{gpu} 1410.0"),
             format!("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu} 123456.0"),
             format!("DCGM_FI_DEV_XID_ERRORS{gpu} 79.0"),

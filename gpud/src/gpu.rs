@@ -93,6 +93,8 @@ pub struct GpuSample {
     pub mem_util_pct: u32,
     pub mem_used_mib: u64,
     pub temp_c: u32,
+    /// HBM temperature, where the GPU reports it (dcgm's DCGM_FI_DEV_MEMORY_TEMP).
+    pub mem_temp_c: Option<u32>,
     pub fan_pct: Option<u32>,
     pub power_w: f64,
     pub power_limit_w: f64,
@@ -335,6 +337,29 @@ impl Nvml {
     }
 }
 
+/// The memory (HBM) temperature through NVML's field values (`NVML_FI_DEV_MEMORY_TEMP`),
+/// where the GPU has a sensor there (data-center GPUs do).
+fn memory_temp(d: &nvml_wrapper::Device<'_>) -> Option<u32> {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let id = FieldId(nvml_wrapper_sys::bindings::field_id::NVML_FI_DEV_MEMORY_TEMP);
+    let v = d
+        .field_values_for(&[id])
+        .ok()?
+        .into_iter()
+        .next()?
+        .ok()?
+        .value
+        .ok()?;
+    match v {
+        SampleValue::U32(t) => Some(t),
+        SampleValue::U64(t) => u32::try_from(t).ok(),
+        SampleValue::I64(t) => u32::try_from(t).ok(),
+        SampleValue::F64(t) => Some(t as u32),
+    }
+    .filter(|&t| t > 0)
+}
+
 /// "NVIDIA A100-SXM4-40GB MIG 3g.20gb" -> "3g.20gb".
 fn mig_profile_of(name: &str) -> String {
     name.rsplit_once("MIG ")
@@ -401,6 +426,7 @@ impl GpuBackend for Nvml {
                 mem_util_pct: util.as_ref().map_or(0, |u| u.memory),
                 mem_used_mib: mem.used / (1024 * 1024),
                 temp_c: d.temperature(TemperatureSensor::Gpu).unwrap_or(0),
+                mem_temp_c: memory_temp(&d),
                 fan_pct: d.fan_speed(0).ok(),
                 power_w: d.power_usage().map_or(0.0, |mw| f64::from(mw) / 1000.0),
                 power_limit_w: d

@@ -340,6 +340,8 @@ impl FakeGpus {
             mem_util_pct: (util * 0.6) as u32,
             mem_used_mib: used.min(g.memory_mib),
             temp_c: m.temperature.at(secs).unwrap_or(35.0 + util * 0.4) as u32,
+            // HBM runs a few degrees above the core under load.
+            mem_temp_c: Some(m.temperature.at(secs).unwrap_or(35.0 + util * 0.4) as u32 + 4),
             fan_pct: Some(m.fan.at(secs).unwrap_or(30.0 + util * 0.5) as u32),
             power_w,
             power_limit_w: 400.0,
