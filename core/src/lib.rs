@@ -14,7 +14,8 @@
 //! `validate` (what a job must be to be queued), `fairshare` (charging usage, the
 //! fair-share factor), `policy` (QoS caps), `holds` (hold,
 //! release, requeue), `filter` (listings' filters), `partitions` (node sets and their limits),
-//! `windows` (time-of-day windows), `retention`, `config`, `error`.
+//! `windows` (time-of-day windows), `reconfig` (a new config taken while running),
+//! `retention`, `config`, `error`.
 
 pub mod agents;
 pub mod config;
@@ -29,6 +30,7 @@ pub mod jobs;
 pub mod ops;
 pub mod partitions;
 pub mod policy;
+pub mod reconfig;
 pub mod report;
 pub mod retention;
 pub mod state;

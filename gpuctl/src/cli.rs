@@ -167,6 +167,12 @@ pub enum AdminAction {
         #[command(subcommand)]
         action: TokenAction,
     },
+    /// Read the controller's configuration file again (like scontrol reconfigure; a
+    /// bad file changes nothing). SIGHUP to gpuctld does the same.
+    Reconfigure {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -509,6 +515,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 emit(&commands::admin::revoke(c, id.clone()).await?, false)
             }
         },
+        &Command::Admin {
+            action: AdminAction::Reconfigure { json },
+        } => emit(&commands::admin::reconfigure(c).await?, json),
     }
     Ok(())
 }

@@ -169,7 +169,11 @@ pub struct Controller {
     store: Store,
     /// The cluster key agents sign with.
     key: ClusterKey,
-    config: Config,
+    /// The configuration in effect (a reconfigure swaps it; the core holds its own copy,
+    /// changed under the lock at the same moment).
+    config: std::sync::RwLock<Arc<Config>>,
+    /// Where the configuration was read from (`None`: the embedded defaults).
+    config_path: Option<std::path::PathBuf>,
     /// Wakes the scheduling loop; several events before it runs make one pass.
     wake: Notify,
     /// Asks the scheduling loop for a pass within `DEFERRED_PASS`.
@@ -223,6 +227,7 @@ impl Controller {
     pub fn open(
         store: Store,
         config: Config,
+        config_path: Option<std::path::PathBuf>,
         key: ClusterKey,
     ) -> Result<Arc<Controller>, StoreError> {
         let loaded = store.load()?;
@@ -267,7 +272,8 @@ impl Controller {
             }),
             store,
             key,
-            config,
+            config: std::sync::RwLock::new(Arc::new(config)),
+            config_path,
             wake: Notify::new(),
             defer: Notify::new(),
             // The first pass (perhaps over a large recovered queue) on the blocking pool.
@@ -373,8 +379,38 @@ impl Controller {
         .expect("delivery panicked")
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Reads the configuration file again and takes it if it loads (`gpuctl admin
+    /// reconfigure`, SIGHUP); a bad file changes nothing and says why (file, line and
+    /// column).
+    pub fn reconfigure(&self) -> Result<(String, gpuctl_core::reconfig::Reconfigured), String> {
+        let Some(path) = &self.config_path else {
+            return Err(
+                "gpuctld runs on its embedded defaults (no --config): there is no file to read again"
+                    .into(),
+            );
+        };
+        let new = Config::load(path).map_err(|e| e.to_string())?;
+        let done = {
+            let mut c = self.lock();
+            let done = c.reconfigure(new);
+            *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(c.config.clone());
+            done
+        };
+        self.wake.notify_one();
+        tracing::info!(
+            path = %path.display(),
+            applied = ?done.applied,
+            needs_restart = ?done.needs_restart,
+            "configuration read again"
+        );
+        Ok((path.display().to_string(), done))
     }
 
     /// At the end of a pass (`waiting`: jobs still wait; `room`: `gpu_room` after its
@@ -404,7 +440,7 @@ impl Controller {
 
     /// Runs scheduling passes on events and every `sched_interval` until `shutdown` fires.
     pub async fn scheduler_loop(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(self.config.sched_interval);
+        let mut tick = tokio::time::interval(self.config().sched_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut due: Option<tokio::time::Instant> = None;
         loop {
@@ -612,7 +648,8 @@ impl Controller {
                 spec.user
             )));
         }
-        let limits = &self.config.limits;
+        let config = self.config();
+        let limits = &config.limits;
         let size = spec.encoded_len() as u64;
         if size > limits.max_job_bytes.as_u64() {
             return Err(Status::invalid_argument(format!(

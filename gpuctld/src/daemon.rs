@@ -21,6 +21,9 @@ pub struct Options {
     pub listen: SocketAddr,
     pub state_dir: PathBuf,
     pub config: Config,
+    /// The file `config` was read from (read again by `gpuctl admin reconfigure` and
+    /// SIGHUP); `None`: the embedded defaults.
+    pub config_path: Option<std::path::PathBuf>,
     /// Also serve on this Unix socket (users identified by peer credentials).
     pub socket: Option<PathBuf>,
     /// Serve Prometheus metrics here.
@@ -88,7 +91,7 @@ pub async fn run(
     let max_message = opts.config.limits.max_message_bytes.as_u64() as usize;
     let conn_limits = connection_limits(&opts.config.limits);
     let min_free = opts.config.limits.min_free_disk.as_u64();
-    let ctl = Controller::open(store.clone(), opts.config, key)?;
+    let ctl = Controller::open(store.clone(), opts.config, opts.config_path.clone(), key)?;
     let guarded = |name: &'static str| {
         let stats = guard::Stats::new(name, conn_limits);
         ctl.watch_listener(stats.clone());
@@ -121,6 +124,7 @@ pub async fn run(
         let l = guard::Listener::new(l, guarded("web"), guard::Protocol::Http1);
         tokio::spawn(crate::web::serve(l, ctl.clone()));
     }
+    tokio::spawn(reconfigure_on_sighup(ctl.clone()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sched = tokio::spawn(ctl.clone().scheduler_loop(stop_rx.clone()));
     let watchdog = tokio::spawn(ctl.clone().watchdog_loop(stop_rx.clone()));
@@ -257,6 +261,25 @@ async fn restart_when_disk_recovers(store: Store, min_free: u64) {
                 "cannot restart gpuctld: {err}; exiting for the supervisor to restart it"
             );
             std::process::exit(1);
+        }
+    }
+}
+
+/// Reads the configuration again on each SIGHUP (as `gpuctl admin reconfigure`).
+async fn reconfigure_on_sighup(ctl: std::sync::Arc<Controller>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!(
+            "cannot install a SIGHUP handler: reconfigure with gpuctl admin reconfigure"
+        );
+        return;
+    };
+    while hup.recv().await.is_some() {
+        let c = ctl.clone();
+        match tokio::task::spawn_blocking(move || c.reconfigure()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(why)) => tracing::error!("SIGHUP: the configuration was not changed: {why}"),
+            Err(e) => tracing::error!("SIGHUP: reconfigure failed: {e}"),
         }
     }
 }

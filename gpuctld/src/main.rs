@@ -126,6 +126,10 @@ async fn run(args: Args) -> std::process::ExitCode {
                         listen: args.listen,
                         state_dir: args.state_dir,
                         config,
+                        config_path: args
+                            .config
+                            .clone()
+                            .map(|p| std::path::absolute(&p).unwrap_or(p)),
                         socket: args.socket,
                         metrics_listen: args.metrics_listen,
                         web_listen: args.web_listen,

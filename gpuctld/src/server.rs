@@ -328,6 +328,26 @@ impl controller_server::Controller for UserApi {
         }))
     }
 
+    async fn reconfigure(
+        &self,
+        req: Request<pb::ReconfigureRequest>,
+    ) -> Result<Response<pb::ReconfigureResponse>, Status> {
+        let caller = self.caller(&req)?;
+        caller.require_admin("reconfigure the controller")?;
+        let ctl = self.0.clone();
+        let (path, done) = tokio::task::spawn_blocking(move || ctl.reconfigure())
+            .await
+            .map_err(|e| Status::internal(format!("reconfigure failed: {e}")))?
+            .map_err(|why| {
+                Status::failed_precondition(format!("the configuration was not changed: {why}"))
+            })?;
+        Ok(Response::new(pb::ReconfigureResponse {
+            path,
+            applied: done.applied,
+            needs_restart: done.needs_restart,
+        }))
+    }
+
     async fn create_token(
         &self,
         req: Request<pb::CreateTokenRequest>,

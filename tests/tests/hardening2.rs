@@ -388,3 +388,53 @@ fn allocated_gpus_mean_the_same_in_every_metric() {
     args.extend(ids.iter().map(String::as_str));
     c.gpuctl_ok(&args);
 }
+
+/// A newcomer's stumble: accounts, QoS, partitions or windows needed a controller
+/// restart. `gpuctl admin reconfigure` (and SIGHUP) read the file again, validated
+/// before anything changes, and say what applied and what waits for a restart.
+#[test]
+fn the_controller_takes_a_new_config_without_a_restart() {
+    let c = Cluster::start(&[("rc1", "1xA100-80GB")]);
+    let conf = c.path("gpuctld.toml");
+    let base = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(c.path("a.toml"), "command = [\"true\"]\nqos = \"gold\"\n").unwrap();
+    let refused = c.gpuctl(&["submit", "a.toml"]);
+    assert!(!refused.status.success());
+    // A bad file: refused with its line and column, nothing changes.
+    std::fs::write(
+        &conf,
+        format!("{base}\n[qos.gold]\npriority = 5000\npreempts = [\"low\"\n"),
+    )
+    .unwrap();
+    let out = c.gpuctl(&["admin", "reconfigure"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not changed"),
+        "{err}"
+    );
+    assert!(err.contains("line"), "{err}");
+    // A good one: the account exists at once; a setting read at start is named.
+    std::fs::write(
+        &conf,
+        format!("{base}\n[qos.normal]\npriority = 1000\n[qos.low]\npriority = 0\n[qos.high]\npriority = 10000\npreempts = [\"low\"]\n[qos.gold]\npriority = 5000\n[limits]\nmax_connections = 100\n"),
+    )
+    .unwrap();
+    let done = c.json(&["admin", "reconfigure"]);
+    let applied = done["applied"].as_array().unwrap();
+    assert!(applied.contains(&serde_json::json!("qos.gold")), "{done}");
+    assert_eq!(
+        done["needs_restart"],
+        serde_json::json!(["limits.max_connections"])
+    );
+    let id = c.submit("a.toml", "command = [\"true\"]\nqos = \"gold\"\n");
+    c.wait_state(id, "COMPLETED", T);
+    // SIGHUP does the same.
+    std::fs::write(&conf, format!("{base}\n[qos.normal]\npriority = 1000\n[qos.low]\npriority = 0\n[qos.high]\npriority = 10000\npreempts = [\"low\"]\n[qos.gold]\npriority = 5000\n[qos.ops]\npriority = 1\n")).unwrap();
+    nix::sys::signal::kill(c.controller_pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
+    assert!(gpuctl_tests::wait_for(T, || c
+        .controller_log()
+        .contains("configuration read again")
+        && c.controller_log().contains("qos.ops")));
+    let id = c.submit("o.toml", "command = [\"true\"]\nqos = \"ops\"\n");
+    c.wait_state(id, "COMPLETED", T);
+}

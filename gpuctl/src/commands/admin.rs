@@ -1,4 +1,4 @@
-//! `gpuctl admin token create|list|revoke`.
+//! `gpuctl admin token create|list|revoke` and `gpuctl admin reconfigure`.
 
 use gpuctl_proto as pb;
 use serde::Serialize;
@@ -98,4 +98,43 @@ pub async fn revoke(client: &mut Client, id: String) -> Result<Revoked, Failure>
         .revoke_token(pb::RevokeTokenRequest { id: id.clone() })
         .await?;
     Ok(Revoked { id })
+}
+
+/// `gpuctl admin reconfigure`: what the controller took from its configuration file.
+#[derive(Serialize)]
+pub struct Reconfigured {
+    path: String,
+    applied: Vec<String>,
+    needs_restart: Vec<String>,
+}
+
+impl View for Reconfigured {
+    fn text(&self) -> String {
+        let mut out = format!("Read {} again.\n", self.path);
+        if self.applied.is_empty() && self.needs_restart.is_empty() {
+            out.push_str("Nothing changed.\n");
+        }
+        if !self.applied.is_empty() {
+            out.push_str(&format!("Applied: {}\n", self.applied.join(", ")));
+        }
+        if !self.needs_restart.is_empty() {
+            out.push_str(&format!(
+                "Changed but kept until gpuctld restarts: {}\n",
+                self.needs_restart.join(", ")
+            ));
+        }
+        out
+    }
+}
+
+pub async fn reconfigure(client: &mut Client) -> Result<Reconfigured, Failure> {
+    let r = client
+        .reconfigure(pb::ReconfigureRequest {})
+        .await?
+        .into_inner();
+    Ok(Reconfigured {
+        path: r.path,
+        applied: r.applied,
+        needs_restart: r.needs_restart,
+    })
 }

@@ -154,7 +154,7 @@ impl Controller {
             let spec = job.spec.clone().unwrap_or_default();
             let cfg = self.config();
             let partition = cfg.partition_name(&spec.partition);
-            let why = gpuctl_core::partitions::blocked_by(cfg, &spec, job.time_limit_secs);
+            let why = gpuctl_core::partitions::blocked_by(&cfg, &spec, job.time_limit_secs);
             if let Some(why) = why {
                 out.reason = why.into();
                 out.summary = match why {
@@ -423,7 +423,7 @@ impl Controller {
 
     /// Whether `user` is an admin: root and the users the config names.
     pub fn is_admin(&self, user: &str) -> bool {
-        user == "root" || self.config.admins.iter().any(|a| a == user)
+        user == "root" || self.config().admins.iter().any(|a| a == user)
     }
 
     /// The user a token secret belongs to.
