@@ -261,8 +261,17 @@ impl Cluster {
     }
 
     /// The fair-share table of everyone with usage or pending jobs.
+    /// Every association (like sshare): the configured accounts' users and whoever has
+    /// active jobs, with or without usage.
     pub fn fair_share_table(&self) -> FairShareTable {
-        self.usage
-            .table(self.jobs.active_owners(), &ConfigShares(&self.config))
+        let configured = self
+            .config
+            .accounts
+            .iter()
+            .flat_map(|(a, c)| c.users.iter().map(move |u| (a.as_str(), u.as_str())));
+        self.usage.table(
+            self.jobs.active_owners().chain(configured),
+            &ConfigShares(&self.config),
+        )
     }
 }

@@ -438,3 +438,30 @@ fn the_controller_takes_a_new_config_without_a_restart() {
     let id = c.submit("o.toml", "command = [\"true\"]\nqos = \"ops\"\n");
     c.wait_state(id, "COMPLETED", T);
 }
+
+/// A newcomer's stumble: `gpuctl share` hid accounts and users without usage and had no
+/// account-level rows (sshare shows every association, accounts above their users).
+#[test]
+fn share_lists_every_association_with_account_rows() {
+    let c = Cluster::controller_with_config(
+        "[accounts.risk]\nshares = 3\nusers = [\"bob\", \"carol\"]\n[accounts.ops]\nusers = [\"dave\"]\n",
+    );
+    let s = c.json(&["share"]);
+    let rows = s["rows"].as_array().unwrap();
+    for (a, u) in [("risk", "bob"), ("risk", "carol"), ("ops", "dave")] {
+        assert!(
+            rows.iter().any(|r| r["account"] == a && r["user"] == u),
+            "{a}/{u} missing: {s}"
+        );
+    }
+    let accounts = s["accounts"].as_array().unwrap();
+    let risk = accounts.iter().find(|a| a["account"] == "risk").unwrap();
+    assert_eq!(risk["account_shares"], 0.75, "{s}");
+    let text = c.gpuctl_ok(&["share"]);
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("risk"))
+        .unwrap();
+    assert!(lines[at + 1].contains("bob"), "{text}");
+}
