@@ -57,8 +57,12 @@ pub(super) fn plan(
                 reservation: None,
             };
             if explaining {
+                // Each node's own answer still (a node that could not take the job
+                // must not read as one that could, were it not held back).
+                let mut misses = Vec::new();
+                let _ = pass.fit_now_all(req, d, gang, &mut misses);
                 let out = Err(waiting.clone());
-                explanation = Some(explain_of(cluster, job.id, rank, prio, &[], out));
+                explanation = Some(explain_of(cluster, job.id, rank, prio, &misses, out));
             }
             plan.waiting.push(waiting);
             continue;

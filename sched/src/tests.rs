@@ -486,6 +486,37 @@ fn explain_reports_missing_gpus_and_shares() {
     assert!(ex.outcome.is_err());
 }
 
+/// A job held back by a cap said "fits now" for every node, even nodes that could
+/// not take it: each node keeps its own answer.
+#[test]
+fn explain_of_a_held_job_keeps_each_nodes_answer() {
+    let c = ClusterView {
+        nodes: vec![node("a", 4), node("b", 2)],
+        running: vec![],
+    };
+    let mut config = cfg(Policy::FirstFit);
+    config.caps.qos.insert(
+        String::new(),
+        limits::QosCaps {
+            per_user_milli: Some(1000),
+            per_account_milli: None,
+        },
+    );
+    let ex = explain(&c, &[job(1, 0, whole(4), 1)], &config, 0, 1).unwrap();
+    assert!(
+        matches!(
+            ex.outcome,
+            Err(Waiting {
+                reason: Blocked::Cap(_),
+                ..
+            })
+        ),
+        "{ex:?}"
+    );
+    assert_eq!(ex.nodes[0].1, None, "a has room for it");
+    assert_eq!(ex.nodes[1].1, Some(Miss::TooSmall { what: "GPUs" }));
+}
+
 #[test]
 fn reservation_depth_limits_reservations() {
     let c = ClusterView {

@@ -193,12 +193,22 @@ impl Controller {
             .ok_or_else(|| Status::internal("the job was not in the pass"))?;
         out.rank = ex.rank as u32;
         out.priority = ex.priority;
+        // A job held back by a cap or a floor: the nodes it would fit are free for it,
+        // not "fits now".
+        let held = matches!(
+            &ex.outcome,
+            Err(w) if matches!(w.reason, sched::Blocked::Cap(_) | sched::Blocked::WindowFloor { .. })
+        );
         out.nodes = ex
             .nodes
             .iter()
             .map(|(n, m)| pb::NodeExplain {
                 node: n.clone(),
-                reason: m.as_ref().map(describe_miss).unwrap_or_default(),
+                reason: match m {
+                    Some(m) => describe_miss(m),
+                    None if held => "room for it, but it is held back (see why)".into(),
+                    None => String::new(),
+                },
             })
             .collect();
         match &ex.outcome {
