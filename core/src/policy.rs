@@ -142,13 +142,29 @@ impl Cluster {
             .collect();
         let view = self.view();
         let cfg = self.sched_config.clone();
-        for p in sched::preempt::plan_preemptions(&view, &running, &waiting, &cfg, &pc, now) {
+        let done = sched::preempt::plan_preemptions(&view, &running, &waiting, &cfg, &pc, now);
+        for p in &done {
             for &victim in &p.victims {
                 self.preempt_one(victim, p.job, now, effects);
             }
             self.jobs.annotate_pending(p.job, |j| {
                 j.reason = "Preempting".into();
             });
+        }
+        // A preemptor whose victims are still inside their minimum run starts when
+        // that run ends, not when they would end by themselves.
+        let pending: Vec<&PendingJob> = waiting
+            .iter()
+            .filter(|w| !done.iter().any(|p| p.job == w.id))
+            .collect();
+        for w in pending {
+            if let Some(t) = preemption_time(&view, &running, w, &cfg, &pc, now) {
+                self.jobs.annotate_pending(w.id, |j| {
+                    if j.expected_start_ms == 0 || t < j.expected_start_ms {
+                        j.expected_start_ms = t;
+                    }
+                });
+            }
         }
     }
 
@@ -302,4 +318,33 @@ impl Cluster {
         let req = Request::from(&resources(j));
         (req.gpu_milli_total() > 0 && !preempts).then_some(req)
     }
+}
+
+/// How many future moments a preemptor's expected start looks at (each a one-job
+/// preemption plan).
+const PREEMPT_LOOKAHEAD: usize = 8;
+
+/// The first moment a running job's minimum run ends at which `job` could preempt its
+/// way in (`None`: no such moment among the next few).
+fn preemption_time(
+    view: &sched::ClusterView,
+    running: &[RunningJob],
+    job: &PendingJob,
+    cfg: &sched::SchedConfig,
+    pc: &sched::preempt::PreemptConfig,
+    now: i64,
+) -> Option<i64> {
+    let mut moments: Vec<i64> = running
+        .iter()
+        .filter(|r| !r.vacating)
+        .map(|r| r.start_ms.saturating_add(pc.min_run_ms))
+        .filter(|&t| t > now)
+        .collect();
+    moments.sort_unstable();
+    moments.dedup();
+    moments.truncate(PREEMPT_LOOKAHEAD);
+    let one = std::slice::from_ref(job);
+    moments
+        .into_iter()
+        .find(|&t| !sched::preempt::plan_preemptions(view, running, one, cfg, pc, t).is_empty())
 }

@@ -172,6 +172,13 @@ fn preemption_signals_the_victim_then_requeues_it_and_starts_the_preemptor() {
     urgent.qos = "urgent".into();
     let u = submit_spec(&mut c, urgent, T0 + 10_000);
     assert!(kills(&pass(&mut c, T0 + 10_000)).is_empty());
+    // It is expected to start when the victim's minimum run ends, not when the
+    // victim's time limit would.
+    let victim_start = c.jobs.job(victim).unwrap().start_time_ms;
+    assert_eq!(
+        c.jobs.job(u).unwrap().expected_start_ms,
+        victim_start + 60_000
+    );
     let e = pass(&mut c, T0 + 61_000);
     let k = kills(&e);
     assert_eq!(k.len(), 1);
