@@ -688,6 +688,36 @@ pub fn metrics_json(m: &pb::GpuMetrics) -> Value {
 }
 
 /// One row per GPU with its latest metrics (`gpuctl nodes`, below the node table).
+/// A GPU's MIG layout: its instances' profiles, `*` on those in use (`-`: not in MIG
+/// mode).
+fn mig_layout(g: &pb::Gpu) -> String {
+    if g.mig.is_empty() {
+        return "-".into();
+    }
+    g.mig
+        .iter()
+        .map(|m| {
+            let used = if m.allocated_to != 0 { "*" } else { "" };
+            format!("{}{used}", m.profile)
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The GPUs a node's GPU has allocated, as the controller's metrics count them: a MIG
+/// instance its slices of seven, a share its compute.
+pub fn gpu_allocated(g: &pb::Gpu) -> f64 {
+    if g.mig.is_empty() {
+        f64::from(g.compute_allocated_milli.min(1000)) / 1000.0
+    } else {
+        g.mig
+            .iter()
+            .filter(|m| m.allocated_to != 0)
+            .map(|m| gpuctl_sched::fairshare::mig_fraction(&m.profile))
+            .sum()
+    }
+}
+
 pub fn gpus_table(nodes: &[pb::Node]) -> String {
     let mut rows = Vec::new();
     for n in nodes {
@@ -697,6 +727,7 @@ pub fn gpus_table(nodes: &[pb::Node]) -> String {
                 n.name.clone(),
                 g.index.to_string(),
                 g.model.clone(),
+                mig_layout(g),
                 format!("{}%", m.util_pct),
                 format!(
                     "{:.1}/{:.0}GiB",
@@ -722,7 +753,7 @@ pub fn gpus_table(nodes: &[pb::Node]) -> String {
     }
     table(
         &[
-            "NODE", "GPU", "MODEL", "UTIL", "MEMORY", "TEMP", "POWER", "JOBS",
+            "NODE", "GPU", "MODEL", "MIG", "UTIL", "MEMORY", "TEMP", "POWER", "JOBS",
         ],
         rows,
     )

@@ -383,6 +383,18 @@ fn allocated_gpus_mean_the_same_in_every_metric() {
     let user = scrape_value(port, "gpuctl_user_running_gpus{user=\"root\"}").unwrap();
     assert!((all - want).abs() < 1e-6, "allocated {all}, want {want}");
     assert!((user - want).abs() < 1e-6, "user {user}, want {want}");
+    // The CLI's figure is the same, and `gpuctl nodes` shows the MIG layout in use.
+    let stats = c.json(&["nodes", "--stats"]);
+    let cli = stats["gpus_allocated"].as_f64().unwrap();
+    assert!(
+        (cli - want).abs() < 1e-6,
+        "nodes --stats {cli}, want {want}"
+    );
+    let table = c.gpuctl_ok(&["nodes"]);
+    assert!(
+        table.contains("MIG") && table.contains("3g.40gb*"),
+        "{table}"
+    );
     let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
     let mut args = vec!["cancel"];
     args.extend(ids.iter().map(String::as_str));

@@ -71,10 +71,7 @@ pub async fn stats(client: &mut Client) -> Result<Stats, Failure> {
     Ok(Stats {
         fragmentation_gpus: resp.fragmentation_gpus,
         fragmentation_pct_of_idle: resp.fragmentation_pct_of_idle,
-        gpus_allocated: gpus
-            .clone()
-            .map(|g| f64::from(g.compute_allocated_milli.min(1000)) / 1000.0)
-            .sum(),
+        gpus_allocated: gpus.clone().map(format::gpu_allocated).sum(),
         gpus_total: gpus.count(),
         nodes: resp.nodes.len(),
     })
