@@ -38,6 +38,9 @@ pub struct Snapshot {
     pub now_ms: i64,
 }
 
+/// Frames at least this wide get bars and a one-line summary.
+const WIDE: u16 = 110;
+
 /// `[#####.....]  50%` for `frac` (0..1) in `width` cells.
 fn bar(frac: f64, width: usize) -> String {
     let frac = if frac.is_finite() {
@@ -97,21 +100,31 @@ pub fn draw(frame: &mut Frame, s: &Snapshot) {
             .sum::<f64>()
             / gpus.len() as f64
     };
+    // Under WIDE columns the bars go and the summary takes two lines: every column
+    // still fits an 80-column terminal.
+    let narrow = frame.area().width < WIDE;
     let [head, gpu_area, queue_area] = Layout::vertical([
-        Constraint::Length(3),
+        Constraint::Length(if narrow { 4 } else { 3 }),
         Constraint::Length(gpus.len() as u16 + 3),
         Constraint::Min(3),
     ])
     .areas(frame.area());
-    let summary = format!(
-        "nodes {up}/{} up   GPUs {busy}/{} in use   mean GPU util {mean_util:.0}%   jobs {running} running, {pending} pending   {}",
+    let cluster = format!(
+        "nodes {up}/{} up   GPUs {busy}/{} in use   mean GPU util {mean_util:.0}%",
         s.nodes.len(),
         gpus.len(),
+    );
+    let jobs = format!(
+        "jobs {running} running, {pending} pending   {}",
         format::short_time(s.now_ms)
     );
+    let lines = if narrow {
+        vec![Line::from(cluster), Line::from(jobs)]
+    } else {
+        vec![Line::from(format!("{cluster}   {jobs}"))]
+    };
     frame.render_widget(
-        Paragraph::new(Line::from(summary))
-            .block(Block::default().borders(Borders::ALL).title(" gpuctl top ")),
+        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" gpuctl top ")),
         head,
     );
     let rows = gpus.iter().map(|(n, g)| {
@@ -126,17 +139,29 @@ pub fn draw(frame: &mut Frame, s: &Snapshot) {
             format::printable(&n.name).into_owned(),
             g.index.to_string(),
             g.model.clone(),
-            format!(
-                "{} {:>3}%",
-                bar(f64::from(m.util_pct) / 100.0, 10),
-                m.util_pct
-            ),
-            format!(
-                "{} {:>5.1}/{:.0}G",
-                bar(mem, 10),
-                m.mem_used_mib as f64 / 1024.0,
-                g.memory_mib as f64 / 1024.0
-            ),
+            if narrow {
+                format!("{:>3}%", m.util_pct)
+            } else {
+                format!(
+                    "{} {:>3}%",
+                    bar(f64::from(m.util_pct) / 100.0, 10),
+                    m.util_pct
+                )
+            },
+            if narrow {
+                format!(
+                    "{:.1}/{:.0}G",
+                    m.mem_used_mib as f64 / 1024.0,
+                    g.memory_mib as f64 / 1024.0
+                )
+            } else {
+                format!(
+                    "{} {:>5.1}/{:.0}G",
+                    bar(mem, 10),
+                    m.mem_used_mib as f64 / 1024.0,
+                    g.memory_mib as f64 / 1024.0
+                )
+            },
             format!("{}C", m.temp_c),
             format!("{:.0}W", m.power_w),
             owners(g, &s.jobs),
@@ -151,12 +176,13 @@ pub fn draw(frame: &mut Frame, s: &Snapshot) {
         "NODE", "GPU", "MODEL", "UTIL", "MEMORY", "TEMP", "POWER", "JOBS",
     ])
     .style(Style::default().add_modifier(Modifier::BOLD));
+    let (model_w, util_w, mem_w) = if narrow { (10, 4, 10) } else { (12, 15, 22) };
     let widths = [
         Constraint::Length(12),
         Constraint::Length(3),
-        Constraint::Length(12),
-        Constraint::Length(15),
-        Constraint::Length(22),
+        Constraint::Length(model_w),
+        Constraint::Length(util_w),
+        Constraint::Length(mem_w),
         Constraint::Length(5),
         Constraint::Length(6),
         Constraint::Min(10),
@@ -199,7 +225,7 @@ pub fn draw(frame: &mut Frame, s: &Snapshot) {
     .style(Style::default().add_modifier(Modifier::BOLD));
     let widths = [
         Constraint::Length(8),
-        Constraint::Length(16),
+        Constraint::Length(if narrow { 12 } else { 16 }),
         Constraint::Length(10),
         Constraint::Length(9),
         Constraint::Length(9),
@@ -218,7 +244,8 @@ pub fn draw(frame: &mut Frame, s: &Snapshot) {
 /// every GPU and job.
 pub fn frame_text(s: &Snapshot, width: u16) -> String {
     let gpus: usize = s.nodes.iter().map(|n| n.gpus.len()).sum();
-    let height = (3 + gpus + 3 + s.jobs.len() + 3).min(u16::MAX as usize) as u16;
+    // A narrow frame's summary takes one line more.
+    let height = (4 + gpus + 3 + s.jobs.len() + 3).min(u16::MAX as usize) as u16;
     let mut term = ratatui::Terminal::new(ratatui::backend::TestBackend::new(width, height))
         .expect("a test terminal");
     term.draw(|f| draw(f, s)).expect("drawing to memory");
@@ -370,6 +397,46 @@ mod tests {
         let (r, p) = (text.find("train-7").unwrap(), text.find("train-8").unwrap());
         assert!(r < p, "{text}");
         assert!(text.contains("Resources"), "{text}");
+    }
+
+    #[test]
+    fn narrow_terminals_lose_bars_not_columns() {
+        let s = Snapshot {
+            nodes: vec![pb::Node {
+                name: "node-long-01".into(),
+                gpus: vec![pb::Gpu {
+                    model: "A100-80GB".into(),
+                    memory_mib: 81920,
+                    jobs: vec![7],
+                    metrics: Some(pb::GpuMetrics {
+                        util_pct: 87,
+                        mem_used_mib: 40960,
+                        temp_c: 61,
+                        power_w: 300.0,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            jobs: vec![],
+            now_ms: 1_800_000_000_000,
+        };
+        for width in [80, 100] {
+            let text = frame_text(&s, width);
+            for want in [
+                "JOBS",
+                "POWER",
+                "87%",
+                "40.0/80G",
+                "300W",
+                "0 pending",
+                "NODE/REASON",
+                &format::short_time(s.now_ms),
+            ] {
+                assert!(text.contains(want), "{width}: {want:?} missing:\n{text}");
+            }
+        }
     }
 
     #[test]
