@@ -111,6 +111,10 @@ pub fn valid_user_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// Denials: a user can cause them at will, so they are logged a line a period.
+static DENIED: gpuctl_proto::ratelog::RateLog =
+    gpuctl_proto::ratelog::RateLog::new(std::time::Duration::from_secs(10));
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,7 +146,3 @@ mod tests {
         assert!(!valid_user_name("a/b"));
     }
 }
-
-/// Denials: a user can cause them at will, so they are logged a line a period.
-static DENIED: gpuctl_proto::ratelog::RateLog =
-    gpuctl_proto::ratelog::RateLog::new(std::time::Duration::from_secs(10));

@@ -89,6 +89,7 @@ fn setup() -> (tempfile::TempDir, Arc<Controller>, Agent) {
     let ctl = Controller::open(
         Store::open(dir.path()).unwrap(),
         Config::default(),
+        None,
         key.clone(),
     )
     .unwrap();

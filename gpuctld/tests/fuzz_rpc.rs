@@ -307,7 +307,7 @@ fn harness(rt: &tokio::runtime::Runtime) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
     let key = ClusterKey::generate();
-    let ctl = Controller::open(store, Config::default(), key.clone()).unwrap();
+    let ctl = Controller::open(store, Config::default(), None, key.clone()).unwrap();
     let root = Caller {
         user: "root".into(),
         uid: Some(0),

@@ -77,6 +77,7 @@ fn flat_gpu_fields_of_an_old_state_dir_are_upgraded() {
         let c = Controller::open(
             Store::open(dir.path()).unwrap(),
             Config::default(),
+            None,
             ClusterKey::generate(),
         )
         .unwrap();

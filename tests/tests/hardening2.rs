@@ -32,10 +32,7 @@ fn unauthenticated_requests_do_not_flood_the_log() {
                 format!("node-{i}\n\u{1b}[31mFAKE LOG LINE")
             };
             let e = client
-                .challenge(pb::ChallengeRequest {
-                    node,
-                    ..Default::default()
-                })
+                .challenge(pb::ChallengeRequest { node })
                 .await
                 .unwrap_err();
             codes.push(e.code());
