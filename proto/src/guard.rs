@@ -166,11 +166,26 @@ impl Stats {
 }
 
 /// Free descriptors under the soft limit (`None` where they cannot be counted).
+/// Counting them lists /proc/self/fd (a millisecond with thousands open), so a count
+/// serves for [`FD_RECOUNT`], less one for each connection admitted meanwhile.
 fn fds_left() -> Option<u64> {
+    static CACHE: Mutex<Option<(std::time::Instant, u64)>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((at, left)) = cache.as_mut()
+        && at.elapsed() < FD_RECOUNT
+    {
+        *left = left.saturating_sub(1);
+        return Some(*left + 1);
+    }
     let (soft, _) = nix_rlimit()?;
     let used = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
-    Some(soft.saturating_sub(used))
+    let left = soft.saturating_sub(used);
+    *cache = Some((std::time::Instant::now(), left));
+    Some(left)
 }
+
+/// How long a count of free descriptors is used.
+const FD_RECOUNT: Duration = Duration::from_millis(100);
 
 fn nix_rlimit() -> Option<(u64, u64)> {
     let mut r = libc::rlimit {
