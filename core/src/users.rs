@@ -9,6 +9,16 @@ use crate::state::{Cluster, Effects};
 impl Cluster {
     /// `ids`, where the id of an array (its first task) also stands for its other
     /// unfinished tasks, like `scancel ARRAY_ID`.
+    /// The unfinished jobs `f` matches (a cancel by filter).
+    pub fn active_matching(&self, f: &crate::filter::JobFilter) -> Vec<u64> {
+        self.jobs
+            .active()
+            .map(crate::jobs::job_of)
+            .filter(|j| f.matches(j))
+            .map(|j| j.id)
+            .collect()
+    }
+
     /// The job id of task `task_id` of array `array_job_id`, when it exists.
     pub fn array_task_job(&self, array_job_id: u64, task_id: u32) -> Option<u64> {
         self.jobs.all().map(crate::jobs::job_of).find_map(|j| {

@@ -123,11 +123,9 @@ pub enum Command {
         json: bool,
     },
     /// Cancel jobs (like scancel): job ids, an array's id (every task), array tasks
-    /// (12_3) or task lists (12_[1-5,9]).
-    Cancel {
-        #[arg(required = true, value_name = "JOB")]
-        job_ids: Vec<String>,
-    },
+    /// (12_3) or task lists (12_[1-5,9]); or every unfinished job a filter matches, in
+    /// one request (--me, -u, -t, --name, -A, -p; scancel's).
+    Cancel(commands::cancel::CancelArgs),
     /// Nodes and their GPUs (like sinfo).
     Nodes {
         #[arg(long)]
@@ -490,8 +488,8 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         &Command::Efficiency { job_id, json } => {
             emit(&commands::efficiency::run(c, job_id).await?, json)
         }
-        Command::Cancel { job_ids } => {
-            let view = commands::cancel::run(c, job_ids).await?;
+        Command::Cancel(args) => {
+            let view = commands::cancel::run(c, args).await?;
             emit(&view, false);
             if let Some(f) = view.failure() {
                 return Err(f);

@@ -198,7 +198,10 @@ impl controller_server::Controller for UserApi {
                 req.job_ids.len() + req.tasks.len()
             )));
         }
-        let results = self.0.cancel(&caller, &req.job_ids, &req.tasks).await?;
+        let results = self
+            .0
+            .cancel(&caller, &req.job_ids, &req.tasks, req.filter.as_ref())
+            .await?;
         Ok(Response::new(pb::CancelResponse { results }))
     }
 

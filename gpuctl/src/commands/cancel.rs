@@ -1,10 +1,76 @@
-//! `gpuctl cancel JOB...`.
+//! `gpuctl cancel JOB...` and `gpuctl cancel --me|-u|-t|--name|-A|-p` (scancel's filters).
 
 use gpuctl_proto as pb;
 use serde::Serialize;
 
 use super::View;
 use crate::cli::{Client, Failure, exit, fail};
+
+#[derive(clap::Args, Debug, Clone)]
+#[command(group = clap::ArgGroup::new("what").required(true).multiple(true))]
+pub struct CancelArgs {
+    /// Jobs: ids, an array's id (every task), tasks (12_3) or task lists (12_[1-5,9]).
+    #[arg(value_name = "JOB", group = "what")]
+    pub job_ids: Vec<String>,
+    /// Every unfinished job of yours.
+    #[arg(long, group = "what")]
+    pub me: bool,
+    /// Jobs of these users (admins name others).
+    #[arg(short = 'u', long = "user", value_delimiter = ',', group = "what")]
+    pub users: Vec<String>,
+    /// Jobs in these states: PENDING, RUNNING (or PD, R).
+    #[arg(short = 't', long = "state", value_delimiter = ',', group = "what")]
+    pub states: Vec<String>,
+    /// Jobs with these names.
+    #[arg(short = 'n', long = "name", value_delimiter = ',', group = "what")]
+    pub names: Vec<String>,
+    /// Jobs charged to these accounts.
+    #[arg(short = 'A', long = "account", value_delimiter = ',', group = "what")]
+    pub accounts: Vec<String>,
+    /// Jobs of these partitions.
+    #[arg(short = 'p', long = "partition", value_delimiter = ',', group = "what")]
+    pub partitions: Vec<String>,
+}
+
+impl CancelArgs {
+    /// The filter part, when one is given (`--me` asks the controller who you are).
+    async fn filter(&self, client: &mut Client) -> Result<Option<pb::ListJobsRequest>, Failure> {
+        let mut users = self.users.clone();
+        if self.me {
+            let me = client
+                .who_am_i(pb::WhoAmIRequest {})
+                .await?
+                .into_inner()
+                .user;
+            users.push(me);
+        }
+        let states = self
+            .states
+            .iter()
+            .map(|s| super::queue::parse_state(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(done) = states.iter().find(|s| s.is_final()) {
+            return Err(fail(format!(
+                "-t {}: finished jobs cannot be cancelled (PENDING or RUNNING)",
+                done.as_str_name()
+            )));
+        }
+        let f = pb::ListJobsRequest {
+            all: false,
+            users,
+            states: states.into_iter().map(|s| s as i32).collect(),
+            names: self.names.clone(),
+            accounts: self.accounts.clone(),
+            partitions: self.partitions.clone(),
+        };
+        let any = !(f.users.is_empty()
+            && f.states.is_empty()
+            && f.names.is_empty()
+            && f.accounts.is_empty()
+            && f.partitions.is_empty());
+        Ok(any.then_some(f))
+    }
+}
 
 #[derive(Serialize)]
 pub struct Outcome {
@@ -76,10 +142,15 @@ pub fn parse_targets(args: &[String]) -> Result<(Vec<u64>, Vec<pb::ArrayTask>), 
     Ok((ids, tasks))
 }
 
-pub async fn run(client: &mut Client, args: &[String]) -> Result<Cancelled, Failure> {
-    let (job_ids, tasks) = parse_targets(args)?;
+pub async fn run(client: &mut Client, args: &CancelArgs) -> Result<Cancelled, Failure> {
+    let (job_ids, tasks) = parse_targets(&args.job_ids)?;
+    let filter = args.filter(client).await?;
     let results = client
-        .cancel(pb::CancelRequest { job_ids, tasks })
+        .cancel(pb::CancelRequest {
+            job_ids,
+            tasks,
+            filter,
+        })
         .await?
         .into_inner()
         .results

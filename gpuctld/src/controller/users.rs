@@ -299,11 +299,17 @@ impl Controller {
         caller: &Caller,
         ids: &[u64],
         tasks: &[pb::ArrayTask],
+        filter: Option<&pb::ListJobsRequest>,
     ) -> Result<Vec<pb::CancelResult>, Status> {
+        let filter = filter.map(|f| cancel_filter(caller, f)).transpose()?;
         let (results, out) = {
             let mut c = self.lock();
+            let mut ids = ids.to_vec();
+            if let Some(f) = &filter {
+                ids.extend(c.active_matching(f));
+            }
             let (results, effects) = c
-                .cancel_tasks(&caller.actor(), ids, tasks, now_ms())
+                .cancel_tasks(&caller.actor(), &ids, tasks, now_ms())
                 .map_err(status)?;
             (results, self.settle(c, effects).map_err(store_status)?)
         };
@@ -311,7 +317,6 @@ impl Controller {
         Ok(results)
     }
 
-    /// Holds, releases or requeues one job.
     /// The job a hold, release or requeue names: its id, or an array's task.
     pub fn action_target(&self, req: &pb::JobActionRequest) -> Result<u64, Status> {
         let Some(t) = &req.task else {
@@ -327,6 +332,7 @@ impl Controller {
             })
     }
 
+    /// Holds, releases or requeues one job.
     pub async fn job_action(
         &self,
         caller: &Caller,
@@ -634,6 +640,35 @@ impl Controller {
         live.extend(done);
         live
     }
+}
+
+/// A cancel's filter, checked: at least one criterion; unfinished jobs only; a caller
+/// who is not an admin matches their own jobs only (naming another user is refused).
+fn cancel_filter(
+    caller: &Caller,
+    f: &pb::ListJobsRequest,
+) -> Result<gpuctl_core::filter::JobFilter, Status> {
+    let mut f = f.clone();
+    f.all = false;
+    f.states
+        .retain(|&s| pb::JobState::try_from(s).is_ok_and(|s| !s.is_final()));
+    let given = !(f.users.is_empty()
+        && f.states.is_empty()
+        && f.names.is_empty()
+        && f.accounts.is_empty()
+        && f.partitions.is_empty());
+    if !given {
+        return Err(Status::invalid_argument(
+            "a cancel by filter needs at least one of users, unfinished states, names, accounts or partitions (gpuctl cancel --me cancels all of yours)",
+        ));
+    }
+    if !caller.admin {
+        if f.users.iter().any(|u| *u != caller.user) {
+            return Err(caller.deny("only admins cancel other users' jobs by filter"));
+        }
+        f.users = vec![caller.user.clone()];
+    }
+    Ok(gpuctl_core::filter::JobFilter::from(&f))
 }
 
 /// The GPUs a slot holds: the one definition behind `gpuctl_gpus_allocated`, the per

@@ -1,0 +1,59 @@
+//! `gpuctl cancel` by filter, in one request (scancel -u/--me/-t/-n/-p/-A; issues "Slurm
+//! users at home" and "Fast paths, second round"): the ids were capped at 4,096 a call
+//! and had to be listed first.
+
+use std::time::Duration;
+
+use gpuctl_tests::{Cluster, ensure_user};
+
+const T: Duration = Duration::from_secs(30);
+
+#[test]
+fn cancel_by_filter_takes_what_matches_and_only_yours() {
+    let c = Cluster::start(&[("cf1", "1xA100-80GB")]);
+    let run = c.submit(
+        "r.toml",
+        "script = \"sleep 60\"\nname = \"keep\"\n[resources]\ngpus = 1\n",
+    );
+    c.wait_state(run, "RUNNING", T);
+    let pend: Vec<u64> = ["a", "a", "b"]
+        .iter()
+        .map(|n| {
+            c.submit(
+                "p.toml",
+                &format!("script = \"true\"\nname = \"{n}\"\n[resources]\ngpus = 1\n"),
+            )
+        })
+        .collect();
+    let out = c.gpuctl_ok(&["cancel", "-n", "a"]);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    for &id in &pend[..2] {
+        assert_eq!(c.job(id)["state"], "CANCELLED");
+    }
+    assert_eq!(c.job(pend[2])["state"], "PENDING");
+    // Pending ones of mine: the running job stays.
+    c.gpuctl_ok(&["cancel", "--me", "-t", "PD"]);
+    assert_eq!(c.job(pend[2])["state"], "CANCELLED");
+    assert_eq!(c.job(run)["state"], "RUNNING");
+    // A finished state, or no filter at all, is refused with the reason.
+    let bad = c.gpuctl(&["cancel", "-t", "CD"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("finished jobs"));
+    assert!(!c.gpuctl(&["cancel"]).status.success());
+    // Another user may not cancel root's jobs by naming them.
+    if ensure_user("gpuctlcarol").is_some() {
+        let dir = c.user_dir("gpuctlcarol");
+        let o = c.gpuctl_as("gpuctlcarol", &dir, &["cancel", "-u", "root"]);
+        assert!(!o.status.success(), "{o:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("only admins"),
+            "{o:?}"
+        );
+        // Their own filter matches their own jobs only: root's job is untouched.
+        let o = c.gpuctl_as("gpuctlcarol", &dir, &["cancel", "-n", "keep"]);
+        assert!(o.status.success(), "{o:?}");
+        assert_eq!(c.job(run)["state"], "RUNNING");
+    }
+    c.gpuctl_ok(&["cancel", "--me"]);
+    c.wait_state(run, "CANCELLED", T);
+}
