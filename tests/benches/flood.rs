@@ -25,12 +25,20 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// writes the preface on each, says how many it holds, and waits to be killed.
 fn flood_child(target: SocketAddr, n: usize, first: u8, addrs: u8) {
     let mut held = Vec::with_capacity(n);
+    let mut failed_in_a_row = 0;
     for i in 0..n {
         let src = format!("127.0.1.{}", first as usize + i % addrs as usize);
         let sock = socket2_connect(&src, target);
         if let Some(mut s) = sock {
             let _ = s.write_all(PREFACE);
             held.push(s);
+            failed_in_a_row = 0;
+        } else {
+            // A server that accepts nothing more (its backlog full): stop trying.
+            failed_in_a_row += 1;
+            if failed_in_a_row == 20 {
+                break;
+            }
         }
     }
     println!("{}", held.len());
@@ -38,7 +46,7 @@ fn flood_child(target: SocketAddr, n: usize, first: u8, addrs: u8) {
     std::thread::sleep(Duration::from_secs(3600));
 }
 
-/// A TCP connection from source address `src` (any port), given up after a second (a
+/// A TCP connection from source address `src` (any port), given up after 200 ms (a
 /// full backlog must not stall the flood).
 fn socket2_connect(src: &str, target: SocketAddr) -> Option<TcpStream> {
     use socket2::{Domain, Socket, Type};
