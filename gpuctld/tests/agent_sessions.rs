@@ -153,7 +153,7 @@ async fn a_cancelled_start_that_never_ran_ends_cancelled() {
     let id = ctl.submit(&root(), Some(job_spec()), "").await.unwrap();
     ctl.schedule_pass().await.unwrap();
     let _start = stream.next().await.unwrap().unwrap();
-    ctl.cancel(&root(), &[id], &[]).await.unwrap();
+    ctl.cancel(&root(), &[id], &[], None).await.unwrap();
     assert_eq!(ctl.get_job(id).unwrap().state(), pb::JobState::Running);
     let _kill = stream.next().await.unwrap().unwrap();
     agent.heartbeat(2).await.unwrap();
@@ -171,7 +171,7 @@ async fn a_cancel_whose_client_went_away_still_sends_its_kill() {
     let _start = stream.next().await.unwrap().unwrap();
     let (caller, ids) = (root(), [id]);
     {
-        let cancel = ctl.cancel(&caller, &ids, &[]);
+        let cancel = ctl.cancel(&caller, &ids, &[], None);
         tokio::pin!(cancel);
         // Its first poll changes the state and waits for the flush; then it is dropped.
         assert!(futures::poll!(cancel.as_mut()).is_pending());

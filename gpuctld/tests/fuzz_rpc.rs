@@ -157,6 +157,7 @@ fn write_corpus() {
                 array_job_id: 1,
                 task_id: 3,
             }],
+            filter: None,
         }
         .encode_to_vec(),
     );
