@@ -35,34 +35,22 @@ pub struct CancelArgs {
 impl CancelArgs {
     /// The filter part, when one is given (`--me` asks the controller who you are).
     async fn filter(&self, client: &mut Client) -> Result<Option<pb::ListJobsRequest>, Failure> {
-        let mut users = self.users.clone();
-        if self.me {
-            let me = client
-                .who_am_i(pb::WhoAmIRequest {})
-                .await?
-                .into_inner()
-                .user;
-            users.push(me);
+        let f = super::queue::Filters {
+            me: self.me,
+            users: &self.users,
+            states: &self.states,
+            names: &self.names,
+            accounts: &self.accounts,
+            partitions: &self.partitions,
         }
-        let states = self
-            .states
-            .iter()
-            .map(|s| super::queue::parse_state(s))
-            .collect::<Result<Vec<_>, _>>()?;
-        if let Some(done) = states.iter().find(|s| s.is_final()) {
+        .request(client)
+        .await?;
+        if let Some(done) = f.states().find(|s| s.is_final()) {
             return Err(fail(format!(
                 "-t {}: finished jobs cannot be cancelled (PENDING or RUNNING)",
                 done.as_str_name()
             )));
         }
-        let f = pb::ListJobsRequest {
-            all: false,
-            users,
-            states: states.into_iter().map(|s| s as i32).collect(),
-            names: self.names.clone(),
-            accounts: self.accounts.clone(),
-            partitions: self.partitions.clone(),
-        };
         let any = !(f.users.is_empty()
             && f.states.is_empty()
             && f.names.is_empty()

@@ -100,7 +100,34 @@ impl QueueArgs {
 
     /// The listing request (`--me` asks the controller who you are).
     pub async fn request(&self, client: &mut Client) -> Result<pb::ListJobsRequest, Failure> {
-        let mut users = self.users.clone();
+        let f = Filters {
+            me: self.me,
+            users: &self.users,
+            states: &self.states,
+            names: &self.names,
+            accounts: &self.accounts,
+            partitions: &self.partitions,
+        };
+        let mut req = f.request(client).await?;
+        req.all = self.all;
+        Ok(req)
+    }
+}
+
+/// squeue's filters as the CLI takes them (`queue`, and `cancel` by filter).
+pub struct Filters<'a> {
+    pub me: bool,
+    pub users: &'a [String],
+    pub states: &'a [String],
+    pub names: &'a [String],
+    pub accounts: &'a [String],
+    pub partitions: &'a [String],
+}
+
+impl Filters<'_> {
+    /// The filter as a request (unfinished jobs; `--me` asks the controller who you are).
+    pub async fn request(&self, client: &mut Client) -> Result<pb::ListJobsRequest, Failure> {
+        let mut users = self.users.to_vec();
         if self.me {
             let me = client
                 .who_am_i(pb::WhoAmIRequest {})
@@ -115,12 +142,12 @@ impl QueueArgs {
             .map(|s| parse_state(s).map(|s| s as i32))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(pb::ListJobsRequest {
-            all: self.all,
+            all: false,
             users,
             states,
-            names: self.names.clone(),
-            accounts: self.accounts.clone(),
-            partitions: self.partitions.clone(),
+            names: self.names.to_vec(),
+            accounts: self.accounts.to_vec(),
+            partitions: self.partitions.to_vec(),
         })
     }
 }
