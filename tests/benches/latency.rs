@@ -270,31 +270,17 @@ fn cli_phase(b: &Bench, samples: usize) -> usize {
 
 /// Many queued jobs (`queued` in all, `n` there already): arrays of up to 10,000 tasks
 /// (the controller's default `limits.max_array_tasks`), then the lists and a cancel of
-/// all of them.
+/// all of them in one `gpuctl cancel --me`.
 fn queued_phase(b: &Bench, queued: usize, n: usize) {
-    let mut arrays: Vec<String> = vec![];
     let mut left = queued - n;
     while left > 0 {
         let tasks = left.min(10_000);
         let spec = format!("0-{}", tasks - 1);
-        let out = b.ok(&["submit", "--array", &spec, "true.toml"]);
-        arrays.push(
-            out.split_whitespace()
-                .find(|w| w.parse::<u64>().is_ok())
-                .unwrap()
-                .into(),
-        );
+        b.ok(&["submit", "--array", &spec, "true.toml"]);
         left -= tasks;
     }
     let listed = b.json(&["queue", "--json"]);
     assert_eq!(listed.as_array().unwrap().len(), queued, "jobs queued");
-    let singles: Vec<String> = listed
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|j| j["array_job_id"].is_null())
-        .map(|j| j["id"].to_string())
-        .collect();
     let mut queue_ms = vec![];
     let mut nodes_ms = vec![];
     for _ in 0..5 {
@@ -314,19 +300,18 @@ fn queued_phase(b: &Bench, queued: usize, n: usize) {
         "`gpuctl nodes --json` with {queued} queued jobs (ms): {}",
         spread(nodes_ms)
     );
-    // The arrays by their ids, the single jobs by theirs (at most 4,096 ids a request).
+    // One request by filter (scancel --me), as a user cancels everything: no ids to
+    // list first, no 4,096-id cap.
     let t = Instant::now();
-    let mut args = vec!["cancel"];
-    args.extend(arrays.iter().map(String::as_str));
-    b.ok(&args);
-    for chunk in singles.chunks(4096) {
-        let mut args = vec!["cancel"];
-        args.extend(chunk.iter().map(String::as_str));
-        b.ok(&args);
-    }
+    b.ok(&["cancel", "--me"]);
+    let command = t.elapsed();
     while b.ok(&["queue", "--json"]).trim() != "[]" {
         std::thread::sleep(Duration::from_millis(5));
     }
+    println!(
+        "`gpuctl cancel --me` of {queued} queued jobs, the command: {:.1} ms",
+        command.as_secs_f64() * 1000.0
+    );
     println!(
         "cancel {queued} queued jobs until none is left: {:.3} s",
         t.elapsed().as_secs_f64()
