@@ -87,6 +87,17 @@ impl Caps {
         }
     }
 
+    /// config, monitor, and every instance's access minors on a node with `gpus`.
+    fn in_use(&self, gpus: &[GpuInfo]) -> BTreeSet<u32> {
+        let global = ["config", "monitor"]
+            .iter()
+            .filter_map(|k| self.minors.get(*k).copied());
+        let instances = gpus
+            .iter()
+            .flat_map(|g| g.mig.iter().flat_map(|m| self.instance(g.minor, m.gi_id)));
+        global.chain(instances).collect()
+    }
+
     /// The access minors of GPU instance `gi` of the GPU with device minor `gpu`, and of
     /// its compute instances.
     fn instance(&self, gpu: u32, gi: u32) -> impl Iterator<Item = u32> + '_ {
@@ -107,7 +118,9 @@ pub struct DeviceRules {
     pub gpu_minors: BTreeSet<u32>,
     /// MIG capability major and the minors the job may open there.
     pub caps: Option<(u32, BTreeSet<u32>)>,
-    /// Every capability minor the driver numbers (v1 can only deny them one by one).
+    /// The capability minors that can open anything here: config, monitor, and the
+    /// access files of the node's GPU instances and their compute instances (v1 can
+    /// only deny them one by one; the program denies the whole major).
     caps_known: BTreeSet<u32>,
 }
 
@@ -139,7 +152,7 @@ impl DeviceRules {
             uuids,
             gpu_minors,
             caps: caps.map(|c| (c.major, cap_minors)),
-            caps_known: caps.map_or_else(BTreeSet::new, |c| c.minors.values().copied().collect()),
+            caps_known: caps.map_or_else(BTreeSet::new, |c| c.in_use(gpus)),
         }
     }
 
