@@ -171,3 +171,59 @@ fn the_bpf_program_confines_a_process_in_its_cgroup() {
     let lines: Vec<&str> = out.lines().skip(3).collect();
     assert_eq!(lines, ["not permitted", "1:open", "255:open"], "{out}");
 }
+
+/// The v1 devices controller alone: a process in a job's v1 devices cgroup opens its
+/// GPU's node and not another's. Needs root and a writable v1 devices hierarchy; says
+/// so and returns where there is none.
+#[test]
+fn v1_entries_confine_a_process_in_its_cgroup() {
+    use std::os::unix::process::CommandExt;
+    let root = std::path::Path::new("/sys/fs/cgroup/devices");
+    if !root.join("devices.deny").exists()
+        || nix::unistd::access(root, nix::unistd::AccessFlags::W_OK).is_err()
+    {
+        eprintln!("skipped: no writable v1 devices hierarchy");
+        return;
+    }
+    let cg = root.join(format!("gpuctl-v1-test-{}", std::process::id()));
+    std::fs::create_dir(&cg).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for m in [0u64, 1] {
+        nix::sys::stat::mknod(
+            &dir.path().join(m.to_string()),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, m),
+        )
+        .unwrap();
+    }
+    let rules = DeviceRules::for_slots(&node(), ["GPU-1"], None);
+    let applied = rules.apply_v1(&cg);
+    let out = applied.as_ref().map(|()| {
+        let procs = [std::fs::OpenOptions::new()
+            .write(true)
+            .open(cg.join("cgroup.procs"))
+            .map(std::os::fd::OwnedFd::from)
+            .unwrap()];
+        let fds = crate::cgroup::raw_fds(&procs);
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.arg("-c").arg(format!(
+            "for m in 0 1; do dd if={}/$m of=/dev/null count=1 2>&1 | grep -o 'not permitted' || echo $m:open; done",
+            dir.path().display()
+        ));
+        // SAFETY: only write(2) on descriptors opened before the fork.
+        unsafe {
+            cmd.pre_exec(move || crate::cgroup::enter(&fds));
+        }
+        let out = String::from_utf8(cmd.output().unwrap().stdout).unwrap();
+        drop(procs);
+        out
+    });
+    let _ = std::fs::remove_dir(&cg);
+    let out = out.unwrap_or_else(|e| panic!("apply: {e}"));
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["not permitted", "1:open"],
+        "{out}"
+    );
+}
