@@ -362,11 +362,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
         let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                let got = buf.filled()[before..].to_vec();
-                if !got.is_empty() {
-                    let was_done = matches!(self.phase, Phase::Done);
+                if buf.filled().len() > before {
                     self.last_read = Instant::now();
-                    if !was_done {
+                    // Only a handshake in progress looks at the bytes.
+                    if !matches!(self.phase, Phase::Done) {
+                        let got = buf.filled()[before..].to_vec();
                         self.saw(&got);
                         if matches!(self.phase, Phase::Done) {
                             let next = self.last_read + self.limits.idle_timeout;
