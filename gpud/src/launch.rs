@@ -96,6 +96,7 @@ pub fn job_env(start: &pb::StartJob, node: &str, lang: Option<&str>) -> BTreeMap
     env.insert("LOCAL_RANK".into(), "0".into());
     env.insert("LOCAL_WORLD_SIZE".into(), "1".into());
     slurm_env(&mut env, start, spec, &nodelist, gpus.len());
+    env.insert("SLURMD_NODENAME".into(), node.to_string());
     env
 }
 
@@ -128,8 +129,30 @@ fn slurm_env(
             "SLURM_RESTART_COUNT",
             start.attempt.saturating_sub(1).to_string(),
         ),
+        ("SLURM_JOB_PARTITION", spec.partition.clone()),
+        ("SLURM_JOB_ACCOUNT", spec.account.clone()),
     ] {
         env.insert(k.into(), v);
+    }
+    // sbatch sets it from --mem: MiB on each node.
+    if let Some(mem) = spec
+        .resources
+        .as_ref()
+        .map(|r| r.memory_bytes)
+        .filter(|&m| m > 0)
+    {
+        env.insert("SLURM_MEM_PER_NODE".into(), (mem >> 20).max(1).to_string());
+    }
+    // An array task learns its array's shape, as sbatch's tasks do.
+    if spec.array_task_id.is_some()
+        && let Ok(a) = gpuctl_sched::array::parse(&spec.array, usize::MAX)
+    {
+        let (min, max) = (a.tasks.iter().min(), a.tasks.iter().max());
+        if let (Some(min), Some(max)) = (min, max) {
+            env.insert("SLURM_ARRAY_TASK_COUNT".into(), a.tasks.len().to_string());
+            env.insert("SLURM_ARRAY_TASK_MIN".into(), min.to_string());
+            env.insert("SLURM_ARRAY_TASK_MAX".into(), max.to_string());
+        }
     }
 }
 
@@ -225,7 +248,8 @@ pub struct LaunchSpec {
     pub stdout: PathBuf,
     /// `None`: stderr goes to the stdout file (Slurm's default).
     pub stderr: Option<PathBuf>,
-    /// Open outputs for appending (ranks of a gang job sharing one file), not truncated.
+    /// Open outputs for appending (ranks of a gang job sharing one file, attempts of a
+    /// requeued job), not truncated.
     pub append: bool,
     /// The script file written for the job (removed when it ends).
     pub script: Option<PathBuf>,
@@ -335,7 +359,10 @@ impl LaunchSpec {
         let stderr = (!spec.stderr.is_empty())
             .then(|| output_path(&spec.stderr, &vars, &workdir))
             .filter(|p| p != &stdout);
-        let append = shared_output(&spec.stdout, ranks) || shared_output(&spec.stderr, ranks);
+        // A requeued job's later attempts append: the first attempt's lines stay.
+        let append = shared_output(&spec.stdout, ranks)
+            || shared_output(&spec.stderr, ranks)
+            || start.attempt > 1;
         let lang = std::env::var("LANG").ok();
         let mut env = job_env(start, node, lang.as_deref());
         if let Some(u) = &run_as {

@@ -216,3 +216,45 @@ fn stderr_defaults_to_stdout_file() {
     assert_eq!(l.stderr, None);
     assert_eq!(l.program, PathBuf::from("python"));
 }
+
+/// A Slurm script's first day: the variables sbatch sets that scripts read.
+#[test]
+fn env_has_what_sbatch_scripts_read() {
+    let mut s = start(&[("GPU-a", 1000, 81920)]);
+    if let Some(spec) = s.spec.as_mut() {
+        spec.partition = "gpu".into();
+        spec.account = "risk".into();
+        spec.array = "3-11:4%2".into();
+        spec.array_job_id = 5;
+        spec.array_task_id = Some(7);
+        spec.resources.get_or_insert_default().memory_bytes = 16 << 30;
+    }
+    let env = job_env(&s, "node7", None);
+    assert_eq!(env["SLURMD_NODENAME"], "node7");
+    assert_eq!(env["SLURM_JOB_PARTITION"], "gpu");
+    assert_eq!(env["SLURM_JOB_ACCOUNT"], "risk");
+    assert_eq!(env["SLURM_MEM_PER_NODE"], "16384");
+    assert_eq!(env["SLURM_ARRAY_TASK_ID"], "7");
+    // Tasks 3, 7, 11.
+    assert_eq!(env["SLURM_ARRAY_TASK_COUNT"], "3");
+    assert_eq!(env["SLURM_ARRAY_TASK_MIN"], "3");
+    assert_eq!(env["SLURM_ARRAY_TASK_MAX"], "11");
+}
+
+/// A requeued job's output was truncated at its next attempt, losing the first
+/// attempt's lines: later attempts append.
+#[test]
+fn a_requeued_attempt_appends_to_its_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = start(&[]);
+    if let Some(spec) = s.spec.as_mut() {
+        spec.command = vec!["true".into()];
+        spec.stdout = "out-%j.txt".into();
+    }
+    s.attempt = 1;
+    let first = LaunchSpec::from_start(&s, "n", dir.path(), None).unwrap();
+    assert!(!first.append);
+    s.attempt = 2;
+    let again = LaunchSpec::from_start(&s, "n", dir.path(), None).unwrap();
+    assert!(again.append);
+}
