@@ -15,6 +15,14 @@ use crate::state::{Cluster, Effects, live_allocs};
 pub const HELD_USER: &str = "JobHeldUser";
 pub const HELD_ADMIN: &str = "JobHeldAdmin";
 
+/// A job submitted held (`sbatch -H`): held by its owner from the start, so that
+/// nothing can start it before `release`.
+pub fn held_at_submit(s: &mut pb::store::StoredJob) {
+    let j = crate::jobs::job_mut(s);
+    j.hold = "user".into();
+    j.reason = HELD_USER.into();
+}
+
 impl Cluster {
     /// The job `id` if `actor` may act on it.
     fn own_job(&self, actor: &Actor, id: u64, what: &str) -> Result<&pb::Job, Refusal> {

@@ -33,7 +33,7 @@ pub fn job_of(s: &StoredJob) -> &pb::Job {
     s.job.as_ref().expect("stored job without a job record")
 }
 
-fn job_mut(s: &mut StoredJob) -> &mut pb::Job {
+pub(crate) fn job_mut(s: &mut StoredJob) -> &mut pb::Job {
     s.job.get_or_insert_with(pb::Job::default)
 }
 

@@ -462,7 +462,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         // Printed above, without a controller.
         Command::Completions { .. } | Command::Man => {}
         Command::Submit(args) => {
-            commands::submit::run_all(&cli, c, specs, args.json).await?;
+            commands::submit::run_all(&cli, c, specs, args.json, args.parsable).await?;
         }
         Command::Queue(q) if q.json => commands::queue::stream_json(c, q).await?,
         Command::Queue(q) => emit(&commands::queue::run(c, q).await?, false),

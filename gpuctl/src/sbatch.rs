@@ -35,10 +35,12 @@ fn directives(text: &str) -> impl Iterator<Item = (usize, &str)> {
         })
 }
 
-/// What a batch script asks for besides the job: its `--export`, if any.
+/// What a batch script asks for besides the job: its `--export`, if any, and whether
+/// it is queued held (`-H`).
 #[derive(Debug, Default, PartialEq)]
 pub struct Extra {
     pub export: Option<String>,
+    pub hold: bool,
     /// Options that change nothing here, each with why.
     pub warnings: Vec<String>,
 }
@@ -64,12 +66,13 @@ fn long_name(short: char) -> Option<&'static str> {
         'q' => "qos",
         'A' => "account",
         'C' => "constraint",
+        'H' => "hold",
         _ => return None,
     })
 }
 
 /// Options that take no value.
-const FLAGS: &[&str] = &["requeue", "no-requeue", "exclusive"];
+const FLAGS: &[&str] = &["requeue", "no-requeue", "exclusive", "hold"];
 
 /// One option from a `#SBATCH` line: its long name, its value, and where it stands.
 struct Opt {
@@ -339,6 +342,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                     job.signal = sig.to_string();
                 }
                 "requeue" => job.requeue = true,
+                "hold" => extra.hold = true,
                 "no-requeue" => job.requeue = false,
                 "chdir" => job.workdir = Some(PathBuf::from(v)),
                 "export" => extra.export = Some(v.to_string()),

@@ -77,13 +77,27 @@ pub struct SubmitArgs {
     /// margin (GPU share, GPU memory, time limit, CPUs, memory); says what changed.
     #[arg(long)]
     pub right_size: bool,
+    /// Queue the job held: it starts only after `gpuctl release` (sbatch -H).
+    #[arg(short = 'H', long)]
+    pub hold: bool,
+    /// Print only the job id (sbatch --parsable), for `jid=$(gpuctl submit ...)`.
+    #[arg(long, conflicts_with = "json")]
+    pub parsable: bool,
+}
+
+/// One job to submit: where it came from, its spec, and whether it is queued held.
+#[derive(Debug)]
+pub struct Submission {
+    pub file: String,
+    pub spec: pb::JobSpec,
+    pub hold: bool,
 }
 
 impl SubmitArgs {
     /// Every job asked for, in order, with what errors and messages call it (its file,
     /// or `--wrap`), read and overridden as wire specs; warnings go to stderr. All files
     /// are read before any answer: the error names every bad one.
-    pub fn specs(&self, cwd: &Path) -> Result<Vec<(String, pb::JobSpec)>, String> {
+    pub fn specs(&self, cwd: &Path) -> Result<Vec<Submission>, String> {
         // A bad `--export` is said once, not once a file.
         if let Some(e) = &self.export {
             exported_env(e, std::iter::empty())?;
@@ -98,19 +112,31 @@ impl SubmitArgs {
                     .map_err(|e| e.to_string())?,
                 None => return Err("give a job file or --wrap \"command\"".into()),
             };
+            let hold = self.hold || extra.hold;
             let spec = self.spec("--wrap", job, extra, cwd)??;
-            return Ok(vec![("--wrap".to_string(), spec)]);
+            return Ok(vec![Submission {
+                file: "--wrap".to_string(),
+                spec,
+                hold,
+            }]);
         }
         let mut specs = Vec::with_capacity(self.files.len());
         let mut errors = Vec::new();
         for f in &self.files {
             let label = f.display().to_string();
-            let spec = match jobfile::load_any(f) {
-                Ok((job, extra)) => self.spec(&label, job, extra, cwd)?,
-                Err(e) => Err(e.to_string()),
+            let (spec, hold) = match jobfile::load_any(f) {
+                Ok((job, extra)) => {
+                    let hold = self.hold || extra.hold;
+                    (self.spec(&label, job, extra, cwd)?, hold)
+                }
+                Err(e) => (Err(e.to_string()), false),
             };
             match spec {
-                Ok(s) => specs.push((label, s)),
+                Ok(spec) => specs.push(Submission {
+                    file: label,
+                    spec,
+                    hold,
+                }),
                 Err(e) => errors.push(e),
             }
         }
@@ -331,7 +357,7 @@ mod tests {
             "-o",
             "q-%j.out",
         ]);
-        let s = a.specs(Path::new("/w")).unwrap().remove(0).1;
+        let s = a.specs(Path::new("/w")).unwrap().remove(0).spec;
         assert_eq!(s.name, "quick");
         assert_eq!(s.script, "#!/bin/sh\npython x.py\n");
         assert_eq!(s.stdout, "q-%j.out");

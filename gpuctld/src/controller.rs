@@ -622,6 +622,7 @@ impl Controller {
         caller: &Caller,
         spec: Option<pb::JobSpec>,
         request_id: &str,
+        hold: bool,
     ) -> Result<u64, Status> {
         let mut spec = spec.ok_or_else(|| Status::invalid_argument("submit without a job spec"))?;
         if request_id.len() > 64 || request_id.chars().any(|c| !c.is_ascii_graphic()) {
@@ -682,7 +683,10 @@ impl Controller {
                 .map_err(status)?
             {
                 Admission::Repeat(id) => Err(id),
-                Admission::New(stored) => {
+                Admission::New(mut stored) => {
+                    if hold {
+                        gpuctl_core::holds::held_at_submit(&mut stored);
+                    }
                     let id = job_of(&stored).id;
                     // The job and the next id in one batch: ids are never reused.
                     self.store
@@ -692,7 +696,12 @@ impl Controller {
                     c.commit_submit(*stored);
                     Ok(id)
                 }
-                Admission::Array(tasks) => {
+                Admission::Array(mut tasks) => {
+                    if hold {
+                        tasks
+                            .iter_mut()
+                            .for_each(gpuctl_core::holds::held_at_submit);
+                    }
                     let first = tasks.first().map_or(0, |s| job_of(s).id);
                     let next = tasks.last().map_or(first, |s| job_of(s).id) + 1;
                     self.store

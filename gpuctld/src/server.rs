@@ -152,7 +152,10 @@ impl controller_server::Controller for UserApi {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let job_id = self.0.submit(&caller, r.spec, &r.request_id).await?;
+        let job_id = self
+            .0
+            .submit(&caller, r.spec, &r.request_id, r.hold)
+            .await?;
         // What right-sizing changed, as the record keeps it.
         let notes = self
             .0

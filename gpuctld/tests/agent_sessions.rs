@@ -129,7 +129,10 @@ fn job_spec() -> pb::JobSpec {
 async fn a_start_the_agent_handled_but_did_not_run_ends_the_job() {
     let (_dir, ctl, mut agent) = setup();
     let mut stream = agent.attach().await.unwrap();
-    let id = ctl.submit(&root(), Some(job_spec()), "").await.unwrap();
+    let id = ctl
+        .submit(&root(), Some(job_spec()), "", false)
+        .await
+        .unwrap();
     ctl.schedule_pass().await.unwrap();
     assert_eq!(ctl.get_job(id).unwrap().state(), pb::JobState::Running);
     let signed = stream.next().await.unwrap().unwrap();
@@ -150,7 +153,10 @@ async fn a_start_the_agent_handled_but_did_not_run_ends_the_job() {
 async fn a_cancelled_start_that_never_ran_ends_cancelled() {
     let (_dir, ctl, mut agent) = setup();
     let mut stream = agent.attach().await.unwrap();
-    let id = ctl.submit(&root(), Some(job_spec()), "").await.unwrap();
+    let id = ctl
+        .submit(&root(), Some(job_spec()), "", false)
+        .await
+        .unwrap();
     ctl.schedule_pass().await.unwrap();
     let _start = stream.next().await.unwrap().unwrap();
     ctl.cancel(&root(), &[id], &[], None).await.unwrap();
@@ -166,7 +172,10 @@ async fn a_cancelled_start_that_never_ran_ends_cancelled() {
 async fn a_cancel_whose_client_went_away_still_sends_its_kill() {
     let (_dir, ctl, mut agent) = setup();
     let mut stream = agent.attach().await.unwrap();
-    let id = ctl.submit(&root(), Some(job_spec()), "").await.unwrap();
+    let id = ctl
+        .submit(&root(), Some(job_spec()), "", false)
+        .await
+        .unwrap();
     ctl.schedule_pass().await.unwrap();
     let _start = stream.next().await.unwrap().unwrap();
     let (caller, ids) = (root(), [id]);

@@ -106,6 +106,7 @@ fn write_corpus() {
         pb::SubmitRequest {
             spec: Some(spec(1)),
             request_id: "req-1".into(),
+            hold: false,
         }
         .encode_to_vec(),
     );
@@ -121,6 +122,7 @@ fn write_corpus() {
         pb::SubmitRequest {
             spec: Some(share),
             request_id: String::new(),
+            hold: false,
         }
         .encode_to_vec(),
     );
@@ -134,6 +136,7 @@ fn write_corpus() {
         pb::SubmitRequest {
             spec: Some(mig),
             request_id: String::new(),
+            hold: false,
         }
         .encode_to_vec(),
     );
@@ -146,6 +149,7 @@ fn write_corpus() {
         pb::SubmitRequest {
             spec: Some(gang),
             request_id: String::new(),
+            hold: false,
         }
         .encode_to_vec(),
     );

@@ -71,6 +71,7 @@ async fn submit_many(socket: &Path, clients: usize, total: usize) -> Phase {
                     .submit(pb::SubmitRequest {
                         spec: Some(spec(i)),
                         request_id: format!("load-{phase}-{i}"),
+                        hold: false,
                     })
                     .await
                     .expect("submit acknowledged");

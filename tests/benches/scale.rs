@@ -495,6 +495,7 @@ async fn submit(socket: &Path, n: usize, from: usize, name: &str) -> f64 {
                 let req = pb::SubmitRequest {
                     spec: Some(spec(from + i, &name)),
                     request_id: format!("scale-{name}-{}", from + i),
+                    hold: false,
                 };
                 c.submit(req).await.expect("submit acknowledged");
             }
@@ -658,6 +659,7 @@ fn load_phase(rt: &tokio::runtime::Runtime, o: Opts, d: &Daemon, pid: u32, stats
                 let req = pb::SubmitRequest {
                     spec: Some(spec(i, "stream")),
                     request_id: format!("scale-stream-{i}"),
+                    hold: false,
                 };
                 c.submit(req).await.expect("submit acknowledged");
                 i += 1;

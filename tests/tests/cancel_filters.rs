@@ -57,3 +57,33 @@ fn cancel_by_filter_takes_what_matches_and_only_yours() {
     c.gpuctl_ok(&["cancel", "--me"]);
     c.wait_state(run, "CANCELLED", T);
 }
+
+/// `gpuctl submit -H` (and `#SBATCH -H`) queues a job held, so that nothing starts it
+/// before `release` (a `hold` right after a submit raced a job that starts at once);
+/// `--parsable` prints the id alone, for `jid=$(gpuctl submit --parsable ...)`.
+#[test]
+fn submit_held_and_parsable() {
+    let c = Cluster::start(&[("sh1", "1xA100-80GB")]);
+    std::fs::write(
+        c.path("j.toml"),
+        "command = [\"true\"]\n[resources]\ngpus = 1\n",
+    )
+    .unwrap();
+    let out = c.gpuctl_ok(&["submit", "-H", "--parsable", "j.toml"]);
+    let id: u64 = out.trim().parse().unwrap_or_else(|_| panic!("{out:?}"));
+    std::fs::write(c.path("s.sh"), "#!/bin/sh\n#SBATCH -H\ntrue\n").unwrap();
+    let script: u64 = c
+        .gpuctl_ok(&["submit", "--parsable", "s.sh"])
+        .trim()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    for held in [id, script] {
+        let j = c.job(held);
+        assert_eq!(j["state"], "PENDING", "{j}");
+        assert_eq!(j["reason"], "JobHeldUser", "{j}");
+    }
+    c.gpuctl_ok(&["release", &id.to_string(), &script.to_string()]);
+    c.wait_state(id, "COMPLETED", T);
+    c.wait_state(script, "COMPLETED", T);
+}

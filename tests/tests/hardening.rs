@@ -670,6 +670,7 @@ fn submits_retry_safely_and_errors_say_what_happened() {
                     ..Default::default()
                 }),
                 request_id: "retry-me".into(),
+                hold: false,
             });
             req.metadata_mut()
                 .insert("authorization", format!("Bearer {token}").parse().unwrap());

@@ -18,6 +18,13 @@ pub struct Submitted {
     notes: Vec<String>,
 }
 
+impl Submitted {
+    /// `--parsable`: the id alone.
+    fn parsable(&self) -> String {
+        format!("{}\n", self.job_id)
+    }
+}
+
 impl View for Submitted {
     fn text(&self) -> String {
         let mut text = format!("Submitted job {}\n", self.job_id);
@@ -35,21 +42,30 @@ impl View for Submitted {
 pub async fn run_all(
     cli: &Cli,
     client: &mut Client,
-    specs: Vec<(String, pb::JobSpec)>,
+    specs: Vec<crate::submit::Submission>,
     json: bool,
+    parsable: bool,
 ) -> Result<(), Failure> {
     if specs.len() == 1 {
-        let (file, spec) = specs.into_iter().next().expect("one");
-        emit(&run(cli, client, &file, spec).await?, json);
+        let sub = specs.into_iter().next().expect("one");
+        let s = run(cli, client, &sub.file, sub.spec, sub.hold).await?;
+        if parsable {
+            print(&s.parsable());
+        } else {
+            emit(&s, json);
+        }
         return Ok(());
     }
     let total = specs.len();
     let mut done = Vec::with_capacity(total);
-    for (file, spec) in specs {
-        match run(cli, client, &file, spec).await {
+    for sub in specs {
+        let file = sub.file;
+        match run(cli, client, &file, sub.spec, sub.hold).await {
             Ok(mut s) => {
-                s.file = Some(file);
-                if !json {
+                s.file = Some(file.clone());
+                if parsable {
+                    print(&s.parsable());
+                } else if !json {
                     print(&s.text());
                 }
                 done.push(s);
@@ -114,10 +130,12 @@ pub async fn run(
     client: &mut Client,
     file: &str,
     spec: pb::JobSpec,
+    hold: bool,
 ) -> Result<Submitted, Failure> {
     let req = pb::SubmitRequest {
         spec: Some(spec),
         request_id: request_id(),
+        hold,
     };
     let started = std::time::Instant::now();
     loop {
