@@ -9,9 +9,10 @@
 //! - MIG capability nodes (`/dev/nvidia-caps/nvidia-capN`, the `nvidia-caps` major)
 //!   other than its GPU instances' access files (and their compute instances').
 //!
-//! It is enforced by the v1 `devices` controller (deny entries in `devices.deny`) and,
-//! on cgroup2, by a `BPF_PROG_TYPE_CGROUP_DEVICE` program attached to the job's cgroup
-//! (the kernel runs both where both exist, as on hybrid hosts).
+//! It is enforced by a `BPF_PROG_TYPE_CGROUP_DEVICE` program attached to the job's
+//! cgroup2 directory (pure v2 and hybrid hosts), or, where a job has none, by the v1
+//! `devices` controller (deny entries in `devices.deny`); `JobCgroup::constrain_devices`
+//! picks.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;

@@ -113,12 +113,48 @@ fn v1_entries_deny_the_others() {
     assert!(deny.contains(&"c 511:417 rwm".to_string()));
 }
 
+/// Runs `sh` in cgroup `cg` (entered as jobs enter theirs) trying to open character
+/// devices 195:`minors` (nodes made here); one line a minor: "not permitted" or
+/// "M:open" (the cgroup let it through; no driver answers, ENXIO).
+fn opens_in_cgroup(cg: &std::path::Path, minors: &[u64]) -> String {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    for &m in minors {
+        nix::sys::stat::mknod(
+            &dir.path().join(m.to_string()),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, m),
+        )
+        .unwrap();
+    }
+    let procs = [std::fs::OpenOptions::new()
+        .write(true)
+        .open(cg.join("cgroup.procs"))
+        .map(std::os::fd::OwnedFd::from)
+        .unwrap()];
+    let fds = crate::cgroup::raw_fds(&procs);
+    let list: Vec<String> = minors.iter().map(u64::to_string).collect();
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.arg("-c").arg(format!(
+        "for m in {}; do dd if={}/$m of=/dev/null count=1 2>&1 | grep -o 'not permitted' || echo $m:open; done",
+        list.join(" "),
+        dir.path().display()
+    ));
+    // SAFETY: only write(2) on descriptors opened before the fork.
+    unsafe {
+        cmd.pre_exec(move || crate::cgroup::enter(&fds));
+    }
+    let out = String::from_utf8(cmd.output().unwrap().stdout).unwrap();
+    drop(procs);
+    out
+}
+
 /// The cgroup2 program alone (no v1 controller) on this kernel: a process in the cgroup
 /// opens its GPU's node (ENXIO: no driver behind it) and not another's (EPERM). Needs
 /// root and a writable cgroup2 mount; says so and returns where there is none.
 #[test]
 fn the_bpf_program_confines_a_process_in_its_cgroup() {
-    use std::os::unix::process::CommandExt;
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let Some(root) = mounts
         .lines()
@@ -132,44 +168,17 @@ fn the_bpf_program_confines_a_process_in_its_cgroup() {
     };
     let cg = root.join(format!("gpuctl-bpf-test-{}", std::process::id()));
     std::fs::create_dir(&cg).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    for m in [0u64, 1, 255] {
-        nix::sys::stat::mknod(
-            &dir.path().join(m.to_string()),
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o666),
-            nix::sys::stat::makedev(195, m),
-        )
-        .unwrap();
-    }
     let rules = DeviceRules::for_slots(&node(), ["GPU-1"], None);
-    let attached = rules.apply_bpf(&cg);
-    let result = attached.as_ref().map(|()| {
-        let procs = [std::fs::OpenOptions::new()
-            .write(true)
-            .open(cg.join("cgroup.procs"))
-            .map(std::os::fd::OwnedFd::from)
-            .unwrap()];
-        let fds = crate::cgroup::raw_fds(&procs);
-        let mut cmd = std::process::Command::new("/bin/sh");
-        cmd.arg("-c").arg(format!(
-            "for m in 0 1 255; do (exec 3<{}/$m) 2>/dev/null; echo $m:$?; done; \
-             for m in 0 1 255; do dd if={}/$m of=/dev/null count=1 2>&1 | grep -o 'not permitted' || echo $m:open; done",
-            dir.path().display(),
-            dir.path().display()
-        ));
-        // SAFETY: only write(2) on descriptors opened before the fork.
-        unsafe {
-            cmd.pre_exec(move || crate::cgroup::enter(&fds));
-        }
-        let out = String::from_utf8(cmd.output().unwrap().stdout).unwrap();
-        drop(procs);
-        out
-    });
+    let out = rules
+        .apply_bpf(&cg)
+        .map(|()| opens_in_cgroup(&cg, &[0, 1, 255]));
     let _ = std::fs::remove_dir(&cg);
-    let out = result.unwrap_or_else(|e| panic!("attach: {e}"));
-    let lines: Vec<&str> = out.lines().skip(3).collect();
-    assert_eq!(lines, ["not permitted", "1:open", "255:open"], "{out}");
+    let out = out.unwrap_or_else(|e| panic!("attach: {e}"));
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["not permitted", "1:open", "255:open"],
+        "{out}"
+    );
 }
 
 /// The v1 devices controller alone: a process in a job's v1 devices cgroup opens its
@@ -177,7 +186,6 @@ fn the_bpf_program_confines_a_process_in_its_cgroup() {
 /// so and returns where there is none.
 #[test]
 fn v1_entries_confine_a_process_in_its_cgroup() {
-    use std::os::unix::process::CommandExt;
     let root = std::path::Path::new("/sys/fs/cgroup/devices");
     if !root.join("devices.deny").exists()
         || nix::unistd::access(root, nix::unistd::AccessFlags::W_OK).is_err()
@@ -187,43 +195,15 @@ fn v1_entries_confine_a_process_in_its_cgroup() {
     }
     let cg = root.join(format!("gpuctl-v1-test-{}", std::process::id()));
     std::fs::create_dir(&cg).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    for m in [0u64, 1] {
-        nix::sys::stat::mknod(
-            &dir.path().join(m.to_string()),
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o666),
-            nix::sys::stat::makedev(195, m),
-        )
-        .unwrap();
-    }
     let rules = DeviceRules::for_slots(&node(), ["GPU-1"], None);
-    let applied = rules.apply_v1(&cg);
-    let out = applied.as_ref().map(|()| {
-        let procs = [std::fs::OpenOptions::new()
-            .write(true)
-            .open(cg.join("cgroup.procs"))
-            .map(std::os::fd::OwnedFd::from)
-            .unwrap()];
-        let fds = crate::cgroup::raw_fds(&procs);
-        let mut cmd = std::process::Command::new("/bin/sh");
-        cmd.arg("-c").arg(format!(
-            "for m in 0 1; do dd if={}/$m of=/dev/null count=1 2>&1 | grep -o 'not permitted' || echo $m:open; done",
-            dir.path().display()
-        ));
-        // SAFETY: only write(2) on descriptors opened before the fork.
-        unsafe {
-            cmd.pre_exec(move || crate::cgroup::enter(&fds));
-        }
-        let out = String::from_utf8(cmd.output().unwrap().stdout).unwrap();
-        drop(procs);
-        out
-    });
+    let out = rules
+        .apply_v1(&cg)
+        .map(|()| opens_in_cgroup(&cg, &[0, 1, 255]));
     let _ = std::fs::remove_dir(&cg);
     let out = out.unwrap_or_else(|e| panic!("apply: {e}"));
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
-        ["not permitted", "1:open"],
+        ["not permitted", "1:open", "255:open"],
         "{out}"
     );
 }
