@@ -146,9 +146,6 @@ impl Stats {
         if self.open() as usize >= self.limits.max_connections {
             return Err(Refusal::Total);
         }
-        if fds_left().is_some_and(|left| left < self.limits.reserved_fds) {
-            return Err(Refusal::Descriptors);
-        }
         if let Some(ip) = peer {
             let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
             let n = open.entry(ip).or_default();
@@ -158,10 +155,16 @@ impl Stats {
             *n += 1;
         }
         self.total.fetch_add(1, Ordering::Relaxed);
-        Ok(Permit {
+        // A permit from here on: dropped, it gives its slots back.
+        let permit = Permit {
             stats: self.clone(),
             peer,
-        })
+        };
+        // Counted last: a peer over its cap does not use up the count's estimate.
+        if fds_left().is_some_and(|left| left < self.limits.reserved_fds) {
+            return Err(Refusal::Descriptors);
+        }
+        Ok(permit)
     }
 }
 

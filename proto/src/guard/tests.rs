@@ -155,3 +155,17 @@ async fn the_total_cap_holds_across_addresses() {
     assert!(closed(&mut c).await);
     assert_eq!(stats.refused(Refusal::Total), 1);
 }
+
+#[tokio::test]
+async fn the_descriptor_reserve_is_never_handed_to_a_connection() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut lim = limits();
+    // More than the process could ever have free: every connection would eat into it.
+    lim.reserved_fds = u64::MAX;
+    let (stats, _rx) = serve(l, lim, Protocol::Http2).await;
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert!(closed(&mut c).await);
+    assert_eq!(stats.refused(Refusal::Descriptors), 1);
+    assert_eq!(stats.open(), 0, "its slot is given back");
+}
