@@ -301,7 +301,7 @@ pub struct Limits {
     /// Open connections each TCP listener (gRPC, metrics, web) holds at most.
     pub max_connections: usize,
     /// Open connections from one peer address per listener (a node's agent and its
-    /// users' CLIs share their node's address).
+    /// users' CLIs share their node's address); on the Unix socket, from one uid.
     pub max_connections_per_address: usize,
     /// A new connection must send its first request's headers within this.
     #[serde(with = "humantime_serde")]

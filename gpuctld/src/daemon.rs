@@ -176,10 +176,10 @@ pub async fn run(
     let tcp = router().serve_with_incoming_shutdown(incoming, stopped(serve_stop_rx.clone()));
     match socket {
         Some(l) => {
-            // Local users have their own listener and cap (no address to count by):
-            // a TCP flood cannot reach it, and the descriptor reserve keeps it served.
+            // Local users have their own listener, capped per uid as TCP is per
+            // address (one user's flood leaves the others served); a TCP flood cannot
+            // reach it, and the descriptor reserve keeps it served.
             let unix_limits = guard::Limits {
-                max_per_address: usize::MAX,
                 reserved_fds: conn_limits.reserved_fds / 4,
                 ..conn_limits
             };

@@ -14,6 +14,14 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+
+/// Who a connection comes from, as the caps count it: a TCP peer's address, or a Unix
+/// socket peer's uid (from its credentials).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Peer {
+    Ip(IpAddr),
+    Uid(u32),
+}
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -99,7 +107,7 @@ impl Refusal {
 pub struct Stats {
     pub name: &'static str,
     limits: Limits,
-    open: Mutex<HashMap<IpAddr, usize>>,
+    open: Mutex<HashMap<Peer, usize>>,
     total: AtomicU64,
     refused: [AtomicU64; 5],
     log: crate::ratelog::RateLog,
@@ -127,7 +135,7 @@ impl Stats {
         self.refused[why as usize].load(Ordering::Relaxed)
     }
 
-    fn count(&self, why: Refusal, peer: Option<IpAddr>) {
+    fn count(&self, why: Refusal, peer: Option<Peer>) {
         self.refused[why as usize].fetch_add(1, Ordering::Relaxed);
         let name = self.name;
         self.log.note(|n, secs| {
@@ -142,7 +150,7 @@ impl Stats {
     }
 
     /// Takes a slot for a connection from `peer`, or says why not.
-    fn admit(self: &Arc<Self>, peer: Option<IpAddr>) -> Result<Permit, Refusal> {
+    fn admit(self: &Arc<Self>, peer: Option<Peer>) -> Result<Permit, Refusal> {
         if self.open() as usize >= self.limits.max_connections {
             return Err(Refusal::Total);
         }
@@ -221,7 +229,7 @@ pub fn raise_fd_limit() -> Option<u64> {
 #[derive(Debug)]
 struct Permit {
     stats: Arc<Stats>,
-    peer: Option<IpAddr>,
+    peer: Option<Peer>,
 }
 
 impl Drop for Permit {
@@ -437,32 +445,29 @@ impl tonic::transport::server::Connected for Guarded<tokio::net::UnixStream> {
 /// One kind of listener (TCP or Unix) that [`Listener`] accepts from.
 pub trait Accept: Send + 'static {
     type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
-    fn poll_accept(&self, cx: &mut Context<'_>)
-    -> Poll<io::Result<(Self::Stream, Option<IpAddr>)>>;
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(Self::Stream, Option<Peer>)>>;
 }
 
 impl Accept for tokio::net::TcpListener {
     type Stream = tokio::net::TcpStream;
-    fn poll_accept(
-        &self,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<(Self::Stream, Option<IpAddr>)>> {
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(Self::Stream, Option<Peer>)>> {
         tokio::net::TcpListener::poll_accept(self, cx).map_ok(|(s, a)| {
             // Small replies and commands go out at once, not after the peer's delayed
             // ACK (up to 40 ms on Linux).
             let _ = s.set_nodelay(true);
-            (s, Some(a.ip()))
+            (s, Some(Peer::Ip(a.ip())))
         })
     }
 }
 
 impl Accept for tokio::net::UnixListener {
     type Stream = tokio::net::UnixStream;
-    fn poll_accept(
-        &self,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<(Self::Stream, Option<IpAddr>)>> {
-        tokio::net::UnixListener::poll_accept(self, cx).map_ok(|(s, _)| (s, None))
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(Self::Stream, Option<Peer>)>> {
+        // Each local user has their own cap (their uid, from the socket's credentials).
+        tokio::net::UnixListener::poll_accept(self, cx).map_ok(|(s, _)| {
+            let uid = s.peer_cred().ok().map(|c| Peer::Uid(c.uid()));
+            (s, uid)
+        })
     }
 }
 

@@ -169,3 +169,31 @@ async fn the_descriptor_reserve_is_never_handed_to_a_connection() {
     assert_eq!(stats.refused(Refusal::Descriptors), 1);
     assert_eq!(stats.open(), 0, "its slot is given back");
 }
+
+#[tokio::test]
+async fn unix_peers_are_capped_per_uid() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.sock");
+    let l = tokio::net::UnixListener::bind(&path).unwrap();
+    let stats = Stats::new("unix-test", limits());
+    let mut incoming = Listener::new(l, stats.clone(), Protocol::Http2);
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some(Ok(c)) = incoming.next().await {
+            held.push(c);
+        }
+    });
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        kept.push(tokio::net::UnixStream::connect(&path).await.unwrap());
+    }
+    let mut fourth = tokio::net::UnixStream::connect(&path).await.unwrap();
+    let mut b = [0u8; 4];
+    let n = tokio::time::timeout(Duration::from_secs(5), fourth.read(&mut b)).await;
+    assert!(
+        matches!(n, Ok(Ok(0) | Err(_))),
+        "the fourth of one uid is closed"
+    );
+    assert_eq!(stats.refused(Refusal::PerAddress), 1);
+    assert_eq!(stats.open(), 3);
+}
