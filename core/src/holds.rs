@@ -48,6 +48,11 @@ impl Cluster {
                 j.state().as_str_name()
             )));
         }
+        if j.hold == crate::begin::BEGIN_HOLD {
+            return Err(Refusal::failed_precondition(format!(
+                "job {id} waits for its begin time already"
+            )));
+        }
         let (hold, reason) = if actor.admin && owner(j) != actor.user {
             ("admin", HELD_ADMIN)
         } else {
@@ -73,6 +78,11 @@ impl Cluster {
         if j.hold == "admin" && !actor.admin {
             return Err(actor.deny(&format!(
                 "job {id} was held by an admin; only an admin releases it"
+            )));
+        }
+        if j.hold == crate::begin::BEGIN_HOLD {
+            return Err(Refusal::failed_precondition(format!(
+                "job {id} waits for its begin time, not a hold; cancel and resubmit to change it"
             )));
         }
         self.jobs.annotate_pending(id, |j| {

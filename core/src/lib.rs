@@ -11,13 +11,14 @@
 //! Modules: `state` (the cluster and its views), `jobs` (the job table, the one place a
 //! job's state changes), `ops` (submit and the scheduling pass), `agents` (sessions,
 //! heartbeats, reports, failed nodes), `users` (cancel, drain, node listings),
-//! `validate` (what a job must be to be queued), `fairshare` (charging usage, the
+//! `validate` (what a job must be to be queued), `begin` (jobs held until a time), `fairshare` (charging usage, the
 //! fair-share factor), `policy` (QoS caps), `holds` (hold,
 //! release, requeue), `filter` (listings' filters), `partitions` (node sets and their limits),
 //! `windows` (time-of-day windows), `reconfig` (a new config taken while running),
 //! `retention`, `config`, `error`.
 
 pub mod agents;
+pub mod begin;
 pub mod config;
 pub mod efficiency;
 pub mod error;

@@ -69,6 +69,7 @@ impl Cluster {
         }
         validate_spec(&spec, limits.max_list_len)?;
         check_policy(&self.config, actor, &spec, qos_given)?;
+        crate::begin::check(&spec, now)?;
         if !request_id.is_empty()
             && let Some(id) = self.jobs.by_request(&spec.user, request_id)
         {
@@ -137,8 +138,8 @@ impl Cluster {
                 .and_then(|q| q.max_time)
                 .map_or(u64::MAX, |m| m.as_secs().max(1)),
         );
-        let record = |id: u64, spec: pb::JobSpec, request_id: &str| StoredJob {
-            job: Some(pb::Job {
+        let record = |id: u64, spec: pb::JobSpec, request_id: &str| {
+            let mut job = pb::Job {
                 id,
                 spec: Some(spec),
                 state: JobState::Pending as i32,
@@ -147,9 +148,13 @@ impl Cluster {
                 time_limit_secs,
                 warnings: notes.clone(),
                 ..pb::Job::default()
-            }),
-            request_id: request_id.to_string(),
-            ..StoredJob::default()
+            };
+            crate::begin::hold_new(&mut job, now);
+            StoredJob {
+                job: Some(job),
+                request_id: request_id.to_string(),
+                ..StoredJob::default()
+            }
         };
         let Some(array) = array else {
             return Ok(Admission::New(Box::new(record(
@@ -215,6 +220,7 @@ impl Cluster {
     pub fn commit_submit(&mut self, stored: StoredJob) -> Effects {
         let id = crate::jobs::job_of(&stored).id;
         self.next_job_id = self.next_job_id.max(id + 1);
+        self.note_begin(crate::jobs::job_of(&stored));
         tracing::info!(
             job = id,
             user = owner(crate::jobs::job_of(&stored)),
@@ -240,6 +246,7 @@ impl Cluster {
     /// request waits for a whole pass input at 100,000 jobs; the plan's starts are
     /// checked again against the cluster as it is when applied.
     pub fn pass_prepare(&mut self, now: i64) -> Waiting {
+        self.release_begun(now);
         let retention = self.config.retention.clone();
         self.retire(&retention, now);
         self.charge_usage(now);

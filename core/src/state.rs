@@ -68,6 +68,8 @@ pub struct Cluster {
     pub idle: crate::idle::IdleTracks,
     /// Nodes changed since the last `take_changes`.
     nodes_changed: BTreeSet<String>,
+    /// The earliest begin time of a job waiting for one (`begin.rs`).
+    pub(crate) next_begin_ms: Option<i64>,
     pub config: Config,
     pub sched_config: sched::SchedConfig,
     /// Decayed usage per account and user (fair share), and whether it changed since

@@ -139,6 +139,8 @@ pub struct Job {
     pub cpus: u32,
     pub memory_bytes: u64,
     pub time_limit: Option<Duration>,
+    /// Not before this time (Unix ms; 0: as soon as it can), from `--begin`.
+    pub begin_ms: i64,
 }
 
 /// Reads and validates a job file.
@@ -326,6 +328,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         cpus,
         memory_bytes,
         time_limit,
+        begin_ms: 0,
     })
 }
 
@@ -718,6 +721,7 @@ impl Job {
                 .collect(),
             array_job_id: 0,
             array_task_id: None,
+            begin_ms: self.begin_ms,
         }
     }
 }

@@ -190,6 +190,80 @@ pub fn slurm_time(v: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// A begin time as sbatch takes it, in this machine's time zone: `now`, `now+N` with
+/// an optional unit (seconds, minutes, hours, days, weeks; seconds by default),
+/// `HH:MM[:SS]` (today, or tomorrow once past), `midnight`, `noon`, `teatime`,
+/// `YYYY-MM-DD` or `YYYY-MM-DDTHH:MM[:SS]`. Answers Unix milliseconds.
+pub fn begin_time(v: &str, now: &jiff::Zoned) -> Result<i64, String> {
+    let bad = || {
+        format!(
+            "--begin {v:?} is not a time: now+2hours, now+30minutes, 16:00, midnight, 2026-12-24 or 2026-12-24T08:00"
+        )
+    };
+    let lower = v.trim().to_ascii_lowercase();
+    let now_ms = now.timestamp().as_millisecond();
+    if let Some(rest) = lower.strip_prefix("now") {
+        if rest.is_empty() {
+            return Ok(now_ms);
+        }
+        let rest = rest.strip_prefix('+').ok_or_else(bad)?;
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let n: i64 = rest[..end].parse().map_err(|_| bad())?;
+        let unit: i64 = match &rest[end..] {
+            "" | "s" | "sec" | "secs" | "second" | "seconds" => 1,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60,
+            "h" | "hour" | "hours" => 3600,
+            "d" | "day" | "days" => 86_400,
+            "w" | "week" | "weeks" => 604_800,
+            _ => return Err(bad()),
+        };
+        return n
+            .checked_mul(unit * 1000)
+            .and_then(|d| now_ms.checked_add(d))
+            .ok_or_else(bad);
+    }
+    let at_next = |t: jiff::civil::Time| -> Result<i64, String> {
+        let today = now.date().to_datetime(t).to_zoned(now.time_zone().clone());
+        let z = today.map_err(|e| e.to_string())?;
+        let z = if z.timestamp() <= now.timestamp() {
+            z.checked_add(jiff::Span::new().days(1))
+                .map_err(|e| e.to_string())?
+        } else {
+            z
+        };
+        Ok(z.timestamp().as_millisecond())
+    };
+    let named = match lower.as_str() {
+        "midnight" => Some(jiff::civil::time(0, 0, 0, 0)),
+        "noon" => Some(jiff::civil::time(12, 0, 0, 0)),
+        "teatime" => Some(jiff::civil::time(16, 0, 0, 0)),
+        _ => None,
+    };
+    // A time of day alone (jiff would also read one out of a whole date and time).
+    let time_only = || {
+        (!lower.contains('-'))
+            .then(|| lower.parse::<jiff::civil::Time>().ok())
+            .flatten()
+    };
+    if let Some(t) = named.or_else(time_only) {
+        return at_next(t);
+    }
+    let local = |dt: jiff::civil::DateTime| -> Result<i64, String> {
+        dt.to_zoned(now.time_zone().clone())
+            .map(|z| z.timestamp().as_millisecond())
+            .map_err(|e| e.to_string())
+    };
+    if let Ok(dt) = lower.parse::<jiff::civil::DateTime>() {
+        return local(dt);
+    }
+    if let Ok(d) = lower.parse::<jiff::civil::Date>() {
+        return local(d.to_datetime(jiff::civil::time(0, 0, 0, 0)));
+    }
+    Err(bad())
+}
+
 /// Slurm memory: a number with an optional K, M, G or T suffix (default M).
 pub(crate) fn slurm_memory(v: &str) -> Result<u64, String> {
     let (digits, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
@@ -290,6 +364,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
         cpus: 1,
         memory_bytes: 0,
         time_limit: None,
+        begin_ms: 0,
     };
     let mut extra = Extra::default();
     let mut ntasks = None;
@@ -343,6 +418,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 }
                 "requeue" => job.requeue = true,
                 "hold" => extra.hold = true,
+                "begin" => job.begin_ms = begin_time(v, &jiff::Zoned::now()).map_err(fail)?,
                 "no-requeue" => job.requeue = false,
                 "chdir" => job.workdir = Some(PathBuf::from(v)),
                 "export" => extra.export = Some(v.to_string()),

@@ -77,6 +77,10 @@ pub struct SubmitArgs {
     /// margin (GPU share, GPU memory, time limit, CPUs, memory); says what changed.
     #[arg(long)]
     pub right_size: bool,
+    /// Not before this time (sbatch --begin): now+2hours, 16:00, midnight,
+    /// 2026-12-24T08:00 (this machine's time zone).
+    #[arg(long)]
+    pub begin: Option<String>,
     /// Queue the job held: it starts only after `gpuctl release` (sbatch -H).
     #[arg(short = 'H', long)]
     pub hold: bool,
@@ -195,6 +199,9 @@ impl SubmitArgs {
         }
         if let Some(c) = self.cpus {
             job.cpus = c;
+        }
+        if let Some(b) = &self.begin {
+            job.begin_ms = sbatch::begin_time(b, &jiff::Zoned::now())?;
         }
         if let Some(a) = &self.array {
             gpuctl_sched::array::parse(a, usize::MAX).map_err(|e| format!("--array: {e}"))?;

@@ -248,6 +248,7 @@ impl Controller {
         if let Some(u) = &loaded.usage {
             core.restore_usage(u);
         }
+        core.recompute_begins();
         let started = now_ms();
         for n in loaded.nodes {
             // Agents get a full timeout from the controller's start to come back.
@@ -450,10 +451,22 @@ impl Controller {
                     None => std::future::pending().await,
                 }
             };
+            // A job's begin time (sbatch --begin) runs a pass of its own.
+            let begin = self.lock().next_begin_ms();
+            let begun = async {
+                match begin {
+                    Some(ms) => {
+                        let wait = u64::try_from(ms - now_ms()).unwrap_or(0);
+                        tokio::time::sleep(Duration::from_millis(wait)).await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tick.tick() => {}
                 () = deferred => {}
+                () = begun => {}
                 _ = self.defer.notified() => {
                     due.get_or_insert_with(|| tokio::time::Instant::now() + DEFERRED_PASS);
                     continue;

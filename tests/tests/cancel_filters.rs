@@ -87,3 +87,37 @@ fn submit_held_and_parsable() {
     c.wait_state(id, "COMPLETED", T);
     c.wait_state(script, "COMPLETED", T);
 }
+
+/// `gpuctl submit --begin` (sbatch's): the job waits with reason BeginTime and its
+/// begin time as expected start, `release` does not lift it, and it starts by itself
+/// once the time has come (the test config's periodic pass is an hour apart: the begin
+/// time wakes a pass of its own), also after a controller restart.
+#[test]
+fn a_job_with_a_begin_time_waits_for_it() {
+    let mut c = Cluster::start(&[("bg1", "1xA100-80GB")]);
+    std::fs::write(
+        c.path("j.toml"),
+        "command = [\"true\"]\n[resources]\ngpus = 1\n",
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let id: u64 = c
+        .gpuctl_ok(&["submit", "--parsable", "--begin", "now+4", "j.toml"])
+        .trim()
+        .parse()
+        .unwrap();
+    let j = c.job(id);
+    assert_eq!(j["state"], "PENDING", "{j}");
+    assert_eq!(j["reason"], "BeginTime", "{j}");
+    let refused = c.gpuctl(&["release", &id.to_string()]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("begin time"));
+    // A restart keeps it waiting and still lets it go on time.
+    c.stop_controller();
+    c.start_controller();
+    let done = c.wait_state(id, "COMPLETED", T);
+    assert!(t0.elapsed() >= Duration::from_secs(4), "{done}");
+    let late = c.gpuctl(&["submit", "--begin", "now+800days", "j.toml"]);
+    assert!(!late.status.success());
+    assert!(String::from_utf8_lossy(&late.stderr).contains("within a year"));
+}

@@ -135,3 +135,30 @@ fn a_fractional_gpu_count_is_a_share() {
         assert!(gpus_of(bad, false).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn begin_times_as_sbatch_takes_them() {
+    let now: jiff::Zoned = "2026-12-03T17:30:00+00:00[UTC]".parse().unwrap();
+    let t0 = now.timestamp().as_millisecond();
+    let at = |v: &str| begin_time(v, &now).unwrap();
+    assert_eq!(at("now"), t0);
+    assert_eq!(at("now+90"), t0 + 90_000);
+    assert_eq!(at("now+2hours"), t0 + 7_200_000);
+    assert_eq!(at("now+30minutes"), t0 + 1_800_000);
+    assert_eq!(at("now+1day"), t0 + 86_400_000);
+    // A time of day still ahead is today; one past is tomorrow.
+    assert_eq!(at("18:00"), t0 + 1_800_000);
+    assert_eq!(at("16:00"), t0 + 86_400_000 - 5_400_000);
+    assert_eq!(at("teatime"), at("16:00"));
+    assert_eq!(at("midnight"), t0 + 6 * 3_600_000 + 1_800_000);
+    assert_eq!(at("2026-12-24"), at("2026-12-24T00:00:00"));
+    assert_eq!(
+        at("2026-12-24T08:00") - t0,
+        (20 * 24 + 14) * 3_600_000 + 1_800_000
+    );
+    for bad in ["tomorrow-ish", "now-1h", "now+1fortnight", "25:00", ""] {
+        assert!(begin_time(bad, &now).is_err(), "{bad}");
+    }
+    let (job, _) = parse("b.sh", "#!/bin/sh\n#SBATCH --begin=now+1hour\ntrue\n").unwrap();
+    assert!(job.begin_ms > 0);
+}
