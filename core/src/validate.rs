@@ -15,33 +15,6 @@ const MAX_NAME: usize = 256;
 /// Longest env value and command argument.
 const MAX_VALUE: usize = 32 * 1024;
 
-/// Characters that print as nothing or reorder what follows (Unicode format characters:
-/// zero-width spaces and joiners, direction marks and overrides, the BOM, the soft
-/// hyphen, invisible operators): a name holding one looks like another name.
-pub fn invisible(c: char) -> bool {
-    matches!(
-        c,
-        '\u{00ad}'
-            | '\u{034f}'
-            | '\u{061c}'
-            | '\u{115f}'
-            | '\u{1160}'
-            | '\u{17b4}'
-            | '\u{17b5}'
-            | '\u{180b}'..='\u{180f}'
-            | '\u{200b}'..='\u{200f}'
-            | '\u{202a}'..='\u{202e}'
-            | '\u{2060}'..='\u{206f}'
-            | '\u{3164}'
-            | '\u{fe00}'..='\u{fe0f}'
-            | '\u{feff}'
-            | '\u{ffa0}'
-            | '\u{fff0}'..='\u{fff8}'
-            | '\u{1d173}'..='\u{1d17a}'
-            | '\u{e0000}'..='\u{e0fff}'
-    )
-}
-
 /// Text other users may see (names, QoS) or that reaches a process (env, argv): no
 /// control characters in names, env keys shell-like, nothing over its size.
 pub(crate) fn check_text(spec: &pb::JobSpec) -> Result<(), Refusal> {
@@ -68,7 +41,7 @@ pub(crate) fn check_text(spec: &pb::JobSpec) -> Result<(), Refusal> {
                 shown(v)
             ));
         }
-        if let Some(c) = v.chars().find(|&c| invisible(c)) {
+        if let Some(c) = v.chars().find(|&c| gpuctl_proto::text::invisible(c)) {
             return bad(format!(
                 "`{what}` \"{}\" holds an invisible character (U+{:04X}): names are seen by other users and must read as they are",
                 shown(v),

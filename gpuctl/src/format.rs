@@ -323,10 +323,10 @@ pub fn node_json(n: &pb::Node) -> Value {
 }
 
 /// Whether a character may reach a terminal as it is: no control characters (ESC,
-/// newline, NUL, ...) and no bidirectional overrides that reorder what follows.
+/// newline, NUL, ...) and no invisible ones (zero-width spaces, bidirectional overrides
+/// that reorder what follows: `gpuctl_proto::text::invisible`).
 fn printable_char(c: char) -> bool {
-    !(c.is_control()
-        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'))
+    !(c.is_control() || gpuctl_proto::text::invisible(c))
 }
 
 /// `s` with every character that is not `printable_char` escaped (`\u{1b}`, `\n`):

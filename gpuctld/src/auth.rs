@@ -40,7 +40,7 @@ impl Caller {
     }
 
     pub fn deny(&self, why: &str) -> Status {
-        let why = gpuctl_proto::ratelog::shown(why, 300);
+        let why = gpuctl_proto::text::shown(why, 300);
         DENIED.note(|n, secs| {
             tracing::warn!(user = %self.user, via = self.via, "permission denied: {why} ({n} denials in the last {secs} s, this one included)");
         });

@@ -12,6 +12,7 @@ pub mod guard;
 pub mod guard_metrics;
 pub mod ratelog;
 pub mod statedir;
+pub mod text;
 
 #[allow(clippy::all, clippy::pedantic)]
 pub mod gpuctl {

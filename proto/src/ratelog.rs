@@ -41,45 +41,9 @@ impl RateLog {
     }
 }
 
-/// `s` as it may appear in a log line or an error: control characters escaped and at
-/// most `max` characters, with the length said when cut (a 4 MiB node name from an
-/// unauthenticated caller becomes one short field).
-pub fn shown(s: &str, max: usize) -> String {
-    let mut out = String::new();
-    for (n, c) in s.chars().enumerate() {
-        if n == max {
-            out.push_str(&format!("... ({} bytes in all)", s.len()));
-            break;
-        }
-        if c.is_control()
-            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{feff}')
-        {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shown_bounds_and_escapes() {
-        assert_eq!(shown("node1", 64), "node1");
-        let big = "x".repeat(4 << 20);
-        let s = shown(&big, 64);
-        assert!(
-            s.len() < 100 && s.ends_with("(4194304 bytes in all)"),
-            "{s}"
-        );
-        assert_eq!(
-            shown("a\nb\u{1b}[31m\u{200b}", 64),
-            "a\\u{a}b\\u{1b}[31m\\u{200b}"
-        );
-    }
 
     #[test]
     fn a_flood_makes_one_line_per_period_with_its_count() {

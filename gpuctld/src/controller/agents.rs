@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use gpuctl_proto as pb;
 use gpuctl_proto::auth::Signed;
-use gpuctl_proto::ratelog::{RateLog, shown};
+use gpuctl_proto::ratelog::RateLog;
+use gpuctl_proto::text::shown;
 use tokio::sync::mpsc;
 use tonic::Status;
 
