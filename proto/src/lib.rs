@@ -33,6 +33,18 @@ pub mod store {
     pub use crate::gpuctl::store::v1::*;
 }
 
+impl ListJobsRequest {
+    /// Whether any filter narrows the jobs (users, states, names, accounts or
+    /// partitions): a cancel by filter needs one.
+    pub fn narrows(&self) -> bool {
+        !(self.users.is_empty()
+            && self.states.is_empty()
+            && self.names.is_empty()
+            && self.accounts.is_empty()
+            && self.partitions.is_empty())
+    }
+}
+
 impl JobState {
     /// Whether the job has reached a final state.
     pub fn is_final(self) -> bool {

@@ -51,12 +51,7 @@ impl CancelArgs {
                 done.as_str_name()
             )));
         }
-        let any = !(f.users.is_empty()
-            && f.states.is_empty()
-            && f.names.is_empty()
-            && f.accounts.is_empty()
-            && f.partitions.is_empty());
-        Ok(any.then_some(f))
+        Ok(f.narrows().then_some(f))
     }
 }
 

@@ -652,12 +652,7 @@ fn cancel_filter(
     f.all = false;
     f.states
         .retain(|&s| pb::JobState::try_from(s).is_ok_and(|s| !s.is_final()));
-    let given = !(f.users.is_empty()
-        && f.states.is_empty()
-        && f.names.is_empty()
-        && f.accounts.is_empty()
-        && f.partitions.is_empty());
-    if !given {
+    if !f.narrows() {
         return Err(Status::invalid_argument(
             "a cancel by filter needs at least one of users, unfinished states, names, accounts or partitions (gpuctl cancel --me cancels all of yours)",
         ));
