@@ -177,6 +177,13 @@ pub struct Preemption {
     pub min_run: Duration,
     /// At most this many waiting jobs preempt in one pass.
     pub max_per_pass: usize,
+    /// A window's floor lends its idle GPUs to jobs that give them back (a job file's
+    /// `requeue` with a checkpoint `signal` whose lead fits `reclaim_within`).
+    pub lend_floors: bool,
+    /// The floor's owner starts within this of its submit while borrowers hold its
+    /// GPUs (their signal, lead and kill, and the pass that starts it).
+    #[serde(with = "humantime_serde")]
+    pub reclaim_within: Duration,
 }
 
 impl Default for Preemption {
@@ -185,7 +192,22 @@ impl Default for Preemption {
             enabled: true,
             min_run: Duration::from_secs(300),
             max_per_pass: 8,
+            lend_floors: true,
+            reclaim_within: Duration::from_secs(120),
         }
+    }
+}
+
+impl Preemption {
+    /// What is wrong with the table, if anything.
+    pub fn check(&self) -> Result<(), String> {
+        if self.reclaim_within < Duration::from_secs(30) {
+            return Err(format!(
+                "preemption.reclaim_within = {}: at least 30s (a borrower needs its signal's lead and a pass)",
+                humantime::format_duration(self.reclaim_within)
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -514,6 +536,7 @@ impl Config {
         }
         config.check_partitions().map_err(&invalid)?;
         config.idle.check().map_err(&invalid)?;
+        config.preemption.check().map_err(&invalid)?;
         config.tz = crate::windows::zone(&config.timezone).map_err(&invalid)?;
         for (name, w) in &config.windows {
             w.check(name).map_err(&invalid)?;

@@ -340,6 +340,7 @@ impl Cluster {
             .collect();
         let mut ledger = sched::Ledger::new(&self.view_of(&touched));
         let mut effects = Effects::default();
+        let mut started = Vec::new();
         for start in starts {
             let pending = self
                 .jobs
@@ -361,6 +362,15 @@ impl Cluster {
             }
             self.start(start, now, &mut effects);
             self.cache_held(start.job);
+            started.push(start.job);
+        }
+        // Jobs that borrow a window's floor say so while they run.
+        for (id, why) in self.borrowing(&started, now) {
+            self.jobs.edit(id, |s| {
+                if let Some(j) = s.job.as_mut() {
+                    j.reason = why;
+                }
+            });
         }
         effects
     }

@@ -10,6 +10,29 @@ use gpuctl_sched::{self as sched, Blocked, PendingJob, Request};
 use crate::jobs::{job_of, owner};
 use crate::state::{Cluster, Effects, array_of, live_allocs, pending_job, resources};
 
+/// How long a job takes to give its GPUs back once asked (its signal's lead, else the
+/// kill grace), in seconds.
+pub fn lead_secs(spec: &pb::JobSpec, cfg: &crate::Config) -> u64 {
+    convert::parse_signal_spec(&spec.signal)
+        .ok()
+        .flatten()
+        .and_then(|(_, t)| t)
+        .unwrap_or(cfg.kill_grace.as_secs())
+}
+
+/// Whether a job gives its GPUs back when asked, so that it may borrow a window's
+/// floor: it is requeued when stopped, checkpoints on a signal, and its signal's lead
+/// leaves the floor's owner time to start within `reclaim_within`.
+pub fn reclaimable(spec: &pb::JobSpec, cfg: &crate::Config) -> bool {
+    let p = &cfg.preemption;
+    let signal = convert::parse_signal_spec(&spec.signal).ok().flatten();
+    p.lend_floors
+        && spec.requeue
+        && signal.is_some()
+        && (lead_secs(spec, cfg) * 1000).saturating_add(sched::preempt::RECLAIM_SLACK_MS as u64)
+            <= p.reclaim_within.as_millis() as u64
+}
+
 /// GPUs (a config number) in milli.
 fn milli(gpus: Option<f64>) -> Option<u64> {
     gpus.map(|g| (g * 1000.0).round() as u64)
@@ -72,6 +95,8 @@ impl Cluster {
             .map(|p| (p, exempt.clone()))
             .collect();
         PreemptConfig {
+            lenders: self.lenders(now),
+            reclaim_within_ms: i64::try_from(p.reclaim_within.as_millis()).unwrap_or(i64::MAX),
             by_account,
             by_partition,
             preempts: self
@@ -92,7 +117,7 @@ impl Cluster {
     /// `requeue`, and otherwise ends PREEMPTED.
     pub fn preempt(&mut self, plan: &sched::Plan, now: i64, effects: &mut Effects) {
         let pc = self.preempt_config(now);
-        if pc.preempts.is_empty() && pc.by_account.is_empty() {
+        if pc.is_empty() {
             return;
         }
         // Few waiting jobs may preempt: find them before the fair-share table (the
@@ -110,7 +135,14 @@ impl Cluster {
             .filter(|j| {
                 j.state() == JobState::Pending
                     && j.spec.as_ref().is_some_and(|s| {
-                        pc.preempts.contains_key(&s.qos) || pc.by_account.contains_key(&s.account)
+                        let partition = self.config.partition_name(&s.partition);
+                        pc.preempts.contains_key(&s.qos)
+                            || pc.by_account.contains_key(&s.account)
+                            || pc.by_partition.contains_key(partition)
+                            || pc
+                                .lenders
+                                .iter()
+                                .any(|l| l.owner.owns(&s.account, partition))
                     })
             })
             .collect();
@@ -131,12 +163,20 @@ impl Cluster {
             .filter(|s| job_of(s).state() == JobState::Running)
             .map(|s| {
                 let j = job_of(s);
+                let none = pb::JobSpec::default();
+                let spec = j.spec.as_ref().unwrap_or(&none);
                 RunningJob {
                     id: j.id,
-                    qos: j.spec.as_ref().map(|x| x.qos.clone()).unwrap_or_default(),
+                    qos: spec.qos.clone(),
                     start_ms: j.start_time_ms,
                     gpu_milli: norm_milli(&Request::from(&resources(j))),
                     vacating: s.vacate_by_ms > 0 || s.cancel_requested,
+                    account: spec.account.clone(),
+                    partition: self.config.partition_name(&spec.partition).to_string(),
+                    reclaimable: reclaimable(spec, &self.config),
+                    lead_ms: i64::try_from(lead_secs(spec, &self.config))
+                        .unwrap_or(i64::MAX / 2000)
+                        .saturating_mul(1000),
                 }
             })
             .collect();
@@ -174,10 +214,7 @@ impl Cluster {
         };
         let spec = j.spec.clone().unwrap_or_default();
         let signal = convert::parse_signal_spec(&spec.signal).ok().flatten();
-        let lead = signal
-            .as_ref()
-            .and_then(|(_, t)| *t)
-            .unwrap_or(self.config.kill_grace.as_secs());
+        let lead = lead_secs(&spec, &self.config);
         let reason = format!("Preempted by job {by}");
         tracing::info!(job = victim, by, requeue = spec.requeue, "preempting job");
         if spec.requeue {
@@ -302,7 +339,7 @@ impl Cluster {
     /// room for: `GpuRoom::Any`).
     pub fn floors_preempt(&self, now: i64) -> bool {
         let p = self.preempt_config(now);
-        !(p.by_account.is_empty() && p.by_partition.is_empty())
+        !(p.by_account.is_empty() && p.by_partition.is_empty() && p.lenders.is_empty())
     }
 
     /// The request of a new job whose pass may wait while its room is short: one that

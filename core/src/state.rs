@@ -657,6 +657,7 @@ pub fn pending_job(
         submit_ms: j.submit_time_ms,
         request,
         duration_ms: limit_ms(j.time_limit_secs),
+        reclaimable: spec.is_some_and(|s| crate::policy::reclaimable(s, cfg)),
     }
 }
 

@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuctl_sched::floors::{Floor, FloorOwner, Floors};
 use gpuctl_sched::limits::norm_milli;
+use gpuctl_sched::preempt::Lender;
 use jiff::civil::{Date, Weekday};
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, Zoned};
@@ -251,21 +252,14 @@ impl crate::state::Cluster {
             if from > now.saturating_add(horizon) {
                 continue;
             }
-            let owners = w
-                .floor
-                .iter()
-                .map(|(a, f)| (FloorOwner::Account(a.clone()), f))
-                .chain(
-                    w.partition_floor
-                        .iter()
-                        .map(|(p, f)| (FloorOwner::Partition(p.clone()), f)),
-                );
-            for (owner, fraction) in owners {
+            let lends = self.lends(w);
+            for (owner, fraction) in owners(w) {
                 let kept = (total as f64 * fraction).round() as u64;
                 let others = running
                     .iter()
-                    .filter(|(a, p, q, _, _)| !owner.owns(a, p) && !exempt.contains(q))
-                    .map(|(_, _, _, end, milli)| (*end, *milli))
+                    .filter(|r| !owner.owns(&r.account, &r.partition) && !exempt.contains(&r.qos))
+                    .filter(|r| !(lends && r.reclaimable))
+                    .map(|r| (r.end, r.milli))
                     .collect();
                 floors.push(Floor {
                     window: name.clone(),
@@ -274,6 +268,7 @@ impl crate::state::Cluster {
                     until_ms: until,
                     others_max_milli: total.saturating_sub(kept),
                     others,
+                    lends,
                 });
             }
         }
@@ -281,6 +276,81 @@ impl crate::state::Cluster {
             floors,
             exempt_qos: exempt,
         }
+    }
+
+    /// Whether a window's floors lend to reclaimable jobs: lending is on and its owner
+    /// may take them back (preemption is allowed while it is open).
+    fn lends(&self, w: &Window) -> bool {
+        self.config.preemption.lend_floors && w.preemption.unwrap_or(self.config.preemption.enabled)
+    }
+
+    /// The floors open now that lend, each with what its owner may still take back:
+    /// the floor less what the owner's running jobs hold.
+    pub(crate) fn lenders(&self, now: i64) -> Vec<Lender> {
+        let open = self.open_windows(now);
+        if !open.iter().any(|(_, w)| self.lends(w)) {
+            return Vec::new();
+        }
+        let total = self
+            .nodes
+            .values()
+            .map(|n| n.gpus.len() as u64)
+            .sum::<u64>()
+            * 1000;
+        let running = self.running_views_by_job();
+        open.into_iter()
+            .filter(|(_, w)| self.lends(w))
+            .flat_map(|(_, w)| owners(w))
+            .map(|(owner, fraction)| {
+                let kept = (total as f64 * fraction).round() as u64;
+                let held: u64 = running
+                    .iter()
+                    .filter(|r| owner.owns(&r.account, &r.partition))
+                    .map(|r| r.milli)
+                    .sum();
+                Lender {
+                    owner,
+                    room_milli: kept.saturating_sub(held),
+                }
+            })
+            .collect()
+    }
+
+    /// The jobs among `started` (just started) that borrow a window's floor, each with
+    /// what `queue` says of it.
+    pub(crate) fn borrowing(&self, started: &[u64], now: i64) -> Vec<(u64, String)> {
+        use crate::jobs::job_of;
+        use crate::state::{limit_ms, resources};
+        let mine: Vec<&gpuctl_proto::Job> = started
+            .iter()
+            .filter_map(|&id| self.jobs.get(id).map(job_of))
+            .filter(|j| {
+                j.spec
+                    .as_ref()
+                    .is_some_and(|s| crate::policy::reclaimable(s, &self.config))
+            })
+            .collect();
+        if mine.is_empty() || self.config.windows.is_empty() {
+            return Vec::new();
+        }
+        let floors = self.floors(now);
+        mine.into_iter()
+            .filter_map(|j| {
+                let spec = j.spec.as_ref()?;
+                let job = gpuctl_sched::PendingJob {
+                    id: j.id,
+                    qos: spec.qos.clone(),
+                    account: spec.account.clone(),
+                    partition: self.config.partition_name(&spec.partition).to_string(),
+                    request: gpuctl_sched::Request::from(&resources(j)),
+                    reclaimable: true,
+                    ..gpuctl_sched::PendingJob::default()
+                };
+                let d = limit_ms(j.time_limit_secs).max(1000);
+                let f = floors.borrows(&job, now, d)?;
+                Some((j.id, borrowing_reason(f)))
+            })
+            .collect()
     }
 
     /// QoS levels another QoS preempts: their jobs may fill a floor's idle GPUs.
@@ -292,8 +362,8 @@ impl crate::state::Cluster {
             .collect()
     }
 
-    /// Running jobs as (account, partition, QoS, planned end, normalised GPU milli).
-    fn running_views_by_job(&self) -> Vec<(String, String, String, i64, u64)> {
+    /// Running jobs as the floors see them.
+    fn running_views_by_job(&self) -> Vec<RunningView> {
         use crate::jobs::job_of;
         use crate::state::{limit_ms, resources};
         self.jobs
@@ -312,10 +382,48 @@ impl crate::state::Cluster {
                     end = end.min(s.vacate_by_ms);
                 }
                 let m = norm_milli(&gpuctl_sched::Request::from(&resources(j)));
-                (account, partition, qos, end, m)
+                RunningView {
+                    account,
+                    partition,
+                    qos,
+                    end,
+                    milli: m,
+                    reclaimable: spec.is_some_and(|x| crate::policy::reclaimable(x, &self.config)),
+                }
             })
             .collect()
     }
+}
+
+/// A running job as the floors see it: whose, its QoS, its planned end, the
+/// normalised GPU milli it holds, and whether it gives them back when asked.
+struct RunningView {
+    account: String,
+    partition: String,
+    qos: String,
+    end: i64,
+    milli: u64,
+    reclaimable: bool,
+}
+
+/// What `queue` and `explain` say of a running job that borrows `f`.
+pub fn borrowing_reason(f: &Floor) -> String {
+    format!(
+        "Borrowing the {} floor (window {}), may be reclaimed",
+        f.owner, f.window
+    )
+}
+
+/// A window's floors by owner, with their fractions.
+fn owners(w: &Window) -> impl Iterator<Item = (FloorOwner, f64)> + '_ {
+    w.floor
+        .iter()
+        .map(|(a, f)| (FloorOwner::Account(a.clone()), *f))
+        .chain(
+            w.partition_floor
+                .iter()
+                .map(|(p, f)| (FloorOwner::Partition(p.clone()), *f)),
+        )
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
 //! Window floors: while a time-of-day window is open, a share of the cluster's GPUs is
 //! kept for an account, or for the jobs of a partition. Other jobs may hold at most the
-//! rest then, except
-//! jobs of exempt QoS levels (those that others preempt: they are taken back when the
-//! account needs its GPUs). A job that would still run when a window opens starts only
-//! if the floor holds at the opening too, so backfill never starts a non-preemptible
-//! job across a boundary that would break the guarantee.
+//! rest then, except jobs that give GPUs back: those of exempt QoS levels (those that
+//! others preempt) and, where the floor lends (`Floor::lends`), reclaimable jobs (they
+//! checkpoint on a signal and are requeued). Those borrow the floor's idle GPUs and are
+//! taken back when the owner needs them (`preempt`). A job that would still run when a
+//! window opens starts only if the floor holds at the opening too, so backfill never
+//! starts a job that cannot give back across a boundary that would break the guarantee.
 
 use std::collections::BTreeSet;
 
@@ -16,6 +17,15 @@ use super::model::*;
 pub enum FloorOwner {
     Account(String),
     Partition(String),
+}
+
+impl std::fmt::Display for FloorOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FloorOwner::Account(a) => write!(f, "{a}"),
+            FloorOwner::Partition(p) => write!(f, "partition {p}"),
+        }
+    }
 }
 
 impl FloorOwner {
@@ -38,8 +48,11 @@ pub struct Floor {
     pub until_ms: Millis,
     /// The most GPU milli others' non-exempt jobs may hold while it is open.
     pub others_max_milli: u64,
-    /// What others' non-exempt running jobs hold: (end, GPU milli).
+    /// What others' running jobs that count hold: (end, GPU milli).
     pub others: Vec<(Millis, u64)>,
+    /// Reclaimable jobs may borrow it (its owner can take them back: preemption is
+    /// allowed while the window is open).
+    pub lends: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,16 +67,32 @@ impl Floors {
         self.floors.is_empty()
     }
 
-    fn counts(&self, f: &Floor, job: &PendingJob) -> bool {
-        !f.owner.owns(&job.account, &job.partition) && !self.exempt_qos.contains(&job.qos)
+    /// Whether `job` counts against `f` (`borrow`: as one that gives back, if it does).
+    fn counts(&self, f: &Floor, job: &PendingJob, borrow: bool) -> bool {
+        !f.owner.owns(&job.account, &job.partition)
+            && !self.exempt_qos.contains(&job.qos)
+            && !(borrow && f.lends && job.reclaimable)
     }
 
     /// The window whose floor `job` would break if it started at `now` for `d` ms.
     pub fn check(&self, job: &PendingJob, now: Millis, d: Millis) -> Option<&str> {
+        self.breaks(job, now, d, true).map(|f| f.window.as_str())
+    }
+
+    /// The floor a reclaimable `job` borrows if it starts at `now` for `d` ms: the one
+    /// it would break if it could not give its GPUs back.
+    pub fn borrows(&self, job: &PendingJob, now: Millis, d: Millis) -> Option<&Floor> {
+        if !job.reclaimable || self.exempt_qos.contains(&job.qos) {
+            return None;
+        }
+        self.breaks(job, now, d, false)
+    }
+
+    fn breaks(&self, job: &PendingJob, now: Millis, d: Millis, borrow: bool) -> Option<&Floor> {
         let end = now.saturating_add(d);
         let need = norm_milli(&job.request);
         for f in &self.floors {
-            if !self.counts(f, job) || end <= f.from_ms || now >= f.until_ms {
+            if !self.counts(f, job, borrow) || end <= f.from_ms || now >= f.until_ms {
                 continue;
             }
             // The floor is checked at the moment it first applies to this job: now, when
@@ -77,7 +106,7 @@ impl Floors {
                 .map(|(_, m)| m)
                 .sum();
             if held + need > f.others_max_milli {
-                return Some(&f.window);
+                return Some(f);
             }
         }
         None
@@ -89,7 +118,8 @@ impl Floors {
         let end = now.saturating_add(d);
         let exempt = self.exempt_qos.contains(&job.qos);
         for f in &mut self.floors {
-            if !f.owner.owns(&job.account, &job.partition) && !exempt {
+            let borrows = f.lends && job.reclaimable;
+            if !f.owner.owns(&job.account, &job.partition) && !exempt && !borrows {
                 f.others.push((end, need));
             }
         }
@@ -120,6 +150,7 @@ mod tests {
                 // 10 GPUs, 70% kept: others hold at most 3.
                 others_max_milli: 3000,
                 others: vec![(5000, 2000)],
+                lends: true,
             }],
             exempt_qos: ["low".to_string()].into(),
         }
@@ -164,5 +195,29 @@ mod tests {
             f.check(&job("training", "normal", 1), 1500, 100),
             Some("business")
         );
+    }
+
+    #[test]
+    fn a_reclaimable_job_borrows_a_floor_that_lends_and_only_that() {
+        let mut f = floors();
+        let mut ckpt = job("training", "normal", 8);
+        ckpt.reclaimable = true;
+        // Open, and across the opening: it may start, and says whose floor it borrows.
+        assert_eq!(f.check(&ckpt, 1500, 100), None);
+        let window = |f: Option<&Floor>| f.map(|f| f.window.clone());
+        assert_eq!(window(f.borrows(&ckpt, 1500, 100)), Some("business".into()));
+        assert_eq!(f.check(&ckpt, 0, 1500), None);
+        assert_eq!(window(f.borrows(&ckpt, 0, 1500)), Some("business".into()));
+        // Within what others may hold it borrows nothing.
+        let mut small = job("training", "normal", 1);
+        small.reclaimable = true;
+        assert_eq!(f.borrows(&small, 1500, 100), None);
+        // Its start does not count against the floor.
+        f.add(&ckpt, 1500, 100_000);
+        assert_eq!(f.check(&job("training", "normal", 1), 1500, 100), None);
+        // A floor that does not lend (no preemption while open) holds it back.
+        f.floors[0].lends = false;
+        assert_eq!(f.check(&ckpt, 1500, 100), Some("business"));
+        assert!(f.borrows(&ckpt, 1500, 100).is_some());
     }
 }

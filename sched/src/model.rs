@@ -234,4 +234,8 @@ pub struct PendingJob {
     pub request: Request,
     /// The time limit: how long the job is planned to hold its slots.
     pub duration_ms: Millis,
+    /// It gives its GPUs back when asked (it checkpoints on a signal and is requeued):
+    /// it may borrow a window's floor that lends (`floors`), and the floor's owner
+    /// takes it back (`preempt`).
+    pub reclaimable: bool,
 }

@@ -1,5 +1,11 @@
 //! Preemption: which running jobs to stop so that a waiting job of a QoS that preempts
-//! theirs can start now.
+//! theirs can start now, or so that a window's floor takes back what it lent.
+//!
+//! A floor that lends (`Lender`) takes back reclaimable jobs of others (they
+//! checkpoint and are requeued) for a waiting job of its owner, as long as the owner
+//! holds less than its floor with that job. A borrower inside its minimum run is taken
+//! only when the owner's job would otherwise miss the reclaim bound: its wait so far,
+//! the borrower's signal lead and a pass's slack reach `reclaim_within_ms`.
 //!
 //! For each waiting job (in rank order) whose QoS preempts others, the candidates are
 //! the running jobs of the QoS levels it preempts that have run at least the protected
@@ -23,6 +29,21 @@ pub struct RunningJob {
     pub gpu_milli: u64,
     /// Already asked to stop (a preemption or requeue in flight).
     pub vacating: bool,
+    /// Whose it is (a floor takes back only others' jobs).
+    pub account: String,
+    pub partition: String,
+    /// It checkpoints and is requeued when stopped (`PendingJob::reclaimable`).
+    pub reclaimable: bool,
+    /// How long it takes to give its GPUs back once asked (its signal's lead).
+    pub lead_ms: Millis,
+}
+
+/// A floor that lends, open now: its owner and how much it may still take back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lender {
+    pub owner: floors::FloorOwner,
+    /// The floor less what the owner's running jobs hold (normalised GPU milli).
+    pub room_milli: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -38,6 +59,24 @@ pub struct PreemptConfig {
     pub by_account: BTreeMap<String, Vec<String>>,
     /// The same for the jobs of a partition (a partition's floor).
     pub by_partition: BTreeMap<String, Vec<String>>,
+    /// Open floors that lend to reclaimable jobs.
+    pub lenders: Vec<Lender>,
+    /// A floor's owner starts within this of its submit while borrowers hold its GPUs.
+    pub reclaim_within_ms: Millis,
+}
+
+/// What a pass adds to the bound after a borrower has given its GPUs back (the
+/// requeue's report, the pass that starts the owner's job, its launch).
+pub const RECLAIM_SLACK_MS: Millis = 15_000;
+
+impl PreemptConfig {
+    /// Whether any waiting job may preempt at all.
+    pub fn is_empty(&self) -> bool {
+        self.preempts.is_empty()
+            && self.by_account.is_empty()
+            && self.by_partition.is_empty()
+            && self.lenders.is_empty()
+    }
 }
 
 /// At most this many waiting jobs are looked at in one pass (each costs a few
@@ -87,13 +126,10 @@ pub fn plan_preemptions(
     now: Millis,
 ) -> Vec<Preemption> {
     let mut out = Vec::new();
-    if (preempt.preempts.is_empty()
-        && preempt.by_account.is_empty()
-        && preempt.by_partition.is_empty())
-        || preempt.max_preemptors == 0
-    {
+    if preempt.is_empty() || preempt.max_preemptors == 0 {
         return out;
     }
+    let mut lenders = preempt.lenders.clone();
     let single = SchedConfig {
         backfill: true,
         expected_starts: false,
@@ -109,7 +145,7 @@ pub fn plan_preemptions(
     let mut base = without(cluster, &gone);
     // Requests (with their targets) that found nothing to preempt this pass: a burst of
     // identical jobs is looked at once.
-    let mut hopeless: BTreeSet<(Request, Vec<&String>)> = BTreeSet::new();
+    let mut hopeless: BTreeSet<(Request, Vec<&String>, bool)> = BTreeSet::new();
     let mut examined = 0usize;
     for job in waiting {
         if out.len() >= preempt.max_preemptors || examined >= MAX_EXAMINED {
@@ -125,21 +161,33 @@ pub fn plan_preemptions(
                 .into_iter()
                 .flatten(),
         );
-        if targets.is_empty() {
+        let need = limits::norm_milli(&job.request);
+        let lender = lenders
+            .iter()
+            .position(|l| l.owner.owns(&job.account, &job.partition) && need <= l.room_milli);
+        if targets.is_empty() && lender.is_none() {
             continue;
         }
+        let waited = now.saturating_sub(job.submit_ms);
+        let protected = |r: &RunningJob| now.saturating_sub(r.start_ms) < preempt.min_run_ms;
         let mut candidates: Vec<&RunningJob> = running
             .iter()
+            .filter(|r| !gone.contains(&r.id))
             .filter(|r| {
-                !gone.contains(&r.id)
-                    && targets.contains(&&r.qos)
-                    && now.saturating_sub(r.start_ms) >= preempt.min_run_ms
+                let by_qos = targets.contains(&&r.qos) && !protected(r);
+                let reclaim = lender.is_some_and(|l| {
+                    r.reclaimable
+                        && !lenders[l].owner.owns(&r.account, &r.partition)
+                        && (!protected(r)
+                            || waited + r.lead_ms + RECLAIM_SLACK_MS >= preempt.reclaim_within_ms)
+                });
+                by_qos || reclaim
             })
             .collect();
         if candidates.is_empty() && !running.iter().any(|r| r.vacating) {
             continue;
         }
-        let shape = (job.request.clone(), targets.clone());
+        let shape = (job.request.clone(), targets.clone(), lender.is_some());
         if hopeless.contains(&shape) {
             continue;
         }
@@ -149,10 +197,16 @@ pub fn plan_preemptions(
             hold_place(&mut base, &start, job, now);
             continue;
         }
+        // Least lost work first, jobs inside their minimum run last; a reclaimable
+        // job loses only its signal's lead (it checkpoints).
         candidates.sort_by_key(|r| {
-            let lost =
-                u128::from(r.gpu_milli.max(1)) * (now.saturating_sub(r.start_ms).max(0) as u128);
-            (lost, std::cmp::Reverse(r.start_ms), r.id)
+            let ran = if r.reclaimable {
+                r.lead_ms.min(now.saturating_sub(r.start_ms))
+            } else {
+                now.saturating_sub(r.start_ms)
+            };
+            let lost = u128::from(r.gpu_milli.max(1)) * (ran.max(0) as u128);
+            (protected(r), lost, std::cmp::Reverse(r.start_ms), r.id)
         });
         // The shortest prefix of the candidates (least lost work first) whose going
         // lets the job start: fitting only gets easier as the prefix grows, so a
@@ -193,6 +247,9 @@ pub fn plan_preemptions(
         let set: BTreeSet<JobId> = chosen.iter().copied().collect();
         base = without(&base, &set);
         gone.extend(chosen.iter().copied());
+        if let Some(l) = lender {
+            lenders[l].room_milli -= need;
+        }
         hold_place(&mut base, &start, job, now);
         out.push(Preemption {
             job: job.id,
@@ -263,6 +320,10 @@ mod tests {
             start_ms,
             gpu_milli: gpus * 1000,
             vacating: false,
+            account: "training".into(),
+            partition: String::new(),
+            reclaimable: false,
+            lead_ms: 10_000,
         }
     }
 
@@ -283,6 +344,8 @@ mod tests {
             max_preemptors: 8,
             by_account: BTreeMap::new(),
             by_partition: BTreeMap::new(),
+            lenders: Vec::new(),
+            reclaim_within_ms: 120_000,
         }
     }
 
@@ -384,5 +447,120 @@ mod tests {
         );
         // Job 9 waits for job 1 to end; job 10 has nothing left to take.
         assert!(p.is_empty());
+    }
+
+    fn lending() -> PreemptConfig {
+        PreemptConfig {
+            lenders: vec![Lender {
+                owner: floors::FloorOwner::Account("inference".into()),
+                room_milli: 3000,
+            }],
+            ..cfg()
+        }
+    }
+
+    fn owner_job(id: JobId, gpus: u32, submit_ms: Millis) -> PendingJob {
+        PendingJob {
+            id,
+            qos: "normal".into(),
+            account: "inference".into(),
+            submit_ms,
+            request: Request::whole(gpus),
+            duration_ms: 600_000,
+            ..PendingJob::default()
+        }
+    }
+
+    #[test]
+    fn a_floor_takes_back_borrowers_within_its_room_and_not_its_own_jobs() {
+        let cluster = ClusterView {
+            nodes: vec![node("n1", 4)],
+            running: vec![run(1, "n1", &[0, 1]), run(2, "n1", &[2, 3])],
+        };
+        let now = 10_000_000;
+        let mut borrower = rj(1, "normal", 0, 2);
+        borrower.reclaimable = true;
+        let mut own = rj(2, "normal", 0, 2);
+        own.reclaimable = true;
+        own.account = "inference".into();
+        let running = vec![borrower.clone(), own];
+        let p = plan_preemptions(
+            &cluster,
+            &running,
+            &[owner_job(9, 2, now)],
+            &SchedConfig::default(),
+            &lending(),
+            now,
+        );
+        assert_eq!(
+            p,
+            vec![Preemption {
+                job: 9,
+                victims: vec![1]
+            }]
+        );
+        // Beyond the floor's room (3 GPUs) the owner takes nothing back.
+        let p = plan_preemptions(
+            &cluster,
+            &running,
+            &[owner_job(9, 4, now)],
+            &SchedConfig::default(),
+            &lending(),
+            now,
+        );
+        assert!(p.is_empty());
+        // A job that cannot give back is never a borrower to reclaim.
+        let fixed = vec![rj(1, "normal", 0, 2), rj(3, "normal", 0, 2)];
+        let p = plan_preemptions(
+            &cluster,
+            &fixed,
+            &[owner_job(9, 2, now)],
+            &SchedConfig::default(),
+            &lending(),
+            now,
+        );
+        assert!(p.is_empty());
+        // Room is used up by a first owner's job: a second one takes nothing more.
+        let two = vec![borrower, {
+            let mut b = rj(2, "normal", 0, 2);
+            b.reclaimable = true;
+            b
+        }];
+        let p = plan_preemptions(
+            &cluster,
+            &two,
+            &[owner_job(9, 2, now), owner_job(10, 2, now)],
+            &SchedConfig::default(),
+            &lending(),
+            now,
+        );
+        assert_eq!(p.len(), 1);
+    }
+
+    #[test]
+    fn a_young_borrower_is_reclaimed_only_when_the_bound_is_at_risk() {
+        let cluster = ClusterView {
+            nodes: vec![node("n1", 2)],
+            running: vec![run(1, "n1", &[0, 1])],
+        };
+        let now = 10_000_000;
+        let mut young = rj(1, "normal", now - 30_000, 2);
+        young.reclaimable = true;
+        young.lead_ms = 60_000;
+        let running = vec![young];
+        let plan = |submit| {
+            plan_preemptions(
+                &cluster,
+                &running,
+                &[owner_job(9, 2, submit)],
+                &SchedConfig::default(),
+                &lending(),
+                now,
+            )
+        };
+        // Just submitted: 0 + 60 + 15 s < 120 s, the borrower keeps its minimum run.
+        assert!(plan(now).is_empty());
+        // Waited 45 s: 45 + 60 + 15 >= 120, it is taken back now.
+        assert_eq!(plan(now - 45_000).len(), 1);
     }
 }
