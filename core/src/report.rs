@@ -104,6 +104,53 @@ pub struct Report {
     pub top_wasters: Vec<GroupRow>,
     /// GPU-hours allocated by weekday (0 = Monday) and hour of day, UTC: `[day][hour]`.
     pub demand_gpu_hours: Vec<Vec<f64>>,
+    /// The cluster's utilisation and allocation over the window, given its GPUs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterFigures>,
+}
+
+/// Utilisation and allocation over a window, defined as the simulator and the
+/// controller's gauges define them (docs/utilisation.md): GPU time busy, and GPU time
+/// allocated, over the GPU time there was (the GPUs counted now, times the window).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClusterFigures {
+    pub gpus: u64,
+    pub gpu_hours_available: f64,
+    /// Busy GPU-hours (measured) over those available, 0-1.
+    pub utilization: f64,
+    /// Allocated GPU-hours over those available, 0-1.
+    pub allocation: f64,
+    /// Of the allocated GPU-hours, the part with utilisation samples, 0-1: what the
+    /// utilisation rests on.
+    pub measured: f64,
+}
+
+impl Report {
+    /// The report with the cluster's figures, for `gpus` GPUs over its window.
+    pub fn with_capacity(mut self, gpus: u64) -> Report {
+        let hours = (self.until_ms - self.since_ms).max(0) as f64 / HOUR_MS;
+        let available = gpus as f64 * hours;
+        let t = &self.total;
+        let ratio = |x: f64| {
+            if available > 0.0 {
+                (x / available).min(1.0)
+            } else {
+                0.0
+            }
+        };
+        self.cluster = Some(ClusterFigures {
+            gpus,
+            gpu_hours_available: available,
+            utilization: ratio(t.gpu_hours_used),
+            allocation: ratio(t.gpu_hours_allocated),
+            measured: if t.gpu_hours_allocated > 0.0 {
+                t.gpu_hours_measured / t.gpu_hours_allocated
+            } else {
+                0.0
+            },
+        });
+        self
+    }
 }
 
 fn group_of(j: &pb::Job, by: By) -> String {
@@ -241,6 +288,7 @@ pub fn report(jobs: &[pb::Job], since: i64, until: i64, now: i64, by: By) -> Rep
         groups: rows,
         top_wasters: top,
         demand_gpu_hours: demand,
+        cluster: None,
     }
 }
 

@@ -62,6 +62,21 @@ pub struct Snapshot {
     pub jobs_by_user: BTreeMap<String, (u64, u64)>,
 }
 
+impl Snapshot {
+    /// Utilisation and allocation as the simulator and `gpuctl report` define them:
+    /// the mean busy fraction of the GPUs that reported (each capped at 100%), and the
+    /// allocated capacity over the GPUs there are (0 without GPUs).
+    pub fn cluster_ratios(&self) -> (f64, f64) {
+        let busy = self.gpu_util_mean.map_or(0.0, |u| u / 100.0);
+        let held = if self.gpus_total > 0 {
+            (self.gpus_allocated / self.gpus_total as f64).min(1.0)
+        } else {
+            0.0
+        };
+        (busy, held)
+    }
+}
+
 /// The registry and what is kept between scrapes.
 pub struct Metrics {
     registry: Registry,
@@ -71,6 +86,8 @@ pub struct Metrics {
     gpus_total: Gauge,
     gpus_allocated: GaugeF,
     fragmentation: GaugeF,
+    utilization: GaugeF,
+    allocation: GaugeF,
     user_gpus: Family<UserLabel, GaugeF>,
     user_gpu_seconds: Family<UserLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     account_gpus: Family<AccountLabel, GaugeF>,
@@ -119,6 +136,18 @@ impl Metrics {
             "gpuctl_fragmentation_gpus",
             "Idle GPU capacity the typical job mix could not use (FGD's measure), in GPUs",
             fragmentation.clone(),
+        );
+        let utilization = GaugeF::default();
+        r.register(
+            "gpuctl_cluster_gpu_utilization_ratio",
+            "Busy fraction of the GPUs of up nodes that reported a sample, averaged over them (0-1; docs/utilisation.md)",
+            utilization.clone(),
+        );
+        let allocation = GaugeF::default();
+        r.register(
+            "gpuctl_cluster_gpu_allocation_ratio",
+            "Allocated GPU capacity over the GPUs of up nodes (0-1; docs/utilisation.md)",
+            allocation.clone(),
         );
         let user_gpus = Family::<UserLabel, GaugeF>::default();
         r.register(
@@ -179,6 +208,8 @@ impl Metrics {
             nodes,
             gpus_total,
             gpus_allocated,
+            utilization,
+            allocation,
             fragmentation,
             user_gpus,
             user_gpu_seconds,
@@ -221,6 +252,9 @@ impl Metrics {
         self.gpus_total.set(s.gpus_total as i64);
         self.gpus_allocated.set(s.gpus_allocated);
         self.fragmentation.set(s.fragmentation_gpus);
+        let (busy, held) = s.cluster_ratios();
+        self.utilization.set(busy);
+        self.allocation.set(held);
         self.user_gpus.clear();
         let mut last = self.last_ms.lock().unwrap_or_else(|p| p.into_inner());
         let dt = last.map_or(0.0, |l| (now_ms - l).max(0) as f64 / 1000.0);
@@ -290,6 +324,7 @@ mod tests {
             gpus_total: 8,
             gpus_allocated: 2.25,
             fragmentation_gpus: 0.5,
+            gpu_util_mean: Some(45.0),
             ..Snapshot::default()
         };
         s.jobs_by_state.insert("RUNNING".into(), 3);
@@ -310,6 +345,8 @@ mod tests {
             "gpuctl_gpus 8",
             "gpuctl_gpus_allocated 2.25",
             "gpuctl_fragmentation_gpus 0.5",
+            "gpuctl_cluster_gpu_utilization_ratio 0.45",
+            "gpuctl_cluster_gpu_allocation_ratio 0.28125",
             "gpuctl_user_running_gpus{user=\"alice\"} 2.0",
             "gpuctl_user_gpu_seconds_total{user=\"alice\"} 20.0",
             "gpuctl_account_running_gpus{account=\"risk\"} 2.0",

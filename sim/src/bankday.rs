@@ -1,18 +1,19 @@
 //! The bank-day scenario: a week on 16 nodes x 8 A100s of a bank's GPU cluster.
-//! Online inference (short half-GPU jobs in daytime bursts, QoS `high`), model
-//! training (long 2-8 GPU jobs all week, QoS `normal`, not preemptible) and overnight
-//! batch scoring (1-GPU jobs in the evening, QoS `low`, requeued when preempted, with a
-//! checkpoint signal). Replayed three ways through the controller's state machine:
-//! - `windows`: backfill, fair share, and a business-hours window (Mon-Fri
-//!   08:00-20:00) that keeps 70% of the GPUs for inference;
-//! - `no-windows`: the same without the window;
-//! - `priority`: plain priority order (no backfill, no fair share, no window).
+//! Online inference (short jobs in daytime bursts, QoS `high`), model training (long
+//! 2-8 GPU jobs all week, QoS `normal`, checkpointing on `USR1@60` and requeued when
+//! stopped, as a bank's would) and overnight batch scoring (1-GPU jobs in the evening,
+//! QoS `low`, requeued when preempted, with a checkpoint signal).
 //!
-//! Reported: inference's wait in business hours (mean, p95) against the target, and
-//! training's GPU-hours at night and in all, and the work scoring lost to preemption.
-//! The workload is drawn from a seeded generator (the same seed, the same week).
+//! Replayed through the controller's state machine once per rung of a ladder
+//! (`crate::ladder`): from a *before* (whole GPUs, FIFO, no windows, no preemption) up
+//! to the defaults (priority and backfill, fair share, shares for inference, a
+//! business-hours window keeping 70% of the GPUs for inference, and floors that lend
+//! to jobs that give back). Each rung reports utilisation and allocation (one
+//! definition: docs/utilisation.md), inference's wait in business hours against the
+//! target, training's GPU-hours and wait, and the work lost to preemption. What jobs
+//! keep busy of their GPUs comes from the calibrated model of `crate::usage`. The
+//! workload is drawn from a seeded generator (the same seed, the same week).
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -23,7 +24,7 @@ use gpuctl_sched::packing::Policy;
 use gpuctl_sched::priority::PriorityWeights;
 use gpuctl_sched::{GpuRequest, Millis, Request};
 
-use crate::replay::{Outcome, TraceJob, parse_cluster, replay};
+use crate::replay::{TraceJob, parse_cluster, replay};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -114,8 +115,27 @@ fn job(
     }
 }
 
-/// The week's jobs, in submit order.
+/// How the week's jobs ask for GPUs: inference as half a GPU (`shares`) or a whole
+/// one, and training with a checkpoint signal and requeue (`checkpoints`) or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub shares: bool,
+    pub checkpoints: bool,
+}
+
+/// The week's jobs, in submit order, as the defaults' users would submit them.
 pub fn workload(seed: u64) -> Vec<TraceJob> {
+    workload_as(
+        seed,
+        Shape {
+            shares: true,
+            checkpoints: true,
+        },
+    )
+}
+
+/// The week's jobs, in submit order, shaped by `shape` (the same draws either way).
+pub fn workload_as(seed: u64, shape: Shape) -> Vec<TraceJob> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut jobs = Vec::new();
     let mut id = 0u64;
@@ -136,23 +156,15 @@ pub fn workload(seed: u64) -> Vec<TraceJob> {
         };
         t += exp(&mut rng, 3600.0 / rate);
         let dur = 300.0 + exp(&mut rng, 900.0).min(2100.0);
-        let share = GpuRequest::Share {
-            compute_milli: Some(500),
-            memory_mib: None,
-        };
-        jobs.push(job(next(), t, dur, share, 500, "inference", "high"));
+        jobs.push(inference(next(), t, dur, shape));
     }
     for day in 0..5 {
         for h in 8..20 {
             let at = (day * 24 + h) as f64 * 3600.0;
             for _ in 0..80 {
                 let dur = 300.0 + exp(&mut rng, 600.0).min(1800.0);
-                let share = GpuRequest::Share {
-                    compute_milli: Some(500),
-                    memory_mib: None,
-                };
                 let t = at + rng.random::<f64>() * 300.0;
-                jobs.push(job(next(), t, dur, share, 500, "inference", "high"));
+                jobs.push(inference(next(), t, dur, shape));
             }
         }
     }
@@ -163,7 +175,7 @@ pub fn workload(seed: u64) -> Vec<TraceJob> {
         let gpus = [2u32, 4, 8, 8][rng.random_range(0..4)];
         let dur = 2.0 * 3600.0 + rng.random::<f64>() * 10.0 * 3600.0;
         let whole = GpuRequest::Whole { count: gpus };
-        jobs.push(job(
+        let mut j = job(
             next(),
             t,
             dur,
@@ -171,7 +183,12 @@ pub fn workload(seed: u64) -> Vec<TraceJob> {
             u64::from(gpus) * 1000,
             "training",
             "normal",
-        ));
+        );
+        if shape.checkpoints {
+            j.requeue = true;
+            j.signal = "USR1@60".into();
+        }
+        jobs.push(j);
     }
     // Scoring: 120 one-GPU jobs of 30-90 minutes each evening (18:00-22:00).
     for day in 0..7 {
@@ -196,23 +213,41 @@ pub fn workload(seed: u64) -> Vec<TraceJob> {
     jobs
 }
 
-/// One variant's figures.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Row {
-    pub variant: String,
-    pub inference_jobs_business: usize,
-    pub inference_wait_mean_s: f64,
-    pub inference_wait_p95_s: f64,
-    pub training_gpu_hours: f64,
-    pub training_gpu_hours_night: f64,
-    pub training_wait_mean_s: f64,
-    pub scoring_gpu_hours_lost: f64,
-    /// GPU-hours run within the scenario's days over the GPU-hours there were.
-    pub util_in_period: f64,
+/// An inference job: half a GPU, or a whole one when the users are not given shares.
+fn inference(id: u64, t: f64, dur: f64, shape: Shape) -> TraceJob {
+    if shape.shares {
+        let share = GpuRequest::Share {
+            compute_milli: Some(500),
+            memory_mib: None,
+        };
+        job(id, t, dur, share, 500, "inference", "high")
+    } else {
+        job(
+            id,
+            t,
+            dur,
+            GpuRequest::Whole { count: 1 },
+            1000,
+            "inference",
+            "high",
+        )
+    }
+}
+
+/// What a job of the week keeps busy of its GPUs (`crate::usage`): inference as online
+/// serving, training as Philly's training jobs, scoring as PAI's mixed instances.
+pub fn busy(j: &TraceJob, seed: u64) -> f64 {
+    use crate::usage::{Kind, busy, uniform};
+    let kind = match j.account.as_str() {
+        "inference" => Kind::Serving,
+        "training" => Kind::Training,
+        _ => Kind::Instance,
+    };
+    busy(kind, j.duration as f64 / 1000.0, uniform(seed, j.id, 0))
 }
 
 /// GPU-hours of `[start, end)` (ms from the epoch) outside business hours.
-fn night_hours(start: Millis, end: Millis, milli: u64) -> f64 {
+pub fn night_hours(start: Millis, end: Millis, milli: u64) -> f64 {
     let mut t = start;
     let mut night = 0i64;
     while t < end {
@@ -226,193 +261,70 @@ fn night_hours(start: Millis, end: Millis, milli: u64) -> f64 {
     night as f64 / HOUR as f64 * milli as f64 / 1000.0
 }
 
-fn row(variant: &str, out: &Outcome, epoch: Millis, period: Millis, gpus: f64) -> Row {
-    let in_period: f64 = out
-        .runs
-        .iter()
-        .map(|r| {
-            let (s, e) = ((r.start - epoch).max(0), (r.end - epoch).min(period));
-            (e - s).max(0) as f64 / HOUR as f64 * r.gpu_milli as f64 / 1000.0
-        })
-        .sum();
-    let mut waits: Vec<f64> = out
-        .jobs
-        .iter()
-        .filter(|j| j.account == "inference" && business(j.submit))
-        .map(|j| j.wait_s)
-        .collect();
-    waits.sort_by(f64::total_cmp);
-    let training: Vec<f64> = out
-        .jobs
-        .iter()
-        .filter(|j| j.account == "training")
-        .map(|j| j.wait_s)
-        .collect();
-    let hours = |r: &crate::replay::agents::RunRecord| {
-        (r.end - r.start) as f64 / HOUR as f64 * r.gpu_milli as f64 / 1000.0
-    };
-    let runs = |a: &'static str| out.runs.iter().filter(move |r| r.account == a);
-    Row {
-        variant: variant.into(),
-        inference_jobs_business: waits.len(),
-        inference_wait_mean_s: waits.iter().sum::<f64>() / waits.len().max(1) as f64,
-        inference_wait_p95_s: crate::percentile(&waits, 95.0),
-        training_gpu_hours: runs("training").map(hours).sum(),
-        training_gpu_hours_night: runs("training")
-            .map(|r| night_hours(r.start - epoch, r.end - epoch, r.gpu_milli))
-            .sum(),
-        training_wait_mean_s: training.iter().sum::<f64>() / training.len().max(1) as f64,
-        scoring_gpu_hours_lost: runs("scoring")
-            .filter(|r| !r.completed)
-            .map(hours)
-            .sum::<f64>()
-            + 0.0,
-        util_in_period: in_period / (gpus * period as f64 / HOUR as f64),
-    }
-}
-
-/// Replays the week three ways; writes `bankday.md`, `bankday.json` and
-/// `bankday-hourly.svg` (GPUs in use per account, hour by hour) to `out`.
+/// Replays the week once per rung of the ladder (`crate::ladder`); writes
+/// `ladder.md`, `ladder.json`, the config of the defaults, and `bankday-hourly.svg`
+/// (utilisation and allocation hour by hour, before and after) to `out`.
 pub fn main(a: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
     let nodes = parse_cluster("16x8xA100-80GB")?;
     let cut = i64::from(a.days.min(7)) * DAY;
-    let jobs: Vec<TraceJob> = workload(a.seed)
-        .into_iter()
-        .filter(|j| j.submit < cut)
-        .collect();
     let epoch = 1_704_067_200_000; // Monday 2024-01-01 00:00 UTC
-    let parse = |text: &str| -> anyhow::Result<Config> {
-        let p = a.out.join("bankday-config.toml");
-        std::fs::write(&p, text)?;
-        Ok(Config::load(&p)?)
-    };
-    let with = parse(&format!("{BASE}{WINDOW}"))?;
-    let without = parse(BASE)?;
-    std::fs::write(a.out.join("bankday-config.toml"), format!("{BASE}{WINDOW}"))?;
     let mut rows = Vec::new();
     let mut hourly = Vec::new();
-    for (variant, base, backfill) in [
-        ("windows", &with, true),
-        ("no-windows", &without, true),
-        ("priority", &without, false),
-    ] {
+    for rung in crate::ladder::RUNGS {
+        let text = rung.config();
+        let p = a.out.join("bankday-config.toml");
+        std::fs::write(&p, &text)?;
+        let base = Config::load(&p)?;
+        let jobs: Vec<TraceJob> = workload_as(a.seed, rung.shape())
+            .into_iter()
+            .filter(|j| j.submit < cut)
+            .collect();
         let mut weights = base.scheduler.priority.clone();
-        if !backfill {
+        if !rung.priority {
+            // FIFO: age alone orders the queue.
             weights = PriorityWeights {
+                size: 0,
+                user: 0,
+                qos: 0,
                 fair_share: 0,
                 ..weights
             };
+        } else if !rung.fair_share {
+            weights.fair_share = 0;
         }
         let config = gpuctl_sched::SchedConfig {
             policy: Policy::FirstFit,
             weights,
-            backfill,
+            backfill: rung.backfill,
             expected_starts: false,
             ..gpuctl_sched::SchedConfig::default()
         };
-        let out = replay(&nodes, &jobs, &config, base, variant, epoch);
-        hourly.push((variant, per_hour(&out, epoch)));
-        rows.push(row(variant, &out, epoch, cut, 128.0));
+        let out = replay(&nodes, &jobs, &config, &base, rung.name, epoch);
+        let by_id: std::collections::HashMap<u64, f64> =
+            jobs.iter().map(|j| (j.id, busy(j, a.seed))).collect();
+        let m = crate::ladder::measure(&out, &by_id, epoch, cut, 128);
+        hourly.push((rung.name, m.hourly.clone()));
+        rows.push(crate::ladder::row(rung.name, &out, &m, epoch, cut));
     }
-    let md = table(&rows, a.target_p95_s);
-    std::fs::write(a.out.join("bankday.md"), &md)?;
+    // The defaults' config, as the last rung replayed it.
     std::fs::write(
-        a.out.join("bankday.json"),
+        a.out.join("bankday-config.toml"),
+        crate::ladder::RUNGS[crate::ladder::RUNGS.len() - 1].config(),
+    )?;
+    let md = crate::ladder::table(&rows, a.target_p95_s);
+    std::fs::write(a.out.join("ladder.md"), &md)?;
+    std::fs::write(
+        a.out.join("ladder.json"),
         serde_json::to_string_pretty(&rows)?,
     )?;
-    plot(&a.out.join("bankday-hourly.svg"), &hourly)?;
+    let first = hourly.first().cloned();
+    let last = hourly.last().cloned();
+    if let (Some(b), Some(f)) = (first, last) {
+        crate::ladder::plot(&a.out.join("bankday-hourly.svg"), &[b, f])?;
+    }
     print!("{md}");
-    Ok(())
-}
-
-/// GPUs in use per account, hour by hour: (inference, training, scoring).
-fn per_hour(out: &Outcome, epoch: Millis) -> Vec<[f64; 3]> {
-    let mut h = vec![[0.0; 3]; 7 * 24];
-    for r in &out.runs {
-        let k = match r.account.as_str() {
-            "inference" => 0,
-            "training" => 1,
-            _ => 2,
-        };
-        let (mut t, end) = (r.start - epoch, r.end - epoch);
-        while t < end {
-            let slot = (t / HOUR) as usize;
-            let stop = ((t / HOUR + 1) * HOUR).min(end);
-            if let Some(x) = h.get_mut(slot) {
-                x[k] += (stop - t) as f64 / HOUR as f64 * r.gpu_milli as f64 / 1000.0;
-            }
-            t = stop;
-        }
-    }
-    h
-}
-
-fn table(rows: &[Row], target: f64) -> String {
-    let mut out = format!(
-        "| variant | inference jobs (business hours) | inference wait mean (s) | inference wait p95 (s) | p95 under {target:.0} s | training GPU-h | training GPU-h at night | training wait mean (h) | scoring GPU-h lost to preemption | GPU utilisation in the period |\n|---|---|---|---|---|---|---|---|---|---|\n"
-    );
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1}% |",
-            r.variant,
-            r.inference_jobs_business,
-            r.inference_wait_mean_s,
-            r.inference_wait_p95_s,
-            if r.inference_wait_p95_s <= target {
-                "yes"
-            } else {
-                "no"
-            },
-            r.training_gpu_hours,
-            r.training_gpu_hours_night,
-            r.training_wait_mean_s / 3600.0,
-            r.scoring_gpu_hours_lost,
-            r.util_in_period * 100.0
-        );
-    }
-    out
-}
-
-fn plot(path: &std::path::Path, hourly: &[(&str, Vec<[f64; 3]>)]) -> anyhow::Result<()> {
-    use plotters::prelude::*;
-    let root = SVGBackend::new(path, (1000, 260 * hourly.len() as u32)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let panels = root.split_evenly((hourly.len(), 1));
-    for ((variant, h), area) in hourly.iter().zip(panels) {
-        let mut c = ChartBuilder::on(&area)
-            .caption(format!("bank day: {variant}"), ("sans-serif", 16))
-            .margin(6)
-            .x_label_area_size(24)
-            .y_label_area_size(44)
-            .build_cartesian_2d(0f64..168f64, 0f64..130f64)?;
-        c.configure_mesh()
-            .x_desc("hour of the week (Mon 00:00 = 0)")
-            .y_desc("GPUs")
-            .draw()?;
-        for (k, (name, color)) in [
-            ("inference", &RED),
-            ("training", &BLUE),
-            ("scoring", &GREEN),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            c.draw_series(LineSeries::new(
-                h.iter().enumerate().map(|(i, x)| (i as f64, x[k])),
-                color,
-            ))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
-        }
-        c.configure_series_labels()
-            .background_style(WHITE)
-            .border_style(BLACK)
-            .draw()?;
-    }
-    root.present()?;
     Ok(())
 }
 

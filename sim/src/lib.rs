@@ -12,9 +12,11 @@ pub mod alloc;
 pub mod bankday;
 pub mod bench;
 pub mod inflation;
+pub mod ladder;
 pub mod replay;
 pub mod rightsize;
 pub mod trace;
+pub mod usage;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -81,7 +81,7 @@ pub struct Args {
     pub usage_seed: u64,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Summary {
     pub policy: String,
     pub packing: String,

@@ -140,6 +140,13 @@ fn a_small_week_adds_up_by_hand() {
     assert!(close(all, t.gpu_hours_allocated));
     // Sunday 23:00 is outside the window: nothing on day 6.
     assert!(r.demand_gpu_hours[6].iter().all(|&x| x == 0.0));
+    // On 4 GPUs for the week: 672 GPU-hours; busy 1.27, allocated 4.25 of them.
+    assert!(r.cluster.is_none());
+    let c = r.with_capacity(4).cluster.unwrap();
+    assert!(close(c.gpu_hours_available, 672.0));
+    assert!(close(c.utilization, 1.27 / 672.0), "{c:?}");
+    assert!(close(c.allocation, 4.25 / 672.0), "{c:?}");
+    assert!(close(c.measured, 3.25 / 4.25), "{c:?}");
 }
 
 #[test]

@@ -77,6 +77,16 @@ impl View for ReportView {
             format::short_time(r.until_ms),
             r.by
         );
+        if let Some(c) = &r.cluster {
+            text.push_str(&format!(
+                "Cluster: {} GPUs, {:.0} GPU-hours in the window: utilisation {:.1}%, allocation {:.1}% ({:.0}% of the allocated GPU-hours measured)\n\n",
+                c.gpus,
+                c.gpu_hours_available,
+                c.utilization * 100.0,
+                c.allocation * 100.0,
+                c.measured * 100.0
+            ));
+        }
         let mut rows = vec![figures_row("TOTAL", t)];
         rows.extend(r.groups.iter().map(|g| figures_row(&g.name, &g.figures)));
         text.push_str(&format::table(&HEADER, rows));
@@ -229,7 +239,18 @@ pub async fn run(client: &mut Client, args: &ReportArgs) -> Result<ReportView, F
                 .filter(|j| super::history::in_window(j, since, until)),
         );
     }
-    let r = report::report(&jobs, since, until, now, by);
+    // The GPUs there are now (of nodes that are not down) over the window.
+    let nodes = client
+        .list_nodes(pb::ListNodesRequest::default())
+        .await?
+        .into_inner();
+    let gpus: u64 = nodes
+        .nodes
+        .iter()
+        .filter(|n| n.state() != pb::NodeState::Down)
+        .map(|n| n.gpus.len() as u64)
+        .sum();
+    let r = report::report(&jobs, since, until, now, by).with_capacity(gpus);
     if let Some(path) = &args.plot {
         plot(&r, path).map_err(|e| fail(format!("cannot draw {}: {e}", path.display())))?;
     }

@@ -46,7 +46,7 @@ impl Controller {
                     snap.mig_instances_allocated +=
                         g.mig.iter().filter(|m| m.allocated_to != 0).count() as u64;
                     if let Some(m) = &g.metrics {
-                        util_sum += f64::from(m.util_pct);
+                        util_sum += f64::from(m.util_pct).min(100.0);
                         sampled += 1;
                     }
                 }

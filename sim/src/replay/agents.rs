@@ -2,7 +2,9 @@
 //! STARTED at once and is due to end COMPLETED after the job's duration; a kill (a
 //! cancel, a requeue, a preemption) ends the instance after its grace (the checkpoint
 //! signal's lead), in the state the kill names. Every instance that stops is recorded
-//! as a run.
+//! as a run, with the GPU slots it held. A job that checkpoints (its trace row has a
+//! signal and `requeue`) saves its work when signalled: requeued, it runs only what was
+//! left (the signal's lead is what it loses); any other job starts over.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -22,6 +24,10 @@ pub struct RunRecord {
     pub end: Millis,
     pub gpu_milli: u64,
     pub completed: bool,
+    /// Work it saved before it stopped (a checkpoint at its signal), ms.
+    pub saved_ms: Millis,
+    /// The GPU slots it held (every rank): (slot uuid, compute milli).
+    pub slots: Vec<(String, u32)>,
 }
 
 /// A due end: (time, job, attempt, node, state).
@@ -37,6 +43,12 @@ pub struct SimAgents {
     pub runs: Vec<RunRecord>,
     /// Jobs that went back to the queue (requeued, preempted) since the last call.
     pub requeued: usize,
+    /// Work each checkpointing job has saved, ms.
+    saved: HashMap<u64, Millis>,
+    /// Instances signalled to stop: (job, attempt) -> when (their checkpoint).
+    signalled: HashMap<(u64, u32), Millis>,
+    /// Slots of running instances, every rank: (job, attempt) -> (uuid, compute milli).
+    slots: HashMap<(u64, u32), Vec<(String, u32)>>,
 }
 
 impl SimAgents {
@@ -80,13 +92,25 @@ impl SimAgents {
                 if j.state() == JobState::Pending {
                     self.requeued += 1;
                 }
+                let completed = j.state() == JobState::Completed;
+                let trace = by_id[&id];
+                let mut saved_ms = 0;
+                if let Some(at) = self.signalled.remove(&(id, attempt))
+                    && !completed
+                    && checkpoints(trace)
+                {
+                    saved_ms = (at - start).max(0);
+                    *self.saved.entry(id).or_default() += saved_ms;
+                }
                 self.runs.push(RunRecord {
                     job: id,
-                    account: by_id[&id].account.clone(),
+                    account: trace.account.clone(),
                     start,
                     end: t,
                     gpu_milli: milli,
-                    completed: j.state() == JobState::Completed,
+                    completed,
+                    saved_ms,
+                    slots: self.slots.remove(&(id, attempt)).unwrap_or_default(),
                 });
             }
             last = Some(t);
@@ -117,8 +141,14 @@ impl SimAgents {
                     };
                     c.report(&report, now);
                     let done = JobState::Completed as i32;
+                    let saved = self.saved.get(&s.job_id).copied().unwrap_or(0);
+                    let left = (j.duration - saved).max(1000);
                     self.ends
-                        .push(Reverse((now + j.duration, s.job_id, s.attempt, node, done)));
+                        .push(Reverse((now + left, s.job_id, s.attempt, node, done)));
+                    self.slots
+                        .entry((s.job_id, s.attempt))
+                        .or_default()
+                        .extend(s.slots.iter().map(|x| (x.uuid.clone(), x.compute_milli)));
                     if s.rank == 0 {
                         self.running
                             .insert((s.job_id, s.attempt), (now, j.gpu_milli));
@@ -133,6 +163,7 @@ impl SimAgents {
                         c.jobs.job(k.job_id).map_or(0, |j| j.attempt)
                     };
                     let grace = i64::try_from(k.kill_grace_secs).unwrap_or(0) * 1000;
+                    self.signalled.entry((k.job_id, attempt)).or_insert(now);
                     self.ends
                         .push(Reverse((now + grace, k.job_id, attempt, node, k.as_state)));
                 }
@@ -141,4 +172,9 @@ impl SimAgents {
         }
         started
     }
+}
+
+/// Whether a trace job saves its work when signalled (a checkpoint signal and requeue).
+fn checkpoints(j: &TraceJob) -> bool {
+    j.requeue && !j.signal.is_empty()
 }

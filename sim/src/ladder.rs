@@ -1,0 +1,409 @@
+//! The bank week's ladder: one replay per strategy added, from a *before* to the
+//! defaults, each measured the same way.
+//!
+//! *Utilisation* is what monitoring shows: per GPU, the busy fraction of its time (the
+//! busy fractions of the jobs on it, each times its share of the GPU, summed and
+//! capped at 100%), averaged over every GPU and the whole period. *Allocation* is GPU
+//! time allocated over GPU time available (per GPU capped at 100% too). A job's busy
+//! fraction is its modelled average (`crate::usage`), so the cap applies to averages:
+//! co-located jobs whose busy minutes overlap would show less (docs/utilisation.md).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+use gpuctl_sched::Millis;
+
+use crate::bankday::{BASE, Shape, WINDOW, business};
+use crate::replay::Outcome;
+use crate::replay::agents::RunRecord;
+
+const HOUR: i64 = 3_600_000;
+
+/// One rung: what is on.
+#[derive(Debug, Clone, Copy)]
+pub struct Rung {
+    pub name: &'static str,
+    /// QoS priorities, size and fair-share factors (else FIFO by age), and preemption.
+    pub priority: bool,
+    pub backfill: bool,
+    pub fair_share: bool,
+    /// Inference asks for half a GPU (else a whole one).
+    pub shares: bool,
+    /// The business-hours window keeps 70% of the GPUs for inference.
+    pub window: bool,
+    /// Training checkpoints and requeues, so it may borrow the window's floor.
+    pub lend: bool,
+}
+
+/// The ladder, first *before* and last the defaults.
+pub const RUNGS: [Rung; 6] = [
+    Rung {
+        name: "before: whole GPUs, FIFO",
+        priority: false,
+        backfill: false,
+        fair_share: false,
+        shares: false,
+        window: false,
+        lend: false,
+    },
+    Rung {
+        name: "+ priority, preemption and backfill",
+        priority: true,
+        backfill: true,
+        fair_share: false,
+        shares: false,
+        window: false,
+        lend: false,
+    },
+    Rung {
+        name: "+ fair share",
+        priority: true,
+        backfill: true,
+        fair_share: true,
+        shares: false,
+        window: false,
+        lend: false,
+    },
+    Rung {
+        name: "+ shares for inference",
+        priority: true,
+        backfill: true,
+        fair_share: true,
+        shares: true,
+        window: false,
+        lend: false,
+    },
+    Rung {
+        name: "+ business-hours window",
+        priority: true,
+        backfill: true,
+        fair_share: true,
+        shares: true,
+        window: true,
+        lend: false,
+    },
+    Rung {
+        name: "+ lendable floors (the defaults)",
+        priority: true,
+        backfill: true,
+        fair_share: true,
+        shares: true,
+        window: true,
+        lend: true,
+    },
+];
+
+impl Rung {
+    /// The controller config of the rung.
+    pub fn config(&self) -> String {
+        let mut text = BASE.to_string();
+        if !self.priority {
+            text = text.replace("min_run = \"5m\"", "enabled = false\nmin_run = \"5m\"");
+        }
+        if self.window {
+            text.push_str(WINDOW);
+        }
+        text
+    }
+
+    pub fn shape(&self) -> Shape {
+        Shape {
+            shares: self.shares,
+            checkpoints: self.lend,
+        }
+    }
+}
+
+/// Utilisation and allocation over a period, and hour by hour.
+#[derive(Debug, Clone, Default)]
+pub struct Measures {
+    pub utilization: f64,
+    pub allocation: f64,
+    /// Per hour of the period: (utilisation, allocation).
+    pub hourly: Vec<(f64, f64)>,
+}
+
+/// Measures the runs of a replay over `[epoch, epoch + period)` on `gpus` GPUs; `busy`
+/// gives each job's busy fraction.
+pub fn measure(
+    out: &Outcome,
+    busy: &HashMap<u64, f64>,
+    epoch: Millis,
+    period: Millis,
+    gpus: usize,
+) -> Measures {
+    // Per GPU: (time, +/- allocated, +/- busy), in GPU fractions.
+    let mut events: BTreeMap<&str, Vec<(Millis, f64, f64)>> = BTreeMap::new();
+    for r in &out.runs {
+        let (s, e) = ((r.start - epoch).max(0), (r.end - epoch).min(period));
+        if e <= s {
+            continue;
+        }
+        let b = busy.get(&r.job).copied().unwrap_or(0.0);
+        for (uuid, milli) in &r.slots {
+            let a = f64::from(*milli) / 1000.0;
+            let v = events.entry(uuid.as_str()).or_default();
+            v.push((s, a, a * b));
+            v.push((e, -a, -a * b));
+        }
+    }
+    let hours = (period / HOUR).max(1) as usize;
+    let mut hourly = vec![(0.0, 0.0); hours];
+    let (mut used, mut held) = (0.0, 0.0);
+    for v in events.values_mut() {
+        v.sort_by_key(|x| x.0);
+        let (mut alloc, mut work, mut t) = (0.0f64, 0.0f64, 0);
+        for &(at, da, db) in v.iter() {
+            if at > t {
+                let (a, b) = (alloc.clamp(0.0, 1.0), work.clamp(0.0, 1.0));
+                held += a * (at - t) as f64;
+                used += b * (at - t) as f64;
+                spread(&mut hourly, t, at, a, b);
+                t = at;
+            }
+            alloc += da;
+            work += db;
+        }
+    }
+    let total = gpus as f64 * period as f64;
+    for h in &mut hourly {
+        *h = (
+            h.0 / (gpus as f64 * HOUR as f64),
+            h.1 / (gpus as f64 * HOUR as f64),
+        );
+    }
+    Measures {
+        utilization: used / total,
+        allocation: held / total,
+        hourly: hourly.into_iter().map(|(b, a)| (b, a)).collect(),
+    }
+}
+
+/// Adds `[from, to)` at allocation `a` and busy `b` to the hourly sums (busy first).
+fn spread(hourly: &mut [(f64, f64)], from: Millis, to: Millis, a: f64, b: f64) {
+    let mut t = from;
+    while t < to {
+        let slot = (t / HOUR) as usize;
+        let stop = ((t / HOUR + 1) * HOUR).min(to);
+        if let Some(h) = hourly.get_mut(slot) {
+            h.0 += b * (stop - t) as f64;
+            h.1 += a * (stop - t) as f64;
+        }
+        t = stop;
+    }
+}
+
+/// One rung's figures (fractions 0-1, seconds, GPU-hours).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    pub rung: String,
+    pub utilization: f64,
+    pub allocation: f64,
+    pub inference_p95_wait_s: f64,
+    pub inference_wait_mean_s: f64,
+    /// Training work done in the period: GPU-hours of runs that completed, and of the
+    /// checkpointed part of runs that were stopped.
+    pub training_gpu_hours: f64,
+    pub training_wait_mean_s: f64,
+    pub scoring_gpu_hours_lost: f64,
+    pub scoring_wait_mean_s: f64,
+    /// Training GPU-hours run and not kept (stopped after its last checkpoint or
+    /// without one).
+    pub training_gpu_hours_lost: f64,
+}
+
+fn gpu_hours(ms: Millis, milli: u64) -> f64 {
+    ms.max(0) as f64 / HOUR as f64 * milli as f64 / 1000.0
+}
+
+/// Work a run kept in `[0, period)` (ms from the epoch): all of it when it completed,
+/// else what it saved at its checkpoint.
+fn kept(r: &RunRecord, epoch: Millis, period: Millis) -> f64 {
+    let s = r.start - epoch;
+    let e = if r.completed {
+        r.end - epoch
+    } else {
+        s + r.saved_ms
+    };
+    gpu_hours(e.min(period) - s.max(0), r.gpu_milli)
+}
+
+/// What a run ran and did not keep.
+fn lost(r: &RunRecord) -> f64 {
+    if r.completed {
+        0.0
+    } else {
+        gpu_hours(r.end - r.start - r.saved_ms, r.gpu_milli)
+    }
+}
+
+pub fn row(name: &str, out: &Outcome, m: &Measures, epoch: Millis, period: Millis) -> Row {
+    let waits = |a: &str, business_only: bool| -> Vec<f64> {
+        let mut w: Vec<f64> = out
+            .jobs
+            .iter()
+            .filter(|j| j.account == a && (!business_only || business(j.submit)))
+            .map(|j| j.wait_s)
+            .collect();
+        w.sort_by(f64::total_cmp);
+        w
+    };
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let inference = waits("inference", true);
+    let runs = |a: &'static str| out.runs.iter().filter(move |r| r.account == a);
+    Row {
+        rung: name.into(),
+        utilization: m.utilization,
+        allocation: m.allocation,
+        inference_p95_wait_s: crate::percentile(&inference, 95.0),
+        inference_wait_mean_s: mean(&inference),
+        training_gpu_hours: runs("training").map(|r| kept(r, epoch, period)).sum(),
+        training_wait_mean_s: mean(&waits("training", false)),
+        scoring_gpu_hours_lost: runs("scoring").map(lost).sum(),
+        scoring_wait_mean_s: mean(&waits("scoring", false)),
+        training_gpu_hours_lost: runs("training").map(lost).sum(),
+    }
+}
+
+pub fn table(rows: &[Row], target: f64) -> String {
+    let mut out = format!(
+        "| rung | utilisation | allocation | inference wait p95 (s), business hours | under {target:.0} s | inference wait mean (s) | training GPU-h done | training wait mean (h) | training GPU-h lost | scoring wait mean (h) | scoring GPU-h lost |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {:.1}% | {:.1}% | {:.0} | {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} |",
+            r.rung,
+            r.utilization * 100.0,
+            r.allocation * 100.0,
+            r.inference_p95_wait_s,
+            if r.inference_p95_wait_s <= target {
+                "yes"
+            } else {
+                "no"
+            },
+            r.inference_wait_mean_s,
+            r.training_gpu_hours,
+            r.training_wait_mean_s / 3600.0,
+            r.training_gpu_hours_lost,
+            r.scoring_wait_mean_s / 3600.0,
+            r.scoring_gpu_hours_lost,
+        );
+    }
+    out
+}
+
+/// Hourly utilisation and allocation, one panel per rung given.
+pub fn plot(path: &std::path::Path, hourly: &[(&str, Vec<(f64, f64)>)]) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (1000, 260 * hourly.len() as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((hourly.len(), 1));
+    for ((name, h), area) in hourly.iter().zip(panels) {
+        let mut c = ChartBuilder::on(&area)
+            .caption(format!("bank week: {name}"), ("sans-serif", 16))
+            .margin(6)
+            .x_label_area_size(24)
+            .y_label_area_size(44)
+            .build_cartesian_2d(0f64..h.len() as f64, 0f64..100f64)?;
+        c.configure_mesh()
+            .x_desc("hour of the week (Mon 00:00 = 0)")
+            .y_desc("% of GPU time")
+            .draw()?;
+        for (k, (label, color)) in [("utilisation", &RED), ("allocation", &BLUE)]
+            .into_iter()
+            .enumerate()
+        {
+            let points = h.iter().enumerate().map(|(i, x)| {
+                let v = if k == 0 { x.0 } else { x.1 };
+                (i as f64, v * 100.0)
+            });
+            c.draw_series(LineSeries::new(points, color))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        }
+        c.configure_series_labels()
+            .background_style(WHITE)
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::{JobRecord, Summary};
+
+    fn run(job: u64, start: Millis, end: Millis, slots: &[(&str, u32)]) -> RunRecord {
+        RunRecord {
+            job,
+            account: "training".into(),
+            start,
+            end,
+            gpu_milli: slots.iter().map(|s| u64::from(s.1)).sum(),
+            completed: true,
+            saved_ms: 0,
+            slots: slots.iter().map(|(u, m)| (u.to_string(), *m)).collect(),
+        }
+    }
+
+    fn outcome(runs: Vec<RunRecord>) -> Outcome {
+        Outcome {
+            summary: Summary::default(),
+            samples: Vec::new(),
+            users: Vec::new(),
+            jobs: Vec::<JobRecord>::new(),
+            runs,
+        }
+    }
+
+    #[test]
+    fn utilisation_sums_colocated_jobs_and_caps_each_gpu() {
+        // Two GPUs over two hours. g0: job 1 (whole GPU, 50% busy) for an hour; g1:
+        // jobs 2 and 3 (half a GPU each, 80% busy... as averages) for two hours, and
+        // job 4 (overcommitted: another whole GPU at 90%) for the second hour.
+        let out = outcome(vec![
+            run(1, 0, HOUR, &[("g0", 1000)]),
+            run(2, 0, 2 * HOUR, &[("g1", 500)]),
+            run(3, 0, 2 * HOUR, &[("g1", 500)]),
+            run(4, HOUR, 2 * HOUR, &[("g1", 1000)]),
+        ]);
+        let busy: HashMap<u64, f64> = [(1, 0.5), (2, 0.8), (3, 0.8), (4, 0.9)].into();
+        let m = measure(&out, &busy, 0, 2 * HOUR, 2);
+        // Busy GPU-hours: g0 0.5; g1 0.8 in hour 1, min(1, 0.8 + 0.9) = 1 in hour 2.
+        assert!((m.utilization - (0.5 + 0.8 + 1.0) / 4.0).abs() < 1e-9);
+        // Allocated: g0 1 h, g1 2 h (capped at one GPU in hour 2).
+        assert!((m.allocation - 3.0 / 4.0).abs() < 1e-9);
+        assert!((m.hourly[0].0 - (0.5 + 0.8) / 2.0).abs() < 1e-9);
+        assert!((m.hourly[1].1 - 0.5).abs() < 1e-9);
+        // Outside the period counts nothing.
+        let m = measure(&out, &busy, 5 * HOUR, HOUR, 2);
+        assert_eq!(m.utilization, 0.0);
+    }
+
+    #[test]
+    fn a_stopped_run_keeps_its_checkpoint_and_loses_the_rest() {
+        let mut r = run(1, 0, 2 * HOUR, &[("g0", 1000), ("g1", 1000)]);
+        r.completed = false;
+        r.saved_ms = HOUR;
+        assert!((kept(&r, 0, 10 * HOUR) - 2.0).abs() < 1e-9);
+        assert!((lost(&r) - 2.0).abs() < 1e-9);
+        r.completed = true;
+        assert_eq!(lost(&r), 0.0);
+        assert!((kept(&r, 0, HOUR) - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_ladder_starts_before_and_ends_with_the_defaults() {
+        let first = &RUNGS[0];
+        assert!(!first.priority && !first.backfill && !first.shares && !first.window);
+        assert!(first.config().contains("enabled = false"));
+        let last = &RUNGS[RUNGS.len() - 1];
+        assert!(last.priority && last.backfill && last.fair_share && last.shares);
+        assert!(last.window && last.lend);
+        // The defaults' config sets no lending switch: lending is the default.
+        assert!(!last.config().contains("lend_floors"));
+    }
+}
