@@ -226,12 +226,14 @@ impl crate::state::Cluster {
                 cfg.weights.qos_levels.insert(q.clone(), *p);
             }
         }
-        cfg.floors = self.floors(now);
+        cfg.floors = self.floors(now, false, &BTreeSet::new());
     }
 
     /// The floors of every window open now or opening before the longest job could
     /// end, in the controller's time (the windows' clock minus its offset).
-    fn floors(&self, now: i64) -> Floors {
+    /// `all`: reclaimable jobs count against floors too (to tell which of them
+    /// borrow); `skip`: jobs left out.
+    fn floors(&self, now: i64, all: bool, skip: &BTreeSet<u64>) -> Floors {
         let off = self.config.clock_offset_ms;
         let horizon =
             i64::try_from(self.config.limits.max_time_limit.as_millis()).unwrap_or(i64::MAX / 2);
@@ -242,7 +244,8 @@ impl crate::state::Cluster {
             .map(|_| 1000u64)
             .sum();
         let exempt = self.preemptible_qos();
-        let running = self.running_views_by_job();
+        let mut running = self.running_views_by_job();
+        running.retain(|r| !skip.contains(&r.id));
         let mut floors = Vec::new();
         for (name, w) in &self.config.windows {
             let Some((from, until)) = w.span(now.saturating_add(off), &self.config.tz) else {
@@ -255,10 +258,11 @@ impl crate::state::Cluster {
             let lends = self.lends(w);
             for (owner, fraction) in owners(w) {
                 let kept = (total as f64 * fraction).round() as u64;
+                let owner_waits = lends && self.owner_waits(&owner, &running, kept);
                 let others = running
                     .iter()
                     .filter(|r| !owner.owns(&r.account, &r.partition) && !exempt.contains(&r.qos))
-                    .filter(|r| !(lends && r.reclaimable))
+                    .filter(|r| all || !(lends && r.reclaimable))
                     .map(|r| (r.end, r.milli))
                     .collect();
                 floors.push(Floor {
@@ -269,6 +273,7 @@ impl crate::state::Cluster {
                     others_max_milli: total.saturating_sub(kept),
                     others,
                     lends,
+                    owner_waits,
                 });
             }
         }
@@ -282,6 +287,27 @@ impl crate::state::Cluster {
     /// may take them back (preemption is allowed while it is open).
     fn lends(&self, w: &Window) -> bool {
         self.config.preemption.lend_floors && w.preemption.unwrap_or(self.config.preemption.enabled)
+    }
+
+    /// Whether a pending job of `owner` (not held) fits in what its floor `kept` leaves
+    /// it beside its running jobs.
+    fn owner_waits(&self, owner: &FloorOwner, running: &[RunningView], kept: u64) -> bool {
+        use crate::jobs::job_of;
+        use crate::state::resources;
+        let held: u64 = running
+            .iter()
+            .filter(|r| owner.owns(&r.account, &r.partition))
+            .map(|r| r.milli)
+            .sum();
+        let room = kept.saturating_sub(held);
+        self.jobs.active().map(job_of).any(|j| {
+            j.state() == gpuctl_proto::JobState::Pending
+                && j.hold.is_empty()
+                && j.spec.as_ref().is_some_and(|s| {
+                    owner.owns(&s.account, self.config.partition_name(&s.partition))
+                })
+                && norm_milli(&gpuctl_sched::Request::from(&resources(j))) <= room
+        })
     }
 
     /// The floors open now that lend, each with what its owner may still take back:
@@ -333,24 +359,43 @@ impl crate::state::Cluster {
         if mine.is_empty() || self.config.windows.is_empty() {
             return Vec::new();
         }
-        let floors = self.floors(now);
-        mine.into_iter()
-            .filter_map(|j| {
-                let spec = j.spec.as_ref()?;
-                let job = gpuctl_sched::PendingJob {
-                    id: j.id,
-                    qos: spec.qos.clone(),
-                    account: spec.account.clone(),
-                    partition: self.config.partition_name(&spec.partition).to_string(),
-                    request: gpuctl_sched::Request::from(&resources(j)),
-                    reclaimable: true,
-                    ..gpuctl_sched::PendingJob::default()
-                };
-                let d = limit_ms(j.time_limit_secs).max(1000);
-                let f = floors.borrows(&job, now, d)?;
-                Some((j.id, borrowing_reason(f)))
-            })
-            .collect()
+        // What others held before these starts, every job counted; then the starts in
+        // order: a reclaimable one borrows when it goes past what others may hold.
+        let skip: BTreeSet<u64> = started.iter().copied().collect();
+        let mut floors = self.floors(now, true, &skip);
+        let mut out = Vec::new();
+        for &id in started {
+            let Some(j) = self.jobs.get(id).map(job_of) else {
+                continue;
+            };
+            let Some(spec) = j.spec.as_ref() else {
+                continue;
+            };
+            let job = gpuctl_sched::PendingJob {
+                id: j.id,
+                qos: spec.qos.clone(),
+                account: spec.account.clone(),
+                partition: self.config.partition_name(&spec.partition).to_string(),
+                request: gpuctl_sched::Request::from(&resources(j)),
+                reclaimable: true,
+                ..gpuctl_sched::PendingJob::default()
+            };
+            let d = limit_ms(j.time_limit_secs).max(1000);
+            if mine.iter().any(|m| m.id == id)
+                && let Some(f) = floors.borrows(&job, now, d)
+            {
+                out.push((id, borrowing_reason(f)));
+            }
+            floors.add(
+                &gpuctl_sched::PendingJob {
+                    reclaimable: false,
+                    ..job
+                },
+                now,
+                d,
+            );
+        }
+        out
     }
 
     /// QoS levels another QoS preempts: their jobs may fill a floor's idle GPUs.
@@ -383,6 +428,7 @@ impl crate::state::Cluster {
                 }
                 let m = norm_milli(&gpuctl_sched::Request::from(&resources(j)));
                 RunningView {
+                    id: j.id,
                     account,
                     partition,
                     qos,
@@ -398,6 +444,7 @@ impl crate::state::Cluster {
 /// A running job as the floors see it: whose, its QoS, its planned end, the
 /// normalised GPU milli it holds, and whether it gives them back when asked.
 struct RunningView {
+    id: u64,
     account: String,
     partition: String,
     qos: String,

@@ -203,3 +203,105 @@ proptest! {
         }
     }
 }
+
+/// Alice's account owns half the GPUs all week; the floor lends to jobs that
+/// checkpoint. Borrowers are protected for 5 minutes, longer than the 120 s bound.
+fn lending_config() -> Config {
+    let mut cfg = config();
+    cfg.qos.clear();
+    cfg.preemption.min_run = std::time::Duration::from_secs(300);
+    cfg.resolve_qos();
+    cfg
+}
+
+/// An owner's job waited past the bound although a node had room for it once the
+/// borrowers on it were gone, and its owner held less than the floor with it.
+fn owner_waits_past_the_bound(c: &Cluster, now: i64) -> Option<String> {
+    let (mut alice_held, mut free): (u32, HashMap<String, u32>) = (0, HashMap::new());
+    for node in ["n1", "n2"] {
+        free.insert(node.into(), 2000);
+    }
+    let borrower = |j: &pb::Job| {
+        let s = j.spec.as_ref().unwrap();
+        s.account != "alice" && s.requeue && !s.signal.is_empty()
+    };
+    for j in c.jobs.active().filter_map(|s| s.job.as_ref()) {
+        if j.state() != JobState::Running {
+            continue;
+        }
+        for a in j.allocations.iter().filter(|a| !a.ended) {
+            let m: u32 = a.slots.iter().map(|s| s.compute_milli).sum();
+            if j.spec.as_ref().unwrap().account == "alice" {
+                alice_held += m;
+            }
+            // What a borrower holds is the owner's to take back.
+            if !borrower(j) {
+                *free.get_mut(&a.node).unwrap() -= m;
+            }
+        }
+    }
+    for j in c.jobs.active().filter_map(|s| s.job.as_ref()) {
+        let spec = j.spec.as_ref().unwrap();
+        if j.state() != JobState::Pending || spec.account != "alice" {
+            continue;
+        }
+        let need = match spec.resources.as_ref().unwrap().gpu {
+            Some(pb::resources::Gpu::Gpus(n)) => n * 1000,
+            _ => 0,
+        };
+        let waited = now - j.submit_time_ms;
+        if waited > 120_000 && alice_held + need <= 2000 && free.values().any(|&f| f >= need) {
+            return Some(format!("job {} waited {waited} ms ({spec:?})", j.id));
+        }
+    }
+    None
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn a_floors_owner_never_waits_past_the_reclaim_bound_while_borrowers_hold_its_gpus(
+        steps in prop::collection::vec((any::<bool>(), 1u32..=2, any::<bool>(), 1u64..120, 1i64..6), 1..120)
+    ) {
+        let mut c = Cluster::new(lending_config());
+        let mut now = 1_704_103_200_000; // Monday 10:00 UTC
+        attach(&mut c, "n1", now);
+        attach(&mut c, "n2", now);
+        let mut agents = Agents::default();
+        for (bob, gpus, ckpt, minutes, secs) in steps {
+            // Jobs end at their time limit; a pass runs every few seconds, as the
+            // controller's do (on events and every `sched_interval`).
+            let user = if bob { "bob" } else { "alice" };
+            let actor = Actor { user: user.into(), admin: false };
+            let mut sp = spec(gpus, bob && ckpt);
+            sp.user = user.into();
+            if bob && ckpt {
+                sp.signal = "USR1@10".into();
+            }
+            sp.resources.as_mut().unwrap().time_limit_secs = minutes * 60;
+            if let Ok(Admission::New(j)) = c.admit(&actor, sp, "", now) {
+                c.commit_submit(*j);
+            }
+            let e = pass(&mut c, now);
+            agents.run(&mut c, e, now);
+            now += secs * 1000;
+            agents.advance(&mut c, now);
+            let over: Vec<(u64, u32, String)> = c
+                .jobs
+                .active()
+                .filter_map(|s| s.job.as_ref())
+                .filter(|j| j.state() == JobState::Running)
+                .filter(|j| now - j.start_time_ms >= j.time_limit_secs as i64 * 1000)
+                .flat_map(|j| j.allocations.iter().filter(|a| !a.ended).map(|a| (j.id, j.attempt, a.node.clone())))
+                .collect();
+            for (id, attempt, node) in over {
+                Agents::end(&mut c, id, attempt, &node, JobState::Completed, now);
+            }
+            let e = pass(&mut c, now);
+            agents.run(&mut c, e, now);
+            if let Some(why) = owner_waits_past_the_bound(&c, now) {
+                prop_assert!(false, "{why}");
+            }
+        }
+    }
+}

@@ -53,6 +53,16 @@ pub struct Floor {
     /// Reclaimable jobs may borrow it (its owner can take them back: preemption is
     /// allowed while the window is open).
     pub lends: bool,
+    /// A job of its owner waits that its room would take: nothing is lent meanwhile
+    /// (what a borrower gives back goes to the owner, not to the next borrower).
+    pub owner_waits: bool,
+}
+
+impl Floor {
+    /// Whether a reclaimable job may borrow it now.
+    fn lends_now(&self) -> bool {
+        self.lends && !self.owner_waits
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -71,7 +81,7 @@ impl Floors {
     fn counts(&self, f: &Floor, job: &PendingJob, borrow: bool) -> bool {
         !f.owner.owns(&job.account, &job.partition)
             && !self.exempt_qos.contains(&job.qos)
-            && !(borrow && f.lends && job.reclaimable)
+            && !(borrow && f.lends_now() && job.reclaimable)
     }
 
     /// The window whose floor `job` would break if it started at `now` for `d` ms.
@@ -118,7 +128,7 @@ impl Floors {
         let end = now.saturating_add(d);
         let exempt = self.exempt_qos.contains(&job.qos);
         for f in &mut self.floors {
-            let borrows = f.lends && job.reclaimable;
+            let borrows = f.lends_now() && job.reclaimable;
             if !f.owner.owns(&job.account, &job.partition) && !exempt && !borrows {
                 f.others.push((end, need));
             }
@@ -151,6 +161,7 @@ mod tests {
                 others_max_milli: 3000,
                 others: vec![(5000, 2000)],
                 lends: true,
+                owner_waits: false,
             }],
             exempt_qos: ["low".to_string()].into(),
         }
@@ -215,6 +226,10 @@ mod tests {
         // Its start does not count against the floor.
         f.add(&ckpt, 1500, 100_000);
         assert_eq!(f.check(&job("training", "normal", 1), 1500, 100), None);
+        // While the owner waits for its room nothing more is lent.
+        f.floors[0].owner_waits = true;
+        assert_eq!(f.check(&ckpt, 1500, 100), Some("business"));
+        f.floors[0].owner_waits = false;
         // A floor that does not lend (no preemption while open) holds it back.
         f.floors[0].lends = false;
         assert_eq!(f.check(&ckpt, 1500, 100), Some("business"));
