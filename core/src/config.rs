@@ -203,7 +203,7 @@ impl Preemption {
     pub fn check(&self) -> Result<(), String> {
         if self.reclaim_within < Duration::from_secs(30) {
             return Err(format!(
-                "preemption.reclaim_within = {}: at least 30s (a borrower needs its signal's lead and a pass)",
+                "preemption.reclaim_within = {}: at least 30s (a borrower needs its signal's lead, and a pass may come sched_interval late)",
                 humantime::format_duration(self.reclaim_within)
             ));
         }

@@ -29,8 +29,17 @@ pub fn reclaimable(spec: &pb::JobSpec, cfg: &crate::Config) -> bool {
     p.lend_floors
         && spec.requeue
         && signal.is_some()
-        && (lead_secs(spec, cfg) * 1000).saturating_add(sched::preempt::RECLAIM_SLACK_MS as u64)
+        && (lead_secs(spec, cfg) * 1000).saturating_add(reclaim_slack_ms(cfg) as u64)
             <= p.reclaim_within.as_millis() as u64
+}
+
+/// What the reclaim bound keeps besides a borrower's lead: the borrower's kill and
+/// requeue report after its lead, and the pass that starts the owner's job (the
+/// controller runs a pass at the moment the bound comes at risk: `next_wake_ms`).
+pub const RECLAIM_SLACK_MS: i64 = 5_000;
+
+fn reclaim_slack_ms(_cfg: &crate::Config) -> i64 {
+    RECLAIM_SLACK_MS
 }
 
 /// GPUs (a config number) in milli.
@@ -97,6 +106,7 @@ impl Cluster {
         PreemptConfig {
             lenders: self.lenders(now),
             reclaim_within_ms: i64::try_from(p.reclaim_within.as_millis()).unwrap_or(i64::MAX),
+            reclaim_slack_ms: reclaim_slack_ms(&self.config),
             by_account,
             by_partition,
             preempts: self
@@ -117,6 +127,7 @@ impl Cluster {
     /// `requeue`, and otherwise ends PREEMPTED.
     pub fn preempt(&mut self, plan: &sched::Plan, now: i64, effects: &mut Effects) {
         let pc = self.preempt_config(now);
+        self.next_reclaim_ms = None;
         if pc.is_empty() {
             return;
         }
@@ -197,6 +208,7 @@ impl Cluster {
             .iter()
             .filter(|w| !done.iter().any(|p| p.job == w.id))
             .collect();
+        self.next_reclaim_ms = next_reclaim(&pending, &running, &pc, now);
         for w in pending {
             if let Some(t) = preemption_time(&view, &running, w, &cfg, &pc, now) {
                 self.jobs.annotate_pending(w.id, |j| {
@@ -354,6 +366,48 @@ impl Cluster {
             .is_some_and(|q| !q.preempts.is_empty());
         let req = Request::from(&resources(j));
         (req.gpu_milli_total() > 0 && !preempts).then_some(req)
+    }
+}
+
+/// When the first of `waiting` whose floor could take borrowers back would put the
+/// reclaim bound at risk with the slowest borrower running now (a pass must run then:
+/// the borrowers' minimum run no longer protects them).
+fn next_reclaim(
+    waiting: &[&PendingJob],
+    running: &[RunningJob],
+    pc: &PreemptConfig,
+    now: i64,
+) -> Option<i64> {
+    let lead = running
+        .iter()
+        .filter(|r| r.reclaimable && !r.vacating)
+        .map(|r| r.lead_ms)
+        .max()?;
+    waiting
+        .iter()
+        .filter(|w| {
+            pc.lenders
+                .iter()
+                .any(|l| l.owner.owns(&w.account, &w.partition))
+        })
+        .map(|w| {
+            w.submit_ms
+                .saturating_add(pc.reclaim_within_ms)
+                .saturating_sub(lead)
+                .saturating_sub(pc.reclaim_slack_ms)
+        })
+        .filter(|&t| t > now)
+        .min()
+}
+
+impl Cluster {
+    /// When a pass must run even if nothing happens: a job's begin time, or the moment
+    /// a floor's owner would miss the reclaim bound.
+    pub fn next_wake_ms(&self) -> Option<i64> {
+        [self.next_begin_ms(), self.next_reclaim_ms]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 

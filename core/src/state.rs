@@ -70,6 +70,9 @@ pub struct Cluster {
     nodes_changed: BTreeSet<String>,
     /// The earliest begin time of a job waiting for one (`begin.rs`).
     pub(crate) next_begin_ms: Option<i64>,
+    /// When a floor's owner waiting now would put the reclaim bound at risk (the
+    /// last pass's answer): a pass must run then.
+    pub(crate) next_reclaim_ms: Option<i64>,
     pub config: Config,
     pub sched_config: sched::SchedConfig,
     /// Decayed usage per account and user (fair share), and whether it changed since

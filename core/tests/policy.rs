@@ -344,3 +344,81 @@ fn a_job_cancelled_before_its_start_was_reported_is_stale_when_it_is() {
     let started = job_report(&c, "n1", other, None, T0 + 4);
     assert!(!c.report(&started, T0 + 4).0.stale);
 }
+
+/// Training may hold half of 4 GPUs while inference's window is open; a job that
+/// checkpoints and requeues borrows the rest and says so, and inference takes it back.
+#[test]
+fn a_checkpointing_job_borrows_the_floor_says_so_and_is_taken_back() {
+    let mut cfg: Config = toml::from_str(
+        r#"
+[accounts.inference]
+users = ["alice"]
+[accounts.training]
+users = ["bob"]
+[preemption]
+min_run = "5m"
+[windows.always]
+days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+start = "00:00"
+end = "23:59"
+floor = { inference = 0.5 }
+preemption = true
+"#,
+    )
+    .unwrap();
+    cfg.resolve_qos();
+    let mut c = Cluster::new(cfg);
+    let now = 1_704_103_200_000; // Monday 10:00 UTC
+    attach(&mut c, "n1", now);
+    attach(&mut c, "n2", now);
+    let bob = actor("bob", false);
+    let mut ckpt = spec(1, true);
+    ckpt.signal = "USR1@10".into();
+    let run_all = |c: &mut Cluster, e: &Effects, now: i64| {
+        for node in ["n1", "n2"] {
+            let sends = e.sends.iter().filter(|(n, _)| n == node).cloned().collect();
+            let mine = Effects {
+                sends,
+                ..Effects::default()
+            };
+            started(c, node, &mine, now);
+        }
+    };
+    // Training may hold 2 of the 4 GPUs: a third job that cannot give back waits.
+    let plain: Vec<u64> = (0..3)
+        .map(|_| submit_as(&mut c, &bob, spec(1, false), now))
+        .collect();
+    let e = pass(&mut c, now);
+    run_all(&mut c, &e, now);
+    assert_eq!(c.jobs.job(plain[2]).unwrap().reason, "WindowFloor");
+    // Two that checkpoint and requeue borrow the rest, and say so.
+    let ids: Vec<u64> = (0..2)
+        .map(|_| submit_as(&mut c, &bob, ckpt.clone(), now))
+        .collect();
+    let e = pass(&mut c, now);
+    run_all(&mut c, &e, now);
+    let borrowing = "Borrowing the inference floor (window always), may be reclaimed";
+    for &id in &ids {
+        let j = c.jobs.job(id).unwrap();
+        assert_eq!(j.state(), JobState::Running, "{j:?}");
+        assert_eq!(j.reason, borrowing);
+    }
+    // Inference asks for a GPU: just submitted, the borrowers keep their minimum run,
+    // and the controller is told when the bound comes at risk (120 s less the lead
+    // and the slack); then one borrower gets its signal.
+    let alice = actor("alice", false);
+    let i = submit_as(&mut c, &alice, spec(1, false), now + 1000);
+    let e = pass(&mut c, now + 1000);
+    assert!(kills(&e).is_empty());
+    assert_eq!(
+        c.next_wake_ms(),
+        Some(now + 1000 + 120_000 - 10_000 - 5_000)
+    );
+    let e = pass(&mut c, now + 106_000);
+    let k = kills(&e);
+    assert_eq!(k.len(), 1, "{k:?}");
+    assert_eq!(k[0].signal, "USR1");
+    assert_eq!(k[0].kill_grace_secs, 10);
+    assert!(ids.contains(&k[0].job_id));
+    assert_eq!(state(&c, i), JobState::Pending);
+}

@@ -269,8 +269,7 @@ proptest! {
         attach(&mut c, "n2", now);
         let mut agents = Agents::default();
         for (bob, gpus, ckpt, minutes, secs) in steps {
-            // Jobs end at their time limit; a pass runs every few seconds, as the
-            // controller's do (on events and every `sched_interval`).
+            // A submit runs a pass; jobs end at their time limit.
             let user = if bob { "bob" } else { "alice" };
             let actor = Actor { user: user.into(), admin: false };
             let mut sp = spec(gpus, bob && ckpt);
@@ -284,8 +283,24 @@ proptest! {
             }
             let e = pass(&mut c, now);
             agents.run(&mut c, e, now);
-            now += secs * 1000;
-            agents.advance(&mut c, now);
+            // Until the next step: every instance's end and every wake the controller
+            // asks for runs a pass at its moment, as the daemon's do.
+            let target = now + secs * 1000;
+            loop {
+                let due = agents.due.iter().map(|d| d.0).min();
+                let wake = c.next_wake_ms().filter(|&t| t > now);
+                let Some(t) = [due, wake].into_iter().flatten().filter(|&t| t <= target).min() else {
+                    break;
+                };
+                now = now.max(t);
+                agents.advance(&mut c, now);
+                let e = pass(&mut c, now);
+                agents.run(&mut c, e, now);
+                if let Some(why) = owner_waits_past_the_bound(&c, now) {
+                    prop_assert!(false, "{why}");
+                }
+            }
+            now = target;
             let over: Vec<(u64, u32, String)> = c
                 .jobs
                 .active()

@@ -451,8 +451,9 @@ impl Controller {
                     None => std::future::pending().await,
                 }
             };
-            // A job's begin time (sbatch --begin) runs a pass of its own.
-            let begin = self.lock().next_begin_ms();
+            // A job's begin time (sbatch --begin), or the moment a floor's owner would
+            // miss its reclaim bound, runs a pass of its own.
+            let begin = self.lock().next_wake_ms();
             let begun = async {
                 match begin {
                     Some(ms) => {

@@ -63,11 +63,10 @@ pub struct PreemptConfig {
     pub lenders: Vec<Lender>,
     /// A floor's owner starts within this of its submit while borrowers hold its GPUs.
     pub reclaim_within_ms: Millis,
+    /// What the bound keeps besides a borrower's lead: how late a pass may come (the
+    /// controller's periodic pass), the requeue's report, the owner's start.
+    pub reclaim_slack_ms: Millis,
 }
-
-/// What a pass adds to the bound after a borrower has given its GPUs back (the
-/// requeue's report, the pass that starts the owner's job, its launch).
-pub const RECLAIM_SLACK_MS: Millis = 15_000;
 
 impl PreemptConfig {
     /// Whether any waiting job may preempt at all.
@@ -179,7 +178,8 @@ pub fn plan_preemptions(
                     r.reclaimable
                         && !lenders[l].owner.owns(&r.account, &r.partition)
                         && (!protected(r)
-                            || waited + r.lead_ms + RECLAIM_SLACK_MS >= preempt.reclaim_within_ms)
+                            || waited + r.lead_ms + preempt.reclaim_slack_ms
+                                >= preempt.reclaim_within_ms)
                 });
                 by_qos || reclaim
             })
@@ -346,6 +346,7 @@ mod tests {
             by_partition: BTreeMap::new(),
             lenders: Vec::new(),
             reclaim_within_ms: 120_000,
+            reclaim_slack_ms: 15_000,
         }
     }
 

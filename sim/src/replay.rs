@@ -358,7 +358,12 @@ pub fn replay(
         });
         // Advance to the next event.
         let next_arrival = feasible.get(next).map(|j| j.submit);
-        let Some(t) = [next_arrival, sim.next_end()].into_iter().flatten().min() else {
+        let wake = c.next_wake_ms().filter(|&t| t > now && pending > 0);
+        let Some(t) = [next_arrival, sim.next_end(), wake]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
             break;
         };
         let dt = (t - now) as f64;
