@@ -209,8 +209,28 @@ impl Cluster {
             .filter(|w| !done.iter().any(|p| p.job == w.id))
             .collect();
         self.next_reclaim_ms = next_reclaim(&pending, &running, &pc, now);
+        // Jobs alike (request, QoS, owner's floor) get the same answer: each shape is
+        // planned once, and only the first few shapes are (a burst of thousands of
+        // waiting preemptors cost thousands of plans a pass).
+        let mut known: std::collections::HashMap<(&Request, &str, &str, &str), Option<i64>> =
+            std::collections::HashMap::new();
         for w in pending {
-            if let Some(t) = preemption_time(&view, &running, w, &cfg, &pc, now) {
+            let key = (
+                &w.request,
+                w.qos.as_str(),
+                w.account.as_str(),
+                w.partition.as_str(),
+            );
+            let t = match known.get(&key) {
+                Some(t) => *t,
+                None if known.len() < PREEMPT_SHAPES => {
+                    let t = preemption_time(&view, &running, w, &cfg, &pc, now);
+                    known.insert(key, t);
+                    t
+                }
+                None => None,
+            };
+            if let Some(t) = t {
                 self.jobs.annotate_pending(w.id, |j| {
                     if j.expected_start_ms == 0 || t < j.expected_start_ms {
                         j.expected_start_ms = t;
@@ -410,6 +430,9 @@ impl Cluster {
             .min()
     }
 }
+
+/// How many kinds of waiting preemptors a pass works out an expected start for.
+const PREEMPT_SHAPES: usize = 16;
 
 /// How many future moments a preemptor's expected start looks at (each a one-job
 /// preemption plan).

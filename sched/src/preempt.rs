@@ -141,7 +141,9 @@ pub fn plan_preemptions(
         .filter(|r| r.vacating)
         .map(|r| r.id)
         .collect();
-    let mut base = without(cluster, &gone);
+    // The cluster without the jobs being stopped: built when a waiting job first has
+    // someone to preempt (most passes find nobody, and a copy of a big view is dear).
+    let mut base_cell: Option<ClusterView> = None;
     // Requests (with their targets) that found nothing to preempt this pass: a burst of
     // identical jobs is looked at once.
     let mut hopeless: BTreeSet<(Request, Vec<&String>, bool)> = BTreeSet::new();
@@ -192,9 +194,10 @@ pub fn plan_preemptions(
             continue;
         }
         examined += 1;
-        if let Some(start) = starts_now(&base, job, &single, now) {
+        let base = base_cell.get_or_insert_with(|| without(cluster, &gone));
+        if let Some(start) = starts_now(base, job, &single, now) {
             // It fits once the jobs being stopped are gone: it waits for them.
-            hold_place(&mut base, &start, job, now);
+            hold_place(base, &start, job, now);
             continue;
         }
         // Least lost work first, jobs inside their minimum run last; a reclaimable
@@ -213,7 +216,7 @@ pub fn plan_preemptions(
         // binary search finds it in a few passes of one job.
         let fits_with = |k: usize| {
             let set: BTreeSet<JobId> = candidates[..k].iter().map(|r| r.id).collect();
-            starts_now(&without(&base, &set), job, &single, now)
+            starts_now(&without(base, &set), job, &single, now)
         };
         let Some(mut start) = fits_with(candidates.len()) else {
             // Could not start anyway: nobody is preempted for it (nor for its twins).
@@ -239,18 +242,18 @@ pub fn plan_preemptions(
             let mut trial = chosen.clone();
             trial.remove(i);
             let set: BTreeSet<JobId> = trial.iter().copied().collect();
-            if let Some(s) = starts_now(&without(&base, &set), job, &single, now) {
+            if let Some(s) = starts_now(&without(base, &set), job, &single, now) {
                 chosen = trial;
                 start = s;
             }
         }
         let set: BTreeSet<JobId> = chosen.iter().copied().collect();
-        base = without(&base, &set);
+        *base = without(base, &set);
         gone.extend(chosen.iter().copied());
         if let Some(l) = lender {
             lenders[l].room_milli -= need;
         }
-        hold_place(&mut base, &start, job, now);
+        hold_place(base, &start, job, now);
         out.push(Preemption {
             job: job.id,
             victims: chosen,

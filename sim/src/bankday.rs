@@ -301,7 +301,13 @@ pub fn main(a: Args) -> anyhow::Result<()> {
             expected_starts: false,
             ..gpuctl_sched::SchedConfig::default()
         };
+        let t0 = std::time::Instant::now();
         let out = replay(&nodes, &jobs, &config, &base, rung.name, epoch);
+        eprintln!(
+            "{}: replayed in {:.1} s",
+            rung.name,
+            t0.elapsed().as_secs_f64()
+        );
         let by_id: std::collections::HashMap<u64, f64> =
             jobs.iter().map(|j| (j.id, busy(j, a.seed))).collect();
         let m = crate::ladder::measure(&out, &by_id, epoch, cut, 128);

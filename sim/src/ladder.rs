@@ -124,7 +124,7 @@ pub struct Measures {
 }
 
 /// Measures the runs of a replay over `[epoch, epoch + period)` on `gpus` GPUs; `busy`
-/// gives each job's busy fraction.
+/// gives each job's busy fraction by its trace id.
 pub fn measure(
     out: &Outcome,
     busy: &HashMap<u64, f64>,
@@ -139,7 +139,7 @@ pub fn measure(
         if e <= s {
             continue;
         }
-        let b = busy.get(&r.job).copied().unwrap_or(0.0);
+        let b = busy.get(&r.trace_id).copied().unwrap_or(0.0);
         for (uuid, milli) in &r.slots {
             let a = f64::from(*milli) / 1000.0;
             let v = events.entry(uuid.as_str()).or_default();
@@ -339,6 +339,7 @@ mod tests {
     fn run(job: u64, start: Millis, end: Millis, slots: &[(&str, u32)]) -> RunRecord {
         RunRecord {
             job,
+            trace_id: job,
             account: "training".into(),
             start,
             end,

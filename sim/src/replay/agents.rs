@@ -18,7 +18,9 @@ use super::TraceJob;
 /// One instance that ran: whose, when, how much, and whether it finished its work.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRecord {
+    /// The controller's job id, and the trace's.
     pub job: u64,
+    pub trace_id: u64,
     pub account: String,
     pub start: Millis,
     pub end: Millis,
@@ -104,6 +106,7 @@ impl SimAgents {
                 }
                 self.runs.push(RunRecord {
                     job: id,
+                    trace_id: trace.id,
                     account: trace.account.clone(),
                     start,
                     end: t,
