@@ -79,9 +79,9 @@ impl Floors {
 
     /// Whether `job` counts against `f` (`borrow`: as one that gives back, if it does).
     fn counts(&self, f: &Floor, job: &PendingJob, borrow: bool) -> bool {
-        !f.owner.owns(&job.account, &job.partition)
-            && !self.exempt_qos.contains(&job.qos)
-            && !(borrow && f.lends_now() && job.reclaimable)
+        let gives_back =
+            self.exempt_qos.contains(&job.qos) || (borrow && f.lends_now() && job.reclaimable);
+        !f.owner.owns(&job.account, &job.partition) && !gives_back
     }
 
     /// The window whose floor `job` would break if it started at `now` for `d` ms.

@@ -175,7 +175,7 @@ pub fn measure(
     Measures {
         utilization: used / total,
         allocation: held / total,
-        hourly: hourly.into_iter().map(|(b, a)| (b, a)).collect(),
+        hourly,
     }
 }
 
