@@ -72,6 +72,12 @@ fn a_borrowed_floor_is_reclaimed_within_its_bound() {
     assert_eq!(c.job(t2)["reason"], borrowing, "{}", c.job(t2));
     assert_eq!(c.job(t1)["reason"], "", "{}", c.job(t1));
     assert!(c.gpuctl_ok(&["queue"]).contains("Borrowing"));
+    let e = c.json(&["explain", &t2.to_string()]);
+    let summary = e["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("borrowing the inference floor (window business), may be reclaimed"),
+        "{e}"
+    );
     let t2_submit = c.job(t2)["submit_time"].clone();
 
     // Inference needs its GPU: the borrower sees its signal, is requeued with its age,

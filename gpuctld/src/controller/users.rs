@@ -133,6 +133,12 @@ impl Controller {
         };
         if job.state() != JobState::Pending {
             out.summary = match job.state() {
+                // A borrower of a window's floor says so (its reason).
+                JobState::Running if job.reason.starts_with("Borrowing") => format!(
+                    "running on {}; {}: its owner's jobs take it back (signal, requeue)",
+                    job.node,
+                    job.reason.to_lowercase()
+                ),
                 JobState::Running => format!("running on {}", job.node),
                 s => format!("finished: {}", s.as_str_name()),
             };
