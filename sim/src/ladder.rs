@@ -210,6 +210,9 @@ pub struct Row {
     /// Training GPU-hours run and not kept (stopped after its last checkpoint or
     /// without one).
     pub training_gpu_hours_lost: f64,
+    /// Allocation in business hours and outside them (where the rest is lost).
+    pub allocation_business: f64,
+    pub allocation_night: f64,
 }
 
 fn gpu_hours(ms: Millis, milli: u64) -> f64 {
@@ -262,17 +265,31 @@ pub fn row(name: &str, out: &Outcome, m: &Measures, epoch: Millis, period: Milli
         scoring_gpu_hours_lost: runs("scoring").map(lost).sum(),
         scoring_wait_mean_s: mean(&waits("scoring", false)),
         training_gpu_hours_lost: runs("training").map(lost).sum(),
+        allocation_business: hourly_mean(m, true),
+        allocation_night: hourly_mean(m, false),
     }
+}
+
+/// Mean hourly allocation over the business hours of the period (or the others).
+fn hourly_mean(m: &Measures, in_business: bool) -> f64 {
+    let v: Vec<f64> = m
+        .hourly
+        .iter()
+        .enumerate()
+        .filter(|(h, _)| business(*h as i64 * HOUR) == in_business)
+        .map(|(_, x)| x.1)
+        .collect();
+    v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
 pub fn table(rows: &[Row], target: f64) -> String {
     let mut out = format!(
-        "| rung | utilisation | allocation | inference wait p95 (s), business hours | under {target:.0} s | inference wait mean (s) | training GPU-h done | training wait mean (h) | training GPU-h lost | scoring wait mean (h) | scoring GPU-h lost |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| rung | utilisation | allocation | inference wait p95 (s), business hours | under {target:.0} s | inference wait mean (s) | training GPU-h done | training wait mean (h) | training GPU-h lost | scoring wait mean (h) | scoring GPU-h lost | allocation, business hours / other |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {:.1}% | {:.1}% | {:.0} | {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} |",
+            "| {} | {:.1}% | {:.1}% | {:.0} | {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1}% / {:.1}% |",
             r.rung,
             r.utilization * 100.0,
             r.allocation * 100.0,
@@ -288,6 +305,8 @@ pub fn table(rows: &[Row], target: f64) -> String {
             r.training_gpu_hours_lost,
             r.scoring_wait_mean_s / 3600.0,
             r.scoring_gpu_hours_lost,
+            r.allocation_business * 100.0,
+            r.allocation_night * 100.0,
         );
     }
     out
