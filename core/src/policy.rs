@@ -29,7 +29,7 @@ pub fn reclaimable(spec: &pb::JobSpec, cfg: &crate::Config) -> bool {
     p.lend_floors
         && spec.requeue
         && signal.is_some()
-        && (lead_secs(spec, cfg) * 1000).saturating_add(reclaim_slack_ms(cfg) as u64)
+        && (lead_secs(spec, cfg) * 1000).saturating_add(RECLAIM_SLACK_MS as u64)
             <= p.reclaim_within.as_millis() as u64
 }
 
@@ -37,10 +37,6 @@ pub fn reclaimable(spec: &pb::JobSpec, cfg: &crate::Config) -> bool {
 /// requeue report after its lead, and the pass that starts the owner's job (the
 /// controller runs a pass at the moment the bound comes at risk: `next_wake_ms`).
 pub const RECLAIM_SLACK_MS: i64 = 5_000;
-
-fn reclaim_slack_ms(_cfg: &crate::Config) -> i64 {
-    RECLAIM_SLACK_MS
-}
 
 /// GPUs (a config number) in milli.
 fn milli(gpus: Option<f64>) -> Option<u64> {
@@ -106,7 +102,7 @@ impl Cluster {
         PreemptConfig {
             lenders: self.lenders(now),
             reclaim_within_ms: i64::try_from(p.reclaim_within.as_millis()).unwrap_or(i64::MAX),
-            reclaim_slack_ms: reclaim_slack_ms(&self.config),
+            reclaim_slack_ms: RECLAIM_SLACK_MS,
             by_account,
             by_partition,
             preempts: self
