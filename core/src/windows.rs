@@ -347,7 +347,7 @@ impl crate::state::Cluster {
     pub(crate) fn borrowing(&self, started: &[u64], now: i64) -> Vec<(u64, String)> {
         use crate::jobs::job_of;
         use crate::state::{limit_ms, resources};
-        let mine: Vec<&gpuctl_proto::Job> = started
+        let mine: BTreeSet<u64> = started
             .iter()
             .filter_map(|&id| self.jobs.get(id).map(job_of))
             .filter(|j| {
@@ -355,6 +355,7 @@ impl crate::state::Cluster {
                     .as_ref()
                     .is_some_and(|s| crate::policy::reclaimable(s, &self.config))
             })
+            .map(|j| j.id)
             .collect();
         if mine.is_empty() || self.config.windows.is_empty() {
             return Vec::new();
@@ -381,7 +382,7 @@ impl crate::state::Cluster {
                 ..gpuctl_sched::PendingJob::default()
             };
             let d = limit_ms(j.time_limit_secs).max(1000);
-            if mine.iter().any(|m| m.id == id)
+            if mine.contains(&id)
                 && let Some(f) = floors.borrows(&job, now, d)
             {
                 out.push((id, borrowing_reason(f)));
