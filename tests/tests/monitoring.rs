@@ -277,6 +277,10 @@ fn controller_metrics_count_jobs_nodes_gpus_and_passes() {
     assert_eq!(value("gpuctl_nodes", Some(("state", "ALLOCATED"))), 1.0);
     assert_eq!(value("gpuctl_gpus", None), 2.0);
     assert_eq!(value("gpuctl_gpus_allocated", None), 2.0);
+    // The one measure (docs/utilisation.md): both GPUs allocated; busy as sampled.
+    assert_eq!(value("gpuctl_cluster_gpu_allocation_ratio", None), 1.0);
+    let busy = value("gpuctl_cluster_gpu_utilization_ratio", None);
+    assert!((0.0..=1.0).contains(&busy), "{busy}");
     assert_eq!(
         value("gpuctl_user_running_gpus", Some(("user", "root"))),
         2.0
