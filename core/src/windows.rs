@@ -294,12 +294,7 @@ impl crate::state::Cluster {
     fn owner_waits(&self, owner: &FloorOwner, running: &[RunningView], kept: u64) -> bool {
         use crate::jobs::job_of;
         use crate::state::resources;
-        let held: u64 = running
-            .iter()
-            .filter(|r| owner.owns(&r.account, &r.partition))
-            .map(|r| r.milli)
-            .sum();
-        let room = kept.saturating_sub(held);
+        let room = kept.saturating_sub(held_by(owner, running));
         self.jobs.active().map(job_of).any(|j| {
             j.state() == gpuctl_proto::JobState::Pending
                 && j.hold.is_empty()
@@ -329,15 +324,8 @@ impl crate::state::Cluster {
             .flat_map(|(_, w)| owners(w))
             .map(|(owner, fraction)| {
                 let kept = (total as f64 * fraction).round() as u64;
-                let held: u64 = running
-                    .iter()
-                    .filter(|r| owner.owns(&r.account, &r.partition))
-                    .map(|r| r.milli)
-                    .sum();
-                Lender {
-                    owner,
-                    room_milli: kept.saturating_sub(held),
-                }
+                let room_milli = kept.saturating_sub(held_by(&owner, &running));
+                Lender { owner, room_milli }
             })
             .collect()
     }
@@ -460,6 +448,15 @@ pub fn borrowing_reason(f: &Floor) -> String {
         "Borrowing the {} floor (window {}), may be reclaimed",
         f.owner, f.window
     )
+}
+
+/// GPU milli a floor's owner holds in running jobs.
+fn held_by(owner: &FloorOwner, running: &[RunningView]) -> u64 {
+    running
+        .iter()
+        .filter(|r| owner.owns(&r.account, &r.partition))
+        .map(|r| r.milli)
+        .sum()
 }
 
 /// A window's floors by owner, with their fractions.
