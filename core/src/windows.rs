@@ -262,7 +262,9 @@ impl crate::state::Cluster {
                 let others = running
                     .iter()
                     .filter(|r| !owner.owns(&r.account, &r.partition) && !exempt.contains(&r.qos))
-                    .filter(|r| all || !(lends && r.reclaimable))
+                    // Borrowers count too while the owner waits: then nothing is lent,
+                    // and what they hold leaves no room for another job of theirs.
+                    .filter(|r| all || owner_waits || !(lends && r.reclaimable))
                     .map(|r| (r.end, r.milli))
                     .collect();
                 floors.push(Floor {
