@@ -42,6 +42,9 @@ pub struct Config {
     pub idle: crate::idle::IdlePolicy,
     pub fairshare: FairShare,
     pub preemption: Preemption,
+    /// Co-location by measured use (`crate::colocate`): `[colocation]` with `enabled`,
+    /// `compute_overcommit = 2.0`, `min_run = "1m"`.
+    pub colocation: crate::colocate::Colocation,
     /// Accounts (Slurm's associations): `[accounts.risk]` with `shares = 3` and
     /// `users = ["alice", "bob"]`. A job is charged to the account it names, or to the
     /// first account that lists its user, or, when none does, to an account named
@@ -410,6 +413,7 @@ impl Default for Config {
             idle: crate::idle::IdlePolicy::default(),
             fairshare: FairShare::default(),
             preemption: Preemption::default(),
+            colocation: crate::colocate::Colocation::default(),
             accounts: indexmap::IndexMap::new(),
             partitions: BTreeMap::new(),
             timezone: "UTC".into(),
@@ -537,6 +541,7 @@ impl Config {
         config.check_partitions().map_err(&invalid)?;
         config.idle.check().map_err(&invalid)?;
         config.preemption.check().map_err(&invalid)?;
+        config.colocation.check().map_err(&invalid)?;
         config.tz = crate::windows::zone(&config.timezone).map_err(&invalid)?;
         for (name, w) in &config.windows {
             w.check(name).map_err(&invalid)?;

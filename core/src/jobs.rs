@@ -146,6 +146,9 @@ pub struct Jobs {
     running: BTreeMap<u64, (i64, usize)>,
     /// Finished jobs by (end time, id), for retention.
     finished: BTreeSet<(i64, u64)>,
+    /// Grows whenever a job comes or goes, or what it asks for is edited: what is
+    /// computed from the jobs' requests is cached against it.
+    revision: u64,
     /// Submits by (user, client request id): a repeated submit gets the same job.
     requests: HashMap<(String, String), u64>,
     changes: Changes,
@@ -181,6 +184,11 @@ fn merge_by_id<'a>(
         let next = if from_a { a.next() } else { b.next() };
         next.map(|x| x.1)
     })
+}
+
+/// What a job asks for, as submitted (or edited since).
+fn requested(s: &StoredJob) -> Option<&pb::Resources> {
+    job_of(s).spec.as_ref()?.resources.as_ref()
 }
 
 fn has_deps(j: &pb::Job) -> bool {
@@ -244,6 +252,12 @@ impl Jobs {
 
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.all().map(|s| job_of(s).id)
+    }
+
+    /// Changes whenever a job was added or removed, or what it asks for was edited
+    /// (not on state changes).
+    pub fn revision(&self) -> u64 {
+        self.revision
     }
 
     /// PENDING and RUNNING jobs, by id.
@@ -331,6 +345,7 @@ impl Jobs {
     /// Not recorded as a change: a new job is written with the next id, a loaded one is
     /// already on disk.
     pub fn insert(&mut self, stored: StoredJob) {
+        self.revision += 1;
         let j = job_of(&stored);
         let id = j.id;
         if let Some(old) = self.take(id) {
@@ -435,6 +450,7 @@ impl Jobs {
         let Some(old) = self.take(id) else {
             return false;
         };
+        self.revision += 1;
         self.unindex(&old);
         self.changes.put.remove(&id);
         self.changes.delete.insert(id);
@@ -447,12 +463,16 @@ impl Jobs {
     pub fn edit<R>(&mut self, id: u64, f: impl FnOnce(&mut StoredJob) -> R) -> Option<R> {
         let s = self.get_mut(id)?;
         let before = job_of(s).state();
+        let asked = requested(s).cloned();
         let r = f(s);
         assert_eq!(
             job_of(s).state(),
             before,
             "job {id}: edit changed its state"
         );
+        if requested(s) != asked.as_ref() {
+            self.revision += 1;
+        }
         self.changes.put.insert(id);
         Some(r)
     }

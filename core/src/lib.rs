@@ -19,6 +19,7 @@
 
 pub mod agents;
 pub mod begin;
+pub mod colocate;
 pub mod config;
 pub mod efficiency;
 pub mod error;

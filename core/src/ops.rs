@@ -101,11 +101,21 @@ impl Cluster {
                 spec.user, limits.max_pending_per_user
             )));
         }
-        let notes = if spec.right_size {
+        let mut notes = if spec.right_size {
             self.right_size(&mut spec, partition_time, now)
         } else {
             Vec::new()
         };
+        if spec.colocate {
+            let runs = self.last_runs(&spec, now, true);
+            let mut res = spec.resources.clone().unwrap_or_default();
+            notes.extend(crate::colocate::colocate(
+                &mut res,
+                &runs,
+                &self.config.colocation,
+            ));
+            spec.resources = Some(res);
+        }
         let res = spec.resources.clone().unwrap_or_default();
         check_feasible(self, &res, self.config.partition_filter(&spec.partition))?;
         check_dependencies(self, &spec)?;
@@ -187,24 +197,7 @@ impl Cluster {
         partition_time: Option<u64>,
         now: i64,
     ) -> Vec<String> {
-        let mut runs: Vec<&pb::Job> = self
-            .jobs
-            .all()
-            .map(crate::jobs::job_of)
-            .filter(|j| {
-                j.state() == JobState::Completed
-                    && j.usage.is_some()
-                    && j.spec
-                        .as_ref()
-                        .is_some_and(|s| s.user == spec.user && s.name == spec.name)
-            })
-            .collect();
-        runs.sort_by_key(|j| std::cmp::Reverse(j.end_time_ms));
-        runs.truncate(crate::efficiency::RIGHT_SIZE_RUNS);
-        let reports: Vec<_> = runs
-            .iter()
-            .map(|j| crate::efficiency::report(j, now))
-            .collect();
+        let reports = self.last_runs(spec, now, false);
         let mut res = spec.resources.clone().unwrap_or_default();
         let limit = if res.time_limit_secs > 0 {
             res.time_limit_secs
@@ -214,6 +207,34 @@ impl Cluster {
         let notes = crate::efficiency::right_size(&mut res, limit, &reports);
         spec.resources = Some(res);
         notes
+    }
+
+    /// Reports of the user's last runs of `spec`'s name that have usage figures, latest
+    /// first (at most `efficiency::RIGHT_SIZE_RUNS`): completed ones, or (`any_end`)
+    /// ended however (a co-located run ended over its memory measured its peak too).
+    fn last_runs(
+        &self,
+        spec: &pb::JobSpec,
+        now: i64,
+        any_end: bool,
+    ) -> Vec<crate::efficiency::Efficiency> {
+        let mut runs: Vec<&pb::Job> = self
+            .jobs
+            .all()
+            .map(crate::jobs::job_of)
+            .filter(|j| {
+                (j.state() == JobState::Completed || (any_end && j.state().is_final()))
+                    && j.usage.is_some()
+                    && j.spec
+                        .as_ref()
+                        .is_some_and(|s| s.user == spec.user && s.name == spec.name)
+            })
+            .collect();
+        runs.sort_by_key(|j| std::cmp::Reverse(j.end_time_ms));
+        runs.truncate(crate::efficiency::RIGHT_SIZE_RUNS);
+        runs.iter()
+            .map(|j| crate::efficiency::report(j, now))
+            .collect()
     }
 
     /// Queues a job `admit` built, once the shell has written it (with the next id).

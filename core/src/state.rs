@@ -84,6 +84,10 @@ pub struct Cluster {
     /// What each running job is charged per second, kept from pass to pass (memory
     /// only; `fairshare.rs`).
     pub held: crate::fairshare::HeldCache,
+    /// The workload mix (`workload`) and the jobs' revision it was computed at: every
+    /// pass and node listing asks for it, and at 10,000 queued jobs computing it was
+    /// most of a pass after a cancel.
+    workload: std::cell::RefCell<Option<(u64, Workload)>>,
 }
 
 /// What the shell does after an operation, in this order: write `take_changes`, flush,
@@ -444,13 +448,20 @@ impl Cluster {
 
     /// The typical workload (for FGD): the shapes of the jobs the controller knows.
     pub fn workload(&self) -> Workload {
-        let reqs: Vec<Request> = self
-            .jobs
-            .newest()
-            .take(10_000)
-            .map(|s| Request::from(&resources(job_of(s))))
-            .collect();
-        Workload::from_requests(&reqs)
+        let rev = self.jobs.revision();
+        if let Some((at, w)) = &*self.workload.borrow()
+            && *at == rev
+        {
+            return w.clone();
+        }
+        let none = pb::Resources::default();
+        let reqs = self.jobs.newest().take(10_000).map(|s| {
+            let asked = job_of(s).spec.as_ref().and_then(|x| x.resources.as_ref());
+            Request::from(asked.unwrap_or(&none))
+        });
+        let w = Workload::from_requests(reqs);
+        *self.workload.borrow_mut() = Some((rev, w.clone()));
+        w
     }
 
     pub fn node_pb(&self, n: &StoredNode, usage: &HashMap<&str, Usage>) -> pb::Node {

@@ -43,6 +43,9 @@ pub struct JobFile {
     /// Shrink the request to what the last runs of this name needed (`--right-size`).
     #[serde(default)]
     pub right_size: bool,
+    /// Share a GPU by what the last runs of this name used (`--colocate`).
+    #[serde(default)]
+    pub colocate: bool,
     /// Like sbatch: "afterok:12:13,afterany:14,afternotok:15".
     pub dependency: Option<Spanned<String>>,
     #[serde(default)]
@@ -127,6 +130,7 @@ pub struct Job {
     pub array: String,
     pub requeue: bool,
     pub right_size: bool,
+    pub colocate: bool,
     pub dependencies: Vec<(pb::dependency::Kind, u64)>,
     pub gpus: u32,
     /// A share of one GPU, in milli-GPUs (0 = none).
@@ -318,6 +322,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         array,
         requeue: raw.requeue,
         right_size: raw.right_size,
+        colocate: raw.colocate,
         gpus: gpu.gpus,
         gpu_milli: gpu.gpu_milli,
         gpu_memory_mib: gpu.gpu_memory_mib,
@@ -711,6 +716,7 @@ impl Job {
             array: self.array,
             requeue: self.requeue,
             right_size: self.right_size,
+            colocate: self.colocate,
             dependencies: self
                 .dependencies
                 .iter()

@@ -67,12 +67,19 @@ fn long_name(short: char) -> Option<&'static str> {
         'A' => "account",
         'C' => "constraint",
         'H' => "hold",
+        's' => "oversubscribe",
         _ => return None,
     })
 }
 
 /// Options that take no value.
-const FLAGS: &[&str] = &["requeue", "no-requeue", "exclusive", "hold"];
+const FLAGS: &[&str] = &[
+    "requeue",
+    "no-requeue",
+    "exclusive",
+    "hold",
+    "oversubscribe",
+];
 
 /// One option from a `#SBATCH` line: its long name, its value, and where it stands.
 struct Opt {
@@ -353,6 +360,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
         array: String::new(),
         requeue: false,
         right_size: false,
+        colocate: false,
         dependencies: Vec::new(),
         gpus: 0,
         gpu_milli: 0,
@@ -417,6 +425,8 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                     job.signal = sig.to_string();
                 }
                 "requeue" => job.requeue = true,
+                // Slurm's "share the allocation with other jobs": co-location by use.
+                "oversubscribe" => job.colocate = true,
                 "hold" => extra.hold = true,
                 "begin" => job.begin_ms = begin_time(v, &jiff::Zoned::now()).map_err(fail)?,
                 "no-requeue" => job.requeue = false,

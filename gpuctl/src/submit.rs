@@ -77,6 +77,11 @@ pub struct SubmitArgs {
     /// margin (GPU share, GPU memory, time limit, CPUs, memory); says what changed.
     #[arg(long)]
     pub right_size: bool,
+    /// Share a GPU with others by what your last runs of this job name used (their
+    /// busy share and GPU memory peak, with a margin) rather than by the request; GPU
+    /// memory becomes a hard limit. One GPU or a share; says what changed.
+    #[arg(long)]
+    pub colocate: bool,
     /// Not before this time (sbatch --begin): now+2hours, 16:00, midnight,
     /// 2026-12-24T08:00 (this machine's time zone).
     #[arg(long)]
@@ -229,6 +234,7 @@ impl SubmitArgs {
             job.stdout = Some(o.clone());
         }
         job.right_size |= self.right_size;
+        job.colocate |= self.colocate;
         Ok(())
     }
 

@@ -178,6 +178,9 @@ pub struct Controller {
     wake: Notify,
     /// Asks the scheduling loop for a pass within `DEFERRED_PASS`.
     defer: Notify,
+    /// Tells the scheduling loop that a pass ran outside it (`pass_now`): the moments it
+    /// waits for (a begin time, a reclaim bound) may have changed.
+    rearm: Notify,
     metrics: Arc<crate::metrics::Metrics>,
     /// How long the last pass took (microseconds; see `INLINE_PASS`).
     last_pass_us: AtomicU64,
@@ -277,6 +280,7 @@ impl Controller {
             config_path,
             wake: Notify::new(),
             defer: Notify::new(),
+            rearm: Notify::new(),
             // The first pass (perhaps over a large recovered queue) on the blocking pool.
             last_pass_us: AtomicU64::new(u64::MAX),
             pass_lock: Arc::new(tokio::sync::Mutex::new(())),
@@ -472,6 +476,7 @@ impl Controller {
                     due.get_or_insert_with(|| tokio::time::Instant::now() + DEFERRED_PASS);
                     continue;
                 }
+                _ = self.rearm.notified() => continue,
                 _ = shutdown.changed() => break,
             }
             due = None;
@@ -774,6 +779,7 @@ impl Controller {
         let pass = tokio::spawn(async move {
             let done = ctl.schedule_pass().await;
             drop(pass);
+            ctl.rearm.notify_one();
             if let Err(e) = done {
                 // The caller's own flush reports a store that failed; the loop retries.
                 tracing::error!("scheduling pass failed: {e}");

@@ -156,14 +156,14 @@ impl controller_server::Controller for UserApi {
             .0
             .submit(&caller, r.spec, &r.request_id, r.hold)
             .await?;
-        // What right-sizing changed, as the record keeps it.
+        // What right-sizing and co-location changed, as the record keeps it.
         let notes = self
             .0
             .get_job(job_id)
             .map(|j| {
                 j.warnings
                     .into_iter()
-                    .filter(|w| w.starts_with("right-size: "))
+                    .filter(|w| w.starts_with("right-size: ") || w.starts_with("co-locate: "))
                     .collect()
             })
             .unwrap_or_default();
@@ -509,7 +509,36 @@ impl agent_link_server::AgentLink for AgentApi {
         self.0.check_session(&req.node, &signed)?;
         Ok(Response::new(self.0.report(&req).await?))
     }
+
+    async fn report_jobs(
+        &self,
+        req: Request<pb::JobReports>,
+    ) -> Result<Response<pb::JobReportAcks>, Status> {
+        let (meta, _, req) = req.into_parts();
+        let signed = self
+            .0
+            .verify_agent(&meta, "reports", &req.node, &req.encode_to_vec())?;
+        self.0.check_session(&req.node, &signed)?;
+        if req.reports.len() > MAX_REPORTS {
+            return Err(Status::invalid_argument(format!(
+                "{} reports in one request, over the limit of {MAX_REPORTS}",
+                req.reports.len()
+            )));
+        }
+        if let Some(r) = req.reports.iter().find(|r| r.node != req.node) {
+            return Err(Status::invalid_argument(format!(
+                "a report of node {:?} in node {:?}'s request",
+                r.node, req.node
+            )));
+        }
+        let acks = self.0.reports(&req.reports).await?;
+        Ok(Response::new(pb::JobReportAcks { acks }))
+    }
 }
+
+/// The most reports one `ReportJobs` request may carry (an agent sends at most
+/// `gpud`'s batch; a node runs far fewer jobs).
+const MAX_REPORTS: usize = 4096;
 
 /// Requests with a bad token: anyone can send them, so they are logged a line a period.
 static BAD_TOKEN: gpuctl_proto::ratelog::RateLog =

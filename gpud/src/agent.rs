@@ -510,44 +510,53 @@ async fn sampler(
     }
 }
 
-/// Sends queued reports in order, retrying until the controller acknowledges each.
+/// The most reports sent in one request.
+const REPORT_BATCH: usize = 512;
+
+/// Sends queued reports in order, as many as are queued in one request (the ends of a
+/// cancel's jobs travel together), retrying until the controller acknowledges them.
 async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
     loop {
-        let pending = agent.reports.snapshot();
+        let mut pending = agent.reports.snapshot();
         if pending.is_empty() {
             agent.report_ready.notified().await;
             continue;
         }
-        for r in pending {
-            loop {
-                let Some(session) = agent.current_session() else {
-                    // Not attached: reports wait for the session (Attach carries them too).
-                    agent.session_ready.notified().await;
-                    continue;
-                };
-                let req = agent.signed("report", Some(&session), r.clone());
-                match client.report_job(req).await {
-                    Ok(ack) => {
-                        if agent.reports.ack(std::slice::from_ref(&r)) {
-                            drop(agent.persist_reports());
-                        }
-                        if ack.get_ref().stale {
+        pending.truncate(REPORT_BATCH);
+        loop {
+            let Some(session) = agent.current_session() else {
+                // Not attached: reports wait for the session (Attach carries them too).
+                agent.session_ready.notified().await;
+                continue;
+            };
+            let batch = pb::JobReports {
+                node: agent.name.clone(),
+                reports: pending.clone(),
+            };
+            let req = agent.signed("reports", Some(&session), batch);
+            match client.report_jobs(req).await {
+                Ok(acks) => {
+                    if agent.reports.ack(&pending) {
+                        drop(agent.persist_reports());
+                    }
+                    for (r, ack) in pending.iter().zip(&acks.get_ref().acks) {
+                        if ack.stale {
                             agent.kill_stale(
                                 r.job_id,
                                 r.attempt,
                                 "the controller no longer holds this start (node declared down or job cancelled)",
                             );
                         }
-                        break;
                     }
-                    Err(e) => {
-                        tracing::debug!(
-                            job = r.job_id,
-                            "report not delivered yet: {}",
-                            e.message()
-                        );
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        reports = pending.len(),
+                        "reports not delivered yet: {}",
+                        e.message()
+                    );
+                    tokio::time::sleep(Duration::from_millis(300)).await;
                 }
             }
         }

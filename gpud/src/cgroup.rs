@@ -2,8 +2,10 @@
 //! nothing (with one warning) where neither is writable.
 //!
 //! Each job gets `<root>/gpuctl/job-<id>` with its CPU quota, memory limit and pid limit.
-//! The job's first process moves itself in before it execs (it writes "0" to the
-//! `cgroup.procs` files opened beforehand), so everything it starts is inside.
+//! On cgroup v2 the job's first process is created inside its cgroup (`clone3` with
+//! `CLONE_INTO_CGROUP`, see `forkserver`) and never moved; each v1 hierarchy it joins
+//! before it execs (it writes "0" to that hierarchy's `cgroup.procs`), so everything it
+//! starts is inside.
 
 use std::fs;
 use std::io;
@@ -13,9 +15,12 @@ use std::path::{Path, PathBuf};
 /// What the host offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
-    /// Unified hierarchy with the cpu, memory and pids controllers.
+    /// The unified hierarchy, with those of the cpu, memory and pids controllers that
+    /// its root offers (a limit whose controller is missing is not applied: the agent
+    /// says so at start).
     V2 {
         root: PathBuf,
+        controllers: Controllers,
     },
     /// Per-controller hierarchies; `unified` is a controller-less cgroup2 mount (hybrid)
     /// used for `cgroup.kill` when present.
@@ -30,6 +35,53 @@ pub enum Mode {
     None,
 }
 
+/// The limit controllers a cgroup2 root offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Controllers {
+    pub cpu: bool,
+    pub memory: bool,
+    pub pids: bool,
+}
+
+impl Controllers {
+    /// From a `cgroup.controllers` file's text.
+    fn parse(text: &str) -> Controllers {
+        let has = |c: &str| text.split_whitespace().any(|x| x == c);
+        Controllers {
+            cpu: has("cpu"),
+            memory: has("memory"),
+            pids: has("pids"),
+        }
+    }
+
+    /// The names of those missing.
+    pub fn missing(&self) -> Vec<&'static str> {
+        [
+            ("cpu", self.cpu),
+            ("memory", self.memory),
+            ("pids", self.pids),
+        ]
+        .into_iter()
+        .filter(|(_, on)| !on)
+        .map(|(name, _)| name)
+        .collect()
+    }
+
+    /// `cgroup.subtree_control`'s line that enables them below a level.
+    fn enable_line(&self) -> String {
+        [
+            ("+cpu", self.cpu),
+            ("+memory", self.memory),
+            ("+pids", self.pids),
+        ]
+        .into_iter()
+        .filter(|(_, on)| *on)
+        .map(|(c, _)| c)
+        .collect::<Vec<_>>()
+        .join(" ")
+    }
+}
+
 /// Whether moving a process into a cgroup is cheap here: without `favordynmods` on a
 /// cgroup2 mount, the kernel waits for an RCU grace period on the first migration of a
 /// burst (10-50 ms measured per job launch on this project's hosts; docs/benchmarks.md).
@@ -42,6 +94,17 @@ pub enum Migration {
     Slow(PathBuf),
     /// No cgroup2 mount to set it on (pure v1 or no cgroups): nothing to do.
     Unknown,
+    /// Pure cgroup v2 on Linux 5.7+: jobs are created in their cgroup, never moved.
+    Created,
+}
+
+/// Whether this kernel's release (`uname -r`) has clone3's `CLONE_INTO_CGROUP` (5.7).
+pub fn clone_into_cgroup(release: &str) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (5, 7)
 }
 
 /// The options of the mount at `path` in `/proc/mounts` text: (fs type, options).
@@ -75,14 +138,18 @@ impl Mode {
     /// The cgroup2 mount whose `favordynmods` decides migration cost.
     fn cgroup2_mount(&self) -> Option<&Path> {
         match self {
-            Mode::V2 { root } => Some(root),
+            Mode::V2 { root, .. } => Some(root),
             Mode::V1 { unified, .. } => unified.as_deref(),
             Mode::None => None,
         }
     }
 
-    /// Whether migrations are cheap (reads `/proc/mounts`; `mounts` in tests).
-    pub fn migration(&self, mounts: &str) -> Migration {
+    /// Whether migrations are cheap (reads `/proc/mounts`; `mounts` in tests), or not
+    /// needed (`release`: the kernel's, `uname -r`).
+    pub fn migration(&self, mounts: &str, release: &str) -> Migration {
+        if matches!(self, Mode::V2 { .. }) && clone_into_cgroup(release) {
+            return Migration::Created;
+        }
         let Some(path) = self.cgroup2_mount() else {
             return Migration::Unknown;
         };
@@ -98,7 +165,7 @@ impl Mode {
     /// migrations cheap too). Answers what holds afterwards.
     pub fn favor_dynmods(&self) -> io::Result<Migration> {
         let mounts = fs::read_to_string("/proc/mounts")?;
-        let path = match self.migration(&mounts) {
+        let path = match self.migration(&mounts, "") {
             Migration::Slow(path) => path,
             other => return Ok(other),
         };
@@ -121,7 +188,7 @@ impl Mode {
             Some(data.as_str()),
         )
         .map_err(io::Error::from)?;
-        Ok(self.migration(&fs::read_to_string("/proc/mounts")?))
+        Ok(self.migration(&fs::read_to_string("/proc/mounts")?, ""))
     }
 }
 
@@ -149,16 +216,16 @@ fn writable(dir: &Path) -> bool {
 }
 
 impl Mode {
-    /// Looks at `/sys/fs/cgroup` (or `base` in tests).
+    /// Looks at `/sys/fs/cgroup` (or `base`: another cgroup2 mount, or a tree in
+    /// tests). A writable cgroup2 root is v2, whichever controllers it offers; else the
+    /// v1 hierarchies below `base` (hybrid: with `unified`).
     pub fn detect(base: &Path) -> Mode {
-        let controllers = fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
-        if ["cpu", "memory", "pids"]
-            .iter()
-            .all(|c| controllers.split_whitespace().any(|x| x == *c))
+        if let Ok(text) = fs::read_to_string(base.join("cgroup.controllers"))
             && writable(base)
         {
             return Mode::V2 {
                 root: base.to_path_buf(),
+                controllers: Controllers::parse(&text),
             };
         }
         let dir = |name: &str| {
@@ -184,7 +251,15 @@ impl Mode {
 
     pub fn describe(&self) -> String {
         match self {
-            Mode::V2 { root } => format!("cgroup v2 at {}", root.display()),
+            Mode::V2 { root, controllers } => match controllers.missing() {
+                m if m.is_empty() => format!("cgroup v2 at {}", root.display()),
+                m => format!(
+                    "cgroup v2 at {} (without the {} controller{}: those limits are not applied)",
+                    root.display(),
+                    m.join(", "),
+                    if m.len() > 1 { "s" } else { "" }
+                ),
+            },
             Mode::V1 {
                 cpu,
                 memory,
@@ -278,7 +353,7 @@ impl Mode {
         };
         match self {
             Mode::None => return None,
-            Mode::V2 { root } => {
+            Mode::V2 { root, .. } => {
                 let dir = at(root)?;
                 cg.v2 = Some(dir.clone());
                 cg.dirs.push(dir);
@@ -350,22 +425,31 @@ impl Mode {
         };
         match self {
             Mode::None => {}
-            Mode::V2 { root } => {
+            Mode::V2 { root, controllers } => {
                 // Controllers must be enabled on every level on the way down.
+                let enable = controllers.enable_line();
                 let mut level = root.clone();
-                let _ = fs::write(level.join("cgroup.subtree_control"), "+cpu +memory +pids");
+                if !enable.is_empty() {
+                    let _ = fs::write(level.join("cgroup.subtree_control"), &enable);
+                }
                 for part in Path::new(parent).components() {
                     level.push(part);
                     fs::create_dir_all(&level)?;
-                    let _ = fs::write(level.join("cgroup.subtree_control"), "+cpu +memory +pids");
+                    if !enable.is_empty() {
+                        let _ = fs::write(level.join("cgroup.subtree_control"), &enable);
+                    }
                 }
                 let dir = mk(root)?;
-                w(&dir, "cpu.max", &cpu_max(limits.cpu_milli))?;
-                if limits.memory_bytes > 0 {
+                if controllers.cpu {
+                    w(&dir, "cpu.max", &cpu_max(limits.cpu_milli))?;
+                }
+                if controllers.memory && limits.memory_bytes > 0 {
                     w(&dir, "memory.max", &limits.memory_bytes.to_string())?;
                     let _ = fs::write(dir.join("memory.swap.max"), "0");
                 }
-                w(&dir, "pids.max", &limits.pids.to_string())?;
+                if controllers.pids {
+                    w(&dir, "pids.max", &limits.pids.to_string())?;
+                }
                 cg.v2 = Some(dir.clone());
                 cg.dirs.push(dir);
             }
@@ -477,6 +561,12 @@ impl JobCgroup {
 
     pub fn is_empty(&self) -> bool {
         self.dirs.is_empty()
+    }
+
+    /// The job's cgroup2 directory, where its first process can be created
+    /// (`CLONE_INTO_CGROUP`).
+    pub fn v2_dir(&self) -> Option<&Path> {
+        self.v2.as_deref()
     }
 
     /// `cgroup.procs` of every hierarchy, opened for the child to write "0" into.
@@ -645,17 +735,33 @@ mod tests {
         let slow = "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n\
                     cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,relatime,nsdelegate 0 0\n";
         assert_eq!(
-            hybrid.migration(slow),
+            hybrid.migration(slow, "6.1.0"),
             Migration::Slow("/sys/fs/cgroup/unified".into())
         );
         let fast = slow.replace("nsdelegate", "nsdelegate,favordynmods");
-        assert_eq!(hybrid.migration(&fast), Migration::Fast);
+        assert_eq!(hybrid.migration(&fast, "6.1.0"), Migration::Fast);
         let v2 = Mode::V2 {
             root: "/sys/fs/cgroup".into(),
+            controllers: Controllers::parse("cpu memory pids"),
         };
         assert_eq!(
-            v2.migration("cgroup2 /sys/fs/cgroup cgroup2 rw,favordynmods 0 0\n"),
+            v2.migration(
+                "cgroup2 /sys/fs/cgroup cgroup2 rw,favordynmods 0 0\n",
+                "5.4.0"
+            ),
             Migration::Fast
+        );
+        // Pure v2 on 5.7+: nothing is moved at all (created in place).
+        assert_eq!(v2.migration(slow, "6.18.44-fc"), Migration::Created);
+        assert_eq!(v2.migration(slow, "5.7.0"), Migration::Created);
+        assert_eq!(
+            hybrid.migration(slow, "6.18.44-fc"),
+            Migration::Slow("/sys/fs/cgroup/unified".into())
+        );
+        assert!(
+            !clone_into_cgroup("5.6.19")
+                && !clone_into_cgroup("4.19.0-x")
+                && !clone_into_cgroup("junk")
         );
         // Pure v1, or the path is not a cgroup2 mount: nothing to turn on.
         let v1 = Mode::V1 {
@@ -665,8 +771,8 @@ mod tests {
             devices: None,
             unified: None,
         };
-        assert_eq!(v1.migration(slow), Migration::Unknown);
-        assert_eq!(v2.migration(slow), Migration::Unknown);
+        assert_eq!(v1.migration(slow, "6.1.0"), Migration::Unknown);
+        assert_eq!(v2.migration(slow, "5.4.0"), Migration::Unknown);
         let (_, opts) = mount_options(slow, Path::new("/sys/fs/cgroup/unified")).unwrap();
         let fs_own: Vec<&str> = opts.into_iter().filter(|o| vfs_flag(o).is_none()).collect();
         assert_eq!(fs_own, ["nsdelegate"]);
@@ -681,7 +787,36 @@ mod tests {
             "cpuset cpu io memory pids",
         )
         .unwrap();
-        assert!(matches!(Mode::detect(t.path()), Mode::V2 { .. }));
+        let full = Mode::detect(t.path());
+        assert!(matches!(full, Mode::V2 { controllers, .. } if controllers.missing().is_empty()));
+        assert!(!full.describe().contains("without"));
+        // A cgroup2 root without controllers (a hybrid host's own cgroup2 mount) is still
+        // v2: processes are placed and killed there; its limits are said to be missing.
+        let bare = tempfile::tempdir().unwrap();
+        std::fs::write(bare.path().join("cgroup.controllers"), "").unwrap();
+        let mode = Mode::detect(bare.path());
+        assert!(
+            matches!(mode, Mode::V2 { controllers, .. } if controllers.missing() == ["cpu", "memory", "pids"])
+        );
+        assert!(
+            mode.describe()
+                .contains("without the cpu, memory, pids controllers"),
+            "{}",
+            mode.describe()
+        );
+        let cg = mode
+            .create(
+                "gpuctl",
+                "job-1",
+                Limits {
+                    cpu_milli: 1000,
+                    memory_bytes: 1 << 30,
+                    pids: 10,
+                },
+            )
+            .unwrap();
+        assert_eq!(cg.dirs, vec![bare.path().join("gpuctl/job-1")]);
+        assert!(!bare.path().join("gpuctl/job-1/memory.max").exists());
         let t = tempfile::tempdir().unwrap();
         for d in ["memory", "cpu", "unified"] {
             std::fs::create_dir(t.path().join(d)).unwrap();

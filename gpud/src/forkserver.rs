@@ -8,8 +8,12 @@
 //! The agent sends a `Request` (a length-prefixed JSON body) and, as SCM_RIGHTS, the
 //! write end of a pipe over a socket pair (the server's stdin). The server forks and
 //! goes back to reading; it never waits for a child (SIGCHLD is ignored, so the kernel
-//! reaps them) and never touches a path a user named. The child, in this order: leads
-//! its own process group, enters the job's cgroup, opens the status file as root,
+//! reaps them) and never touches a path a user named. Where the job has a cgroup2
+//! directory the child is created inside it (`clone3` with `CLONE_INTO_CGROUP`, Linux
+//! 5.7+): moving a process into a cgroup waits for an RCU grace period (10-50 ms on this
+//! project's hosts without `favordynmods`), creating it there does not. The child, in
+//! this order: leads its own process group, joins the job's other (v1) cgroups, opens
+//! the status file as root,
 //! becomes the job's user, enters the workdir and opens the outputs as that user
 //! (`launch::open_output`: never a FIFO, socket or symlink), then is the job's shim
 //! (`shim::supervise`). Through the pipe it answers `ok PID MS` once the program was
@@ -51,6 +55,10 @@ pub struct Request {
     pub status: PathBuf,
     /// The `cgroup.procs` files of the job's cgroup, one per hierarchy.
     pub cgroup_procs: Vec<PathBuf>,
+    /// The job's cgroup2 directory (also among `cgroup_procs`): the child is created
+    /// there when the kernel can, and then does not join it again.
+    #[serde(default)]
+    pub cgroup_v2: Option<PathBuf>,
     /// The user to become; `None`: stay root (the agent's user).
     pub user: Option<Become>,
 }
@@ -257,15 +265,94 @@ pub fn serve() -> ! {
                 continue;
             }
         };
-        // SAFETY: this process has one thread; the child runs ordinary code.
-        match unsafe { nix::unistd::fork() } {
-            Ok(nix::unistd::ForkResult::Child) => {
+        match spawn_child(req.cgroup_v2.as_deref()) {
+            Ok(Forked::Child { entered }) => {
                 drop(sock);
-                child(req, result)
+                child(req, entered, result)
             }
-            Ok(nix::unistd::ForkResult::Parent { .. }) => drop(result),
+            Ok(Forked::Parent) => drop(result),
             Err(e) => answer_failed(&result, STEP_SERVER, e as i32),
         }
+    }
+}
+
+/// Which side of `spawn_child` this is.
+enum Forked {
+    Parent,
+    /// `entered`: the child was created in the cgroup2 directory asked for.
+    Child {
+        entered: bool,
+    },
+}
+
+/// `struct clone_args` of clone3(2), up to `cgroup` (Linux 5.7).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// clone3's flag: create the child in the cgroup2 directory `cgroup` names.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Forks this (single-threaded) process; with `cgroup2`, creates the child inside that
+/// cgroup2 directory where the kernel can (else an ordinary fork: the child then joins
+/// it by `cgroup.procs`, as on kernels before 5.7).
+fn spawn_child(cgroup2: Option<&std::path::Path>) -> nix::Result<Forked> {
+    if let Some(dir) = cgroup2 {
+        let flags = nix::fcntl::OFlag::O_RDONLY
+            | nix::fcntl::OFlag::O_DIRECTORY
+            | nix::fcntl::OFlag::O_CLOEXEC;
+        match nix::fcntl::open(dir, flags, nix::sys::stat::Mode::empty()) {
+            Ok(fd) => match clone_into(&fd) {
+                Ok(f) => return Ok(f),
+                Err(e) => {
+                    eprintln!("gpud {ARG}: clone3 into {}: {e}; forking", dir.display())
+                }
+            },
+            Err(e) => eprintln!("gpud {ARG}: {}: {e}", dir.display()),
+        }
+    }
+    // SAFETY: this process has one thread; the child runs ordinary code.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => Ok(Forked::Child { entered: false }),
+        nix::unistd::ForkResult::Parent { .. } => Ok(Forked::Parent),
+    }
+}
+
+/// clone3(2) with `CLONE_INTO_CGROUP`: like fork(2) (no new stack, SIGCHLD at the end),
+/// the child created inside `dir`'s cgroup.
+fn clone_into(dir: &OwnedFd) -> nix::Result<Forked> {
+    let args = CloneArgs {
+        flags: CLONE_INTO_CGROUP,
+        exit_signal: nix::libc::SIGCHLD as u64,
+        cgroup: dir.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: clone3 with a fork's semantics (no CLONE_VM, no stack given: the child
+    // runs on a copy of this stack) from a process with one thread; the arguments are
+    // a valid `clone_args` of the size passed.
+    let r = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    match r {
+        0 => Ok(Forked::Child { entered: true }),
+        r if r > 0 => Ok(Forked::Parent),
+        _ => Err(nix::errno::Errno::last()),
     }
 }
 
@@ -274,8 +361,9 @@ fn answer_failed(fd: &OwnedFd, step: usize, errno: i32) {
     let _ = nix::unistd::write(fd, format!("err {step} {errno}\n").as_bytes());
 }
 
-/// The forked child: the launch's steps, then the shim (never returns).
-fn child(req: Request, result: OwnedFd) -> ! {
+/// The forked child: the launch's steps, then the shim (never returns). `entered`: it
+/// was created in the job's cgroup2 directory already.
+fn child(req: Request, entered: bool, result: OwnedFd) -> ! {
     // Out of the way of fds 0-3, which the steps fill.
     let result = match nix::fcntl::fcntl(&result, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10)) {
         // SAFETY: fcntl answered a fresh fd that we own.
@@ -296,19 +384,20 @@ fn child(req: Request, result: OwnedFd) -> ! {
     {
         fail(0, e.into());
     }
-    if let Err(e) = steps(&req) {
+    if let Err(e) = steps(&req, entered) {
         fail(e.0, e.1);
     }
     crate::shim::supervise(&req.program, &req.args, &req.env, result)
 }
 
 /// Everything before the shim proper; a failure names its step (`launch::STEPS`).
-fn steps(req: &Request) -> Result<(), (usize, std::io::Error)> {
+fn steps(req: &Request, entered: bool) -> Result<(), (usize, std::io::Error)> {
     use std::os::unix::fs::OpenOptionsExt;
     // stdin: /dev/null (fd 0 was the server's socket).
     let null = std::fs::File::open("/dev/null").map_err(|e| (0, e))?;
     install(null.into(), 0).map_err(|e| (0, e))?;
-    for p in &req.cgroup_procs {
+    let created_in = |p: &PathBuf| entered && p.parent() == req.cgroup_v2.as_deref();
+    for p in req.cgroup_procs.iter().filter(|p| !created_in(p)) {
         std::fs::OpenOptions::new()
             .write(true)
             .open(p)

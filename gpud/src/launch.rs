@@ -73,12 +73,15 @@ pub fn job_env(start: &pb::StartJob, node: &str, lang: Option<&str>) -> BTreeMap
             env.insert(k.into(), v);
         }
     }
-    // A fractional share: limits for CUDA MPS clients.
+    // A fractional share: limits for CUDA MPS clients. A co-located job's compute is
+    // what it is charged, not a cap: it may use what its neighbours leave idle.
     if let Some(s) = start.slots.iter().find(|s| s.compute_milli < 1000) {
-        env.insert(
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
-            s.compute_milli.div_ceil(10).max(1).to_string(),
-        );
+        if !spec.colocate {
+            env.insert(
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+                s.compute_milli.div_ceil(10).max(1).to_string(),
+            );
+        }
         env.insert(
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
             format!("0={}M", s.memory_mib),
@@ -509,7 +512,12 @@ impl Launched {
         if let Some(child) = &mut self.child {
             return child.wait().await;
         }
-        if let Some(Done::Pipe(fd)) = self.done.take() {
+        // Only a pipe not yet watched is taken (a wait cancelled by a kill leaves it
+        // watched: taking that too dropped it, and the next wait fell back to polling
+        // the pid every 250 ms, so every killed job's end was seen up to 250 ms late).
+        if let Some(Done::Pipe(_)) = &self.done
+            && let Some(Done::Pipe(fd)) = self.done.take()
+        {
             nix::fcntl::fcntl(
                 &fd,
                 nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
@@ -828,6 +836,9 @@ impl Launcher for JobLauncher {
                 .as_ref()
                 .map(|c| c.dirs.iter().map(|d| d.join("cgroup.procs")).collect())
                 .unwrap_or_default(),
+            cgroup_v2: cgroup
+                .as_ref()
+                .and_then(|c| c.v2_dir().map(Path::to_path_buf)),
             user: spec.run_as.as_ref().map(|u| crate::forkserver::Become {
                 uid: u.uid,
                 gid: u.gid,

@@ -115,10 +115,13 @@ impl Workload {
     }
 
     /// The workload of a set of jobs (the controller's recent jobs, a replay's trace).
-    pub fn from_requests<'r>(reqs: impl IntoIterator<Item = &'r Request>) -> Workload {
+    pub fn from_requests<R: std::borrow::Borrow<Request>>(
+        reqs: impl IntoIterator<Item = R>,
+    ) -> Workload {
         // Shape -> (count, the tasks' total host memory in bytes).
         let mut counts: HashMap<ShapeKey, (u64, u64)> = HashMap::new();
         for r in reqs {
+            let r = r.borrow();
             let (gpus, milli) = match &r.gpu {
                 GpuRequest::None | GpuRequest::Mig { .. } => (0, 0),
                 GpuRequest::Whole { count } => (*count, GPU_MILLI),

@@ -121,6 +121,8 @@ fn job(
 pub struct Shape {
     pub shares: bool,
     pub checkpoints: bool,
+    /// Inference and scoring (the same models every day) ask for co-location.
+    pub colocate: bool,
 }
 
 /// The week's jobs, in submit order, as the defaults' users would submit them.
@@ -130,6 +132,7 @@ pub fn workload(seed: u64) -> Vec<TraceJob> {
         Shape {
             shares: true,
             checkpoints: true,
+            colocate: true,
         },
     )
 }
@@ -210,7 +213,53 @@ pub fn workload_as(seed: u64, shape: Shape) -> Vec<TraceJob> {
         }
     }
     jobs.sort_by_key(|j| (j.submit, j.id));
+    if shape.colocate {
+        for j in jobs.iter_mut().filter(|j| j.account != "training") {
+            colocated(j, seed);
+        }
+    }
     jobs
+}
+
+/// The GPU memory of the week's GPUs (A100 80 GB), in MiB.
+const GPU_MEMORY_MIB: f64 = 80.0 * 1024.0;
+
+/// A repeat job that asks for co-location, charged as the controller would from its
+/// earlier runs (`gpuctl_core::colocate::charge`): its modelled busy share of the GPU
+/// and GPU memory peak (`crate::usage`; a repeat job's runs are alike), what it asked
+/// for as the nominal request. `gpu_milli` becomes the charge.
+fn colocated(j: &mut TraceJob, seed: u64) {
+    let nominal = u32::try_from(j.gpu_milli).unwrap_or(u32::MAX);
+    let of_gpu = f64::from(nominal) / 1000.0;
+    let used = busy(j, seed) * of_gpu;
+    let given = of_gpu * GPU_MEMORY_MIB;
+    let peak = crate::usage::memory(crate::usage::uniform(seed, j.id, 1)) * given;
+    let ratio = gpuctl_core::colocate::Colocation::default().compute_overcommit;
+    if let Some((milli, mib)) =
+        gpuctl_core::colocate::charge(nominal, given as u64, used, peak as u64, ratio)
+    {
+        j.request.gpu = GpuRequest::Share {
+            compute_milli: Some(milli),
+            memory_mib: Some(mib),
+        };
+        j.gpu_milli = u64::from(milli);
+    }
+}
+
+/// What a job asked for before co-location charged it, in thousandths of a GPU.
+fn nominal_milli(j: &TraceJob, shape: Shape) -> u64 {
+    match j.account.as_str() {
+        "inference" if shape.shares => 500,
+        "inference" | "scoring" => 1000,
+        _ => j.gpu_milli,
+    }
+}
+
+/// What a job keeps busy of the GPU time it is charged for: its busy fraction of what
+/// it asked for, times what it asked for over its charge (so that utilisation counts
+/// the same work whether the job is co-located or not).
+pub fn busy_of_charge(j: &TraceJob, seed: u64, shape: Shape) -> f64 {
+    busy(j, seed) * nominal_milli(j, shape) as f64 / j.gpu_milli.max(1) as f64
 }
 
 /// An inference job: half a GPU, or a whole one when the users are not given shares.
@@ -308,8 +357,10 @@ pub fn main(a: Args) -> anyhow::Result<()> {
             rung.name,
             t0.elapsed().as_secs_f64()
         );
-        let by_id: std::collections::HashMap<u64, f64> =
-            jobs.iter().map(|j| (j.id, busy(j, a.seed))).collect();
+        let by_id: std::collections::HashMap<u64, f64> = jobs
+            .iter()
+            .map(|j| (j.id, busy_of_charge(j, a.seed, rung.shape())))
+            .collect();
         let m = crate::ladder::measure(&out, &by_id, epoch, cut, 128);
         hourly.push((rung.name, m.hourly.clone()));
         rows.push(crate::ladder::row(rung.name, &out, &m, epoch, cut));
@@ -353,5 +404,48 @@ mod tests {
         assert_eq!(a, workload(7));
         assert!(a.iter().any(|j| j.account == "scoring" && j.requeue));
         assert!(a.windows(2).all(|w| w[0].submit <= w[1].submit));
+    }
+
+    #[test]
+    fn colocation_charges_repeat_jobs_their_use_and_keeps_their_work() {
+        let plain = Shape {
+            shares: true,
+            checkpoints: true,
+            colocate: false,
+        };
+        let co = Shape {
+            colocate: true,
+            ..plain
+        };
+        let (a, b) = (workload_as(3, plain), workload_as(3, co));
+        assert_eq!(a.len(), b.len());
+        let mut charged = 0;
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!((x.id, x.submit, x.duration), (y.id, y.submit, y.duration));
+            if y.account == "training" {
+                assert_eq!(x.request, y.request);
+                continue;
+            }
+            // Never more than asked, never under the overcommit floor (half of it).
+            assert!(
+                y.gpu_milli <= x.gpu_milli && 2 * y.gpu_milli >= x.gpu_milli,
+                "{y:?}"
+            );
+            if y.gpu_milli < x.gpu_milli {
+                charged += 1;
+                let GpuRequest::Share {
+                    memory_mib: Some(m),
+                    ..
+                } = y.request.gpu
+                else {
+                    panic!("{y:?}");
+                };
+                assert!(m as f64 <= x.gpu_milli as f64 / 1000.0 * GPU_MEMORY_MIB);
+            }
+            // The same busy GPU time, whatever it is charged.
+            let work = |j: &TraceJob, s| busy_of_charge(j, 3, s) * j.gpu_milli as f64;
+            assert!((work(x, plain) - work(y, co)).abs() < 1e-6);
+        }
+        assert!(charged > b.len() / 2, "{charged} of {}", b.len());
     }
 }

@@ -33,10 +33,13 @@ pub struct Rung {
     pub window: bool,
     /// Training checkpoints and requeues, so it may borrow the window's floor.
     pub lend: bool,
+    /// The repeat jobs (inference, scoring) ask for co-location and are charged what
+    /// their earlier runs used.
+    pub colocate: bool,
 }
 
 /// The ladder, first *before* and last the defaults.
-pub const RUNGS: [Rung; 6] = [
+pub const RUNGS: [Rung; 7] = [
     Rung {
         name: "before: whole GPUs, FIFO",
         priority: false,
@@ -45,6 +48,7 @@ pub const RUNGS: [Rung; 6] = [
         shares: false,
         window: false,
         lend: false,
+        colocate: false,
     },
     Rung {
         name: "+ priority, preemption and backfill",
@@ -54,6 +58,7 @@ pub const RUNGS: [Rung; 6] = [
         shares: false,
         window: false,
         lend: false,
+        colocate: false,
     },
     Rung {
         name: "+ fair share",
@@ -63,6 +68,7 @@ pub const RUNGS: [Rung; 6] = [
         shares: false,
         window: false,
         lend: false,
+        colocate: false,
     },
     Rung {
         name: "+ shares for inference",
@@ -72,6 +78,7 @@ pub const RUNGS: [Rung; 6] = [
         shares: true,
         window: false,
         lend: false,
+        colocate: false,
     },
     Rung {
         name: "+ business-hours window",
@@ -81,15 +88,27 @@ pub const RUNGS: [Rung; 6] = [
         shares: true,
         window: true,
         lend: false,
+        colocate: false,
     },
     Rung {
-        name: "+ lendable floors (the defaults)",
+        name: "+ lendable floors",
         priority: true,
         backfill: true,
         fair_share: true,
         shares: true,
         window: true,
         lend: true,
+        colocate: false,
+    },
+    Rung {
+        name: "+ co-location by measured use (the defaults)",
+        priority: true,
+        backfill: true,
+        fair_share: true,
+        shares: true,
+        window: true,
+        lend: true,
+        colocate: true,
     },
 ];
 
@@ -110,6 +129,7 @@ impl Rung {
         Shape {
             shares: self.shares,
             checkpoints: self.lend,
+            colocate: self.colocate,
         }
     }
 }
@@ -422,7 +442,8 @@ mod tests {
         assert!(first.config().contains("enabled = false"));
         let last = &RUNGS[RUNGS.len() - 1];
         assert!(last.priority && last.backfill && last.fair_share && last.shares);
-        assert!(last.window && last.lend);
+        assert!(last.window && last.lend && last.colocate);
+        assert!(RUNGS[..RUNGS.len() - 1].iter().all(|r| !r.colocate));
         // The defaults' config sets no lending switch: lending is the default.
         assert!(!last.config().contains("lend_floors"));
     }

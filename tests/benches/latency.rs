@@ -7,19 +7,29 @@
 //! - sequential `gpuctl submit` from a loop (jobs that stay queued: the node is drained),
 //!   with what a bare CLI start and a bare request cost, for the breakdown, and the same
 //!   jobs as one `gpuctl submit` of that many files;
-//! - `gpuctl queue --json` and `gpuctl nodes --json` at N queued jobs, and cancelling
-//!   all of them until none is left.
+//! - with 4 agents x 8 fake GPUs, 32 jobs running and N queued behind them: `gpuctl queue
+//!   --json` and `gpuctl nodes` (text and `--json`), and cancelling everything in one
+//!   `gpuctl cancel --me` until nothing waits or runs.
 //!
-//!   cargo bench -p gpuctl-tests --bench latency [-- --jobs 10000 --samples 40 --favordynmods 1]
+//! ```text
+//! cargo bench -p gpuctl-tests --bench latency [-- --jobs 10000 --samples 40 --favordynmods 1
+//!     --cgroup-base DIR --phases launch,run,cli,queued]
+//! ```
+//!
+//! `GPUCTL_BENCH_BINS=DIR` runs the binaries in DIR instead of building this tree's (an
+//! earlier build, for before-and-after runs side by side). `--cgroup-base DIR` hands the
+//! agents another cgroup root (a cgroup2 mount of one's own: a pure v2 host).
 //!
 //! `--favordynmods 1` starts gpud with `--cgroup-favordynmods` (it remounts the host's
 //! cgroup2 mount; the setting stays). The bench prints which way the host was.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use gpuctl_tests::{bench_arg, bench_cli, release_bins, start_bench_agent, start_bench_controller};
+use gpuctl_tests::{
+    bench_arg, bench_cli, release_bins, start_bench_agent, start_bench_controller, start_bench_node,
+};
 use serde_json::Value;
 
 struct Bench {
@@ -94,22 +104,50 @@ fn spread(mut v: Vec<f64>) -> String {
     )
 }
 
-fn start_cluster(bin: &Path, d: &Path, favor: bool) -> (std::process::Child, std::process::Child) {
+/// A text argument of the bench (`--name VALUE`).
+fn text_arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == name)?;
+    args.get(i + 1).cloned()
+}
+
+/// The agents' flags: their cgroup parent, and the bench's cgroup choices.
+fn agent_flags(favor: bool) -> Vec<String> {
+    let mut extra = vec![
+        "--cgroup-parent".to_string(),
+        format!("gpuctl-bench/latency-{}", std::process::id()),
+    ];
+    if favor {
+        extra.push("--cgroup-favordynmods".into());
+    }
+    if let Some(root) = text_arg("--cgroup-base") {
+        extra.extend(["--cgroup-base".to_string(), root]);
+    }
+    extra
+}
+
+fn start_cluster(bin: &Path, d: &Path, favor: bool) -> (Child, String, Vec<Child>) {
     let (ctld, addr) = start_bench_controller(bin, d);
-    let mut extra = vec!["--cgroup-parent", "gpuctl-bench/latency"];
-    extra.extend(favor.then_some("--cgroup-favordynmods"));
+    let extra = agent_flags(favor);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let gpud = start_bench_agent(bin, d, &addr, &extra);
-    (ctld, gpud)
+    (ctld, addr, vec![gpud])
 }
 
 fn main() {
     let samples = bench_arg("--samples", 40) as usize;
     let queued = bench_arg("--jobs", 10_000) as usize;
-    let bin = release_bins(&["gpuctld", "gpuctl", "gpud"]);
+    let bin = match std::env::var_os("GPUCTL_BENCH_BINS") {
+        Some(dir) => std::fs::canonicalize(dir).expect("GPUCTL_BENCH_BINS"),
+        None => release_bins(&["gpuctld", "gpuctl", "gpud"]),
+    };
+    println!("binaries: {}", bin.display());
+    let phases = text_arg("--phases").unwrap_or_else(|| "launch,run,cli,queued".into());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let favor = bench_arg("--favordynmods", 0) == 1;
-    let daemons = Daemons(start_cluster(&bin, d, favor));
+    let (ctld, addr, agents) = start_cluster(&bin, d, favor);
+    let mut daemons = Daemons(ctld, agents);
     let b = Bench {
         bin: bin.clone(),
         dir: d.to_path_buf(),
@@ -138,10 +176,32 @@ fn main() {
         "command = [\"sleep\", \"1\"]\nstdout = \"/dev/null\"\n[resources]\ngpus = 1\ncpus = 1\n",
     )
     .unwrap();
-    launch_phase(&b, samples);
-    run_time_phase(&b, samples);
-    let n = cli_phase(&b, samples);
-    queued_phase(&b, queued, n);
+    std::fs::write(
+        d.join("hold.toml"),
+        "command = [\"sleep\", \"3600\"]\nstdout = \"/dev/null\"\n[resources]\ngpus = 1\ncpus = 1\n",
+    )
+    .unwrap();
+    let on = |p: &str| phases.split(',').any(|x| x == p);
+    if on("launch") {
+        launch_phase(&b, samples);
+    }
+    if on("run") {
+        run_time_phase(&b, samples);
+    }
+    if on("cli") {
+        cli_phase(&b, samples);
+    }
+    if on("queued") {
+        // Three more agents: 4 x 8 GPUs, as in the comparison with HyperQueue.
+        let extra = agent_flags(favor);
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        for name in ["bench2", "bench3", "bench4"] {
+            daemons
+                .1
+                .push(start_bench_node(&bin, d, &addr, name, &extra));
+        }
+        queued_phase(&b, queued);
+    }
     drop(daemons);
 }
 
@@ -222,8 +282,9 @@ fn run_time_phase(b: &Bench, samples: usize) {
 }
 
 /// The CLI's own cost, then sequential submits that stay queued (the node is drained
-/// from here on), then as many again in one call. Answers how many were submitted.
-fn cli_phase(b: &Bench, samples: usize) -> usize {
+/// from here on), then as many again in one call; cancels them all at the end and
+/// resumes the node.
+fn cli_phase(b: &Bench, samples: usize) {
     b.ok(&["node", "drain", "bench", "--reason", "bench"]);
     let timed = |f: &dyn Fn()| {
         let t = Instant::now();
@@ -265,14 +326,49 @@ fn cli_phase(b: &Bench, samples: usize) -> usize {
         n as f64 / secs,
         secs * 1000.0 / n as f64
     );
-    2 * n
+    b.ok(&["cancel", "--me"]);
+    while b.ok(&["queue", "--json"]).trim() != "[]" {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    b.ok(&["node", "resume", "bench"]);
 }
 
-/// Many queued jobs (`queued` in all, `n` there already): arrays of up to 10,000 tasks
-/// (the controller's default `limits.max_array_tasks`), then the lists and a cancel of
-/// all of them in one `gpuctl cancel --me`.
-fn queued_phase(b: &Bench, queued: usize, n: usize) {
-    let mut left = queued - n;
+/// 32 jobs running (one a GPU of the four nodes) and `queued` waiting behind them
+/// (arrays of up to 10,000 tasks, the controller's default `limits.max_array_tasks`):
+/// the lists at that depth, then everything cancelled in one `gpuctl cancel --me`, until
+/// nothing waits or runs.
+fn queued_phase(b: &Bench, queued: usize) {
+    let t = Instant::now();
+    while b.json(&["nodes", "--json"]).as_array().unwrap().len() < 4
+        || b.ok(&["nodes"]).matches("IDLE").count() < 4
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "agents did not attach"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let files = vec!["hold.toml"; 32];
+    let mut args = vec!["submit"];
+    args.extend(files);
+    b.ok(&args);
+    let running = |b: &Bench| {
+        b.json(&["queue", "--json"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["state"] == "RUNNING" && j["launch_time"].is_string())
+            .count()
+    };
+    let t = Instant::now();
+    while running(b) < 32 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "32 jobs did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut left = queued;
     while left > 0 {
         let tasks = left.min(10_000);
         let spec = format!("0-{}", tasks - 1);
@@ -280,25 +376,37 @@ fn queued_phase(b: &Bench, queued: usize, n: usize) {
         left -= tasks;
     }
     let listed = b.json(&["queue", "--json"]);
-    assert_eq!(listed.as_array().unwrap().len(), queued, "jobs queued");
-    let mut queue_ms = vec![];
-    let mut nodes_ms = vec![];
-    for _ in 0..5 {
+    assert_eq!(listed.as_array().unwrap().len(), queued + 32, "jobs listed");
+    let (mut queue_ms, mut nodes_ms, mut nodes_json_ms) = (vec![], vec![], vec![]);
+    let timed = |args: &[&str], into: &mut Vec<f64>| -> String {
         let t = Instant::now();
-        let out = b.ok(&["queue", "--json"]);
-        queue_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        let out = b.ok(args);
+        into.push(t.elapsed().as_secs_f64() * 1000.0);
+        out
+    };
+    for _ in 0..10 {
+        let out = timed(&["queue", "--json"], &mut queue_ms);
         assert!(out.len() > queued * 100);
-        let t = Instant::now();
-        b.ok(&["nodes", "--json"]);
-        nodes_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        let out = timed(&["nodes"], &mut nodes_ms);
+        assert!(
+            ["bench ", "bench2", "bench3", "bench4"]
+                .iter()
+                .all(|n| out.contains(n)),
+            "{out}"
+        );
+        timed(&["nodes", "--json"], &mut nodes_json_ms);
     }
     println!(
-        "`gpuctl queue --json`, {queued} queued jobs (ms): {}",
+        "`gpuctl queue --json`, {queued} queued + 32 running jobs, to a pipe (ms): {}",
         spread(queue_ms)
     );
     println!(
-        "`gpuctl nodes --json` with {queued} queued jobs (ms): {}",
+        "`gpuctl nodes`, 4 nodes, {queued} queued jobs (ms): {}",
         spread(nodes_ms)
+    );
+    println!(
+        "`gpuctl nodes --json`, 4 nodes, {queued} queued jobs (ms): {}",
+        spread(nodes_json_ms)
     );
     // One request by filter (scancel --me), as a user cancels everything: no ids to
     // list first, no 4,096-id cap.
@@ -306,27 +414,30 @@ fn queued_phase(b: &Bench, queued: usize, n: usize) {
     b.ok(&["cancel", "--me"]);
     let command = t.elapsed();
     while b.ok(&["queue", "--json"]).trim() != "[]" {
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(2));
     }
+    let all = t.elapsed();
     println!(
-        "`gpuctl cancel --me` of {queued} queued jobs, the command: {:.1} ms",
+        "`gpuctl cancel --me` of {queued} queued + 32 running jobs, the command: {:.1} ms",
         command.as_secs_f64() * 1000.0
     );
     println!(
-        "cancel {queued} queued jobs until none is left: {:.3} s",
-        t.elapsed().as_secs_f64()
+        "cancel {queued} queued + 32 running jobs until nothing waits or runs: {:.3} s",
+        all.as_secs_f64()
     );
 }
 
-/// The controller and the agent, killed when the bench ends (or panics).
-struct Daemons((std::process::Child, std::process::Child));
+/// The controller and the agents, killed when the bench ends (or panics).
+struct Daemons(Child, Vec<Child>);
 
 impl Drop for Daemons {
     fn drop(&mut self) {
-        let (ctld, gpud) = &mut self.0;
-        let _ = gpud.kill();
+        for gpud in &mut self.1 {
+            let _ = gpud.kill();
+            let _ = gpud.wait();
+        }
+        let ctld = &mut self.0;
         let _ = ctld.kill();
-        let _ = gpud.wait();
         let _ = ctld.wait();
     }
 }

@@ -196,6 +196,31 @@ impl Controller {
         Ok(ack)
     }
 
+    /// Applies one node's reports in order under one lock and one write; answers each
+    /// one's ack, in order.
+    pub async fn reports(
+        self: &Arc<Self>,
+        reports: &[pb::JobReport],
+    ) -> Result<Vec<pb::JobReportAck>, Status> {
+        let (acks, mut out) = {
+            let mut c = self.lock();
+            let now = now_ms();
+            let mut all = gpuctl_core::Effects::default();
+            let mut acks = Vec::with_capacity(reports.len());
+            for r in reports {
+                let (ack, effects) = c.report(r, now);
+                acks.push(ack);
+                all.merge(effects);
+            }
+            (acks, self.settle(c, all).map_err(store_status)?)
+        };
+        if out.wake && self.pass_now().await {
+            out.wake = false;
+        }
+        self.deliver(out, true).await.map_err(store_status)?;
+        Ok(acks)
+    }
+
     /// Drops every agent connection so that their streams end (for shutdown).
     pub fn close_agent_streams(&self) {
         let mut c = self.lock();

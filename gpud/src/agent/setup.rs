@@ -25,6 +25,9 @@ pub(super) fn job_cgroups(opts: &Options, cgroup_parent: &str) -> (crate::cgroup
             "no writable cgroup hierarchy under {}: jobs run in process groups only, without CPU/memory limits",
             opts.cgroup_base.display()
         ),
+        crate::cgroup::Mode::V2 { controllers, .. } if !controllers.missing().is_empty() => {
+            tracing::warn!("job limits through {}", cgroups.describe())
+        }
         ref m => tracing::info!("job limits through {}", m.describe()),
     }
     migration_cost(&cgroups, opts.cgroup_favordynmods);
@@ -86,13 +89,19 @@ fn migration_cost(cgroups: &crate::cgroup::Mode, favor: bool) {
             Migration::Unknown
         })
     } else {
+        let release = nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default();
         std::fs::read_to_string("/proc/mounts")
-            .map_or(Migration::Unknown, |m| cgroups.migration(&m))
+            .map_or(Migration::Unknown, |m| cgroups.migration(&m, &release))
     };
     match now {
         Migration::Fast => tracing::info!("cgroup migrations are cheap (favordynmods)"),
+        Migration::Created => {
+            tracing::info!("jobs are created in their cgroup (clone3): nothing is migrated")
+        }
         Migration::Slow(path) => tracing::warn!(
-            "a job launched after a quiet spell can wait 10-50 ms for the kernel to move it into its cgroup: {} is mounted without favordynmods (start gpud with --cgroup-favordynmods, or boot with cgroup_favordynmods=true)",
+            "a job launched after a quiet spell can wait 10-50 ms for the kernel to move it into its v1 cgroups: {} is mounted without favordynmods (start gpud with --cgroup-favordynmods, or boot with cgroup_favordynmods=true)",
             path.display()
         ),
         Migration::Unknown => {}

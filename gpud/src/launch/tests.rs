@@ -258,3 +258,43 @@ fn a_requeued_attempt_appends_to_its_output() {
     let again = LaunchSpec::from_start(&s, "n", dir.path(), None).unwrap();
     assert!(again.append);
 }
+
+/// A wait that a kill interrupts (the agent's `select!` drops it) leaves the job's
+/// pipe watched, so that the next wait still sees the end at once: it once dropped the
+/// pipe and polled the pid every 250 ms instead.
+#[tokio::test]
+async fn an_interrupted_wait_keeps_watching_the_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = dir.path().join("7.1.status");
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    let mut job = Launched {
+        child: None,
+        done: Some(Done::Pipe(r)),
+        launched_ms: Some(1),
+        cgroup: None,
+        // A pid that is never alive: the fallback would answer at once without a record.
+        pid: None,
+        status_file: Some(status.clone()),
+        record: None,
+    };
+    for round in 0..2 {
+        let waited = tokio::time::timeout(Duration::from_millis(20), job.wait()).await;
+        assert!(
+            waited.is_err(),
+            "wait {round}: the pipe is still open, the wait goes on: {waited:?}"
+        );
+        assert!(
+            matches!(job.done, Some(Done::Watched(_))),
+            "wait {round}: the interrupted wait left the pipe watched"
+        );
+    }
+    // The shim records a SIGTERM end and closes its pipe.
+    std::fs::write(&status, "15 1700000000000\n").unwrap();
+    drop(w);
+    let st = tokio::time::timeout(Duration::from_secs(5), job.wait())
+        .await
+        .expect("the end is seen through the pipe")
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(15));
+}
