@@ -150,7 +150,10 @@ fn options(at: usize, line: &str) -> Result<Vec<Opt>, (Range<usize>, String)> {
             return Err((span, format!("#SBATCH: {w:?} is not an option")));
         };
         let value = if FLAGS.contains(&name.as_str()) {
-            inline.unwrap_or_default()
+            if let Some(v) = inline {
+                return Err((span, format!("#SBATCH --{name} takes no value (got {v:?})")));
+            }
+            String::new()
         } else if let Some(v) = inline {
             v
         } else {

@@ -162,3 +162,14 @@ fn begin_times_as_sbatch_takes_them() {
     let (job, _) = parse("b.sh", "#!/bin/sh\n#SBATCH --begin=now+1hour\ntrue\n").unwrap();
     assert!(job.begin_ms > 0);
 }
+
+#[test]
+fn oversubscribe_asks_for_colocation_by_use() {
+    assert!(!job("#!/bin/sh\n#SBATCH -G 1\nrun\n").colocate);
+    assert!(job("#!/bin/sh\n#SBATCH -G 1 --oversubscribe\nrun\n").colocate);
+    let j = job("#!/bin/sh\n#SBATCH -s -G 0.5\nrun\n");
+    assert!(j.colocate, "-s is --oversubscribe");
+    assert_eq!(j.gpu_milli, 500);
+    let err = parse("a.sbatch", "#!/bin/sh\n#SBATCH --oversubscribe=yes\nrun\n").unwrap_err();
+    assert!(err.to_string().contains("oversubscribe"), "{err}");
+}
