@@ -121,7 +121,10 @@ fn job(
 pub struct Shape {
     pub shares: bool,
     pub checkpoints: bool,
-    /// Inference and scoring (the same models every day) ask for co-location.
+    /// Inference and scoring (the same models every day) are right-sized from their
+    /// earlier runs.
+    pub right_size: bool,
+    /// Inference and scoring ask for co-location.
     pub colocate: bool,
 }
 
@@ -132,6 +135,7 @@ pub fn workload(seed: u64) -> Vec<TraceJob> {
         Shape {
             shares: true,
             checkpoints: true,
+            right_size: true,
             colocate: true,
         },
     )
@@ -213,9 +217,13 @@ pub fn workload_as(seed: u64, shape: Shape) -> Vec<TraceJob> {
         }
     }
     jobs.sort_by_key(|j| (j.submit, j.id));
-    if shape.colocate {
-        for j in jobs.iter_mut().filter(|j| j.account != "training") {
-            colocated(j, seed);
+    for j in jobs.iter_mut().filter(|j| j.account != "training") {
+        let asked = nominal_milli(j, shape);
+        if shape.right_size {
+            right_sized(j, seed, asked);
+        }
+        if shape.colocate {
+            colocated(j, seed, asked);
         }
     }
     jobs
@@ -224,16 +232,45 @@ pub fn workload_as(seed: u64, shape: Shape) -> Vec<TraceJob> {
 /// The GPU memory of the week's GPUs (A100 80 GB), in MiB.
 const GPU_MEMORY_MIB: f64 = 80.0 * 1024.0;
 
+/// A repeat job's GPU memory peak, in MiB, for what it asked (`asked` milli-GPUs).
+fn peak_mib(j: &TraceJob, seed: u64, asked: u64) -> f64 {
+    crate::usage::memory(crate::usage::uniform(seed, j.id, 1)) * asked as f64 / 1000.0
+        * GPU_MEMORY_MIB
+}
+
+/// A repeat job right-sized as the controller would from its earlier runs
+/// (`gpuctl_core::efficiency`: a whole GPU becomes a share when its runs fitted in
+/// half of one; a share shrinks to its busy and memory fractions when that saves a
+/// quarter; 25% margin): its modelled busy fraction and GPU memory peak (a repeat
+/// job's runs are alike). `asked` is what it asked for, in milli-GPUs.
+fn right_sized(j: &mut TraceJob, seed: u64, asked: u64) {
+    let had = asked as f64 / 1000.0;
+    let b = busy(j, seed);
+    let mem = crate::usage::memory(crate::usage::uniform(seed, j.id, 1));
+    let want = if asked >= 1000 {
+        gpuctl_core::efficiency::share_for_whole(b, mem)
+    } else {
+        gpuctl_core::efficiency::shrunk_share(had, b, mem)
+    };
+    if let Some(share) = want {
+        let milli = (share * 1000.0).round() as u32;
+        j.request.gpu = GpuRequest::Share {
+            compute_milli: Some(milli),
+            memory_mib: None,
+        };
+        j.gpu_milli = u64::from(milli);
+    }
+}
+
 /// A repeat job that asks for co-location, charged as the controller would from its
 /// earlier runs (`gpuctl_core::colocate::charge`): its modelled busy share of the GPU
-/// and GPU memory peak (`crate::usage`; a repeat job's runs are alike), what it asked
-/// for as the nominal request. `gpu_milli` becomes the charge.
-fn colocated(j: &mut TraceJob, seed: u64) {
+/// and GPU memory peak (`crate::usage`; a repeat job's runs are alike), against what
+/// it holds now (its request, right-sized or not). `gpu_milli` becomes the charge.
+fn colocated(j: &mut TraceJob, seed: u64, asked: u64) {
     let nominal = u32::try_from(j.gpu_milli).unwrap_or(u32::MAX);
-    let of_gpu = f64::from(nominal) / 1000.0;
-    let used = busy(j, seed) * of_gpu;
-    let given = of_gpu * GPU_MEMORY_MIB;
-    let peak = crate::usage::memory(crate::usage::uniform(seed, j.id, 1)) * given;
+    let used = busy(j, seed) * asked as f64 / 1000.0;
+    let given = f64::from(nominal) / 1000.0 * GPU_MEMORY_MIB;
+    let peak = peak_mib(j, seed, asked);
     let ratio = gpuctl_core::colocate::Colocation::default().compute_overcommit;
     if let Some((milli, mib)) =
         gpuctl_core::colocate::charge(nominal, given as u64, used, peak as u64, ratio)
@@ -411,6 +448,7 @@ mod tests {
         let plain = Shape {
             shares: true,
             checkpoints: true,
+            right_size: false,
             colocate: false,
         };
         let co = Shape {
@@ -447,5 +485,41 @@ mod tests {
             assert!((work(x, plain) - work(y, co)).abs() < 1e-6);
         }
         assert!(charged > b.len() / 2, "{charged} of {}", b.len());
+    }
+
+    #[test]
+    fn right_sizing_shrinks_repeat_jobs_to_their_use_and_keeps_their_work() {
+        let plain = Shape {
+            shares: true,
+            checkpoints: true,
+            right_size: false,
+            colocate: false,
+        };
+        let sized = Shape {
+            right_size: true,
+            ..plain
+        };
+        let (a, b) = (workload_as(5, plain), workload_as(5, sized));
+        let mut shrunk = 0;
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!((x.id, x.submit, x.duration), (y.id, y.submit, y.duration));
+            if y.account == "training" {
+                assert_eq!(x.request, y.request);
+                continue;
+            }
+            assert!(y.gpu_milli <= x.gpu_milli, "{y:?}");
+            // The share it gets holds its GPU memory peak and its busy time.
+            let held = y.gpu_milli as f64 / 1000.0;
+            assert!(held * GPU_MEMORY_MIB >= peak_mib(y, 5, x.gpu_milli), "{y:?}");
+            assert!(held >= busy(y, 5) * x.gpu_milli as f64 / 1000.0, "{y:?}");
+            if y.gpu_milli < x.gpu_milli {
+                shrunk += 1;
+                // Only where it saves a quarter (or a whole GPU becomes half or less).
+                assert!(4 * y.gpu_milli <= 3 * x.gpu_milli, "{y:?}");
+            }
+            let work = |j: &TraceJob, s| busy_of_charge(j, 5, s) * j.gpu_milli as f64;
+            assert!((work(x, plain) - work(y, sized)).abs() < 1e-6);
+        }
+        assert!(shrunk > b.len() / 4, "{shrunk} of {}", b.len());
     }
 }

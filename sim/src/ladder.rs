@@ -29,6 +29,9 @@ pub struct Rung {
     pub fair_share: bool,
     /// Inference asks for half a GPU (else a whole one).
     pub shares: bool,
+    /// The repeat jobs (inference, scoring) are right-sized from their earlier runs
+    /// (`gpuctl submit --right-size`).
+    pub right_size: bool,
     /// The business-hours window keeps 70% of the GPUs for inference.
     pub window: bool,
     /// Training checkpoints and requeues, so it may borrow the window's floor.
@@ -38,78 +41,33 @@ pub struct Rung {
     pub colocate: bool,
 }
 
+/// A rung with the first `n` strategies on, in the ladder's order: priority with
+/// preemption and backfill, fair share, shares, right-sizing, the window, lending,
+/// co-location.
+const fn rung(name: &'static str, n: u8) -> Rung {
+    Rung {
+        name,
+        priority: n >= 1,
+        backfill: n >= 1,
+        fair_share: n >= 2,
+        shares: n >= 3,
+        right_size: n >= 4,
+        window: n >= 5,
+        lend: n >= 6,
+        colocate: n >= 7,
+    }
+}
+
 /// The ladder, first *before* and last the defaults.
-pub const RUNGS: [Rung; 7] = [
-    Rung {
-        name: "before: whole GPUs, FIFO",
-        priority: false,
-        backfill: false,
-        fair_share: false,
-        shares: false,
-        window: false,
-        lend: false,
-        colocate: false,
-    },
-    Rung {
-        name: "+ priority, preemption and backfill",
-        priority: true,
-        backfill: true,
-        fair_share: false,
-        shares: false,
-        window: false,
-        lend: false,
-        colocate: false,
-    },
-    Rung {
-        name: "+ fair share",
-        priority: true,
-        backfill: true,
-        fair_share: true,
-        shares: false,
-        window: false,
-        lend: false,
-        colocate: false,
-    },
-    Rung {
-        name: "+ shares for inference",
-        priority: true,
-        backfill: true,
-        fair_share: true,
-        shares: true,
-        window: false,
-        lend: false,
-        colocate: false,
-    },
-    Rung {
-        name: "+ business-hours window",
-        priority: true,
-        backfill: true,
-        fair_share: true,
-        shares: true,
-        window: true,
-        lend: false,
-        colocate: false,
-    },
-    Rung {
-        name: "+ lendable floors",
-        priority: true,
-        backfill: true,
-        fair_share: true,
-        shares: true,
-        window: true,
-        lend: true,
-        colocate: false,
-    },
-    Rung {
-        name: "+ co-location by measured use (the defaults)",
-        priority: true,
-        backfill: true,
-        fair_share: true,
-        shares: true,
-        window: true,
-        lend: true,
-        colocate: true,
-    },
+pub const RUNGS: [Rung; 8] = [
+    rung("before: whole GPUs, FIFO", 0),
+    rung("+ priority, preemption and backfill", 1),
+    rung("+ fair share", 2),
+    rung("+ shares for inference", 3),
+    rung("+ right-sizing from history", 4),
+    rung("+ business-hours window", 5),
+    rung("+ lendable floors", 6),
+    rung("+ co-location by measured use (the defaults)", 7),
 ];
 
 impl Rung {
@@ -128,6 +86,7 @@ impl Rung {
     pub fn shape(&self) -> Shape {
         Shape {
             shares: self.shares,
+            right_size: self.right_size,
             checkpoints: self.lend,
             colocate: self.colocate,
         }
@@ -442,8 +401,25 @@ mod tests {
         assert!(first.config().contains("enabled = false"));
         let last = &RUNGS[RUNGS.len() - 1];
         assert!(last.priority && last.backfill && last.fair_share && last.shares);
-        assert!(last.window && last.lend && last.colocate);
+        assert!(last.right_size && last.window && last.lend && last.colocate);
         assert!(RUNGS[..RUNGS.len() - 1].iter().all(|r| !r.colocate));
+        // Each rung adds one strategy to the one before it.
+        let on = |r: &Rung| {
+            [
+                r.priority,
+                r.fair_share,
+                r.shares,
+                r.right_size,
+                r.window,
+                r.lend,
+                r.colocate,
+            ]
+        };
+        for w in RUNGS.windows(2) {
+            let (a, b) = (on(&w[0]), on(&w[1]));
+            let added = a.iter().zip(&b).filter(|(x, y)| !**x && **y).count();
+            assert!(added == 1 && a.iter().zip(&b).all(|(x, y)| !x | y), "{w:?}");
+        }
         // The defaults' config sets no lending switch: lending is the default.
         assert!(!last.config().contains("lend_floors"));
     }
