@@ -34,6 +34,7 @@ pub mod partitions;
 pub mod policy;
 pub mod reconfig;
 pub mod report;
+pub mod restore;
 pub mod retention;
 pub mod state;
 pub mod usage;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use gpuctl_core::policy::{GpuRoom, gpu_room};
-use gpuctl_core::{Actor, Cluster};
+use gpuctl_core::{Actor, Cluster, Config};
 use gpuctl_proto::store::{StoredJob, StoredNode};
 use gpuctl_proto::{self as pb, JobState};
 
@@ -214,17 +214,17 @@ impl Disk {
         }
     }
 
-    fn load(&self) -> Cluster {
-        let mut c = cluster();
-        for j in self.jobs.values() {
-            let id = j.job.as_ref().unwrap().id;
-            c.next_job_id = c.next_job_id.max(id + 1);
-            c.jobs.insert(j.clone());
-        }
-        for (name, n) in &self.nodes {
-            c.nodes.insert(name.clone(), n.clone());
-        }
-        c
+    /// The cluster a controller started at `now` rebuilds from this (as the daemon
+    /// does: `gpuctl_core::restore`).
+    fn load(&self, now: i64) -> Cluster {
+        let records = gpuctl_core::restore::Records {
+            jobs: self.jobs.values().cloned().collect(),
+            nodes: self.nodes.values().cloned().collect(),
+            ..Default::default()
+        };
+        let restored = gpuctl_core::restore::restore(Config::default(), records, now);
+        assert!(restored.rewrite.is_empty(), "records of this version stay");
+        restored.cluster
     }
 }
 
@@ -245,7 +245,7 @@ fn a_restarted_controller_recovers_from_what_was_written() {
     disk.write(&mut c);
     drop(c);
 
-    let mut c = disk.load();
+    let mut c = disk.load(T0 + 2);
     assert_eq!(state(&c, running), JobState::Running);
     assert_eq!(c.next_job_id, waiting + 1, "ids are never reused");
     // Down until its agent attaches again, then reconciled: the running job stays.
@@ -262,6 +262,32 @@ fn a_restarted_controller_recovers_from_what_was_written() {
     );
     let e = pass(&mut c, T0 + 5);
     assert_eq!(commands(&e), vec![to("n1", "start 2")]);
+}
+
+#[test]
+fn a_restarted_controller_gives_agents_a_full_timeout_and_never_reuses_an_id() {
+    let mut c = cluster();
+    let mut disk = Disk::default();
+    attach(&mut c, "n1", T0);
+    let running = submit(&mut c, 1, false, T0);
+    disk.jobs
+        .insert(running, c.jobs.get(running).unwrap().clone());
+    pass(&mut c, T0);
+    report(&mut c, "n1", running, None, T0);
+    disk.write(&mut c);
+    drop(c);
+
+    // Restarted an hour later: the agent was last heard long ago, but the timeout
+    // counts from the start.
+    let start = T0 + 3_600_000;
+    let mut c = disk.load(start);
+    assert!(c.next_job_id > running);
+    c.check_nodes(start + 59_000);
+    assert_eq!(state(&c, running), JobState::Running);
+    c.check_nodes(start + 61_000);
+    assert_eq!(state(&c, running), JobState::NodeFail);
+    let next = submit(&mut c, 1, false, start + 62_000);
+    assert!(next > running, "ids are never reused");
 }
 
 #[test]

@@ -203,17 +203,6 @@ fn store_status(e: StoreError) -> Status {
     }
 }
 
-/// Moves the flat GPU fields of an old record (its spec, and the copy kept for
-/// re-adoption) into the `gpu` oneof. Returns whether anything changed.
-fn upgrade_record(s: &mut gpuctl_proto::store::StoredJob) -> bool {
-    let jobs = s.job.iter_mut().chain(s.requeued_from.iter_mut());
-    let mut changed = false;
-    for r in jobs.filter_map(|j| j.spec.as_mut()?.resources.as_mut()) {
-        changed |= gpuctl_proto::convert::upgrade(r);
-    }
-    changed
-}
-
 /// The gRPC status of a refusal.
 fn status(r: Refusal) -> Status {
     match r.kind {
@@ -234,30 +223,18 @@ impl Controller {
         key: ClusterKey,
     ) -> Result<Arc<Controller>, StoreError> {
         let loaded = store.load()?;
-        let mut core = Cluster::new(config.clone());
-        core.next_job_id = loaded.next_job_id.max(1);
-        for mut j in loaded.jobs {
-            let id = job_of(&j).id;
-            // Records of finished jobs written before compaction existed, and records
-            // of the flat GPU fields (before the `gpu` oneof).
-            let compacted =
-                job_of(&j).state().is_final() && gpuctl_core::retention::compact(&mut j);
-            if upgrade_record(&mut j) || compacted {
-                store.put_job(&j)?;
-            }
-            core.next_job_id = core.next_job_id.max(id + 1);
-            core.jobs.insert(j);
+        let records = gpuctl_core::restore::Records {
+            jobs: loaded.jobs,
+            nodes: loaded.nodes,
+            usage: loaded.usage,
+            next_job_id: loaded.next_job_id,
+        };
+        // Agents get a full timeout from the controller's start to come back.
+        let restored = gpuctl_core::restore::restore(config.clone(), records, now_ms());
+        for j in &restored.rewrite {
+            store.put_job(j)?;
         }
-        if let Some(u) = &loaded.usage {
-            core.restore_usage(u);
-        }
-        core.recompute_begins();
-        let started = now_ms();
-        for n in loaded.nodes {
-            // Agents get a full timeout from the controller's start to come back.
-            core.last_heard.insert(n.name.clone(), started);
-            core.nodes.insert(n.name.clone(), n);
-        }
+        let core = restored.cluster;
         tracing::info!(
             jobs = core.jobs.len(),
             nodes = core.nodes.len(),

@@ -1,0 +1,117 @@
+//! A controller's state rebuilt from its records: the one way it is done, by the daemon
+//! at start and by the tests that restart a cluster. Pure: the records and the time of
+//! the start in, the cluster and the records to write back out.
+
+use gpuctl_proto::store::{StoredJob, StoredNode, StoredUsage};
+
+use crate::config::Config;
+use crate::jobs::job_of;
+use crate::state::Cluster;
+
+/// What a store holds.
+#[derive(Debug, Default, Clone)]
+pub struct Records {
+    pub jobs: Vec<StoredJob>,
+    pub nodes: Vec<StoredNode>,
+    /// Fair share's decayed usage, if any was written.
+    pub usage: Option<StoredUsage>,
+    /// The next job id to hand out, as written (ids start at 1).
+    pub next_job_id: u64,
+}
+
+/// A restored cluster, and the job records it changed in the reading (to write back).
+pub struct Restored {
+    pub cluster: Cluster,
+    pub rewrite: Vec<StoredJob>,
+}
+
+/// Upgrades a job record of an older version in place (the flat GPU fields before the
+/// `gpu` oneof); answers whether it changed.
+fn upgrade(s: &mut StoredJob) -> bool {
+    let jobs = s.job.iter_mut().chain(s.requeued_from.iter_mut());
+    let mut changed = false;
+    for r in jobs.filter_map(|j| j.spec.as_mut()?.resources.as_mut()) {
+        changed |= gpuctl_proto::convert::upgrade(r);
+    }
+    changed
+}
+
+/// The cluster `records` describe, started at `now`: every job (finished ones written
+/// before compaction existed compacted, older records upgraded), ids never handed out
+/// twice (the next id is past every stored one, whatever was written), fair share's
+/// usage, the begin times to wake for, and every node with a full timeout from `now`
+/// for its agent to come back.
+pub fn restore(config: Config, records: Records, now: i64) -> Restored {
+    let mut cluster = Cluster::new(config);
+    cluster.next_job_id = records.next_job_id.max(1);
+    let mut rewrite = Vec::new();
+    for mut j in records.jobs {
+        let id = job_of(&j).id;
+        let compacted = job_of(&j).state().is_final() && crate::retention::compact(&mut j);
+        if upgrade(&mut j) || compacted {
+            rewrite.push(j.clone());
+        }
+        cluster.next_job_id = cluster.next_job_id.max(id + 1);
+        cluster.jobs.insert(j);
+    }
+    if let Some(u) = &records.usage {
+        cluster.restore_usage(u);
+    }
+    cluster.recompute_begins();
+    for n in records.nodes {
+        cluster.last_heard.insert(n.name.clone(), now);
+        cluster.nodes.insert(n.name.clone(), n);
+    }
+    Restored { cluster, rewrite }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuctl_proto::{self as pb, JobState};
+
+    use super::*;
+
+    fn record(id: u64, state: JobState) -> StoredJob {
+        StoredJob {
+            job: Some(pb::Job {
+                id,
+                state: state as i32,
+                spec: Some(pb::JobSpec {
+                    user: "ana".into(),
+                    name: "train".into(),
+                    ..pb::JobSpec::default()
+                }),
+                ..pb::Job::default()
+            }),
+            ..StoredJob::default()
+        }
+    }
+
+    #[test]
+    fn ids_continue_past_every_stored_job_whatever_was_written() {
+        let records = Records {
+            jobs: vec![record(7, JobState::Pending), record(3, JobState::Completed)],
+            next_job_id: 2,
+            ..Records::default()
+        };
+        let r = restore(Config::default(), records, 1_000);
+        assert_eq!(r.cluster.next_job_id, 8);
+        assert_eq!(r.cluster.jobs.len(), 2);
+        let none = restore(Config::default(), Records::default(), 1_000);
+        assert_eq!(none.cluster.next_job_id, 1, "ids start at 1");
+    }
+
+    #[test]
+    fn nodes_are_heard_from_at_the_start() {
+        let records = Records {
+            nodes: vec![StoredNode {
+                name: "n1".into(),
+                ..StoredNode::default()
+            }],
+            ..Records::default()
+        };
+        let r = restore(Config::default(), records, 42);
+        assert_eq!(r.cluster.last_heard.get("n1"), Some(&42));
+        assert!(r.cluster.nodes.contains_key("n1"));
+    }
+}
