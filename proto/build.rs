@@ -4,7 +4,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: build scripts are single-threaded; nothing else reads the environment concurrently.
     unsafe { std::env::set_var("PROTOC", protoc) };
     println!("cargo:rerun-if-changed=proto");
+    // The services only with the `rpc` feature (the messages alone need prost only).
+    let rpc = std::env::var_os("CARGO_FEATURE_RPC").is_some();
     tonic_prost_build::configure()
+        .build_server(rpc)
+        .build_client(rpc)
         // Small starting buffers: every open stream keeps its own (src/codec.rs).
         .codec_path("crate::codec::Codec")
         .compile_protos(&["proto/gpuctl.proto", "proto/store.proto"], &["proto"])?;

@@ -243,6 +243,7 @@ impl ClusterKey {
 
     /// `msg` as an agent sends it: in a request whose metadata carries the node, the
     /// time, the session, the sequence number and the MAC the controller checks.
+    #[cfg(feature = "rpc")]
     pub fn signed_request<T: Message>(
         &self,
         method: &str,

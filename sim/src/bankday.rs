@@ -510,7 +510,10 @@ mod tests {
             assert!(y.gpu_milli <= x.gpu_milli, "{y:?}");
             // The share it gets holds its GPU memory peak and its busy time.
             let held = y.gpu_milli as f64 / 1000.0;
-            assert!(held * GPU_MEMORY_MIB >= peak_mib(y, 5, x.gpu_milli), "{y:?}");
+            assert!(
+                held * GPU_MEMORY_MIB >= peak_mib(y, 5, x.gpu_milli),
+                "{y:?}"
+            );
             assert!(held >= busy(y, 5) * x.gpu_milli as f64 / 1000.0, "{y:?}");
             if y.gpu_milli < x.gpu_milli {
                 shrunk += 1;

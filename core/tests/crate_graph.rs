@@ -1,0 +1,78 @@
+//! The pure crates stay pure by their dependency trees, not by convention: neither the
+//! scheduler nor the controller's state machine may reach an async runtime, a gRPC or
+//! HTTP stack, or the store. (`gpuctl-proto` is in core's tree without its `rpc`
+//! feature: the messages and records only.)
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+/// The packages in `package`'s normal (not build, not dev) dependency tree, resolved
+/// as a build of that package alone resolves them.
+fn tree(package: &str) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["tree", "--offline", "-e", "normal", "--prefix", "none"])
+        .args(["-f", "{p}", "-p", package])
+        .output()
+        .expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let names: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    assert!(
+        names.contains(package),
+        "{package} not in its own tree: {text}"
+    );
+    names
+}
+
+/// Crates that do I/O, run tasks or speak a network protocol.
+const IMPURE: &[&str] = &[
+    "tokio",
+    "mio",
+    "tonic",
+    "hyper",
+    "h2",
+    "axum",
+    "tower",
+    "sled",
+    "reqwest",
+    "prometheus-client",
+];
+
+fn impure_in(package: &str) -> Vec<String> {
+    tree(package)
+        .into_iter()
+        .filter(|n| IMPURE.contains(&n.as_str()))
+        .collect()
+}
+
+#[test]
+fn the_state_machine_has_no_runtime_no_rpc_stack_and_no_store() {
+    assert_eq!(impure_in("gpuctl-core"), Vec::<String>::new());
+}
+
+#[test]
+fn the_scheduler_has_no_runtime_no_rpc_stack_no_store_and_no_protobuf() {
+    assert_eq!(impure_in("gpuctl-sched"), Vec::<String>::new());
+    let t = tree("gpuctl-sched");
+    assert!(!t.contains("prost") && !t.contains("gpuctl-proto"), "{t:?}");
+}
+
+#[test]
+fn the_daemon_does_have_them() {
+    // The check above can fail: the same query on the daemon finds the runtime.
+    let t = tree("gpuctld");
+    assert!(
+        t.contains("tokio") && t.contains("tonic") && t.contains("sled"),
+        "{t:?}"
+    );
+}
