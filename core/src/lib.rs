@@ -18,11 +18,13 @@
 //! `retention`, `config`, `error`.
 
 pub mod agents;
+pub mod answers;
 pub mod begin;
 pub mod colocate;
 pub mod config;
 pub mod efficiency;
 pub mod error;
+pub mod explain;
 pub mod fairshare;
 pub mod filter;
 pub mod health;
@@ -36,6 +38,7 @@ pub mod reconfig;
 pub mod report;
 pub mod restore;
 pub mod retention;
+pub mod room;
 pub mod state;
 pub mod usage;
 pub mod users;

@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use gpuctl_core::filter::JobFilter;
 use gpuctl_core::ops::Admission;
 use gpuctl_core::policy::{GpuRoom, gpu_room};
+use gpuctl_core::room::{Deferred, PassRoom};
 use gpuctl_core::{Cluster, Effects, Kind, Refusal, ViewCursor};
 use gpuctl_proto::auth::ClusterKey;
 use gpuctl_proto::{self as pb};
@@ -96,14 +97,10 @@ struct Shared {
     /// Command streams by node (the state knows the sessions).
     links: HashMap<String, Link>,
     tokens: Tokens,
-    /// The room for a job that needs a GPU after the last pass (`policy::gpu_room`);
-    /// back to `Any` at any event that wakes the scheduler (a job's end, a node's
-    /// change), whose pass then comes anyway. A submit of a job that needs a GPU and
-    /// does not fit it defers its pass (`DEFERRED_PASS`).
-    room: GpuRoom,
-    /// The least CPU and memory a submit that deferred its pass since the last pass
-    /// took its input asked for.
-    deferred: Option<(u32, u64)>,
+    /// Whether a submit may leave its pass to later (`gpuctl_core::room`): a submit of
+    /// a job that needs a GPU and does not fit the room the last pass left defers its
+    /// pass (`DEFERRED_PASS`).
+    room: PassRoom,
 }
 
 impl std::ops::Deref for Shared {
@@ -138,7 +135,7 @@ impl Shared {
             self.links.remove(node);
         }
         if effects.wake {
-            self.room = GpuRoom::Any;
+            self.room.woken();
         }
         let sends = effects
             .sends
@@ -150,17 +147,7 @@ impl Shared {
 
     /// Whether the submit of `j` defers its pass (and records that it did).
     fn defers(&mut self, j: &pb::Job) -> bool {
-        let room = self.room;
-        let Some(req) = self
-            .core
-            .deferrable(j)
-            .filter(|r| !room.admits(r.cpu_milli, r.memory_bytes))
-        else {
-            return false;
-        };
-        let (cpu, memory) = self.deferred.unwrap_or((u32::MAX, u64::MAX));
-        self.deferred = Some((cpu.min(req.cpu_milli), memory.min(req.memory_bytes)));
-        true
+        self.room.defers(&self.core, j)
     }
 }
 
@@ -248,8 +235,7 @@ impl Controller {
                 core,
                 links: HashMap::new(),
                 tokens: Tokens::new(loaded.tokens),
-                room: GpuRoom::Any,
-                deferred: None,
+                room: PassRoom::default(),
             }),
             store,
             key,
@@ -400,19 +386,14 @@ impl Controller {
     /// since the pass took its input (so is not in it) gets its pass: at once if it may
     /// fit after all (answers true: wake the loop), else within `DEFERRED_PASS`.
     fn settle_room(&self, c: &mut Shared, waiting: bool, room: GpuRoom, now: i64) -> bool {
-        c.room = if waiting && !c.core.floors_preempt(now) {
-            room
-        } else {
-            GpuRoom::Any
-        };
-        let Some((cpu_milli, memory_bytes)) = c.deferred else {
-            return false;
-        };
-        let fits = c.room.admits(cpu_milli, memory_bytes);
-        if !fits {
-            self.defer.notify_one();
+        match c.room.settle(&c.core, waiting, room, now) {
+            Deferred::None => false,
+            Deferred::PassNow => true,
+            Deferred::PassSoon => {
+                self.defer.notify_one();
+                false
+            }
         }
-        fits
     }
 
     /// Asks for a scheduling pass soon.
@@ -563,7 +544,7 @@ impl Controller {
         StoreError,
     > {
         let (waiting, changed) = self.step(inline, |c| {
-            c.deferred = None;
+            c.room.pass_started();
             let waiting = c.pass_prepare(now);
             self.persist(c).map(|changed| (waiting, changed))
         })?;

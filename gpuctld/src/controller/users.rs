@@ -1,8 +1,6 @@
 //! Reading and changing jobs and nodes for users: explain, priorities, cancel, tokens,
 //! the node list and drains.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use gpuctl_proto::store::StoredToken;
 use gpuctl_proto::{self as pb, JobState};
 use tonic::Status;
@@ -122,150 +120,25 @@ impl Controller {
         snap
     }
 
-    /// Why a job waits, node by node, from a fresh (pure) pass.
+    /// Why a job waits, node by node, from a fresh (pure) pass (`gpuctl_core::explain`).
     pub async fn explain(&self, id: u64) -> Result<pb::Explanation, Status> {
-        let job = self.get_job(id)?;
-        let mut out = pb::Explanation {
-            job_id: id,
-            state: job.state,
-            reason: job.reason.clone(),
-            ..pb::Explanation::default()
-        };
-        if job.state() != JobState::Pending {
-            out.summary = match job.state() {
-                // A borrower of a window's floor says so (its reason).
-                JobState::Running if job.reason.starts_with("Borrowing") => format!(
-                    "running on {}; {}: its owner's jobs take it back (signal, requeue)",
-                    job.node,
-                    job.reason.to_lowercase()
-                ),
-                JobState::Running => format!("running on {}", job.node),
-                s => format!("finished: {}", s.as_str_name()),
-            };
-            return Ok(out);
-        }
-        if !job.hold.is_empty() {
-            out.summary = format!(
-                "held by {}: it starts only once released (gpuctl release {id})",
-                if job.hold == "admin" {
-                    "an admin"
-                } else {
-                    "its owner"
-                }
-            );
-            return Ok(out);
-        }
-        let (view, queue, cfg) = self.lock().pass_input_readonly(now_ms());
-        if !queue.iter().any(|p| p.id == id) {
-            let spec = job.spec.clone().unwrap_or_default();
-            let cfg = self.config();
-            let partition = cfg.partition_name(&spec.partition);
-            let why = gpuctl_core::partitions::blocked_by(&cfg, &spec, job.time_limit_secs);
-            if let Some(why) = why {
-                out.reason = why.into();
-                out.summary = match why {
-                    "PartitionDown" => format!(
-                        "partition {partition} is down: its jobs wait until it is up (partitions.{partition}.state)"
-                    ),
-                    "PartitionTimeLimit" => format!(
-                        "its time limit is over partition {partition}'s max_time (partitions.{partition}.max_time); ask an admin, or cancel and resubmit shorter"
-                    ),
-                    _ => format!(
-                        "partition {partition:?} is not in the controller's config any more; cancel and resubmit to another"
-                    ),
-                };
-                return Ok(out);
-            }
-            // Left out of passes: it waits for other jobs.
-            let deps = job
-                .spec
-                .as_ref()
-                .map(|s| {
-                    s.dependencies
-                        .iter()
-                        .map(|d| format!("{:?} {}", d.kind(), d.job_id))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                })
-                .unwrap_or_default();
-            out.reason = "Dependency".into();
-            out.summary = format!("waits for its dependencies ({deps})");
-            return Ok(out);
-        }
+        use gpuctl_core::explain::{Explain, PassInput, rendered};
         let now = now_ms();
+        let step = self.lock().explain(id, now).map_err(status)?;
+        let PassInput {
+            base,
+            view,
+            queue,
+            cfg,
+        } = match step {
+            Explain::Done(out) => return Ok(out),
+            Explain::Pass(input) => *input,
+        };
         let ex = tokio::task::spawn_blocking(move || sched::explain(&view, &queue, &cfg, now, id))
             .await
             .expect("explain panicked")
             .ok_or_else(|| Status::internal("the job was not in the pass"))?;
-        out.rank = ex.rank as u32;
-        out.priority = ex.priority;
-        // A job held back by a cap or a floor: the nodes it would fit are free for it,
-        // not "fits now".
-        let held = matches!(
-            &ex.outcome,
-            Err(w) if matches!(w.reason, sched::Blocked::Cap(_) | sched::Blocked::WindowFloor { .. })
-        );
-        out.nodes = ex
-            .nodes
-            .iter()
-            .map(|(n, m)| pb::NodeExplain {
-                node: n.clone(),
-                reason: match m {
-                    Some(m) => describe_miss(m),
-                    None if held => "room for it, but it is held back (see why)".into(),
-                    None => String::new(),
-                },
-            })
-            .collect();
-        match &ex.outcome {
-            Ok(start) => {
-                out.reason = "None".into();
-                out.summary = format!(
-                    "fits now on {}; it starts at the next pass",
-                    start
-                        .allocs
-                        .iter()
-                        .map(|a| a.node.as_str())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                );
-                out.expected_start_ms = now;
-            }
-            Err(w) => {
-                out.reason = w.reason.to_string();
-                out.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);
-                out.summary = match &w.reason {
-                    sched::Blocked::Resources => "waits for resources held by running jobs".into(),
-                    sched::Blocked::Priority { behind } => {
-                        format!(
-                            "would fit now, but the slots are reserved for higher-priority job {behind}"
-                        )
-                    }
-                    sched::Blocked::NodesUnavailable => {
-                        "only nodes that are down or drained could run it".into()
-                    }
-                    sched::Blocked::Infeasible => "no node could ever run it".into(),
-                    sched::Blocked::BeyondDepth => {
-                        "past the reservation depth: starts only when it fits now".into()
-                    }
-                    sched::Blocked::Cap(over) => cap_summary(over),
-                    sched::Blocked::WindowFloor { window } => format!(
-                        "starting it would leave less than window {window:?}'s guaranteed GPUs to its account(s) while it runs (windows.{window}.floor); it starts when the floor allows or the window closes"
-                    ),
-                };
-                if let Some(r) = &w.reservation {
-                    out.summary.push_str(&format!(
-                        "; reserved on {}",
-                        r.allocs
-                            .iter()
-                            .map(|a| a.node.as_str())
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    ));
-                }
-            }
-        }
-        Ok(out)
+        Ok(rendered(base, &ex, now))
     }
 
     pub fn priorities(&self) -> Vec<pb::JobPriority> {
@@ -373,72 +246,12 @@ impl Controller {
 
     /// Time-of-day windows now (`gpuctl windows`).
     pub fn windows(&self) -> pb::WindowsResponse {
-        let c = self.lock();
-        let now = now_ms();
-        let at = now.saturating_add(c.config.clock_offset_ms);
-        let tz = &c.config.tz;
-        let windows = c
-            .config
-            .windows
-            .iter()
-            .map(|(name, w)| {
-                let span = w.span(at, tz);
-                let open = span.is_some_and(|(from, _)| from <= at);
-                pb::WindowRow {
-                    name: name.clone(),
-                    open,
-                    next_change_ms: span.map_or(0, |(from, until)| if open { until } else { from }),
-                    days: w.days.clone(),
-                    start: w.start.clone(),
-                    end: w.end.clone(),
-                    floor: w
-                        .floor
-                        .clone()
-                        .into_iter()
-                        .chain(
-                            w.partition_floor
-                                .iter()
-                                .map(|(p, f)| (format!("partition:{p}"), *f)),
-                        )
-                        .collect(),
-                    qos_priority: w.qos_priority.clone().into_iter().collect(),
-                    preemption: match w.preemption {
-                        Some(true) => "on".into(),
-                        Some(false) => "off".into(),
-                        None => String::new(),
-                    },
-                }
-            })
-            .collect();
-        pb::WindowsResponse {
-            timezone: c.config.timezone.clone(),
-            windows,
-            preemption_allowed: c.preemption_allowed(now),
-            now_ms: at,
-        }
+        self.lock().windows_answer(now_ms())
     }
 
     /// Fair share per account and user (`gpuctl share`).
     pub fn share(&self) -> pb::ShareResponse {
-        let c = self.lock();
-        let rows = c
-            .fair_share_table()
-            .rows
-            .into_iter()
-            .map(|r| pb::ShareRow {
-                account: r.account,
-                user: r.user,
-                norm_shares: r.norm_shares,
-                account_shares: r.account_shares,
-                usage_gpu_hours: r.usage / 3600.0,
-                effective_usage: r.effective_usage,
-                fair_share: f64::from(r.factor_milli) / 1000.0,
-            })
-            .collect();
-        pb::ShareResponse {
-            rows,
-            half_life: humantime::format_duration(c.config.fairshare.half_life).to_string(),
-        }
+        self.lock().share_answer()
     }
 
     // ------------------------------------------------------------ users and tokens
@@ -533,77 +346,6 @@ impl Controller {
         self.deliver(out, true).await.map_err(store_status)?;
         Ok(node)
     }
-}
-
-/// One line on why a job does not fit a node.
-fn describe_miss(m: &sched::Miss) -> String {
-    use sched::Miss;
-    let gib = |b: u64| bytesize::ByteSize(b).to_string();
-    match m {
-        Miss::Partition { name } => format!("not in partition {name}"),
-        Miss::Drained => "node drained".into(),
-        Miss::Down => "node down".into(),
-        Miss::GpuModel { want } if want.is_empty() => "no GPU of a usable kind".into(),
-        Miss::GpuModel { want } => format!("GPU model is not {}", want.join(" or ")),
-        Miss::TooSmall { what } => format!("not enough {what} even when empty"),
-        Miss::NoMigProfile { profile } => format!("no MIG instance of profile {profile}"),
-        Miss::Gpus { need, free } => format!("not enough free GPUs (need {need}, free {free})"),
-        Miss::Mig {
-            profile,
-            need,
-            free,
-        } => {
-            format!("not enough free {profile} MIG instances (need {need}, free {free})")
-        }
-        Miss::GpuShare {
-            need_milli,
-            need_mib,
-            best_free_milli,
-            best_free_mib,
-        } => format!(
-            "no GPU with a free share of {:.0}% and {need_mib} MiB (best: {:.0}% and {best_free_mib} MiB)",
-            f64::from(*need_milli) / 10.0,
-            f64::from(*best_free_milli) / 10.0
-        ),
-        Miss::Cpus { need, free } => format!(
-            "not enough free CPUs (need {}, free {})",
-            f64::from(*need) / 1000.0,
-            f64::from(*free) / 1000.0
-        ),
-        Miss::Memory { need, free } => format!(
-            "not enough free memory (need {}, free {})",
-            gib(*need),
-            gib(*free)
-        ),
-        Miss::Reserved { job, from } => format!(
-            "reserved for job {job} from {}",
-            humantime::format_rfc3339_seconds(
-                UNIX_EPOCH + Duration::from_millis((*from).max(0) as u64)
-            )
-        ),
-    }
-}
-
-/// What a QoS cap a job waits for says.
-fn cap_summary(over: &sched::limits::Over) -> String {
-    let (who, qos, limit) = match over {
-        sched::limits::Over::User { qos, limit_milli } => ("its user", qos, limit_milli),
-        sched::limits::Over::Account { qos, limit_milli } => ("its account", qos, limit_milli),
-        sched::limits::Over::Array { array, max_running } => {
-            return format!(
-                "its array {array} already runs {max_running} tasks, the most its %{max_running} allows; it starts when one ends"
-            );
-        }
-    };
-    let key = if who == "its user" {
-        "max_gpus_per_user"
-    } else {
-        "max_gpus_per_account"
-    };
-    format!(
-        "starting it would put {who} over the {} GPUs qos {qos:?} allows at once (qos.{qos}.{key}); it starts when their running jobs end",
-        *limit as f64 / 1000.0
-    )
 }
 
 /// What `job_action` does.
