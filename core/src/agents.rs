@@ -595,6 +595,29 @@ impl Cluster {
                 };
                 let at = if r.time_ms > 0 { r.time_ms } else { now };
                 let last_rank = live_allocs(j).all(|a| a.node == r.node);
+                let max = j.spec.as_ref().map_or(0, |s| s.max_restarts);
+                // A failure with restarts left: requeued as `gpuctl requeue` would be
+                // (the other ranks are killed below; the last one's end requeues it).
+                let restart = (state == JobState::Failed
+                    && !cancel_requested
+                    && requeue_reason.is_none()
+                    && j.restarts < max)
+                    .then(|| {
+                        let exit = r
+                            .exit_code
+                            .map_or("a signal".into(), |e| format!("exit {e}"));
+                        format!(
+                            "requeued after a failure ({exit}): restart {} of {max}",
+                            j.restarts + 1
+                        )
+                    });
+                if let Some(why) = &restart {
+                    c.jobs.edit(id, |s| {
+                        s.requeue_requested = why.clone();
+                        s.job.as_mut().expect("a job record").restarts += 1;
+                    });
+                }
+                let requeue_reason = requeue_reason.or(restart);
                 c.add_host_usage(r);
                 if let Some(reason) = requeue_reason.filter(|_| last_rank) {
                     // Asked to requeue (gpuctl requeue, a preemption): back to the queue.

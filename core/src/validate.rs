@@ -10,6 +10,9 @@ use crate::state::Cluster;
 use crate::config::Config;
 use gpuctl_sched::{self as sched, ClusterView, GpuRequest};
 
+/// The most restarts after a failure a job may ask for (`max_restarts`).
+pub const MAX_RESTARTS: u32 = 100;
+
 /// Longest job name, QoS name, env key.
 const MAX_NAME: usize = 256;
 /// Longest env value and command argument.
@@ -138,6 +141,12 @@ pub(crate) fn check_policy(
     }
     if let Err(why) = gpuctl_proto::convert::parse_signal_spec(&spec.signal) {
         return Err(Refusal::invalid_argument(why));
+    }
+    if spec.max_restarts > MAX_RESTARTS {
+        return Err(Refusal::invalid_argument(format!(
+            "max_restarts = {}: at most {MAX_RESTARTS}",
+            spec.max_restarts
+        )));
     }
     if !cfg.may_charge(&spec.user, &spec.account, caller.admin) {
         let mine: Vec<&str> = cfg

@@ -46,6 +46,9 @@ pub struct JobFile {
     /// Share a GPU by what the last runs of this name used (`--colocate`).
     #[serde(default)]
     pub colocate: bool,
+    /// Queue the job again after a failure, at most this many times.
+    #[serde(default)]
+    pub max_restarts: u32,
     /// Like sbatch: "afterok:12:13,afterany:14,afternotok:15".
     pub dependency: Option<Spanned<String>>,
     #[serde(default)]
@@ -131,6 +134,7 @@ pub struct Job {
     pub requeue: bool,
     pub right_size: bool,
     pub colocate: bool,
+    pub max_restarts: u32,
     pub dependencies: Vec<(pb::dependency::Kind, u64)>,
     pub gpus: u32,
     /// A share of one GPU, in milli-GPUs (0 = none).
@@ -323,6 +327,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         requeue: raw.requeue,
         right_size: raw.right_size,
         colocate: raw.colocate,
+        max_restarts: raw.max_restarts,
         gpus: gpu.gpus,
         gpu_milli: gpu.gpu_milli,
         gpu_memory_mib: gpu.gpu_memory_mib,
@@ -717,6 +722,7 @@ impl Job {
             requeue: self.requeue,
             right_size: self.right_size,
             colocate: self.colocate,
+            max_restarts: self.max_restarts,
             dependencies: self
                 .dependencies
                 .iter()

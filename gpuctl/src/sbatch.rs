@@ -364,6 +364,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
         requeue: false,
         right_size: false,
         colocate: false,
+        max_restarts: 0,
         dependencies: Vec::new(),
         gpus: 0,
         gpu_milli: 0,

@@ -234,3 +234,13 @@ fn a_huge_bad_line_is_not_echoed_whole() {
     assert!(err.len() < 2_000, "{} bytes of error", err.len());
     assert!(err.starts_with("big.toml:"), "{err}");
 }
+
+#[test]
+fn max_restarts_reaches_the_spec_and_a_negative_count_is_placed() {
+    let job = parse("job.toml", "command = [\"true\"]\nmax_restarts = 3\n").unwrap();
+    assert_eq!(job.max_restarts, 3);
+    let spec = job.into_spec(Path::new("/tmp"), "ana", 1000, 1000);
+    assert_eq!(spec.max_restarts, 3);
+    let e = err("command = [\"true\"]\nmax_restarts = -1\n");
+    assert!(e.starts_with("job.toml:2:16:"), "{e}");
+}
