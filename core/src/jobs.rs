@@ -566,33 +566,56 @@ impl Jobs {
         std::mem::take(&mut self.changes)
     }
 
-    /// Recomputes every index from the jobs and compares (tests, and debug builds).
-    #[cfg(test)]
-    pub fn check(&self) {
+    /// Recomputes every index from the jobs and compares them: the first that differs,
+    /// or a job filed as live or done in the wrong state. Tests call it after every
+    /// step (through `Cluster::check`).
+    pub fn check(&self) -> Result<(), String> {
         let mut fresh = Jobs::default();
         for s in self.live.values().chain(self.done.values()) {
             fresh.index(s);
         }
-        assert!(
-            self.live.values().all(|s| !job_of(s).state().is_final()),
-            "live"
-        );
-        assert!(
-            self.done.values().all(|s| job_of(s).state().is_final()),
-            "done"
-        );
-        assert_eq!(fresh.with_deps, self.with_deps, "with_deps");
-        assert_eq!(fresh.by_node, self.by_node, "by_node");
-        assert_eq!(
-            fresh.pending_by_user, self.pending_by_user,
-            "pending_by_user"
-        );
-        assert_eq!(fresh.finished, self.finished, "finished");
-        assert_eq!(fresh.running, self.running, "running");
-        assert_eq!(fresh.active_by_user, self.active_by_user, "active_by_user");
-        assert_eq!(fresh.active_by_name, self.active_by_name, "active_by_name");
-        assert_eq!(fresh.active_owners, self.active_owners, "active_owners");
-        assert_eq!(fresh.requests, self.requests, "requests");
+        if let Some(s) = self.live.values().find(|s| job_of(s).state().is_final()) {
+            return Err(format!(
+                "job {} is live but {:?}",
+                job_of(s).id,
+                job_of(s).state()
+            ));
+        }
+        if let Some(s) = self.done.values().find(|s| !job_of(s).state().is_final()) {
+            return Err(format!(
+                "job {} is done but {:?}",
+                job_of(s).id,
+                job_of(s).state()
+            ));
+        }
+        fn same<T: PartialEq + std::fmt::Debug>(what: &str, a: &T, b: &T) -> Result<(), String> {
+            if a == b {
+                Ok(())
+            } else {
+                Err(format!("index {what}: kept {b:?}, recomputed {a:?}"))
+            }
+        }
+        same("with_deps", &fresh.with_deps, &self.with_deps)?;
+        same("by_node", &fresh.by_node, &self.by_node)?;
+        same(
+            "pending_by_user",
+            &fresh.pending_by_user,
+            &self.pending_by_user,
+        )?;
+        same("finished", &fresh.finished, &self.finished)?;
+        same("running", &fresh.running, &self.running)?;
+        same(
+            "active_by_user",
+            &fresh.active_by_user,
+            &self.active_by_user,
+        )?;
+        same(
+            "active_by_name",
+            &fresh.active_by_name,
+            &self.active_by_name,
+        )?;
+        same("active_owners", &fresh.active_owners, &self.active_owners)?;
+        same("requests", &fresh.requests, &self.requests)
     }
 }
 

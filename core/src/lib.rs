@@ -20,6 +20,7 @@
 pub mod agents;
 pub mod answers;
 pub mod begin;
+pub mod check;
 pub mod colocate;
 pub mod config;
 pub mod efficiency;

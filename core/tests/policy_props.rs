@@ -93,6 +93,7 @@ impl Agents {
                         ..pb::JobReport::default()
                     };
                     c.report(&r, now);
+                    checked(c);
                 }
                 Some(pb::agent_command::Command::Kill(k)) => {
                     let t = now + i64::try_from(k.kill_grace_secs).unwrap() * 1000;
@@ -115,6 +116,7 @@ impl Agents {
             ..pb::JobReport::default()
         };
         c.report(&r, now);
+        checked(c);
     }
 
     fn advance(&mut self, c: &mut Cluster, now: i64) {
@@ -280,6 +282,7 @@ proptest! {
             sp.resources.as_mut().unwrap().time_limit_secs = minutes * 60;
             if let Ok(Admission::New(j)) = c.admit(&actor, sp, "", now) {
                 c.commit_submit(*j);
+                checked(&c);
             }
             let e = pass(&mut c, now);
             agents.run(&mut c, e, now);

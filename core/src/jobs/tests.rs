@@ -54,7 +54,7 @@ fn submit_start_end_keeps_every_index() {
     let mut t = Jobs::default();
     t.insert(pending(1, "alice", false, "r1"));
     t.insert(pending(2, "alice", true, ""));
-    t.check();
+    t.check().unwrap();
     assert_eq!(t.pending_of("alice"), 2);
     assert_eq!(t.by_request("alice", "r1"), Some(1));
     assert_eq!(t.with_deps().count(), 1);
@@ -68,7 +68,7 @@ fn submit_start_end_keeps_every_index() {
     assert_eq!(named(&t, "train-1"), [1]);
     assert_eq!(named(&t, "train-0"), [2]);
     start(&mut t, 1, "n1", 100);
-    t.check();
+    t.check().unwrap();
     assert_eq!(named(&t, "train-1"), [1], "a running job is still active");
     let j = presented(t.job(1).unwrap());
     assert_eq!(
@@ -87,7 +87,7 @@ fn submit_start_end_keeps_every_index() {
         reason: String::new(),
     };
     t.transition(1, finish, 200).unwrap();
-    t.check();
+    t.check().unwrap();
     let j = t.job(1).unwrap();
     assert_eq!((j.state(), j.end_time_ms), (JobState::Completed, 200));
     assert!(
@@ -144,7 +144,7 @@ fn illegal_transitions_are_refused_and_change_nothing() {
     };
     t.insert(pending(2, "bob", false, ""));
     assert!(t.transition(2, not_final, 8).is_err());
-    t.check();
+    t.check().unwrap();
     assert_eq!(t.job(1).unwrap().end_time_ms, 5);
 }
 
@@ -158,7 +158,7 @@ fn requeue_then_readopt_restores_the_running_record() {
         keep_for_readopt: true,
     };
     t.transition(1, requeue, 20).unwrap();
-    t.check();
+    t.check().unwrap();
     let j = t.job(1).unwrap();
     assert_eq!((j.state(), j.attempt), (JobState::Pending, 1));
     assert!(j.allocations.is_empty() && j.node.is_empty());
@@ -179,7 +179,7 @@ fn requeue_then_readopt_restores_the_running_record() {
         attempt: 1,
     };
     t.transition(1, back, 30).unwrap();
-    t.check();
+    t.check().unwrap();
     let j = presented(t.job(1).unwrap());
     assert_eq!(
         (j.state(), j.start_time_ms, j.node.as_str()),
@@ -217,7 +217,7 @@ fn all_and_newest_walk_live_and_finished_jobs_in_id_order() {
         t.transition(id, done, 100).unwrap();
     }
     start(&mut t, 4, "n1", 50);
-    t.check();
+    t.check().unwrap();
     let ids = |it: &mut dyn Iterator<Item = &StoredJob>| -> Vec<u64> {
         it.map(|s| job_of(s).id).collect()
     };
@@ -243,7 +243,7 @@ fn retention_removes_the_oldest_finished_and_their_request_ids() {
     t.take_changes();
     // Ended before 250: jobs 1 and 2; then at most 2 finished: job 3 too.
     assert_eq!(t.retire(250, 2), 3);
-    t.check();
+    t.check().unwrap();
     assert_eq!(t.ids().collect::<Vec<_>>(), vec![4, 5, 6]);
     assert_eq!(t.by_request("erin", "r1"), None);
     assert_eq!(t.by_request("erin", "r6"), Some(6));
@@ -316,7 +316,7 @@ proptest! {
                     Ok(())
                 }
             };
-            t.check();
+            t.check().unwrap();
             if r.is_err() {
                 let after: Vec<StoredJob> = t.all().cloned().collect();
                 prop_assert_eq!(before, after);

@@ -53,7 +53,17 @@ pub fn attach_with(c: &mut Cluster, node: &str, running: &[(u64, u32)], now: i64
         agent_id: format!("agent-{node}"),
         ..pb::RegisterRequest::default()
     };
-    c.attach(&req, None, now).expect("attach").1
+    let e = c.attach(&req, None, now).expect("attach").1;
+    checked(c);
+    e
+}
+
+/// The cluster's invariants hold (`Cluster::check`): every helper here that changes
+/// the state calls it after the step.
+pub fn checked(c: &Cluster) {
+    if let Err(why) = c.check() {
+        panic!("an invariant broke: {why}");
+    }
 }
 
 pub fn attach(c: &mut Cluster, node: &str, now: i64) -> Effects {
@@ -90,6 +100,7 @@ pub fn submit_spec_as(c: &mut Cluster, who: &Actor, spec: pb::JobSpec, now: i64)
             let id = stored.job.as_ref().unwrap().id;
             let effects = c.commit_submit(*stored);
             assert!(effects.wake, "a submit asks for a pass");
+            checked(c);
             id
         }
         Admission::Array(tasks) => {
@@ -97,6 +108,7 @@ pub fn submit_spec_as(c: &mut Cluster, who: &Actor, spec: pb::JobSpec, now: i64)
             for t in tasks {
                 c.commit_submit(t);
             }
+            checked(c);
             first
         }
         Admission::Repeat(id) => panic!("not a repeat: {id}"),
@@ -111,7 +123,9 @@ pub fn submit(c: &mut Cluster, gpus: u32, requeue: bool, now: i64) -> u64 {
 pub fn pass(c: &mut Cluster, now: i64) -> Effects {
     let (view, queue, cfg) = c.pass_input(now);
     let plan = gpuctl_sched::schedule(&view, &queue, &cfg, now);
-    c.apply_plan(&plan, now)
+    let e = c.apply_plan(&plan, now);
+    checked(c);
+    e
 }
 
 pub fn state(c: &Cluster, id: u64) -> JobState {
@@ -126,7 +140,9 @@ pub fn report(
     now: i64,
 ) -> Effects {
     let r = job_report(c, node, id, end, now);
-    c.report(&r, now).1
+    let e = c.report(&r, now).1;
+    checked(c);
+    e
 }
 
 /// The agent's report of job `id`'s current attempt on `node`: STARTED (`end` None) or

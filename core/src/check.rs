@@ -1,0 +1,145 @@
+//! The cluster's invariants across its owners, checked from scratch: what the tests
+//! call after every step. Each owner's own (`Jobs::check`: its indexes) and what holds
+//! between them: job ids below the next one, a running job's allocations on known
+//! nodes, and no GPU given more than all of its compute or memory.
+
+use std::collections::HashMap;
+
+use crate::jobs::job_of;
+use crate::state::{Cluster, live_allocs};
+
+impl Cluster {
+    /// The first invariant that does not hold, if any.
+    pub fn check(&self) -> Result<(), String> {
+        self.jobs.check()?;
+        if let Some(s) = self.jobs.all().find(|s| job_of(s).id >= self.next_job_id) {
+            return Err(format!(
+                "job {} is not below the next id {}",
+                job_of(s).id,
+                self.next_job_id
+            ));
+        }
+        let memory: HashMap<&str, u64> = self
+            .nodes
+            .values()
+            .flat_map(|n| n.gpus.iter())
+            .map(|g| (g.uuid.as_str(), g.memory_mib))
+            .collect();
+        for s in self.jobs.active() {
+            let j = job_of(s);
+            if let Some(a) = live_allocs(j).find(|a| !self.nodes.contains_key(&a.node)) {
+                return Err(format!("job {} runs on unknown node {}", j.id, a.node));
+            }
+        }
+        for (node, u) in self.usage() {
+            for (uuid, (compute, mib, jobs)) in &u.slots {
+                if *compute > 1000 {
+                    return Err(format!(
+                        "{node} GPU {uuid}: compute {compute} of 1000 given to jobs {jobs:?}"
+                    ));
+                }
+                if let Some(&have) = memory.get(uuid.as_str())
+                    && have > 0
+                    && *mib > have
+                {
+                    return Err(format!(
+                        "{node} GPU {uuid}: {mib} MiB of {have} given to jobs {jobs:?}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuctl_proto::store::{StoredJob, StoredNode};
+    use gpuctl_proto::{self as pb, JobState};
+
+    use crate::{Cluster, Config};
+
+    fn running(id: u64, node: &str, compute: u32, mib: u64) -> StoredJob {
+        StoredJob {
+            job: Some(pb::Job {
+                id,
+                state: JobState::Running as i32,
+                spec: Some(pb::JobSpec {
+                    user: "ana".into(),
+                    ..pb::JobSpec::default()
+                }),
+                allocations: vec![pb::Allocation {
+                    node: node.into(),
+                    slots: vec![pb::SlotUse {
+                        uuid: "GPU-0".into(),
+                        compute_milli: compute,
+                        memory_mib: mib,
+                    }],
+                    ..pb::Allocation::default()
+                }],
+                ..pb::Job::default()
+            }),
+            ..StoredJob::default()
+        }
+    }
+
+    fn cluster() -> Cluster {
+        let mut c = Cluster::new(Config::default());
+        c.nodes.insert(
+            "n1".into(),
+            StoredNode {
+                name: "n1".into(),
+                gpus: vec![pb::Gpu {
+                    uuid: "GPU-0".into(),
+                    memory_mib: 1000,
+                    ..pb::Gpu::default()
+                }],
+                ..StoredNode::default()
+            },
+        );
+        c.next_job_id = 10;
+        c
+    }
+
+    #[test]
+    fn each_broken_invariant_is_named() {
+        let mut c = cluster();
+        c.jobs.insert(running(1, "n1", 600, 500));
+        c.jobs.insert(running(2, "n1", 400, 500));
+        assert_eq!(c.check(), Ok(()), "a GPU given all of itself, no more");
+
+        let mut over = c.clone_for_test();
+        over.jobs.insert(running(3, "n1", 100, 0));
+        assert!(over.check().unwrap_err().contains("compute 1100 of 1000"));
+
+        let mut memory = c.clone_for_test();
+        memory.jobs.insert(running(3, "n1", 0, 1));
+        assert!(memory.check().unwrap_err().contains("1001 MiB of 1000"));
+
+        let mut lost = c.clone_for_test();
+        lost.jobs.insert(running(3, "n9", 0, 0));
+        assert!(lost.check().unwrap_err().contains("unknown node n9"));
+
+        let mut ahead = c.clone_for_test();
+        ahead.jobs.insert(running(10, "n1", 0, 0));
+        assert!(
+            ahead
+                .check()
+                .unwrap_err()
+                .contains("not below the next id 10")
+        );
+    }
+
+    impl Cluster {
+        /// The jobs and nodes again, in a new cluster (a `Cluster` is not `Clone`).
+        fn clone_for_test(&self) -> Cluster {
+            let mut c = Cluster::new(Config::default());
+            c.next_job_id = self.next_job_id;
+            c.nodes = self.nodes.clone();
+            for s in self.jobs.all() {
+                c.jobs.insert(s.clone());
+            }
+            c
+        }
+    }
+}
