@@ -74,18 +74,8 @@ impl Cluster {
             let partition = cfg.partition_name(&spec.partition);
             let why = crate::partitions::blocked_by(cfg, &spec, job.time_limit_secs);
             if let Some(why) = why {
-                out.reason = why.into();
-                out.summary = match why {
-                    "PartitionDown" => format!(
-                        "partition {partition} is down: its jobs wait until it is up (partitions.{partition}.state)"
-                    ),
-                    "PartitionTimeLimit" => format!(
-                        "its time limit is over partition {partition}'s max_time (partitions.{partition}.max_time); ask an admin, or cancel and resubmit shorter"
-                    ),
-                    _ => format!(
-                        "partition {partition:?} is not in the controller's config any more; cancel and resubmit to another"
-                    ),
-                };
+                out.reason = why.reason().into();
+                out.summary = why.summary(partition);
                 return Ok(Explain::Done(out));
             }
             // Left out of passes: it waits for other jobs.

@@ -277,6 +277,7 @@ impl Cluster {
         };
         for (id, why) in self.partition_blocked() {
             waiting.ids.insert(id);
+            let why = why.reason();
             self.jobs.annotate_pending(id, |j| {
                 if j.reason != why {
                     j.reason = why.into();

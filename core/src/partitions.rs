@@ -333,16 +333,53 @@ fn matches_from(pieces: &[Piece<'_>], name: &str) -> bool {
     }
 }
 
+/// Why a pending job of a partition is left out of passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocked {
+    /// Its partition is not in the config any more.
+    Gone,
+    /// Its partition is down.
+    Down,
+    /// Its time limit is over the partition's `max_time` (lowered since its submit).
+    TimeLimit,
+}
+
+impl Blocked {
+    /// The job's REASON (Slurm's names).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Blocked::Gone => "PartitionConfig",
+            Blocked::Down => "PartitionDown",
+            Blocked::TimeLimit => "PartitionTimeLimit",
+        }
+    }
+
+    /// What `gpuctl explain` says of it, for a job of `partition`.
+    pub fn summary(self, partition: &str) -> String {
+        match self {
+            Blocked::Down => format!(
+                "partition {partition} is down: its jobs wait until it is up (partitions.{partition}.state)"
+            ),
+            Blocked::TimeLimit => format!(
+                "its time limit is over partition {partition}'s max_time (partitions.{partition}.max_time); ask an admin, or cancel and resubmit shorter"
+            ),
+            Blocked::Gone => format!(
+                "partition {partition:?} is not in the controller's config any more; cancel and resubmit to another"
+            ),
+        }
+    }
+}
+
 /// Why a pending job of a partition may not be scheduled now (`None`: it may).
-pub fn blocked_by(cfg: &Config, spec: &pb::JobSpec, time_limit_secs: u64) -> Option<&'static str> {
+pub fn blocked_by(cfg: &Config, spec: &pb::JobSpec, time_limit_secs: u64) -> Option<Blocked> {
     let Some(p) = cfg.partition(cfg.partition_name(&spec.partition)) else {
-        return Some("PartitionConfig");
+        return Some(Blocked::Gone);
     };
     if p.state == PartitionState::Down {
-        return Some("PartitionDown");
+        return Some(Blocked::Down);
     }
     if p.max_time.is_some_and(|m| time_limit_secs > m.as_secs()) {
-        return Some("PartitionTimeLimit");
+        return Some(Blocked::TimeLimit);
     }
     None
 }
@@ -408,7 +445,7 @@ impl Cluster {
 
     /// Pending jobs that their partition keeps out of passes (it is down, gone from the
     /// config, or its `max_time` is now under their limit), with the reason.
-    pub fn partition_blocked(&self) -> Vec<(u64, &'static str)> {
+    pub fn partition_blocked(&self) -> Vec<(u64, Blocked)> {
         let cfg = &self.config;
         let restrictive = cfg
             .partitions

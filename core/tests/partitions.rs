@@ -126,6 +126,14 @@ fn a_down_partition_holds_its_jobs_with_a_reason_and_a_draining_one_takes_none()
     let e = pass(&mut c, T0);
     assert!(commands(&e).is_empty());
     assert_eq!(c.jobs.job(id).unwrap().reason, "PartitionDown");
+    let Ok(gpuctl_core::explain::Explain::Done(why)) = c.explain(id, T0) else {
+        panic!("a job of a down partition is not in the pass")
+    };
+    assert_eq!(why.reason, "PartitionDown");
+    assert_eq!(
+        why.summary,
+        "partition batch is down: its jobs wait until it is up (partitions.batch.state)"
+    );
     // Up again (a restart with the new config): it runs.
     c.config.partitions.get_mut("batch").unwrap().state =
         gpuctl_core::partitions::PartitionState::Up;
@@ -143,6 +151,14 @@ fn a_down_partition_holds_its_jobs_with_a_reason_and_a_draining_one_takes_none()
         Some(std::time::Duration::from_secs(60));
     pass(&mut c, T0 + 2000);
     assert_eq!(c.jobs.job(long).unwrap().reason, "PartitionTimeLimit");
+    let Ok(gpuctl_core::explain::Explain::Done(why)) = c.explain(long, T0 + 2000) else {
+        panic!("a job over its partition's max_time is not in the pass")
+    };
+    assert!(
+        why.summary.contains("over partition batch's max_time"),
+        "{}",
+        why.summary
+    );
 }
 
 fn named(name: &str, deps: &str) -> pb::JobSpec {
