@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use gpuctl_proto as pb;
 use ratatui::Frame;
-use ratatui::layout::{Constraint, Layout};
+use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
@@ -193,6 +193,11 @@ pub fn draw(frame: &mut Frame, s: &Snapshot) {
             .block(Block::default().borders(Borders::ALL).title(" GPUs ")),
         gpu_area,
     );
+    draw_queue(frame, s, queue_area, narrow);
+}
+
+/// The queue's table: running jobs first, then pending ones, each by id.
+fn draw_queue(frame: &mut Frame, s: &Snapshot, queue_area: Rect, narrow: bool) {
     let mut queue: Vec<&pb::Job> = s.jobs.iter().collect();
     // Running first, then pending, each by id.
     queue.sort_by_key(|j| (j.state() != pb::JobState::Running, j.id));
