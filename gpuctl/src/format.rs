@@ -266,6 +266,10 @@ impl serde::Serialize for JobJson<'_> {
         m.serialize_entry("hold", &non_empty(&j.hold))?;
         m.serialize_entry("id", &j.id)?;
         m.serialize_entry("launch_time", &time_str(j.launch_time_ms))?;
+        // Only for a job that restarts after failures (`max_restarts`).
+        if spec.max_restarts > 0 {
+            m.serialize_entry("max_restarts", &spec.max_restarts)?;
+        }
         m.serialize_entry("name", &spec.name)?;
         m.serialize_entry("node", &non_empty(&j.node))?;
         m.serialize_entry("partition", &spec.partition)?;
@@ -273,6 +277,9 @@ impl serde::Serialize for JobJson<'_> {
         m.serialize_entry("qos", &spec.qos)?;
         m.serialize_entry("reason", &j.reason)?;
         m.serialize_entry("resources", &ResourcesJson(r))?;
+        if spec.max_restarts > 0 {
+            m.serialize_entry("restarts", &j.restarts)?;
+        }
         m.serialize_entry("script", &non_empty(&spec.script))?;
         m.serialize_entry("signal", &non_empty(&spec.signal))?;
         m.serialize_entry("start_time", &time_str(j.start_time_ms))?;

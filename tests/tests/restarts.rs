@@ -19,6 +19,11 @@ fn a_failing_job_restarts_until_it_succeeds_or_its_restarts_are_spent() {
     );
     let done = c.wait_state(flaky, "COMPLETED", T);
     assert_eq!(done["attempt"], 2, "{done:#}");
+    assert_eq!(
+        (&done["restarts"], &done["max_restarts"]),
+        (&serde_json::json!(1), &serde_json::json!(2)),
+        "{done:#}"
+    );
     let out = std::fs::read_to_string(c.path(&format!("out-{flaky}.txt"))).unwrap();
     assert!(
         out.contains("first\n") && out.ends_with("second\n"),
