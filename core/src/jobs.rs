@@ -11,8 +11,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use gpuctl_proto::store::StoredJob;
 use gpuctl_proto::{self as pb, JobState};
 
-use crate::retention::compact;
-
 /// A job's owner, as its spec names it.
 pub fn owner(j: &pb::Job) -> &str {
     j.spec.as_ref().map_or("", |s| s.user.as_str())
@@ -86,6 +84,23 @@ pub fn presented(j: &pb::Job) -> pb::Job {
         .flat_map(|a| a.slots.iter().map(|x| x.uuid.clone()))
         .collect();
     j
+}
+
+/// Drops what a finished job no longer needs and may be large or secret: its env,
+/// script, command arguments and the copy kept for re-adoption. Returns whether
+/// anything changed.
+pub fn compact(stored: &mut StoredJob) -> bool {
+    let had_copy = stored.requeued_from.take().is_some();
+    let Some(spec) = stored.job.as_mut().and_then(|j| j.spec.as_mut()) else {
+        return had_copy;
+    };
+    let big = !spec.env.is_empty() || !spec.script.is_empty() || spec.command.len() > 1;
+    // New values, not `clear()`: a cleared String keeps its allocation.
+    spec.env = Default::default();
+    spec.script = String::new();
+    spec.command.truncate(1);
+    spec.command.shrink_to_fit();
+    big || had_copy
 }
 
 /// A transition that does not apply to the job as it is.

@@ -47,7 +47,7 @@ pub fn restore(config: Config, records: Records, now: i64) -> Restored {
     let mut rewrite = Vec::new();
     for mut j in records.jobs {
         let id = job_of(&j).id;
-        let compacted = job_of(&j).state().is_final() && crate::retention::compact(&mut j);
+        let compacted = job_of(&j).state().is_final() && crate::jobs::compact(&mut j);
         if upgrade(&mut j) || compacted {
             rewrite.push(j.clone());
         }

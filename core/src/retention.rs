@@ -1,27 +1,8 @@
-//! Finished jobs: compacted when they end (the live state keeps no specs of finished
-//! jobs), removed past the configured retention.
-
-use gpuctl_proto::store::StoredJob;
+//! Finished jobs removed past the configured retention (they are compacted when they
+//! end: `jobs::compact`).
 
 use crate::config::Retention;
 use crate::state::Cluster;
-
-/// Drops what a finished job no longer needs and may be large or secret: its env,
-/// script, command arguments and the copy kept for re-adoption. Returns whether
-/// anything changed.
-pub fn compact(stored: &mut StoredJob) -> bool {
-    let had_copy = stored.requeued_from.take().is_some();
-    let Some(spec) = stored.job.as_mut().and_then(|j| j.spec.as_mut()) else {
-        return had_copy;
-    };
-    let big = !spec.env.is_empty() || !spec.script.is_empty() || spec.command.len() > 1;
-    // New values, not `clear()`: a cleared String keeps its allocation.
-    spec.env = Default::default();
-    spec.script = String::new();
-    spec.command.truncate(1);
-    spec.command.shrink_to_fit();
-    big || had_copy
-}
 
 impl Cluster {
     /// Removes finished jobs past `max_age` (since their end) or beyond `max_jobs`
@@ -34,9 +15,9 @@ impl Cluster {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::jobs::job_of;
+    use crate::jobs::{compact, job_of};
     use gpuctl_proto as pb;
+    use gpuctl_proto::store::StoredJob;
 
     #[test]
     fn compact_keeps_metadata_only() {
