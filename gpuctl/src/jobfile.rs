@@ -116,6 +116,8 @@ pub enum JobFileError {
 }
 
 /// A validated job, before the client-side defaults (workdir, user) are filled in.
+/// `Default` is a job of no program on one node with one CPU and no GPU: the job file
+/// and `#SBATCH` parsers start from it and set what they read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
     pub name: String,
@@ -149,6 +151,42 @@ pub struct Job {
     pub time_limit: Option<Duration>,
     /// Not before this time (Unix ms; 0: as soon as it can), from `--begin`.
     pub begin_ms: i64,
+}
+
+impl Default for Job {
+    fn default() -> Job {
+        Job {
+            name: String::new(),
+            command: Vec::new(),
+            script: String::new(),
+            workdir: None,
+            stdout: None,
+            stderr: None,
+            env: BTreeMap::new(),
+            priority: 0,
+            qos: String::new(),
+            account: String::new(),
+            partition: String::new(),
+            signal: String::new(),
+            array: String::new(),
+            requeue: false,
+            right_size: false,
+            colocate: false,
+            max_restarts: 0,
+            dependencies: Vec::new(),
+            gpus: 0,
+            gpu_milli: 0,
+            gpu_memory_mib: 0,
+            gpu_models: Vec::new(),
+            mig_profile: String::new(),
+            mig_count: 0,
+            nodes: 1,
+            cpus: 1,
+            memory_bytes: 0,
+            time_limit: None,
+            begin_ms: 0,
+        }
+    }
 }
 
 /// Reads and validates a job file.

@@ -4,7 +4,6 @@
 //! name, with the line and column; a few that change nothing here (mail, comments) are
 //! ignored with a warning.
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -349,34 +348,9 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
     let at = |span: Range<usize>, message: String| at_span(file, text, span, message);
     let mut job = Job {
         name: default_name(file),
-        command: Vec::new(),
         script: text.to_string(),
-        workdir: None,
         stdout: Some("slurm-%j.out".into()),
-        stderr: None,
-        env: BTreeMap::new(),
-        priority: 0,
-        qos: String::new(),
-        account: String::new(),
-        partition: String::new(),
-        signal: String::new(),
-        array: String::new(),
-        requeue: false,
-        right_size: false,
-        colocate: false,
-        max_restarts: 0,
-        dependencies: Vec::new(),
-        gpus: 0,
-        gpu_milli: 0,
-        gpu_memory_mib: 0,
-        gpu_models: Vec::new(),
-        mig_profile: String::new(),
-        mig_count: 0,
-        nodes: 1,
-        cpus: 1,
-        memory_bytes: 0,
-        time_limit: None,
-        begin_ms: 0,
+        ..Job::default()
     };
     let mut extra = Extra::default();
     let mut ntasks = None;
