@@ -356,6 +356,9 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
     let mut ntasks = None;
     let mut per_node = None;
     let mut mem_per_cpu = None;
+    let mut mem_per_gpu = None;
+    // `-G`/`--gpus` is the job's total (Slurm's meaning), split over its nodes at the end.
+    let mut total_gpus: Option<(u32, Range<usize>)> = None;
     for (offset, line) in directives(text) {
         for o in options(offset, line).map_err(|(s, m)| at(s, m))? {
             let v = o.value.as_str();
@@ -387,11 +390,18 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 }
                 "mem" => job.memory_bytes = slurm_memory(v).map_err(fail)?,
                 "mem-per-cpu" => mem_per_cpu = Some(slurm_memory(v).map_err(fail)?),
-                "gres" | "gpus" | "gpus-per-node" => {
+                "mem-per-gpu" => mem_per_gpu = Some(slurm_memory(v).map_err(fail)?),
+                // One task per node: a task's GPUs are its node's.
+                "gres" | "gpus" | "gpus-per-node" | "gpus-per-task" => {
                     let (n, model, milli) = gpus_of(v, o.name == "gres").map_err(fail)?;
                     job.gpus = n;
                     job.gpu_milli = milli;
                     job.gpu_models.extend(model);
+                    if o.name == "gpus" && n > 0 {
+                        total_gpus = Some((n, o.span.clone()));
+                    } else {
+                        total_gpus = None;
+                    }
                 }
                 "dependency" => job.dependencies = parse_dependency(v).map_err(fail)?,
                 "qos" => job.qos = v.to_string(),
@@ -455,8 +465,25 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
             ),
         });
     }
+    if let Some((n, span)) = total_gpus {
+        let nodes = job.nodes.max(1);
+        if n % nodes != 0 {
+            return Err(at(
+                span,
+                format!(
+                    "--gpus={n} over {nodes} nodes: gpuctl gives every node of a job the same GPUs; give a multiple of {nodes}, or --gpus-per-node"
+                ),
+            ));
+        }
+        job.gpus = n / nodes;
+    }
     if let Some(m) = mem_per_cpu {
         job.memory_bytes = m.saturating_mul(u64::from(job.cpus));
+    }
+    if let Some(m) = mem_per_gpu {
+        // Per node: its GPUs' worth (a share counts as one GPU).
+        let gpus = if job.gpu_milli > 0 { 1 } else { job.gpus };
+        job.memory_bytes = m.saturating_mul(u64::from(gpus.max(1)));
     }
     Ok((job, extra))
 }

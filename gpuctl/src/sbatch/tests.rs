@@ -173,3 +173,29 @@ fn oversubscribe_asks_for_colocation_by_use() {
     let err = parse("a.sbatch", "#!/bin/sh\n#SBATCH --oversubscribe=yes\nrun\n").unwrap_err();
     assert!(err.to_string().contains("oversubscribe"), "{err}");
 }
+
+#[test]
+fn gpus_is_the_jobs_total_and_per_task_and_per_gpu_forms_are_read() {
+    // Slurm's -G is the job's total: split over its nodes.
+    let j = job("#!/bin/sh\n#SBATCH -N 2 -G a100:8\nrun\n");
+    assert_eq!((j.nodes, j.gpus), (2, 4));
+    assert_eq!(j.gpu_models, vec!["a100".to_string()]);
+    let j = job("#!/bin/sh\n#SBATCH --gpus=4\n#SBATCH --nodes=2\nrun\n");
+    assert_eq!(j.gpus, 2, "the node count may come after");
+    // Per node stays per node.
+    assert_eq!(
+        job("#!/bin/sh\n#SBATCH -N 2 --gpus-per-node=4\nrun\n").gpus,
+        4
+    );
+    // One task per node: a task's GPUs are its node's.
+    let j = job("#!/bin/sh\n#SBATCH -N 2 --ntasks-per-node=1 --gpus-per-task=2\nrun\n");
+    assert_eq!((j.nodes, j.gpus), (2, 2));
+    // Memory per GPU: the node's GPUs' worth.
+    let j = job("#!/bin/sh\n#SBATCH --gpus-per-node=2 --mem-per-gpu=16G\nrun\n");
+    assert_eq!(j.memory_bytes, 32 << 30);
+    // A total that does not split evenly is refused where it stands.
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -N 2 -G 3\nrun\n").unwrap_err();
+    let e = e.to_string();
+    assert!(e.starts_with("t.sbatch:2:"), "{e}");
+    assert!(e.contains("--gpus=3 over 2 nodes"), "{e}");
+}
