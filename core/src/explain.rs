@@ -183,6 +183,7 @@ fn describe_miss(m: &sched::Miss) -> String {
     let gib = |b: u64| bytesize::ByteSize(b).to_string();
     match m {
         Miss::Partition { name } => format!("not in partition {name}"),
+        Miss::NotListed => "left out by the job's nodelist or exclude".into(),
         Miss::Drained => "node drained".into(),
         Miss::Down => "node down".into(),
         Miss::GpuModel { want } if want.is_empty() => "no GPU of a usable kind".into(),

@@ -338,6 +338,21 @@ pub(crate) fn check_feasible(
 fn refusal(view: &ClusterView, req: sched::Request) -> Result<(), Refusal> {
     // The nodes of its partition (every node when it has none).
     let own: Vec<&sched::NodeView> = view.nodes.iter().filter(|n| n.admits(&req)).collect();
+    if own.is_empty() && (!req.nodelist.is_empty() || !req.exclude.is_empty()) {
+        return Err(Refusal::failed_precondition(format!(
+            "no node of this cluster's {} that the job may use matches its nodelist {:?} and exclude {:?}",
+            view.nodes
+                .iter()
+                .filter(|n| n.admits(&sched::Request {
+                    nodelist: Vec::new(),
+                    exclude: Vec::new(),
+                    ..req.clone()
+                }))
+                .count(),
+            req.nodelist,
+            req.exclude
+        )));
+    }
     if let Some(p) = &req.partition
         && own.is_empty()
     {

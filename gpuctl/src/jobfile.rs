@@ -90,6 +90,10 @@ pub struct ResourcesFile {
     pub memory: Option<Spanned<String>>,
     /// humantime, e.g. "30m", "2h 30m".
     pub time_limit: Option<Spanned<String>>,
+    /// Only these nodes (names, hostlists, globs), like sbatch -w.
+    pub nodelist: Option<Spanned<OneOrMany>>,
+    /// Never these nodes, like sbatch -x.
+    pub exclude: Option<Spanned<OneOrMany>>,
 }
 
 /// A job file error, pointing into the file where it can.
@@ -143,6 +147,9 @@ pub struct Job {
     pub gpu_milli: u32,
     pub gpu_memory_mib: u64,
     pub gpu_models: Vec<String>,
+    /// Only / never these nodes (patterns).
+    pub nodelist: Vec<String>,
+    pub exclude: Vec<String>,
     pub mig_profile: String,
     pub mig_count: u32,
     pub nodes: u32,
@@ -178,6 +185,8 @@ impl Default for Job {
             gpu_milli: 0,
             gpu_memory_mib: 0,
             gpu_models: Vec::new(),
+            nodelist: Vec::new(),
+            exclude: Vec::new(),
             mig_profile: String::new(),
             mig_count: 0,
             nodes: 1,
@@ -316,6 +325,8 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         }
     };
 
+    let nodelist = node_list(&src, res.nodelist.as_ref(), "nodelist")?;
+    let exclude = node_list(&src, res.exclude.as_ref(), "exclude")?;
     let gpu = gpu_part(&src, res)?;
     // A name of the controller's config (QoS, account, partition): 1 to 64 characters.
     let config_name = |v: Option<Spanned<String>>, key: &str| match v {
@@ -370,6 +381,8 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         gpu_milli: gpu.gpu_milli,
         gpu_memory_mib: gpu.gpu_memory_mib,
         gpu_models: gpu.gpu_models,
+        nodelist,
+        exclude,
         mig_profile: gpu.mig_profile,
         mig_count: gpu.mig_count,
         nodes: gpu.nodes,
@@ -462,6 +475,43 @@ fn host_part(
     };
 
     Ok((cpus, memory_bytes, time_limit))
+}
+
+/// `nodelist` or `exclude`: a string (`"n[1-3],m5"`, split at its top-level commas) or a
+/// list of patterns, each a node pattern the controller would take.
+fn node_list(
+    src: &Src<'_>,
+    v: Option<&Spanned<OneOrMany>>,
+    key: &str,
+) -> Result<Vec<String>, JobFileError> {
+    let Some(v) = v else {
+        return Ok(Vec::new());
+    };
+    let list = match v.get_ref() {
+        OneOrMany::One(s) => gpuctl_sched::hostlist::split_list(s),
+        OneOrMany::Many(l) => l.clone(),
+    };
+    if list.is_empty() {
+        return Err(src.at(v.span(), format!("`{key}` names no node")));
+    }
+    check_node_list(&list, key).map_err(|m| src.at(v.span(), m))?;
+    Ok(list)
+}
+
+/// What the controller would say of a node list (`convert::checked_request`'s rule).
+pub fn check_node_list(list: &[String], key: &str) -> Result<(), String> {
+    let mut r = pb::Resources {
+        cpus: 1,
+        ..pb::Resources::default()
+    };
+    if key == "exclude" {
+        r.exclude = list.to_vec();
+    } else {
+        r.nodelist = list.to_vec();
+    }
+    gpuctl_proto::convert::checked_request(&r)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// The GPU fields of `[resources]` (whole GPUs, a share, or MIG) and `nodes`.
@@ -747,6 +797,8 @@ impl Job {
                 time_limit_secs: self.time_limit.map_or(0, |d| d.as_secs()),
                 gpu_models: self.gpu_models,
                 nodes: self.nodes,
+                nodelist: self.nodelist,
+                exclude: self.exclude,
                 ..pb::Resources::default()
             }),
             user: user.to_string(),

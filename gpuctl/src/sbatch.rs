@@ -67,6 +67,8 @@ fn long_name(short: char) -> Option<&'static str> {
         'C' => "constraint",
         'H' => "hold",
         's' => "oversubscribe",
+        'w' => "nodelist",
+        'x' => "exclude",
         _ => return None,
     })
 }
@@ -445,6 +447,18 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                     job.array = v.to_string();
                 }
                 "partition" => job.partition = v.to_string(),
+                "nodelist" | "exclude" => {
+                    let list = gpuctl_sched::hostlist::split_list(v);
+                    if list.is_empty() {
+                        return Err(fail(format!("#SBATCH --{} names no node", o.name)));
+                    }
+                    crate::jobfile::check_node_list(&list, &o.name).map_err(fail)?;
+                    if o.name == "nodelist" {
+                        job.nodelist = list;
+                    } else {
+                        job.exclude = list;
+                    }
+                }
                 other => {
                     return Err(fail(format!(
                         "#SBATCH --{other} is not supported by gpuctl; remove it"
@@ -467,7 +481,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
     }
     if let Some((n, span)) = total_gpus {
         let nodes = job.nodes.max(1);
-        if n % nodes != 0 {
+        if !n.is_multiple_of(nodes) {
             return Err(at(
                 span,
                 format!(

@@ -41,7 +41,8 @@ pub struct SubmitArgs {
     /// Time limit: a Slurm time (M, H:M:S, D-H:M, ...) or e.g. "2h 30m".
     #[arg(short = 't', long)]
     pub time: Option<String>,
-    /// Whole GPUs per node: N or TYPE:N.
+    /// The job's GPUs, as sbatch -G: N or TYPE:N in all, split over its nodes (a number
+    /// below 1 is a share of one GPU).
     #[arg(short = 'G', long)]
     pub gpus: Option<String>,
     /// CPUs per node.
@@ -64,6 +65,13 @@ pub struct SubmitArgs {
     /// The partition (overrides the file's; like sbatch -p).
     #[arg(short = 'p', long)]
     pub partition: Option<String>,
+    /// Only these nodes: names, hostlists (gpu[01-04]) or globs, comma-separated (like
+    /// sbatch -w; overrides the file's).
+    #[arg(short = 'w', long)]
+    pub nodelist: Option<String>,
+    /// Never these nodes (like sbatch -x; overrides the file's).
+    #[arg(short = 'x', long)]
+    pub exclude: Option<String>,
     /// The QoS (overrides the file's).
     #[arg(short = 'q', long)]
     pub qos: Option<String>,
@@ -215,6 +223,17 @@ impl SubmitArgs {
         if let Some(p) = &self.partition {
             job.partition = p.clone();
         }
+        for (flag, v, to) in [
+            ("nodelist", &self.nodelist, &mut job.nodelist),
+            ("exclude", &self.exclude, &mut job.exclude),
+        ] {
+            if let Some(v) = v {
+                let list = gpuctl_sched::hostlist::split_list(v);
+                crate::jobfile::check_node_list(&list, flag)
+                    .map_err(|e| format!("--{flag}: {e}"))?;
+                *to = list;
+            }
+        }
         if let Some(q) = &self.qos {
             job.qos = q.clone();
         }
@@ -229,6 +248,16 @@ impl SubmitArgs {
         }
         if let Some(n) = self.nodes {
             job.nodes = n;
+        }
+        if self.gpus.is_some() && job.gpus > 0 {
+            let nodes = job.nodes.max(1);
+            if !job.gpus.is_multiple_of(nodes) {
+                return Err(format!(
+                    "-G {} over {nodes} nodes: every node of a job gets the same GPUs; give a multiple of {nodes}",
+                    job.gpus
+                ));
+            }
+            job.gpus /= nodes;
         }
         if let Some(o) = &self.output {
             job.stdout = Some(o.clone());
@@ -377,7 +406,8 @@ mod tests {
         assert_eq!(s.workdir, "/w");
         let r = s.resources.unwrap();
         assert_eq!(r.time_limit_secs, 5400);
-        assert_eq!(r.gpu, Some(pb::resources::Gpu::Gpus(2)));
+        // -G is the job's total (as sbatch's): 2 GPUs over 2 nodes is one on each.
+        assert_eq!(r.gpu, Some(pb::resources::Gpu::Gpus(1)));
         assert_eq!(r.gpu_models, vec!["a100".to_string()]);
         assert_eq!((r.cpus, r.memory_bytes, r.nodes), (3, 4 << 30, 2));
         assert_eq!(time_limit("2h 30m").unwrap().as_secs(), 9000);
@@ -395,5 +425,30 @@ mod tests {
         let e = a.specs(Path::new("/w")).unwrap_err();
         assert!(e.contains("multi-node jobs take whole GPUs"), "{e}");
         assert!(e.starts_with(file.to_str().unwrap()), "{e}");
+        let whole = dir.path().join("whole.toml");
+        std::fs::write(&whole, "command = [\"python\"]\n").unwrap();
+        let e = args(&[whole.to_str().unwrap(), "-N", "2", "-G", "3"])
+            .specs(Path::new("/w"))
+            .unwrap_err();
+        assert!(e.contains("-G 3 over 2 nodes"), "{e}");
+        let a = args(&[whole.to_str().unwrap(), "-w", "gpu[1-2]", "-x", "gpu2"]);
+        let r = a
+            .specs(Path::new("/w"))
+            .unwrap()
+            .remove(0)
+            .spec
+            .resources
+            .unwrap();
+        assert_eq!(
+            (r.nodelist, r.exclude),
+            (vec!["gpu[1-2]".to_string()], vec!["gpu2".to_string()])
+        );
+        let e = args(&[whole.to_str().unwrap(), "-w", "gpu[2-1]"])
+            .specs(Path::new("/w"))
+            .unwrap_err();
+        assert!(
+            e.contains("--nodelist") && e.contains("runs backwards"),
+            "{e}"
+        );
     }
 }

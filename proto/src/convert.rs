@@ -76,6 +76,8 @@ impl From<&Resources> for Request {
             memory_bytes: r.memory_bytes,
             nodes: r.nodes.max(1),
             partition: None,
+            nodelist: r.nodelist.clone(),
+            exclude: r.exclude.clone(),
         }
     }
 }
@@ -202,8 +204,36 @@ pub fn checked_request(r: &Resources) -> Result<Request, BadRequest> {
     if r.nodes > 1024 {
         return bad("at most 1024 nodes");
     }
+    for (what, list) in [("nodelist", &r.nodelist), ("exclude", &r.exclude)] {
+        if list.len() > MAX_NODE_PATTERNS {
+            return Err(BadRequest(format!(
+                "{what}: {} patterns, at most {MAX_NODE_PATTERNS}",
+                list.len()
+            )));
+        }
+        for p in list {
+            if p.len() > 256 {
+                return Err(BadRequest(format!(
+                    "{what}: a node pattern of {} bytes, at most 256",
+                    p.len()
+                )));
+            }
+            let odd = |c: char| !gpuctl_sched::hostlist::is_name_char(c) && !"*[],-".contains(c);
+            if p.chars().any(odd) {
+                return Err(BadRequest(format!(
+                    "{what}: {:?} has a character no node name has",
+                    p.chars().take(64).collect::<String>()
+                )));
+            }
+            gpuctl_sched::hostlist::check_hostlist(p)
+                .map_err(|why| BadRequest(format!("{what} {p:?}: {why}")))?;
+        }
+    }
     Ok(Request::from(r))
 }
+
+/// The most patterns a job's `nodelist` or `exclude` may hold.
+pub const MAX_NODE_PATTERNS: usize = 64;
 
 /// The CPUs a request asks for, in milli-CPUs: `cpu_milli` when set, else `cpus`.
 pub fn cpu_milli(r: &Resources) -> u32 {

@@ -49,6 +49,8 @@ pub enum Miss {
     Partition {
         name: String,
     },
+    /// The job's node list leaves the node out (`nodelist`, `exclude`).
+    NotListed,
     Drained,
     Down,
     /// No GPU of an allowed model (or no GPU at all) on the node.
@@ -521,6 +523,9 @@ impl Calendar {
         policy: Policy,
         frag: &FragMemo<'_>,
     ) -> Result<Picks, Miss> {
+        if !node.listed(req) {
+            return Err(Miss::NotListed);
+        }
         if !node.admits(req) {
             return Err(Miss::Partition {
                 name: req.partition.clone().unwrap_or_default(),

@@ -32,6 +32,7 @@ pub mod deps;
 pub mod fairshare;
 mod fit;
 pub mod floors;
+pub mod hostlist;
 pub mod job;
 pub mod limits;
 pub mod model;
@@ -374,6 +375,7 @@ fn permanent(m: &Miss) -> bool {
         m,
         Miss::Drained
             | Miss::Partition { .. }
+            | Miss::NotListed
             | Miss::Down
             | Miss::GpuModel { .. }
             | Miss::TooSmall { .. }

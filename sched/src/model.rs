@@ -60,11 +60,21 @@ impl NodeView {
         self.eligibility == Eligibility::Up
     }
 
-    /// Whether a job of `req` may use this node at all (its partition holds it).
+    /// Whether a job of `req` may use this node at all: its partition holds it, and
+    /// its node list names it (`listed`).
     pub fn admits(&self, req: &Request) -> bool {
         req.partition
             .as_ref()
             .is_none_or(|p| self.partitions.iter().any(|x| x == p))
+            && self.listed(req)
+    }
+
+    /// Whether `req`'s node list allows this node: named by `nodelist` (when it has
+    /// one) and not by `exclude`.
+    pub fn listed(&self, req: &Request) -> bool {
+        let named = |p: &String| crate::hostlist::hostlist_match(p, &self.name);
+        (req.nodelist.is_empty() || req.nodelist.iter().any(named))
+            && !req.exclude.iter().any(named)
     }
 }
 
@@ -131,6 +141,10 @@ pub struct Request {
     pub nodes: u32,
     /// Only nodes of this partition (`NodeView::partitions`); `None` = any node.
     pub partition: Option<String>,
+    /// Only nodes matching one of these patterns (`hostlist`); empty = any.
+    pub nodelist: Vec<String>,
+    /// Never nodes matching one of these patterns.
+    pub exclude: Vec<String>,
 }
 
 impl Default for Request {
@@ -142,6 +156,8 @@ impl Default for Request {
             memory_bytes: 0,
             nodes: 1,
             partition: None,
+            nodelist: Vec::new(),
+            exclude: Vec::new(),
         }
     }
 }

@@ -138,7 +138,7 @@ impl Pod {
             cpu_milli: self.cpu_milli,
             memory_bytes: self.memory_mib << 20,
             nodes: 1,
-            partition: None,
+            ..Request::default()
         }
     }
 

@@ -244,3 +244,21 @@ fn max_restarts_reaches_the_spec_and_a_negative_count_is_placed() {
     let e = err("command = [\"true\"]\nmax_restarts = -1\n");
     assert!(e.starts_with("job.toml:2:16:"), "{e}");
 }
+
+#[test]
+fn nodelist_and_exclude_take_a_string_or_a_list_and_are_checked_where_they_stand() {
+    let job = parse(
+        "job.toml",
+        "command = [\"true\"]\n[resources]\nnodelist = \"n[1-4],m1\"\nexclude = [\"n3\"]\n",
+    )
+    .unwrap();
+    assert_eq!(job.nodelist, vec!["n[1-4]".to_string(), "m1".to_string()]);
+    assert_eq!(job.exclude, vec!["n3".to_string()]);
+    let spec = job.into_spec(Path::new("/tmp"), "ana", 1000, 1000);
+    let r = spec.resources.unwrap();
+    assert_eq!((r.nodelist.len(), r.exclude.len()), (2, 1));
+    let e = err("command = [\"true\"]\n[resources]\nexclude = \"n[1-\"\n");
+    assert!(e.starts_with("job.toml:3:11:"), "{e}");
+    let e = err("command = [\"true\"]\n[resources]\nnodelist = []\n");
+    assert!(e.contains("names no node"), "{e}");
+}

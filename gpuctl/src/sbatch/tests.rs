@@ -90,10 +90,10 @@ fn unsupported_options_are_refused_by_name_with_their_place() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("--wckey is not supported"), "{e}");
-    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -x node1\n")
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -y node1\n")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("-x is not supported"), "{e}");
+    assert!(e.contains("-y is not supported"), "{e}");
     let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --ntasks=8\n")
         .unwrap_err()
         .to_string();
@@ -198,4 +198,19 @@ fn gpus_is_the_jobs_total_and_per_task_and_per_gpu_forms_are_read() {
     let e = e.to_string();
     assert!(e.starts_with("t.sbatch:2:"), "{e}");
     assert!(e.contains("--gpus=3 over 2 nodes"), "{e}");
+}
+
+#[test]
+fn nodelist_and_exclude_are_hostlists() {
+    let j = job("#!/bin/sh\n#SBATCH -w gpu[01-03,07] -x gpu02\nrun\n");
+    assert_eq!(j.nodelist, vec!["gpu[01-03,07]".to_string()]);
+    assert_eq!(j.exclude, vec!["gpu02".to_string()]);
+    let j = job("#!/bin/sh\n#SBATCH --nodelist=a1,b[2-3]\nrun\n");
+    assert_eq!(j.nodelist, vec!["a1".to_string(), "b[2-3]".to_string()]);
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --exclude=gpu[5-1]\nrun\n").unwrap_err();
+    let e = e.to_string();
+    assert!(e.starts_with("t.sbatch:2:"), "{e}");
+    assert!(e.contains("runs backwards"), "{e}");
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -w n1;rm\nrun\n").unwrap_err();
+    assert!(e.to_string().contains("no node name has"), "{e}");
 }

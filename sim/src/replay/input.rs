@@ -196,7 +196,7 @@ pub fn read_jobs(
                     cpu_milli: r.cpus.unwrap_or(1) * 1000,
                     memory_bytes: r.memory_mib.unwrap_or(0) << 20,
                     nodes,
-                    partition: None,
+                    ..Request::default()
                 },
                 gpu_milli: milli,
                 account: r
