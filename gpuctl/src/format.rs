@@ -202,7 +202,7 @@ impl serde::Serialize for ResourcesJson<'_> {
                 mig_count = count;
             }
         }
-        let mut m = ser.serialize_map(Some(9))?;
+        let mut m = ser.serialize_map(None)?;
         m.serialize_entry("gpus", &gpus)?;
         m.serialize_entry("gpu_milli", &milli)?;
         m.serialize_entry("gpu_memory_mib", &mib)?;
@@ -212,6 +212,13 @@ impl serde::Serialize for ResourcesJson<'_> {
         m.serialize_entry("nodes", &r.nodes.max(1))?;
         m.serialize_entry("cpus", &r.cpus)?;
         m.serialize_entry("memory_bytes", &r.memory_bytes)?;
+        // Only where the job has them (sbatch -w / -x).
+        if !r.nodelist.is_empty() {
+            m.serialize_entry("nodelist", &r.nodelist)?;
+        }
+        if !r.exclude.is_empty() {
+            m.serialize_entry("exclude", &r.exclude)?;
+        }
         m.end()
     }
 }

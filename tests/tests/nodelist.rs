@@ -17,6 +17,10 @@ fn jobs_run_only_where_their_node_lists_allow() {
         .unwrap();
     let running = c.wait_state(off1, "RUNNING", T);
     assert_eq!(running["node"], "gpu02", "{running:#}");
+    assert_eq!(
+        running["resources"]["exclude"],
+        serde_json::json!(["gpu01"])
+    );
     // Kept to gpu02, which is full: it waits, although gpu01 is free.
     let on2 = c.json(&["submit", "j.toml", "-w", "gpu0[2]"])["job_id"]
         .as_u64()
