@@ -207,7 +207,13 @@ pub fn load(path: &Path) -> Result<Job, JobFileError> {
 /// `#SBATCH` lines), with what a batch script asks for besides the job.
 pub fn load_any(path: &Path) -> Result<(Job, crate::sbatch::Extra), JobFileError> {
     use std::io::Read as _;
-    let file = path.display().to_string();
+    // `-`: the job from standard input (`gpuctl submit - < job.sh`, as `sbatch < job.sh`).
+    let stdin = path == Path::new("-");
+    let file = if stdin {
+        STDIN_LABEL.to_string()
+    } else {
+        path.display().to_string()
+    };
     let read_err = |source| JobFileError::Read {
         file: file.clone(),
         source,
@@ -215,12 +221,18 @@ pub fn load_any(path: &Path) -> Result<(Job, crate::sbatch::Extra), JobFileError
     // At most one byte over the limit is read: `/dev/zero` or a huge file given by
     // mistake is refused, not read into memory.
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| {
-            f.take(MAX_JOB_FILE_BYTES as u64 + 1)
-                .read_to_end(&mut bytes)
-        })
-        .map_err(read_err)?;
+    let limit = MAX_JOB_FILE_BYTES as u64 + 1;
+    if stdin {
+        std::io::stdin()
+            .lock()
+            .take(limit)
+            .read_to_end(&mut bytes)
+            .map_err(read_err)?;
+    } else {
+        std::fs::File::open(path)
+            .and_then(|f| f.take(limit).read_to_end(&mut bytes))
+            .map_err(read_err)?;
+    }
     if bytes.len() > MAX_JOB_FILE_BYTES {
         return Err(JobFileError::TooLarge {
             size: match std::fs::metadata(path) {
@@ -237,10 +249,18 @@ pub fn load_any(path: &Path) -> Result<(Job, crate::sbatch::Extra), JobFileError
         ))
     })?;
     if crate::sbatch::is_batch_script(&text) {
-        return crate::sbatch::parse(&file, &text);
+        let (mut job, extra) = crate::sbatch::parse(&file, &text)?;
+        // A script from standard input is named as sbatch names it.
+        if stdin && job.name == STDIN_LABEL {
+            job.name = "sbatch".into();
+        }
+        return Ok((job, extra));
     }
     Ok((parse(&file, &text)?, crate::sbatch::Extra::default()))
 }
+
+/// What errors call a job read from standard input.
+const STDIN_LABEL: &str = "stdin";
 
 /// Parses and validates job file text; `file` names it in errors.
 pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {

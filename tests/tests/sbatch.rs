@@ -257,3 +257,54 @@ fn unsupported_options_are_refused_by_name_and_harmless_ones_warn() {
         .unwrap();
     assert_eq!(c.job(id)["account"], "research");
 }
+
+#[test]
+fn a_script_on_standard_input_is_submitted_as_sbatch_reads_one() {
+    use std::io::Write as _;
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let mut child = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
+        .args(["submit", "-", "--json"])
+        .env("GPUCTL_CONTROLLER", c.url())
+        .current_dir(c.dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"#!/bin/sh\n#SBATCH -G 1 -o piped-%j.out\necho from stdin\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = v["job_id"].as_u64().unwrap();
+    let j = c.wait_state(id, "COMPLETED", T);
+    assert_eq!(j["name"], "sbatch", "{j:#}");
+    let text = std::fs::read_to_string(c.path(&format!("piped-{id}.out"))).unwrap();
+    assert_eq!(text, "from stdin\n");
+    // A bad line is placed in "stdin".
+    let mut child = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
+        .args(["submit", "-"])
+        .env("GPUCTL_CONTROLLER", c.url())
+        .current_dir(c.dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"#!/bin/sh\n#SBATCH --wckey=x\ntrue\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stdin:2:") && err.contains("--wckey"), "{err}");
+}
