@@ -21,13 +21,31 @@ pub struct JobPriority {
 #[serde(transparent)]
 pub struct Priorities {
     jobs: Vec<JobPriority>,
-    #[serde(skip)]
-    raw: Vec<pb::JobPriority>,
 }
 
 impl View for Priorities {
+    /// A column per factor any job has (absent: 0), after the job, user and total.
     fn text(&self) -> String {
-        format::priority_table(&self.raw)
+        let mut names: Vec<&String> = self.jobs.iter().flat_map(|j| j.factors.keys()).collect();
+        names.sort();
+        names.dedup();
+        let mut header = vec!["JOBID".to_string(), "USER".into(), "PRIORITY".into()];
+        header.extend(names.iter().map(|n| n.to_uppercase()));
+        let rows = self
+            .jobs
+            .iter()
+            .map(|j| {
+                let mut r = vec![j.job_id.to_string(), j.user.clone(), j.priority.to_string()];
+                r.extend(
+                    names
+                        .iter()
+                        .map(|n| j.factors.get(*n).copied().unwrap_or(0).to_string()),
+                );
+                r
+            })
+            .collect();
+        let h: Vec<&str> = header.iter().map(String::as_str).collect();
+        format::table(&h, rows)
     }
 }
 
@@ -38,13 +56,13 @@ pub async fn run(client: &mut Client) -> Result<Priorities, Failure> {
         .into_inner()
         .jobs;
     let jobs = raw
-        .iter()
+        .into_iter()
         .map(|j| JobPriority {
-            factors: j.factors.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            factors: j.factors.into_iter().collect(),
             job_id: j.job_id,
             priority: j.total,
-            user: j.user.clone(),
+            user: j.user,
         })
         .collect();
-    Ok(Priorities { jobs, raw })
+    Ok(Priorities { jobs })
 }
