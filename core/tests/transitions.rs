@@ -228,17 +228,23 @@ impl Disk {
     }
 }
 
-#[test]
-fn a_restarted_controller_recovers_from_what_was_written() {
+/// A cluster whose node n1 runs one job, and what was written of it (a submit is
+/// written by the shell with its id; the test does the same).
+fn running_one() -> (Cluster, Disk, u64) {
     let mut c = cluster();
     let mut disk = Disk::default();
     attach(&mut c, "n1", T0);
     let running = submit(&mut c, 1, false, T0);
-    // A submit is written by the shell with its id; the test does the same.
     disk.jobs
         .insert(running, c.jobs.get(running).unwrap().clone());
     pass(&mut c, T0);
     report(&mut c, "n1", running, None, T0);
+    (c, disk, running)
+}
+
+#[test]
+fn a_restarted_controller_recovers_from_what_was_written() {
+    let (mut c, mut disk, running) = running_one();
     let waiting = submit(&mut c, 2, false, T0 + 1);
     disk.jobs
         .insert(waiting, c.jobs.get(waiting).unwrap().clone());
@@ -266,14 +272,7 @@ fn a_restarted_controller_recovers_from_what_was_written() {
 
 #[test]
 fn a_restarted_controller_gives_agents_a_full_timeout_and_never_reuses_an_id() {
-    let mut c = cluster();
-    let mut disk = Disk::default();
-    attach(&mut c, "n1", T0);
-    let running = submit(&mut c, 1, false, T0);
-    disk.jobs
-        .insert(running, c.jobs.get(running).unwrap().clone());
-    pass(&mut c, T0);
-    report(&mut c, "n1", running, None, T0);
+    let (mut c, mut disk, running) = running_one();
     disk.write(&mut c);
     drop(c);
 

@@ -518,20 +518,9 @@ fn node_list(
     Ok(list)
 }
 
-/// What the controller would say of a node list (`convert::checked_request`'s rule).
+/// What the controller would say of a node list (`convert::check_node_patterns`).
 pub fn check_node_list(list: &[String], key: &str) -> Result<(), String> {
-    let mut r = pb::Resources {
-        cpus: 1,
-        ..pb::Resources::default()
-    };
-    if key == "exclude" {
-        r.exclude = list.to_vec();
-    } else {
-        r.nodelist = list.to_vec();
-    }
-    gpuctl_proto::convert::checked_request(&r)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    gpuctl_proto::convert::check_node_patterns(key, list).map_err(|e| e.to_string())
 }
 
 /// The GPU fields of `[resources]` (whole GPUs, a share, or MIG) and `nodes`.

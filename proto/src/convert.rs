@@ -204,36 +204,42 @@ pub fn checked_request(r: &Resources) -> Result<Request, BadRequest> {
     if r.nodes > 1024 {
         return bad("at most 1024 nodes");
     }
-    for (what, list) in [("nodelist", &r.nodelist), ("exclude", &r.exclude)] {
-        if list.len() > MAX_NODE_PATTERNS {
-            return Err(BadRequest(format!(
-                "{what}: {} patterns, at most {MAX_NODE_PATTERNS}",
-                list.len()
-            )));
-        }
-        for p in list {
-            if p.len() > 256 {
-                return Err(BadRequest(format!(
-                    "{what}: a node pattern of {} bytes, at most 256",
-                    p.len()
-                )));
-            }
-            let odd = |c: char| !gpuctl_sched::hostlist::is_name_char(c) && !"*[],-".contains(c);
-            if p.chars().any(odd) {
-                return Err(BadRequest(format!(
-                    "{what}: {:?} has a character no node name has",
-                    p.chars().take(64).collect::<String>()
-                )));
-            }
-            gpuctl_sched::hostlist::check_hostlist(p)
-                .map_err(|why| BadRequest(format!("{what} {p:?}: {why}")))?;
-        }
-    }
+    check_node_patterns("nodelist", &r.nodelist)?;
+    check_node_patterns("exclude", &r.exclude)?;
     Ok(Request::from(r))
 }
 
 /// The most patterns a job's `nodelist` or `exclude` may hold.
 pub const MAX_NODE_PATTERNS: usize = 64;
+
+/// A job's `nodelist` or `exclude` (`what`): at most `MAX_NODE_PATTERNS` patterns of
+/// at most 256 bytes, node-name characters only, each a valid node pattern.
+pub fn check_node_patterns(what: &str, list: &[String]) -> Result<(), BadRequest> {
+    if list.len() > MAX_NODE_PATTERNS {
+        return Err(BadRequest(format!(
+            "{what}: {} patterns, at most {MAX_NODE_PATTERNS}",
+            list.len()
+        )));
+    }
+    for p in list {
+        if p.len() > 256 {
+            return Err(BadRequest(format!(
+                "{what}: a node pattern of {} bytes, at most 256",
+                p.len()
+            )));
+        }
+        let odd = |c: char| !gpuctl_sched::hostlist::is_name_char(c) && !"*[],-".contains(c);
+        if p.chars().any(odd) {
+            return Err(BadRequest(format!(
+                "{what}: {:?} has a character no node name has",
+                p.chars().take(64).collect::<String>()
+            )));
+        }
+        gpuctl_sched::hostlist::check_hostlist(p)
+            .map_err(|why| BadRequest(format!("{what} {p:?}: {why}")))?;
+    }
+    Ok(())
+}
 
 /// The CPUs a request asks for, in milli-CPUs: `cpu_milli` when set, else `cpus`.
 pub fn cpu_milli(r: &Resources) -> u32 {

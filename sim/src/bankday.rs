@@ -232,10 +232,14 @@ pub fn workload_as(seed: u64, shape: Shape) -> Vec<TraceJob> {
 /// The GPU memory of the week's GPUs (A100 80 GB), in MiB.
 const GPU_MEMORY_MIB: f64 = 80.0 * 1024.0;
 
+/// A repeat job's GPU memory peak over the memory it asked for (`crate::usage`).
+fn memory_frac(j: &TraceJob, seed: u64) -> f64 {
+    crate::usage::memory(crate::usage::uniform(seed, j.id, 1))
+}
+
 /// A repeat job's GPU memory peak, in MiB, for what it asked (`asked` milli-GPUs).
 fn peak_mib(j: &TraceJob, seed: u64, asked: u64) -> f64 {
-    crate::usage::memory(crate::usage::uniform(seed, j.id, 1)) * asked as f64 / 1000.0
-        * GPU_MEMORY_MIB
+    memory_frac(j, seed) * asked as f64 / 1000.0 * GPU_MEMORY_MIB
 }
 
 /// A repeat job right-sized as the controller would from its earlier runs
@@ -246,7 +250,7 @@ fn peak_mib(j: &TraceJob, seed: u64, asked: u64) -> f64 {
 fn right_sized(j: &mut TraceJob, seed: u64, asked: u64) {
     let had = asked as f64 / 1000.0;
     let b = busy(j, seed);
-    let mem = crate::usage::memory(crate::usage::uniform(seed, j.id, 1));
+    let mem = memory_frac(j, seed);
     let want = if asked >= 1000 {
         gpuctl_core::efficiency::share_for_whole(b, mem)
     } else {

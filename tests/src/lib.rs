@@ -294,6 +294,28 @@ impl Cluster {
             .expect("run gpuctl")
     }
 
+    /// Runs gpuctl in the cluster's dir with `input` on its standard input; its output,
+    /// whatever the exit code.
+    pub fn gpuctl_stdin(&self, args: &[&str], input: &[u8]) -> Output {
+        use std::io::Write as _;
+        let mut child = Command::new(bin("gpuctl"))
+            .args(args)
+            .env("GPUCTL_CONTROLLER", self.url())
+            .current_dir(self.dir.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run gpuctl");
+        child
+            .stdin
+            .take()
+            .expect("its stdin")
+            .write_all(input)
+            .expect("write gpuctl's stdin");
+        child.wait_with_output().expect("gpuctl's output")
+    }
+
     /// Runs gpuctl, asserts success, returns stdout.
     pub fn gpuctl_ok(&self, args: &[&str]) -> String {
         let out = self.gpuctl(args);

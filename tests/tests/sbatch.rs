@@ -260,24 +260,9 @@ fn unsupported_options_are_refused_by_name_and_harmless_ones_warn() {
 
 #[test]
 fn a_script_on_standard_input_is_submitted_as_sbatch_reads_one() {
-    use std::io::Write as _;
     let c = Cluster::start(&[("n1", "1xA100-80GB")]);
-    let mut child = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
-        .args(["submit", "-", "--json"])
-        .env("GPUCTL_CONTROLLER", c.url())
-        .current_dir(c.dir.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"#!/bin/sh\n#SBATCH -G 1 -o piped-%j.out\necho from stdin\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let script = b"#!/bin/sh\n#SBATCH -G 1 -o piped-%j.out\necho from stdin\n";
+    let out = c.gpuctl_stdin(&["submit", "-", "--json"], script);
     assert!(
         out.status.success(),
         "{}",
@@ -290,21 +275,7 @@ fn a_script_on_standard_input_is_submitted_as_sbatch_reads_one() {
     let text = std::fs::read_to_string(c.path(&format!("piped-{id}.out"))).unwrap();
     assert_eq!(text, "from stdin\n");
     // A bad line is placed in "stdin".
-    let mut child = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
-        .args(["submit", "-"])
-        .env("GPUCTL_CONTROLLER", c.url())
-        .current_dir(c.dir.path())
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"#!/bin/sh\n#SBATCH --wckey=x\ntrue\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = c.gpuctl_stdin(&["submit", "-"], b"#!/bin/sh\n#SBATCH --wckey=x\ntrue\n");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("stdin:2:") && err.contains("--wckey"), "{err}");
 }
