@@ -28,8 +28,13 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
+
+mod transport;
+pub use transport::{TcpPeer, Transport};
 
 /// What a listener allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,17 +433,21 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     }
 }
 
-impl tonic::transport::server::Connected for Guarded<tokio::net::TcpStream> {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+impl tonic::transport::server::Connected for Guarded<Transport<tokio::net::TcpStream>> {
+    type ConnectInfo = TcpPeer;
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
+        TcpPeer {
+            addr: self.inner.get_ref().peer_addr().ok(),
+            tls: self.inner.is_tls(),
+            certificate: self.inner.peer_certificate(),
+        }
     }
 }
 
-impl tonic::transport::server::Connected for Guarded<tokio::net::UnixStream> {
+impl tonic::transport::server::Connected for Guarded<Transport<tokio::net::UnixStream>> {
     type ConnectInfo = tonic::transport::server::UdsConnectInfo;
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
+        self.inner.get_ref().connect_info()
     }
 }
 
@@ -471,14 +480,19 @@ impl Accept for tokio::net::UnixListener {
     }
 }
 
+type Handshake<S> = Pin<Box<dyn Future<Output = Option<Guarded<Transport<S>>>> + Send>>;
+
 /// A listener whose connections are [`Guarded`]: a `Stream` of them for tonic, and
-/// `accept` for axum.
+/// `accept` for axum. With TLS, handshakes run side by side inside the listener, each
+/// within its connection's handshake deadline and holding its permit.
 pub struct Listener<L: Accept> {
     inner: L,
     stats: Arc<Stats>,
     protocol: Protocol,
     /// After EMFILE/ENFILE: accept again only after this (the backlog waits meanwhile).
     backoff: Option<Pin<Box<Sleep>>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    handshakes: FuturesUnordered<Handshake<L::Stream>>,
 }
 
 impl<L: Accept> Listener<L> {
@@ -488,6 +502,16 @@ impl<L: Accept> Listener<L> {
             stats,
             protocol,
             backoff: None,
+            tls: None,
+            handshakes: FuturesUnordered::new(),
+        }
+    }
+
+    /// Serves TLS with `config` on every connection.
+    pub fn with_tls(self, config: Arc<rustls::ServerConfig>) -> Self {
+        Listener {
+            tls: Some(tokio_rustls::TlsAcceptor::from(config)),
+            ..self
         }
     }
 
@@ -495,7 +519,27 @@ impl<L: Accept> Listener<L> {
         &self.inner
     }
 
-    fn poll_next_conn(&mut self, cx: &mut Context<'_>) -> Poll<Guarded<L::Stream>> {
+    fn poll_next_conn(&mut self, cx: &mut Context<'_>) -> Poll<Guarded<Transport<L::Stream>>> {
+        loop {
+            match self.poll_accepted(cx) {
+                Poll::Ready(conn) => {
+                    let Some(tls) = &self.tls else {
+                        return Poll::Ready(conn.map(Transport::Plain));
+                    };
+                    self.handshakes.push(Box::pin(handshake(tls.clone(), conn)));
+                }
+                Poll::Pending => break,
+            }
+        }
+        while let Poll::Ready(Some(done)) = self.handshakes.poll_next_unpin(cx) {
+            if let Some(conn) = done {
+                return Poll::Ready(conn);
+            }
+        }
+        Poll::Pending
+    }
+
+    fn poll_accepted(&mut self, cx: &mut Context<'_>) -> Poll<Guarded<L::Stream>> {
         loop {
             if let Some(b) = &mut self.backoff {
                 if b.as_mut().poll(cx).is_pending() {
@@ -542,20 +586,65 @@ impl<L: Accept> Listener<L> {
     }
 }
 
+/// The TLS handshake of an admitted connection, within its handshake deadline; `None`
+/// (counted, the connection closed) when it fails or runs out of time.
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    tls: tokio_rustls::TlsAcceptor,
+    conn: Guarded<S>,
+) -> Option<Guarded<Transport<S>>> {
+    let Guarded {
+        inner,
+        phase,
+        deadline,
+        last_read,
+        limits,
+        _permit,
+    } = conn;
+    let at = deadline.deadline();
+    match tokio::time::timeout_at(at, tls.accept(inner)).await {
+        Ok(Ok(t)) => Some(Guarded {
+            inner: Transport::Tls(Box::new(t)),
+            phase,
+            deadline,
+            last_read,
+            limits,
+            _permit,
+        }),
+        Ok(Err(_)) | Err(_) => {
+            _permit.stats.count(Refusal::Handshake, _permit.peer);
+            None
+        }
+    }
+}
+
+impl<S> Guarded<S> {
+    /// Applies `f` to the stream, keeping the limits and deadlines.
+    fn map<T>(self, f: impl FnOnce(S) -> T) -> Guarded<T> {
+        Guarded {
+            inner: f(self.inner),
+            phase: self.phase,
+            deadline: self.deadline,
+            last_read: self.last_read,
+            limits: self.limits,
+            _permit: self._permit,
+        }
+    }
+}
+
 impl<L: Accept + Unpin> futures::Stream for Listener<L> {
-    type Item = io::Result<Guarded<L::Stream>>;
+    type Item = io::Result<Guarded<Transport<L::Stream>>>;
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.poll_next_conn(cx).map(|c| Some(Ok(c)))
     }
 }
 
 impl axum::serve::Listener for Listener<tokio::net::TcpListener> {
-    type Io = Guarded<tokio::net::TcpStream>;
+    type Io = Guarded<Transport<tokio::net::TcpStream>>;
     type Addr = SocketAddr;
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
             let conn = std::future::poll_fn(|cx| self.poll_next_conn(cx)).await;
-            if let Ok(addr) = conn.get_ref().peer_addr() {
+            if let Ok(addr) = conn.get_ref().get_ref().peer_addr() {
                 return (conn, addr);
             }
         }

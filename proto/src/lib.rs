@@ -18,6 +18,8 @@ pub mod guard_metrics;
 pub mod ratelog;
 pub mod statedir;
 pub mod text;
+#[cfg(feature = "rpc")]
+pub mod tls;
 
 #[allow(clippy::all, clippy::pedantic)]
 pub mod gpuctl {

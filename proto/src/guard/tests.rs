@@ -197,3 +197,61 @@ async fn unix_peers_are_capped_per_uid() {
     assert_eq!(stats.refused(Refusal::PerAddress), 1);
     assert_eq!(stats.open(), 3);
 }
+
+/// Over TLS: a client that connects and never shakes hands is closed at the handshake
+/// deadline and counted, while a real TLS client is served meanwhile (handshakes run
+/// side by side), and its bytes after the handshake are what the guard watches.
+#[tokio::test]
+async fn tls_handshakes_run_side_by_side_within_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let (ca, _) = crate::tls::Ca::load_or_create(dir.path(), now).unwrap();
+    let config =
+        crate::tls::server_config(ca.server_identity(&[], now).unwrap(), ca.der()).unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let stats = Stats::new("test", limits());
+    let mut incoming = Listener::new(l, stats.clone(), Protocol::Http2).with_tls(config);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(mut c)) = incoming.next().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(c.get_ref().is_tls());
+                let mut b = [0u8; 256];
+                while matches!(c.read(&mut b).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // A real client, after the silent one.
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        #[allow(deprecated)]
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from(crate::tls::SERVER_NAME).unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    tls.write_all(PREFACE).await.unwrap();
+    // A HEADERS frame's header (empty payload): the first request has begun.
+    tls.write_all(&[0, 0, 0, 1, 4, 0, 0, 0, 1]).await.unwrap();
+    assert_eq!(
+        rx.recv().await,
+        Some(true),
+        "the TLS client was handed over"
+    );
+    assert!(closed(&mut silent).await, "the silent one is closed");
+    assert_eq!(stats.refused(Refusal::Handshake), 1);
+}
