@@ -334,21 +334,27 @@ impl Cluster {
             .cloned()
             .collect();
         for node in silent {
-            if self.conns.remove(&node).is_some() {
-                tracing::warn!(
-                    node,
-                    "agent silent for {:?}: node is DOWN",
-                    self.config.node_timeout
-                );
-                effects.closed.push(node.clone());
-            }
-            self.fail_jobs_on(&node, now, &mut effects);
-            // Heard from again only when it re-attaches.
-            self.last_heard.insert(node, i64::MAX / 2);
+            let why = format!("agent silent for {:?}", self.config.node_timeout);
+            self.fail_node(&node, &why, now, &mut effects);
         }
         self.sweep_usage();
         self.sweep_idle();
         effects
+    }
+
+    /// `node` failed now (`why`: its agent went silent, or its identity was revoked):
+    /// its connection is closed and its jobs end or requeue as on any failed node.
+    pub fn fail_node(&mut self, node: &str, why: &str, now: i64, effects: &mut Effects) {
+        if !self.nodes.contains_key(node) {
+            return;
+        }
+        if self.conns.remove(node).is_some() {
+            tracing::warn!(node, "{why}: node is DOWN");
+            effects.closed.push(node.to_string());
+        }
+        self.fail_jobs_on(node, now, effects);
+        // Heard from again only when it re-attaches.
+        self.last_heard.insert(node.to_string(), i64::MAX / 2);
     }
 
     /// Ends or requeues the jobs running on failed `node`; kills their other ranks.

@@ -29,10 +29,20 @@ pub mod exit {
 )]
 pub struct Cli {
     /// Controller: unix:PATH (the controller's socket; you are who your uid is) or
-    /// http://HOST:PORT (needs an API token). Default: unix:/run/gpuctl/gpuctld.sock
-    /// when that exists, else http://127.0.0.1:7817.
+    /// https://HOST:PORT (TLS, the cluster CA pinned with --ca; needs an API token).
+    /// Default: unix:/run/gpuctl/gpuctld.sock when that exists, else
+    /// https://127.0.0.1:7817.
     #[arg(long, global = true, env = "GPUCTL_CONTROLLER")]
     pub controller: Option<String>,
+    /// The cluster CA (the controller's <state-dir>/ca.pem): the only certificate an
+    /// https:// controller is trusted under. Default: ~/.config/gpuctl/ca.pem, else
+    /// /etc/gpuctl/ca.pem.
+    #[arg(long, global = true, env = "GPUCTL_CA")]
+    pub ca: Option<PathBuf>,
+    /// Send the API token over http:// (in clear) to a controller run with
+    /// --insecure-shared-key --insecure.
+    #[arg(long, global = true)]
+    pub insecure: bool,
     /// File holding an API token for TCP controllers (default ~/.config/gpuctl/token;
     /// or set GPUCTL_TOKEN).
     #[arg(long, global = true)]
@@ -171,6 +181,39 @@ pub enum AdminAction {
         #[arg(long)]
         json: bool,
     },
+    /// Tokens with which nodes join the cluster (`gpud --join`).
+    JoinToken {
+        #[command(subcommand)]
+        action: JoinTokenAction,
+    },
+    /// Node identities.
+    Node {
+        #[command(subcommand)]
+        action: AdminNodeAction,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum JoinTokenAction {
+    /// A single-use, expiring join token, printed with the CA's fingerprint.
+    Create {
+        /// How long it may be used (at most 7 days).
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: std::time::Duration,
+        /// The node that may join with it (default: any name not yet joined).
+        #[arg(long, default_value = "")]
+        node: String,
+        /// `{"token", "ca_fingerprint"}`.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum AdminNodeAction {
+    /// Refuse a node's certificates and key at once; its jobs are handled as on a
+    /// failed node.
+    Revoke { name: String },
 }
 
 #[derive(Subcommand)]
@@ -320,8 +363,28 @@ fn controller_url(cli: &Cli) -> String {
         if std::path::Path::new(DEFAULT_SOCKET).exists() {
             format!("unix:{DEFAULT_SOCKET}")
         } else {
-            "http://127.0.0.1:7817".into()
+            "https://127.0.0.1:7817".into()
         }
+    })
+}
+
+/// The cluster CA's PEM text for an https:// controller.
+fn ca_pem(cli: &Cli) -> Result<String, Failure> {
+    let home = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config/gpuctl/ca.pem"));
+    let path = match &cli.ca {
+        Some(p) => p.clone(),
+        None => home
+            .into_iter()
+            .chain([PathBuf::from("/etc/gpuctl/ca.pem")])
+            .find(|p| p.exists())
+            .ok_or_else(|| Failure {
+                code: exit::USAGE,
+                message: "an https:// controller is trusted only under the cluster CA: set GPUCTL_CA or --ca to a copy of the controller's <state-dir>/ca.pem (or put it in ~/.config/gpuctl/ca.pem)".into(),
+            })?,
+    };
+    std::fs::read_to_string(&path).map_err(|e| Failure {
+        code: exit::USAGE,
+        message: format!("cannot read the cluster CA {}: {e}", path.display()),
     })
 }
 
@@ -349,22 +412,13 @@ fn token(cli: &Cli) -> Result<Option<String>, Failure> {
     }
 }
 
-/// Refuses what this CLI cannot speak safely: `https://` (no TLS here yet: the token
-/// would go in clear to a peer that expects it encrypted) and unknown schemes.
+/// Refuses unknown schemes.
 fn check_scheme(url: &str) -> Result<(), Failure> {
-    let usage = |message: String| Failure {
-        code: exit::USAGE,
-        message,
-    };
-    if url.starts_with("https://") {
-        return Err(usage(format!(
-            "{url}: this gpuctl does not speak TLS, and an API token must not travel in clear to a controller addressed as https://; use the controller's Unix socket (--controller unix:PATH) or http:// on a network you trust"
-        )));
-    }
-    if !(url.starts_with("unix:") || url.starts_with("http://")) {
-        return Err(usage(format!(
-            "bad controller URL {url:?}: write unix:PATH or http://HOST:PORT"
-        )));
+    if !(url.starts_with("unix:") || url.starts_with("https://") || url.starts_with("http://")) {
+        return Err(Failure {
+            code: exit::USAGE,
+            message: format!("bad controller URL {url:?}: write unix:PATH or https://HOST:PORT"),
+        });
     }
     Ok(())
 }
@@ -393,6 +447,23 @@ pub(crate) async fn connect(cli: &Cli) -> Result<Client, Failure> {
     } else {
         token(cli)?
     };
+    if token.is_some() && url.starts_with("http://") && !cli.insecure {
+        return Err(Failure {
+            code: exit::USAGE,
+            message: format!(
+                "{url}: an API token is sent over TLS only (write https://, with the cluster CA in GPUCTL_CA); --insecure sends it in clear to a controller run with --insecure-shared-key --insecure"
+            ),
+        });
+    }
+    let tls = if url.starts_with("https://") {
+        let ca = ca_pem(cli)?;
+        Some(gpuctl_proto::tls::ClientTls::new(&ca, None).map_err(|e| Failure {
+            code: exit::USAGE,
+            message: format!("the cluster CA: {e}"),
+        })?)
+    } else {
+        None
+    };
     let token = token
         .map(|t| {
             format!("Bearer {t}").parse().map_err(|_| Failure {
@@ -401,7 +472,7 @@ pub(crate) async fn connect(cli: &Cli) -> Result<Client, Failure> {
             })
         })
         .transpose()?;
-    let channel = channel(&url, cli.timeout).await?;
+    let channel = channel(&url, cli.timeout, tls).await?;
     let auth = Auth(token);
     Ok(Client {
         raw: tonic::client::Grpc::new(InterceptedService::new(channel.clone(), auth.clone()))
@@ -412,7 +483,11 @@ pub(crate) async fn connect(cli: &Cli) -> Result<Client, Failure> {
     })
 }
 
-async fn channel(url: &str, timeout: std::time::Duration) -> Result<Channel, Failure> {
+async fn channel(
+    url: &str,
+    timeout: std::time::Duration,
+    tls: Option<gpuctl_proto::tls::ClientTls>,
+) -> Result<Channel, Failure> {
     let unreachable = |e: String| Failure {
         code: exit::UNREACHABLE,
         message: format!(
@@ -432,7 +507,11 @@ async fn channel(url: &str, timeout: std::time::Duration) -> Result<Channel, Fai
         .initial_stream_window_size(16 << 20)
         .initial_connection_window_size(32 << 20)
         .max_frame_size(1 << 20);
-    endpoint.connect().await.map_err(|e| unreachable(chain(&e)))
+    match tls {
+        Some(tls) => tls.connect(endpoint).await,
+        None => endpoint.connect().await,
+    }
+    .map_err(|e| unreachable(chain(&e)))
 }
 
 pub async fn run(cli: Cli) -> Result<(), Failure> {
@@ -516,6 +595,18 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         &Command::Admin {
             action: AdminAction::Reconfigure { json },
         } => emit(&commands::admin::reconfigure(c).await?, json),
+        Command::Admin {
+            action:
+                AdminAction::JoinToken {
+                    action: JoinTokenAction::Create { ttl, node, json },
+                },
+        } => emit(&commands::join::create(c, *ttl, node.clone()).await?, *json),
+        Command::Admin {
+            action:
+                AdminAction::Node {
+                    action: AdminNodeAction::Revoke { name },
+                },
+        } => emit(&commands::join::revoke(c, name.clone()).await?, false),
     }
     Ok(())
 }

@@ -31,6 +31,8 @@ use gpuctl_core::jobs::{job_of, presented};
 use gpuctl_sched as sched;
 
 mod agents;
+mod identity;
+pub use agents::check_node_name;
 pub mod users;
 
 pub use gpuctl_core::validate::check_paths;
@@ -151,11 +153,22 @@ impl Shared {
     }
 }
 
+/// What the controller needs to know who nodes are.
+pub struct PkiSetup {
+    pub ca: gpuctl_proto::tls::Ca,
+    pub key: ClusterKey,
+    /// `false`: `--insecure-shared-key`.
+    pub secure: bool,
+    /// API tokens accepted over plain TCP (`--insecure`).
+    pub clear_tokens: bool,
+    pub node_lifetime_s: i64,
+}
+
 pub struct Controller {
     shared: Mutex<Shared>,
     store: Store,
-    /// The cluster key agents sign with.
-    key: ClusterKey,
+    /// Who nodes are: the CA, join tokens, node certificates and keys.
+    pki: crate::pki::Pki,
     /// The configuration in effect (a reconfigure swaps it; the core holds its own copy,
     /// changed under the lock at the same moment).
     config: std::sync::RwLock<Arc<Config>>,
@@ -207,9 +220,18 @@ impl Controller {
         store: Store,
         config: Config,
         config_path: Option<std::path::PathBuf>,
-        key: ClusterKey,
+        pki: PkiSetup,
     ) -> Result<Arc<Controller>, StoreError> {
         let loaded = store.load()?;
+        let pki = crate::pki::Pki::new(
+            pki.ca,
+            pki.key,
+            pki.secure,
+            pki.clear_tokens,
+            pki.node_lifetime_s,
+            loaded.join_tokens,
+            loaded.identities,
+        );
         let records = gpuctl_core::restore::Records {
             jobs: loaded.jobs,
             nodes: loaded.nodes,
@@ -238,7 +260,7 @@ impl Controller {
                 room: PassRoom::default(),
             }),
             store,
-            key,
+            pki,
             config: std::sync::RwLock::new(Arc::new(config)),
             config_path,
             wake: Notify::new(),

@@ -30,6 +30,30 @@ pub struct Options {
     pub metrics_listen: Option<SocketAddr>,
     /// Serve the read-only web page here.
     pub web_listen: Option<SocketAddr>,
+    pub tls: TlsOptions,
+}
+
+/// TLS and node identity.
+#[derive(Debug, Clone)]
+pub struct TlsOptions {
+    /// Plain TCP, agents with the shared cluster key (the old mode).
+    pub insecure_shared_key: bool,
+    /// API tokens accepted over that plain TCP.
+    pub clear_tokens: bool,
+    pub node_lifetime: std::time::Duration,
+    /// More names for the server certificate.
+    pub names: Vec<String>,
+}
+
+impl Default for TlsOptions {
+    fn default() -> Self {
+        TlsOptions {
+            insecure_shared_key: false,
+            clear_tokens: false,
+            node_lifetime: std::time::Duration::from_secs(30 * 86_400),
+            names: Vec::new(),
+        }
+    }
 }
 
 /// Binds the user socket: a stale file from an earlier run is replaced; anyone may
@@ -91,7 +115,42 @@ pub async fn run(
     let max_message = opts.config.limits.max_message_bytes.as_u64() as usize;
     let conn_limits = connection_limits(&opts.config.limits);
     let min_free = opts.config.limits.min_free_disk.as_u64();
-    let ctl = Controller::open(store.clone(), opts.config, opts.config_path.clone(), key)?;
+    let now_s = crate::controller::now_ms() / 1000;
+    let (ca, ca_created) = gpuctl_proto::tls::Ca::load_or_create(&opts.state_dir, now_s)?;
+    let secure = !opts.tls.insecure_shared_key;
+    if ca_created {
+        tracing::info!(
+            fingerprint = %ca.fingerprint(),
+            "created the cluster CA {}: nodes join with `gpuctl admin join-token create`; TCP users pin it with GPUCTL_CA",
+            opts.state_dir.join("ca.pem").display()
+        );
+    }
+    let tls = if secure {
+        let mut names = opts.tls.names.clone();
+        if let Ok(h) = nix::unistd::gethostname()
+            && let Ok(h) = h.into_string()
+        {
+            names.push(h);
+        }
+        if !opts.listen.ip().is_unspecified() {
+            names.push(opts.listen.ip().to_string());
+        }
+        let id = ca.server_identity(&names, now_s)?;
+        Some(gpuctl_proto::tls::server_config(id, ca.der())?)
+    } else {
+        tracing::warn!(
+            "--insecure-shared-key: gRPC over plain TCP (job specs, env and tokens travel in clear); agents sign with the shared cluster key"
+        );
+        None
+    };
+    let pki = crate::controller::PkiSetup {
+        ca,
+        key,
+        secure,
+        clear_tokens: opts.tls.clear_tokens,
+        node_lifetime_s: opts.tls.node_lifetime.as_secs() as i64,
+    };
+    let ctl = Controller::open(store.clone(), opts.config, opts.config_path.clone(), pki)?;
     let guarded = |name: &'static str| {
         let stats = guard::Stats::new(name, conn_limits);
         ctl.watch_listener(stats.clone());
@@ -105,7 +164,7 @@ pub async fn run(
     let socket = opts.socket.as_deref().map(bind_socket).transpose()?;
     // Scripts and tests read this line to learn the port (with --listen 127.0.0.1:0).
     println!("gpuctld listening on {addr}");
-    tracing::info!(%addr, socket = ?opts.socket, state_dir = %opts.state_dir.display(), "gpuctld started");
+    tracing::info!(%addr, tls = secure, socket = ?opts.socket, state_dir = %opts.state_dir.display(), "gpuctld started");
 
     tokio::spawn(restart_when_disk_recovers(store.clone(), min_free));
     if let Some(addr) = opts.metrics_listen {
@@ -173,6 +232,10 @@ pub async fn run(
     // heartbeat's answer) written after another can sit in Nagle's buffer until the
     // peer's delayed ACK, up to 40 ms on Linux.
     let incoming = guard::Listener::new(listener, guarded("grpc"), guard::Protocol::Http2);
+    let incoming = match tls {
+        Some(config) => incoming.with_tls(config),
+        None => incoming,
+    };
     let tcp = router().serve_with_incoming_shutdown(incoming, stopped(serve_stop_rx.clone()));
     match socket {
         Some(l) => {

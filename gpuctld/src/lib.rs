@@ -5,6 +5,7 @@
 //!   lock, the store, the agents' command streams, the clock; applies plans, persists,
 //!   dispatches to agents.
 //! - `auth`: who a caller is (Unix-socket peer credentials, API tokens), admin checks.
+//! - `pki`: who a node is: the cluster CA, join tokens, node certificates and keys.
 //! - `store`: sled persistence with a schema version.
 //! - `server`: the tonic services (`Controller` for users, `AgentLink` for agents).
 //! - `metrics`, `web`: the Prometheus endpoint and the read-only web page.
@@ -17,6 +18,7 @@ pub use gpuctl_core::config;
 pub mod controller;
 pub mod daemon;
 pub mod metrics;
+pub mod pki;
 pub mod server;
 pub mod store;
 pub mod web;

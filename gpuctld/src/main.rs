@@ -48,6 +48,24 @@ struct Args {
     /// workers mostly add wake-ups (docs/benchmarks.md, "Fewer async workers").
     #[arg(long, env = "GPUCTLD_WORKERS", default_value_t = 0)]
     workers: usize,
+    /// Serve plain TCP (no TLS), and let agents sign with the shared cluster key
+    /// (`--key-file`) instead of joining: the old mode, kept for one release. Anyone
+    /// on the network reads job specs, env and tokens, and root on any node is the
+    /// whole cluster.
+    #[arg(long)]
+    insecure_shared_key: bool,
+    /// With --insecure-shared-key: also accept API tokens over that plain TCP (they
+    /// travel in clear).
+    #[arg(long, requires = "insecure_shared_key")]
+    insecure: bool,
+    /// How long a node certificate is valid; agents renew theirs when a third of it
+    /// is left.
+    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration)]
+    node_certificate_lifetime: std::time::Duration,
+    /// More names for the controller's certificate (DNS names or addresses users and
+    /// agents reach it by; clients verify the name `gpuctld`, which it always has).
+    #[arg(long, value_delimiter = ',')]
+    tls_name: Vec<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -133,6 +151,12 @@ async fn run(args: Args) -> std::process::ExitCode {
                         socket: args.socket,
                         metrics_listen: args.metrics_listen,
                         web_listen: args.web_listen,
+                        tls: gpuctld::daemon::TlsOptions {
+                            insecure_shared_key: args.insecure_shared_key,
+                            clear_tokens: args.insecure,
+                            node_lifetime: args.node_certificate_lifetime,
+                            names: args.tls_name,
+                        },
                     },
                     gpuctld::daemon::signal(),
                 )

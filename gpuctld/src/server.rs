@@ -10,7 +10,10 @@ use futures::Stream;
 use gpuctl_proto::{self as pb, agent_link_server, controller_server};
 use prost::Message as _;
 use tokio::sync::mpsc;
+use gpuctl_proto::guard::TcpPeer;
 use tonic::transport::server::UdsConnectInfo;
+
+use crate::pki::Via;
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
@@ -76,6 +79,11 @@ impl UserApi {
                     "no credentials: over TCP, pass an API token (GPUCTL_TOKEN or --token-file; an admin creates one with `gpuctl admin token create --user NAME`), or use the controller's Unix socket (--controller unix:PATH)",
                 )
             })?;
+        if req.extensions().get::<TcpPeer>().is_some_and(|p| !p.tls) && !self.0.pki().clear_tokens() {
+            return Err(Status::unauthenticated(
+                "API tokens are accepted over TLS only: this controller serves plain TCP (--insecure-shared-key); use the Unix socket, or start gpuctld without --insecure-shared-key (or, knowingly, with --insecure)",
+            ));
+        }
         let secret = header.strip_prefix("Bearer ").unwrap_or(header).trim();
         let user = self.0.token_user(secret).ok_or_else(|| {
             BAD_TOKEN.note(|n, secs| {
@@ -383,6 +391,24 @@ impl controller_server::Controller for UserApi {
         self.0.revoke_token(&caller, &req.into_inner().id).await?;
         Ok(Response::new(pb::RevokeTokenResponse {}))
     }
+
+    async fn create_join_token(
+        &self,
+        req: Request<pb::CreateJoinTokenRequest>,
+    ) -> Result<Response<pb::CreateJoinTokenResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        Ok(Response::new(self.0.create_join_token(&caller, &r).await?))
+    }
+
+    async fn revoke_node(
+        &self,
+        req: Request<pb::RevokeNodeRequest>,
+    ) -> Result<Response<pb::RevokeNodeResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        Ok(Response::new(self.0.revoke_node(&caller, &r).await?))
+    }
 }
 
 /// The command stream handed to an agent. When tonic drops it (the agent went away),
@@ -441,9 +467,9 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::ChallengeRequest>,
     ) -> Result<Response<pb::ChallengeResponse>, Status> {
-        let (meta, _, req) = req.into_parts();
+        let (meta, ext, req) = req.into_parts();
         self.0
-            .verify_agent(&meta, "challenge", &req.node, &req.encode_to_vec())?;
+            .verify_agent(&Via::of(&ext), &meta, "challenge", &req.node, &req.encode_to_vec())?;
         Ok(Response::new(self.0.challenge(&req.node)))
     }
 
@@ -451,11 +477,11 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<Self::AttachStream>, Status> {
-        let peer = req.remote_addr();
-        let (meta, _, req) = req.into_parts();
+        let (meta, ext, req) = req.into_parts();
+        let peer = ext.get::<TcpPeer>().and_then(|p| p.addr);
         // The nonce in the (signed) body is the session; Attach itself names none.
         self.0
-            .verify_agent(&meta, "attach", &req.node, &req.encode_to_vec())?;
+            .verify_agent(&Via::of(&ext), &meta, "attach", &req.node, &req.encode_to_vec())?;
         let node = req.node.clone();
         let (rx, generation) = self.0.connect(req, peer).await?;
         Ok(Response::new(CommandStream {
@@ -471,10 +497,10 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        let (meta, _, req) = req.into_parts();
+        let (meta, ext, req) = req.into_parts();
         let signed = self
             .0
-            .verify_agent(&meta, "heartbeat", &req.node, &req.encode_to_vec())?;
+            .verify_agent(&Via::of(&ext), &meta, "heartbeat", &req.node, &req.encode_to_vec())?;
         Ok(Response::new(self.0.signed_heartbeat(&req, &signed).await?))
     }
 
@@ -484,16 +510,20 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<tonic::Streaming<pb::SignedHeartbeat>>,
     ) -> Result<Response<Self::HeartbeatsStream>, Status> {
-        let state = (req.into_inner(), self.0.clone(), false);
-        let out = futures::stream::unfold(state, |(mut inbound, ctl, failed)| async move {
-            if failed {
-                return None;
+        let (_, ext, inbound) = req.into_parts();
+        let state = (inbound, self.0.clone(), false);
+        let out = futures::stream::unfold(state, move |(mut inbound, ctl, failed)| {
+            let ext = ext.clone();
+            async move {
+                if failed {
+                    return None;
+                }
+                // An error here is the agent going away: the stream just ends.
+                let m = inbound.message().await.ok()??;
+                let answer = ctl.streamed_heartbeat(&Via::of(&ext), &m).await;
+                let failed = answer.is_err();
+                Some((answer, (inbound, ctl, failed)))
             }
-            // An error here is the agent going away: the stream just ends.
-            let m = inbound.message().await.ok()??;
-            let answer = ctl.streamed_heartbeat(&m).await;
-            let failed = answer.is_err();
-            Some((answer, (inbound, ctl, failed)))
         });
         Ok(Response::new(Box::pin(out)))
     }
@@ -502,10 +532,10 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::JobReport>,
     ) -> Result<Response<pb::JobReportAck>, Status> {
-        let (meta, _, req) = req.into_parts();
+        let (meta, ext, req) = req.into_parts();
         let signed = self
             .0
-            .verify_agent(&meta, "report", &req.node, &req.encode_to_vec())?;
+            .verify_agent(&Via::of(&ext), &meta, "report", &req.node, &req.encode_to_vec())?;
         self.0.check_session(&req.node, &signed)?;
         Ok(Response::new(self.0.report(&req).await?))
     }
@@ -514,10 +544,10 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::JobReports>,
     ) -> Result<Response<pb::JobReportAcks>, Status> {
-        let (meta, _, req) = req.into_parts();
+        let (meta, ext, req) = req.into_parts();
         let signed = self
             .0
-            .verify_agent(&meta, "reports", &req.node, &req.encode_to_vec())?;
+            .verify_agent(&Via::of(&ext), &meta, "reports", &req.node, &req.encode_to_vec())?;
         self.0.check_session(&req.node, &signed)?;
         if req.reports.len() > MAX_REPORTS {
             return Err(Status::invalid_argument(format!(
@@ -533,6 +563,22 @@ impl agent_link_server::AgentLink for AgentApi {
         }
         let acks = self.0.reports(&req.reports).await?;
         Ok(Response::new(pb::JobReportAcks { acks }))
+    }
+
+    async fn join(&self, req: Request<pb::JoinRequest>) -> Result<Response<pb::JoinResponse>, Status> {
+        Ok(Response::new(self.join_impl(req).await?))
+    }
+
+    async fn renew(&self, req: Request<pb::RenewRequest>) -> Result<Response<pb::JoinResponse>, Status> {
+        let (meta, ext, req) = req.into_parts();
+        Ok(Response::new(self.0.renew(&Via::of(&ext), &meta, &req).await?))
+    }
+}
+
+impl AgentApi {
+    async fn join_impl(&self, req: Request<pb::JoinRequest>) -> Result<pb::JoinResponse, Status> {
+        let (_, ext, req) = req.into_parts();
+        self.0.join(&Via::of(&ext), &req).await
     }
 }
 

@@ -8,7 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpuctl_proto::store::{StoredJob, StoredNode, StoredToken, StoredUsage};
+use gpuctl_proto::store::{
+    StoredJob, StoredJoinToken, StoredNode, StoredNodeIdentity, StoredToken, StoredUsage,
+};
 use prost::Message;
 
 const SCHEMA_KEY: &[u8] = b"meta/schema";
@@ -36,6 +38,8 @@ const JOB_PREFIX: &[u8] = b"job/";
 const NODE_PREFIX: &[u8] = b"node/";
 const TOKEN_PREFIX: &[u8] = b"token/";
 const USAGE_KEY: &[u8] = b"meta/usage";
+const JOIN_TOKEN_PREFIX: &[u8] = b"jointoken/";
+const IDENTITY_PREFIX: &[u8] = b"identity/";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -96,6 +100,9 @@ pub struct Loaded {
     pub jobs: Vec<StoredJob>,
     pub nodes: Vec<StoredNode>,
     pub tokens: Vec<StoredToken>,
+    pub join_tokens: Vec<StoredJoinToken>,
+    /// Nodes' certificates and key epochs.
+    pub identities: Vec<StoredNodeIdentity>,
     /// Fair share's decayed usage, if any was written.
     pub usage: Option<StoredUsage>,
     /// The next job id to hand out (ids start at 1).
@@ -233,6 +240,8 @@ impl Store {
             })?;
             loaded.tokens.push(t);
         }
+        loaded.join_tokens = self.scan(JOIN_TOKEN_PREFIX)?;
+        loaded.identities = self.scan(IDENTITY_PREFIX)?;
         if let Some(v) = self.db.get(USAGE_KEY)? {
             let u = StoredUsage::decode(v.as_ref()).map_err(|source| StoreError::Corrupt {
                 key: String::from_utf8_lossy(USAGE_KEY).into_owned(),
@@ -308,6 +317,37 @@ impl Store {
                 .insert(node_key(&node.name), node.encode_to_vec())
                 .map_err(StoreError::from),
         )?;
+        self.wrote();
+        Ok(())
+    }
+
+    fn scan<T: Message + Default>(&self, prefix: &[u8]) -> Result<Vec<T>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.db.scan_prefix(prefix) {
+            let (k, v) = kv?;
+            out.push(T::decode(v.as_ref()).map_err(|source| StoreError::Corrupt {
+                key: String::from_utf8_lossy(&k).into_owned(),
+                source,
+            })?);
+        }
+        Ok(out)
+    }
+
+    pub fn put_join_token(&self, t: &StoredJoinToken) -> Result<(), StoreError> {
+        let key = [JOIN_TOKEN_PREFIX, t.hash.as_bytes()].concat();
+        self.check(self.db.insert(key, t.encode_to_vec()).map(|_| ()).map_err(StoreError::from))?;
+        self.wrote();
+        Ok(())
+    }
+
+    /// A used join token out, and the node's identity in, atomically.
+    pub fn joined(&self, used: Option<&str>, id: &StoredNodeIdentity) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        if let Some(hash) = used {
+            batch.remove([JOIN_TOKEN_PREFIX, hash.as_bytes()].concat());
+        }
+        batch.insert([IDENTITY_PREFIX, id.node.as_bytes()].concat(), id.encode_to_vec());
+        self.check(self.db.apply_batch(batch).map_err(StoreError::from))?;
         self.wrote();
         Ok(())
     }

@@ -42,8 +42,12 @@ pub struct Options {
     pub cgroup_parent: Option<String>,
     /// Remount the cgroup2 mount with `favordynmods` at start (cheap job launches).
     pub cgroup_favordynmods: bool,
-    /// The cluster key (the controller's `<state-dir>/cluster.key`).
+    /// The key requests are signed with: the node's own (from its join), or the shared
+    /// cluster key of the old mode.
     pub key: ClusterKey,
+    /// TLS to the controller with the node's certificate (`None`: the shared-key mode,
+    /// plain TCP or the Unix socket).
+    pub tls: Option<crate::identity::Tls>,
     /// How often GPUs are sampled.
     pub sample_interval: Duration,
     /// A job over its GPU memory share this long is ended.
@@ -342,12 +346,29 @@ pub async fn run(
         "discovered GPUs: {}",
         gpus.iter().map(|g| format!("{} {}", g.model, g.uuid)).collect::<Vec<_>>().join(", ")
     );
-    let channel = Endpoint::from_shared(opts.controller.clone())
+    let endpoint = Endpoint::from_shared(opts.controller.clone())
         .with_context(|| format!("bad --controller URL {:?}", opts.controller))?
         .connect_timeout(Duration::from_secs(3))
         // Reports and heartbeats go out at once, not after the controller's delayed ACK.
-        .tcp_nodelay(true)
-        .connect_lazy();
+        .tcp_nodelay(true);
+    let channel = match opts.tls.take() {
+        Some(tls) => {
+            let channel = tls.client.channel(endpoint);
+            tokio::spawn(crate::identity::renew_loop(
+                opts.state_dir.clone(),
+                opts.name.clone(),
+                opts.controller.clone(),
+                opts.key.clone(),
+                tls,
+                channel.clone(),
+            ));
+            channel
+        }
+        None if opts.controller.starts_with("https://") => {
+            anyhow::bail!("--controller {}: https needs the node's identity (join with --join)", opts.controller)
+        }
+        None => endpoint.connect_lazy(),
+    };
     let (cgroups, confine_devices) = setup::job_cgroups(&opts, &cgroup_parent);
     let cgroups_for_adoption = cgroups.clone();
     let launcher = Box::new(JobLauncher {

@@ -32,6 +32,7 @@ pub mod forkserver;
 pub mod gpu;
 pub mod health;
 pub mod host;
+pub mod identity;
 pub mod launch;
 pub mod monitor;
 pub mod mps;

@@ -17,9 +17,17 @@ struct Args {
     #[arg(
         long,
         env = "GPUCTL_CONTROLLER",
-        default_value = "http://127.0.0.1:7817"
+        default_value = "https://127.0.0.1:7817"
     )]
     controller: String,
+    /// Join the cluster with this single-use token (`gpuctl admin join-token create`
+    /// prints it); later starts use the identity the join left in --state-dir.
+    #[arg(long, env = "GPUD_JOIN_TOKEN", requires = "ca_fingerprint", conflicts_with = "key_file")]
+    join: Option<String>,
+    /// The cluster CA's fingerprint (sha256:..., printed with the join token): the
+    /// controller is trusted only if its certificate chains to that CA.
+    #[arg(long)]
+    ca_fingerprint: Option<String>,
     /// Node name (default: the hostname).
     #[arg(long)]
     name: Option<String>,
@@ -87,9 +95,11 @@ struct Args {
     /// setting is the host's, and stays after gpud stops).
     #[arg(long)]
     cgroup_favordynmods: bool,
-    /// The cluster key: a copy of the controller's <state-dir>/cluster.key (mode 0600).
-    #[arg(long, env = "GPUD_KEY_FILE", default_value = "/etc/gpuctl/cluster.key")]
-    key_file: PathBuf,
+    /// The old mode, for a controller run with --insecure-shared-key: sign with the
+    /// shared cluster key (a copy of the controller's <state-dir>/cluster.key, mode 0600)
+    /// over plain TCP or the Unix socket, instead of joining.
+    #[arg(long, env = "GPUD_KEY_FILE")]
+    key_file: Option<PathBuf>,
     /// The address other nodes reach this one at (MASTER_ADDR of gang jobs; default:
     /// this host's address on the route to the controller).
     #[arg(long)]
@@ -173,17 +183,25 @@ async fn agent_main() -> ExitCode {
             }
         };
     }
-    let key = match gpuctl_proto::auth::ClusterKey::load(&args.key_file) {
-        Ok(k) => k,
+    let how = match (args.key_file, args.join, args.ca_fingerprint) {
+        (Some(path), _, _) => gpud::identity::How::SharedKey(path),
+        (None, Some(token), Some(fingerprint)) => gpud::identity::How::Join { token, fingerprint },
+        _ => gpud::identity::How::Joined,
+    };
+    if let Err(e) = gpuctl_proto::statedir::prepare(&args.state_dir, 0o711) {
+        eprintln!("gpud: error: cannot create state dir {}: {e}", args.state_dir.display());
+        return ExitCode::FAILURE;
+    }
+    let creds = match gpud::identity::credentials(&args.state_dir, &name, &args.controller, how).await {
+        Ok(c) => c,
         Err(e) => {
-            eprintln!(
-                "gpud: error: {e} (the controller creates it as <state-dir>/cluster.key; copy it here or pass --key-file)"
-            );
+            eprintln!("gpud: error: {e:#}");
             return ExitCode::FAILURE;
         }
     };
     let opts = gpud::agent::Options {
-        key,
+        key: creds.key,
+        tls: creds.tls,
         sample_interval: args.sample_interval,
         gpu_memory_grace: args.gpu_memory_grace,
         metrics_listen: args.metrics_listen,

@@ -197,6 +197,51 @@ impl ClusterKey {
         }
     }
 
+    /// The key of one node's `epoch`th join, derived from this (the cluster's) key: the
+    /// node signs with it and cannot sign as any other node, nor as itself once it has
+    /// joined again or been revoked.
+    pub fn for_node(&self, node: &str, epoch: u64) -> ClusterKey {
+        let mut m = self.mac();
+        m.update(b"gpuctl-node-key-v1\n");
+        m.update(node.as_bytes());
+        m.update(b"\n");
+        m.update(epoch.to_string().as_bytes());
+        ClusterKey(m.finalize().into_bytes().into())
+    }
+
+    /// The key as the 64 hex digits of its file.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Writes the key to a new file only its owner can read (replacing one there).
+    pub fn save(&self, path: &Path) -> Result<(), KeyError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let write = |source| KeyError::Write {
+            path: path.display().to_string(),
+            source,
+        };
+        let tmp = path.with_extension("tmp");
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(write)?;
+        f.write_all(format!("{}\n", self.to_hex()).as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(write)?;
+        std::fs::rename(&tmp, path).map_err(write)
+    }
+
+    /// Parses 64 hex digits.
+    pub fn from_hex(text: &str) -> Option<ClusterKey> {
+        let mut k = [0u8; KEY_BYTES];
+        hex::decode_to_slice(text.trim(), &mut k).ok()?;
+        Some(ClusterKey(k))
+    }
+
     fn mac(&self) -> HmacSha256 {
         HmacSha256::new_from_slice(&self.0).expect("HMAC takes keys of any length")
     }
@@ -403,6 +448,31 @@ mod tests {
 
     fn key(b: u8) -> ClusterKey {
         ClusterKey::from_bytes([b; KEY_BYTES])
+    }
+
+    #[test]
+    fn node_keys_are_the_nodes_own() {
+        let k = key(1);
+        let (a, b) = (k.for_node("n1", 1), k.for_node("n2", 1));
+        let signed = Signed { session: vec![], seq: 1 };
+        let mac = a.sign_request("attach", "n1", 1_000, &signed, b"x");
+        let get = |h: &str| match h {
+            NODE_HEADER => Some("n1"),
+            TIME_HEADER => Some("1000"),
+            SESSION_HEADER => Some(""),
+            SEQ_HEADER => Some("1"),
+            MAC_HEADER => Some(mac.as_str()),
+            _ => None,
+        };
+        assert!(a.verify_request("attach", "n1", b"x", get, 1_000).is_ok());
+        // Another node's key, the next epoch's, and the cluster key itself all refuse it.
+        for other in [b, k.for_node("n1", 2), key(1)] {
+            assert_eq!(
+                other.verify_request("attach", "n1", b"x", get, 1_000),
+                Err(AuthError::BadMac)
+            );
+        }
+        assert_eq!(ClusterKey::from_hex(&a.to_hex()).unwrap().to_hex(), a.to_hex());
     }
 
     #[test]

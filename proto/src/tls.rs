@@ -204,7 +204,16 @@ impl Ca {
                 all.push(n.clone());
             }
         }
-        let mut params = CertificateParams::new(all).map_err(cert_err("the server's names"))?;
+        // A name a certificate cannot carry (a host name with '_') is left out: clients
+        // verify SERVER_NAME, which is always there.
+        let mut params = CertificateParams::default();
+        params.subject_alt_names = all
+            .into_iter()
+            .filter_map(|n| match n.parse::<std::net::IpAddr>() {
+                Ok(ip) => Some(SanType::IpAddress(ip)),
+                Err(_) => n.try_into().ok().map(SanType::DnsName),
+            })
+            .collect();
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, SERVER_NAME);
         params.distinguished_name = dn;
@@ -312,21 +321,6 @@ pub fn server_config(
         .map_err(|e| bad(&e))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
-}
-
-/// A client's TLS for tonic: the cluster CA pinned (nothing else is trusted), the
-/// server verified as [`SERVER_NAME`], and the node's identity when it has one.
-pub fn client_config(
-    ca_pem: &str,
-    identity: Option<(&str, &str)>,
-) -> tonic::transport::ClientTlsConfig {
-    let mut c = tonic::transport::ClientTlsConfig::new()
-        .ca_certificate(tonic::transport::Certificate::from_pem(ca_pem))
-        .domain_name(SERVER_NAME);
-    if let Some((cert, key)) = identity {
-        c = c.identity(tonic::transport::Identity::from_pem(cert, key));
-    }
-    c
 }
 
 /// Checks a server's chain against a pinned CA fingerprint: the chain must hold that CA,
@@ -499,3 +493,6 @@ pub fn write_file(
 
 #[cfg(test)]
 mod tests;
+
+mod client;
+pub use client::{ClientTls, NodeIdentity};

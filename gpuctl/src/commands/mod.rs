@@ -3,6 +3,7 @@
 //! command's `--json` output and renders one way as text ([`View`]).
 
 pub mod admin;
+pub mod join;
 pub mod cancel;
 pub mod efficiency;
 pub mod explain;

@@ -31,12 +31,13 @@ impl Controller {
             seq,
             ..cmd
         };
-        Some(self.key.sign_command(node, &cmd))
+        Some(self.pki.command_key(node)?.sign_command(node, &cmd))
     }
 
     /// Checks an agent request's signature; returns the session and number it carries.
     pub fn verify_agent(
         &self,
+        via: &crate::pki::Via<'_>,
         meta: &tonic::metadata::MetadataMap,
         method: &str,
         node: &str,
@@ -56,7 +57,7 @@ impl Controller {
             )));
         }
         let get = |k: &str| meta.get(k).and_then(|v| v.to_str().ok());
-        self.key
+        self.agent_key(node, via)?
             .verify_request(method, node, body, get, now_ms())
             .map_err(|e| {
                 let why = shown(&e.to_string(), 200);
@@ -72,9 +73,12 @@ impl Controller {
     /// any request's), and answers it as `heartbeat` does.
     pub async fn streamed_heartbeat(
         &self,
+        via: &crate::pki::Via<'_>,
         m: &pb::SignedHeartbeat,
     ) -> Result<pb::HeartbeatResponse, Status> {
-        let (signed, hb) = self.key.verify_heartbeat(m, now_ms()).map_err(|e| {
+        check_node_name(&m.node)?;
+        let key = self.agent_key(&m.node, via)?;
+        let (signed, hb) = key.verify_heartbeat(m, now_ms()).map_err(|e| {
             let why = shown(&e.to_string(), 200);
             let node = shown(&m.node, 64);
             REFUSED.note(|n, secs| {
@@ -83,6 +87,21 @@ impl Controller {
             Status::unauthenticated(format!("agent request refused: {why}"))
         })?;
         self.signed_heartbeat(&hb, &signed).await
+    }
+
+    /// The key `node`'s requests verify under, once the connection is known to be the
+    /// node's (refusals logged a line a period).
+    fn agent_key(
+        &self,
+        node: &str,
+        via: &crate::pki::Via<'_>,
+    ) -> Result<gpuctl_proto::auth::ClusterKey, Status> {
+        self.pki.key_for(node, via, now_ms()).inspect_err(|e| {
+            let why = shown(e.message(), 200);
+            REFUSED.note(|n, secs| {
+                tracing::warn!(refused_in_period = n, "agent request refused: {why} ({n} refused in the last {secs} s, this one included)");
+            });
+        })
     }
 
     /// A heartbeat whose signature was verified: it must belong to the node's live
@@ -242,6 +261,26 @@ fn check_health_error(e: &str) -> Result<(), Status> {
 
 /// Longest node name an agent may use (a DNS name's length).
 const MAX_NODE_NAME: usize = 253;
+
+/// A node name as joins and agent requests may carry it (checked before anything else).
+pub fn check_node_name(node: &str) -> Result<(), Status> {
+    if node.is_empty() || node.len() > MAX_NODE_NAME {
+        return Err(Status::invalid_argument(format!(
+            "a node name is 1 to {MAX_NODE_NAME} bytes (this one has {})",
+            node.len()
+        )));
+    }
+    if let Some(c) = node
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
+    {
+        return Err(Status::invalid_argument(format!(
+            "a node name is letters, digits, '.', '-' and '_' ({:?} is not)",
+            c
+        )));
+    }
+    Ok(())
+}
 
 /// Refused agent requests: anyone can send them, so they are logged a line a period.
 static REFUSED: RateLog = RateLog::new(std::time::Duration::from_secs(10));

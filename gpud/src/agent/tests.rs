@@ -67,6 +67,7 @@ fn harness(launcher: FakeLauncher) -> Harness {
         cgroup_favordynmods: false,
         cgroup_parent: None,
         key: key.clone(),
+        tls: None,
         sample_interval: Duration::from_secs(1),
         gpu_memory_grace: Duration::from_secs(1),
         metrics_listen: None,

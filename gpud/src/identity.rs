@@ -1,0 +1,221 @@
+//! The node's identity: a join with a token on first start, the identity an earlier
+//! join left in the state dir on later ones, or the shared cluster key of the old mode;
+//! and the renewal of the node's certificate before it expires.
+//!
+//! Files (in `<state-dir>/tls`, 0700, root's): `ca.pem` (the cluster CA, pinned by the
+//! fingerprint given to `--ca-fingerprint`), `node.pem` and `node-key.pem` (0600, the
+//! node's certificate and key), `node.key` (0600, the key it signs requests with),
+//! `node` (the name it joined as) and `not-after` (Unix ms).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use gpuctl_proto as pb;
+use gpuctl_proto::agent_link_client::AgentLinkClient;
+use gpuctl_proto::auth::{ClusterKey, Signed};
+use gpuctl_proto::tls::{self, ClientTls, NodeIdentity, NodeRequest};
+
+/// How the agent proves who it is.
+pub enum How {
+    /// The shared cluster key (`--key-file`; a controller run with
+    /// `--insecure-shared-key`).
+    SharedKey(PathBuf),
+    /// Join with this token, pinning the CA with this fingerprint.
+    Join { token: String, fingerprint: String },
+    /// The identity an earlier join left in the state dir.
+    Joined,
+}
+
+/// What the agent signs with and dials through.
+pub struct Credentials {
+    pub key: ClusterKey,
+    /// `None` in the shared-key mode.
+    pub tls: Option<Tls>,
+}
+
+pub struct Tls {
+    pub client: ClientTls,
+    pub identity: Arc<NodeIdentity>,
+    pub not_after_ms: i64,
+}
+
+fn dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("tls")
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `host:port` of an `https://` controller URL.
+fn authority(url: &str) -> anyhow::Result<String> {
+    let rest = url.strip_prefix("https://").with_context(|| {
+        format!("--controller {url:?}: a node joins over TLS, so the URL starts with https://")
+    })?;
+    let auth = rest.split('/').next().unwrap_or(rest);
+    Ok(if auth.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+        auth.to_string()
+    } else {
+        format!("{auth}:7817")
+    })
+}
+
+/// Resolves `how` into credentials (joining first when asked to).
+pub async fn credentials(state_dir: &Path, node: &str, url: &str, how: How) -> anyhow::Result<Credentials> {
+    match how {
+        How::SharedKey(path) => {
+            let key = ClusterKey::load(&path).map_err(|e| {
+                anyhow::anyhow!(
+                    "{e} (with --key-file, the controller runs with --insecure-shared-key and creates it as <state-dir>/cluster.key)"
+                )
+            })?;
+            Ok(Credentials { key, tls: None })
+        }
+        How::Join { token, fingerprint } => {
+            join(state_dir, node, url, &token, &fingerprint).await?;
+            joined(state_dir, node)
+        }
+        How::Joined => joined(state_dir, node),
+    }
+}
+
+/// The identity kept in the state dir.
+fn joined(state_dir: &Path, node: &str) -> anyhow::Result<Credentials> {
+    let d = dir(state_dir);
+    if !d.join("node.key").exists() {
+        anyhow::bail!(
+            "this node has not joined the cluster: on the controller run `gpuctl admin join-token create --node {node}`, then start gpud with --join TOKEN --ca-fingerprint FINGERPRINT (or, for a controller run with --insecure-shared-key, --key-file)"
+        );
+    }
+    let joined_as = std::fs::read_to_string(d.join("node")).unwrap_or_default();
+    if joined_as.trim() != node {
+        anyhow::bail!(
+            "{} holds the identity of node {:?}, not {node:?}: start gpud with --name {} or join again with a token for {node}",
+            state_dir.display(),
+            joined_as.trim(),
+            joined_as.trim()
+        );
+    }
+    let key = ClusterKey::load(&d.join("node.key"))?;
+    let ca = std::fs::read_to_string(d.join("ca.pem")).context("cannot read the cluster CA")?;
+    let cert = std::fs::read_to_string(d.join("node.pem")).context("cannot read the node certificate")?;
+    let node_key = tls::read_private(&d.join("node-key.pem"), "the node's private key")?;
+    let not_after_ms = std::fs::read_to_string(d.join("not-after"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let identity = NodeIdentity::from_pem(&cert, &node_key)?;
+    let client = ClientTls::new(&ca, Some(identity.clone()))?;
+    Ok(Credentials {
+        key,
+        tls: Some(Tls {
+            client,
+            identity,
+            not_after_ms,
+        }),
+    })
+}
+
+fn endpoint(url: &str) -> anyhow::Result<tonic::transport::Endpoint> {
+    Ok(tonic::transport::Endpoint::from_shared(url.to_string())
+        .with_context(|| format!("bad --controller URL {url:?}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(30)))
+}
+
+/// Joins: the CA fetched against its fingerprint, a certificate request for a new key,
+/// the token sent over a connection that verifies the controller under that CA.
+async fn join(state_dir: &Path, node: &str, url: &str, token: &str, fingerprint: &str) -> anyhow::Result<()> {
+    let ca = tls::fetch_ca(&authority(url)?, fingerprint).await?;
+    let req = NodeRequest::new(node)?;
+    let client = ClientTls::new(&ca, None)?;
+    let channel = client.connect(endpoint(url)?).await.context("cannot reach the controller")?;
+    let answer = AgentLinkClient::new(channel)
+        .join(pb::JoinRequest {
+            token: token.trim().to_string(),
+            node: node.to_string(),
+            csr: req.csr_der,
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("the controller refused to join this node: {}", s.message()))?
+        .into_inner();
+    save(state_dir, node, &answer, &req.key_pem)?;
+    tracing::info!(node, not_after_ms = answer.not_after_ms, "joined the cluster");
+    Ok(())
+}
+
+/// Writes what a join or renewal answered.
+fn save(state_dir: &Path, node: &str, answer: &pb::JoinResponse, key_pem: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dir(state_dir);
+    std::fs::create_dir_all(&d).with_context(|| format!("cannot create {}", d.display()))?;
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))?;
+    let key = ClusterKey::from_hex(&answer.node_key).context("the controller sent a malformed node key")?;
+    tls::write_file(&d.join("ca.pem"), answer.ca.as_bytes(), 0o644, "the cluster CA")?;
+    tls::write_file(&d.join("node-key.pem"), key_pem.as_bytes(), 0o600, "the node's private key")?;
+    tls::write_file(&d.join("node.pem"), answer.certificate.as_bytes(), 0o644, "the node certificate")?;
+    tls::write_file(&d.join("not-after"), answer.not_after_ms.to_string().as_bytes(), 0o644, "the certificate's end")?;
+    key.save(&d.join("node.key"))?;
+    tls::write_file(&d.join("node"), node.as_bytes(), 0o644, "the node's name")?;
+    Ok(())
+}
+
+/// Renews the node's certificate whenever a third of its life is left (its life
+/// counted from this start, or from the last renewal), until the process ends. A
+/// renewed certificate is used from the next connection on.
+pub async fn renew_loop(
+    state_dir: PathBuf,
+    node: String,
+    url: String,
+    key: ClusterKey,
+    tls: Tls,
+    channel: tonic::transport::Channel,
+) {
+    let mut not_after = tls.not_after_ms;
+    let mut since = now_ms();
+    loop {
+        let left = not_after - since;
+        let at = since + left * 2 / 3;
+        let wait = (at - now_ms()).max(1_000);
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+        match renew(&state_dir, &node, &key, &tls, channel.clone()).await {
+            Ok(n) => {
+                tracing::info!(node, not_after_ms = n, "node certificate renewed");
+                not_after = n;
+                since = now_ms();
+            }
+            Err(e) => {
+                tracing::warn!(node, url, "cannot renew the node certificate (trying again in a minute): {e:#}");
+                since = now_ms();
+                not_after = since + 90_000;
+            }
+        }
+    }
+}
+
+async fn renew(
+    state_dir: &Path,
+    node: &str,
+    key: &ClusterKey,
+    tls: &Tls,
+    channel: tonic::transport::Channel,
+) -> anyhow::Result<i64> {
+    let req = NodeRequest::new(node)?;
+    let msg = pb::RenewRequest {
+        node: node.to_string(),
+        csr: req.csr_der,
+    };
+    let signed = key.signed_request("renew", node, now_ms(), &Signed { session: vec![], seq: 0 }, msg)?;
+    let answer = AgentLinkClient::new(channel)
+        .renew(signed)
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        .into_inner();
+    save(state_dir, node, &answer, &req.key_pem)?;
+    tls.identity.replace(&answer.certificate, &req.key_pem)?;
+    Ok(answer.not_after_ms)
+}
