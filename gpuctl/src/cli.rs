@@ -41,7 +41,7 @@ pub struct Cli {
     pub ca: Option<PathBuf>,
     /// Send the API token over http:// (in clear) to a controller run with
     /// --insecure-shared-key --insecure.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "GPUCTL_INSECURE")]
     pub insecure: bool,
     /// File holding an API token for TCP controllers (default ~/.config/gpuctl/token;
     /// or set GPUCTL_TOKEN).
@@ -457,10 +457,12 @@ pub(crate) async fn connect(cli: &Cli) -> Result<Client, Failure> {
     }
     let tls = if url.starts_with("https://") {
         let ca = ca_pem(cli)?;
-        Some(gpuctl_proto::tls::ClientTls::new(&ca, None).map_err(|e| Failure {
-            code: exit::USAGE,
-            message: format!("the cluster CA: {e}"),
-        })?)
+        Some(
+            gpuctl_proto::tls::ClientTls::new(&ca, None).map_err(|e| Failure {
+                code: exit::USAGE,
+                message: format!("the cluster CA: {e}"),
+            })?,
+        )
     } else {
         None
     };

@@ -121,7 +121,7 @@ impl Pki {
 
     /// The key `node`'s requests must verify under, once the connection they came on is
     /// known to be `node`'s.
-    pub fn key_for(&self, node: &str, via: &Via<'_>, now_ms: i64) -> Result<ClusterKey, Status> {
+    pub fn key_for(&self, node: &str, via: &Via<'_>) -> Result<ClusterKey, Status> {
         if !self.secure {
             return Ok(self.cluster.clone());
         }
@@ -133,7 +133,10 @@ impl Pki {
             )
         })?;
         if id.revoked {
-            return Err(unauthenticated(node, "was revoked (`gpuctl admin node revoke`)"));
+            return Err(unauthenticated(
+                node,
+                "was revoked (`gpuctl admin node revoke`)",
+            ));
         }
         match via {
             Via::Tcp(peer) => {
@@ -143,10 +146,10 @@ impl Pki {
                         "the connection presents no node certificate (agents connect with the one they got when they joined)",
                     ));
                 };
-                let known = id
-                    .certificates
-                    .iter()
-                    .any(|c| &c.fingerprint == fp && c.not_after_ms > now_ms);
+                // The handshake checked the certificate's dates when the connection
+                // opened; a connection made under the certificate a renewal replaced
+                // goes on (the previous one is kept), as TLS connections do.
+                let known = id.certificates.iter().any(|c| &c.fingerprint == fp);
                 if !known {
                     return Err(unauthenticated(
                         node,
@@ -189,7 +192,11 @@ impl Pki {
                 "this controller runs with --insecure-shared-key: agents sign with the cluster key, and join tokens are not used",
             ));
         }
-        let ttl = if ttl_s == 0 { DEFAULT_TOKEN_TTL_S } else { ttl_s };
+        let ttl = if ttl_s == 0 {
+            DEFAULT_TOKEN_TTL_S
+        } else {
+            ttl_s
+        };
         if !(1..=MAX_TOKEN_TTL_S).contains(&ttl) {
             return Err(Status::invalid_argument(format!(
                 "a join token lives 1 s to {} days (asked: {ttl_s} s)",
@@ -282,7 +289,6 @@ impl Pki {
         };
         let (answer, cert) = self.sign(node, csr, id.epoch, now_ms)?;
         let mut identity = id;
-        identity.certificates.retain(|c| c.not_after_ms > now_ms);
         // The one in use and the new one.
         let keep = identity.certificates.len().saturating_sub(1);
         identity.certificates.drain(..keep);
@@ -328,7 +334,12 @@ impl Pki {
             .nodes
             .get_mut(node)
             .filter(|i| !i.revoked)
-            .ok_or_else(|| Status::not_found(format!("node {} has no certificate to revoke", shown(node, 64))))?;
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "node {} has no certificate to revoke",
+                    shown(node, 64)
+                ))
+            })?;
         let n = id.certificates.len() as u32;
         id.revoked = true;
         id.revoked_ms = now_ms;

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::Stream;
+use gpuctl_proto::guard::TcpPeer;
 use gpuctl_proto::{self as pb, agent_link_server, controller_server};
 use prost::Message as _;
 use tokio::sync::mpsc;
-use gpuctl_proto::guard::TcpPeer;
 use tonic::transport::server::UdsConnectInfo;
 
 use crate::pki::Via;
@@ -79,7 +79,8 @@ impl UserApi {
                     "no credentials: over TCP, pass an API token (GPUCTL_TOKEN or --token-file; an admin creates one with `gpuctl admin token create --user NAME`), or use the controller's Unix socket (--controller unix:PATH)",
                 )
             })?;
-        if req.extensions().get::<TcpPeer>().is_some_and(|p| !p.tls) && !self.0.pki().clear_tokens() {
+        if req.extensions().get::<TcpPeer>().is_some_and(|p| !p.tls) && !self.0.pki().clear_tokens()
+        {
             return Err(Status::unauthenticated(
                 "API tokens are accepted over TLS only: this controller serves plain TCP (--insecure-shared-key); use the Unix socket, or start gpuctld without --insecure-shared-key (or, knowingly, with --insecure)",
             ));
@@ -468,8 +469,13 @@ impl agent_link_server::AgentLink for AgentApi {
         req: Request<pb::ChallengeRequest>,
     ) -> Result<Response<pb::ChallengeResponse>, Status> {
         let (meta, ext, req) = req.into_parts();
-        self.0
-            .verify_agent(&Via::of(&ext), &meta, "challenge", &req.node, &req.encode_to_vec())?;
+        self.0.verify_agent(
+            &Via::of(&ext),
+            &meta,
+            "challenge",
+            &req.node,
+            &req.encode_to_vec(),
+        )?;
         Ok(Response::new(self.0.challenge(&req.node)))
     }
 
@@ -480,8 +486,13 @@ impl agent_link_server::AgentLink for AgentApi {
         let (meta, ext, req) = req.into_parts();
         let peer = ext.get::<TcpPeer>().and_then(|p| p.addr);
         // The nonce in the (signed) body is the session; Attach itself names none.
-        self.0
-            .verify_agent(&Via::of(&ext), &meta, "attach", &req.node, &req.encode_to_vec())?;
+        self.0.verify_agent(
+            &Via::of(&ext),
+            &meta,
+            "attach",
+            &req.node,
+            &req.encode_to_vec(),
+        )?;
         let node = req.node.clone();
         let (rx, generation) = self.0.connect(req, peer).await?;
         Ok(Response::new(CommandStream {
@@ -498,9 +509,13 @@ impl agent_link_server::AgentLink for AgentApi {
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let (meta, ext, req) = req.into_parts();
-        let signed = self
-            .0
-            .verify_agent(&Via::of(&ext), &meta, "heartbeat", &req.node, &req.encode_to_vec())?;
+        let signed = self.0.verify_agent(
+            &Via::of(&ext),
+            &meta,
+            "heartbeat",
+            &req.node,
+            &req.encode_to_vec(),
+        )?;
         Ok(Response::new(self.0.signed_heartbeat(&req, &signed).await?))
     }
 
@@ -533,9 +548,13 @@ impl agent_link_server::AgentLink for AgentApi {
         req: Request<pb::JobReport>,
     ) -> Result<Response<pb::JobReportAck>, Status> {
         let (meta, ext, req) = req.into_parts();
-        let signed = self
-            .0
-            .verify_agent(&Via::of(&ext), &meta, "report", &req.node, &req.encode_to_vec())?;
+        let signed = self.0.verify_agent(
+            &Via::of(&ext),
+            &meta,
+            "report",
+            &req.node,
+            &req.encode_to_vec(),
+        )?;
         self.0.check_session(&req.node, &signed)?;
         Ok(Response::new(self.0.report(&req).await?))
     }
@@ -545,9 +564,13 @@ impl agent_link_server::AgentLink for AgentApi {
         req: Request<pb::JobReports>,
     ) -> Result<Response<pb::JobReportAcks>, Status> {
         let (meta, ext, req) = req.into_parts();
-        let signed = self
-            .0
-            .verify_agent(&Via::of(&ext), &meta, "reports", &req.node, &req.encode_to_vec())?;
+        let signed = self.0.verify_agent(
+            &Via::of(&ext),
+            &meta,
+            "reports",
+            &req.node,
+            &req.encode_to_vec(),
+        )?;
         self.0.check_session(&req.node, &signed)?;
         if req.reports.len() > MAX_REPORTS {
             return Err(Status::invalid_argument(format!(
@@ -565,13 +588,21 @@ impl agent_link_server::AgentLink for AgentApi {
         Ok(Response::new(pb::JobReportAcks { acks }))
     }
 
-    async fn join(&self, req: Request<pb::JoinRequest>) -> Result<Response<pb::JoinResponse>, Status> {
+    async fn join(
+        &self,
+        req: Request<pb::JoinRequest>,
+    ) -> Result<Response<pb::JoinResponse>, Status> {
         Ok(Response::new(self.join_impl(req).await?))
     }
 
-    async fn renew(&self, req: Request<pb::RenewRequest>) -> Result<Response<pb::JoinResponse>, Status> {
+    async fn renew(
+        &self,
+        req: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::JoinResponse>, Status> {
         let (meta, ext, req) = req.into_parts();
-        Ok(Response::new(self.0.renew(&Via::of(&ext), &meta, &req).await?))
+        Ok(Response::new(
+            self.0.renew(&Via::of(&ext), &meta, &req).await?,
+        ))
     }
 }
 

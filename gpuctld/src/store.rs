@@ -335,7 +335,12 @@ impl Store {
 
     pub fn put_join_token(&self, t: &StoredJoinToken) -> Result<(), StoreError> {
         let key = [JOIN_TOKEN_PREFIX, t.hash.as_bytes()].concat();
-        self.check(self.db.insert(key, t.encode_to_vec()).map(|_| ()).map_err(StoreError::from))?;
+        self.check(
+            self.db
+                .insert(key, t.encode_to_vec())
+                .map(|_| ())
+                .map_err(StoreError::from),
+        )?;
         self.wrote();
         Ok(())
     }
@@ -346,7 +351,10 @@ impl Store {
         if let Some(hash) = used {
             batch.remove([JOIN_TOKEN_PREFIX, hash.as_bytes()].concat());
         }
-        batch.insert([IDENTITY_PREFIX, id.node.as_bytes()].concat(), id.encode_to_vec());
+        batch.insert(
+            [IDENTITY_PREFIX, id.node.as_bytes()].concat(),
+            id.encode_to_vec(),
+        );
         self.check(self.db.apply_batch(batch).map_err(StoreError::from))?;
         self.wrote();
         Ok(())

@@ -365,7 +365,10 @@ pub async fn run(
             channel
         }
         None if opts.controller.starts_with("https://") => {
-            anyhow::bail!("--controller {}: https needs the node's identity (join with --join)", opts.controller)
+            anyhow::bail!(
+                "--controller {}: https needs the node's identity (join with --join)",
+                opts.controller
+            )
         }
         None => endpoint.connect_lazy(),
     };

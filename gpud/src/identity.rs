@@ -57,15 +57,25 @@ fn authority(url: &str) -> anyhow::Result<String> {
         format!("--controller {url:?}: a node joins over TLS, so the URL starts with https://")
     })?;
     let auth = rest.split('/').next().unwrap_or(rest);
-    Ok(if auth.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
-        auth.to_string()
-    } else {
-        format!("{auth}:7817")
-    })
+    Ok(
+        if auth
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
+            auth.to_string()
+        } else {
+            format!("{auth}:7817")
+        },
+    )
 }
 
 /// Resolves `how` into credentials (joining first when asked to).
-pub async fn credentials(state_dir: &Path, node: &str, url: &str, how: How) -> anyhow::Result<Credentials> {
+pub async fn credentials(
+    state_dir: &Path,
+    node: &str,
+    url: &str,
+    how: How,
+) -> anyhow::Result<Credentials> {
     match how {
         How::SharedKey(path) => {
             let key = ClusterKey::load(&path).map_err(|e| {
@@ -102,7 +112,8 @@ fn joined(state_dir: &Path, node: &str) -> anyhow::Result<Credentials> {
     }
     let key = ClusterKey::load(&d.join("node.key"))?;
     let ca = std::fs::read_to_string(d.join("ca.pem")).context("cannot read the cluster CA")?;
-    let cert = std::fs::read_to_string(d.join("node.pem")).context("cannot read the node certificate")?;
+    let cert =
+        std::fs::read_to_string(d.join("node.pem")).context("cannot read the node certificate")?;
     let node_key = tls::read_private(&d.join("node-key.pem"), "the node's private key")?;
     let not_after_ms = std::fs::read_to_string(d.join("not-after"))
         .ok()
@@ -129,11 +140,20 @@ fn endpoint(url: &str) -> anyhow::Result<tonic::transport::Endpoint> {
 
 /// Joins: the CA fetched against its fingerprint, a certificate request for a new key,
 /// the token sent over a connection that verifies the controller under that CA.
-async fn join(state_dir: &Path, node: &str, url: &str, token: &str, fingerprint: &str) -> anyhow::Result<()> {
+async fn join(
+    state_dir: &Path,
+    node: &str,
+    url: &str,
+    token: &str,
+    fingerprint: &str,
+) -> anyhow::Result<()> {
     let ca = tls::fetch_ca(&authority(url)?, fingerprint).await?;
     let req = NodeRequest::new(node)?;
     let client = ClientTls::new(&ca, None)?;
-    let channel = client.connect(endpoint(url)?).await.context("cannot reach the controller")?;
+    let channel = client
+        .connect(endpoint(url)?)
+        .await
+        .context("cannot reach the controller")?;
     let answer = AgentLinkClient::new(channel)
         .join(pb::JoinRequest {
             token: token.trim().to_string(),
@@ -144,21 +164,51 @@ async fn join(state_dir: &Path, node: &str, url: &str, token: &str, fingerprint:
         .map_err(|s| anyhow::anyhow!("the controller refused to join this node: {}", s.message()))?
         .into_inner();
     save(state_dir, node, &answer, &req.key_pem)?;
-    tracing::info!(node, not_after_ms = answer.not_after_ms, "joined the cluster");
+    tracing::info!(
+        node,
+        not_after_ms = answer.not_after_ms,
+        "joined the cluster"
+    );
     Ok(())
 }
 
 /// Writes what a join or renewal answered.
-fn save(state_dir: &Path, node: &str, answer: &pb::JoinResponse, key_pem: &str) -> anyhow::Result<()> {
+fn save(
+    state_dir: &Path,
+    node: &str,
+    answer: &pb::JoinResponse,
+    key_pem: &str,
+) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let d = dir(state_dir);
     std::fs::create_dir_all(&d).with_context(|| format!("cannot create {}", d.display()))?;
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))?;
-    let key = ClusterKey::from_hex(&answer.node_key).context("the controller sent a malformed node key")?;
-    tls::write_file(&d.join("ca.pem"), answer.ca.as_bytes(), 0o644, "the cluster CA")?;
-    tls::write_file(&d.join("node-key.pem"), key_pem.as_bytes(), 0o600, "the node's private key")?;
-    tls::write_file(&d.join("node.pem"), answer.certificate.as_bytes(), 0o644, "the node certificate")?;
-    tls::write_file(&d.join("not-after"), answer.not_after_ms.to_string().as_bytes(), 0o644, "the certificate's end")?;
+    let key = ClusterKey::from_hex(&answer.node_key)
+        .context("the controller sent a malformed node key")?;
+    tls::write_file(
+        &d.join("ca.pem"),
+        answer.ca.as_bytes(),
+        0o644,
+        "the cluster CA",
+    )?;
+    tls::write_file(
+        &d.join("node-key.pem"),
+        key_pem.as_bytes(),
+        0o600,
+        "the node's private key",
+    )?;
+    tls::write_file(
+        &d.join("node.pem"),
+        answer.certificate.as_bytes(),
+        0o644,
+        "the node certificate",
+    )?;
+    tls::write_file(
+        &d.join("not-after"),
+        answer.not_after_ms.to_string().as_bytes(),
+        0o644,
+        "the certificate's end",
+    )?;
     key.save(&d.join("node.key"))?;
     tls::write_file(&d.join("node"), node.as_bytes(), 0o644, "the node's name")?;
     Ok(())
@@ -189,7 +239,11 @@ pub async fn renew_loop(
                 since = now_ms();
             }
             Err(e) => {
-                tracing::warn!(node, url, "cannot renew the node certificate (trying again in a minute): {e:#}");
+                tracing::warn!(
+                    node,
+                    url,
+                    "cannot renew the node certificate (trying again in a minute): {e:#}"
+                );
                 since = now_ms();
                 not_after = since + 90_000;
             }
@@ -209,7 +263,16 @@ async fn renew(
         node: node.to_string(),
         csr: req.csr_der,
     };
-    let signed = key.signed_request("renew", node, now_ms(), &Signed { session: vec![], seq: 0 }, msg)?;
+    let signed = key.signed_request(
+        "renew",
+        node,
+        now_ms(),
+        &Signed {
+            session: vec![],
+            seq: 0,
+        },
+        msg,
+    )?;
     let answer = AgentLinkClient::new(channel)
         .renew(signed)
         .await

@@ -22,7 +22,12 @@ struct Args {
     controller: String,
     /// Join the cluster with this single-use token (`gpuctl admin join-token create`
     /// prints it); later starts use the identity the join left in --state-dir.
-    #[arg(long, env = "GPUD_JOIN_TOKEN", requires = "ca_fingerprint", conflicts_with = "key_file")]
+    #[arg(
+        long,
+        env = "GPUD_JOIN_TOKEN",
+        requires = "ca_fingerprint",
+        conflicts_with = "key_file"
+    )]
     join: Option<String>,
     /// The cluster CA's fingerprint (sha256:..., printed with the join token): the
     /// controller is trusted only if its certificate chains to that CA.
@@ -189,16 +194,20 @@ async fn agent_main() -> ExitCode {
         _ => gpud::identity::How::Joined,
     };
     if let Err(e) = gpuctl_proto::statedir::prepare(&args.state_dir, 0o711) {
-        eprintln!("gpud: error: cannot create state dir {}: {e}", args.state_dir.display());
+        eprintln!(
+            "gpud: error: cannot create state dir {}: {e}",
+            args.state_dir.display()
+        );
         return ExitCode::FAILURE;
     }
-    let creds = match gpud::identity::credentials(&args.state_dir, &name, &args.controller, how).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("gpud: error: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let creds =
+        match gpud::identity::credentials(&args.state_dir, &name, &args.controller, how).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("gpud: error: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        };
     let opts = gpud::agent::Options {
         key: creds.key,
         tls: creds.tls,

@@ -454,7 +454,10 @@ mod tests {
     fn node_keys_are_the_nodes_own() {
         let k = key(1);
         let (a, b) = (k.for_node("n1", 1), k.for_node("n2", 1));
-        let signed = Signed { session: vec![], seq: 1 };
+        let signed = Signed {
+            session: vec![],
+            seq: 1,
+        };
         let mac = a.sign_request("attach", "n1", 1_000, &signed, b"x");
         let get = |h: &str| match h {
             NODE_HEADER => Some("n1"),
@@ -472,7 +475,10 @@ mod tests {
                 Err(AuthError::BadMac)
             );
         }
-        assert_eq!(ClusterKey::from_hex(&a.to_hex()).unwrap().to_hex(), a.to_hex());
+        assert_eq!(
+            ClusterKey::from_hex(&a.to_hex()).unwrap().to_hex(),
+            a.to_hex()
+        );
     }
 
     #[test]

@@ -142,6 +142,7 @@ fn main() {
         .arg(&socket)
         .arg("--config")
         .arg(dir.path().join("gpuctld.toml"))
+        .args(["--insecure-shared-key", "--insecure"])
         .env("GPUCTL_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()

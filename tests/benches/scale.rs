@@ -409,6 +409,7 @@ fn start_gpuctld_on(bin: &Path, dir: &Path, metrics: u16, port: u16) -> Daemon {
         .arg("--config")
         .arg(dir.join("gpuctld.toml"))
         .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
+        .args(["--insecure-shared-key", "--insecure"])
         .env("GPUCTL_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(

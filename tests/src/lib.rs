@@ -62,6 +62,10 @@ pub struct Cluster {
     gone: Vec<String>,
     /// More arguments for gpuctld (every start).
     pub ctld_args: Vec<String>,
+    /// TLS and joined nodes (the product's default). `false` (most tests): the
+    /// controller runs with `--insecure-shared-key --insecure`, and agents sign with
+    /// the cluster key over plain TCP, which is what those tests exercise.
+    pub secure: bool,
 }
 
 impl Cluster {
@@ -81,6 +85,16 @@ impl Cluster {
 
     /// A controller whose config is `TEST_CONFIG` plus `extra` (TOML).
     pub fn controller_with_config(extra: &str) -> Cluster {
+        Cluster::build(extra, false)
+    }
+
+    /// A controller in the default mode: TLS on TCP, nodes join with tokens
+    /// ([`Cluster::join_agent`]).
+    pub fn secure_controller() -> Cluster {
+        Cluster::build("", true)
+    }
+
+    fn build(extra: &str, secure: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         // Other users (the tests' job users) must reach the socket inside.
         {
@@ -99,6 +113,7 @@ impl Cluster {
             agents: Vec::new(),
             gone: Vec::new(),
             ctld_args: Vec::new(),
+            secure,
         };
         c.start_controller();
         c
@@ -150,6 +165,11 @@ impl Cluster {
             .arg("--config")
             .arg(self.path("gpuctld.toml"))
             .args(&self.ctld_args)
+            .args(if self.secure {
+                &[][..]
+            } else {
+                &["--insecure-shared-key", "--insecure"][..]
+            })
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -217,6 +237,71 @@ impl Cluster {
             name,
             &["--fake-gpus-file", &file, "--sample-interval", sample],
         );
+    }
+
+    /// A join token for `node` (empty: any), created over the socket: (token, CA
+    /// fingerprint).
+    pub fn join_token(&self, node: &str, ttl: &str) -> (String, String) {
+        let t = self.json(&[
+            "admin",
+            "join-token",
+            "create",
+            "--node",
+            node,
+            "--ttl",
+            ttl,
+        ]);
+        (
+            t["token"].as_str().unwrap().to_string(),
+            t["ca_fingerprint"].as_str().unwrap().to_string(),
+        )
+    }
+
+    /// The controller's TLS URL.
+    pub fn https_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts gpud that joins a secure cluster with a fresh token for `name`.
+    pub fn join_agent(&mut self, name: &str, spec: &str) {
+        let (token, fp) = self.join_token(name, "1h");
+        self.spawn_gpud(
+            name,
+            &[
+                "--fake-gpus",
+                spec,
+                "--join",
+                &token,
+                "--ca-fingerprint",
+                &fp,
+            ],
+        );
+    }
+
+    /// Starts gpud for a secure cluster with `args` (its URL, name, state dir and
+    /// cgroup parent are given).
+    pub fn spawn_gpud(&mut self, name: &str, args: &[&str]) {
+        self.spawn_gpud_at(name, name, args);
+    }
+
+    /// The same, the harness knowing it as `label` (its state dir `gpud-<label>`).
+    pub fn spawn_gpud_at(&mut self, label: &str, name: &str, args: &[&str]) {
+        let log = std::fs::File::create(self.path(&format!("gpud-{label}.log"))).unwrap();
+        let child = Command::new(bin("gpud"))
+            .args(["--controller", &self.https_url(), "--name", name])
+            .args(["--heartbeat-interval", "1s", "--allow-root-jobs"])
+            .arg("--cgroup-parent")
+            .arg(self.cgroup_parent(name))
+            .arg("--state-dir")
+            .arg(self.path(&format!("gpud-{label}")))
+            .args(args)
+            .stderr(log)
+            .spawn()
+            .expect("start gpud");
+        self.agents.push(Agent {
+            name: label.to_string(),
+            child,
+        });
     }
 
     /// Starts gpud with the given cluster key file.
@@ -619,6 +704,7 @@ pub fn start_bench_controller(bin: &Path, dir: &Path) -> (std::process::Child, S
         .arg(dir.join("gpuctld.sock"))
         .arg("--config")
         .arg(dir.join("gpuctld.toml"))
+        .args(["--insecure-shared-key", "--insecure"])
         .env("GPUCTL_LOG", "warn")
         .stdout(Stdio::piped())
         .spawn()

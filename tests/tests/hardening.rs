@@ -743,6 +743,7 @@ fn submits_retry_safely_and_errors_say_what_happened() {
     let out = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
         .args(["--controller", &format!("http://127.0.0.1:{port}"), "queue"])
         .env("GPUCTL_TOKEN", "x")
+        .env("GPUCTL_INSECURE", "true")
         .output()
         .unwrap();
     assert_ne!(out.status.code(), Some(0));

@@ -153,8 +153,10 @@ fn a_relative_agent_state_dir_runs_script_jobs_from_anywhere() {
 }
 
 /// Attack 6: the CLI sent a token in clear to an `https://` controller URL without a
-/// word. It refuses such a URL before connecting (nothing reaches the listener); and an
-/// unreachable controller is named once, not "Connection refused" three times.
+/// word. It now speaks TLS, trusting only the cluster CA: without one it refuses before
+/// connecting (nothing reaches the listener), and it sends no token over http:// unless
+/// told `--insecure`; an unreachable controller is named once, not "Connection refused"
+/// three times.
 #[test]
 fn the_cli_sends_no_token_to_an_https_url() {
     use std::io::Read;
@@ -172,12 +174,23 @@ fn the_cli_sends_no_token_to_an_https_url() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("does not speak TLS"), "{err}");
+    assert!(err.contains("trusted only under the cluster CA"), "{err}");
     let mut got = Vec::new();
     if let Ok((mut s, _)) = l.accept() {
         let _ = s.read_to_end(&mut got);
     }
     assert!(got.is_empty(), "sent {} bytes", got.len());
+    let out = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
+        .args(["--controller", &format!("http://127.0.0.1:{port}"), "queue"])
+        .env("GPUCTL_TOKEN", "s3cret-token-value")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sent over TLS only"));
+    if let Ok((mut s, _)) = l.accept() {
+        let _ = s.read_to_end(&mut got);
+    }
+    assert!(got.is_empty(), "sent {} bytes over http", got.len());
     drop(l);
     let out = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
         .args(["--controller", &format!("http://127.0.0.1:{port}"), "queue"])

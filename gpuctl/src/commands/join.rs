@@ -33,7 +33,11 @@ impl View for JoinToken {
     }
 }
 
-pub async fn create(client: &mut Client, ttl: std::time::Duration, node: String) -> Result<JoinToken, Failure> {
+pub async fn create(
+    client: &mut Client,
+    ttl: std::time::Duration,
+    node: String,
+) -> Result<JoinToken, Failure> {
     let t = client
         .create_join_token(pb::CreateJoinTokenRequest {
             ttl_seconds: ttl.as_secs().max(1) as i64,

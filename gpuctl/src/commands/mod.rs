@@ -3,12 +3,12 @@
 //! command's `--json` output and renders one way as text ([`View`]).
 
 pub mod admin;
-pub mod join;
 pub mod cancel;
 pub mod efficiency;
 pub mod explain;
 pub mod history;
 pub mod hold;
+pub mod join;
 pub mod node;
 pub mod nodes;
 pub mod partitions;

@@ -96,7 +96,7 @@ impl Controller {
         node: &str,
         via: &crate::pki::Via<'_>,
     ) -> Result<gpuctl_proto::auth::ClusterKey, Status> {
-        self.pki.key_for(node, via, now_ms()).inspect_err(|e| {
+        self.pki.key_for(node, via).inspect_err(|e| {
             let why = shown(e.message(), 200);
             REFUSED.note(|n, secs| {
                 tracing::warn!(refused_in_period = n, "agent request refused: {why} ({n} refused in the last {secs} s, this one included)");

@@ -23,9 +23,9 @@ impl Controller {
         req: &pb::CreateJoinTokenRequest,
     ) -> Result<pb::CreateJoinTokenResponse, Status> {
         caller.require_admin("create join tokens")?;
-        let (token, t) = self
-            .pki
-            .create_token(&req.node, req.ttl_seconds, &caller.user, now_ms())?;
+        let (token, t) =
+            self.pki
+                .create_token(&req.node, req.ttl_seconds, &caller.user, now_ms())?;
         self.store.put_join_token(&t).map_err(store_status)?;
         self.store.flush().await.map_err(store_status)?;
         tracing::info!(by = %caller.user, node = %t.node, expires_ms = t.expires_ms, "join token created");
@@ -38,7 +38,11 @@ impl Controller {
     }
 
     /// A node joining with its token; durable before it is answered.
-    pub async fn join(&self, via: &Via<'_>, req: &pb::JoinRequest) -> Result<pb::JoinResponse, Status> {
+    pub async fn join(
+        &self,
+        via: &Via<'_>,
+        req: &pb::JoinRequest,
+    ) -> Result<pb::JoinResponse, Status> {
         if let Via::Tcp(peer) = via
             && !peer.tls
         {
@@ -67,7 +71,9 @@ impl Controller {
     ) -> Result<pb::JoinResponse, Status> {
         self.verify_agent(via, meta, "renew", &req.node, &req.encode_to_vec())?;
         let renewed = self.pki.renew(&req.node, &req.csr, now_ms())?;
-        self.store.joined(None, &renewed.identity).map_err(store_status)?;
+        self.store
+            .joined(None, &renewed.identity)
+            .map_err(store_status)?;
         self.store.flush().await.map_err(store_status)?;
         tracing::info!(node = %req.node, "node certificate renewed");
         Ok(renewed.answer)

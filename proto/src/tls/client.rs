@@ -16,7 +16,9 @@ pub struct NodeIdentity(RwLock<Arc<CertifiedKey>>);
 
 impl NodeIdentity {
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Arc<NodeIdentity>, TlsError> {
-        Ok(Arc::new(NodeIdentity(RwLock::new(certified(cert_pem, key_pem)?))))
+        Ok(Arc::new(NodeIdentity(RwLock::new(certified(
+            cert_pem, key_pem,
+        )?))))
     }
 
     /// Uses this certificate for every connection from now on.
