@@ -14,8 +14,9 @@ cargo build --manifest-path "$root/Cargo.toml" -p gpuctl -p gpuctld -p gpud
 bin=$root/target/debug
 work=$(mktemp -d -t gpuctl-local.XXXXXX)
 port=${GPUCTL_PORT:-7817}
-# Users talk to the controller over its Unix socket (identified by uid); the agent uses
-# TCP and signs with the cluster key gpuctld creates in its state dir.
+# Users talk to the controller over its Unix socket (identified by uid); the agent joins
+# over TLS with a single-use token (the cluster CA pinned by its fingerprint) and uses
+# the certificate it gets from then on.
 export GPUCTL_CONTROLLER=unix:$work/gpuctld.sock
 
 cleanup() {
@@ -30,7 +31,7 @@ trap cleanup EXIT
   >"$work/gpuctld.out" 2>"$work/gpuctld.log" &
 ctld_pid=$!
 for _ in $(seq 100); do
-  [ -S "$work/gpuctld.sock" ] && [ -f "$work/ctld/cluster.key" ] && break
+  [ -S "$work/gpuctld.sock" ] && [ -f "$work/ctld/ca.pem" ] && break
   kill -0 "$ctld_pid" 2>/dev/null || { echo "gpuctld failed:"; cat "$work/gpuctld.log"; exit 1; }
   sleep 0.1
 done
@@ -42,8 +43,12 @@ else
   echo "==> no NVML here ($(head -c 120 "$work/nvml.txt" | tr '\n' ' ')...): using 4 fake A100-80GB GPUs"
   gpu_args=(--fake-gpus 4xA100-80GB)
 fi
-"$bin/gpud" --controller "http://127.0.0.1:$port" --key-file "$work/ctld/cluster.key" \
-  --name "$(hostname)" --state-dir "$work/gpud" --allow-root-jobs "${gpu_args[@]}" 2>"$work/gpud.log" &
+node=$(hostname)
+"$bin/gpuctl" admin join-token create --node "$node" --ttl 10m --json >"$work/join.json"
+token=$(sed -n 's/.*"token": *"\([^"]*\)".*/\1/p' "$work/join.json")
+fingerprint=$(sed -n 's/.*"ca_fingerprint": *"\([^"]*\)".*/\1/p' "$work/join.json")
+"$bin/gpud" --controller "https://127.0.0.1:$port" --join "$token" --ca-fingerprint "$fingerprint" \
+  --name "$node" --state-dir "$work/gpud" --allow-root-jobs "${gpu_args[@]}" 2>"$work/gpud.log" &
 gpud_pid=$!
 
 for _ in $(seq 100); do

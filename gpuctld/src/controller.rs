@@ -164,6 +164,24 @@ pub struct PkiSetup {
     pub node_lifetime_s: i64,
 }
 
+impl PkiSetup {
+    /// The old mode (`--insecure-shared-key`): agents sign with `key` itself. The CA is
+    /// made in `dir` (unused in that mode but for its fingerprint).
+    pub fn shared_key(key: ClusterKey, dir: &std::path::Path) -> PkiSetup {
+        let dir = dir.join("pki");
+        std::fs::create_dir_all(&dir).expect("create the CA's dir");
+        let (ca, _) = gpuctl_proto::tls::Ca::load_or_create(&dir, now_ms() / 1000)
+            .expect("create a CA in the given dir");
+        PkiSetup {
+            ca,
+            key,
+            secure: false,
+            clear_tokens: true,
+            node_lifetime_s: 30 * 86_400,
+        }
+    }
+}
+
 pub struct Controller {
     shared: Mutex<Shared>,
     store: Store,

@@ -90,7 +90,7 @@ fn setup() -> (tempfile::TempDir, Arc<Controller>, Agent) {
         Store::open(dir.path()).unwrap(),
         Config::default(),
         None,
-        key.clone(),
+        gpuctld::controller::PkiSetup::shared_key(key.clone(), dir.path()),
     )
     .unwrap();
     let agent = Agent {

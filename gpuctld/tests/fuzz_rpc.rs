@@ -312,7 +312,8 @@ fn harness(rt: &tokio::runtime::Runtime) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
     let key = ClusterKey::generate();
-    let ctl = Controller::open(store, Config::default(), None, key.clone()).unwrap();
+    let pki = gpuctld::controller::PkiSetup::shared_key(key.clone(), dir.path());
+    let ctl = Controller::open(store, Config::default(), None, pki).unwrap();
     let root = Caller {
         user: "root".into(),
         uid: Some(0),

@@ -78,7 +78,7 @@ fn flat_gpu_fields_of_an_old_state_dir_are_upgraded() {
             Store::open(dir.path()).unwrap(),
             Config::default(),
             None,
-            ClusterKey::generate(),
+            gpuctld::controller::PkiSetup::shared_key(ClusterKey::generate(), dir.path()),
         )
         .unwrap();
         expect(&c);

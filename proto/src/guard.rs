@@ -520,16 +520,11 @@ impl<L: Accept> Listener<L> {
     }
 
     fn poll_next_conn(&mut self, cx: &mut Context<'_>) -> Poll<Guarded<Transport<L::Stream>>> {
-        loop {
-            match self.poll_accepted(cx) {
-                Poll::Ready(conn) => {
-                    let Some(tls) = &self.tls else {
-                        return Poll::Ready(conn.map(Transport::Plain));
-                    };
-                    self.handshakes.push(Box::pin(handshake(tls.clone(), conn)));
-                }
-                Poll::Pending => break,
-            }
+        while let Poll::Ready(conn) = self.poll_accepted(cx) {
+            let Some(tls) = &self.tls else {
+                return Poll::Ready(conn.map(Transport::Plain));
+            };
+            self.handshakes.push(Box::pin(handshake(tls.clone(), conn)));
         }
         while let Poll::Ready(Some(done)) = self.handshakes.poll_next_unpin(cx) {
             if let Some(conn) = done {
