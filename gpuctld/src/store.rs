@@ -216,30 +216,9 @@ impl Store {
                 .map_err(|_| StoreError::CorruptCounter)?;
             loaded.next_job_id = u64::from_be_bytes(bytes);
         }
-        for kv in self.db.scan_prefix(JOB_PREFIX) {
-            let (k, v) = kv?;
-            let job = StoredJob::decode(v.as_ref()).map_err(|source| StoreError::Corrupt {
-                key: String::from_utf8_lossy(&k).into_owned(),
-                source,
-            })?;
-            loaded.jobs.push(job);
-        }
-        for kv in self.db.scan_prefix(NODE_PREFIX) {
-            let (k, v) = kv?;
-            let node = StoredNode::decode(v.as_ref()).map_err(|source| StoreError::Corrupt {
-                key: String::from_utf8_lossy(&k).into_owned(),
-                source,
-            })?;
-            loaded.nodes.push(node);
-        }
-        for kv in self.db.scan_prefix(TOKEN_PREFIX) {
-            let (k, v) = kv?;
-            let t = StoredToken::decode(v.as_ref()).map_err(|source| StoreError::Corrupt {
-                key: String::from_utf8_lossy(&k).into_owned(),
-                source,
-            })?;
-            loaded.tokens.push(t);
-        }
+        loaded.jobs = self.scan(JOB_PREFIX)?;
+        loaded.nodes = self.scan(NODE_PREFIX)?;
+        loaded.tokens = self.scan(TOKEN_PREFIX)?;
         loaded.join_tokens = self.scan(JOIN_TOKEN_PREFIX)?;
         loaded.identities = self.scan(IDENTITY_PREFIX)?;
         if let Some(v) = self.db.get(USAGE_KEY)? {
@@ -321,6 +300,7 @@ impl Store {
         Ok(())
     }
 
+    /// Every record under `prefix`; one that does not decode is `Corrupt`, named.
     fn scan<T: Message + Default>(&self, prefix: &[u8]) -> Result<Vec<T>, StoreError> {
         let mut out = Vec::new();
         for kv in self.db.scan_prefix(prefix) {

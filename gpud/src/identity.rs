@@ -17,6 +17,8 @@ use gpuctl_proto::agent_link_client::AgentLinkClient;
 use gpuctl_proto::auth::{ClusterKey, Signed};
 use gpuctl_proto::tls::{self, ClientTls, NodeIdentity, NodeRequest};
 
+use crate::agent::now_ms;
+
 /// How the agent proves who it is.
 pub enum How {
     /// The shared cluster key (`--key-file`; a controller run with
@@ -43,12 +45,6 @@ pub struct Tls {
 
 fn dir(state_dir: &Path) -> PathBuf {
     state_dir.join("tls")
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// `host:port` of an `https://` controller URL.

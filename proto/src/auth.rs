@@ -216,23 +216,13 @@ impl ClusterKey {
 
     /// Writes the key to a new file only its owner can read (replacing one there).
     pub fn save(&self, path: &Path) -> Result<(), KeyError> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let write = |source| KeyError::Write {
-            path: path.display().to_string(),
-            source,
-        };
-        let tmp = path.with_extension("tmp");
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(write)?;
-        f.write_all(format!("{}\n", self.to_hex()).as_bytes())
-            .and_then(|()| f.sync_all())
-            .map_err(write)?;
-        std::fs::rename(&tmp, path).map_err(write)
+        let text = format!("{}\n", self.to_hex());
+        crate::statedir::write_whole(path, text.as_bytes(), 0o600).map_err(|source| {
+            KeyError::Write {
+                path: path.display().to_string(),
+                source,
+            }
+        })
     }
 
     /// Parses 64 hex digits.

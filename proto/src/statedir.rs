@@ -30,6 +30,23 @@ pub fn prepare(dir: &Path, mode: u32) -> io::Result<(PathBuf, Option<String>)> {
     Ok((abs, warning))
 }
 
+/// Writes a file whole, with `mode`, synced: a temporary file beside it, renamed over
+/// it (a reader sees the old file or the new one, never part of one).
+pub fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

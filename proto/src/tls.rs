@@ -463,32 +463,18 @@ pub fn read_private(path: &Path, what: &'static str) -> Result<String, TlsError>
     std::fs::read_to_string(path).map_err(err)
 }
 
-/// Writes a file whole (a temporary file renamed over it), with `mode`, synced.
+/// Writes a file whole, with `mode` (`statedir::write_whole`).
 pub fn write_file(
     path: &Path,
     bytes: &[u8],
     mode: u32,
     what: &'static str,
 ) -> Result<(), TlsError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt;
-    let err = |source| TlsError::File {
+    crate::statedir::write_whole(path, bytes, mode).map_err(|source| TlsError::File {
         what,
         path: path.display().to_string(),
         source,
-    };
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(err)?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
+    })
 }
 
 #[cfg(test)]

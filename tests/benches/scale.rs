@@ -16,8 +16,14 @@
 //! ```text
 //! cargo bench -p gpuctl-tests --bench scale [-- --nodes 10000 --pending 100000
 //!     --heartbeat 10 --window 60 --job-secs 300 --per-channel 50 --unary-heartbeats 0
-//!     --heartbeats-only 0]
+//!     --heartbeats-only 0 --tls 0]
 //! ```
+//!
+//! `--tls 1` runs the controller as it runs by default (TLS, nodes joined with tokens):
+//! every simulated node joins first and then dials with its own certificate, one
+//! connection per node (`--per-channel` is then 1). `--tls 0` is the old mode
+//! (`--insecure-shared-key`, nodes sign with the cluster key); with `--per-channel 1`
+//! it isolates what TLS costs from what one connection per node costs.
 //!
 //! Heartbeats go on each session's Heartbeats stream, as gpud sends them;
 //! `--unary-heartbeats 1` sends each as its own request (the path before the stream).
@@ -38,6 +44,8 @@ use gpuctl_proto::auth::{ClusterKey, Signed};
 use gpuctl_proto::controller_client::ControllerClient;
 use gpuctl_proto::{self as pb, JobState};
 use gpuctl_tests::{bench_arg, free_port, release_bins};
+#[path = "support/join.rs"]
+mod join;
 use prost::Message;
 use tonic::transport::Channel;
 
@@ -52,6 +60,8 @@ struct Opts {
     /// Agents per HTTP/2 connection (each holds a command and a heartbeat stream open).
     per_channel: usize,
     unary: bool,
+    /// The default mode (TLS, joined nodes) instead of `--insecure-shared-key`.
+    tls: bool,
 }
 
 /// What the agents saw.
@@ -390,14 +400,16 @@ struct Daemon {
     port: u16,
     socket: PathBuf,
     metrics: u16,
+    tls: bool,
 }
 
-fn start_gpuctld(bin: &Path, dir: &Path, metrics: u16) -> Daemon {
-    start_gpuctld_on(bin, dir, metrics, 0)
+fn start_gpuctld(bin: &Path, dir: &Path, metrics: u16, tls: bool) -> Daemon {
+    start_gpuctld_on(bin, dir, metrics, 0, tls)
 }
 
-/// Starts gpuctld on `port` (0: any), answers once it said where it listens.
-fn start_gpuctld_on(bin: &Path, dir: &Path, metrics: u16, port: u16) -> Daemon {
+/// Starts gpuctld on `port` (0: any), TLS or the old mode, answers once it said where
+/// it listens.
+fn start_gpuctld_on(bin: &Path, dir: &Path, metrics: u16, port: u16, tls: bool) -> Daemon {
     use std::io::BufRead;
     let socket = dir.join("gpuctld.sock");
     let _ = std::fs::remove_file(&socket);
@@ -409,7 +421,11 @@ fn start_gpuctld_on(bin: &Path, dir: &Path, metrics: u16, port: u16) -> Daemon {
         .arg("--config")
         .arg(dir.join("gpuctld.toml"))
         .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
-        .args(["--insecure-shared-key", "--insecure"])
+        .args(if tls {
+            &[][..]
+        } else {
+            &["--insecure-shared-key", "--insecure"][..]
+        })
         .env("GPUCTL_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(
@@ -436,6 +452,7 @@ fn start_gpuctld_on(bin: &Path, dir: &Path, metrics: u16, port: u16) -> Daemon {
         port,
         socket,
         metrics,
+        tls,
     }
 }
 
@@ -547,25 +564,82 @@ fn bucket_quantile(before: &[(f64, f64)], after: &[(f64, f64)], p: f64) -> f64 {
     f64::INFINITY
 }
 
-/// Starts every agent, `per_channel` to a connection; waits until all are attached.
-fn start_agents(rt: &tokio::runtime::Runtime, o: Opts, port: u16, key: &ClusterKey) -> Arc<Stats> {
-    let stats = Arc::new(Stats::default());
-    rt.block_on(async {
+/// Each node's key and client: the cluster key and `per_channel` nodes to a connection,
+/// or (TLS) each node joined, with its own key and connection.
+fn credentials(
+    rt: &tokio::runtime::Runtime,
+    o: Opts,
+    d: &Daemon,
+    dir: &Path,
+) -> Vec<(ClusterKey, AgentLinkClient<Channel>)> {
+    if !o.tls {
+        let key = ClusterKey::load(&dir.join("state/cluster.key")).unwrap();
         let mut client = None;
-        for i in 0..o.nodes {
-            if i % o.per_channel == 0 {
-                let ch =
-                    tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        return (0..o.nodes)
+            .map(|i| {
+                if i % o.per_channel == 0 {
+                    let url = format!("http://127.0.0.1:{}", d.port);
+                    let ch = tonic::transport::Endpoint::from_shared(url)
                         .unwrap()
                         .connect_lazy();
-                client = Some(AgentLinkClient::new(ch));
-            }
+                    client = Some(AgentLinkClient::new(ch));
+                }
+                (key.clone(), client.clone().unwrap())
+            })
+            .collect();
+    }
+    let ca = std::fs::read_to_string(dir.join("state/ca.pem")).unwrap();
+    let url = format!("https://127.0.0.1:{}", d.port);
+    let t = Instant::now();
+    // Joins from 8 tasks at once (each join waits for its token's and identity's writes).
+    let joined = rt.block_on(async {
+        let next = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (next, ca, url, socket) = (next.clone(), ca.clone(), url.clone(), d.socket.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut admin = user_client(&socket).await;
+                let mut mine = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    if i >= o.nodes {
+                        return mine;
+                    }
+                    let j = join::join(&mut admin, &ca, &url, &format!("sim{i:05}")).await;
+                    mine.push((i, j.key, AgentLinkClient::new(j.channel)));
+                }
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        all.sort_by_key(|x| x.0);
+        all
+    });
+    println!(
+        "{} nodes joined (token, certificate, node key) in {:.1} s",
+        o.nodes,
+        t.elapsed().as_secs_f64()
+    );
+    joined.into_iter().map(|(_, k, c)| (k, c)).collect()
+}
+
+/// Starts every agent; waits until all are attached.
+fn start_agents(
+    rt: &tokio::runtime::Runtime,
+    o: Opts,
+    creds: Vec<(ClusterKey, AgentLinkClient<Channel>)>,
+) -> Arc<Stats> {
+    let stats = Arc::new(Stats::default());
+    rt.block_on(async {
+        for (i, (key, client)) in creds.into_iter().enumerate() {
             let agent = SimAgent {
                 node: format!("sim{i:05}"),
                 index: i,
                 gpus: o.gpus,
-                key: key.clone(),
-                client: client.clone().unwrap(),
+                key,
+                client,
                 session: Vec::new(),
                 seq: 0,
                 handled: 0,
@@ -790,7 +864,7 @@ fn recovery_phase(
     child.kill().unwrap();
     child.wait().unwrap();
     let t = Instant::now();
-    let nd = start_gpuctld_on(bin, dir, d.metrics, d.port);
+    let nd = start_gpuctld_on(bin, dir, d.metrics, d.port, d.tls);
     let after = rt.block_on(active_jobs(&nd.socket));
     let up = t.elapsed().as_secs_f64();
     // Jobs keep ending (agents report them as they reattach): each job active before
@@ -825,6 +899,11 @@ fn main() {
         // connection under HTTP/2's usual limit of 200 concurrent streams.
         per_channel: bench_arg("--per-channel", 50) as usize,
         unary: bench_arg("--unary-heartbeats", 0) == 1,
+        tls: bench_arg("--tls", 0) == 1,
+    };
+    let o = Opts {
+        per_channel: if o.tls { 1 } else { o.per_channel.max(1) },
+        ..o
     };
     let bin = release_bins(&["gpuctld"]);
     let dir = tempfile::tempdir().unwrap();
@@ -837,13 +916,18 @@ fn main() {
     )
     .unwrap();
     let metrics = free_port();
-    let d = start_gpuctld(&bin, dir.path(), metrics);
-    let key = ClusterKey::load(&dir.path().join("state/cluster.key")).unwrap();
+    let d = start_gpuctld(&bin, dir.path(), metrics, o.tls);
     println!(
-        "gpuctld (release) pid {}, {} simulated agents x {} GPUs, heartbeats every {:?}, jobs of about {} s",
+        "gpuctld (release) pid {}, {}, {} simulated agents x {} GPUs ({} to a connection), heartbeats every {:?}, jobs of about {} s",
         d.child.id(),
+        if o.tls {
+            "TLS, nodes joined (the default)"
+        } else {
+            "--insecure-shared-key (plain TCP)"
+        },
         o.nodes,
         o.gpus,
+        o.per_channel,
         o.heartbeat,
         o.job_secs
     );
@@ -851,7 +935,14 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let stats = start_agents(&rt, o, d.port, &key);
+    let (_, rss_before, _) = proc_usage(d.child.id());
+    let creds = credentials(&rt, o, &d, dir.path());
+    let stats = start_agents(&rt, o, creds);
+    let (_, rss_after, _) = proc_usage(d.child.id());
+    println!(
+        "controller RSS {rss_before:.0} MiB before the agents joined and attached, {rss_after:.0} MiB after: {:.1} KiB per agent",
+        (rss_after - rss_before) * 1024.0 / o.nodes as f64
+    );
     heartbeat_phase(o, d.child.id(), &stats);
     if bench_arg("--heartbeats-only", 0) == 1 {
         let mut d = d;

@@ -286,18 +286,22 @@ impl Cluster {
 
     /// The same, the harness knowing it as `label` (its state dir `gpud-<label>`).
     pub fn spawn_gpud_at(&mut self, label: &str, name: &str, args: &[&str]) {
-        let log = std::fs::File::create(self.path(&format!("gpud-{label}.log"))).unwrap();
-        let child = Command::new(bin("gpud"))
-            .args(["--controller", &self.https_url(), "--name", name])
+        let mut cmd = Command::new(bin("gpud"));
+        cmd.args(["--controller", &self.https_url(), "--name", name])
             .args(["--heartbeat-interval", "1s", "--allow-root-jobs"])
             .arg("--cgroup-parent")
             .arg(self.cgroup_parent(name))
             .arg("--state-dir")
             .arg(self.path(&format!("gpud-{label}")))
-            .args(args)
-            .stderr(log)
-            .spawn()
-            .expect("start gpud");
+            .args(args);
+        self.launch_gpud(label, cmd);
+    }
+
+    /// Starts `cmd` (a gpud) logging to `gpud-<label>.log`; the harness knows it as
+    /// `label`.
+    fn launch_gpud(&mut self, label: &str, mut cmd: Command) {
+        let log = std::fs::File::create(self.path(&format!("gpud-{label}.log"))).unwrap();
+        let child = cmd.stderr(log).spawn().expect("start gpud");
         self.agents.push(Agent {
             name: label.to_string(),
             child,
@@ -310,9 +314,8 @@ impl Cluster {
     }
 
     fn spawn_agent(&mut self, name: &str, spec: Option<&str>, key: &Path, extra: &[&str]) {
-        let log = std::fs::File::create(self.path(&format!("gpud-{name}.log"))).unwrap();
-        let child = Command::new(bin("gpud"))
-            .args(["--controller", &self.tcp_url(), "--name", name])
+        let mut cmd = Command::new(bin("gpud"));
+        cmd.args(["--controller", &self.tcp_url(), "--name", name])
             .args(spec.map(|s| ["--fake-gpus", s]).into_iter().flatten())
             .args([
                 "--cpus",
@@ -330,33 +333,20 @@ impl Cluster {
             .arg(self.path(&format!("gpud-{name}")))
             .arg("--key-file")
             .arg(key)
-            .args(extra)
-            .stderr(log)
-            .spawn()
-            .expect("start gpud");
-        self.agents.push(Agent {
-            name: name.to_string(),
-            child,
-        });
+            .args(extra);
+        self.launch_gpud(name, cmd);
     }
 
     /// Starts gpud with only its name, the cluster key and `args` (no fake GPUs, state
     /// dir, cgroup parent or `--allow-root-jobs` unless `args` give them), logging to
     /// `gpud-<label>.log`; the harness knows it as `label`.
     pub fn add_agent_custom(&mut self, label: &str, name: &str, args: &[&str]) {
-        let log = std::fs::File::create(self.path(&format!("gpud-{label}.log"))).unwrap();
-        let child = Command::new(bin("gpud"))
-            .args(["--name", name, "--heartbeat-interval", "1s"])
+        let mut cmd = Command::new(bin("gpud"));
+        cmd.args(["--name", name, "--heartbeat-interval", "1s"])
             .arg("--key-file")
             .arg(self.key_file())
-            .args(args)
-            .stderr(log)
-            .spawn()
-            .expect("start gpud");
-        self.agents.push(Agent {
-            name: label.to_string(),
-            child,
-        });
+            .args(args);
+        self.launch_gpud(label, cmd);
     }
 
     /// The text an agent logged so far.
@@ -691,6 +681,16 @@ pub fn release_bins(packages: &[&str]) -> PathBuf {
 /// pending jobs to speak of, and quiet logs, on an
 /// ephemeral loopback port. Answers the process and its agent address (HOST:PORT).
 pub fn start_bench_controller(bin: &Path, dir: &Path) -> (std::process::Child, String) {
+    start_bench_controller_in(bin, dir, false)
+}
+
+/// `start_bench_controller`, in the default mode (TLS, nodes join with tokens) when
+/// `tls`, else with `--insecure-shared-key --insecure` (plain TCP, the cluster key).
+pub fn start_bench_controller_in(
+    bin: &Path,
+    dir: &Path,
+    tls: bool,
+) -> (std::process::Child, String) {
     // Room for the latency bench's 100,000 queued jobs (arrays of 10,000).
     std::fs::write(
         dir.join("gpuctld.toml"),
@@ -704,7 +704,11 @@ pub fn start_bench_controller(bin: &Path, dir: &Path) -> (std::process::Child, S
         .arg(dir.join("gpuctld.sock"))
         .arg("--config")
         .arg(dir.join("gpuctld.toml"))
-        .args(["--insecure-shared-key", "--insecure"])
+        .args(if tls {
+            &[][..]
+        } else {
+            &["--insecure-shared-key", "--insecure"][..]
+        })
         .env("GPUCTL_LOG", "warn")
         .stdout(Stdio::piped())
         .spawn()
@@ -730,18 +734,54 @@ pub fn start_bench_agent(bin: &Path, dir: &Path, addr: &str, extra: &[&str]) -> 
 /// `start_bench_agent` for one of several nodes on this host: named `name`, its state
 /// in `dir/gpud-NAME` (`dir/gpud` for `bench`).
 pub fn start_bench_node(bin: &Path, dir: &Path, addr: &str, name: &str, extra: &[&str]) -> Child {
+    let key = dir.join("ctld/cluster.key");
+    let auth = ["--key-file", key.to_str().unwrap()];
+    start_bench_node_as(bin, dir, &format!("http://{addr}"), name, &auth, extra)
+}
+
+/// `start_bench_node` for a controller in the default mode: it joins with a fresh
+/// token made over the controller's socket and dials `https://addr`.
+pub fn start_bench_node_joined(
+    bin: &Path,
+    dir: &Path,
+    addr: &str,
+    name: &str,
+    extra: &[&str],
+) -> Child {
+    let out = bench_cli(
+        bin,
+        dir,
+        &["admin", "join-token", "create", "--node", name, "--json"],
+    );
+    let t: Value = serde_json::from_str(&out).unwrap();
+    let auth = [
+        "--join",
+        t["token"].as_str().unwrap(),
+        "--ca-fingerprint",
+        t["ca_fingerprint"].as_str().unwrap(),
+    ];
+    start_bench_node_as(bin, dir, &format!("https://{addr}"), name, &auth, extra)
+}
+
+fn start_bench_node_as(
+    bin: &Path,
+    dir: &Path,
+    url: &str,
+    name: &str,
+    auth: &[&str],
+    extra: &[&str],
+) -> Child {
     let state = if name == "bench" {
         dir.join("gpud")
     } else {
         dir.join(format!("gpud-{name}"))
     };
     Command::new(bin.join("gpud"))
-        .args(["--controller", &format!("http://{addr}"), "--name", name])
+        .args(["--controller", url, "--name", name])
         .args(["--fake-gpus", "8xA100-80GB", "--cpus", "64"])
         .args(["--memory", "512GiB", "--allow-root-jobs"])
         .args(extra)
-        .arg("--key-file")
-        .arg(dir.join("ctld/cluster.key"))
+        .args(auth)
         .arg("--state-dir")
         .arg(state)
         .env("GPUCTL_LOG", "warn")

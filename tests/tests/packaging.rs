@@ -136,7 +136,7 @@ fn the_config_reference_names_every_daemon_flag() {
         let flags: Vec<&str> = help
             .split_whitespace()
             .filter(|w| w.starts_with("--") && w.len() > 2)
-            .map(|w| w.trim_end_matches([',', '.', ')', ';']))
+            .map(|w| w.trim_end_matches([',', '.', ')', ';', ':']))
             .filter(|w| !["--help", "--version"].contains(w))
             .collect();
         assert!(flags.len() > 5, "{help}");

@@ -81,7 +81,7 @@ fn the_wire_holds_no_token_or_env_and_the_cli_pins_the_ca() {
     let secret = "env-value-that-must-not-travel-in-clear-4711";
     std::fs::write(
         c.path("job.toml"),
-        format!("command = [\"true\"]\n[env]\nMY_SECRET = \"{secret}\"\n"),
+        format!("command = [\"sleep\", \"300\"]\n[env]\nMY_SECRET = \"{secret}\"\n"),
     )
     .unwrap();
     let run = |ca: &std::path::Path, args: &[&str]| {
@@ -98,10 +98,13 @@ fn the_wire_holds_no_token_or_env_and_the_cli_pins_the_ca() {
     let ca = c.path("ctld-state/ca.pem");
     let out = run(&ca, &["submit", "job.toml"]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // Still running: an ended job's env is compacted away.
     let out = run(&ca, &["show", "1", "--json"]);
     assert!(
         String::from_utf8_lossy(&out.stdout).contains(secret),
-        "the owner sees the env"
+        "the owner sees the env: {} {}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
     );
     let wire = seen.lock().unwrap().clone();
     assert!(
@@ -272,4 +275,84 @@ fn certificates_renew_without_a_restart() {
         .parse()
         .unwrap();
     c.wait_state(id, "COMPLETED", Duration::from_secs(20));
+}
+
+/// A node's signing key alone (`tls/node.key` copied off the node) is not the node: over
+/// a TLS connection that presents no node certificate, a challenge and a job's end
+/// signed with that key are refused, and the job runs on.
+#[test]
+fn a_node_key_without_its_certificate_cannot_attach_or_report() {
+    use gpuctl_proto as pb;
+    use gpuctl_proto::agent_link_client::AgentLinkClient;
+    use gpuctl_proto::auth::{ClusterKey, Signed};
+    use gpuctl_proto::tls::ClientTls;
+
+    let mut c = Cluster::secure_controller();
+    c.join_agent("n1", "1xA100-80GB");
+    c.wait_nodes_up(1);
+    std::fs::write(
+        c.path("sleep.toml"),
+        "command = [\"sleep\", \"300\"]\n[resources]\ngpus = 1\n",
+    )
+    .unwrap();
+    let id: u64 = c
+        .gpuctl_ok(&["submit", "--parsable", "sleep.toml"])
+        .trim()
+        .parse()
+        .unwrap();
+    c.wait_state(id, "RUNNING", Duration::from_secs(20));
+    let key = ClusterKey::load(&c.path("gpud-n1/tls/node.key")).unwrap();
+    let ca = std::fs::read_to_string(c.path("ctld-state/ca.pem")).unwrap();
+    let url = c.https_url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let refused = rt.block_on(async move {
+        let endpoint = tonic::transport::Endpoint::from_shared(url).unwrap();
+        let channel = ClientTls::new(&ca, None)
+            .unwrap()
+            .connect(endpoint)
+            .await
+            .unwrap();
+        let mut client = AgentLinkClient::new(channel);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let unnumbered = Signed {
+            session: Vec::new(),
+            seq: 0,
+        };
+        let challenge = pb::ChallengeRequest { node: "n1".into() };
+        let req = key
+            .signed_request("challenge", "n1", now, &unnumbered, challenge)
+            .unwrap();
+        let a = client.challenge(req).await.unwrap_err();
+        let report = pb::JobReport {
+            node: "n1".into(),
+            job_id: id,
+            kind: pb::job_report::Kind::Ended as i32,
+            state: pb::JobState::Completed as i32,
+            exit_code: Some(0),
+            attempt: 1,
+            time_ms: now,
+            ..pb::JobReport::default()
+        };
+        let numbered = Signed {
+            session: vec![1; 16],
+            seq: 1,
+        };
+        let req = key
+            .signed_request("report", "n1", now, &numbered, report)
+            .unwrap();
+        let r = client.report_job(req).await.unwrap_err();
+        [a, r]
+    });
+    for s in &refused {
+        assert_eq!(s.code(), tonic::Code::Unauthenticated, "{s:?}");
+        assert!(
+            s.message().contains("presents no node certificate"),
+            "{}",
+            s.message()
+        );
+    }
+    assert_eq!(c.job(id)["state"], "RUNNING");
 }

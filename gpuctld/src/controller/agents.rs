@@ -43,19 +43,7 @@ impl Controller {
         node: &str,
         body: &[u8],
     ) -> Result<Signed, Status> {
-        if node.len() > MAX_NODE_NAME {
-            REFUSED.note(|n, secs| {
-                tracing::warn!(
-                    node = %shown(node, 64),
-                    "agent request refused: a node name of {} bytes ({n} refused in the last {secs} s, this one included)",
-                    node.len()
-                );
-            });
-            return Err(Status::invalid_argument(format!(
-                "a node name is at most {MAX_NODE_NAME} bytes (this one has {})",
-                node.len()
-            )));
-        }
+        refuse_long_name(node)?;
         let get = |k: &str| meta.get(k).and_then(|v| v.to_str().ok());
         self.agent_key(node, via)?
             .verify_request(method, node, body, get, now_ms())
@@ -76,7 +64,7 @@ impl Controller {
         via: &crate::pki::Via<'_>,
         m: &pb::SignedHeartbeat,
     ) -> Result<pb::HeartbeatResponse, Status> {
-        check_node_name(&m.node)?;
+        refuse_long_name(&m.node)?;
         let key = self.agent_key(&m.node, via)?;
         let (signed, hb) = key.verify_heartbeat(m, now_ms()).map_err(|e| {
             let why = shown(&e.to_string(), 200);
@@ -262,7 +250,26 @@ fn check_health_error(e: &str) -> Result<(), Status> {
 /// Longest node name an agent may use (a DNS name's length).
 const MAX_NODE_NAME: usize = 253;
 
-/// A node name as joins and agent requests may carry it (checked before anything else).
+/// Refuses (and logs, a line a period) a node name longer than any agent's, before
+/// anything is verified.
+fn refuse_long_name(node: &str) -> Result<(), Status> {
+    if node.len() > MAX_NODE_NAME {
+        REFUSED.note(|n, secs| {
+            tracing::warn!(
+                node = %shown(node, 64),
+                "agent request refused: a node name of {} bytes ({n} refused in the last {secs} s, this one included)",
+                node.len()
+            );
+        });
+        return Err(Status::invalid_argument(format!(
+            "a node name is at most {MAX_NODE_NAME} bytes (this one has {})",
+            node.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A node name as a join may carry it: the name its certificate will hold.
 pub fn check_node_name(node: &str) -> Result<(), Status> {
     if node.is_empty() || node.len() > MAX_NODE_NAME {
         return Err(Status::invalid_argument(format!(
