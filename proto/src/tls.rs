@@ -292,8 +292,15 @@ impl NodeRequest {
 
 /// rustls with ring (aws-lc-rs would need cmake and a C toolchain on every host).
 #[allow(deprecated)] // "no post-quantum key exchange": ring has none; tonic uses the same
+/// ring's provider, with X25519 the first key exchange offered and chosen. rustls
+/// 0.23.48 lists P-384 first, and ring's P-384 has no assembly: its ECDH cost about a
+/// millisecond of CPU a handshake on each side here, a third of a CLI call over TCP
+/// (docs/benchmarks.md, "What TLS costs"). P-256 and P-384 stay, after it.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::kx_group;
+    let mut p = rustls::crypto::ring::default_provider();
+    p.kx_groups = vec![kx_group::X25519, kx_group::SECP256R1, kx_group::SECP384R1];
+    Arc::new(p)
 }
 
 /// The controller's TLS: its identity, and client certificates verified against the

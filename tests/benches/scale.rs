@@ -573,6 +573,8 @@ fn credentials(
     dir: &Path,
 ) -> Vec<(ClusterKey, AgentLinkClient<Channel>)> {
     if !o.tls {
+        // Channels spawn their connection tasks on the runtime.
+        let _in_runtime = rt.enter();
         let key = ClusterKey::load(&dir.join("state/cluster.key")).unwrap();
         let mut client = None;
         return (0..o.nodes)

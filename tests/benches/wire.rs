@@ -9,12 +9,18 @@
 //! - submit -> the job's program running on an idle node (the program's own clock
 //!   against the job's `submit_time`), and `submit_time -> launch_time`, p50;
 //! - sequential `gpuctl submit` from a loop over TCP (jobs that stay queued: the node is
-//!   drained), submits a second;
+//!   drained), submits a second, and as many jobs in one `gpuctl submit` of that many
+//!   files (one connection, one handshake);
 //! - the controller's resident memory at the end.
 //!
 //! ```text
-//! cargo bench -p gpuctl-tests --bench wire [-- --rounds 3 --samples 30 --submits 200]
+//! cargo bench -p gpuctl-tests --bench wire [-- --rounds 3 --samples 30 --submits 200
+//!     --cgroup-base DIR]
 //! ```
+//!
+//! `--cgroup-base DIR` hands the agent another cgroup root (a cgroup2 mount of one's
+//! own: a pure v2 host, where a launch does not wait for the kernel to move the job
+//! into v1 hierarchies, so launch times show what the wire adds).
 //!
 //! Heartbeat CPU and memory per agent at 10,000 agents are the scale bench's
 //! (`--tls 1` against `--tls 0 --per-channel 1`).
@@ -41,7 +47,8 @@ struct Wire {
 
 impl Drop for Wire {
     fn drop(&mut self) {
-        for c in &mut self.daemons {
+        // The agent first: it would otherwise log the controller's end as lost.
+        for c in self.daemons.iter_mut().rev() {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -53,10 +60,14 @@ impl Wire {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let (ctld, addr) = start_bench_controller_in(bin, d, tls);
-        let extra = [
-            "--cgroup-parent",
-            &format!("gpuctl-bench/wire-{}", std::process::id()),
+        let mut extra = vec![
+            "--cgroup-parent".to_string(),
+            format!("gpuctl-bench/wire-{}", std::process::id()),
         ];
+        if let Some(root) = text_arg("--cgroup-base") {
+            extra.extend(["--cgroup-base".to_string(), root]);
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         let gpud = if tls {
             start_bench_node_joined(bin, d, &addr, "bench", &extra)
         } else {
@@ -64,7 +75,10 @@ impl Wire {
         };
         let t = Instant::now();
         while !bench_cli(bin, d, &["nodes"]).contains("IDLE") {
-            assert!(t.elapsed() < Duration::from_secs(30), "agent did not attach");
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "agent did not attach"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         let created: Value = serde_json::from_str(&bench_cli(
@@ -102,7 +116,11 @@ impl Wire {
             cmd.args(["--controller", &format!("https://{}", self.addr)])
                 .env("GPUCTL_CA", d.join("ctld/ca.pem"));
         } else {
-            cmd.args(["--controller", &format!("http://{}", self.addr), "--insecure"]);
+            cmd.args([
+                "--controller",
+                &format!("http://{}", self.addr),
+                "--insecure",
+            ]);
         }
         let out = cmd
             .args(args)
@@ -151,24 +169,31 @@ impl Wire {
             }
             let s = unix_ms(&j["submit_time"]);
             launched.push((unix_ms(&j["launch_time"]) - s) as f64);
-            let out = std::fs::read_to_string(self.dir.path().join(format!("out/{id}.txt")))
-                .unwrap();
+            let out =
+                std::fs::read_to_string(self.dir.path().join(format!("out/{id}.txt"))).unwrap();
             let ran_us: i64 = out.trim().parse().unwrap();
             ran.push((ran_us - s * 1000) as f64 / 1000.0);
         }
         (ran, launched)
     }
 
-    /// Sequential submits over TCP that stay queued (the node drained): per second.
-    fn submit_loop(&self, n: usize) -> f64 {
+    /// Sequential submits over TCP that stay queued (the node drained), then as many
+    /// in one `gpuctl submit` of that many files (one connection): each per second.
+    fn submit_loop(&self, n: usize) -> (f64, f64) {
         self.socket(&["node", "drain", "bench", "--reason", "bench"]);
         let t = Instant::now();
         for _ in 0..n {
             self.submit("hold.toml");
         }
-        let rate = n as f64 / t.elapsed().as_secs_f64();
+        let one_by_one = n as f64 / t.elapsed().as_secs_f64();
+        let mut args = vec!["submit"];
+        args.extend(vec!["hold.toml"; n]);
+        let t = Instant::now();
+        let out = self.tcp(&args);
+        let in_one = n as f64 / t.elapsed().as_secs_f64();
+        assert_eq!(out.lines().count(), n, "{out}");
         self.socket(&["cancel", "--me"]);
-        rate
+        (one_by_one, in_one)
     }
 
     fn rss_mib(&self) -> f64 {
@@ -202,6 +227,13 @@ fn unix_ms(v: &Value) -> i64 {
     (days * 86_400 + secs) * 1000 + frac
 }
 
+/// A text argument of the bench (`--name VALUE`).
+fn text_arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == name)?;
+    args.get(i + 1).cloned()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[(v.len() - 1) / 2]
@@ -217,9 +249,9 @@ fn main() {
     };
     println!("binaries: {}", bin.display());
     println!(
-        "mode   round  submit->running p50 ms  submit->launch p50 ms  TCP submits/s  controller RSS MiB"
+        "mode   round  submit->running p50 ms  submit->launch p50 ms  TCP submits/s, one a call  in one call  controller RSS MiB"
     );
-    let mut all: [Vec<(f64, f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    let mut all: [Vec<[f64; 4]>; 2] = [Vec::new(), Vec::new()];
     for round in 0..rounds {
         // Alternate which mode goes first, so neither always runs on a warmer host.
         let order = if round % 2 == 0 {
@@ -230,23 +262,24 @@ fn main() {
         for tls in order {
             let w = Wire::start(&bin, tls);
             let (ran, launched) = w.launches(samples);
-            let rate = w.submit_loop(submits);
+            let (rate, batch) = w.submit_loop(submits);
             let (r, l) = (median(ran), median(launched));
             println!(
-                "{:<6} {round:>5}  {r:>22.2}  {l:>21.0}  {rate:>13.0}  {:>18.1}",
+                "{:<6} {round:>5}  {r:>22.2}  {l:>21.1}  {rate:>25.0}  {batch:>11.0}  {:>18.1}",
                 if tls { "tls" } else { "plain" },
                 w.rss_mib()
             );
-            all[usize::from(tls)].push((r, l, rate));
+            all[usize::from(tls)].push([r, l, rate, batch]);
         }
     }
     for (i, name) in ["plain", "tls"].iter().enumerate() {
         let v = &all[i];
         println!(
-            "{name}: medians over rounds: submit->running {:.2} ms, submit->launch {:.0} ms, {:.0} submits/s",
-            median(v.iter().map(|x| x.0).collect()),
-            median(v.iter().map(|x| x.1).collect()),
-            median(v.iter().map(|x| x.2).collect()),
+            "{name}: medians over rounds: submit->running {:.2} ms, submit->launch {:.1} ms, {:.0} submits/s one a call, {:.0}/s in one call",
+            median(v.iter().map(|x| x[0]).collect()),
+            median(v.iter().map(|x| x[1]).collect()),
+            median(v.iter().map(|x| x[2]).collect()),
+            median(v.iter().map(|x| x[3]).collect()),
         );
     }
 }

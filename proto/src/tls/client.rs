@@ -63,7 +63,7 @@ impl ResolvesClientCert for NodeIdentity {
 /// How a client dials the controller over TLS.
 #[derive(Clone)]
 pub struct ClientTls {
-    config: Arc<rustls::ClientConfig>,
+    pub(super) config: Arc<rustls::ClientConfig>,
 }
 
 impl ClientTls {
