@@ -184,6 +184,7 @@ fn describe_miss(m: &sched::Miss) -> String {
     match m {
         Miss::Partition { name } => format!("not in partition {name}"),
         Miss::NotListed => "left out by the job's nodelist or exclude".into(),
+        Miss::Features => "lacks the features the job's constraint asks for".into(),
         Miss::Drained => "node drained".into(),
         Miss::Down => "node down".into(),
         Miss::GpuModel { want } if want.is_empty() => "no GPU of a usable kind".into(),

@@ -385,6 +385,7 @@ impl Cluster {
             cpu_milli: n.cpus.saturating_mul(1000),
             memory_bytes: n.memory_bytes,
             partitions: crate::partitions::partitions_holding(partitions, &n.name),
+            features: n.features.clone(),
         }
     }
 
@@ -535,6 +536,7 @@ impl Cluster {
             last_seen_ms: n.last_seen_ms,
             gpu_backend: n.gpu_backend.clone(),
             partitions: self.config.partitions_of(&n.name),
+            features: n.features.clone(),
         }
     }
 }

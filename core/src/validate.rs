@@ -338,6 +338,33 @@ pub(crate) fn check_feasible(
 fn refusal(view: &ClusterView, req: sched::Request) -> Result<(), Refusal> {
     // The nodes of its partition (every node when it has none).
     let own: Vec<&sched::NodeView> = view.nodes.iter().filter(|n| n.admits(&req)).collect();
+    // The nodes it could use but for its constraint: what they offer.
+    let unconstrained = sched::Request {
+        constraint: Vec::new(),
+        ..req.clone()
+    };
+    let others: Vec<&sched::NodeView> = view
+        .nodes
+        .iter()
+        .filter(|n| n.admits(&unconstrained))
+        .collect();
+    if own.is_empty() && !others.is_empty() {
+        let mut offered: Vec<&str> = others
+            .iter()
+            .flat_map(|n| n.features.iter().map(String::as_str))
+            .collect();
+        offered.sort_unstable();
+        offered.dedup();
+        return Err(Refusal::failed_precondition(format!(
+            "no node the job may use has the features its constraint {:?} asks for (they offer: {}); gpud --features names a node's",
+            sched::features::render(&req.constraint),
+            if offered.is_empty() {
+                "none".to_string()
+            } else {
+                offered.join(", ")
+            }
+        )));
+    }
     if own.is_empty() && (!req.nodelist.is_empty() || !req.exclude.is_empty()) {
         return Err(Refusal::failed_precondition(format!(
             "no node of this cluster's {} that the job may use matches its nodelist {:?} and exclude {:?}",

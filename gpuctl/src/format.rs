@@ -219,6 +219,10 @@ impl serde::Serialize for ResourcesJson<'_> {
         if !r.exclude.is_empty() {
             m.serialize_entry("exclude", &r.exclude)?;
         }
+        // Only where the job has one (sbatch -C).
+        if !r.constraint.is_empty() {
+            m.serialize_entry("constraint", &r.constraint)?;
+        }
         m.end()
     }
 }
@@ -329,6 +333,7 @@ pub fn node_json(n: &pb::Node) -> Value {
         "cpus": n.cpus,
         "cpus_allocated": n.cpus_allocated,
         "partitions": n.partitions,
+        "features": n.features,
         "memory_bytes": n.memory_bytes,
         "memory_allocated": n.memory_allocated,
         "last_seen": rfc3339(n.last_seen_ms),

@@ -94,6 +94,8 @@ pub struct ResourcesFile {
     pub nodelist: Option<Spanned<OneOrMany>>,
     /// Never these nodes, like sbatch -x.
     pub exclude: Option<Spanned<OneOrMany>>,
+    /// Node features, like sbatch -C: `"a100&nvlink"`, `"a100|h100"`.
+    pub constraint: Option<Spanned<String>>,
 }
 
 /// A job file error, pointing into the file where it can.
@@ -150,6 +152,8 @@ pub struct Job {
     /// Only / never these nodes (patterns).
     pub nodelist: Vec<String>,
     pub exclude: Vec<String>,
+    /// Node features (`a&b|c`; empty: any node).
+    pub constraint: String,
     pub mig_profile: String,
     pub mig_count: u32,
     pub nodes: u32,
@@ -187,6 +191,7 @@ impl Default for Job {
             gpu_models: Vec::new(),
             nodelist: Vec::new(),
             exclude: Vec::new(),
+            constraint: String::new(),
             mig_profile: String::new(),
             mig_count: 0,
             nodes: 1,
@@ -347,6 +352,13 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
 
     let nodelist = node_list(&src, res.nodelist.as_ref(), "nodelist")?;
     let exclude = node_list(&src, res.exclude.as_ref(), "exclude")?;
+    let constraint = match &res.constraint {
+        Some(c) => {
+            gpuctl_sched::features::parse(c.get_ref()).map_err(|m| at(c.span(), m))?;
+            c.get_ref().trim().to_string()
+        }
+        None => String::new(),
+    };
     let gpu = gpu_part(&src, res)?;
     // A name of the controller's config (QoS, account, partition): 1 to 64 characters.
     let config_name = |v: Option<Spanned<String>>, key: &str| match v {
@@ -403,6 +415,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         gpu_models: gpu.gpu_models,
         nodelist,
         exclude,
+        constraint,
         mig_profile: gpu.mig_profile,
         mig_count: gpu.mig_count,
         nodes: gpu.nodes,
@@ -808,6 +821,7 @@ impl Job {
                 nodes: self.nodes,
                 nodelist: self.nodelist,
                 exclude: self.exclude,
+                constraint: self.constraint,
                 ..pb::Resources::default()
             }),
             user: user.to_string(),

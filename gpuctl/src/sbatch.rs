@@ -447,6 +447,10 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                     job.array = v.to_string();
                 }
                 "partition" => job.partition = v.to_string(),
+                "constraint" => {
+                    gpuctl_sched::features::parse(v).map_err(fail)?;
+                    job.constraint = v.trim().to_string();
+                }
                 "nodelist" | "exclude" => {
                     let list = gpuctl_sched::hostlist::split_list(v);
                     if list.is_empty() {

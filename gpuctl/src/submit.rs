@@ -72,6 +72,10 @@ pub struct SubmitArgs {
     /// Never these nodes (like sbatch -x; overrides the file's).
     #[arg(short = 'x', long)]
     pub exclude: Option<String>,
+    /// Only nodes with these features (`gpud --features`): `a100&nvlink` all of them,
+    /// `a100|h100` any (like sbatch -C; overrides the file's).
+    #[arg(short = 'C', long)]
+    pub constraint: Option<String>,
     /// The QoS (overrides the file's).
     #[arg(short = 'q', long)]
     pub qos: Option<String>,
@@ -233,6 +237,10 @@ impl SubmitArgs {
                     .map_err(|e| format!("--{flag}: {e}"))?;
                 *to = list;
             }
+        }
+        if let Some(c) = &self.constraint {
+            gpuctl_sched::features::parse(c).map_err(|e| format!("--constraint: {e}"))?;
+            job.constraint = c.trim().to_string();
         }
         if let Some(q) = &self.qos {
             job.qos = q.clone();

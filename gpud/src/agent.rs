@@ -63,6 +63,8 @@ pub struct Options {
     /// The address other nodes reach this one at (default: the local address of the
     /// route to the controller).
     pub address: Option<String>,
+    /// Node features jobs' constraints name (`--features`).
+    pub features: Vec<String>,
 }
 
 /// The session of the current Attach: every request names it with a growing number,
@@ -650,6 +652,7 @@ async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyh
                     agent_id: id.clone(),
                     address: address.clone(),
                     allow_root_jobs: agent.allow_root_jobs,
+                    features: opts.features.clone(),
                 };
                 client
                     .attach(agent.signed("attach", None, req))

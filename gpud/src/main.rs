@@ -109,6 +109,10 @@ struct Args {
     /// this host's address on the route to the controller).
     #[arg(long)]
     address: Option<String>,
+    /// Node features that jobs ask for with a constraint (`--constraint a100&nvlink`):
+    /// names of letters, digits and _ . : + -, comma-separated.
+    #[arg(long, env = "GPUD_FEATURES", value_delimiter = ',')]
+    features: Vec<String>,
     /// Print the GPUs the backend finds and exit (non-zero when it finds none).
     #[arg(long)]
     list_gpus: bool,
@@ -239,6 +243,7 @@ async fn agent_main() -> ExitCode {
         cgroup_parent: args.cgroup_parent,
         cgroup_favordynmods: args.cgroup_favordynmods,
         address: args.address,
+        features: args.features.iter().map(|f| f.trim().to_string()).collect(),
     };
     match gpud::agent::run(opts, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,

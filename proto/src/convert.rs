@@ -78,6 +78,8 @@ impl From<&Resources> for Request {
             partition: None,
             nodelist: r.nodelist.clone(),
             exclude: r.exclude.clone(),
+            // Checked at submit; a record's constraint parses as it did then.
+            constraint: gpuctl_sched::features::parse(&r.constraint).unwrap_or_default(),
         }
     }
 }
@@ -206,6 +208,10 @@ pub fn checked_request(r: &Resources) -> Result<Request, BadRequest> {
     }
     check_node_patterns("nodelist", &r.nodelist)?;
     check_node_patterns("exclude", &r.exclude)?;
+    if r.constraint.len() > 1024 {
+        return bad("a constraint is at most 1024 bytes");
+    }
+    gpuctl_sched::features::parse(&r.constraint).map_err(BadRequest)?;
     Ok(Request::from(r))
 }
 

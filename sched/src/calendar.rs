@@ -51,6 +51,8 @@ pub enum Miss {
     },
     /// The job's node list leaves the node out (`nodelist`, `exclude`).
     NotListed,
+    /// The node lacks the features the job's constraint asks for.
+    Features,
     Drained,
     Down,
     /// No GPU of an allowed model (or no GPU at all) on the node.
@@ -525,6 +527,9 @@ impl Calendar {
     ) -> Result<Picks, Miss> {
         if !node.listed(req) {
             return Err(Miss::NotListed);
+        }
+        if !node.has_features(req) {
+            return Err(Miss::Features);
         }
         if !node.admits(req) {
             return Err(Miss::Partition {

@@ -23,13 +23,15 @@
 //! (the dependency DAG), `calendar` (per-node claims over time), `priority`,
 //! `packing` (placement policies and FGD's fragmentation measure), `fairshare`
 //! (decayed usage and the fair-share factor), `limits` (QoS caps), `floors` (window
-//! floors), `preempt` (choosing preemption victims).
+//! floors), `preempt` (choosing preemption victims), `features` (node features and
+//! jobs' constraints on them).
 
 pub mod array;
 pub mod calendar;
 mod check;
 pub mod deps;
 pub mod fairshare;
+pub mod features;
 mod fit;
 pub mod floors;
 pub mod hostlist;
@@ -376,6 +378,7 @@ fn permanent(m: &Miss) -> bool {
         Miss::Drained
             | Miss::Partition { .. }
             | Miss::NotListed
+            | Miss::Features
             | Miss::Down
             | Miss::GpuModel { .. }
             | Miss::TooSmall { .. }

@@ -53,6 +53,8 @@ pub struct NodeView {
     pub memory_bytes: u64,
     /// The partitions it is in (names from the controller's config).
     pub partitions: Vec<String>,
+    /// What its agent says it has (`gpud --features`), for constraints.
+    pub features: Vec<String>,
 }
 
 impl NodeView {
@@ -60,13 +62,19 @@ impl NodeView {
         self.eligibility == Eligibility::Up
     }
 
-    /// Whether a job of `req` may use this node at all: its partition holds it, and
-    /// its node list names it (`listed`).
+    /// Whether a job of `req` may use this node at all: its partition holds it, its
+    /// node list names it (`listed`) and it has the features asked for.
     pub fn admits(&self, req: &Request) -> bool {
         req.partition
             .as_ref()
             .is_none_or(|p| self.partitions.iter().any(|x| x == p))
             && self.listed(req)
+            && self.has_features(req)
+    }
+
+    /// Whether this node meets `req`'s constraint (`features::met`).
+    pub fn has_features(&self, req: &Request) -> bool {
+        crate::features::met(&req.constraint, &self.features)
     }
 
     /// Whether `req`'s node list allows this node: named by `nodelist` (when it has
@@ -145,6 +153,9 @@ pub struct Request {
     pub nodelist: Vec<String>,
     /// Never nodes matching one of these patterns.
     pub exclude: Vec<String>,
+    /// Node features: any one of these terms, each all of its features (`features`);
+    /// empty = any node.
+    pub constraint: Vec<Vec<String>>,
 }
 
 impl Default for Request {
@@ -158,6 +169,7 @@ impl Default for Request {
             partition: None,
             nodelist: Vec::new(),
             exclude: Vec::new(),
+            constraint: Vec::new(),
         }
     }
 }

@@ -293,6 +293,7 @@ mod tests {
             cpu_milli: 64_000,
             memory_bytes: 1 << 40,
             partitions: Vec::new(),
+            features: Vec::new(),
         }
     }
 

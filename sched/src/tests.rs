@@ -26,6 +26,7 @@ fn node_model(name: &str, gpus: usize, model: &str) -> NodeView {
         cpu_milli: 64_000,
         memory_bytes: 512 << 30,
         partitions: Vec::new(),
+        features: Vec::new(),
     }
 }
 
@@ -47,6 +48,7 @@ fn mig_node(name: &str, profiles: &[&str]) -> NodeView {
         cpu_milli: 64_000,
         memory_bytes: 512 << 30,
         partitions: Vec::new(),
+        features: Vec::new(),
     }
 }
 

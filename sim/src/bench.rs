@@ -76,6 +76,7 @@ pub fn cluster(nodes: usize, seed: u64) -> ClusterView {
             cpu_milli: 128_000,
             memory_bytes: 1 << 40,
             partitions: Vec::new(),
+            features: Vec::new(),
         });
     }
     c

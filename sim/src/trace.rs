@@ -82,6 +82,7 @@ pub fn read_nodes(path: &Path) -> Result<Vec<NodeView>, TraceError> {
             cpu_milli: r.cpu_milli,
             memory_bytes: r.memory_mib << 20,
             partitions: Vec::new(),
+            features: Vec::new(),
         });
     }
     Ok(nodes)

@@ -193,11 +193,11 @@ fn sbatch_scripts_get_what_they_ask_for() {
 #[test]
 fn unsupported_options_are_refused_by_name_and_harmless_ones_warn() {
     let c = Cluster::start(&[("n1", "2xA100-80GB")]);
-    let out = c.gpuctl(&["submit", &example("constraint.sbatch")]);
+    let out = c.gpuctl(&["submit", &example("exclusive.sbatch")]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("constraint.sbatch:3:") && err.contains("--constraint"),
+        err.contains("exclusive.sbatch:3:") && err.contains("--exclusive"),
         "{err}"
     );
     assert!(c.json(&["queue", "--all"]).as_array().unwrap().is_empty());

@@ -262,3 +262,18 @@ fn nodelist_and_exclude_take_a_string_or_a_list_and_are_checked_where_they_stand
     let e = err("command = [\"true\"]\n[resources]\nnodelist = []\n");
     assert!(e.contains("names no node"), "{e}");
 }
+
+#[test]
+fn a_constraint_is_read_and_checked_where_it_stands() {
+    let job = parse(
+        "job.toml",
+        "command = [\"true\"]\n[resources]\nconstraint = \"a100 & nvlink|h100\"\n",
+    )
+    .unwrap();
+    assert_eq!(job.constraint, "a100 & nvlink|h100");
+    let spec = job.into_spec(Path::new("/tmp"), "ana", 1000, 1000);
+    assert_eq!(spec.resources.unwrap().constraint, "a100 & nvlink|h100");
+    let e = err("command = [\"true\"]\n[resources]\nconstraint = \"[a|b]\"\n");
+    assert!(e.starts_with("job.toml:3:14:"), "{e}");
+    assert!(e.contains("not supported"), "{e}");
+}

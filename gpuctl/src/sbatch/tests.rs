@@ -69,13 +69,10 @@ fn option_spellings() {
 
 #[test]
 fn unsupported_options_are_refused_by_name_with_their_place() {
-    let e = parse(
-        "t.sbatch",
-        "#!/bin/sh\n#SBATCH -J x\n#SBATCH --constraint=a100\n",
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(e.starts_with("t.sbatch:3:9: #SBATCH --constraint"), "{e}");
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -J x\n#SBATCH --exclusive\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("t.sbatch:3:9: #SBATCH --exclusive"), "{e}");
     // Partitions are read.
     let (j, _) = parse("t.sbatch", "#!/bin/sh\n#SBATCH -p inference\n").unwrap();
     assert_eq!(j.partition, "inference");
@@ -213,4 +210,18 @@ fn nodelist_and_exclude_are_hostlists() {
     assert!(e.contains("runs backwards"), "{e}");
     let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -w n1;rm\nrun\n").unwrap_err();
     assert!(e.to_string().contains("no node name has"), "{e}");
+}
+
+#[test]
+fn constraint_is_read_and_slurms_other_forms_refused_where_they_stand() {
+    let j = job("#!/bin/sh\n#SBATCH -C a100&nvlink\nrun\n");
+    assert_eq!(j.constraint, "a100&nvlink");
+    let j = job("#!/bin/sh\n#SBATCH --constraint=\"h100|a100\"\nrun\n");
+    assert_eq!(j.constraint, "h100|a100");
+    let j = job("#!/bin/sh\n#SBATCH -C \"a100&nvlink\"\nrun\n");
+    assert_eq!(j.constraint, "a100&nvlink");
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --constraint=a100*2\nrun\n").unwrap_err();
+    let e = e.to_string();
+    assert!(e.starts_with("t.sbatch:2:"), "{e}");
+    assert!(e.contains("not supported"), "{e}");
 }

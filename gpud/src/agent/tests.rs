@@ -75,6 +75,7 @@ fn harness(launcher: FakeLauncher) -> Harness {
         mps_control: None,
         inventory_interval: Duration::from_secs(60),
         address: None,
+        features: Vec::new(),
     };
     let launcher = Arc::new(launcher);
     let mps = crate::mps::Mps::find(None, &dir.path().join("mps"));

@@ -104,6 +104,7 @@ pub fn parse_cluster(spec: &str) -> anyhow::Result<Vec<NodeView>> {
             cpu_milli: 128_000,
             memory_bytes: 1 << 40,
             partitions: Vec::new(),
+            features: Vec::new(),
         })
         .collect())
 }
