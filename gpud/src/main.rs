@@ -192,6 +192,13 @@ async fn agent_main() -> ExitCode {
             }
         };
     }
+    let features = match node_features(&args.features) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("gpud: error: --features: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let how = match (args.key_file, args.join, args.ca_fingerprint) {
         (Some(path), _, _) => gpud::identity::How::SharedKey(path),
         (None, Some(token), Some(fingerprint)) => gpud::identity::How::Join { token, fingerprint },
@@ -243,7 +250,7 @@ async fn agent_main() -> ExitCode {
         cgroup_parent: args.cgroup_parent,
         cgroup_favordynmods: args.cgroup_favordynmods,
         address: args.address,
-        features: args.features.iter().map(|f| f.trim().to_string()).collect(),
+        features,
     };
     match gpud::agent::run(opts, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -284,4 +291,25 @@ fn init_logging(format: LogFormat) {
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
     }
+}
+
+/// `--features`, trimmed, empty entries dropped (`a100,` is `a100`), checked as the
+/// controller checks them (it refuses the attach of an agent with a bad one).
+fn node_features(given: &[String]) -> Result<Vec<String>, String> {
+    let features: Vec<String> = given
+        .iter()
+        .map(|f| f.trim().to_string())
+        .filter(|f| !f.is_empty())
+        .collect();
+    if features.len() > gpuctl_sched::features::MAX_FEATURES {
+        return Err(format!(
+            "at most {} features ({} given)",
+            gpuctl_sched::features::MAX_FEATURES,
+            features.len()
+        ));
+    }
+    for f in &features {
+        gpuctl_sched::features::check_feature(f)?;
+    }
+    Ok(features)
 }

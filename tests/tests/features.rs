@@ -60,3 +60,23 @@ fn constrained_jobs_run_where_the_features_are() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("offer: a100, nvlink"), "{err}");
 }
+
+/// A malformed feature stops gpud at start with the flag and the feature named (exit
+/// 2), before it reaches the controller; a trailing comma is not a feature.
+#[test]
+fn gpud_refuses_a_malformed_feature_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(gpuctl_tests::bin("gpud"))
+        .args(["--features", "a100,,bad one", "--fake-gpus", "1xA100-80GB"])
+        .args(["--name", "x", "--key-file", "/nonexistent"])
+        .arg("--state-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--features") && err.contains("bad one"),
+        "{err}"
+    );
+}
