@@ -5,25 +5,10 @@
 mod common;
 
 use common::*;
-use gpuctl_core::explain::Explain;
 use gpuctl_proto::{self as pb, JobState};
 
 fn attach_offering(c: &mut gpuctl_core::Cluster, node: &str, features: &[&str], now: i64) {
-    let nonce = format!("nonce-{node}-{now}").into_bytes();
-    c.challenge(node, nonce.clone(), now);
-    let req = pb::RegisterRequest {
-        node: node.into(),
-        gpus: gpus(node, 2),
-        cpus: 16,
-        memory_bytes: 64 << 30,
-        gpu_backend: "fake".into(),
-        nonce,
-        agent_id: format!("agent-{node}"),
-        features: features.iter().map(|f| f.to_string()).collect(),
-        ..pb::RegisterRequest::default()
-    };
-    c.attach(&req, None, now).expect("attach");
-    checked(c);
+    attach_as(c, node, &[], features, now);
 }
 
 fn constrained(gpus: u32, constraint: &str) -> pb::JobSpec {
@@ -49,19 +34,13 @@ fn a_job_runs_only_where_its_constraint_is_met() {
     let next = submit_spec(&mut c, constrained(1, "nvlink&a100"), T0);
     assert!(commands(&pass(&mut c, T0)).is_empty());
     assert_eq!(state(&c, next), JobState::Pending);
-    let Ok(Explain::Pass(input)) = c.explain(next, T0 + 1) else {
-        panic!("a pending job is explained from a pass")
-    };
-    let ex = gpuctl_sched::explain(&input.view, &input.queue, &input.cfg, T0 + 1, next).unwrap();
-    let out = gpuctl_core::explain::rendered(input.base, &ex, T0 + 1);
-    let why: Vec<(&str, &str)> = out
-        .nodes
-        .iter()
-        .map(|n| (n.node.as_str(), n.reason.as_str()))
-        .collect();
+    let why = explained_nodes(&c, next, T0 + 1);
     for n in ["a1", "h1"] {
         assert!(
-            why.contains(&(n, "lacks the features the job's constraint asks for")),
+            why.contains(&(
+                n.to_string(),
+                "lacks the features the job's constraint asks for".to_string()
+            )),
             "{why:?}"
         );
     }

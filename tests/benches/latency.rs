@@ -28,7 +28,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use gpuctl_tests::{
-    bench_arg, bench_cli, release_bins, start_bench_agent, start_bench_controller, start_bench_node,
+    bench_arg, bench_cli, bench_text_arg, release_bins, start_bench_agent, start_bench_controller,
+    start_bench_node, unix_ms,
 };
 use serde_json::Value;
 
@@ -66,24 +67,6 @@ impl Bench {
     }
 }
 
-/// Unix ms of an RFC 3339 UTC time as the CLI prints it (`2026-12-02T03:31:35.123Z`).
-fn unix_ms(v: &Value) -> i64 {
-    let s = v.as_str().unwrap_or_else(|| panic!("not a time: {v}"));
-    let n = |r: std::ops::Range<usize>| s[r].parse::<i64>().unwrap();
-    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
-    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
-    let secs = n(11..13) * 3600 + n(14..16) * 60 + n(17..19);
-    let frac = s[19..]
-        .strip_prefix('.')
-        .map_or(0, |f| f.trim_end_matches('Z')[..3].parse::<i64>().unwrap());
-    (days * 86_400 + secs) * 1000 + frac
-}
-
 /// This host's wall clock in Unix microseconds.
 fn unix_us() -> i64 {
     std::time::SystemTime::now()
@@ -104,13 +87,6 @@ fn spread(mut v: Vec<f64>) -> String {
     )
 }
 
-/// A text argument of the bench (`--name VALUE`).
-fn text_arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1).cloned()
-}
-
 /// The agents' flags: their cgroup parent, and the bench's cgroup choices.
 fn agent_flags(favor: bool) -> Vec<String> {
     let mut extra = vec![
@@ -120,7 +96,7 @@ fn agent_flags(favor: bool) -> Vec<String> {
     if favor {
         extra.push("--cgroup-favordynmods".into());
     }
-    if let Some(root) = text_arg("--cgroup-base") {
+    if let Some(root) = bench_text_arg("--cgroup-base") {
         extra.extend(["--cgroup-base".to_string(), root]);
     }
     extra
@@ -142,7 +118,7 @@ fn main() {
         None => release_bins(&["gpuctld", "gpuctl", "gpud"]),
     };
     println!("binaries: {}", bin.display());
-    let phases = text_arg("--phases").unwrap_or_else(|| "launch,run,cli,queued".into());
+    let phases = bench_text_arg("--phases").unwrap_or_else(|| "launch,run,cli,queued".into());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let favor = bench_arg("--favordynmods", 0) == 1;

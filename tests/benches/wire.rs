@@ -30,8 +30,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use gpuctl_tests::{
-    bench_arg, bench_cli, release_bins, start_bench_controller_in, start_bench_node,
-    start_bench_node_joined,
+    bench_arg, bench_cli, bench_text_arg, release_bins, start_bench_controller_in,
+    start_bench_node, start_bench_node_joined, unix_ms,
 };
 use serde_json::Value;
 
@@ -64,7 +64,7 @@ impl Wire {
             "--cgroup-parent".to_string(),
             format!("gpuctl-bench/wire-{}", std::process::id()),
         ];
-        if let Some(root) = text_arg("--cgroup-base") {
+        if let Some(root) = bench_text_arg("--cgroup-base") {
             extra.extend(["--cgroup-base".to_string(), root]);
         }
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
@@ -207,31 +207,6 @@ impl Wire {
             .unwrap_or(0.0)
             / 1024.0
     }
-}
-
-/// Unix ms of an RFC 3339 UTC time as the CLI prints it (`2026-12-02T03:31:35.123Z`).
-fn unix_ms(v: &Value) -> i64 {
-    let s = v.as_str().unwrap_or_else(|| panic!("not a time: {v}"));
-    let n = |r: std::ops::Range<usize>| s[r].parse::<i64>().unwrap();
-    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
-    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
-    let secs = n(11..13) * 3600 + n(14..16) * 60 + n(17..19);
-    let frac = s[19..]
-        .strip_prefix('.')
-        .map_or(0, |f| f.trim_end_matches('Z')[..3].parse::<i64>().unwrap());
-    (days * 86_400 + secs) * 1000 + frac
-}
-
-/// A text argument of the bench (`--name VALUE`).
-fn text_arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1).cloned()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

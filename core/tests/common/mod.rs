@@ -33,6 +33,17 @@ pub fn cluster() -> Cluster {
 }
 
 pub fn attach_with(c: &mut Cluster, node: &str, running: &[(u64, u32)], now: i64) -> Effects {
+    attach_as(c, node, running, &[], now)
+}
+
+/// `attach_with`, the agent offering `features` (`gpud --features`).
+pub fn attach_as(
+    c: &mut Cluster,
+    node: &str,
+    running: &[(u64, u32)],
+    features: &[&str],
+    now: i64,
+) -> Effects {
     let nonce = format!("nonce-{node}-{now}").into_bytes();
     c.challenge(node, nonce.clone(), now);
     let req = pb::RegisterRequest {
@@ -51,6 +62,7 @@ pub fn attach_with(c: &mut Cluster, node: &str, running: &[(u64, u32)], now: i64
             .collect(),
         nonce,
         agent_id: format!("agent-{node}"),
+        features: features.iter().map(|f| f.to_string()).collect(),
         ..pb::RegisterRequest::default()
     };
     let e = c.attach(&req, None, now).expect("attach").1;
@@ -189,4 +201,14 @@ pub fn commands(effects: &Effects) -> Vec<(String, String)> {
 
 pub fn to(node: &str, what: &str) -> (String, String) {
     (node.to_string(), what.to_string())
+}
+
+/// `explain` of a pending job: each node with the reason the job does not go there.
+pub fn explained_nodes(c: &Cluster, id: u64, now: i64) -> Vec<(String, String)> {
+    let Ok(gpuctl_core::explain::Explain::Pass(input)) = c.explain(id, now) else {
+        panic!("a pending job is explained from a pass")
+    };
+    let ex = gpuctl_sched::explain(&input.view, &input.queue, &input.cfg, now, id).unwrap();
+    let out = gpuctl_core::explain::rendered(input.base, &ex, now);
+    out.nodes.into_iter().map(|n| (n.node, n.reason)).collect()
 }
