@@ -730,6 +730,11 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
                 } else {
                     n.partitions.join(",")
                 },
+                if n.features.is_empty() {
+                    "-".into()
+                } else {
+                    n.features.join(",")
+                },
                 if n.reason.is_empty() {
                     "-".into()
                 } else {
@@ -746,6 +751,7 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
             "MODELS",
             "CPUS(A/T)",
             "PARTITIONS",
+            "FEATURES",
             "REASON",
         ],
         rows,

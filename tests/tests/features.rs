@@ -24,6 +24,17 @@ fn constrained_jobs_run_where_the_features_are() {
         .find(|n| n["name"] == "fast")
         .unwrap();
     assert_eq!(fast["features"], serde_json::json!(["a100", "nvlink"]));
+    let table = c.gpuctl_ok(&["nodes"]);
+    assert!(
+        table.lines().next().unwrap().contains("FEATURES"),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.trim_start().starts_with("fast") && l.contains("a100,nvlink")),
+        "{table}"
+    );
     // The example script asks for both features: it runs on `fast`.
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/sbatch/constraint.sbatch");
