@@ -338,17 +338,21 @@ pub(crate) fn check_feasible(
 fn refusal(view: &ClusterView, req: sched::Request) -> Result<(), Refusal> {
     // The nodes of its partition (every node when it has none).
     let own: Vec<&sched::NodeView> = view.nodes.iter().filter(|n| n.admits(&req)).collect();
-    // The nodes it could use but for its constraint: what they offer.
-    let unconstrained = sched::Request {
-        constraint: Vec::new(),
-        ..req.clone()
+    // The nodes it could use but for its constraint (looked for only when it has one
+    // and no node is left): what they offer.
+    let others: Vec<&sched::NodeView> = if own.is_empty() && !req.constraint.is_empty() {
+        let unconstrained = sched::Request {
+            constraint: Vec::new(),
+            ..req.clone()
+        };
+        view.nodes
+            .iter()
+            .filter(|n| n.admits(&unconstrained))
+            .collect()
+    } else {
+        Vec::new()
     };
-    let others: Vec<&sched::NodeView> = view
-        .nodes
-        .iter()
-        .filter(|n| n.admits(&unconstrained))
-        .collect();
-    if own.is_empty() && !others.is_empty() {
+    if !others.is_empty() {
         let mut offered: Vec<&str> = others
             .iter()
             .flat_map(|n| n.features.iter().map(String::as_str))
