@@ -169,7 +169,7 @@ impl Cluster {
                 "node name must be 1 to 255 characters without '/' or ','",
             ));
         }
-        check_features(&req.features)?;
+        gpuctl_sched::features::check_offered(&req.features).map_err(Refusal::invalid_argument)?;
         self.take_nonce(&req.node, &req.nonce, now)?;
         self.check_identity(req, now)?;
         self.generation += 1;
@@ -679,19 +679,4 @@ impl Cluster {
 /// same identity to be refused: a quarter of the node timeout, at most 15 s.
 fn same_identity_window(node_timeout_ms: i64) -> i64 {
     (node_timeout_ms / 4).min(15_000)
-}
-
-/// An agent's features: at most `gpuctl_sched::features::MAX_FEATURES`, each a valid name.
-fn check_features(features: &[String]) -> Result<(), Refusal> {
-    if features.len() > gpuctl_sched::features::MAX_FEATURES {
-        return Err(Refusal::invalid_argument(format!(
-            "an agent offers at most {} features (this one {})",
-            gpuctl_sched::features::MAX_FEATURES,
-            features.len()
-        )));
-    }
-    for f in features {
-        gpuctl_sched::features::check_feature(f).map_err(Refusal::invalid_argument)?;
-    }
-    Ok(())
 }

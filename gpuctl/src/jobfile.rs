@@ -353,10 +353,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
     let nodelist = node_list(&src, res.nodelist.as_ref(), "nodelist")?;
     let exclude = node_list(&src, res.exclude.as_ref(), "exclude")?;
     let constraint = match &res.constraint {
-        Some(c) => {
-            gpuctl_sched::features::parse(c.get_ref()).map_err(|m| at(c.span(), m))?;
-            c.get_ref().trim().to_string()
-        }
+        Some(c) => gpuctl_sched::features::checked(c.get_ref()).map_err(|m| at(c.span(), m))?,
         None => String::new(),
     };
     let gpu = gpu_part(&src, res)?;

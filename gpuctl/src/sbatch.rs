@@ -448,8 +448,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 }
                 "partition" => job.partition = v.to_string(),
                 "constraint" => {
-                    gpuctl_sched::features::parse(v).map_err(fail)?;
-                    job.constraint = v.trim().to_string();
+                    job.constraint = gpuctl_sched::features::checked(v).map_err(fail)?
                 }
                 "nodelist" | "exclude" => {
                     let list = gpuctl_sched::hostlist::split_list(v);

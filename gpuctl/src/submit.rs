@@ -239,8 +239,8 @@ impl SubmitArgs {
             }
         }
         if let Some(c) = &self.constraint {
-            gpuctl_sched::features::parse(c).map_err(|e| format!("--constraint: {e}"))?;
-            job.constraint = c.trim().to_string();
+            job.constraint =
+                gpuctl_sched::features::checked(c).map_err(|e| format!("--constraint: {e}"))?;
         }
         if let Some(q) = &self.qos {
             job.qos = q.clone();

@@ -301,15 +301,6 @@ fn node_features(given: &[String]) -> Result<Vec<String>, String> {
         .map(|f| f.trim().to_string())
         .filter(|f| !f.is_empty())
         .collect();
-    if features.len() > gpuctl_sched::features::MAX_FEATURES {
-        return Err(format!(
-            "at most {} features ({} given)",
-            gpuctl_sched::features::MAX_FEATURES,
-            features.len()
-        ));
-    }
-    for f in &features {
-        gpuctl_sched::features::check_feature(f)?;
-    }
+    gpuctl_sched::features::check_offered(&features)?;
     Ok(features)
 }

@@ -30,6 +30,25 @@ pub fn check_feature(f: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// What a node offers (`gpud --features`, checked by the agent at start and by the
+/// controller at attach): at most [`MAX_FEATURES`], each a valid name.
+pub fn check_offered(features: &[String]) -> Result<(), String> {
+    if features.len() > MAX_FEATURES {
+        return Err(format!(
+            "a node offers at most {MAX_FEATURES} features ({} given)",
+            features.len()
+        ));
+    }
+    features.iter().try_for_each(|f| check_feature(f))
+}
+
+/// A constraint as a job keeps it: checked by `parse`, then trimmed (the job file,
+/// `#SBATCH -C` and `gpuctl submit -C` all take it so).
+pub fn checked(text: &str) -> Result<String, String> {
+    parse(text)?;
+    Ok(text.trim().to_string())
+}
+
 /// Parses a constraint: `a`, `a&b`, `a|b`, `a&b|c&d`; empty text is no constraint (no
 /// terms). Slurm's matching OR (`[a|b]`), counts (`a*2`) and parentheses are refused,
 /// never read differently.
@@ -112,5 +131,10 @@ mod tests {
         assert!(parse(&many).unwrap_err().contains("at most"));
         assert!(check_feature(&"x".repeat(MAX_FEATURE_LEN + 1)).is_err());
         assert!(check_feature("gpu-mem:80g_v1.2+x").is_ok());
+        assert!(check_offered(&v(&["a100", "nvlink"])).is_ok());
+        assert!(check_offered(&vec!["f".to_string(); MAX_FEATURES + 1]).is_err());
+        assert!(check_offered(&v(&["a100", "has space"])).is_err());
+        assert_eq!(checked(" a100&nvlink ").unwrap(), "a100&nvlink");
+        assert!(checked("a*2").is_err());
     }
 }
