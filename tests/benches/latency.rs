@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use gpuctl_tests::{
     bench_arg, bench_cli, bench_text_arg, release_bins, start_bench_agent, start_bench_controller,
-    start_bench_node, unix_ms,
+    start_bench_node, unix_ms, write_bench_jobs,
 };
 use serde_json::Value;
 
@@ -136,27 +136,7 @@ fn main() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::fs::write(
-        d.join("true.toml"),
-        "command = [\"true\"]\nstdout = \"/dev/null\"\n[resources]\ngpus = 1\ncpus = 1\n",
-    )
-    .unwrap();
-    std::fs::create_dir_all(d.join("out")).unwrap();
-    std::fs::write(
-        d.join("date.toml"),
-        "command = [\"date\", \"+%s%6N\"]\nstdout = \"out/%j.txt\"\n[resources]\ngpus = 1\ncpus = 1\n",
-    )
-    .unwrap();
-    std::fs::write(
-        d.join("sleep.toml"),
-        "command = [\"sleep\", \"1\"]\nstdout = \"/dev/null\"\n[resources]\ngpus = 1\ncpus = 1\n",
-    )
-    .unwrap();
-    std::fs::write(
-        d.join("hold.toml"),
-        "command = [\"sleep\", \"3600\"]\nstdout = \"/dev/null\"\n[resources]\ngpus = 1\ncpus = 1\n",
-    )
-    .unwrap();
+    write_bench_jobs(d);
     let on = |p: &str| phases.split(',').any(|x| x == p);
     if on("launch") {
         launch_phase(&b, samples);

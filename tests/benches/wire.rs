@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use gpuctl_tests::{
     bench_arg, bench_cli, bench_text_arg, release_bins, start_bench_controller_in,
-    start_bench_node, start_bench_node_joined, unix_ms,
+    start_bench_node, start_bench_node_joined, unix_ms, write_bench_jobs,
 };
 use serde_json::Value;
 
@@ -87,17 +87,7 @@ impl Wire {
             &["admin", "token", "create", "--user", "root", "--json"],
         ))
         .unwrap();
-        std::fs::create_dir_all(d.join("out")).unwrap();
-        std::fs::write(
-            d.join("date.toml"),
-            "command = [\"date\", \"+%s%6N\"]\nstdout = \"out/%j.txt\"\n[resources]\ngpus = 1\ncpus = 1\n",
-        )
-        .unwrap();
-        std::fs::write(
-            d.join("hold.toml"),
-            "command = [\"sleep\", \"3600\"]\nstdout = \"/dev/null\"\n[resources]\ngpus = 1\ncpus = 1\n",
-        )
-        .unwrap();
+        write_bench_jobs(d);
         Wire {
             tls,
             bin: bin.to_path_buf(),

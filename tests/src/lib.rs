@@ -833,3 +833,24 @@ pub fn bench_text_arg(name: &str) -> Option<String> {
     let i = args.iter().position(|a| a == name)?;
     args.get(i + 1).cloned()
 }
+
+/// For the benchmarks: the job files they submit, in `dir`: `true.toml`, `date.toml`
+/// (the program's own clock in microseconds, into `out/<id>.txt`), `sleep.toml` (1 s)
+/// and `hold.toml` (an hour), each one GPU and one CPU.
+pub fn write_bench_jobs(dir: &Path) {
+    std::fs::create_dir_all(dir.join("out")).unwrap();
+    for (file, command, stdout) in [
+        ("true.toml", "\"true\"", "/dev/null"),
+        ("date.toml", "\"date\", \"+%s%6N\"", "out/%j.txt"),
+        ("sleep.toml", "\"sleep\", \"1\"", "/dev/null"),
+        ("hold.toml", "\"sleep\", \"3600\"", "/dev/null"),
+    ] {
+        std::fs::write(
+            dir.join(file),
+            format!(
+                "command = [{command}]\nstdout = \"{stdout}\"\n[resources]\ngpus = 1\ncpus = 1\n"
+            ),
+        )
+        .unwrap();
+    }
+}
