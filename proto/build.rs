@@ -11,6 +11,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(rpc)
         // Small starting buffers: every open stream keeps its own (src/codec.rs).
         .codec_path("crate::codec::Codec")
+        // A page of a listing the controller can fill with jobs it encoded itself
+        // (src/pages.rs).
+        .extern_path(".gpuctl.v1.ListJobsResponse", "crate::pages::ListJobsResponse")
         .compile_protos(&["proto/gpuctl.proto", "proto/store.proto"], &["proto"])?;
     Ok(())
 }

@@ -62,11 +62,11 @@ id=$("$bin/gpuctl" submit --json "$job" | sed -n 's/.*"job_id": *\([0-9]*\).*/\1
 echo "==> submitted $job as job $id"
 sleep 0.5
 "$bin/gpuctl" queue
-while "$bin/gpuctl" queue --json | grep -q "\"id\": $id,"; do sleep 0.3; done
+while "$bin/gpuctl" queue --json | grep -q "\"id\":$id,"; do sleep 0.3; done
 echo "==> job $id finished"
 "$bin/gpuctl" queue --all
 "$bin/gpuctl" show "$id"
-out=$("$bin/gpuctl" show --json "$id" | sed -n 's/.*"stdout": *"\(.*\)".*/\1/p' | sed "s/%j/$id/g")
+out=$("$bin/gpuctl" show --json "$id" | sed -n 's/.*"stdout": *"\([^"]*\)".*/\1/p' | sed "s/%j/$id/g")
 echo "==> output ($work/$out):"
 cat "$work/$out"
 if [ -n "${KEEP:-}" ]; then

@@ -308,7 +308,8 @@ pub(crate) fn print(text: &str) {
 /// Serializes straight into a buffered stdout (large outputs: `queue --json`).
 pub(crate) fn print_json_streamed(v: &impl serde::Serialize) {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-    let result = crate::pretty::to_writer(&mut out, v)
+    let layout = crate::pretty::Layout::for_stdout();
+    let result = crate::pretty::to_writer(&mut out, v, layout)
         .map_err(std::io::Error::from)
         .and_then(|()| out.write_all(b"\n"))
         .and_then(|()| out.flush());

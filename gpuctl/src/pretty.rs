@@ -84,13 +84,43 @@ impl Formatter for Pretty {
     }
 }
 
-/// `value` as pretty JSON into `w`, as `serde_json::to_writer_pretty` writes it.
+/// How `--json` output is laid out: pretty for a person at a terminal, compact (one
+/// line, no spaces: about 30% fewer bytes for a listing, and faster to write and to
+/// read) for a pipe or a file, as `gh` does. `GPUCTL_JSON=pretty` or `compact` chooses
+/// either way whatever stdout is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    Pretty,
+    Compact,
+}
+
+impl Layout {
+    /// The layout for this process's stdout.
+    pub fn for_stdout() -> Layout {
+        use std::io::IsTerminal;
+        match std::env::var("GPUCTL_JSON").as_deref() {
+            Ok("pretty") => Layout::Pretty,
+            Ok("compact") => Layout::Compact,
+            _ if std::io::stdout().is_terminal() => Layout::Pretty,
+            _ => Layout::Compact,
+        }
+    }
+}
+
+/// `value` as JSON into `w`: `Layout::Pretty` as `serde_json::to_writer_pretty`
+/// writes it, `Layout::Compact` as `serde_json::to_writer` does.
 pub fn to_writer<W: Write, T: ?Sized + serde::Serialize>(
     w: W,
     value: &T,
+    layout: Layout,
 ) -> serde_json::Result<()> {
-    let mut ser = serde_json::Serializer::with_formatter(w, Pretty::default());
-    value.serialize(&mut ser)
+    match layout {
+        Layout::Pretty => {
+            let mut ser = serde_json::Serializer::with_formatter(w, Pretty::default());
+            value.serialize(&mut ser)
+        }
+        Layout::Compact => serde_json::to_writer(w, value),
+    }
 }
 
 #[cfg(test)]
@@ -114,7 +144,7 @@ mod tests {
             deep,
         ] {
             let mut ours = Vec::new();
-            super::to_writer(&mut ours, &v).unwrap();
+            super::to_writer(&mut ours, &v, super::Layout::Pretty).unwrap();
             let theirs = serde_json::to_vec_pretty(&v).unwrap();
             assert_eq!(
                 String::from_utf8(ours).unwrap(),

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gpuctl_core::filter::JobFilter;
 use gpuctl_core::ops::Admission;
 use gpuctl_core::policy::{GpuRoom, gpu_room};
 use gpuctl_core::room::{Deferred, PassRoom};
@@ -32,6 +31,7 @@ use gpuctl_sched as sched;
 
 mod agents;
 mod identity;
+mod listing;
 pub use agents::check_node_name;
 pub mod users;
 
@@ -787,60 +787,6 @@ impl Controller {
         pass.await.is_ok()
     }
 
-    pub fn list_jobs(&self, filter: &JobFilter) -> Vec<pb::Job> {
-        let c = self.lock();
-        let ids = job_ids(&c, filter);
-        ids.iter()
-            .filter_map(|&id| c.jobs.job(id))
-            .map(presented)
-            .collect()
-    }
-
-    /// Ids of the jobs `list_jobs(filter)` would return, in order.
-    pub fn job_ids(&self, filter: &JobFilter) -> Vec<u64> {
-        job_ids(&self.lock(), filter)
-    }
-
-    /// These jobs (those that still exist), for one page of a listing.
-    pub fn jobs_by_id(&self, ids: &[u64], all: bool) -> Vec<pb::Job> {
-        let c = self.lock();
-        let (lo, hi) = (ids.first().copied(), ids.last().copied());
-        // A page of a listing is a run of sorted ids: its jobs are walked in one range
-        // of the maps rather than looked up one by one (a page of 250 whole-queue ids
-        // spans about 250 ids), unless the ids are sparse in their range.
-        let walk = match (lo, hi) {
-            (Some(lo), Some(hi)) => {
-                ids.is_sorted_by(|a, b| a < b) && (hi - lo) as usize <= 4 * ids.len()
-            }
-            _ => false,
-        };
-        let found: Box<dyn Iterator<Item = &pb::Job>> = if walk {
-            let mut wanted = ids.iter().copied().peekable();
-            Box::new(
-                c.jobs
-                    .in_range(lo.unwrap_or(0), hi.unwrap_or(0))
-                    .map(job_of)
-                    .filter(move |j| {
-                        while wanted.next_if(|&w| w < j.id).is_some() {}
-                        wanted.next_if_eq(&j.id).is_some()
-                    }),
-            )
-        } else {
-            Box::new(ids.iter().filter_map(|&id| c.jobs.job(id)))
-        };
-        found
-            .filter(|j| all || !j.state().is_final())
-            .map(|j| {
-                let mut p = presented(j);
-                // A running job's usage so far (history, report).
-                if let Some(u) = c.live_usage.get(&j.id) {
-                    p.usage = Some(u.clone());
-                }
-                p
-            })
-            .collect()
-    }
-
     pub fn get_job(&self, id: u64) -> Result<pb::Job, Status> {
         let c = self.lock();
         c.jobs
@@ -853,27 +799,3 @@ impl Controller {
     }
 }
 
-/// The ids of the jobs a filter lets through, in id order.
-fn job_ids(c: &Shared, filter: &JobFilter) -> Vec<u64> {
-    // The records walked in order, not looked up one id at a time.
-    let pick = |s: &gpuctl_proto::store::StoredJob| {
-        let j = job_of(s);
-        filter.matches(j).then_some(j.id)
-    };
-    // From an index: the listed users' or names' jobs only, not a walk over everyone's.
-    let indexed = |jobs: &mut dyn Iterator<Item = &gpuctl_proto::store::StoredJob>| {
-        let mut ids: Vec<u64> = jobs.filter_map(pick).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids
-    };
-    if filter.all {
-        c.jobs.all().filter_map(pick).collect()
-    } else if !filter.users.is_empty() {
-        indexed(&mut filter.users.iter().flat_map(|u| c.jobs.active_of(u)))
-    } else if !filter.names.is_empty() {
-        indexed(&mut filter.names.iter().flat_map(|n| c.jobs.active_named(n)))
-    } else {
-        c.jobs.active().filter_map(pick).collect()
-    }
-}

@@ -104,6 +104,11 @@ impl UserApi {
     }
 }
 
+/// Whether `caller` sees the jobs of `user` whole (their own; an admin's, everyone's).
+pub fn sees_whole(caller: &Caller, user: &str) -> bool {
+    caller.admin || user == caller.user
+}
+
 /// What a caller may see of a job: everything of their own (and admins of every job);
 /// of other users' jobs the metadata only: their env, script and command arguments may
 /// hold secrets.
@@ -111,7 +116,7 @@ pub fn redact(caller: &Caller, job: &mut pb::Job) {
     let Some(spec) = job.spec.as_mut() else {
         return;
     };
-    if caller.admin || spec.user == caller.user {
+    if sees_whole(caller, &spec.user) {
         return;
     }
     spec.env.clear();
@@ -143,9 +148,8 @@ impl controller_server::Controller for UserApi {
             // never held for the whole queue.
             let ids = ctl.job_ids(&filter);
             for chunk in ids.chunks(PAGE) {
-                let mut jobs = ctl.jobs_by_id(chunk, all);
-                jobs.iter_mut().for_each(|j| redact(&caller, j));
-                if tx.send(Ok(pb::ListJobsResponse { jobs })).await.is_err() {
+                let page = ctl.page_by_id(chunk, all, &caller);
+                if tx.send(Ok(page)).await.is_err() {
                     break;
                 }
             }
@@ -187,7 +191,10 @@ impl controller_server::Controller for UserApi {
         let filter = self.filter(req.get_ref())?;
         let mut jobs = self.0.list_jobs(&filter);
         jobs.iter_mut().for_each(|j| redact(&caller, j));
-        Ok(Response::new(pb::ListJobsResponse { jobs }))
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs,
+            ..Default::default()
+        }))
     }
 
     async fn get_job(&self, req: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {

@@ -15,6 +15,7 @@ pub mod convert;
 pub mod guard;
 #[cfg(feature = "rpc")]
 pub mod guard_metrics;
+pub mod pages;
 pub mod ratelog;
 pub mod statedir;
 pub mod text;
@@ -34,6 +35,7 @@ pub mod gpuctl {
 }
 
 pub use gpuctl::v1::*;
+pub use pages::ListJobsResponse;
 
 /// Records the controller persists (not sent over the network).
 pub mod store {

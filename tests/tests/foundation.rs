@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpuctl_tests::{Cluster, process_alive, wait_for};
+use gpuctl_tests::{Cluster, bin, process_alive, wait_for};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(20);
@@ -600,4 +600,41 @@ fn a_jobs_program_starts_with_default_signals() {
         .iter()
         .fold(0u64, |m, s| m | 1 << (s - 1));
     assert_eq!(mask("SigIgn:") & defaults, 0, "{out}");
+}
+
+/// `--json` to a pipe is compact (one line, as `gh` writes it), pretty with
+/// `GPUCTL_JSON=pretty` (and on a terminal); both are the same JSON, for a paged
+/// listing and a single answer alike.
+#[test]
+fn json_is_compact_in_pipes_and_pretty_on_request() {
+    let c = Cluster::controller_only();
+    for _ in 0..3 {
+        c.submit("j.toml", "command = [\"true\"]\n[resources]\ngpus = 1\n");
+    }
+    let run = |layout: Option<&str>, args: &[&str]| {
+        let mut cmd = std::process::Command::new(bin("gpuctl"));
+        cmd.args(args)
+            .env("GPUCTL_CONTROLLER", c.url())
+            .current_dir(c.path(""));
+        if let Some(l) = layout {
+            cmd.env("GPUCTL_JSON", l);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for args in [&["queue", "--json"][..], &["show", "1", "--json"][..]] {
+        let piped = run(None, args);
+        let compact = run(Some("compact"), args);
+        let pretty = run(Some("pretty"), args);
+        assert_eq!(piped.lines().count(), 1, "{piped}");
+        assert!(piped.contains("\"id\":1,"), "{piped}");
+        assert!(pretty.lines().count() > 10, "{pretty}");
+        assert!(pretty.contains("\"id\": 1,"), "{pretty}");
+        let value = |s: &str| serde_json::from_str::<Value>(s).unwrap();
+        assert_eq!(value(&piped), value(&pretty));
+        assert_eq!(piped, compact);
+    }
+    let listed = serde_json::from_str::<Value>(&run(None, &["queue", "--json"])).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 3);
 }

@@ -201,12 +201,12 @@ fn other_users_see_metadata_only() {
             "{text}"
         );
     }
-    let mine = c.gpuctl_as(
-        ALICE,
-        &c.user_dir(ALICE),
-        &["show", "--json", &id.to_string()],
-    );
-    assert!(String::from_utf8_lossy(&mine.stdout).contains("s3cr3t"));
+    // Her own, shown and listed (a listing's pages are encoded from the records when
+    // the caller sees the jobs whole).
+    for args in [vec!["show", "--json", ids.as_str()], vec!["queue", "--json"]] {
+        let mine = c.gpuctl_as(ALICE, &c.user_dir(ALICE), &args);
+        assert!(String::from_utf8_lossy(&mine.stdout).contains("s3cr3t"));
+    }
     // On the node: the job record is root's alone, the script the job user's alone.
     let state = c.path("gpud-n1");
     let jobs = std::fs::read_dir(state.join("jobs")).unwrap();

@@ -1,0 +1,240 @@
+//! Job listings: which jobs a filter lets through, and the pages of a listing, encoded
+//! from the records without copying them where the caller may see them whole.
+
+use gpuctl_core::filter::JobFilter;
+use gpuctl_core::jobs::{job_of, presented};
+use gpuctl_proto as pb;
+use prost::Message as _;
+
+use super::{Controller, Shared};
+use crate::auth::Caller;
+use crate::server::{redact, sees_whole};
+
+impl Controller {
+    pub fn list_jobs(&self, filter: &JobFilter) -> Vec<pb::Job> {
+        let c = self.lock();
+        let ids = job_ids(&c, filter);
+        ids.iter()
+            .filter_map(|&id| c.jobs.job(id))
+            .map(presented)
+            .collect()
+    }
+
+    /// Ids of the jobs `list_jobs(filter)` would return, in order.
+    pub fn job_ids(&self, filter: &JobFilter) -> Vec<u64> {
+        job_ids(&self.lock(), filter)
+    }
+
+    /// These jobs (those that still exist), for one page of a listing, as `caller` may
+    /// see them (`server::redact`). Those shown whole are encoded straight from their
+    /// records (`push_presented`); only the others are copied first.
+    pub fn page_by_id(&self, ids: &[u64], all: bool, caller: &Caller) -> pb::ListJobsResponse {
+        let c = self.lock();
+        let (lo, hi) = (ids.first().copied(), ids.last().copied());
+        // A page of a listing is a run of sorted ids: its jobs are walked in one range
+        // of the maps rather than looked up one by one (a page of 250 whole-queue ids
+        // spans about 250 ids), unless the ids are sparse in their range.
+        let walk = match (lo, hi) {
+            (Some(lo), Some(hi)) => {
+                ids.is_sorted_by(|a, b| a < b) && (hi - lo) as usize <= 4 * ids.len()
+            }
+            _ => false,
+        };
+        let found: Box<dyn Iterator<Item = &pb::Job>> = if walk {
+            let mut wanted = ids.iter().copied().peekable();
+            Box::new(
+                c.jobs
+                    .in_range(lo.unwrap_or(0), hi.unwrap_or(0))
+                    .map(job_of)
+                    .filter(move |j| {
+                        while wanted.next_if(|&w| w < j.id).is_some() {}
+                        wanted.next_if_eq(&j.id).is_some()
+                    }),
+            )
+        } else {
+            Box::new(ids.iter().filter_map(|&id| c.jobs.job(id)))
+        };
+        let mut page = pb::ListJobsResponse::default();
+        let mut encoded = Vec::new();
+        for j in found.filter(|j| all || !j.state().is_final()) {
+            // A running job's usage so far (history, report).
+            let usage = c.live_usage.get(&j.id);
+            let whole = j.spec.as_ref().is_none_or(|s| sees_whole(caller, &s.user));
+            if !(whole && push_presented(&mut encoded, j, usage)) {
+                let mut p = presented(j);
+                if let Some(u) = usage {
+                    p.usage = Some(u.clone());
+                }
+                redact(caller, &mut p);
+                page.jobs.push(p);
+            }
+        }
+        page.encoded = encoded.into();
+        page
+    }
+}
+
+/// The ids of the jobs a filter lets through, in id order.
+fn job_ids(c: &Shared, filter: &JobFilter) -> Vec<u64> {
+    // The records walked in order, not looked up one id at a time.
+    let pick = |s: &gpuctl_proto::store::StoredJob| {
+        let j = job_of(s);
+        filter.matches(j).then_some(j.id)
+    };
+    // From an index: the listed users' or names' jobs only, not a walk over everyone's.
+    let indexed = |jobs: &mut dyn Iterator<Item = &gpuctl_proto::store::StoredJob>| {
+        let mut ids: Vec<u64> = jobs.filter_map(pick).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    };
+    if filter.all {
+        c.jobs.all().filter_map(pick).collect()
+    } else if !filter.users.is_empty() {
+        indexed(&mut filter.users.iter().flat_map(|u| c.jobs.active_of(u)))
+    } else if !filter.names.is_empty() {
+        indexed(&mut filter.names.iter().flat_map(|n| c.jobs.active_named(n)))
+    } else {
+        c.jobs.active().filter_map(pick).collect()
+    }
+}
+
+/// Field numbers of `Job` (gpuctl.proto) that `presented` sets.
+const JOB_NODE: u32 = 4;
+const JOB_GPUS: u32 = 5;
+const JOB_USAGE: u32 = 17;
+
+/// Appends `presented(j)`, with `usage` when given, to a page's encoded jobs, without
+/// copying `j`: the record's own encoding, then the fields `presented` derives (its
+/// nodes and GPUs) and the usage. A field that comes again on the wire replaces (a
+/// string), extends (a repeated field) or merges into (a message) what came before, so
+/// this decodes to that job only when the record has none of them itself: then it
+/// answers false and appends nothing (the caller copies the job instead).
+fn push_presented(out: &mut Vec<u8>, j: &pb::Job, usage: Option<&pb::JobUsage>) -> bool {
+    use prost::encoding::{message, string};
+    if !j.node.is_empty() || !j.gpus.is_empty() || (usage.is_some() && j.usage.is_some()) {
+        return false;
+    }
+    let mut nodes: Vec<&str> = Vec::new();
+    for a in &j.allocations {
+        if !nodes.contains(&a.node.as_str()) {
+            nodes.push(&a.node);
+        }
+    }
+    let node = nodes.join(",");
+    let gpus: Vec<&String> = j
+        .allocations
+        .iter()
+        .flat_map(|a| a.slots.iter().map(|x| &x.uuid))
+        .collect();
+    let mut len = j.encoded_len();
+    if !node.is_empty() {
+        len += string::encoded_len(JOB_NODE, &node);
+    }
+    len += gpus
+        .iter()
+        .map(|g| string::encoded_len(JOB_GPUS, g))
+        .sum::<usize>();
+    if let Some(u) = usage {
+        len += message::encoded_len(JOB_USAGE, u);
+    }
+    pb::ListJobsResponse::push_encoded(out, len, |out| {
+        j.encode_raw(out);
+        if !node.is_empty() {
+            string::encode(JOB_NODE, &node, out);
+        }
+        for g in gpus {
+            string::encode(JOB_GPUS, g, out);
+        }
+        if let Some(u) = usage {
+            message::encode(JOB_USAGE, u, out);
+        }
+    });
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+
+    fn job(id: u64, nodes: &[&str]) -> pb::Job {
+        pb::Job {
+            id,
+            state: pb::JobState::Running as i32,
+            spec: Some(pb::JobSpec {
+                user: "alice".into(),
+                command: vec!["python3".into(), "train.py".into()],
+                env: [("K".to_string(), "v".to_string())].into(),
+                ..Default::default()
+            }),
+            allocations: nodes
+                .iter()
+                .enumerate()
+                .map(|(rank, n)| pb::Allocation {
+                    node: n.to_string(),
+                    rank: rank as u32,
+                    slots: (0..2)
+                        .map(|g| pb::SlotUse {
+                            uuid: format!("GPU-{n}-{g}"),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn usage(cpu_time_ms: u64) -> pb::JobUsage {
+        pb::JobUsage {
+            cpu_time_ms,
+            host_reports: 1,
+            ..Default::default()
+        }
+    }
+
+    /// A job pushed from its record decodes to what `presented` (and the usage) give,
+    /// pending or on one node or several, with a usage or none; a record that has one
+    /// of the derived fields itself is refused (and then copied by the caller).
+    #[test]
+    fn a_job_encoded_from_its_record_is_the_presented_job() {
+        let cases = [
+            (job(1, &[]), None),
+            (job(2, &["n1"]), None),
+            (job(3, &["n1", "n2", "n1"]), Some(usage(7))),
+        ];
+        let mut encoded = Vec::new();
+        let mut want = Vec::new();
+        for (j, u) in &cases {
+            assert!(push_presented(&mut encoded, j, u.as_ref()));
+            let mut p = presented(j);
+            p.usage = u.clone();
+            want.push(p);
+        }
+        let page = pb::ListJobsResponse {
+            encoded: encoded.into(),
+            ..Default::default()
+        };
+        let back = pb::ListJobsResponse::decode(&page.encode_to_vec()[..]).unwrap();
+        assert_eq!(back.jobs, want);
+        assert_eq!(back.jobs[2].node, "n1,n2");
+        assert_eq!(back.jobs[2].gpus.len(), 6);
+
+        let mut out = Vec::new();
+        let with_node = pb::Job {
+            node: "old".into(),
+            ..job(4, &["n1"])
+        };
+        let with_usage = pb::Job {
+            usage: Some(usage(1)),
+            ..job(5, &["n1"])
+        };
+        assert!(!push_presented(&mut out, &with_node, None));
+        assert!(!push_presented(&mut out, &with_usage, Some(&usage(2))));
+        assert!(out.is_empty());
+        assert!(push_presented(&mut out, &with_usage, None));
+    }
+}
