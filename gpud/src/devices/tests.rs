@@ -166,19 +166,22 @@ fn the_bpf_program_confines_a_process_in_its_cgroup() {
         eprintln!("skipped: no writable cgroup2 mount");
         return;
     };
-    let cg = root.join(format!("gpuctl-bpf-test-{}", std::process::id()));
-    std::fs::create_dir(&cg).unwrap();
-    let rules = DeviceRules::for_slots(&node(), ["GPU-1"], None);
-    let out = rules
-        .apply_bpf(&cg)
-        .map(|()| opens_in_cgroup(&cg, &[0, 1, 255]));
-    let _ = std::fs::remove_dir(&cg);
-    let out = out.unwrap_or_else(|e| panic!("attach: {e}"));
-    assert_eq!(
-        out.lines().collect::<Vec<_>>(),
-        ["not permitted", "1:open", "255:open"],
-        "{out}"
-    );
+    // Twice: the second job's cgroup gets the program loaded for the first.
+    for n in 0..2 {
+        let cg = root.join(format!("gpuctl-bpf-test-{}-{n}", std::process::id()));
+        std::fs::create_dir(&cg).unwrap();
+        let rules = DeviceRules::for_slots(&node(), ["GPU-1"], None);
+        let out = rules
+            .apply_bpf(&cg)
+            .map(|()| opens_in_cgroup(&cg, &[0, 1, 255]));
+        let _ = std::fs::remove_dir(&cg);
+        let out = out.unwrap_or_else(|e| panic!("attach: {e}"));
+        assert_eq!(
+            out.lines().collect::<Vec<_>>(),
+            ["not permitted", "1:open", "255:open"],
+            "{out}"
+        );
+    }
 }
 
 /// The v1 devices controller alone: a process in a job's v1 devices cgroup opens its
