@@ -13,7 +13,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .codec_path("crate::codec::Codec")
         // A page of a listing the controller can fill with jobs it encoded itself
         // (src/pages.rs).
-        .extern_path(".gpuctl.v1.ListJobsResponse", "crate::pages::ListJobsResponse")
+        .extern_path(
+            ".gpuctl.v1.ListJobsResponse",
+            "crate::pages::ListJobsResponse",
+        )
         .compile_protos(&["proto/gpuctl.proto", "proto/store.proto"], &["proto"])?;
     Ok(())
 }

@@ -61,6 +61,10 @@ pub enum Command {
     Submit(Box<crate::submit::SubmitArgs>),
     /// Pending and running jobs (like squeue).
     Queue(commands::queue::QueueArgs),
+    /// Inside a job: run a command as the job's tasks on this node, each with its rank
+    /// and its GPUs, and wait for them (like srun in a batch script; `srun` is this
+    /// command under that name).
+    Run(commands::run::RunArgs),
     /// Accounting: every job active in a time window, finished ones included, with what
     /// it used (like sacct).
     History(commands::history::HistoryArgs),
@@ -529,6 +533,11 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     };
     match &cli.command {
         Command::Man => return print_manual(),
+        // The job's own processes: no controller is asked.
+        Command::Run(args) => {
+            let code = commands::run::run(args).await?;
+            std::process::exit(code.into());
+        }
         Command::Completions { shell } => {
             let mut out = Vec::new();
             let mut cmd = <Cli as clap::CommandFactory>::command();
@@ -541,8 +550,8 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     let mut client = connect(&cli).await?;
     let c = &mut client;
     match &cli.command {
-        // Printed above, without a controller.
-        Command::Completions { .. } | Command::Man => {}
+        // Done above, without a controller.
+        Command::Completions { .. } | Command::Man | Command::Run(_) => {}
         Command::Submit(args) => {
             commands::submit::run_all(&cli, c, specs, args.json, args.parsable).await?;
         }

@@ -96,6 +96,9 @@ pub struct ResourcesFile {
     pub exclude: Option<Spanned<OneOrMany>>,
     /// Node features, like sbatch -C: `"a100&nvlink"`, `"a100|h100"`.
     pub constraint: Option<Spanned<String>>,
+    /// Processes on each node (sbatch --ntasks-per-node), each with its share of the
+    /// node's GPUs; `cpus` then defaults to one a task.
+    pub tasks_per_node: Option<Spanned<u32>>,
 }
 
 /// A job file error, pointing into the file where it can.
@@ -154,6 +157,8 @@ pub struct Job {
     pub exclude: Vec<String>,
     /// Node features (`a&b|c`; empty: any node).
     pub constraint: String,
+    /// Tasks on each node (1: one process a node).
+    pub tasks_per_node: u32,
     pub mig_profile: String,
     pub mig_count: u32,
     pub nodes: u32,
@@ -192,6 +197,7 @@ impl Default for Job {
             nodelist: Vec::new(),
             exclude: Vec::new(),
             constraint: String::new(),
+            tasks_per_node: 1,
             mig_profile: String::new(),
             mig_count: 0,
             nodes: 1,
@@ -356,7 +362,34 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         Some(c) => gpuctl_sched::features::checked(c.get_ref()).map_err(|m| at(c.span(), m))?,
         None => String::new(),
     };
+    let tasks = res.tasks_per_node.clone();
+    let cpus = match (&tasks, &res.cpus) {
+        (Some(t), None) => cpus.max(*t.get_ref()),
+        _ => cpus,
+    };
     let gpu = gpu_part(&src, res)?;
+    let tasks_per_node = match tasks {
+        Some(t) if *t.get_ref() == 0 => {
+            return Err(at(t.span(), "`tasks_per_node` must be at least 1".into()));
+        }
+        Some(t) => {
+            let wire = pb::Resources {
+                gpu: wire_gpu(
+                    &gpu.mig_profile,
+                    gpu.mig_count,
+                    gpu.gpu_milli,
+                    gpu.gpu_memory_mib,
+                    gpu.gpus,
+                ),
+                cpus,
+                tasks_per_node: *t.get_ref(),
+                ..pb::Resources::default()
+            };
+            gpuctl_proto::convert::check_tasks(&wire).map_err(|m| at(t.span(), m))?;
+            *t.get_ref()
+        }
+        None => 1,
+    };
     // A name of the controller's config (QoS, account, partition): 1 to 64 characters.
     let config_name = |v: Option<Spanned<String>>, key: &str| match v {
         Some(v) if v.get_ref().is_empty() || v.get_ref().len() > 64 => {
@@ -413,6 +446,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         nodelist,
         exclude,
         constraint,
+        tasks_per_node,
         mig_profile: gpu.mig_profile,
         mig_count: gpu.mig_count,
         nodes: gpu.nodes,
@@ -819,6 +853,7 @@ impl Job {
                 nodelist: self.nodelist,
                 exclude: self.exclude,
                 constraint: self.constraint,
+                tasks_per_node: self.tasks_per_node,
                 ..pb::Resources::default()
             }),
             user: user.to_string(),

@@ -87,7 +87,10 @@ impl Buffers {
     }
 
     fn give(&self, buffer: Vec<u8>) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(buffer);
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(buffer);
     }
 }
 

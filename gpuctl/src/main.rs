@@ -12,7 +12,16 @@ async fn main() -> ExitCode {
         eprintln!("gpuctl: internal error; the output above (if any) is incomplete");
         std::process::exit(101);
     }));
-    let cli = gpuctl::cli::Cli::parse();
+    // Called as `srun` (the name job scripts written for Slurm use): `gpuctl run`.
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let called = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "srun");
+    if called {
+        args.splice(0..1, ["gpuctl".into(), "run".into()]);
+    }
+    let cli = gpuctl::cli::Cli::parse_from(args);
     match gpuctl::cli::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {

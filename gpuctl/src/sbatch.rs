@@ -39,6 +39,9 @@ fn directives(text: &str) -> impl Iterator<Item = (usize, &str)> {
 #[derive(Debug, Default, PartialEq)]
 pub struct Extra {
     pub export: Option<String>,
+    /// A batch script (not a TOML job file): it takes the submitting shell's
+    /// environment unless `--export` says otherwise, as sbatch's do.
+    pub batch: bool,
     pub hold: bool,
     /// Options that change nothing here, each with why.
     pub warnings: Vec<String>,
@@ -354,11 +357,15 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
         stdout: Some("slurm-%j.out".into()),
         ..Job::default()
     };
-    let mut extra = Extra::default();
+    let mut extra = Extra {
+        batch: true,
+        ..Extra::default()
+    };
     let mut ntasks = None;
     let mut per_node = None;
     let mut mem_per_cpu = None;
     let mut mem_per_gpu = None;
+    let mut gpus_per_task = false;
     // `-G`/`--gpus` is the job's total (Slurm's meaning), split over its nodes at the end.
     let mut total_gpus: Option<(u32, Range<usize>)> = None;
     for (offset, line) in directives(text) {
@@ -393,9 +400,11 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 "mem" => job.memory_bytes = slurm_memory(v).map_err(fail)?,
                 "mem-per-cpu" => mem_per_cpu = Some(slurm_memory(v).map_err(fail)?),
                 "mem-per-gpu" => mem_per_gpu = Some(slurm_memory(v).map_err(fail)?),
-                // One task per node: a task's GPUs are its node's.
+                // Per node, but for --gpus (the job's, split over its nodes at the
+                // end) and --gpus-per-task (times the tasks on a node, at the end).
                 "gres" | "gpus" | "gpus-per-node" | "gpus-per-task" => {
                     let (n, model, milli) = gpus_of(v, o.name == "gres").map_err(fail)?;
+                    gpus_per_task = o.name == "gpus-per-task" && milli == 0;
                     job.gpus = n;
                     job.gpu_milli = milli;
                     job.gpu_models.extend(model);
@@ -470,17 +479,34 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
             }
         }
     }
-    // One process per node: more tasks than nodes need a launcher inside the script.
-    let tasks_per_node = per_node
-        .unwrap_or(1)
-        .max(ntasks.map_or(1, |n| n.div_ceil(job.nodes.max(1))));
-    if tasks_per_node > 1 {
-        return Err(JobFileError::Whole {
-            file: file.to_string(),
-            message: format!(
-                "{tasks_per_node} tasks per node: gpuctl starts one process per node (RANK, WORLD_SIZE, MASTER_ADDR are set); start more with torchrun or mpirun inside the script"
-            ),
-        });
+    let whole = |message: String| JobFileError::Whole {
+        file: file.to_string(),
+        message,
+    };
+    let nodes = job.nodes.max(1);
+    let tasks_per_node = match (per_node, ntasks) {
+        (Some(t), Some(n)) if n != t * nodes => {
+            return Err(whole(format!(
+                "--ntasks={n} and --ntasks-per-node={t} over {nodes} nodes disagree"
+            )));
+        }
+        (Some(t), _) => t,
+        (None, Some(n)) if !n.is_multiple_of(nodes) => {
+            return Err(whole(format!(
+                "--ntasks={n} over {nodes} nodes: gpuctl starts the same number of tasks on every node; give a multiple of {nodes}, or --ntasks-per-node"
+            )));
+        }
+        (None, Some(n)) => n / nodes,
+        (None, None) => 1,
+    };
+    if tasks_per_node == 0 {
+        return Err(whole("--ntasks must be at least 1".into()));
+    }
+    job.tasks_per_node = tasks_per_node;
+    // -c is per task: a node holds its tasks' CPUs.
+    job.cpus = job.cpus.saturating_mul(tasks_per_node);
+    if gpus_per_task {
+        job.gpus = job.gpus.saturating_mul(tasks_per_node);
     }
     if let Some((n, span)) = total_gpus {
         let nodes = job.nodes.max(1);

@@ -275,9 +275,12 @@ impl SubmitArgs {
         Ok(())
     }
 
-    /// `--export` (the command line's wins over a script's); the job's own env wins.
+    /// `--export` (the command line's wins over a script's; a batch script's default is
+    /// ALL, as sbatch's, a TOML job file's NONE); the job's own env wins.
     fn export_env(&self, extra: &Extra, spec: &mut pb::JobSpec) -> Result<(), String> {
-        if let Some(e) = self.export.as_ref().or(extra.export.as_ref()) {
+        let asked = self.export.as_ref().or(extra.export.as_ref());
+        let export = asked.map(String::as_str).or(extra.batch.then_some("ALL"));
+        if let Some(e) = export {
             for (k, v) in exported_env(e, std::env::vars_os())? {
                 spec.env.entry(k).or_insert(v);
             }
@@ -301,8 +304,28 @@ fn time_limit(t: &str) -> Result<Duration, String> {
     }
 }
 
+/// Variables that say which job, rank and GPUs a process is: ALL never passes the
+/// submitting shell's (a job submitted from inside another would take that one's), the
+/// agent sets the new job's.
+fn job_identity(name: &str) -> bool {
+    name.starts_with("SLURM_")
+        || name.starts_with("GPUCTL_")
+        || matches!(
+            name,
+            "MASTER_ADDR"
+                | "MASTER_PORT"
+                | "RANK"
+                | "LOCAL_RANK"
+                | "NODE_RANK"
+                | "WORLD_SIZE"
+                | "LOCAL_WORLD_SIZE"
+                | "CUDA_VISIBLE_DEVICES"
+        )
+}
+
 /// What `--export` passes: ALL of `vars` (those with variable names and UTF-8 values;
-/// never GPUCTL_TOKEN), NONE, or the listed NAME / NAME=VALUE entries.
+/// never GPUCTL_TOKEN nor another job's identity: `job_identity`), NONE, or the listed
+/// NAME / NAME=VALUE entries.
 pub fn exported_env(
     spec: &str,
     vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
@@ -318,7 +341,7 @@ pub fn exported_env(
         .filter(|(k, _)| valid(k) && k != "GPUCTL_TOKEN")
         .collect();
     match spec {
-        "ALL" => Ok(vars),
+        "ALL" => Ok(vars.into_iter().filter(|(k, _)| !job_identity(k)).collect()),
         "NONE" | "" => Ok(Vec::new()),
         list => list
             .split(',')
@@ -361,6 +384,8 @@ mod tests {
             ("PATH", "/home/u/bin:/usr/bin"),
             ("CONDA_PREFIX", "/opt/conda"),
             ("GPUCTL_TOKEN", "secret"),
+            ("SLURM_JOB_ID", "7"),
+            ("MASTER_ADDR", "10.0.0.9"),
             ("BASH_FUNC_x%%", "() { :; }"),
         ]
         .into_iter()

@@ -798,4 +798,3 @@ impl Controller {
             .ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
 }
-

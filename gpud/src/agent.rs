@@ -119,6 +119,8 @@ struct Agent {
     session_ready: Notify,
     /// The health program's latest complaint ("" = healthy, or no program).
     health: Arc<Mutex<String>>,
+    /// The directory put first on jobs' PATH, holding `srun` (`launch::job_tools`).
+    tools: Option<PathBuf>,
 }
 
 /// The next number of `session` (`None`: Challenge and Attach, which belong to none yet
@@ -171,6 +173,7 @@ impl Agent {
             session: Mutex::new(None),
             session_ready: Notify::new(),
             health: Arc::default(),
+            tools: crate::launch::job_tools(&opts.state_dir),
         })
     }
 

@@ -103,6 +103,36 @@ pub fn job_env(start: &pb::StartJob, node: &str, lang: Option<&str>) -> BTreeMap
     env
 }
 
+/// `<state-dir>/bin`, holding `srun`: a link to the `gpuctl` installed next to this
+/// gpud (`gpuctl run` under the name Slurm scripts call), put first on every job's PATH.
+/// `None`, said once, where there is no such gpuctl.
+pub fn job_tools(state_dir: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let gpuctl = std::env::current_exe().ok()?.with_file_name("gpuctl");
+    if !gpuctl.is_file() {
+        tracing::warn!(
+            "no gpuctl next to gpud ({}): jobs find no srun, and jobs with tasks_per_node above 1 cannot start",
+            gpuctl.display()
+        );
+        return None;
+    }
+    let dir = state_dir.join("bin");
+    let made = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)))
+        .and_then(|()| {
+            let link = dir.join("srun");
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&gpuctl, &link)
+        });
+    match made {
+        Ok(()) => Some(dir),
+        Err(e) => {
+            tracing::warn!("cannot make {}/srun: {e}; jobs find no srun", dir.display());
+            None
+        }
+    }
+}
+
 /// The `SLURM_*` variables that scripts written for Slurm read (one task per node).
 fn slurm_env(
     env: &mut BTreeMap<String, String>,
@@ -112,6 +142,16 @@ fn slurm_env(
     gpus: usize,
 ) {
     let cpus = spec.resources.as_ref().map_or(1, |r| r.cpus.max(1));
+    let tasks = spec
+        .resources
+        .as_ref()
+        .map_or(1, |r| r.tasks_per_node.max(1));
+    let ntasks = (nodelist.len() as u32 * tasks).to_string();
+    let per_node = if nodelist.len() > 1 {
+        format!("{tasks}(x{})", nodelist.len())
+    } else {
+        tasks.to_string()
+    };
     let nodes = nodelist.len().to_string();
     for (k, v) in [
         ("SLURM_JOB_ID", start.job_id.to_string()),
@@ -119,14 +159,18 @@ fn slurm_env(
         ("SLURM_JOB_NAME", spec.name.clone()),
         ("SLURM_JOB_USER", spec.user.clone()),
         ("SLURM_NNODES", nodes.clone()),
-        ("SLURM_JOB_NUM_NODES", nodes.clone()),
-        ("SLURM_NTASKS", nodes),
+        ("SLURM_JOB_NUM_NODES", nodes),
+        ("SLURM_NTASKS", ntasks.clone()),
+        ("SLURM_NPROCS", ntasks),
+        ("SLURM_NTASKS_PER_NODE", tasks.to_string()),
+        ("SLURM_TASKS_PER_NODE", per_node),
+        ("GPUCTL_TASKS_PER_NODE", tasks.to_string()),
         ("SLURM_NODEID", start.rank.to_string()),
         ("SLURM_PROCID", start.rank.to_string()),
         ("SLURM_LOCALID", "0".into()),
         ("SLURM_JOB_NODELIST", nodelist.join(",")),
         ("SLURM_SUBMIT_DIR", spec.workdir.clone()),
-        ("SLURM_CPUS_PER_TASK", cpus.to_string()),
+        ("SLURM_CPUS_PER_TASK", (cpus / tasks).max(1).to_string()),
         ("SLURM_GPUS_ON_NODE", gpus.to_string()),
         (
             "SLURM_RESTART_COUNT",
@@ -318,6 +362,34 @@ pub fn resolve_user(name: &str, allow_root: bool) -> Result<Option<RunAs>, Strin
 }
 
 impl LaunchSpec {
+    /// Puts `tools` (`job_tools`: `srun`) first on the job's PATH. A job `command` with
+    /// more than one task a node is started through that `srun` (`gpuctl run`), which
+    /// starts its tasks; a script starts them itself, with `srun`.
+    pub fn with_tools(mut self, tools: Option<&Path>) -> std::io::Result<LaunchSpec> {
+        let tasks: u32 = self
+            .env
+            .get("GPUCTL_TASKS_PER_NODE")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(1);
+        if let Some(dir) = tools {
+            let path = self.env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+            let path = format!("{}:{path}", dir.display());
+            self.env.insert("PATH".into(), path);
+        }
+        if tasks > 1 && self.script.is_none() {
+            let Some(dir) = tools else {
+                return Err(std::io::Error::other(
+                    "the job has tasks_per_node above 1, and this node has no gpuctl next to gpud to start them with",
+                ));
+            };
+            let program = std::mem::replace(&mut self.program, dir.join("srun"));
+            let mut args = vec!["--".to_string(), program.display().to_string()];
+            args.append(&mut self.args);
+            self.args = args;
+        }
+        Ok(self)
+    }
+
     /// The job's cgroup directory name: `job-<id>`, `job-<id>.<attempt>` after a requeue.
     pub fn cgroup_leaf(&self) -> String {
         if self.attempt > 1 {

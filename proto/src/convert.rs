@@ -212,7 +212,37 @@ pub fn checked_request(r: &Resources) -> Result<Request, BadRequest> {
         return bad("a constraint is at most 1024 bytes");
     }
     gpuctl_sched::features::parse(&r.constraint).map_err(BadRequest)?;
+    check_tasks(r).map_err(BadRequest)?;
     Ok(Request::from(r))
+}
+
+/// The most tasks a job may start on one node.
+pub const MAX_TASKS_PER_NODE: u32 = 256;
+
+/// A job's tasks per node: at most [`MAX_TASKS_PER_NODE`], and its node's whole GPUs
+/// (or MIG instances) split evenly over them, each task its own.
+pub fn check_tasks(r: &Resources) -> Result<(), String> {
+    let t = r.tasks_per_node;
+    if t > MAX_TASKS_PER_NODE {
+        return Err(format!("{t} tasks per node: at most {MAX_TASKS_PER_NODE}"));
+    }
+    if t > 1 && r.cpus < t && r.cpu_milli == 0 {
+        return Err(format!(
+            "{t} tasks per node need at least {t} CPUs per node (cpus = {}): a task has at least one",
+            r.cpus
+        ));
+    }
+    let devices = match &r.gpu {
+        Some(GpuPart::Gpus(n)) => Some((*n, "GPUs")),
+        Some(GpuPart::Mig(m)) => Some((m.count, "MIG instances")),
+        _ => None,
+    };
+    match devices {
+        Some((n, what)) if t > 1 && n > 0 && !n.is_multiple_of(t) => Err(format!(
+            "{n} {what} per node do not split over {t} tasks per node: give each task the same number (gpus = tasks x gpus per task)"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The most patterns a job's `nodelist` or `exclude` may hold.
@@ -325,6 +355,45 @@ pub fn allocation(a: &Alloc, rank: u32) -> Allocation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tasks per node: bounded, one CPU each at least, the node's GPUs or MIG instances
+    /// split evenly (a share is every task's).
+    #[test]
+    fn tasks_split_a_nodes_gpus_evenly() {
+        let r = |tasks: u32, cpus: u32, gpu: Option<GpuPart>| Resources {
+            tasks_per_node: tasks,
+            cpus,
+            gpu,
+            ..Resources::default()
+        };
+        let ok = |r: Resources| check_tasks(&r).map(drop);
+        assert!(ok(r(4, 4, Some(GpuPart::Gpus(8)))).is_ok());
+        assert!(ok(r(1, 1, Some(GpuPart::Gpus(3)))).is_ok());
+        assert!(ok(r(4, 4, None)).is_ok());
+        assert!(ok(r(2, 2, Some(GpuPart::Gpus(0)))).is_ok());
+        let share = GpuPart::Share(GpuShare {
+            compute_milli: 500,
+            memory_mib: None,
+        });
+        assert!(ok(r(2, 2, Some(share))).is_ok());
+        let e = ok(r(3, 3, Some(GpuPart::Gpus(8)))).unwrap_err();
+        assert!(
+            e.contains("8 GPUs per node do not split over 3 tasks"),
+            "{e}"
+        );
+        let mig = GpuPart::Mig(MigInstances {
+            profile: "1g.10gb".into(),
+            count: 3,
+        });
+        assert!(
+            ok(r(2, 2, Some(mig)))
+                .unwrap_err()
+                .contains("MIG instances")
+        );
+        assert!(ok(r(4, 2, None)).unwrap_err().contains("at least 4 CPUs"));
+        assert!(ok(r(257, 512, None)).unwrap_err().contains("at most 256"));
+        assert!(checked_request(&r(3, 3, Some(GpuPart::Gpus(4)))).is_err());
+    }
 
     #[test]
     fn states_round_trip_and_unspecified_is_refused() {

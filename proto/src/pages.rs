@@ -105,9 +105,7 @@ mod tests {
         };
         let mut encoded = Vec::new();
         for j in &all.jobs[2..] {
-            ListJobsResponse::push_encoded(&mut encoded, j.encoded_len(), |out| {
-                j.encode_raw(out)
-            });
+            ListJobsResponse::push_encoded(&mut encoded, j.encoded_len(), |out| j.encode_raw(out));
         }
         let mixed = ListJobsResponse {
             jobs: all.jobs[..2].to_vec(),

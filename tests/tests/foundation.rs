@@ -620,7 +620,11 @@ fn json_is_compact_in_pipes_and_pretty_on_request() {
             cmd.env("GPUCTL_JSON", l);
         }
         let out = cmd.output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     };
     for args in [&["queue", "--json"][..], &["show", "1", "--json"][..]] {

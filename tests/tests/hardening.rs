@@ -203,7 +203,10 @@ fn other_users_see_metadata_only() {
     }
     // Her own, shown and listed (a listing's pages are encoded from the records when
     // the caller sees the jobs whole).
-    for args in [vec!["show", "--json", ids.as_str()], vec!["queue", "--json"]] {
+    for args in [
+        vec!["show", "--json", ids.as_str()],
+        vec!["queue", "--json"],
+    ] {
         let mine = c.gpuctl_as(ALICE, &c.user_dir(ALICE), &args);
         assert!(String::from_utf8_lossy(&mine.stdout).contains("s3cr3t"));
     }

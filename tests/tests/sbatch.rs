@@ -279,3 +279,59 @@ fn a_script_on_standard_input_is_submitted_as_sbatch_reads_one() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("stdin:2:") && err.contains("--wckey"), "{err}");
 }
+
+/// sbatch's default `--export=ALL`: a batch script gets the submitting shell's
+/// environment, but never another job's identity (a stale SLURM_JOB_ID, MASTER_ADDR);
+/// a TOML job file gets none of it; `--export=NONE` turns it off.
+#[test]
+fn a_batch_script_takes_the_submitting_shells_environment() {
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let submit = |file: &str, text: &str, extra: &[&str]| -> u64 {
+        std::fs::write(c.path(file), text).unwrap();
+        let out = std::process::Command::new(gpuctl_tests::bin("gpuctl"))
+            .args(["submit", "--json"])
+            .args(extra)
+            .arg(file)
+            .env("GPUCTL_CONTROLLER", c.url())
+            .env("FROM_SHELL", "yes")
+            .env("SLURM_JOB_ID", "999999")
+            .env("MASTER_ADDR", "192.0.2.1")
+            .current_dir(c.path(""))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["job_id"]
+            .as_u64()
+            .unwrap()
+    };
+    let line = "echo \"${FROM_SHELL:-unset} $SLURM_JOB_ID $MASTER_ADDR\"";
+    let batch = submit(
+        "e.sbatch",
+        &format!("#!/bin/sh\n#SBATCH -o e.out\n{line}\n"),
+        &[],
+    );
+    let none = submit(
+        "n.sbatch",
+        &format!("#!/bin/sh\n#SBATCH -o n.out\n{line}\n"),
+        &["--export", "NONE"],
+    );
+    let toml = submit(
+        "t.toml",
+        &format!("script = '{line}'\nstdout = \"t.out\"\n"),
+        &[],
+    );
+    for id in [batch, none, toml] {
+        c.wait_state(id, "COMPLETED", T);
+    }
+    let read = |f: &str| std::fs::read_to_string(c.path(f)).unwrap();
+    let first = |f: &str| read(f).split(' ').next().unwrap().to_string();
+    let e = read("e.out");
+    assert!(e.starts_with(&format!("yes {batch} ")), "{e}");
+    assert!(!e.contains("192.0.2.1"), "{e}");
+    assert_eq!(first("n.out"), "unset");
+    assert_eq!(first("t.out"), "unset");
+}

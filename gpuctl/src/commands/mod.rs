@@ -15,6 +15,7 @@ pub mod partitions;
 pub mod priority;
 pub mod queue;
 pub mod report;
+pub mod run;
 pub mod share;
 pub mod show;
 pub mod submit;

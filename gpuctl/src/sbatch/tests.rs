@@ -91,10 +91,17 @@ fn unsupported_options_are_refused_by_name_with_their_place() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("-y is not supported"), "{e}");
-    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --ntasks=8\n")
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -N 2 --ntasks=3\n")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("one process per node"), "{e}");
+    assert!(e.contains("give a multiple of 2"), "{e}");
+    let e = parse(
+        "t.sbatch",
+        "#!/bin/sh\n#SBATCH -N 2 -n 8 --ntasks-per-node=2\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("disagree"), "{e}");
     let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --gres=mps:50\n")
         .unwrap_err()
         .to_string();
@@ -186,7 +193,18 @@ fn gpus_is_the_jobs_total_and_per_task_and_per_gpu_forms_are_read() {
     );
     // One task per node: a task's GPUs are its node's.
     let j = job("#!/bin/sh\n#SBATCH -N 2 --ntasks-per-node=1 --gpus-per-task=2\nrun\n");
-    assert_eq!((j.nodes, j.gpus), (2, 2));
+    assert_eq!((j.nodes, j.gpus, j.tasks_per_node), (2, 2, 1));
+    // Tasks: a node holds its tasks' GPUs and CPUs, whichever order the lines come in.
+    for text in [
+        "#!/bin/sh\n#SBATCH -N 2 --ntasks-per-node=2 --gpus-per-task=1 -c 3\nsrun run\n",
+        "#!/bin/sh\n#SBATCH -c 3 --gpus-per-task=1\n#SBATCH -n 4 -N 2\nsrun run\n",
+    ] {
+        let j = job(text);
+        assert_eq!((j.nodes, j.tasks_per_node, j.gpus, j.cpus), (2, 2, 2, 6));
+    }
+    // --gpus-per-node stays the node's, split over its tasks.
+    let j = job("#!/bin/sh\n#SBATCH --ntasks-per-node=4 --gpus-per-node=8\nrun\n");
+    assert_eq!((j.tasks_per_node, j.gpus, j.cpus), (4, 8, 4));
     // Memory per GPU: the node's GPUs' worth.
     let j = job("#!/bin/sh\n#SBATCH --gpus-per-node=2 --mem-per-gpu=16G\nrun\n");
     assert_eq!(j.memory_bytes, 32 << 30);

@@ -347,7 +347,8 @@ fn spawn_recorded(
 ) -> std::io::Result<(crate::launch::Launched, i64)> {
     let run_as = resolve_user(user, agent.allow_root_jobs).map_err(std::io::Error::other)?;
     let mut spec =
-        LaunchSpec::from_start(start, &agent.name, &agent.state_dir.join("scripts"), run_as)?;
+        LaunchSpec::from_start(start, &agent.name, &agent.state_dir.join("scripts"), run_as)?
+            .with_tools(agent.tools.as_deref())?;
     spec.env.extend(extra_env.iter().cloned());
     spec.devices = Some(crate::devices::DeviceRules::for_slots(
         &agent.gpus.lock().unwrap_or_else(|p| p.into_inner()),

@@ -298,3 +298,54 @@ async fn an_interrupted_wait_keeps_watching_the_pipe() {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(st.signal(), Some(15));
 }
+
+/// Tasks: the batch script learns how many there are; a job `command` with more than
+/// one a node is started through the node's `srun`, which is first on every job's PATH;
+/// without one it cannot start.
+#[test]
+fn tasks_are_told_and_started_through_srun() {
+    let mut s = start(&[("GPU-a", 1000, 81920), ("GPU-b", 1000, 81920)]);
+    s.nodelist = vec!["n1".into(), "n2".into()];
+    if let Some(spec) = s.spec.as_mut() {
+        spec.command = vec!["python".into(), "train.py".into()];
+        let r = spec.resources.get_or_insert_default();
+        r.tasks_per_node = 2;
+        r.cpus = 8;
+    }
+    let env = job_env(&s, "n1", None);
+    assert_eq!(env["SLURM_NTASKS"], "4");
+    assert_eq!(env["SLURM_NTASKS_PER_NODE"], "2");
+    assert_eq!(env["SLURM_TASKS_PER_NODE"], "2(x2)");
+    assert_eq!(env["SLURM_CPUS_PER_TASK"], "4");
+    assert_eq!(env["GPUCTL_TASKS_PER_NODE"], "2");
+    let tools = Path::new("/state/bin");
+    let l = LaunchSpec::from_start(&s, "n1", Path::new("/tmp"), None)
+        .unwrap()
+        .with_tools(Some(tools))
+        .unwrap();
+    assert_eq!(l.program, tools.join("srun"));
+    assert_eq!(l.args, ["--", "python", "train.py"]);
+    assert!(
+        l.env["PATH"].starts_with("/state/bin:/usr/local/sbin:"),
+        "{}",
+        l.env["PATH"]
+    );
+    let none = LaunchSpec::from_start(&s, "n1", Path::new("/tmp"), None)
+        .unwrap()
+        .with_tools(None);
+    assert!(
+        none.unwrap_err()
+            .to_string()
+            .contains("no gpuctl next to gpud")
+    );
+    // One task a node: the command itself, srun on its PATH all the same.
+    if let Some(r) = s.spec.as_mut().and_then(|x| x.resources.as_mut()) {
+        r.tasks_per_node = 1;
+    }
+    let l = LaunchSpec::from_start(&s, "n1", Path::new("/tmp"), None)
+        .unwrap()
+        .with_tools(Some(tools))
+        .unwrap();
+    assert_eq!(l.program, PathBuf::from("python"));
+    assert!(l.env["PATH"].starts_with("/state/bin:"));
+}

@@ -1,0 +1,316 @@
+//! `gpuctl run` (also `srun`, by the name it is called by): inside a job, runs a
+//! command as the job's tasks on this node.
+//!
+//! A job's batch script runs on each of its nodes (`docs/jobfile.md`), so each node's
+//! `gpuctl run` starts that node's tasks: task `i` of node `r` is rank
+//! `r * tasks_per_node + i`, with its own GPUs (the node's, split evenly in order, as
+//! `--gpus-per-task` with `--gpu-bind=single` gives them) and the variables Slurm's
+//! tasks and torch.distributed read. Nothing is asked of the controller: the tasks are
+//! processes of the job, in its cgroup, under its limits. It waits for every task,
+//! passes the signals it gets on to them, and ends as the worst of them did.
+
+use std::collections::BTreeMap;
+
+use crate::cli::{Failure, exit, fail};
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Tasks in all (srun -n): a multiple of the nodes used; default: the job's tasks.
+    #[arg(short = 'n', long)]
+    pub ntasks: Option<u32>,
+    /// Nodes to run on (srun -N), the job's first ones; default: all of them.
+    #[arg(short = 'N', long)]
+    pub nodes: Option<u32>,
+    /// Tasks on each node; default: the job's (--ntasks-per-node).
+    #[arg(long)]
+    pub ntasks_per_node: Option<u32>,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// What this node's part of the run is, from the job's environment and the options.
+#[derive(Debug, PartialEq)]
+pub struct Plan {
+    pub node_rank: u32,
+    pub nodes: u32,
+    pub per_node: u32,
+    /// Each local task's GPUs (empty lists for a job without GPUs).
+    pub gpus: Vec<Vec<String>>,
+}
+
+fn var(env: &BTreeMap<String, String>, name: &str) -> Result<u32, Failure> {
+    let v = env.get(name).ok_or_else(|| {
+        fail(format!(
+            "{name} is not set: gpuctl run starts a job's tasks from inside the job (its script); interactive allocations (gpuctl run --pty, gpuctl alloc) are not built yet"
+        ))
+    })?;
+    v.parse()
+        .map_err(|_| fail(format!("{name}={v:?} is not a number")))
+}
+
+impl RunArgs {
+    /// This node's part, from the job's variables (`env`).
+    pub fn plan(&self, env: &BTreeMap<String, String>) -> Result<Plan, Failure> {
+        let usage = |m: String| Failure {
+            code: exit::USAGE,
+            message: m,
+        };
+        var(env, "GPUCTL_JOB_ID")?;
+        let job_nodes = var(env, "GPUCTL_NUM_NODES")?.max(1);
+        let node_rank = var(env, "GPUCTL_NODE_RANK")?;
+        let job_tasks = env
+            .get("GPUCTL_TASKS_PER_NODE")
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(1)
+            .max(1);
+        let nodes = self.nodes.unwrap_or(job_nodes);
+        if nodes == 0 || nodes > job_nodes {
+            return Err(usage(format!(
+                "-N {nodes}: the job has {job_nodes} node(s)"
+            )));
+        }
+        let per_node = match (self.ntasks_per_node, self.ntasks) {
+            (Some(t), Some(n)) if t * nodes != n => {
+                return Err(usage(format!(
+                    "-n {n} and --ntasks-per-node {t} over {nodes} node(s) disagree"
+                )));
+            }
+            (Some(t), _) => t,
+            (None, Some(n)) if n == 0 || !n.is_multiple_of(nodes) => {
+                return Err(usage(format!(
+                    "-n {n} over {nodes} node(s): gpuctl runs the same number of tasks on each node; give a multiple of {nodes}"
+                )));
+            }
+            (None, Some(n)) => n / nodes,
+            (None, None) => job_tasks,
+        };
+        if per_node == 0 || per_node > job_tasks {
+            return Err(usage(format!(
+                "{per_node} tasks per node: the job has {job_tasks} (its --ntasks-per-node)"
+            )));
+        }
+        let all: Vec<String> = env
+            .get("CUDA_VISIBLE_DEVICES")
+            .map(|v| {
+                v.split(',')
+                    .filter(|g| !g.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        // The node's GPUs split as the job's tasks split them, whatever this run uses:
+        // task i has the same GPUs in every run of the job.
+        let each = if all.len().is_multiple_of(job_tasks as usize) {
+            all.len() / job_tasks as usize
+        } else {
+            0
+        };
+        let gpus = (0..per_node as usize)
+            .map(|i| match each {
+                0 => all.clone(),
+                n => all[i * n..(i + 1) * n].to_vec(),
+            })
+            .collect();
+        Ok(Plan {
+            node_rank,
+            nodes,
+            per_node,
+            gpus,
+        })
+    }
+}
+
+impl Plan {
+    /// Local task `i`'s variables (over the job's).
+    pub fn task_env(&self, i: u32) -> Vec<(&'static str, String)> {
+        let rank = self.node_rank * self.per_node + i;
+        let world = self.nodes * self.per_node;
+        let gpus = self.gpus[i as usize].join(",");
+        vec![
+            ("SLURM_PROCID", rank.to_string()),
+            ("SLURM_LOCALID", i.to_string()),
+            ("SLURM_NODEID", self.node_rank.to_string()),
+            ("SLURM_NTASKS", world.to_string()),
+            ("SLURM_NPROCS", world.to_string()),
+            ("SLURM_NTASKS_PER_NODE", self.per_node.to_string()),
+            ("SLURM_STEP_NUM_TASKS", world.to_string()),
+            ("SLURM_STEP_NUM_NODES", self.nodes.to_string()),
+            ("SLURM_STEP_GPUS", gpus.clone()),
+            ("GPUCTL_TASK_ID", rank.to_string()),
+            ("RANK", rank.to_string()),
+            ("LOCAL_RANK", i.to_string()),
+            ("WORLD_SIZE", world.to_string()),
+            ("LOCAL_WORLD_SIZE", self.per_node.to_string()),
+            ("NODE_RANK", self.node_rank.to_string()),
+            ("GPUCTL_GPUS", self.gpus[i as usize].len().to_string()),
+            ("CUDA_VISIBLE_DEVICES", gpus),
+        ]
+    }
+}
+
+/// Runs this node's tasks and waits for them; the exit code is the worst task's
+/// (128 + N for a task ended by signal N).
+pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let plan = args.plan(&env)?;
+    if plan.node_rank >= plan.nodes {
+        return Ok(0); // this node takes no part (srun -N below the job's nodes)
+    }
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let mut tasks = Vec::new();
+    for i in 0..plan.per_node {
+        let child = tokio::process::Command::new(program)
+            .args(rest)
+            .envs(plan.task_env(i))
+            .spawn()
+            .map_err(|e| Failure {
+                code: 127,
+                message: format!("cannot run {program}: {e}"),
+            });
+        match child {
+            Ok(c) => tasks.push(c),
+            Err(e) => {
+                forward(&tasks, nix::sys::signal::Signal::SIGKILL);
+                return Err(e);
+            }
+        }
+    }
+    wait_all(tasks).await
+}
+
+/// Sends `sig` to every task still running.
+fn forward(tasks: &[tokio::process::Child], sig: nix::sys::signal::Signal) {
+    for t in tasks {
+        if let Some(pid) = t.id() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+        }
+    }
+}
+
+async fn wait_all(tasks: Vec<tokio::process::Child>) -> Result<u8, Failure> {
+    use nix::sys::signal::Signal;
+    use std::os::unix::process::ExitStatusExt;
+    use tokio::signal::unix::{SignalKind, signal};
+    let kinds = [
+        (SignalKind::terminate(), Signal::SIGTERM),
+        (SignalKind::interrupt(), Signal::SIGINT),
+        (SignalKind::hangup(), Signal::SIGHUP),
+        (SignalKind::user_defined1(), Signal::SIGUSR1),
+        (SignalKind::user_defined2(), Signal::SIGUSR2),
+    ];
+    // Every signal we pass on comes here, tagged with its number.
+    let (sig_tx, mut sig_rx) = tokio::sync::mpsc::unbounded_channel();
+    for (kind, sig) in kinds {
+        let mut s = signal(kind).map_err(|e| fail(format!("cannot watch signals: {e}")))?;
+        let tx = sig_tx.clone();
+        tokio::spawn(async move { while s.recv().await.is_some() && tx.send(sig).is_ok() {} });
+    }
+    let pids: Vec<Option<u32>> = tasks.iter().map(tokio::process::Child::id).collect();
+    let mut waits = tokio::task::JoinSet::new();
+    for (i, mut t) in tasks.into_iter().enumerate() {
+        waits.spawn(async move { (i, t.wait().await) });
+    }
+    let mut ended = vec![false; pids.len()];
+    let mut worst: u8 = 0;
+    loop {
+        tokio::select! {
+            done = waits.join_next() => {
+                let Some(done) = done else { break };
+                let (i, status) = done.map_err(|e| fail(format!("waiting for a task: {e}")))?;
+                let status = status.map_err(|e| fail(format!("waiting for a task: {e}")))?;
+                ended[i] = true;
+                let code = match (status.code(), status.signal()) {
+                    (Some(c), _) => c.clamp(0, 255) as u8,
+                    (None, Some(s)) => (128 + s).min(255) as u8,
+                    _ => 1,
+                };
+                worst = worst.max(code);
+            }
+            Some(sig) = sig_rx.recv() => {
+                for (pid, _) in pids.iter().zip(&ended).filter(|(_, e)| !**e) {
+                    if let Some(pid) = pid {
+                        let pid = nix::unistd::Pid::from_raw(*pid as i32);
+                        let _ = nix::sys::signal::kill(pid, sig);
+                    }
+                }
+            }
+        }
+    }
+    Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct T {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn args(a: &[&str]) -> RunArgs {
+        let mut v = vec!["run"];
+        v.extend(a);
+        T::parse_from(v).run
+    }
+
+    fn job_env(node_rank: u32, nodes: u32, tasks: u32, gpus: &str) -> BTreeMap<String, String> {
+        [
+            ("GPUCTL_JOB_ID", "12".to_string()),
+            ("GPUCTL_NUM_NODES", nodes.to_string()),
+            ("GPUCTL_NODE_RANK", node_rank.to_string()),
+            ("GPUCTL_TASKS_PER_NODE", tasks.to_string()),
+            ("CUDA_VISIBLE_DEVICES", gpus.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// Two nodes of two tasks, one GPU each: node 1's tasks are ranks 2 and 3 of 4,
+    /// each with its own GPU.
+    #[test]
+    fn a_nodes_tasks_get_their_ranks_and_gpus() {
+        let plan = args(&["python", "train.py", "--lr", "1"])
+            .plan(&job_env(1, 2, 2, "GPU-a,GPU-b"))
+            .unwrap();
+        assert_eq!((plan.nodes, plan.per_node), (2, 2));
+        let env: Vec<BTreeMap<_, _>> = (0..2)
+            .map(|i| plan.task_env(i).into_iter().collect())
+            .collect();
+        assert_eq!(env[0]["RANK"], "2");
+        assert_eq!(env[1]["SLURM_PROCID"], "3");
+        assert_eq!(env[1]["LOCAL_RANK"], "1");
+        assert_eq!(env[1]["WORLD_SIZE"], "4");
+        assert_eq!(env[0]["CUDA_VISIBLE_DEVICES"], "GPU-a");
+        assert_eq!(env[1]["CUDA_VISIBLE_DEVICES"], "GPU-b");
+        assert_eq!(env[1]["SLURM_NODEID"], "1");
+    }
+
+    /// Fewer tasks than the job's keep each task's GPUs; -N leaves later nodes out; a
+    /// count that does not fit is refused.
+    #[test]
+    fn options_narrow_the_run() {
+        let env = job_env(0, 2, 4, "g0,g1,g2,g3,g4,g5,g6,g7");
+        let plan = args(&["-n", "2", "x"]).plan(&env).unwrap();
+        assert_eq!(plan.per_node, 1);
+        assert_eq!(plan.gpus, vec![vec!["g0".to_string(), "g1".to_string()]]);
+        let plan = args(&["-N", "1", "-n", "1", "hostname"])
+            .plan(&job_env(1, 2, 1, ""))
+            .unwrap();
+        assert!(plan.node_rank >= plan.nodes, "node 1 takes no part");
+        assert_eq!(plan.gpus, vec![Vec::<String>::new()]);
+        for bad in [
+            &["-n", "3", "x"][..],
+            &["--ntasks-per-node", "5", "x"],
+            &["-N", "3", "x"],
+        ] {
+            assert!(args(bad).plan(&env).is_err(), "{bad:?}");
+        }
+        let e = args(&["x"]).plan(&BTreeMap::new()).unwrap_err();
+        assert!(e.message.contains("from inside the job"), "{}", e.message);
+    }
+}

@@ -1,0 +1,136 @@
+//! Tasks: several processes a node, each with its rank and its own GPUs, started by
+//! `srun` (`gpuctl run`) in a batch script or by the job itself for a `command`; real
+//! gpuctld, gpud and gpuctl.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use gpuctl_tests::Cluster;
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(60);
+
+/// Each task says who it is; rank 0 listens at MASTER_ADDR:MASTER_PORT and the others
+/// report to it over TCP, as torch.distributed's TCP store has ranks meet; rank 0 prints
+/// every rank it met.
+const RENDEZVOUS: &str = r#"
+import json, os, socket, time
+e = os.environ
+me = {k: e[k] for k in ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                        "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
+                        "CUDA_VISIBLE_DEVICES", "GPUCTL_NODE"]}
+rank, world = int(e["RANK"]), int(e["WORLD_SIZE"])
+addr, port = e["MASTER_ADDR"], int(e["MASTER_PORT"])
+if rank == 0:
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port)); s.listen(world); s.settimeout(30)
+    met = [me]
+    for _ in range(world - 1):
+        c = s.accept()[0]
+        met.append(json.loads(c.makefile().readline()))
+    print("MET " + json.dumps(sorted(met, key=lambda m: int(m["RANK"]))), flush=True)
+else:
+    for _ in range(300):
+        try:
+            c = socket.create_connection((addr, port), timeout=1); break
+        except OSError:
+            time.sleep(0.1)
+    c.sendall((json.dumps(me) + "\n").encode()); c.close()
+"#;
+
+/// A Lightning-style batch script, unmodified: two nodes, two tasks a node, one GPU a
+/// task, `srun python3 ...`. Four ranks meet, each with its own rank, local rank and GPU.
+#[test]
+fn a_batch_script_starts_its_tasks_with_srun() {
+    let c = Cluster::start(&[
+        ("node-a.invalid", "2xA100-80GB"),
+        ("node-b.invalid", "2xA100-80GB"),
+    ]);
+    std::fs::write(c.path("rdv.py"), RENDEZVOUS).unwrap();
+    let script = "#!/bin/bash\n#SBATCH --job-name=lightning\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --gpus-per-task=1\n#SBATCH --output=rdv-%j.%t.out\n\nsrun python3 rdv.py\n";
+    let id = c.submit("train.sbatch", script);
+    let j = c.wait_state(id, "COMPLETED", T);
+    assert_eq!(j["resources"]["gpus"], 2, "{j}");
+    let out = std::fs::read_to_string(c.path(&format!("rdv-{id}.0.out"))).unwrap();
+    let met = out
+        .lines()
+        .find_map(|l| l.strip_prefix("MET "))
+        .unwrap_or_else(|| panic!("rank 0 met nobody: {out}"));
+    let met: Vec<Value> = serde_json::from_str(met).unwrap();
+    assert_eq!(met.len(), 4, "{met:?}");
+    let mut gpus_of_node: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    for (rank, m) in met.iter().enumerate() {
+        let node = m["GPUCTL_NODE"].as_str().unwrap().to_string();
+        let local = rank % 2;
+        assert_eq!(m["RANK"], rank.to_string(), "{m}");
+        assert_eq!(m["SLURM_PROCID"], rank.to_string(), "{m}");
+        assert_eq!(m["LOCAL_RANK"], local.to_string(), "{m}");
+        assert_eq!(m["SLURM_LOCALID"], local.to_string(), "{m}");
+        assert_eq!(m["SLURM_NODEID"], (rank / 2).to_string(), "{m}");
+        assert_eq!(m["WORLD_SIZE"], "4");
+        assert_eq!(m["SLURM_NTASKS"], "4");
+        assert_eq!(m["LOCAL_WORLD_SIZE"], "2");
+        let gpus = m["CUDA_VISIBLE_DEVICES"].as_str().unwrap();
+        assert!(gpus.starts_with("GPU-") && !gpus.contains(','), "{m}");
+        gpus_of_node
+            .entry(node)
+            .or_default()
+            .insert(gpus.to_string());
+    }
+    assert_eq!(gpus_of_node.len(), 2, "two nodes: {gpus_of_node:?}");
+    assert!(
+        gpus_of_node.values().all(|g| g.len() == 2),
+        "each task its own GPU: {gpus_of_node:?}"
+    );
+}
+
+/// A job `command` with tasks: the node starts each (through its srun); the job ends
+/// as its worst task did.
+#[test]
+fn a_command_job_starts_each_task_and_ends_as_the_worst() {
+    let c = Cluster::start(&[("n1", "4xA100-80GB")]);
+    let id = c.submit(
+        "t.toml",
+        "command = [\"/bin/sh\", \"-c\", \"echo $RANK/$WORLD_SIZE $CUDA_VISIBLE_DEVICES >> tasks.txt\"]\n[resources]\ngpus = 4\ntasks_per_node = 2\n",
+    );
+    c.wait_state(id, "COMPLETED", T);
+    let text = std::fs::read_to_string(c.path("tasks.txt")).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort();
+    assert_eq!(lines.len(), 2, "{text}");
+    let (r0, r1) = (lines[0], lines[1]);
+    assert!(
+        r0.starts_with("0/2 GPU-") && r1.starts_with("1/2 GPU-"),
+        "{text}"
+    );
+    let gpus = |l: &str| l.split(' ').nth(1).unwrap().split(',').count();
+    assert_eq!((gpus(r0), gpus(r1)), (2, 2), "two GPUs a task: {text}");
+    assert_ne!(r0.split(' ').nth(1), r1.split(' ').nth(1), "{text}");
+    assert_eq!(c.job(id)["resources"]["cpus"], 2, "a CPU a task by default");
+
+    // Task 1 fails worse than task 0: the job's exit code is task 1's.
+    let id = c.submit(
+        "f.sbatch",
+        "#!/bin/sh\n#SBATCH --ntasks-per-node=2\nsrun sh -c 'exit $((3 + SLURM_LOCALID))'\n",
+    );
+    let j = c.wait_state(id, "FAILED", T);
+    assert_eq!(j["exit_code"], 4, "{j}");
+}
+
+/// Task counts that cannot be placed evenly are refused at submit, where they stand.
+#[test]
+fn uneven_tasks_are_refused_at_submit() {
+    let c = Cluster::controller_only();
+    std::fs::write(
+        c.path("u.toml"),
+        "command = [\"true\"]\n[resources]\ngpus = 3\ntasks_per_node = 2\n",
+    )
+    .unwrap();
+    let out = c.gpuctl(&["submit", "u.toml"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("u.toml:4:") && err.contains("do not split over 2 tasks"),
+        "{err}"
+    );
+}
