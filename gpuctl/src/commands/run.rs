@@ -25,7 +25,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub ntasks_per_node: Option<u32>,
     /// The command and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(required = true, trailing_var_arg = true)]
     pub command: Vec<String>,
 }
 
