@@ -108,6 +108,19 @@ fn a_command_job_starts_each_task_and_ends_as_the_worst() {
     assert_ne!(r0.split(' ').nth(1), r1.split(' ').nth(1), "{text}");
     assert_eq!(c.job(id)["resources"]["cpus"], 2, "a CPU a task by default");
 
+    // Per-task output files (srun -o with %t), opened in the job's directory.
+    let id = c.submit(
+        "o.sbatch",
+        "#!/bin/sh\n#SBATCH --ntasks-per-node=2\nsrun -o per-%j-%t.out sh -c 'echo task $SLURM_PROCID; echo err >&2'\n",
+    );
+    c.wait_state(id, "COMPLETED", T);
+    for t in 0..2 {
+        let out = std::fs::read_to_string(c.path(&format!("per-{id}-{t}.out"))).unwrap();
+        let mut lines: Vec<&str> = out.lines().collect();
+        lines.sort();
+        assert_eq!(lines, ["err", format!("task {t}").as_str()], "{out}");
+    }
+
     // Task 1 fails worse than task 0: the job's exit code is task 1's.
     let id = c.submit(
         "f.sbatch",

@@ -24,6 +24,14 @@ pub struct RunArgs {
     /// Tasks on each node; default: the job's (--ntasks-per-node).
     #[arg(long)]
     pub ntasks_per_node: Option<u32>,
+    /// Each task's standard output to this file (srun -o): %t the task's rank, %n its
+    /// node's rank, %N the node's name, %j the job, %x its name, %% a %; tasks whose
+    /// names are the same share one file. Default: the script's own output.
+    #[arg(short = 'o', long)]
+    pub output: Option<String>,
+    /// Standard error the same way (srun -e); default: with --output, the same file.
+    #[arg(short = 'e', long)]
+    pub error: Option<String>,
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true)]
     pub command: Vec<String>,
@@ -149,6 +157,51 @@ impl Plan {
     }
 }
 
+/// `template` with its `%` patterns filled in for local task `i` (see `RunArgs::output`).
+pub fn output_name(template: &str, plan: &Plan, i: u32, env: &BTreeMap<String, String>) -> String {
+    let get = |k: &str| env.get(k).map_or("", String::as_str);
+    let mut out = String::new();
+    let mut chars = template.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('t') => out.push_str(&(plan.node_rank * plan.per_node + i).to_string()),
+            Some('n') => out.push_str(&plan.node_rank.to_string()),
+            Some('N') => out.push_str(get("GPUCTL_NODE")),
+            Some('j') => out.push_str(get("GPUCTL_JOB_ID")),
+            Some('x') => out.push_str(get("GPUCTL_JOB_NAME")),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// The files the tasks write to, opened once each (tasks with the same name share it).
+#[derive(Default)]
+struct Outputs(BTreeMap<String, std::fs::File>);
+
+impl Outputs {
+    fn open(&mut self, name: &str) -> Result<std::process::Stdio, Failure> {
+        if !self.0.contains_key(name) {
+            let f = std::fs::File::create(name)
+                .map_err(|e| fail(format!("cannot open {name}: {e}")))?;
+            self.0.insert(name.to_string(), f);
+        }
+        self.0[name]
+            .try_clone()
+            .map(std::process::Stdio::from)
+            .map_err(|e| fail(format!("{name}: {e}")))
+    }
+}
+
 /// Runs this node's tasks and waits for them; the exit code is the worst task's
 /// (128 + N for a task ended by signal N).
 pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
@@ -159,15 +212,31 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
     }
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     let mut tasks = Vec::new();
+    let mut files = Outputs::default();
     for i in 0..plan.per_node {
-        let child = tokio::process::Command::new(program)
-            .args(rest)
-            .envs(plan.task_env(i))
-            .spawn()
-            .map_err(|e| Failure {
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(rest).envs(plan.task_env(i));
+        let out = args
+            .output
+            .as_deref()
+            .map(|t| output_name(t, &plan, i, &env));
+        let err = args
+            .error
+            .as_deref()
+            .map(|t| output_name(t, &plan, i, &env));
+        let mut opened = Ok(());
+        if let Some(o) = &out {
+            opened = files.open(o).map(|s| drop(cmd.stdout(s)));
+        }
+        if let (Ok(()), Some(e)) = (&opened, err.as_ref().or(out.as_ref())) {
+            opened = files.open(e).map(|s| drop(cmd.stderr(s)));
+        }
+        let child = opened.and_then(|()| {
+            cmd.spawn().map_err(|e| Failure {
                 code: 127,
                 message: format!("cannot run {program}: {e}"),
-            });
+            })
+        });
         match child {
             Ok(c) => tasks.push(c),
             Err(e) => {
@@ -257,9 +326,20 @@ mod tests {
         T::parse_from(v).run
     }
 
+    fn plan_two() -> Plan {
+        Plan {
+            node_rank: 1,
+            nodes: 2,
+            per_node: 2,
+            gpus: vec![vec![], vec![]],
+        }
+    }
+
     fn job_env(node_rank: u32, nodes: u32, tasks: u32, gpus: &str) -> BTreeMap<String, String> {
         [
             ("GPUCTL_JOB_ID", "12".to_string()),
+            ("GPUCTL_NODE", "nodeB".to_string()),
+            ("GPUCTL_JOB_NAME", "train".to_string()),
             ("GPUCTL_NUM_NODES", nodes.to_string()),
             ("GPUCTL_NODE_RANK", node_rank.to_string()),
             ("GPUCTL_TASKS_PER_NODE", tasks.to_string()),
@@ -303,6 +383,13 @@ mod tests {
             .unwrap();
         assert!(plan.node_rank >= plan.nodes, "node 1 takes no part");
         assert_eq!(plan.gpus, vec![Vec::<String>::new()]);
+        let names: Vec<String> = (0..2)
+            .map(|i| output_name("out-%j-%t-%n-%N-%x-%%-%q", &plan_two(), i, &env))
+            .collect();
+        assert_eq!(
+            names,
+            ["out-12-2-1-nodeB-train-%-%q", "out-12-3-1-nodeB-train-%-%q"]
+        );
         for bad in [
             &["-n", "3", "x"][..],
             &["--ntasks-per-node", "5", "x"],
