@@ -226,10 +226,14 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
             .map(|t| output_name(t, &plan, i, &env));
         let mut opened = Ok(());
         if let Some(o) = &out {
-            opened = files.open(o).map(|s| drop(cmd.stdout(s)));
+            opened = files.open(o).map(|s| {
+                cmd.stdout(s);
+            });
         }
         if let (Ok(()), Some(e)) = (&opened, err.as_ref().or(out.as_ref())) {
-            opened = files.open(e).map(|s| drop(cmd.stderr(s)));
+            opened = files.open(e).map(|s| {
+                cmd.stderr(s);
+            });
         }
         let child = opened.and_then(|()| {
             cmd.spawn().map_err(|e| Failure {
