@@ -627,6 +627,12 @@ impl Cluster {
                 }
                 let requeue_reason = requeue_reason.or(restart);
                 c.add_host_usage(r);
+                if !r.steps.is_empty() {
+                    c.jobs.edit(id, |s| {
+                        let j = s.job.as_mut().expect("a job record");
+                        crate::steps::merge(&mut j.steps, &r.node, &r.steps);
+                    });
+                }
                 if let Some(reason) = requeue_reason.filter(|_| last_rank) {
                     // Asked to requeue (gpuctl requeue, a preemption): back to the queue.
                     let back = Transition::Requeue {

@@ -672,6 +672,8 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             let j = job_mut(s);
             j.set_state(JobState::Running);
             j.attempt += 1;
+            // The record keeps the last run's steps.
+            j.steps.clear();
             // The placement is the allocations alone (`presented` derives the rest).
             j.node.clear();
             j.gpus.clear();

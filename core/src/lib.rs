@@ -41,6 +41,7 @@ pub mod restore;
 pub mod retention;
 pub mod room;
 pub mod state;
+pub mod steps;
 pub mod usage;
 pub mod users;
 pub mod validate;

@@ -132,6 +132,35 @@ fn non_empty(s: &str) -> Option<&str> {
     (!s.is_empty()).then_some(s)
 }
 
+/// A job's steps (`srun`s of its script): id, name, times, exit code, tasks, nodes.
+struct StepsJson<'a>(&'a [pb::Step]);
+
+impl serde::Serialize for StepsJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        let mut seq = ser.serialize_seq(Some(self.0.len()))?;
+        for st in self.0 {
+            struct One<'a>(&'a pb::Step);
+            impl serde::Serialize for One<'_> {
+                fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+                    let st = self.0;
+                    let mut m = ser.serialize_map(Some(7))?;
+                    m.serialize_entry("id", &st.id)?;
+                    m.serialize_entry("name", &st.name)?;
+                    m.serialize_entry("start_time", &time_str(st.start_ms))?;
+                    m.serialize_entry("end_time", &time_str(st.end_ms))?;
+                    m.serialize_entry("exit_code", &st.exit_code)?;
+                    m.serialize_entry("tasks", &st.tasks)?;
+                    m.serialize_entry("nodes", &st.nodes)?;
+                    m.end()
+                }
+            }
+            seq.serialize_element(&One(st))?;
+        }
+        seq.end()
+    }
+}
+
 struct AllocJson<'a>(&'a pb::Allocation);
 
 impl serde::Serialize for AllocJson<'_> {
@@ -295,6 +324,7 @@ impl serde::Serialize for JobJson<'_> {
         m.serialize_entry("signal", &non_empty(&spec.signal))?;
         m.serialize_entry("start_time", &time_str(j.start_time_ms))?;
         m.serialize_entry("state", state_name(j.state()))?;
+        m.serialize_entry("steps", &StepsJson(&j.steps))?;
         m.serialize_entry("stderr", &non_empty(&spec.stderr))?;
         m.serialize_entry("stdout", non_empty(&spec.stdout).unwrap_or("gpuctl-%j.out"))?;
         m.serialize_entry("submit_time", &time_str(j.submit_time_ms))?;

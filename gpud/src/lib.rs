@@ -39,3 +39,4 @@ pub mod mps;
 pub mod procfs;
 pub mod reports;
 pub mod shim;
+pub mod steps;

@@ -42,6 +42,32 @@ pub mod store {
     pub use crate::gpuctl::store::v1::*;
 }
 
+impl Step {
+    /// The most steps a job's record keeps, and an agent reads from a job.
+    pub const MAX_PER_JOB: usize = 1000;
+    /// The longest step name kept, in bytes.
+    pub const MAX_NAME: usize = 256;
+
+    /// A step's name as the user's `srun` wrote it, made safe to keep and show: control
+    /// and invisible characters become spaces, and it is cut to [`Step::MAX_NAME`]
+    /// bytes at a character boundary.
+    pub fn clean_name(name: &str) -> String {
+        let mut out = String::new();
+        for c in name.chars() {
+            let c = if c.is_control() || text::invisible(c) {
+                ' '
+            } else {
+                c
+            };
+            if out.len() + c.len_utf8() > Self::MAX_NAME {
+                break;
+            }
+            out.push(c);
+        }
+        out
+    }
+}
+
 impl ListJobsRequest {
     /// Whether any filter narrows the jobs (users, states, names, accounts or
     /// partitions): a cancel by filter needs one.

@@ -635,9 +635,23 @@ fn json_is_compact_in_pipes_and_pretty_on_request() {
         assert!(piped.contains("\"id\":1,"), "{piped}");
         assert!(pretty.lines().count() > 10, "{pretty}");
         assert!(pretty.contains("\"id\": 1,"), "{pretty}");
-        let value = |s: &str| serde_json::from_str::<Value>(s).unwrap();
+        // The same JSON but for what the scheduler may change between the calls.
+        let value = |s: &str| {
+            let v = serde_json::from_str::<Value>(s).unwrap();
+            let strip = |mut j: Value| {
+                let o = j.as_object_mut().unwrap();
+                o.remove("reason");
+                o.remove("expected_start");
+                j
+            };
+            match v {
+                Value::Array(a) => Value::Array(a.into_iter().map(strip).collect()),
+                j => strip(j),
+            }
+        };
         assert_eq!(value(&piped), value(&pretty));
-        assert_eq!(piped, compact);
+        assert_eq!(value(&piped), value(&compact));
+        assert_eq!(compact.lines().count(), 1);
     }
     let listed = serde_json::from_str::<Value>(&run(None, &["queue", "--json"])).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 3);

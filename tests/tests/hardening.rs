@@ -399,10 +399,20 @@ fn jobs_get_a_login_environment_and_clear_missing_program_errors() {
     ));
     c.wait_state(id, "COMPLETED", T);
     let text = std::fs::read_to_string(c.user_dir(ALICE).join("env.out")).unwrap();
+    // The login PATH, after the agent's own directory holding `srun` alone.
+    let tools = c.path("gpud-n1").join("bin");
     assert!(
-        text.contains("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"),
+        text.contains(&format!(
+            "PATH={}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n",
+            tools.display()
+        )),
         "{text}"
     );
+    let listed: Vec<_> = std::fs::read_dir(&tools)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(listed, ["srun"]);
     assert!(!text.contains("/root"), "{text}");
     assert!(text.contains(&format!("HOME=/home/{ALICE}")), "{text}");
     assert!(text.contains("SHELL=/bin/sh"), "{text}");

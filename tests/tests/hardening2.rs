@@ -90,11 +90,15 @@ fn state_dirs_are_private_whatever_the_umask() {
     let ctld = c.path("ctld-state");
     assert_eq!(open_to_others(&ctld, &[]), Vec::<String>::new());
     let agent = c.path("gpud-priv1");
-    // "" is the state dir itself (0711); scripts/ is 0711 by design.
+    // "" is the state dir itself (0711); scripts/ is 0711 by design; bin/ (0755) holds
+    // one link, srun, to the public gpuctl binary, and nothing else.
     assert_eq!(
-        open_to_others(&agent, &["", "scripts"]),
+        open_to_others(&agent, &["", "scripts", "bin", "bin/srun"]),
         Vec::<String>::new()
     );
+    let srun = std::fs::read_link(agent.join("bin/srun")).unwrap();
+    assert_eq!(srun.file_name().unwrap(), "gpuctl");
+    assert_eq!(std::fs::read_dir(agent.join("bin")).unwrap().count(), 1);
     // An existing dir opened wider is named at the next start.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&ctld, std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -82,6 +82,54 @@ fn a_batch_script_starts_its_tasks_with_srun() {
         gpus_of_node.values().all(|g| g.len() == 2),
         "each task its own GPU: {gpus_of_node:?}"
     );
+    // One step over both nodes' parts: four tasks, both nodes.
+    let steps = c.job(id)["steps"].clone();
+    let steps = steps.as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0]["name"], "python3 rdv.py");
+    assert_eq!(steps[0]["tasks"], 4);
+    assert_eq!(steps[0]["exit_code"], 0);
+    assert_eq!(steps[0]["nodes"].as_array().unwrap().len(), 2);
+}
+
+/// Steps in accounting, as sacct shows them: `ID.batch`, then one row for each `srun`
+/// of the script in the order they ran, with its tasks' worst exit code.
+#[test]
+fn each_srun_is_a_step_in_history() {
+    let c = Cluster::start(&[("n1", "2xA100-80GB")]);
+    let id = c.submit(
+        "s.sbatch",
+        "#!/bin/sh\n#SBATCH --ntasks-per-node=2 --gpus-per-task=1 -o s.out\nsrun -n 2 true\nsrun sh -c 'exit $((3 - SLURM_LOCALID))' || echo step failed\nsrun --ntasks-per-node 1 echo once\n",
+    );
+    c.wait_state(id, "COMPLETED", T);
+    let rows = c.json(&["history"]);
+    let rows: Vec<&Value> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["job_id"].as_str().unwrap().starts_with(&id.to_string()))
+        .collect();
+    let ids: Vec<&str> = rows.iter().map(|r| r["job_id"].as_str().unwrap()).collect();
+    let want: Vec<String> = ["", ".batch", ".0", ".1", ".2"]
+        .iter()
+        .map(|s| format!("{id}{s}"))
+        .collect();
+    assert_eq!(ids, want);
+    let field = |i: usize, k: &str| rows[i][k].clone();
+    assert_eq!(field(2, "name"), "true");
+    assert_eq!(field(2, "state"), "COMPLETED");
+    assert_eq!(field(2, "reason"), "2 tasks");
+    assert_eq!(field(3, "state"), "FAILED");
+    assert_eq!(field(3, "exit_code"), 3, "the worst task's");
+    assert_eq!(field(4, "reason"), "1 task");
+    assert_eq!(field(4, "node"), "n1");
+    let text = c.gpuctl_ok(&["history", "-o", "jobid,name,state,exit_code"]);
+    assert!(
+        text.contains(&format!("{id}.1")) && text.contains("FAILED"),
+        "{text}"
+    );
+    let out = std::fs::read_to_string(c.path("s.out")).unwrap();
+    assert!(out.contains("step failed") && out.contains("once"), "{out}");
 }
 
 /// A job `command` with tasks: the node starts each (through its srun); the job ends

@@ -170,6 +170,63 @@ impl Row {
         }
     }
 
+    /// A job with steps: its rows after its own, as sacct's: `ID.batch` (a script's
+    /// run), then a row for each step (`ID.0`, `ID.1`: each `srun` of the script) with
+    /// its command, times, nodes, tasks and their worst exit code; a step whose end was
+    /// never recorded (its job was ended under it) shows the job's end state.
+    fn steps_of(j: &pb::Job, now: i64) -> Vec<Row> {
+        if j.steps.is_empty() {
+            return Vec::new();
+        }
+        // A script job has no command (a finished job's record keeps no script text).
+        let script = j.spec.as_ref().is_some_and(|s| s.command.is_empty());
+        let job = Row::of(j, now);
+        let mut rows = Vec::new();
+        if script {
+            rows.push(Row {
+                job_id: format!("{}.batch", job.job_id),
+                name: "batch".into(),
+                gpus: "-".into(),
+                gpu_util_mean: None,
+                gpu_memory_peak_mib: None,
+                cpu_efficiency: None,
+                gpu_energy_j: None,
+                ..job.clone()
+            });
+        }
+        let final_state = j.state().is_final();
+        for st in &j.steps {
+            let end = (st.end_ms > 0).then_some(st.end_ms);
+            let state = match (end, st.exit_code) {
+                (Some(_), Some(0)) => "COMPLETED".to_string(),
+                (Some(_), Some(_)) => "FAILED".to_string(),
+                _ if final_state => format::state_name(j.state()).to_string(),
+                _ => "RUNNING".to_string(),
+            };
+            let until = end.unwrap_or(if final_state { j.end_time_ms } else { now });
+            rows.push(Row {
+                job_id: format!("{}.{}", job.job_id, st.id),
+                name: st.name.clone(),
+                state,
+                submit_time: format::time_string(st.start_ms),
+                start_time: format::time_string(st.start_ms),
+                end_time: end.and_then(format::time_string),
+                elapsed_secs: ((until - st.start_ms).max(0) / 1000) as u64,
+                gpus: "-".into(),
+                node: st.nodes.join(","),
+                exit_code: st.exit_code,
+                reason: format!("{} task{}", st.tasks, if st.tasks == 1 { "" } else { "s" }),
+                gpu_util_mean: None,
+                gpu_memory_peak_mib: None,
+                cpu_efficiency: None,
+                gpu_energy_j: None,
+                times_ms: [st.start_ms, st.start_ms, end.unwrap_or(0)],
+                ..job.clone()
+            });
+        }
+        rows
+    }
+
     /// One cell; `exact`: times with their milliseconds, as RFC 3339 (CSV), else to the
     /// second (tables).
     fn cell(&self, col: &str, exact: bool) -> String {
@@ -340,7 +397,7 @@ pub async fn run(client: &mut Client, args: &HistoryArgs) -> Result<History, Fai
             page.jobs
                 .iter()
                 .filter(|j| in_window(j, since, until))
-                .map(|j| Row::of(j, now)),
+                .flat_map(|j| std::iter::once(Row::of(j, now)).chain(Row::steps_of(j, now))),
         );
     }
     Ok(History {
@@ -366,6 +423,44 @@ mod tests {
             Some(1_796_083_200_000 + 8 * 3_600_000)
         );
         assert!(parse_when("yesterday-ish", now).is_err());
+    }
+
+    /// A cancelled script job whose second step never recorded its end: `.batch`, a
+    /// completed step, and one that shows the job's end; a job without steps has none.
+    #[test]
+    fn steps_follow_their_job() {
+        let step = |id, end, exit| pb::Step {
+            id,
+            name: format!("step{id}"),
+            start_ms: 1_000,
+            end_ms: end,
+            exit_code: exit,
+            tasks: 2,
+            nodes: vec!["n1".into()],
+        };
+        let mut j = pb::Job {
+            id: 9,
+            state: pb::JobState::Cancelled as i32,
+            start_time_ms: 500,
+            end_time_ms: 9_000,
+            spec: Some(pb::JobSpec::default()),
+            steps: vec![step(0, 3_000, Some(0)), step(1, 0, None)],
+            ..Default::default()
+        };
+        let rows = Row::steps_of(&j, 10_000);
+        let ids: Vec<&str> = rows.iter().map(|r| r.job_id.as_str()).collect();
+        assert_eq!(ids, ["9.batch", "9.0", "9.1"]);
+        assert_eq!(
+            (rows[1].state.as_str(), rows[1].elapsed_secs),
+            ("COMPLETED", 2)
+        );
+        assert_eq!(
+            (rows[2].state.as_str(), rows[2].elapsed_secs),
+            ("CANCELLED", 8)
+        );
+        assert_eq!(rows[2].end_time, None);
+        j.steps.clear();
+        assert!(Row::steps_of(&j, 10_000).is_empty());
     }
 
     #[test]

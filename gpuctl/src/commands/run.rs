@@ -7,7 +7,7 @@
 //! `--gpus-per-task` with `--gpu-bind=single` gives them) and the variables Slurm's
 //! tasks and torch.distributed read. Nothing is asked of the controller: the tasks are
 //! processes of the job, in its cgroup, under its limits. It waits for every task,
-//! passes the signals it gets on to them, and ends as the worst of them did.
+//! passes TERM, INT and HUP on to them, and ends as the worst of them did.
 
 use std::collections::BTreeMap;
 
@@ -202,6 +202,37 @@ impl Outputs {
     }
 }
 
+/// A step's line in the job's step file (`GPUCTL_STEPS_FILE`, which the agent made and
+/// reads when the job's part on this node ends: `gpud/src/steps.rs`): the step's id is
+/// the number of steps begun before it, counted under a lock.
+fn step_begin(file: &str, tasks: u32, name: &str) -> std::io::Result<u32> {
+    use std::io::{Read as _, Write as _};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(file)?;
+    let mut f = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| std::io::Error::from(e))?;
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    let id = text.lines().filter(|l| l.starts_with("B ")).count() as u32;
+    let name: String = name
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let now = crate::format::now_ms();
+    f.write_all(format!("B {id} {now} {tasks} {name}\n").as_bytes())?;
+    Ok(id)
+}
+
+/// The step's end, as one appended line.
+fn step_end(file: &str, id: u32, code: u8) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut f = std::fs::OpenOptions::new().append(true).open(file)?;
+    let now = crate::format::now_ms();
+    f.write_all(format!("E {id} {now} {code}\n").as_bytes())
+}
+
 /// Runs this node's tasks and waits for them; the exit code is the worst task's
 /// (128 + N for a task ended by signal N).
 pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
@@ -211,11 +242,19 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
         return Ok(0); // this node takes no part (srun -N below the job's nodes)
     }
     let (program, rest) = args.command.split_first().expect("clap requires a command");
+    // Recorded where the agent asks for it; a step that cannot be recorded still runs.
+    let file = env.get("GPUCTL_STEPS_FILE");
+    let step = file.and_then(|f| step_begin(f, plan.per_node, &args.command.join(" ")).ok());
     let mut tasks = Vec::new();
     let mut files = Outputs::default();
     for i in 0..plan.per_node {
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(rest).envs(plan.task_env(i));
+        if let Some(id) = step {
+            for k in ["SLURM_STEP_ID", "SLURM_STEPID", "GPUCTL_STEP_ID"] {
+                cmd.env(k, id.to_string());
+            }
+        }
         let out = args
             .output
             .as_deref()
@@ -245,11 +284,18 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
             Ok(c) => tasks.push(c),
             Err(e) => {
                 forward(&tasks, nix::sys::signal::Signal::SIGKILL);
+                if let (Some(f), Some(id)) = (file, step) {
+                    let _ = step_end(f, id, e.code);
+                }
                 return Err(e);
             }
         }
     }
-    wait_all(tasks).await
+    let code = wait_all(tasks).await?;
+    if let (Some(f), Some(id)) = (file, step) {
+        let _ = step_end(f, id, code);
+    }
+    Ok(code)
 }
 
 /// Sends `sig` to every task still running.
@@ -265,12 +311,14 @@ async fn wait_all(tasks: Vec<tokio::process::Child>) -> Result<u8, Failure> {
     use nix::sys::signal::Signal;
     use std::os::unix::process::ExitStatusExt;
     use tokio::signal::unix::{SignalKind, signal};
+    // What ends a run (`timeout 60 srun ...`, a script's trap) is passed on. The job's
+    // own signals (a cancel, `--signal`, a preemption's checkpoint signal) reach every
+    // process of the job from its agent, tasks included: USR1 and USR2, which tasks
+    // checkpoint on, are not passed on again, so that no handler runs twice.
     let kinds = [
         (SignalKind::terminate(), Signal::SIGTERM),
         (SignalKind::interrupt(), Signal::SIGINT),
         (SignalKind::hangup(), Signal::SIGHUP),
-        (SignalKind::user_defined1(), Signal::SIGUSR1),
-        (SignalKind::user_defined2(), Signal::SIGUSR2),
     ];
     // Every signal we pass on comes here, tagged with its number.
     let (sig_tx, mut sig_rx) = tokio::sync::mpsc::unbounded_channel();

@@ -264,6 +264,7 @@ pub(super) async fn run_job(
             }
             r.cpu_time_ms = cpu_time_ms;
             r.mem_peak_bytes = mem_peak_bytes;
+            r.steps = crate::steps::read(&crate::steps::path(&agent.state_dir, id, attempt));
             (r, after_report)
         }
     };
@@ -293,6 +294,7 @@ async fn finish(
         let _ = std::fs::remove_file(record_path(&agent.state_dir, id, attempt, ext));
     }
     let _ = std::fs::remove_file(script_path(&agent.state_dir, id, attempt));
+    let _ = std::fs::remove_file(crate::steps::path(&agent.state_dir, id, attempt));
     agent
         .watched
         .lock()
@@ -361,6 +363,18 @@ fn spawn_recorded(
         use std::os::unix::fs::PermissionsExt;
         // Job records hold the StartJob with its env: root's alone.
         std::fs::set_permissions(&jobs, std::fs::Permissions::from_mode(0o700))?;
+    }
+    // Where its `srun`s record its steps (a script's, or a command's tasks).
+    let starts_tasks = spec
+        .env
+        .get("GPUCTL_TASKS_PER_NODE")
+        .is_some_and(|t| t != "1");
+    if spec.script.is_some() || starts_tasks {
+        let steps = crate::steps::path(&agent.state_dir, start.job_id, start.attempt);
+        let owner = spec.run_as.as_ref().map(|u| (u.uid, u.gid));
+        crate::steps::create(&steps, owner)?;
+        spec.env
+            .insert("GPUCTL_STEPS_FILE".into(), steps.display().to_string());
     }
     let status = record_path(&agent.state_dir, start.job_id, start.attempt, "status");
     let _ = std::fs::remove_file(&status);
