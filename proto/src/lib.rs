@@ -43,10 +43,11 @@ pub mod store {
 }
 
 impl Step {
-    /// The most steps a job's record keeps, and an agent reads from a job.
-    pub const MAX_PER_JOB: usize = 1000;
+    /// The most steps a job's record keeps, and an agent reads from a job: the first
+    /// ones (a record stays small whatever a script does: at most about 20 KB of steps).
+    pub const MAX_PER_JOB: usize = 128;
     /// The longest step name kept, in bytes.
-    pub const MAX_NAME: usize = 256;
+    pub const MAX_NAME: usize = 128;
 
     /// A step's name as the user's `srun` wrote it, made safe to keep and show: control
     /// and invisible characters become spaces, and it is cut to [`Step::MAX_NAME`]
