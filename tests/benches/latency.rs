@@ -7,13 +7,15 @@
 //! - sequential `gpuctl submit` from a loop (jobs that stay queued: the node is drained),
 //!   with what a bare CLI start and a bare request cost, for the breakdown, and the same
 //!   jobs as one `gpuctl submit` of that many files;
+//! - steps: `srun date` inside a running batch job, one at a time: srun invoked -> the
+//!   task's clock, and -> srun returned;
 //! - with 4 agents x 8 fake GPUs, 32 jobs running and N queued behind them: `gpuctl queue
 //!   --json` and `gpuctl nodes` (text and `--json`), and cancelling everything in one
 //!   `gpuctl cancel --me` until nothing waits or runs.
 //!
 //! ```text
 //! cargo bench -p gpuctl-tests --bench latency [-- --jobs 10000 --samples 40 --favordynmods 1
-//!     --cgroup-base DIR --phases launch,run,cli,queued]
+//!     --cgroup-base DIR --phases launch,run,steps,cli,queued]
 //! ```
 //!
 //! `GPUCTL_BENCH_BINS=DIR` runs the binaries in DIR instead of building this tree's (an
@@ -118,7 +120,7 @@ fn main() {
         None => release_bins(&["gpuctld", "gpuctl", "gpud"]),
     };
     println!("binaries: {}", bin.display());
-    let phases = bench_text_arg("--phases").unwrap_or_else(|| "launch,run,cli,queued".into());
+    let phases = bench_text_arg("--phases").unwrap_or_else(|| "launch,run,steps,cli,queued".into());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let favor = bench_arg("--favordynmods", 0) == 1;
@@ -143,6 +145,9 @@ fn main() {
     }
     if on("run") {
         run_time_phase(&b, samples);
+    }
+    if on("steps") {
+        steps_phase(&b, samples);
     }
     if on("cli") {
         cli_phase(&b, samples);
@@ -218,6 +223,35 @@ fn launch_phase(b: &Bench, samples: usize) {
         "  `gpuctl submit` round trip (process start to exit): {}",
         spread(cli)
     );
+}
+
+/// Steps inside a running job: a batch script (bash) that runs `srun date +%s%6N`
+/// `samples` times, one task each, writing bash's own clock (`$EPOCHREALTIME`, no
+/// process) just before each `srun`: srun invoked -> the task's program's own clock,
+/// and srun invoked -> srun returned (the next line's clock).
+fn steps_phase(b: &Bench, samples: usize) {
+    let n = samples + 3;
+    let script = format!(
+        "#!/bin/bash\n#SBATCH -o steps.out --gpus=1\nfor i in $(seq {n}); do echo \"i ${{EPOCHREALTIME/./}}\"; srun date +%s%6N; done; echo \"i ${{EPOCHREALTIME/./}}\"\n"
+    );
+    std::fs::write(b.dir.join("steps.sbatch"), script).unwrap();
+    let id = b.submit("steps.sbatch");
+    let j = b.wait_ended(id);
+    assert_eq!(j["state"], "COMPLETED", "{j}");
+    let out = std::fs::read_to_string(b.dir.join("steps.out")).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    let (mut ran, mut round) = (vec![], vec![]);
+    for k in 3..n {
+        let at = |l: &str| l.trim_start_matches("i ").parse::<i64>().unwrap();
+        let (invoked, task, next) = (at(lines[2 * k]), at(lines[2 * k + 1]), at(lines[2 * k + 2]));
+        ran.push((task - invoked) as f64 / 1000.0);
+        round.push((next - invoked) as f64 / 1000.0);
+    }
+    let steps = j["steps"].as_array().map_or(0, Vec::len);
+    assert_eq!(steps, n, "every srun a step");
+    println!("steps inside a running job, {samples} one at a time (ms):");
+    println!("  srun invoked -> the task's own clock: {}", spread(ran));
+    println!("  srun invoked -> srun returned: {}", spread(round));
 }
 
 /// A job that sleeps 1 s, 8 at a time.

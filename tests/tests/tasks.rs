@@ -195,3 +195,40 @@ fn uneven_tasks_are_refused_at_submit() {
         "{err}"
     );
 }
+
+/// A job of an ordinary user: srun (the agent's link to gpuctl) runs as that user, its
+/// tasks are theirs, and it records its step in the job's step file, which is theirs
+/// alone.
+#[test]
+fn a_users_job_runs_its_tasks_and_steps_as_that_user() {
+    let user = "gpuctl-test-tasks";
+    if gpuctl_tests::ensure_user(user).is_none() {
+        eprintln!("skipped: cannot make the test user");
+        return;
+    }
+    let c = Cluster::start(&[("n1", "2xA100-80GB")]);
+    let dir = c.user_dir(user);
+    std::fs::write(
+        dir.join("u.sbatch"),
+        "#!/bin/sh\n#SBATCH --ntasks-per-node=2 -o u.out\nls -l \"$GPUCTL_STEPS_FILE\"\nsrun sh -c 'echo $(id -un) task $SLURM_PROCID step $SLURM_STEP_ID'\n",
+    )
+    .unwrap();
+    let out = c.gpuctl_as(user, &dir, &["submit", "--json", "u.sbatch"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = serde_json::from_slice::<Value>(&out.stdout).unwrap()["job_id"]
+        .as_u64()
+        .unwrap();
+    c.wait_state(id, "COMPLETED", T);
+    let text = std::fs::read_to_string(dir.join("u.out")).unwrap();
+    assert!(text.contains(&format!("-rw------- 1 {user}")), "{text}");
+    for t in 0..2 {
+        assert!(text.contains(&format!("{user} task {t} step 0")), "{text}");
+    }
+    let steps = c.job(id)["steps"].clone();
+    assert_eq!(steps[0]["tasks"], 2, "{steps}");
+    assert_eq!(steps[0]["exit_code"], 0, "{steps}");
+}
