@@ -64,6 +64,9 @@ pub struct Cluster {
     /// Each running rank's cgroup CPU time and peak memory, from heartbeats, by (job,
     /// node); memory only, replaced by the end report's figures.
     pub live_host: crate::usage::LiveHost,
+    /// Each running rank's steps running now, from heartbeats, by (job, node); memory
+    /// only, replaced by the end report's.
+    pub live_steps: crate::usage::LiveSteps,
     /// When each running job was last seen busy (`idle.rs`), memory only.
     pub idle: crate::idle::IdleTracks,
     /// Nodes changed since the last `take_changes`.

@@ -147,10 +147,22 @@ fn running_ranks_host_figures_show_live_and_count_when_the_node_fails() {
             attempt,
             cpu_time_ms: Some(90_000),
             mem_peak_bytes: Some(3 << 30),
+            steps: vec![pb::Step {
+                id: 0,
+                name: "python train.py".into(),
+                start_ms: T0 + 1_000,
+                tasks: 2,
+                ..Default::default()
+            }],
         }],
         ..Default::default()
     };
     c.heartbeat(&req, T0 + MIN);
+    // Its step running now, from the heartbeat (memory only: not in the record).
+    let steps = c.steps_of(c.jobs.job(id).unwrap());
+    assert_eq!((steps.len(), steps[0].tasks), (1, 2));
+    assert_eq!(steps[0].nodes, ["n1"]);
+    assert!(c.jobs.job(id).unwrap().steps.is_empty());
     let live = c.usage_of(c.jobs.job(id).unwrap()).unwrap();
     assert_eq!(
         (
@@ -168,10 +180,12 @@ fn running_ranks_host_figures_show_live_and_count_when_the_node_fails() {
         c.usage_of(c.jobs.job(id).unwrap()).unwrap().cpu_time_ms,
         120_000
     );
-    // The node goes silent: the job ends NODE_FAIL with the last figures kept.
+    // The node goes silent: the job ends NODE_FAIL with the last figures kept, and no
+    // step runs any more.
     c.check_nodes(T0 + 10 * MIN);
     let j = c.jobs.job(id).unwrap();
     assert_eq!(j.state(), JobState::NodeFail);
+    assert!(c.steps_of(j).is_empty() && !c.has_live_steps(id));
     let u = j.usage.as_ref().expect("settled");
     assert_eq!(
         (u.cpu_time_ms, u.host_mem_peak_bytes, u.host_reports),

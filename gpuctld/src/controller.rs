@@ -793,6 +793,7 @@ impl Controller {
             .job(id)
             .map(|j| pb::Job {
                 usage: c.usage_of(j),
+                steps: c.steps_of(j),
                 ..presented(j)
             })
             .ok_or_else(|| Status::not_found(format!("no job {id}")))

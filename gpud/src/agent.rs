@@ -210,6 +210,10 @@ impl Agent {
             if let Some(cg) = cgroups.get(&(r.job_id, r.attempt)) {
                 (r.cpu_time_ms, r.mem_peak_bytes) = cg.stats();
             }
+            // Its steps running now (`queue --steps`); the ended ones come with its end.
+            let file = crate::steps::path(&self.state_dir, r.job_id, r.attempt);
+            r.steps = crate::steps::read(&file);
+            r.steps.retain(|s| s.end_ms == 0);
         }
         running
     }

@@ -232,3 +232,44 @@ fn a_users_job_runs_its_tasks_and_steps_as_that_user() {
     assert_eq!(steps[0]["tasks"], 2, "{steps}");
     assert_eq!(steps[0]["exit_code"], 0, "{steps}");
 }
+
+/// Steps running now, from the agents' heartbeats: `queue --steps` lists them (as
+/// squeue --steps) and the job's JSON has them without an end; cancelling the job ends
+/// them with it.
+#[test]
+fn running_steps_are_listed_while_they_run() {
+    let c = Cluster::start(&[("n1", "2xA100-80GB")]);
+    let id = c.submit(
+        "r.sbatch",
+        "#!/bin/sh\n#SBATCH --ntasks-per-node=2 -o r.out\nsrun true\nsrun sleep 60\n",
+    );
+    c.wait_state(id, "RUNNING", T);
+    let step = format!("{id}.1");
+    assert!(
+        gpuctl_tests::wait_for(T, || c.gpuctl_ok(&["queue", "--steps"]).contains(&step)),
+        "{}",
+        c.gpuctl_ok(&["queue", "--steps"])
+    );
+    let text = c.gpuctl_ok(&["queue", "--steps"]);
+    let line = text.lines().find(|l| l.contains(&step)).unwrap();
+    assert!(
+        line.contains("sleep 60") && line.contains(" 2 ") && line.contains("n1"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&format!("{id}.0 ")),
+        "step 0 has ended: {text}"
+    );
+    // While the job runs, its JSON has the steps running now.
+    let steps = c.job(id)["steps"].clone();
+    let running: Vec<&Value> = steps.as_array().unwrap().iter().collect();
+    assert_eq!(running.len(), 1, "{steps}");
+    assert_eq!(running[0]["id"], 1, "{steps}");
+    assert!(
+        running[0]["end_time"].is_null() && running[0]["exit_code"].is_null(),
+        "{steps}"
+    );
+    c.gpuctl_ok(&["cancel", &id.to_string()]);
+    c.wait_state(id, "CANCELLED", T);
+    assert!(!c.gpuctl_ok(&["queue", "--steps"]).contains(&step));
+}

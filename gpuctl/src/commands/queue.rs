@@ -49,6 +49,10 @@ pub struct QueueArgs {
     /// No header line.
     #[arg(short = 'h', long = "noheader")]
     pub noheader: bool,
+    /// The steps running now (each `srun` of a job's script), one row each, as
+    /// squeue --steps: STEPID, NAME, USER, TASKS, NODES, TIME.
+    #[arg(short = 's', long)]
+    pub steps: bool,
     /// Print help.
     #[arg(long, action = clap::ArgAction::Help)]
     pub help: Option<bool>,
@@ -157,6 +161,7 @@ pub struct Queue {
     jobs: Vec<pb::Job>,
     columns: Vec<String>,
     header: bool,
+    steps: bool,
 }
 
 impl serde::Serialize for Queue {
@@ -167,7 +172,37 @@ impl serde::Serialize for Queue {
 
 impl View for Queue {
     fn text(&self) -> String {
+        if self.steps {
+            return steps_table(&self.jobs, format::now_ms(), self.header);
+        }
         format::queue_table(&self.jobs, &self.columns, self.header)
+    }
+}
+
+/// `queue --steps`: a row for each step running now (begun, its end not written).
+pub fn steps_table(jobs: &[pb::Job], now: i64, header: bool) -> String {
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .filter(|j| j.state() == pb::JobState::Running)
+        .flat_map(|j| {
+            j.steps.iter().filter(|s| s.end_ms == 0).map(move |s| {
+                vec![
+                    format!("{}.{}", format::job_id_text(j), s.id),
+                    format::printable(&s.name).into_owned(),
+                    j.spec.as_ref().map(|x| x.user.clone()).unwrap_or_default(),
+                    s.tasks.to_string(),
+                    s.nodes.join(","),
+                    format::slurm_duration((now - s.start_ms).max(0)),
+                ]
+            })
+        })
+        .collect();
+    let header_row = ["STEPID", "NAME", "USER", "TASKS", "NODES", "TIME"];
+    let table = format::table(&header_row, rows);
+    if header {
+        table
+    } else {
+        table.lines().skip(1).collect::<Vec<_>>().join("\n")
     }
 }
 
@@ -183,6 +218,7 @@ pub async fn run(client: &mut Client, args: &QueueArgs) -> Result<Queue, Failure
         jobs,
         columns,
         header: !args.noheader,
+        steps: args.steps,
     })
 }
 

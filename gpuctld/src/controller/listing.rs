@@ -60,10 +60,15 @@ impl Controller {
             // A running job's usage so far (history, report).
             let usage = c.live_usage.get(&j.id);
             let whole = j.spec.as_ref().is_none_or(|s| sees_whole(caller, &s.user));
-            if !(whole && push_presented(&mut encoded, j, usage)) {
+            // Steps running now are merged into the record's: such a job is copied.
+            let steps = c.has_live_steps(j.id);
+            if !(whole && !steps && push_presented(&mut encoded, j, usage)) {
                 let mut p = presented(j);
                 if let Some(u) = usage {
                     p.usage = Some(u.clone());
+                }
+                if steps {
+                    p.steps = c.steps_of(j);
                 }
                 redact(caller, &mut p);
                 page.jobs.push(p);
