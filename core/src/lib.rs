@@ -25,6 +25,7 @@ pub mod colocate;
 pub mod config;
 pub mod efficiency;
 pub mod error;
+pub mod exclusive;
 pub mod explain;
 pub mod fairshare;
 pub mod filter;

@@ -116,8 +116,13 @@ impl Cluster {
             ));
             spec.resources = Some(res);
         }
-        let res = spec.resources.clone().unwrap_or_default();
-        check_feasible(self, &res, self.config.partition_filter(&spec.partition))?;
+        let mut res = spec.resources.clone().unwrap_or_default();
+        let partition = self.config.partition_filter(&spec.partition);
+        if res.exclusive {
+            crate::exclusive::resolve(self, &mut res, partition.clone())?;
+            spec.resources = Some(res.clone());
+        }
+        check_feasible(self, &res, partition)?;
         check_dependencies(self, &spec)?;
         // Like the agents would: a job of root runs only where an agent allows it.
         if spec.user == "root"

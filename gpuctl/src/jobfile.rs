@@ -99,6 +99,10 @@ pub struct ResourcesFile {
     /// Processes on each node (sbatch --ntasks-per-node), each with its share of the
     /// node's GPUs; `cpus` then defaults to one a task.
     pub tasks_per_node: Option<Spanned<u32>>,
+    /// The whole of each node (sbatch --exclusive): the controller sizes the request to
+    /// the nodes the job may use.
+    #[serde(default)]
+    pub exclusive: bool,
 }
 
 /// A job file error, pointing into the file where it can.
@@ -159,6 +163,8 @@ pub struct Job {
     pub constraint: String,
     /// Tasks on each node (1: one process a node).
     pub tasks_per_node: u32,
+    /// The whole of each node it runs on.
+    pub exclusive: bool,
     pub mig_profile: String,
     pub mig_count: u32,
     pub nodes: u32,
@@ -198,6 +204,7 @@ impl Default for Job {
             exclude: Vec::new(),
             constraint: String::new(),
             tasks_per_node: 1,
+            exclusive: false,
             mig_profile: String::new(),
             mig_count: 0,
             nodes: 1,
@@ -363,6 +370,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         None => String::new(),
     };
     let tasks = res.tasks_per_node.clone();
+    let exclusive = res.exclusive;
     let cpus = match (&tasks, &res.cpus) {
         (Some(t), None) => cpus.max(*t.get_ref()),
         _ => cpus,
@@ -447,6 +455,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         exclude,
         constraint,
         tasks_per_node,
+        exclusive,
         mig_profile: gpu.mig_profile,
         mig_count: gpu.mig_count,
         nodes: gpu.nodes,
@@ -854,6 +863,7 @@ impl Job {
                 exclude: self.exclude,
                 constraint: self.constraint,
                 tasks_per_node: self.tasks_per_node,
+                exclusive: self.exclusive,
                 ..pb::Resources::default()
             }),
             user: user.to_string(),

@@ -424,6 +424,8 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                     job.signal = sig.to_string();
                 }
                 "requeue" => job.requeue = true,
+                // The whole node: sized by the controller to the nodes it may use.
+                "exclusive" => job.exclusive = true,
                 // Slurm's "share the allocation with other jobs": co-location by use.
                 "oversubscribe" => job.colocate = true,
                 "hold" => extra.hold = true,

@@ -193,11 +193,11 @@ fn sbatch_scripts_get_what_they_ask_for() {
 #[test]
 fn unsupported_options_are_refused_by_name_and_harmless_ones_warn() {
     let c = Cluster::start(&[("n1", "2xA100-80GB")]);
-    let out = c.gpuctl(&["submit", &example("exclusive.sbatch")]);
+    let out = c.gpuctl(&["submit", &example("licenses.sbatch")]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("exclusive.sbatch:3:") && err.contains("--exclusive"),
+        err.contains("licenses.sbatch:3:") && err.contains("--licenses"),
         "{err}"
     );
     assert!(c.json(&["queue", "--all"]).as_array().unwrap().is_empty());
@@ -334,4 +334,45 @@ fn a_batch_script_takes_the_submitting_shells_environment() {
     assert!(!e.contains("192.0.2.1"), "{e}");
     assert_eq!(first("n.out"), "unset");
     assert_eq!(first("t.out"), "unset");
+}
+
+/// `--exclusive`: the job takes the whole node (both its GPUs, all its CPUs and memory),
+/// so a one-GPU job waits beside it; over nodes of different sizes it is refused with
+/// both sizes named.
+#[test]
+fn an_exclusive_job_has_its_node_to_itself() {
+    let mut c = Cluster::start(&[("n1", "2xA100-80GB")]);
+    let first = c.submit("hold.sbatch", "#!/bin/sh\n#SBATCH --exclusive\nsleep 30\n");
+    let j = c.wait_state(first, "RUNNING", T);
+    assert_eq!(j["resources"]["gpus"], 2, "{j}");
+    assert_eq!(j["gpus"].as_array().unwrap().len(), 2, "{j}");
+    let small = c.submit("one.toml", "command = [\"true\"]\n[resources]\ngpus = 1\n");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(c.job(small)["state"], "PENDING", "nothing fits beside it");
+    c.gpuctl_ok(&["cancel", &first.to_string()]);
+    c.wait_state(small, "COMPLETED", T);
+    let id = submit(&c, "exclusive.sbatch");
+    c.wait_state(id, "COMPLETED", T);
+    let out = std::fs::read_to_string(c.path(&format!("exclusive-{id}.out"))).unwrap();
+    assert_eq!(out, "exclusive: 2 GPUs\n");
+
+    c.add_agent("n2", "4xA100-80GB", &[]);
+    c.wait_nodes_up(2);
+    std::fs::write(c.path("x.sbatch"), "#!/bin/sh\n#SBATCH --exclusive\ntrue\n").unwrap();
+    let out = c.gpuctl(&["submit", "x.sbatch"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("differ in size") && err.contains("n2"),
+        "{err}"
+    );
+    // Kept to alike nodes, it is taken.
+    std::fs::write(
+        c.path("y.sbatch"),
+        "#!/bin/sh\n#SBATCH --exclusive -w n2\ntrue\n",
+    )
+    .unwrap();
+    let id = c.json(&["submit", "y.sbatch"])["job_id"].as_u64().unwrap();
+    let j = c.wait_state(id, "COMPLETED", T);
+    assert_eq!(j["resources"]["gpus"], 4, "{j}");
 }

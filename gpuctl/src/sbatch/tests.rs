@@ -69,10 +69,15 @@ fn option_spellings() {
 
 #[test]
 fn unsupported_options_are_refused_by_name_with_their_place() {
-    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -J x\n#SBATCH --exclusive\n")
-        .unwrap_err()
-        .to_string();
-    assert!(e.starts_with("t.sbatch:3:9: #SBATCH --exclusive"), "{e}");
+    let e = parse(
+        "t.sbatch",
+        "#!/bin/sh\n#SBATCH -J x\n#SBATCH --licenses=matlab\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("t.sbatch:3:9: #SBATCH --licenses"), "{e}");
+    let (j, _) = parse("t.sbatch", "#!/bin/sh\n#SBATCH --exclusive -N 2\n").unwrap();
+    assert!(j.exclusive);
     // Partitions are read.
     let (j, _) = parse("t.sbatch", "#!/bin/sh\n#SBATCH -p inference\n").unwrap();
     assert_eq!(j.partition, "inference");
