@@ -76,6 +76,10 @@ pub struct SubmitArgs {
     /// `a100|h100` any (like sbatch -C; overrides the file's).
     #[arg(short = 'C', long)]
     pub constraint: Option<String>,
+    /// The whole of each node it runs on (like sbatch --exclusive): the controller sizes
+    /// the request to the nodes the job may use, which must be alike.
+    #[arg(long)]
+    pub exclusive: bool,
     /// The QoS (overrides the file's).
     #[arg(short = 'q', long)]
     pub qos: Option<String>,
@@ -242,6 +246,7 @@ impl SubmitArgs {
             job.constraint =
                 gpuctl_sched::features::checked(c).map_err(|e| format!("--constraint: {e}"))?;
         }
+        job.exclusive |= self.exclusive;
         if let Some(q) = &self.qos {
             job.qos = q.clone();
         }
