@@ -361,13 +361,7 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
         batch: true,
         ..Extra::default()
     };
-    let mut ntasks = None;
-    let mut per_node = None;
-    let mut mem_per_cpu = None;
-    let mut mem_per_gpu = None;
-    let mut gpus_per_task = false;
-    // `-G`/`--gpus` is the job's total (Slurm's meaning), split over its nodes at the end.
-    let mut total_gpus: Option<(u32, Range<usize>)> = None;
+    let mut pn = PerNode::default();
     for (offset, line) in directives(text) {
         for o in options(offset, line).map_err(|(s, m)| at(s, m))? {
             let v = o.value.as_str();
@@ -385,12 +379,13 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 }
                 "ntasks" => {
                     let n = v.parse::<u32>();
-                    ntasks = Some(n.map_err(|_| fail(format!("--ntasks {v:?} is not a number")))?);
+                    pn.ntasks =
+                        Some(n.map_err(|_| fail(format!("--ntasks {v:?} is not a number")))?);
                 }
                 "ntasks-per-node" => {
                     let n = v.parse::<u32>();
                     let why = || format!("--ntasks-per-node {v:?} is not a number");
-                    per_node = Some(n.map_err(|_| fail(why()))?);
+                    pn.per_node = Some(n.map_err(|_| fail(why()))?);
                 }
                 "cpus-per-task" => {
                     job.cpus = v
@@ -398,20 +393,20 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                         .map_err(|_| fail(format!("--cpus-per-task {v:?} is not a number")))?
                 }
                 "mem" => job.memory_bytes = slurm_memory(v).map_err(fail)?,
-                "mem-per-cpu" => mem_per_cpu = Some(slurm_memory(v).map_err(fail)?),
-                "mem-per-gpu" => mem_per_gpu = Some(slurm_memory(v).map_err(fail)?),
+                "mem-per-cpu" => pn.mem_per_cpu = Some(slurm_memory(v).map_err(fail)?),
+                "mem-per-gpu" => pn.mem_per_gpu = Some(slurm_memory(v).map_err(fail)?),
                 // Per node, but for --gpus (the job's, split over its nodes at the
                 // end) and --gpus-per-task (times the tasks on a node, at the end).
                 "gres" | "gpus" | "gpus-per-node" | "gpus-per-task" => {
                     let (n, model, milli) = gpus_of(v, o.name == "gres").map_err(fail)?;
-                    gpus_per_task = o.name == "gpus-per-task" && milli == 0;
+                    pn.gpus_per_task = o.name == "gpus-per-task" && milli == 0;
                     job.gpus = n;
                     job.gpu_milli = milli;
                     job.gpu_models.extend(model);
                     if o.name == "gpus" && n > 0 {
-                        total_gpus = Some((n, o.span.clone()));
+                        pn.total_gpus = Some((n, o.span.clone()));
                     } else {
-                        total_gpus = None;
+                        pn.total_gpus = None;
                     }
                 }
                 "dependency" => job.dependencies = parse_dependency(v).map_err(fail)?,
@@ -481,56 +476,78 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
             }
         }
     }
-    let whole = |message: String| JobFileError::Whole {
-        file: file.to_string(),
-        message,
-    };
-    let nodes = job.nodes.max(1);
-    let tasks_per_node = match (per_node, ntasks) {
-        (Some(t), Some(n)) if n != t * nodes => {
-            return Err(whole(format!(
-                "--ntasks={n} and --ntasks-per-node={t} over {nodes} nodes disagree"
-            )));
-        }
-        (Some(t), _) => t,
-        (None, Some(n)) if !n.is_multiple_of(nodes) => {
-            return Err(whole(format!(
-                "--ntasks={n} over {nodes} nodes: gpuctl starts the same number of tasks on every node; give a multiple of {nodes}, or --ntasks-per-node"
-            )));
-        }
-        (None, Some(n)) => n / nodes,
-        (None, None) => 1,
-    };
-    if tasks_per_node == 0 {
-        return Err(whole("--ntasks must be at least 1".into()));
-    }
-    job.tasks_per_node = tasks_per_node;
-    // -c is per task: a node holds its tasks' CPUs.
-    job.cpus = job.cpus.saturating_mul(tasks_per_node);
-    if gpus_per_task {
-        job.gpus = job.gpus.saturating_mul(tasks_per_node);
-    }
-    if let Some((n, span)) = total_gpus {
-        let nodes = job.nodes.max(1);
-        if !n.is_multiple_of(nodes) {
-            return Err(at(
-                span,
-                format!(
-                    "--gpus={n} over {nodes} nodes: gpuctl gives every node of a job the same GPUs; give a multiple of {nodes}, or --gpus-per-node"
-                ),
-            ));
-        }
-        job.gpus = n / nodes;
-    }
-    if let Some(m) = mem_per_cpu {
-        job.memory_bytes = m.saturating_mul(u64::from(job.cpus));
-    }
-    if let Some(m) = mem_per_gpu {
-        // Per node: its GPUs' worth (a share counts as one GPU).
-        let gpus = if job.gpu_milli > 0 { 1 } else { job.gpus };
-        job.memory_bytes = m.saturating_mul(u64::from(gpus.max(1)));
-    }
+    pn.apply(&mut job, file, text)?;
     Ok((job, extra))
+}
+
+/// What `#SBATCH` lines say per task or per job that becomes per node once all are
+/// read (a node's tasks, their CPUs and GPUs, the job's total GPUs, memory per CPU/GPU).
+#[derive(Default)]
+struct PerNode {
+    ntasks: Option<u32>,
+    per_node: Option<u32>,
+    mem_per_cpu: Option<u64>,
+    mem_per_gpu: Option<u64>,
+    gpus_per_task: bool,
+    /// `-G`/`--gpus`: the job's total (Slurm's meaning), split over its nodes.
+    total_gpus: Option<(u32, Range<usize>)>,
+}
+
+impl PerNode {
+    fn apply(self, job: &mut Job, file: &str, text: &str) -> Result<(), JobFileError> {
+        let whole = |message: String| JobFileError::Whole {
+            file: file.to_string(),
+            message,
+        };
+        let nodes = job.nodes.max(1);
+        let tasks_per_node = match (self.per_node, self.ntasks) {
+            (Some(t), Some(n)) if n != t * nodes => {
+                return Err(whole(format!(
+                    "--ntasks={n} and --ntasks-per-node={t} over {nodes} nodes disagree"
+                )));
+            }
+            (Some(t), _) => t,
+            (None, Some(n)) if !n.is_multiple_of(nodes) => {
+                return Err(whole(format!(
+                    "--ntasks={n} over {nodes} nodes: gpuctl starts the same number of tasks on every node; give a multiple of {nodes}, or --ntasks-per-node"
+                )));
+            }
+            (None, Some(n)) => n / nodes,
+            (None, None) => 1,
+        };
+        if tasks_per_node == 0 {
+            return Err(whole("--ntasks must be at least 1".into()));
+        }
+        job.tasks_per_node = tasks_per_node;
+        // -c is per task: a node holds its tasks' CPUs.
+        job.cpus = job.cpus.saturating_mul(tasks_per_node);
+        if self.gpus_per_task {
+            job.gpus = job.gpus.saturating_mul(tasks_per_node);
+        }
+        if let Some((n, span)) = self.total_gpus {
+            let nodes = job.nodes.max(1);
+            if !n.is_multiple_of(nodes) {
+                return Err(at_span(
+                    file,
+                    text,
+                    span,
+                    format!(
+                        "--gpus={n} over {nodes} nodes: gpuctl gives every node of a job the same GPUs; give a multiple of {nodes}, or --gpus-per-node"
+                    ),
+                ));
+            }
+            job.gpus = n / nodes;
+        }
+        if let Some(m) = self.mem_per_cpu {
+            job.memory_bytes = m.saturating_mul(u64::from(job.cpus));
+        }
+        if let Some(m) = self.mem_per_gpu {
+            // Per node: its GPUs' worth (a share counts as one GPU).
+            let gpus = if job.gpu_milli > 0 { 1 } else { job.gpus };
+            job.memory_bytes = m.saturating_mul(u64::from(gpus.max(1)));
+        }
+        Ok(())
+    }
 }
 
 fn default_name(file: &str) -> String {

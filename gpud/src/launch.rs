@@ -251,28 +251,15 @@ pub fn output_path(template: &str, v: &OutputVars<'_>, workdir: &Path) -> PathBu
         "" => "gpuctl-%j.out",
         t => t,
     };
-    let mut out = String::new();
-    let mut chars = template.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('j') => out.push_str(&v.job_id.to_string()),
-            Some('x') => out.push_str(&file_name_part(v.name)),
-            Some('N') => out.push_str(&file_name_part(v.node)),
-            Some('t') => out.push_str(&v.rank.to_string()),
-            Some('A') => out.push_str(&v.array.map_or(v.job_id, |a| a.0).to_string()),
-            Some('a') => out.push_str(&v.array.map_or(0, |a| a.1).to_string()),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
+    let out = gpuctl_proto::text::fill_pattern(template, |p| match p {
+        'j' => Some(v.job_id.to_string()),
+        'x' => Some(file_name_part(v.name)),
+        'N' => Some(file_name_part(v.node)),
+        't' => Some(v.rank.to_string()),
+        'A' => Some(v.array.map_or(v.job_id, |a| a.0).to_string()),
+        'a' => Some(v.array.map_or(0, |a| a.1).to_string()),
+        _ => None,
+    });
     workdir.join(out)
 }
 

@@ -49,6 +49,32 @@ pub fn shown(s: &str, max: usize) -> String {
     out
 }
 
+/// `template` with each `%c` replaced by what `value(c)` answers; `%%` is `%`, and a `%c`
+/// it answers `None` for, or a `%` at the end, stays as written (output file patterns:
+/// the agent's for a job, `srun`'s for its tasks).
+pub fn fill_pattern(template: &str, value: impl Fn(char) -> Option<String>) -> String {
+    let mut out = String::new();
+    let mut chars = template.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('%') => out.push('%'),
+            Some(p) => match value(p) {
+                Some(v) => out.push_str(&v),
+                None => {
+                    out.push('%');
+                    out.push(p);
+                }
+            },
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +92,12 @@ mod tests {
             shown("a\nb\u{1b}[31m\u{200b}", 64),
             "a\\u{a}b\\u{1b}[31m\\u{200b}"
         );
+    }
+
+    #[test]
+    fn patterns_fill_what_is_known_and_keep_the_rest() {
+        let v = |c| (c == 'j').then(|| "12".to_string());
+        assert_eq!(super::fill_pattern("out-%j-%q-%%-%", v), "out-12-%q-%-%");
+        assert_eq!(super::fill_pattern("plain", v), "plain");
     }
 }

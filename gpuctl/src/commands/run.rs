@@ -159,29 +159,15 @@ impl Plan {
 
 /// `template` with its `%` patterns filled in for local task `i` (see `RunArgs::output`).
 pub fn output_name(template: &str, plan: &Plan, i: u32, env: &BTreeMap<String, String>) -> String {
-    let get = |k: &str| env.get(k).map_or("", String::as_str);
-    let mut out = String::new();
-    let mut chars = template.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('t') => out.push_str(&(plan.node_rank * plan.per_node + i).to_string()),
-            Some('n') => out.push_str(&plan.node_rank.to_string()),
-            Some('N') => out.push_str(get("GPUCTL_NODE")),
-            Some('j') => out.push_str(get("GPUCTL_JOB_ID")),
-            Some('x') => out.push_str(get("GPUCTL_JOB_NAME")),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
+    let get = |k: &str| Some(env.get(k).cloned().unwrap_or_default());
+    gpuctl_proto::text::fill_pattern(template, |p| match p {
+        't' => Some((plan.node_rank * plan.per_node + i).to_string()),
+        'n' => Some(plan.node_rank.to_string()),
+        'N' => get("GPUCTL_NODE"),
+        'j' => get("GPUCTL_JOB_ID"),
+        'x' => get("GPUCTL_JOB_NAME"),
+        _ => None,
+    })
 }
 
 /// The files the tasks write to, opened once each (tasks with the same name share it).
