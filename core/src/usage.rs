@@ -25,8 +25,9 @@ pub type LiveUsage = HashMap<u64, pb::JobUsage>;
 /// Running ranks' (CPU time ms, peak memory bytes), by (job id, node).
 pub type LiveHost = HashMap<(u64, String), (u64, u64)>;
 
-/// Running ranks' steps running now, by (job id, node).
-pub type LiveSteps = HashMap<(u64, String), Vec<pb::Step>>;
+/// Running ranks' steps running now, by job id, then node (a listing asks of every
+/// job whether it has any: one lookup).
+pub type LiveSteps = HashMap<u64, HashMap<String, Vec<pb::Step>>>;
 
 /// One allocated slot of a job on a node: (job, its slot use, the GPU's uuid).
 struct Holder<'a> {
@@ -120,39 +121,46 @@ impl Cluster {
     /// The steps to show for a job: its record's, with those its nodes say run now.
     pub fn steps_of(&self, j: &pb::Job) -> Vec<pb::Step> {
         let mut steps = j.steps.clone();
-        for ((id, node), live) in &self.live_steps {
-            if *id == j.id {
-                crate::steps::merge(&mut steps, node, live);
-            }
+        for (node, live) in self.live_steps.get(&j.id).into_iter().flatten() {
+            crate::steps::merge(&mut steps, node, live);
         }
         steps
     }
 
+    /// Node `node` no longer runs steps of job `id`.
+    fn forget_steps(&mut self, id: u64, node: &str) {
+        if let Some(nodes) = self.live_steps.get_mut(&id) {
+            nodes.remove(node);
+            if nodes.is_empty() {
+                self.live_steps.remove(&id);
+            }
+        }
+    }
+
     /// Whether any node says steps of job `id` run now.
     pub fn has_live_steps(&self, id: u64) -> bool {
-        self.live_steps.keys().any(|k| k.0 == id)
+        self.live_steps.contains_key(&id)
     }
 
     /// A heartbeat's host figures and running steps of the ranks the agent runs.
     pub fn note_host(&mut self, node: &str, running: &[pb::RunningJob]) {
         for r in running {
-            let holds = || {
-                self.jobs.job(r.job_id).is_some_and(|j| {
-                    j.attempt == r.attempt && live_allocs(j).any(|a| a.node == node)
-                })
-            };
-            let key = (r.job_id, node.to_string());
+            let holds = self
+                .jobs
+                .job(r.job_id)
+                .is_some_and(|j| j.attempt == r.attempt && live_allocs(j).any(|a| a.node == node));
             if r.steps.is_empty() {
-                self.live_steps.remove(&key);
-            } else if holds() {
+                self.forget_steps(r.job_id, node);
+            } else if holds {
                 let mut steps = Vec::new();
                 crate::steps::merge(&mut steps, node, &r.steps);
-                self.live_steps.insert(key, steps);
+                let nodes = self.live_steps.entry(r.job_id).or_default();
+                nodes.insert(node.to_string(), steps);
             }
             if r.cpu_time_ms.is_none() && r.mem_peak_bytes.is_none() {
                 continue;
             }
-            if holds() {
+            if holds {
                 let v = (r.cpu_time_ms.unwrap_or(0), r.mem_peak_bytes.unwrap_or(0));
                 self.live_host.insert((r.job_id, node.to_string()), v);
             }
@@ -162,7 +170,7 @@ impl Cluster {
     /// A rank's host figures, from its end report.
     /// (Where the report has none, the rank's last heartbeat's figures count.)
     pub fn add_host_usage(&mut self, r: &pb::JobReport) {
-        self.live_steps.remove(&(r.job_id, r.node.clone()));
+        self.forget_steps(r.job_id, &r.node);
         let live = self.live_host.remove(&(r.job_id, r.node.clone()));
         let cpu = r.cpu_time_ms.or(live.map(|l| l.0));
         let mem = r.mem_peak_bytes.or(live.map(|l| l.1));
@@ -185,7 +193,7 @@ impl Cluster {
         if running {
             return;
         }
-        self.live_steps.retain(|k, _| k.0 != id);
+        self.live_steps.remove(&id);
         // Ranks that ended without an end report (their node failed) count with what
         // their last heartbeat said.
         let ranks: Vec<(u64, String)> = self
@@ -228,7 +236,7 @@ impl Cluster {
             self.settle_usage(id);
             self.live_usage.remove(&id);
             self.live_host.retain(|k, _| k.0 != id);
-            self.live_steps.retain(|k, _| k.0 != id);
+            self.live_steps.remove(&id);
         }
     }
 }
