@@ -85,8 +85,8 @@ impl Formatter for Pretty {
 }
 
 /// How `--json` output is laid out: pretty for a person at a terminal, compact (one
-/// line, no spaces: about 30% fewer bytes for a listing, and faster to write and to
-/// read) for a pipe or a file, as `gh` does. `GPUCTL_JSON=pretty` or `compact` chooses
+/// line, no spaces: fewer bytes, faster to write and to read; docs/benchmarks.md) for
+/// a pipe or a file, as `gh` does. `GPUCTL_JSON=pretty` or `compact` chooses
 /// either way whatever stdout is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {

@@ -191,8 +191,8 @@ fn bpf(cmd: i64, attr: &mut Attr) -> io::Result<i64> {
 }
 
 /// Programs loaded already, by their instructions: a job's program depends only on its
-/// GPUs, so the same few come back, and the kernel's verifier took about 0.17 ms of
-/// every launch to check one again. At most [`LOADED_MAX`] are kept (each a descriptor
+/// GPUs, so the same few come back, and the kernel's verifier checking one again was a
+/// measurable part of every launch (docs/benchmarks.md, issue 41). At most [`LOADED_MAX`] are kept (each a descriptor
 /// and a few hundred bytes of kernel memory).
 static LOADED: std::sync::Mutex<Vec<(Vec<Insn>, std::sync::Arc<OwnedFd>)>> =
     std::sync::Mutex::new(Vec::new());

@@ -44,7 +44,7 @@ pub mod store {
 
 impl Step {
     /// The most steps a job's record keeps, and an agent reads from a job: the first
-    /// ones (a record stays small whatever a script does: at most about 20 KB of steps).
+    /// ones (a record stays small whatever a script does).
     pub const MAX_PER_JOB: usize = 128;
     /// The longest step name kept, in bytes.
     pub const MAX_NAME: usize = 128;
