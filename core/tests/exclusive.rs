@@ -12,24 +12,6 @@ fn exclusive(gpus: u32) -> pb::JobSpec {
     s
 }
 
-/// A node of another size: 4 GPUs, 32 CPUs, 128 GiB.
-fn attach_big(c: &mut gpuctl_core::Cluster, node: &str, now: i64) {
-    let nonce = format!("nonce-{node}").into_bytes();
-    c.challenge(node, nonce.clone(), now);
-    let req = pb::RegisterRequest {
-        node: node.into(),
-        gpus: gpus(node, 4),
-        cpus: 32,
-        memory_bytes: 128 << 30,
-        gpu_backend: "fake".into(),
-        nonce,
-        agent_id: format!("agent-{node}"),
-        features: vec!["big".into()],
-        ..pb::RegisterRequest::default()
-    };
-    c.attach(&req, None, now).expect("attach");
-}
-
 fn refusal(c: &gpuctl_core::Cluster, spec: pb::JobSpec) -> String {
     match c.admit(&alice(), spec, "", T0) {
         Err(r) => r.to_string(),
@@ -56,7 +38,8 @@ fn an_exclusive_job_asks_for_the_whole_of_alike_nodes() {
     assert_eq!(r.gpu, Some(GpuPart::Gpus(2)));
     assert_eq!((r.cpus, r.cpu_milli, r.memory_bytes), (16, 0, 64 << 30));
 
-    attach_big(&mut c, "n3", T0);
+    // A node of another size, offering a feature the others do not.
+    attach_shaped(&mut c, "n3", (4, 32, 128 << 30), &[], &["big"], T0);
     let e = refusal(&c, exclusive(1));
     assert!(
         e.contains("differ in size") && e.contains("n3 has 4 GPUs, 32 CPUs"),

@@ -294,6 +294,8 @@ pub struct LaunchSpec {
     pub status_file: Option<PathBuf>,
     /// The GPU device nodes the job may open (`None`: the agent does not confine).
     pub devices: Option<crate::devices::DeviceRules>,
+    /// The job's tasks on this node (`Resources.tasks_per_node`, at least 1).
+    pub tasks_per_node: u32,
 }
 
 /// A user the job runs as, resolved on the node from the passwd database.
@@ -353,17 +355,12 @@ impl LaunchSpec {
     /// more than one task a node is started through that `srun` (`gpuctl run`), which
     /// starts its tasks; a script starts them itself, with `srun`.
     pub fn with_tools(mut self, tools: Option<&Path>) -> std::io::Result<LaunchSpec> {
-        let tasks: u32 = self
-            .env
-            .get("GPUCTL_TASKS_PER_NODE")
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(1);
         if let Some(dir) = tools {
             let path = self.env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
             let path = format!("{}:{path}", dir.display());
             self.env.insert("PATH".into(), path);
         }
-        if tasks > 1 && self.script.is_none() {
+        if self.tasks_per_node > 1 && self.script.is_none() {
             let Some(dir) = tools else {
                 return Err(std::io::Error::other(
                     "the job has tasks_per_node above 1, and this node has no gpuctl next to gpud to start them with",
@@ -459,6 +456,7 @@ impl LaunchSpec {
             run_as,
             status_file: None,
             devices: None,
+            tasks_per_node: res.tasks_per_node.max(1),
             limits: crate::cgroup::Limits {
                 cpu_milli: gpuctl_proto::convert::cpu_milli(&res),
                 memory_bytes: res.memory_bytes,

@@ -827,6 +827,17 @@ pub fn unix_ms(v: &Value) -> i64 {
     (days * 86_400 + secs) * 1000 + frac
 }
 
+/// The job id a `gpuctl submit --json` answered; panics with its stderr when it failed.
+pub fn submitted_id(out: &Output) -> u64 {
+    assert!(
+        out.status.success(),
+        "gpuctl submit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("submit --json answers JSON");
+    v["job_id"].as_u64().expect("job_id")
+}
+
 /// For the benchmarks: a text argument of the bench (`--name VALUE`).
 pub fn bench_text_arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();

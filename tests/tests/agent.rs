@@ -3,7 +3,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
-use gpuctl_tests::{Cluster, bin};
+use gpuctl_tests::{Cluster, bin, submitted_id};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -35,14 +35,7 @@ fn job_runs_as_its_user_and_output_belongs_to_it() {
         .current_dir(&work)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["job_id"]
-        .as_u64()
-        .unwrap();
+    let id = submitted_id(&out);
     let j = c.wait_state(id, "COMPLETED", T);
     assert_eq!(j["user"], user.as_str());
     let path = work.join(format!("me-{id}.out"));

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use gpuctl_tests::{Cluster, ensure_user, wait_for};
+use gpuctl_tests::{Cluster, ensure_user, submitted_id as job_id, wait_for};
 
 const T: Duration = Duration::from_secs(30);
 const ALICE: &str = "gpuctlalice";
@@ -27,13 +27,6 @@ fn submit_as(c: &Cluster, user: &str, toml: &str) -> std::process::Output {
     let dir = c.user_dir(user);
     std::fs::write(dir.join("job.toml"), toml).unwrap();
     c.gpuctl_as(user, &dir, &["submit", "--json", "job.toml"])
-}
-
-fn job_id(o: &std::process::Output) -> u64 {
-    assert!(o.status.success(), "{}", stderr(o));
-    serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["job_id"]
-        .as_u64()
-        .unwrap()
 }
 
 fn chown(p: &Path, user: &str) {

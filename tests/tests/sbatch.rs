@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gpuctl_tests::Cluster;
+use gpuctl_tests::{Cluster, submitted_id};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(30);
@@ -299,14 +299,7 @@ fn a_batch_script_takes_the_submitting_shells_environment() {
             .current_dir(c.path(""))
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<Value>(&out.stdout).unwrap()["job_id"]
-            .as_u64()
-            .unwrap()
+        submitted_id(&out)
     };
     let line = "echo \"${FROM_SHELL:-unset} $SLURM_JOB_ID $MASTER_ADDR\"";
     let batch = submit(

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use gpuctl_proto::auth::{ClusterKey, MAC_HEADER, NODE_HEADER, TIME_HEADER};
 use gpuctl_proto::{self as pb, agent_link_client::AgentLinkClient};
-use gpuctl_tests::{Cluster, ensure_user, wait_for};
+use gpuctl_tests::{Cluster, ensure_user, submitted_id as job_id, wait_for};
 
 const T: Duration = Duration::from_secs(30);
 const ALICE: &str = "gpuctlalice";
@@ -26,13 +26,6 @@ fn submit_as(c: &Cluster, user: &str, toml: &str, extra: &[&str]) -> std::proces
     args.extend_from_slice(extra);
     args.push("job.toml");
     c.gpuctl_as(user, &dir, &args)
-}
-
-fn job_id(o: &std::process::Output) -> u64 {
-    assert!(o.status.success(), "{}", stderr(o));
-    serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["job_id"]
-        .as_u64()
-        .unwrap()
 }
 
 const SLEEP: &str = "script = \"sleep 30\"\n[resources]\ngpus = 1\n";

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use gpuctl_tests::Cluster;
+use gpuctl_tests::{Cluster, submitted_id};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(60);
@@ -213,15 +213,7 @@ fn a_users_job_runs_its_tasks_and_steps_as_that_user() {
         "#!/bin/sh\n#SBATCH --ntasks-per-node=2 -o u.out\nls -l \"$GPUCTL_STEPS_FILE\"\nsrun sh -c 'echo $(id -un) task $SLURM_PROCID step $SLURM_STEP_ID'\n",
     )
     .unwrap();
-    let out = c.gpuctl_as(user, &dir, &["submit", "--json", "u.sbatch"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let id = serde_json::from_slice::<Value>(&out.stdout).unwrap()["job_id"]
-        .as_u64()
-        .unwrap();
+    let id = submitted_id(&c.gpuctl_as(user, &dir, &["submit", "--json", "u.sbatch"]));
     c.wait_state(id, "COMPLETED", T);
     let text = std::fs::read_to_string(dir.join("u.out")).unwrap();
     assert!(text.contains(&format!("-rw------- 1 {user}")), "{text}");

@@ -44,13 +44,25 @@ pub fn attach_as(
     features: &[&str],
     now: i64,
 ) -> Effects {
+    attach_shaped(c, node, (2, 16, 64 << 30), running, features, now)
+}
+
+/// `attach_as` for a node of `shape`: (GPUs, CPUs, memory bytes).
+pub fn attach_shaped(
+    c: &mut Cluster,
+    node: &str,
+    shape: (u32, u32, u64),
+    running: &[(u64, u32)],
+    features: &[&str],
+    now: i64,
+) -> Effects {
     let nonce = format!("nonce-{node}-{now}").into_bytes();
     c.challenge(node, nonce.clone(), now);
     let req = pb::RegisterRequest {
         node: node.into(),
-        gpus: gpus(node, 2),
-        cpus: 16,
-        memory_bytes: 64 << 30,
+        gpus: gpus(node, shape.0),
+        cpus: shape.1,
+        memory_bytes: shape.2,
         gpu_backend: "fake".into(),
         running: running
             .iter()

@@ -202,10 +202,8 @@ fn step_begin(file: &str, tasks: u32, name: &str) -> std::io::Result<u32> {
     let mut text = String::new();
     f.read_to_string(&mut text)?;
     let id = text.lines().filter(|l| l.starts_with("B ")).count() as u32;
-    let name: String = name
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
+    // One line, as the agent keeps it (`Step::clean_name`: no line break can split it).
+    let name = gpuctl_proto::Step::clean_name(name);
     let now = crate::format::now_ms();
     f.write_all(format!("B {id} {now} {tasks} {name}\n").as_bytes())?;
     Ok(id)
@@ -269,7 +267,8 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
         match child {
             Ok(c) => tasks.push(c),
             Err(e) => {
-                forward(&tasks, nix::sys::signal::Signal::SIGKILL);
+                let pids = tasks.iter().map(tokio::process::Child::id);
+                signal_tasks(pids, nix::sys::signal::Signal::SIGKILL);
                 if let (Some(f), Some(id)) = (file, step) {
                     let _ = step_end(f, id, e.code);
                 }
@@ -284,12 +283,10 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
     Ok(code)
 }
 
-/// Sends `sig` to every task still running.
-fn forward(tasks: &[tokio::process::Child], sig: nix::sys::signal::Signal) {
-    for t in tasks {
-        if let Some(pid) = t.id() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
-        }
+/// Sends `sig` to these tasks (those with a pid: not yet reaped).
+fn signal_tasks(pids: impl Iterator<Item = Option<u32>>, sig: nix::sys::signal::Signal) {
+    for pid in pids.flatten() {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
     }
 }
 
@@ -335,12 +332,8 @@ async fn wait_all(tasks: Vec<tokio::process::Child>) -> Result<u8, Failure> {
                 worst = worst.max(code);
             }
             Some(sig) = sig_rx.recv() => {
-                for (pid, _) in pids.iter().zip(&ended).filter(|(_, e)| !**e) {
-                    if let Some(pid) = pid {
-                        let pid = nix::unistd::Pid::from_raw(*pid as i32);
-                        let _ = nix::sys::signal::kill(pid, sig);
-                    }
-                }
+                let running = pids.iter().zip(&ended).filter(|(_, e)| !**e);
+                signal_tasks(running.map(|(pid, _)| *pid), sig);
             }
         }
     }

@@ -365,11 +365,7 @@ fn spawn_recorded(
         std::fs::set_permissions(&jobs, std::fs::Permissions::from_mode(0o700))?;
     }
     // Where its `srun`s record its steps (a script's, or a command's tasks).
-    let starts_tasks = spec
-        .env
-        .get("GPUCTL_TASKS_PER_NODE")
-        .is_some_and(|t| t != "1");
-    if spec.script.is_some() || starts_tasks {
+    if spec.script.is_some() || spec.tasks_per_node > 1 {
         let steps = crate::steps::path(&agent.state_dir, start.job_id, start.attempt);
         let owner = spec.run_as.as_ref().map(|u| (u.uid, u.gid));
         crate::steps::create(&steps, owner)?;
