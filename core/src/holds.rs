@@ -25,7 +25,7 @@ pub fn held_at_submit(s: &mut pb::store::StoredJob) {
 
 impl Cluster {
     /// The job `id` if `actor` may act on it.
-    fn own_job(&self, actor: &Actor, id: u64, what: &str) -> Result<&pb::Job, Refusal> {
+    pub(crate) fn own_job(&self, actor: &Actor, id: u64, what: &str) -> Result<&pb::Job, Refusal> {
         let j = self
             .jobs
             .job(id)

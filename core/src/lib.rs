@@ -13,7 +13,8 @@
 //! heartbeats, reports, failed nodes), `users` (cancel, drain, node listings),
 //! `validate` (what a job must be to be queued), `begin` (jobs held until a time), `fairshare` (charging usage, the
 //! fair-share factor), `policy` (QoS caps), `holds` (hold,
-//! release, requeue), `filter` (listings' filters), `partitions` (node sets and their limits),
+//! release, requeue), `interactive` (allocations and steps opened from outside a
+//! job), `filter` (listings' filters), `partitions` (node sets and their limits),
 //! `windows` (time-of-day windows), `reconfig` (a new config taken while running),
 //! `retention`, `config`, `error`.
 
@@ -32,6 +33,7 @@ pub mod filter;
 pub mod health;
 pub mod holds;
 pub mod idle;
+pub mod interactive;
 pub mod jobs;
 pub mod ops;
 pub mod partitions;

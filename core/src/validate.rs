@@ -200,7 +200,16 @@ fn check_patterns(what: &str, p: &str) -> Result<(), String> {
 
 pub(crate) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(), Refusal> {
     let bad = |m: &str| Err(Refusal::invalid_argument(m.to_string()));
-    if spec.command.is_empty() == spec.script.is_empty() {
+    if spec.interactive {
+        if !spec.command.is_empty() || !spec.script.is_empty() {
+            return bad(
+                "an interactive allocation runs no `command` or `script` of its own: its steps come from `gpuctl run`",
+            );
+        }
+        if !spec.array.is_empty() {
+            return bad("an interactive allocation cannot be an array");
+        }
+    } else if spec.command.is_empty() == spec.script.is_empty() {
         return bad("a job needs exactly one of `command` or `script`");
     }
     if spec.command.first().is_some_and(String::is_empty) {

@@ -65,6 +65,10 @@ pub enum Command {
     /// and its GPUs, and wait for them (like srun in a batch script; `srun` is this
     /// command under that name).
     Run(commands::run::RunArgs),
+    /// An interactive allocation (like salloc): queued and scheduled like any job; once
+    /// it runs, your $SHELL (or the command) runs here, and its `gpuctl run`s run in
+    /// it; released when that ends (`salloc` is this command under that name).
+    Alloc(commands::interactive::AllocArgs),
     /// Accounting: every job active in a time window, finished ones included, with what
     /// it used (like sacct).
     History(commands::history::HistoryArgs),
@@ -534,7 +538,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     match &cli.command {
         Command::Man => return print_manual(),
         // The job's own processes: no controller is asked.
-        Command::Run(args) => {
+        Command::Run(args) if args.local() => {
             let code = commands::run::run(args).await?;
             std::process::exit(code.into());
         }
@@ -551,7 +555,15 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     let c = &mut client;
     match &cli.command {
         // Done above, without a controller.
-        Command::Completions { .. } | Command::Man | Command::Run(_) => {}
+        Command::Completions { .. } | Command::Man => {}
+        Command::Run(args) => {
+            let code = commands::interactive::run_step(&cli, c, args).await?;
+            std::process::exit(code.into());
+        }
+        Command::Alloc(args) => {
+            let code = commands::interactive::alloc(&cli, c, args).await?;
+            std::process::exit(code.into());
+        }
         Command::Submit(args) => {
             commands::submit::run_all(&cli, c, specs, args.json, args.parsable).await?;
         }

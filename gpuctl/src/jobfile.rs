@@ -878,6 +878,7 @@ impl Job {
             right_size: self.right_size,
             colocate: self.colocate,
             max_restarts: self.max_restarts,
+            interactive: false,
             dependencies: self
                 .dependencies
                 .iter()

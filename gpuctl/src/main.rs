@@ -14,12 +14,18 @@ async fn main() -> ExitCode {
     }));
     // Called as `srun` (the name job scripts written for Slurm use): `gpuctl run`.
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // And as `salloc`: `gpuctl alloc`.
     let called = args
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())
-        .is_some_and(|n| n == "srun");
-    if called {
-        args.splice(0..1, ["gpuctl".into(), "run".into()]);
+        .and_then(|n| n.to_str())
+        .and_then(|n| match n {
+            "srun" => Some("run"),
+            "salloc" => Some("alloc"),
+            _ => None,
+        });
+    if let Some(sub) = called {
+        args.splice(0..1, ["gpuctl".into(), sub.into()]);
     }
     let cli = gpuctl::cli::Cli::parse_from(args);
     match gpuctl::cli::run(cli).await {

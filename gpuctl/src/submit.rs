@@ -11,7 +11,7 @@ use crate::jobfile::{self, Job};
 use crate::sbatch::{self, Extra};
 
 /// `gpuctl submit`'s arguments.
-#[derive(clap::Args)]
+#[derive(clap::Args, Default)]
 pub struct SubmitArgs {
     /// Job files: TOML (job.toml), or shell scripts with #SBATCH lines. Several files
     /// are all read and checked first (nothing is sent if one is bad), then queued in

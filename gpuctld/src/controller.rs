@@ -32,6 +32,8 @@ use gpuctl_sched as sched;
 mod agents;
 mod identity;
 mod listing;
+mod steps;
+pub use steps::ClientStream;
 pub use agents::check_node_name;
 pub mod users;
 
@@ -204,6 +206,8 @@ pub struct Controller {
     last_pass_us: AtomicU64,
     /// Held through a pass: one at a time, from the loop or from a submit.
     pass_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Steps opened from outside their jobs, waiting for their agents.
+    steps: steps::Relay,
 }
 
 /// A store failure as the caller sees it: the controller is up (so not UNAVAILABLE,
@@ -287,6 +291,7 @@ impl Controller {
             // The first pass (perhaps over a large recovered queue) on the blocking pool.
             last_pass_us: AtomicU64::new(u64::MAX),
             pass_lock: Arc::new(tokio::sync::Mutex::new(())),
+            steps: steps::Relay::default(),
         }))
     }
 

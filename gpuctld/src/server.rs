@@ -290,6 +290,29 @@ impl controller_server::Controller for UserApi {
         Ok(Response::new(self.0.windows()))
     }
 
+    type InteractStream = crate::controller::ClientStream;
+
+    async fn interact(
+        &self,
+        req: Request<tonic::Streaming<pb::StepInput>>,
+    ) -> Result<Response<Self::InteractStream>, Status> {
+        let caller = self.caller(&req)?;
+        Ok(Response::new(
+            self.0.interact(&caller, req.into_inner()).await?,
+        ))
+    }
+
+    async fn release_allocation(
+        &self,
+        req: Request<pb::JobActionRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        let caller = self.caller(&req)?;
+        let req = req.into_inner();
+        let id = self.0.action_target(&req)?;
+        let action = JobAction::ReleaseAllocation(req.exit_code);
+        Ok(Response::new(self.0.job_action(&caller, id, action).await?))
+    }
+
     async fn partitions(
         &self,
         req: Request<pb::PartitionsRequest>,
@@ -484,6 +507,19 @@ impl agent_link_server::AgentLink for AgentApi {
             &req.encode_to_vec(),
         )?;
         Ok(Response::new(self.0.challenge(&req.node)))
+    }
+
+    type StepIoStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<pb::StepInput, Status>> + Send + 'static>,
+    >;
+
+    async fn step_io(
+        &self,
+        req: Request<tonic::Streaming<pb::StepOutput>>,
+    ) -> Result<Response<Self::StepIoStream>, Status> {
+        let (meta, ext, inbound) = req.into_parts();
+        let stream = self.0.step_io(&Via::of(&ext), &meta, inbound).await?;
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn attach(

@@ -403,7 +403,7 @@ async fn call(h: &Harness, kind: &str, bytes: &[u8], admin: bool) -> bool {
             let _ = user.explain(user_req(m, token)).await;
             let a = pb::JobActionRequest {
                 job_id: m.job_id,
-                task: None,
+                ..Default::default()
             };
             let _ = user.hold(user_req(a, token)).await;
             let _ = user.release(user_req(a, token)).await;

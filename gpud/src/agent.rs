@@ -20,6 +20,7 @@ use crate::monitor::{Enforcer, Watched};
 use crate::reports::ReportQueue;
 
 mod jobs;
+mod remote;
 mod setup;
 use jobs::{adopt_jobs, run_job};
 use setup::agent_id;
@@ -121,6 +122,8 @@ struct Agent {
     health: Arc<Mutex<String>>,
     /// The directory put first on jobs' PATH, holding `srun` (`launch::job_tools`).
     tools: Option<PathBuf>,
+    /// The channel to the controller (for the streams steps open: `remote`).
+    channel: std::sync::OnceLock<Channel>,
 }
 
 /// The next number of `session` (`None`: Challenge and Attach, which belong to none yet
@@ -174,6 +177,7 @@ impl Agent {
             session_ready: Notify::new(),
             health: Arc::default(),
             tools: crate::launch::job_tools(&opts.state_dir),
+            channel: std::sync::OnceLock::new(),
         })
     }
 
@@ -392,6 +396,7 @@ pub async fn run(
     let mps = crate::mps::Mps::find(opts.mps_control.clone(), &opts.state_dir.join("mps"));
     let agent = Arc::new(Agent::new(&opts, launcher, mps, id.clone(), gpus.clone())?);
 
+    let _ = agent.channel.set(channel.clone());
     adopt_jobs(&agent, &cgroups_for_adoption, &cgroup_parent);
     let reporter = tokio::spawn(reporter(
         agent.clone(),
@@ -951,6 +956,7 @@ fn run_command(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand)
                 tracing::debug!(job = kill.job_id, "kill for a job not running here");
             }
         }
+        Some(pb::agent_command::Command::Step(s)) => remote::open(agent, s),
         None => {}
     }
     cmd.seq

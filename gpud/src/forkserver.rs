@@ -61,6 +61,14 @@ pub struct Request {
     pub cgroup_v2: Option<PathBuf>,
     /// The user to become; `None`: stay root (the agent's user).
     pub user: Option<Become>,
+    /// A step's standard input, output and error come with the request (three fds
+    /// after the answer's pipe) instead of `stdout`/`stderr`'s files.
+    #[serde(default)]
+    pub passed_stdio: bool,
+    /// With `passed_stdio`: they are a pseudo-terminal, which becomes the step's
+    /// controlling terminal (a session of its own, not only a process group).
+    #[serde(default)]
+    pub tty: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -126,6 +134,15 @@ impl Client {
     /// failed (its steps run as the job's user on the job's paths: call it off the
     /// async threads).
     pub fn launch(&self, req: &Request) -> std::io::Result<(OwnedFd, Answer)> {
+        self.launch_with(req, &[])
+    }
+
+    /// `launch`, with the step's stdio (`Request::passed_stdio`) sent along.
+    pub fn launch_with(
+        &self,
+        req: &Request,
+        stdio: &[OwnedFd],
+    ) -> std::io::Result<(OwnedFd, Answer)> {
         let body = serde_json::to_vec(req).map_err(std::io::Error::other)?;
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         {
@@ -136,7 +153,7 @@ impl Client {
                     *server = Some(self.start()?);
                 }
                 let (sock, _) = server.as_ref().expect("started above");
-                match send(sock, &body, &w) {
+                match send(sock, &body, &w, stdio) {
                     Ok(()) => break,
                     Err(e) if tries == 0 => {
                         tracing::warn!("the launch server went away ({e}); starting another");
@@ -177,11 +194,15 @@ impl Client {
     }
 }
 
-/// The body's length, then the body; the pipe's write end rides on the first bytes.
-fn send(sock: &UnixStream, body: &[u8], fd: &OwnedFd) -> std::io::Result<()> {
+/// The body's length, then the body; the pipe's write end (and a step's stdio) ride on
+/// the first bytes.
+fn send(sock: &UnixStream, body: &[u8], fd: &OwnedFd, stdio: &[OwnedFd]) -> std::io::Result<()> {
     use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
     let len = (body.len() as u32).to_le_bytes();
-    let fds = [fd.as_raw_fd()];
+    let fds: Vec<i32> = std::iter::once(fd)
+        .chain(stdio)
+        .map(AsRawFd::as_raw_fd)
+        .collect();
     let iov = [std::io::IoSlice::new(&len)];
     let n = sendmsg::<()>(
         sock.as_raw_fd(),
@@ -195,9 +216,11 @@ fn send(sock: &UnixStream, body: &[u8], fd: &OwnedFd) -> std::io::Result<()> {
     w.write_all(body)
 }
 
-/// Reads one request: its body and the fd that came with it. `None` at end of file
-/// (the agent is gone).
-fn recv(sock: &UnixStream) -> std::io::Result<Option<(Vec<u8>, Option<OwnedFd>)>> {
+/// One request: its body and the fds that came with it (the answer's pipe first).
+type Received = (Vec<u8>, Vec<OwnedFd>);
+
+/// Reads one request. `None` at end of file (the agent is gone).
+fn recv(sock: &UnixStream) -> std::io::Result<Option<Received>> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     let mut len = [0u8; 4];
     let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 4]);
@@ -209,15 +232,12 @@ fn recv(sock: &UnixStream) -> std::io::Result<Option<(Vec<u8>, Option<OwnedFd>)>
             Some(&mut cmsg),
             MsgFlags::MSG_CMSG_CLOEXEC,
         )?;
-        let mut fd = None;
+        let mut fd = Vec::new();
         for c in msg.cmsgs()? {
             if let ControlMessageOwned::ScmRights(fds) = c {
                 for raw in fds {
                     // SAFETY: the kernel just installed this fd for us; we own it.
-                    let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                    if fd.is_none() {
-                        fd = Some(owned);
-                    }
+                    fd.push(unsafe { OwnedFd::from_raw_fd(raw) });
                 }
             }
         }
@@ -230,7 +250,7 @@ fn recv(sock: &UnixStream) -> std::io::Result<Option<(Vec<u8>, Option<OwnedFd>)>
     r.read_exact(&mut len[n..])?;
     let size = u32::from_le_bytes(len) as usize;
     if size > MAX_REQUEST {
-        fd.take();
+        fd.clear();
         return Err(std::io::Error::other(format!("request of {size} bytes")));
     }
     let mut body = vec![0u8; size];
@@ -247,7 +267,7 @@ pub fn serve() -> ! {
     // SAFETY: the agent handed us the socket as stdin; nothing else owns fd 0.
     let sock = unsafe { UnixStream::from_raw_fd(0) };
     loop {
-        let (body, result) = match recv(&sock) {
+        let (body, mut fds) = match recv(&sock) {
             Ok(Some(x)) => x,
             Ok(None) => std::process::exit(0),
             Err(e) => {
@@ -256,7 +276,10 @@ pub fn serve() -> ! {
             }
         };
         // A request without its pipe has nobody to answer.
-        let Some(result) = result else { continue };
+        if fds.is_empty() {
+            continue;
+        }
+        let result = fds.remove(0);
         let req: Request = match serde_json::from_slice(&body) {
             Ok(r) => r,
             Err(e) => {
@@ -268,9 +291,9 @@ pub fn serve() -> ! {
         match spawn_child(req.cgroup_v2.as_deref()) {
             Ok(Forked::Child { entered }) => {
                 drop(sock);
-                child(req, entered, result)
+                child(req, entered, result, fds)
             }
-            Ok(Forked::Parent) => drop(result),
+            Ok(Forked::Parent) => drop((result, fds)),
             Err(e) => answer_failed(&result, STEP_SERVER, e as i32),
         }
     }
@@ -362,8 +385,8 @@ fn answer_failed(fd: &OwnedFd, step: usize, errno: i32) {
 }
 
 /// The forked child: the launch's steps, then the shim (never returns). `entered`: it
-/// was created in the job's cgroup2 directory already.
-fn child(req: Request, entered: bool, result: OwnedFd) -> ! {
+/// was created in the job's cgroup2 directory already; `stdio`: a step's, passed.
+fn child(req: Request, entered: bool, result: OwnedFd, stdio: Vec<OwnedFd>) -> ! {
     // Out of the way of fds 0-3, which the steps fill.
     let result = match nix::fcntl::fcntl(&result, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10)) {
         // SAFETY: fcntl answered a fresh fd that we own.
@@ -379,23 +402,55 @@ fn child(req: Request, entered: bool, result: OwnedFd) -> ! {
     unsafe {
         let _ = signal(Signal::SIGCHLD, SigHandler::SigDfl);
     }
-    if let Err(e) =
+    // On a terminal: a session of its own, the terminal its controlling one (so that
+    // Ctrl-C and a hang-up reach the step's processes from it).
+    let led = if req.tty {
+        nix::unistd::setsid().map(drop)
+    } else {
         nix::unistd::setpgid(nix::unistd::Pid::from_raw(0), nix::unistd::Pid::from_raw(0))
-    {
+    };
+    if let Err(e) = led {
         fail(0, e.into());
     }
-    if let Err(e) = steps(&req, entered) {
+    if let Err(e) = steps(&req, entered, stdio) {
         fail(e.0, e.1);
     }
     crate::shim::supervise(&req.program, &req.args, &req.env, result)
 }
 
 /// Everything before the shim proper; a failure names its step (`launch::STEPS`).
-fn steps(req: &Request, entered: bool) -> Result<(), (usize, std::io::Error)> {
+fn steps(
+    req: &Request,
+    entered: bool,
+    stdio: Vec<OwnedFd>,
+) -> Result<(), (usize, std::io::Error)> {
     use std::os::unix::fs::OpenOptionsExt;
-    // stdin: /dev/null (fd 0 was the server's socket).
-    let null = std::fs::File::open("/dev/null").map_err(|e| (0, e))?;
-    install(null.into(), 0).map_err(|e| (0, e))?;
+    if req.passed_stdio {
+        let [input, out, err]: [OwnedFd; 3] = stdio
+            .try_into()
+            .map_err(|_| (6, std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+        // Out of the way of 0-2 first: one of them may be another's number.
+        let high = |fd: OwnedFd| {
+            nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
+                // SAFETY: fcntl answered a fresh fd that we own.
+                .map(|h| unsafe { OwnedFd::from_raw_fd(h) })
+                .map_err(|e| (4, std::io::Error::from(e)))
+        };
+        let (input, out, err) = (high(input)?, high(out)?, high(err)?);
+        install(input, 0).map_err(|e| (4, e))?;
+        install(out, 1).map_err(|e| (4, e))?;
+        install(err, 2).map_err(|e| (5, e))?;
+        if req.tty {
+            // SAFETY: TIOCSCTTY on our own fd 0 with argument 0 (do not steal).
+            if unsafe { nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) } < 0 {
+                return Err((4, std::io::Error::last_os_error()));
+            }
+        }
+    } else {
+        // stdin: /dev/null (fd 0 was the server's socket).
+        let null = std::fs::File::open("/dev/null").map_err(|e| (0, e))?;
+        install(null.into(), 0).map_err(|e| (0, e))?;
+    }
     let created_in = |p: &PathBuf| entered && p.parent() == req.cgroup_v2.as_deref();
     for p in req.cgroup_procs.iter().filter(|p| !created_in(p)) {
         std::fs::OpenOptions::new()
@@ -427,6 +482,9 @@ fn steps(req: &Request, entered: bool) -> Result<(), (usize, std::io::Error)> {
     }
     // Every path from here on is resolved as the job's user.
     std::env::set_current_dir(&req.workdir).map_err(|e| (3, e))?;
+    if req.passed_stdio {
+        return cloexec_from(3).map_err(|e| (6, e));
+    }
     let out = crate::launch::open_output(&cstr(&req.stdout)?, req.append).map_err(|e| (4, e))?;
     // SAFETY: open_output answered a fresh fd that we own.
     let out = unsafe { OwnedFd::from_raw_fd(out) };

@@ -394,7 +394,11 @@ impl LaunchSpec {
         let spec = start.spec.clone().unwrap_or_default();
         let workdir = PathBuf::from(&spec.workdir);
         let mut script = None;
-        let (program, args) = if let Some((prog, rest)) = spec.command.split_first() {
+        let (program, args) = if spec.interactive {
+            // An allocation runs nothing of its own: a holder keeps it until it is
+            // released (its steps come from `agent::remote`).
+            (PathBuf::from("sleep"), vec!["infinity".to_string()])
+        } else if let Some((prog, rest)) = spec.command.split_first() {
             (PathBuf::from(prog), rest.to_vec())
         } else {
             let path = write_script(scratch, start, run_as.as_ref())?;
@@ -422,25 +426,7 @@ impl LaunchSpec {
         let append = shared_output(&spec.stdout, ranks)
             || shared_output(&spec.stderr, ranks)
             || start.attempt > 1;
-        let lang = std::env::var("LANG").ok();
-        let mut env = job_env(start, node, lang.as_deref());
-        if let Some(u) = &run_as {
-            env.insert("HOME".into(), u.home.display().to_string());
-            env.insert("SHELL".into(), u.shell.display().to_string());
-            env.insert("USER".into(), u.name.clone());
-            env.insert("LOGNAME".into(), u.name.clone());
-        } else if let Ok(Some(me)) = nix::unistd::User::from_uid(nix::unistd::geteuid()) {
-            env.entry("HOME".into())
-                .or_insert_with(|| me.dir.display().to_string());
-            env.entry("SHELL".into())
-                .or_insert_with(|| me.shell.display().to_string());
-        }
-        // The job's own env wins over the login defaults it names.
-        for (k, v) in &spec.env {
-            if matches!(k.as_str(), "HOME" | "SHELL" | "LANG" | "TMPDIR" | "PATH") {
-                env.insert(k.clone(), v.clone());
-            }
-        }
+        let env = launch_env(start, node, run_as.as_ref());
         let res = spec.resources.unwrap_or_default();
         Ok(LaunchSpec {
             job_id: start.job_id,
@@ -464,6 +450,35 @@ impl LaunchSpec {
             },
         })
     }
+}
+
+/// A job's environment on this node (`job_env` with its user's login variables; the
+/// job's own HOME, SHELL, LANG, TMPDIR or PATH win): what its program and its steps see.
+pub fn launch_env(
+    start: &pb::StartJob,
+    node: &str,
+    run_as: Option<&RunAs>,
+) -> BTreeMap<String, String> {
+    let lang = std::env::var("LANG").ok();
+    let mut env = job_env(start, node, lang.as_deref());
+    if let Some(u) = run_as {
+        env.insert("HOME".into(), u.home.display().to_string());
+        env.insert("SHELL".into(), u.shell.display().to_string());
+        env.insert("USER".into(), u.name.clone());
+        env.insert("LOGNAME".into(), u.name.clone());
+    } else if let Ok(Some(me)) = nix::unistd::User::from_uid(nix::unistd::geteuid()) {
+        env.entry("HOME".into())
+            .or_insert_with(|| me.dir.display().to_string());
+        env.entry("SHELL".into())
+            .or_insert_with(|| me.shell.display().to_string());
+    }
+    // The job's own env wins over the login defaults it names.
+    for (k, v) in start.spec.iter().flat_map(|s| &s.env) {
+        if matches!(k.as_str(), "HOME" | "SHELL" | "LANG" | "TMPDIR" | "PATH") {
+            env.insert(k.clone(), v.clone());
+        }
+    }
+    env
 }
 
 /// Writes a job's script to `scratch/job-ID.ATTEMPT.sh`: owned by the job's user, mode
@@ -678,6 +693,19 @@ fn file_record(path: Option<&Path>) -> crate::shim::Record {
 /// Starts job processes.
 pub trait Launcher: Send + Sync {
     fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Launched>;
+    /// A step of a running job started from outside it, with the stdio given (a
+    /// terminal when `tty`); see `JobLauncher::launch_step`.
+    fn spawn_step(
+        &self,
+        _spec: &LaunchSpec,
+        _stdio: &[std::os::fd::OwnedFd],
+        _tty: bool,
+    ) -> std::io::Result<Launched> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this agent's launcher starts no steps from outside jobs",
+        ))
+    }
     /// Whether jobs' cgroups confine their GPU devices.
     fn confines_devices(&self) -> bool {
         false
@@ -848,6 +876,15 @@ impl Launcher for JobLauncher {
         self.confine_devices
     }
 
+    fn spawn_step(
+        &self,
+        spec: &LaunchSpec,
+        stdio: &[std::os::fd::OwnedFd],
+        tty: bool,
+    ) -> std::io::Result<Launched> {
+        self.launch_step(spec, stdio, tty)
+    }
+
     fn spawn(&self, spec: &LaunchSpec) -> std::io::Result<Launched> {
         let status = spec.status_file.clone().ok_or_else(|| {
             std::io::Error::new(
@@ -896,11 +933,9 @@ impl Launcher for JobLauncher {
             cgroup_v2: cgroup
                 .as_ref()
                 .and_then(|c| c.v2_dir().map(Path::to_path_buf)),
-            user: spec.run_as.as_ref().map(|u| crate::forkserver::Become {
-                uid: u.uid,
-                gid: u.gid,
-                groups: u.groups.clone(),
-            }),
+            user: spec.run_as.as_ref().map(become_user),
+            passed_stdio: false,
+            tty: false,
         };
         let failed = |step: Option<usize>, e: std::io::Error| {
             if let Some(cg) = &cgroup {
@@ -922,6 +957,73 @@ impl Launcher for JobLauncher {
                 Err(failed(Some(step), std::io::Error::from_raw_os_error(errno)))
             }
             Err(e) => Err(failed(Some(crate::forkserver::STEP_SERVER), e)),
+        }
+    }
+}
+
+fn become_user(u: &RunAs) -> crate::forkserver::Become {
+    crate::forkserver::Become {
+        uid: u.uid,
+        gid: u.gid,
+        groups: u.groups.clone(),
+    }
+}
+
+impl JobLauncher {
+    /// A step of a running job, started from outside it (`agent::remote`): in the
+    /// job's cgroup (which it does not own: the job's end removes it), as its user, in
+    /// its workdir, with `stdio` (a terminal's slave three times when `tty`).
+    fn launch_step(
+        &self,
+        spec: &LaunchSpec,
+        stdio: &[std::os::fd::OwnedFd],
+        tty: bool,
+    ) -> std::io::Result<Launched> {
+        let status = spec.status_file.clone().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a step's launch needs a status file",
+            )
+        })?;
+        let cgroup = self.cgroups.existing(&self.parent, &spec.cgroup_leaf());
+        let req = crate::forkserver::Request {
+            program: spec.program.clone(),
+            args: spec.args.clone(),
+            env: spec.env.clone().into_iter().collect(),
+            workdir: spec.workdir.clone(),
+            stdout: PathBuf::from("/dev/null"),
+            stderr: None,
+            append: false,
+            status: status.clone(),
+            cgroup_procs: cgroup
+                .as_ref()
+                .map(|c| c.dirs.iter().map(|d| d.join("cgroup.procs")).collect())
+                .unwrap_or_default(),
+            cgroup_v2: cgroup
+                .as_ref()
+                .and_then(|c| c.v2_dir().map(Path::to_path_buf)),
+            user: spec.run_as.as_ref().map(become_user),
+            passed_stdio: true,
+            tty,
+        };
+        match self.server.launch_with(&req, stdio) {
+            Ok((done, crate::forkserver::Answer::Started { pid, at_ms })) => Ok(Launched {
+                child: None,
+                done: Some(Done::Pipe(done)),
+                launched_ms: Some(at_ms),
+                cgroup: None,
+                pid: Some(pid),
+                status_file: Some(status),
+                record: None,
+            }),
+            Ok((_, crate::forkserver::Answer::Failed { step, errno })) => Err(
+                std::io::Error::other(launch_error(
+                    spec,
+                    Some(step),
+                    &std::io::Error::from_raw_os_error(errno),
+                )),
+            ),
+            Err(e) => Err(e),
         }
     }
 }

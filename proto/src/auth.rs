@@ -287,8 +287,24 @@ impl ClusterKey {
         signed: &Signed,
         msg: T,
     ) -> Result<tonic::Request<T>, AuthError> {
-        let mac = self.sign_request(method, node, time_ms, signed, &msg.encode_to_vec());
-        let mut req = tonic::Request::new(msg);
+        let body = msg.encode_to_vec();
+        self.signed_stream(method, node, time_ms, signed, &body, msg)
+    }
+
+    /// A streaming request signed like a unary one, over `first` (the encoding of the
+    /// stream's first message, which the controller checks against it).
+    #[cfg(feature = "rpc")]
+    pub fn signed_stream<S>(
+        &self,
+        method: &str,
+        node: &str,
+        time_ms: i64,
+        signed: &Signed,
+        first: &[u8],
+        stream: S,
+    ) -> Result<tonic::Request<S>, AuthError> {
+        let mac = self.sign_request(method, node, time_ms, signed, first);
+        let mut req = tonic::Request::new(stream);
         let meta = req.metadata_mut();
         let bad = |_| AuthError::Malformed(NODE_HEADER);
         meta.insert(NODE_HEADER, node.parse().map_err(bad)?);

@@ -287,7 +287,7 @@ fn a_malformed_request_body_is_invalid_argument() {
             // Field 1 as a varint where SubmitRequest has a message: not a SubmitRequest.
             let body = pb::JobActionRequest {
                 job_id: 5,
-                task: None,
+                ..Default::default()
             };
             let path = tonic::codegen::http::uri::PathAndQuery::from_static(
                 "/gpuctl.v1.Controller/Submit",

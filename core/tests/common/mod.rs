@@ -205,6 +205,7 @@ pub fn commands(effects: &Effects) -> Vec<(String, String)> {
             let what = match cmd.command.as_ref().unwrap() {
                 pb::agent_command::Command::Start(s) => format!("start {}", s.job_id),
                 pb::agent_command::Command::Kill(k) => format!("kill {}", k.job_id),
+                pb::agent_command::Command::Step(s) => format!("step {}", s.job_id),
             };
             (node.clone(), what)
         })

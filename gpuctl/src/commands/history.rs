@@ -178,8 +178,12 @@ impl Row {
         if j.steps.is_empty() {
             return Vec::new();
         }
-        // A script job has no command (a finished job's record keeps no script text).
-        let script = j.spec.as_ref().is_some_and(|s| s.command.is_empty());
+        // A script job has no command (a finished job's record keeps no script text);
+        // an allocation (gpuctl alloc) has neither, and no batch step.
+        let script = j
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.command.is_empty() && !s.interactive);
         let job = Row::of(j, now);
         let mut rows = Vec::new();
         if script {

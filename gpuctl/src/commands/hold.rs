@@ -42,10 +42,14 @@ pub async fn run(
     let (ids, tasks) = super::cancel::parse_targets(targets)?;
     let reqs = ids
         .into_iter()
-        .map(|job_id| pb::JobActionRequest { job_id, task: None })
+        .map(|job_id| pb::JobActionRequest {
+            job_id,
+            ..Default::default()
+        })
         .chain(tasks.into_iter().map(|t| pb::JobActionRequest {
             job_id: 0,
             task: Some(t),
+            exit_code: None,
         }));
     let mut out = Vec::new();
     for req in reqs {

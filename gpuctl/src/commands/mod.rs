@@ -7,6 +7,7 @@ pub mod cancel;
 pub mod efficiency;
 pub mod explain;
 pub mod history;
+pub mod interactive;
 pub mod hold;
 pub mod join;
 pub mod node;

@@ -32,6 +32,18 @@ pub struct RunArgs {
     /// Standard error the same way (srun -e); default: with --output, the same file.
     #[arg(short = 'e', long)]
     pub error: Option<String>,
+    /// Run in this running job from outside it (srun --jobid), through the controller:
+    /// on the job's first node, as the job's own srun would. Inside `gpuctl alloc`'s
+    /// shell, its allocation; outside any job, an allocation of its own (sized by the
+    /// options below) for this one step.
+    #[arg(long)]
+    pub jobid: Option<u64>,
+    /// On a pseudo-terminal (srun --pty): interactive programs (a shell, a debugger),
+    /// with this terminal's input, window size and Ctrl-C forwarded.
+    #[arg(long)]
+    pub pty: bool,
+    #[command(flatten)]
+    pub alloc: crate::commands::interactive::AllocOptions,
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true)]
     pub command: Vec<String>,
@@ -50,7 +62,7 @@ pub struct Plan {
 fn var(env: &BTreeMap<String, String>, name: &str) -> Result<u32, Failure> {
     let v = env.get(name).ok_or_else(|| {
         fail(format!(
-            "{name} is not set: gpuctl run starts a job's tasks from inside the job (its script); interactive allocations (gpuctl run --pty, gpuctl alloc) are not built yet"
+            "{name} is not set: gpuctl run starts a job's tasks from inside the job (its script); from outside, give --jobid, or run it in gpuctl alloc's shell"
         ))
     })?;
     v.parse()
@@ -58,6 +70,60 @@ fn var(env: &BTreeMap<String, String>, name: &str) -> Result<u32, Failure> {
 }
 
 impl RunArgs {
+    /// Whether this runs inside a job on its node (no controller asked), not from
+    /// outside one.
+    pub fn local(&self) -> bool {
+        self.jobid.is_none() && std::env::var_os("GPUCTL_NODE_RANK").is_some()
+    }
+
+    /// The running job a step from outside goes to: `--jobid`, else the allocation
+    /// whose shell this is (`gpuctl alloc` sets GPUCTL_JOB_ID and SLURM_JOB_ID);
+    /// `None`: it makes an allocation of its own.
+    pub fn target_job(&self) -> Result<Option<u64>, Failure> {
+        if let Some(id) = self.jobid {
+            return Ok(Some(id));
+        }
+        for k in ["GPUCTL_JOB_ID", "SLURM_JOB_ID"] {
+            if let Ok(v) = std::env::var(k) {
+                return v
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| fail(format!("{k}={v:?} is not a job id")));
+            }
+        }
+        Ok(None)
+    }
+
+    /// What the job's node runs for a step from outside (its own srun's options, `--`,
+    /// the command): on the job's first node only.
+    pub fn step_args(&self) -> Result<Vec<String>, Failure> {
+        if self.nodes.is_some_and(|n| n > 1) {
+            return Err(Failure {
+                code: exit::USAGE,
+                message: format!(
+                    "-N {}: a step started from outside its job runs on the job's first node; run it from the job's script to use every node",
+                    self.nodes.unwrap_or(0)
+                ),
+            });
+        }
+        let mut a = vec!["-N".to_string(), "1".to_string()];
+        let opts = [
+            ("-n", self.ntasks.map(|n| n.to_string())),
+            ("--ntasks-per-node", self.ntasks_per_node.map(|n| n.to_string())),
+            ("-o", self.output.clone()),
+            ("-e", self.error.clone()),
+        ];
+        for (flag, v) in opts {
+            if let Some(v) = v {
+                a.push(flag.to_string());
+                a.push(v);
+            }
+        }
+        a.push("--".into());
+        a.extend(self.command.iter().cloned());
+        Ok(a)
+    }
+
     /// This node's part, from the job's variables (`env`).
     pub fn plan(&self, env: &BTreeMap<String, String>) -> Result<Plan, Failure> {
         let usage = |m: String| Failure {
@@ -430,5 +496,19 @@ mod tests {
         }
         let e = args(&["x"]).plan(&BTreeMap::new()).unwrap_err();
         assert!(e.message.contains("from inside the job"), "{}", e.message);
+    }
+
+    /// A step from outside runs on the job's first node with the options given.
+    #[test]
+    fn steps_from_outside_name_their_options() {
+        let a = args(&["--jobid", "7", "-n", "2", "-o", "out-%t", "python", "-c", "x"]);
+        assert_eq!(a.target_job().unwrap(), Some(7));
+        assert!(!a.local());
+        assert_eq!(
+            a.step_args().unwrap(),
+            ["-N", "1", "-n", "2", "-o", "out-%t", "--", "python", "-c", "x"]
+        );
+        let e = args(&["--jobid", "7", "-N", "2", "x"]).step_args().unwrap_err();
+        assert!(e.message.contains("first node"), "{}", e.message);
     }
 }

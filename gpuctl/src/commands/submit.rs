@@ -12,7 +12,7 @@ pub struct Submitted {
     /// The job file, when one call submitted several.
     #[serde(skip_serializing_if = "Option::is_none")]
     file: Option<String>,
-    job_id: u64,
+    pub(crate) job_id: u64,
     /// What the controller changed in the request (right-sizing).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     notes: Vec<String>,

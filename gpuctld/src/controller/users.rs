@@ -225,6 +225,7 @@ impl Controller {
             let effects = match action {
                 JobAction::Hold => c.hold(&actor, id),
                 JobAction::Release => c.release(&actor, id),
+                JobAction::ReleaseAllocation(code) => c.release_allocation(&actor, id, code),
                 JobAction::Requeue => {
                     c.requeue(&actor, id, &format!("requeued by {}", actor.user), now)
                 }
@@ -354,6 +355,9 @@ pub enum JobAction {
     Hold,
     Release,
     Requeue,
+    /// The end of an interactive allocation (`gpuctl alloc`'s shell ended).
+    /// With how its shell ended.
+    ReleaseAllocation(Option<i32>),
 }
 
 impl Controller {

@@ -32,6 +32,17 @@ fn record_path(state: &std::path::Path, id: u64, attempt: u32, ext: &str) -> Pat
     state.join("jobs").join(format!("{id}.{attempt}.{ext}"))
 }
 
+/// The StartJob of a job instance running here, from its record.
+pub(super) fn start_of(
+    state: &std::path::Path,
+    id: u64,
+    attempt: u32,
+) -> std::io::Result<pb::StartJob> {
+    let bytes = std::fs::read(record_path(state, id, attempt, "json"))?;
+    let rec: JobRecord = serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
+    pb::StartJob::decode(rec.start.as_slice()).map_err(std::io::Error::other)
+}
+
 /// Where a job's script is written (see `launch::write_script`).
 fn script_path(state: &std::path::Path, id: u64, attempt: u32) -> PathBuf {
     state.join("scripts").join(format!("job-{id}.{attempt}.sh"))
@@ -364,8 +375,9 @@ fn spawn_recorded(
         // Job records hold the StartJob with its env: root's alone.
         std::fs::set_permissions(&jobs, std::fs::Permissions::from_mode(0o700))?;
     }
-    // Where its `srun`s record its steps (a script's, or a command's tasks).
-    if spec.script.is_some() || spec.tasks_per_node > 1 {
+    // Where its `srun`s record its steps (a script's, a command's tasks, or those
+    // opened from outside: every job may have some).
+    {
         let steps = crate::steps::path(&agent.state_dir, start.job_id, start.attempt);
         let owner = spec.run_as.as_ref().map(|u| (u.uid, u.gid));
         crate::steps::create(&steps, owner)?;
@@ -422,6 +434,8 @@ fn exit_report(
     };
     let code = status.code().or_else(|| status.signal().map(|s| 128 + s));
     if let Some((state, reason)) = forced {
+        // A released allocation's holder was stopped: it ended as asked, with 0.
+        let code = if state == JobState::Completed { Some(0) } else { code };
         return ended(state, code, reason);
     }
     match (status.code(), status.signal()) {

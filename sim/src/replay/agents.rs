@@ -170,7 +170,8 @@ impl SimAgents {
                     self.ends
                         .push(Reverse((now + grace, k.job_id, attempt, node, k.as_state)));
                 }
-                None => {}
+                // The trace opens no steps from outside jobs.
+                Some(pb::agent_command::Command::Step(_)) | None => {}
             }
         }
         started

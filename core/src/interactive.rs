@@ -1,0 +1,181 @@
+//! Interactive allocations (`gpuctl alloc`, like salloc) and steps started from outside
+//! a job (`gpuctl run` with a job id): who may, where a step runs, and how an
+//! allocation ends when its owner is done with it.
+
+use gpuctl_proto::{self as pb, JobState};
+
+use crate::error::{Actor, Refusal};
+use crate::state::{Cluster, Effects, live_allocs};
+
+/// Where a step runs: the node of the job's first rank, and the job's attempt there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepTarget {
+    pub node: String,
+    pub attempt: u32,
+}
+
+/// Whether `spec` is an allocation (it runs no program of its own).
+pub fn is_allocation(j: &pb::Job) -> bool {
+    j.spec.as_ref().is_some_and(|s| s.interactive)
+}
+
+impl Cluster {
+    /// Where a step of job `id` opened from outside it runs: the job must be running,
+    /// and its owner's (or the caller an admin), with its first node connected.
+    pub fn step_target(&self, actor: &Actor, id: u64) -> Result<StepTarget, Refusal> {
+        let j = self.own_job(actor, id, "run a step in")?;
+        if j.state() != JobState::Running {
+            return Err(Refusal::failed_precondition(format!(
+                "job {id} is {}; steps run in running jobs only",
+                j.state().as_str_name()
+            )));
+        }
+        let node = live_allocs(j)
+            .find(|a| a.rank == 0)
+            .or_else(|| live_allocs(j).next())
+            .map(|a| a.node.clone())
+            .ok_or_else(|| {
+                Refusal::failed_precondition(format!("job {id} runs on no node now"))
+            })?;
+        if !self.jobs.get(id).is_some_and(|s| s.start_confirmed) {
+            return Err(Refusal::failed_precondition(format!(
+                "job {id} is starting: its node has not said it runs yet; try again in a moment"
+            )));
+        }
+        if !self.conns.contains_key(&node) {
+            return Err(Refusal::failed_precondition(format!(
+                "job {id}'s node {node} is not connected to the controller now"
+            )));
+        }
+        Ok(StepTarget {
+            node,
+            attempt: j.attempt,
+        })
+    }
+
+    /// Ends running allocation `id` as COMPLETED (its owner's shell ended, with
+    /// `shell_exit` when it says): its holder on each node is stopped, and the job ends
+    /// when they report.
+    pub fn release_allocation(
+        &mut self,
+        actor: &Actor,
+        id: u64,
+        shell_exit: Option<i32>,
+    ) -> Result<Effects, Refusal> {
+        let j = self.own_job(actor, id, "release")?;
+        if !is_allocation(j) {
+            return Err(Refusal::failed_precondition(format!(
+                "job {id} is not an interactive allocation (gpuctl alloc); gpuctl cancel ends other jobs"
+            )));
+        }
+        match j.state() {
+            JobState::Running => {}
+            JobState::Pending => {
+                return Err(Refusal::failed_precondition(format!(
+                    "job {id} is still pending; gpuctl cancel {id} gives it up"
+                )));
+            }
+            s => {
+                return Err(Refusal::failed_precondition(format!(
+                    "job {id} already ended ({})",
+                    s.as_str_name()
+                )));
+            }
+        }
+        let why = match shell_exit {
+            Some(c) => format!(
+                "allocation released by {} (its command exited {})",
+                actor.user,
+                c.clamp(0, 255)
+            ),
+            None => format!("allocation released by {}", actor.user),
+        };
+        let (sends, _) = self.kill_running(id, &why, JobState::Completed);
+        tracing::info!(job = id, by = %actor.user, "allocation released");
+        let mut effects = Effects::wake();
+        effects.sends.extend(sends);
+        Ok(effects)
+    }
+}
+
+/// The most arguments a step's command line has, and bytes in all.
+pub const MAX_STEP_ARGS: usize = 256;
+pub const MAX_STEP_ARGS_BYTES: usize = 64 << 10;
+/// The signals a client may send a step (by name, as `kill -s` takes them).
+pub const STEP_SIGNALS: [&str; 7] = ["INT", "TERM", "HUP", "QUIT", "USR1", "USR2", "KILL"];
+
+/// What a client may ask of a step it opens: a command line of bounded size without
+/// NUL bytes, a plausible terminal name and window.
+pub fn check_open(open: &pb::OpenStep) -> Result<(), Refusal> {
+    let bad = |m: String| Err(Refusal::invalid_argument(m));
+    if open.args.is_empty() {
+        return bad("a step needs a command".into());
+    }
+    if open.args.len() > MAX_STEP_ARGS {
+        return bad(format!(
+            "a step's command has {} arguments, over the limit of {MAX_STEP_ARGS}",
+            open.args.len()
+        ));
+    }
+    let bytes: usize = open.args.iter().map(String::len).sum();
+    if bytes > MAX_STEP_ARGS_BYTES {
+        return bad(format!(
+            "a step's command is {bytes} bytes, over the limit of {MAX_STEP_ARGS_BYTES}"
+        ));
+    }
+    if open.args.iter().any(|a| a.contains('\0')) {
+        return bad("a step's command holds a NUL byte".into());
+    }
+    let term_ok = open.term.len() <= 64
+        && open
+            .term
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
+    if !term_ok {
+        return bad(format!(
+            "TERM {:?} is not a terminal name",
+            gpuctl_proto::text::shown(&open.term, 80)
+        ));
+    }
+    if let Some(w) = &open.size
+        && (w.rows > 4096 || w.cols > 4096)
+    {
+        return bad(format!("a window of {}x{} is too large", w.cols, w.rows));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(args: &[&str]) -> pb::OpenStep {
+        pb::OpenStep {
+            job_id: 1,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            pty: true,
+            size: Some(pb::WindowSize { rows: 40, cols: 120 }),
+            term: "xterm-256color".into(),
+        }
+    }
+
+    #[test]
+    fn open_steps_are_checked() {
+        assert!(check_open(&open(&["--", "bash"])).is_ok());
+        assert!(check_open(&open(&[])).is_err());
+        assert!(check_open(&open(&["a\0b"])).is_err());
+        let long = vec!["x"; MAX_STEP_ARGS + 1];
+        assert!(check_open(&open(&long)).is_err());
+        let big = "y".repeat(MAX_STEP_ARGS_BYTES + 1);
+        assert!(check_open(&open(&[&big])).is_err());
+        let mut o = open(&["bash"]);
+        o.term = "xterm\u{1b}[31m".into();
+        assert!(check_open(&o).is_err());
+        o.term = String::new();
+        o.size = Some(pb::WindowSize {
+            rows: 100_000,
+            cols: 1,
+        });
+        assert!(check_open(&o).is_err());
+    }
+}

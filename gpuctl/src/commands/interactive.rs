@@ -1,0 +1,388 @@
+//! Steps and allocations from outside a job: `gpuctl run` with `--jobid`, inside
+//! `gpuctl alloc`'s shell, or on its own (an allocation of its own for the one step,
+//! as srun outside a job makes); `--pty` for a terminal; and `gpuctl alloc` (salloc).
+//!
+//! A step from outside travels through the controller (`Interact`): the job's first
+//! node starts it as the job's own `srun` would, in the job's cgroup, as its user; its
+//! output streams back and its exit code is this command's. An allocation is a job
+//! that runs nothing of its own (`interactive`), queued and scheduled like any other;
+//! it is released (ends COMPLETED) when the step or the shell ends.
+
+use std::io::{Read as _, Write as _};
+
+use gpuctl_proto::{self as pb, step_input::Input, step_output::Output};
+use tokio::sync::mpsc;
+
+use crate::cli::{Cli, Client, Failure, fail};
+
+/// What an allocation asks for (a subset of sbatch's options, as salloc takes them).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct AllocOptions {
+    /// GPUs, as sbatch -G: N or TYPE:N (a number below 1 is a share of one GPU).
+    #[arg(short = 'G', long)]
+    pub gpus: Option<String>,
+    /// Time limit: a Slurm time (M, H:M:S, D-H:M, ...) or e.g. "1h".
+    #[arg(short = 't', long)]
+    pub time: Option<String>,
+    /// The partition.
+    #[arg(short = 'p', long)]
+    pub partition: Option<String>,
+    /// CPUs per node.
+    #[arg(short = 'c', long = "cpus-per-task")]
+    pub cpus: Option<u32>,
+    /// Host memory per node, e.g. 16G.
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// The allocation's name (default "interactive").
+    #[arg(short = 'J', long = "job-name")]
+    pub name: Option<String>,
+    /// The QoS.
+    #[arg(short = 'q', long)]
+    pub qos: Option<String>,
+    /// The account charged.
+    #[arg(short = 'A', long)]
+    pub account: Option<String>,
+    /// Only these nodes (like salloc -w).
+    #[arg(short = 'w', long)]
+    pub nodelist: Option<String>,
+    /// Never these nodes (like salloc -x).
+    #[arg(short = 'x', long)]
+    pub exclude: Option<String>,
+    /// Only nodes with these features (like salloc -C).
+    #[arg(short = 'C', long)]
+    pub constraint: Option<String>,
+}
+
+/// `gpuctl alloc` (also `salloc` by name).
+#[derive(clap::Args, Debug)]
+pub struct AllocArgs {
+    #[command(flatten)]
+    pub opts: AllocOptions,
+    /// Nodes.
+    #[arg(short = 'N', long)]
+    pub nodes: Option<u32>,
+    /// Tasks on each node (what `gpuctl run` starts by default).
+    #[arg(long)]
+    pub ntasks_per_node: Option<u32>,
+    /// What to run with the allocation (default: your $SHELL); it runs here, and its
+    /// `gpuctl run`s run in the allocation.
+    #[arg(trailing_var_arg = true)]
+    pub command: Vec<String>,
+}
+
+/// The job an allocation is: the options read as sbatch reads them (the same checks
+/// and errors), then marked interactive, with nothing of its own to run.
+pub fn allocation_spec(
+    opts: &AllocOptions,
+    nodes: Option<u32>,
+    tasks_per_node: Option<u32>,
+) -> Result<pb::JobSpec, Failure> {
+    let args = crate::submit::SubmitArgs {
+        wrap: Some(":".into()),
+        name: Some(opts.name.clone().unwrap_or_else(|| "interactive".into())),
+        time: opts.time.clone(),
+        gpus: opts.gpus.clone(),
+        cpus: opts.cpus,
+        mem: opts.mem.clone(),
+        nodes,
+        partition: opts.partition.clone(),
+        nodelist: opts.nodelist.clone(),
+        exclude: opts.exclude.clone(),
+        constraint: opts.constraint.clone(),
+        qos: opts.qos.clone(),
+        account: opts.account.clone(),
+        ..Default::default()
+    };
+    let cwd = std::env::current_dir()
+        .map_err(|e| fail(format!("cannot read the current directory: {e}")))?;
+    let mut sub = args.specs(&cwd).map_err(fail)?;
+    let mut spec = sub.pop().ok_or_else(|| fail("no allocation was read"))?.spec;
+    spec.interactive = true;
+    spec.command.clear();
+    spec.script.clear();
+    if let Some(t) = tasks_per_node {
+        spec.resources.get_or_insert_default().tasks_per_node = t;
+    }
+    Ok(spec)
+}
+
+/// Queues the allocation and waits until it runs (Ctrl-C while it waits gives it up).
+pub async fn allocate(cli: &Cli, client: &mut Client, spec: pb::JobSpec) -> Result<u64, Failure> {
+    let id = super::submit::run(cli, client, "allocation", spec, false)
+        .await?
+        .job_id;
+    eprintln!("gpuctl: pending job allocation {id}");
+    let mut said_waiting = false;
+    let mut pause = std::time::Duration::from_millis(50);
+    loop {
+        let job = client
+            .get_job(pb::GetJobRequest { job_id: id })
+            .await
+            .map_err(|s| fail(format!("job {id}: {}", s.message())))?
+            .into_inner();
+        match job.state() {
+            // Running, and its node said so (a step goes to a job that runs there).
+            pb::JobState::Running if job.launch_time_ms > 0 => {
+                eprintln!("gpuctl: granted job allocation {id}");
+                return Ok(id);
+            }
+            pb::JobState::Pending | pb::JobState::Running => {}
+            s => {
+                return Err(fail(format!(
+                    "job allocation {id} ended before it started ({}{})",
+                    s.as_str_name(),
+                    if job.reason.is_empty() { String::new() } else { format!(": {}", job.reason) }
+                )));
+            }
+        }
+        if !said_waiting && pause >= std::time::Duration::from_millis(400) {
+            let why = if job.reason.is_empty() { "waiting for resources".into() } else { job.reason.clone() };
+            eprintln!("gpuctl: job {id} queued: {why}");
+            said_waiting = true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = tokio::signal::ctrl_c() => {
+                let _ = client.cancel(pb::CancelRequest { job_ids: vec![id], ..Default::default() }).await;
+                return Err(fail(format!("job allocation {id} given up (interrupted while it waited)")));
+            }
+        }
+        pause = (pause * 2).min(std::time::Duration::from_secs(1));
+    }
+}
+
+/// Ends the allocation (COMPLETED; `code`: how its command ended, for the record);
+/// one that ended already is said, not an error.
+pub async fn release(client: &mut Client, id: u64, code: Option<u8>) {
+    let req = pb::JobActionRequest {
+        job_id: id,
+        task: None,
+        exit_code: code.map(i32::from),
+    };
+    match client.release_allocation(req).await {
+        Ok(_) => eprintln!("gpuctl: relinquishing job allocation {id}"),
+        Err(s) => eprintln!("gpuctl: job allocation {id}: {}", s.message()),
+    }
+}
+
+/// `gpuctl alloc`: an allocation, then the command (or $SHELL) here with the job's id
+/// in its environment; released when it ends, whose exit code this is.
+pub async fn alloc(cli: &Cli, client: &mut Client, args: &AllocArgs) -> Result<u8, Failure> {
+    let spec = allocation_spec(&args.opts, args.nodes, args.ntasks_per_node)?;
+    let id = allocate(cli, client, spec).await?;
+    let command = if args.command.is_empty() {
+        vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())]
+    } else {
+        args.command.clone()
+    };
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    for k in ["GPUCTL_JOB_ID", "GPUCTL_ALLOCATION", "SLURM_JOB_ID", "SLURM_JOBID"] {
+        cmd.env(k, id.to_string());
+    }
+    // Ctrl-C is the shell's (or its program's), never this process's: it would end the
+    // allocation under them.
+    let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| fail(format!("cannot watch signals: {e}")))?;
+    let code = match cmd.spawn() {
+        Ok(mut child) => loop {
+            tokio::select! {
+                s = child.wait() => break exit_code(s),
+                _ = interrupts.recv() => {}
+            }
+        },
+        Err(e) => {
+            eprintln!("gpuctl: cannot run {}: {e}", command[0]);
+            127
+        }
+    };
+    release(client, id, Some(code)).await;
+    Ok(code)
+}
+
+fn exit_code(s: std::io::Result<std::process::ExitStatus>) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match s {
+        Ok(s) => s
+            .code()
+            .or_else(|| s.signal().map(|n| 128 + n))
+            .unwrap_or(1)
+            .clamp(0, 255) as u8,
+        Err(_) => 1,
+    }
+}
+
+/// The terminal in raw mode while a `--pty` step runs (restored when dropped).
+struct RawMode(Option<nix::sys::termios::Termios>);
+
+impl RawMode {
+    fn enter() -> RawMode {
+        use nix::sys::termios::{SetArg, cfmakeraw, tcgetattr, tcsetattr};
+        let stdin = std::io::stdin();
+        let Ok(saved) = tcgetattr(&stdin) else {
+            return RawMode(None);
+        };
+        let mut raw = saved.clone();
+        cfmakeraw(&mut raw);
+        if tcsetattr(&stdin, SetArg::TCSANOW, &raw).is_err() {
+            return RawMode(None);
+        }
+        RawMode(Some(saved))
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            let _ = nix::sys::termios::tcsetattr(
+                std::io::stdin(),
+                nix::sys::termios::SetArg::TCSADRAIN,
+                t,
+            );
+        }
+    }
+}
+
+/// This terminal's size (stdin's, else stdout's).
+fn window_size() -> Option<pb::WindowSize> {
+    for fd in [0, 1] {
+        let mut ws = nix::libc::winsize {
+            ws_row: 0,
+            ws_col: 0,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCGWINSZ fills a winsize we own; a non-terminal fd answers an error.
+        if unsafe { nix::libc::ioctl(fd, nix::libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_row > 0 {
+            return Some(pb::WindowSize {
+                rows: ws.ws_row.into(),
+                cols: ws.ws_col.into(),
+            });
+        }
+    }
+    None
+}
+
+fn input(i: Input) -> pb::StepInput {
+    pb::StepInput { input: Some(i) }
+}
+
+/// Runs a step of running job `job_id` from here: `args` are srun's on the node
+/// (options, `--`, the command). Answers its exit code.
+pub async fn remote_step(
+    client: &mut Client,
+    job_id: u64,
+    args: Vec<String>,
+    pty: bool,
+) -> Result<u8, Failure> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (tx, rx) = mpsc::channel::<pb::StepInput>(64);
+    let open = pb::OpenStep {
+        job_id,
+        args,
+        pty,
+        size: pty.then(window_size).flatten(),
+        term: if pty { std::env::var("TERM").unwrap_or_default() } else { String::new() },
+    };
+    tx.send(input(Input::Open(open))).await.expect("the receiver is here");
+    let mut out = client
+        .interact(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|s| fail(format!("job {job_id}: {}", s.message())))?
+        .into_inner();
+    let _raw = pty.then(RawMode::enter);
+    // Standard input, read on a thread of its own (a read blocks), to the step.
+    let stdin_tx = tx.clone();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 16 << 10];
+        let mut stdin = std::io::stdin().lock();
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => {
+                    let _ = stdin_tx.blocking_send(input(Input::StdinClosed(true)));
+                    return;
+                }
+                Ok(n) => {
+                    if stdin_tx.blocking_send(input(Input::Stdin(buf[..n].to_vec()))).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    // Signals: on a terminal, Ctrl-C is a byte of input (the step's terminal makes it
+    // its signal); without one, INT, TERM and HUP are passed on by name.
+    let kinds = [
+        (SignalKind::interrupt(), "INT"),
+        (SignalKind::terminate(), "TERM"),
+        (SignalKind::hangup(), "HUP"),
+    ];
+    for (kind, name) in kinds {
+        let mut s = signal(kind).map_err(|e| fail(format!("cannot watch signals: {e}")))?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while s.recv().await.is_some() {
+                if tx.send(input(Input::Signal(name.into()))).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    if pty {
+        let mut winch = signal(SignalKind::window_change())
+            .map_err(|e| fail(format!("cannot watch signals: {e}")))?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while winch.recv().await.is_some() {
+                if let Some(w) = window_size()
+                    && tx.send(input(Input::Resize(w))).await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+    // Keeps the request open until the step's end (its input may be over long before).
+    let _keep = tx;
+    loop {
+        let m = out
+            .message()
+            .await
+            .map_err(|s| fail(format!("job {job_id}'s step: {}", s.message())))?;
+        let Some(m) = m else {
+            return Err(fail(format!("job {job_id}'s step ended without its exit code")));
+        };
+        match m.output {
+            Some(Output::Stdout(b)) => {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(&b);
+                let _ = o.flush();
+            }
+            Some(Output::Stderr(b)) => {
+                let _ = std::io::stderr().lock().write_all(&b);
+            }
+            Some(Output::ExitCode(c)) => return Ok(c.clamp(0, 255) as u8),
+            Some(Output::Error(e)) => return Err(fail(format!("job {job_id}: {e}"))),
+            Some(Output::Node(_) | Output::Hello(_)) | None => {}
+        }
+    }
+}
+
+/// `gpuctl run` from outside a job: in the job given or the allocation this shell is
+/// in, else in an allocation of its own for this step (released when it ends).
+pub async fn run_step(
+    cli: &Cli,
+    client: &mut Client,
+    args: &super::run::RunArgs,
+) -> Result<u8, Failure> {
+    let step = args.step_args()?;
+    if let Some(id) = args.target_job()? {
+        return remote_step(client, id, step, args.pty).await;
+    }
+    let tasks = args.ntasks_per_node.or(args.ntasks);
+    let spec = allocation_spec(&args.alloc, Some(1), tasks)?;
+    let id = allocate(cli, client, spec).await?;
+    let code = remote_step(client, id, step, args.pty).await;
+    release(client, id, code.as_ref().ok().copied()).await;
+    code
+}
