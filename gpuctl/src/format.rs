@@ -305,6 +305,10 @@ impl serde::Serialize for JobJson<'_> {
         m.serialize_entry("gpus", &j.gpus)?;
         m.serialize_entry("hold", &non_empty(&j.hold))?;
         m.serialize_entry("id", &j.id)?;
+        // Only for an allocation (`gpuctl alloc`): it runs no command or script.
+        if spec.interactive {
+            m.serialize_entry("interactive", &true)?;
+        }
         m.serialize_entry("launch_time", &time_str(j.launch_time_ms))?;
         // Only for a job that restarts after failures (`max_restarts`).
         if spec.max_restarts > 0 {
@@ -874,7 +878,9 @@ pub fn show_job(j: &pb::Job) -> String {
     }
     line("EndTime", s("end_time"));
     line("Elapsed", slurm_duration(elapsed_ms(j, now_ms())));
-    if spec.command.is_empty() {
+    if spec.interactive {
+        line("Command", "(an interactive allocation: gpuctl alloc)".into());
+    } else if spec.command.is_empty() {
         line("Script", format!("{} lines", spec.script.lines().count()));
     } else {
         line("Command", spec.command.join(" "));

@@ -1,0 +1,252 @@
+//! Interactive work from outside a job, on real gpuctld, gpud and gpuctl: `gpuctl run
+//! --pty` driven through a pseudo-terminal (input, window size, Ctrl-C, exit code),
+//! `gpuctl alloc` with two steps in it (history shows `N.0`, `N.1`), steps into a
+//! running job by `--jobid` (stdin, exit codes, the job's user, others refused), and a
+//! cancel ending a step.
+
+use std::io::{Read as _, Write as _};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuctl_tests::{Cluster, bin, bin_dir, ensure_user, wait_for};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(60);
+
+/// A process on a pseudo-terminal of its own (its session's controlling terminal), as
+/// a user's shell would run it; everything it writes is collected.
+struct OnPty {
+    child: std::process::Child,
+    master: std::fs::File,
+    seen: Arc<Mutex<Vec<u8>>>,
+}
+
+impl OnPty {
+    fn spawn(mut cmd: Command, rows: u16, cols: u16) -> OnPty {
+        use std::os::unix::process::CommandExt as _;
+        let ws = nix::pty::Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pty = nix::pty::openpty(Some(&ws), None).unwrap();
+        let slave: OwnedFd = pty.slave;
+        cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdout(Stdio::from(slave.try_clone().unwrap()))
+            .stderr(Stdio::from(slave));
+        // SAFETY: setsid and TIOCSCTTY are async-signal-safe syscalls on our own fd 0.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn on the pty");
+        drop(cmd);
+        let master = std::fs::File::from(pty.master);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (mut r, s) = (master.try_clone().unwrap(), seen.clone());
+        std::thread::spawn(move || {
+            let mut b = [0u8; 4096];
+            while let Ok(n) = r.read(&mut b) {
+                if n == 0 {
+                    break;
+                }
+                s.lock().unwrap().extend_from_slice(&b[..n]);
+            }
+        });
+        OnPty {
+            child,
+            master,
+            seen,
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.seen.lock().unwrap()).into_owned()
+    }
+
+    fn wait_text(&self, want: &str) {
+        let ok = wait_for(T, || self.text().contains(want));
+        assert!(ok, "never saw {want:?}; the terminal shows: {:?}", self.text());
+    }
+
+    fn type_in(&mut self, bytes: &[u8]) {
+        self.master.write_all(bytes).unwrap();
+    }
+
+    fn resize(&self, rows: u16, cols: u16) {
+        let ws = nix::libc::winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ on our own terminal with a valid winsize; the kernel then
+        // sends SIGWINCH to the terminal's foreground group (gpuctl).
+        unsafe {
+            nix::libc::ioctl(self.master.as_raw_fd(), nix::libc::TIOCSWINSZ, &ws);
+        }
+    }
+
+    fn exit_code(&mut self) -> i32 {
+        let ok = wait_for(T, || matches!(self.child.try_wait(), Ok(Some(_))));
+        assert!(ok, "gpuctl never ended; the terminal shows: {:?}", self.text());
+        self.child.wait().unwrap().code().unwrap_or(-1)
+    }
+}
+
+/// `gpuctl run --pty` outside any job: an allocation of its own, a terminal on the node
+/// with this terminal's size (and its changes), input forwarded, Ctrl-C as the step's
+/// SIGINT (its trap runs), the step's exit code as gpuctl's, the allocation released.
+#[test]
+fn a_pty_step_forwards_input_window_size_and_ctrl_c() {
+    let c = Cluster::start(&[("n1", "2xA100-80GB")]);
+    let script = "stty size; read x; echo got:$x; tty; read y; stty size; \
+                  trap 'echo trapped-int; exit 7' INT; echo waiting; sleep 60 & wait";
+    let mut cmd = Command::new(bin("gpuctl"));
+    cmd.args(["run", "--pty", "-G", "1", "--", "sh", "-c", script])
+        .env("GPUCTL_CONTROLLER", c.url())
+        .env("TERM", "xterm-256color")
+        .current_dir(c.path(""));
+    let mut p = OnPty::spawn(cmd, 30, 100);
+    p.wait_text("granted job allocation");
+    p.wait_text("30 100");
+    p.type_in(b"hello\r");
+    p.wait_text("got:hello");
+    p.wait_text("/dev/pts/");
+    p.resize(40, 132);
+    // SIGWINCH travels as its own message; give it a moment before the next line.
+    std::thread::sleep(Duration::from_millis(300));
+    p.type_in(b"\r");
+    p.wait_text("40 132");
+    p.wait_text("waiting");
+    p.type_in(b"\x03");
+    p.wait_text("trapped-int");
+    assert_eq!(p.exit_code(), 7, "{}", p.text());
+    // The allocation ended when the step did: COMPLETED, its step recorded.
+    let rows = c.json(&["history"]);
+    let ids: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["job_id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"1.0"), "{ids:?}");
+    c.wait_state(1, "COMPLETED", T);
+    assert_eq!(c.job(1)["interactive"], true);
+}
+
+/// `gpuctl alloc` runs its command here with the allocation's id; two `gpuctl run`s in
+/// it are steps 0 and 1 of the allocation, on its GPUs, in history as `N.0` and `N.1`
+/// (no `N.batch`: an allocation has no script); the allocation ends COMPLETED, and the
+/// command's exit code is alloc's.
+#[test]
+fn alloc_then_two_steps_are_in_history() {
+    let c = Cluster::start(&[("n1", "2xA100-80GB")]);
+    let path = format!("{}:{}", bin_dir().display(), std::env::var("PATH").unwrap());
+    let inner = "gpuctl run hostname > steps.out && \
+                 gpuctl run -- sh -c 'echo step=$SLURM_STEP_ID gpus=$CUDA_VISIBLE_DEVICES job=$SLURM_JOB_ID' >> steps.out; exit 3";
+    let out = Command::new(bin("gpuctl"))
+        .args(["alloc", "-G", "2", "-t", "10", "-J", "debug", "--", "sh", "-c", inner])
+        .env("GPUCTL_CONTROLLER", c.url())
+        .env("PATH", &path)
+        .current_dir(c.path(""))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("granted job allocation 1"), "{err}");
+    let steps = std::fs::read_to_string(c.path("steps.out")).unwrap();
+    let lines: Vec<&str> = steps.lines().collect();
+    assert_eq!(lines.len(), 2, "{steps}");
+    assert!(lines[1].starts_with("step=1 gpus=GPU-"), "{steps}");
+    assert_eq!(lines[1].matches("GPU-").count(), 2, "both GPUs: {steps}");
+    assert!(lines[1].ends_with("job=1"), "{steps}");
+    let j = c.wait_state(1, "COMPLETED", T);
+    assert_eq!(j["interactive"], true, "{j}");
+    assert_eq!(j["resources"]["gpus"], 2, "{j}");
+    let rows = c.json(&["history"]);
+    let rows: Vec<&Value> = rows.as_array().unwrap().iter().collect();
+    let ids: Vec<&str> = rows.iter().map(|r| r["job_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["1", "1.0", "1.1"]);
+    assert_eq!(rows[0]["name"], "debug");
+    assert_eq!(rows[1]["name"], "hostname");
+    assert_eq!(rows[2]["state"], "COMPLETED");
+}
+
+/// Steps into a running job by id: stdin reaches the step, its exit code is gpuctl's,
+/// it runs as the job's user in the job's workdir; another user is refused; a cancel
+/// of the job ends a step still running.
+#[test]
+fn steps_by_job_id_are_the_owners_and_end_with_the_job() {
+    let Some(_) = ensure_user("gpuctl-alice") else {
+        return;
+    };
+    ensure_user("gpuctl-bob");
+    let c = Cluster::start(&[("n1", "2xA100-80GB")]);
+    let home = c.user_dir("gpuctl-alice");
+    std::fs::write(
+        home.join("job.toml"),
+        "name = \"hold\"\ncommand = [\"sleep\", \"600\"]\n[resources]\ngpus = 1\n",
+    )
+    .unwrap();
+    let out = c.gpuctl_as("gpuctl-alice", &home, &["submit", "--json", "job.toml"]);
+    let id = gpuctl_tests::submitted_id(&out);
+    assert!(wait_for(T, || c.job(id)["launch_time"].is_string()));
+    let ids = id.to_string();
+    // As alice, through her own CLI: stdin in, the code out, her identity there.
+    let mut child = Command::new("runuser")
+        .args(["-u", "gpuctl-alice", "--"])
+        .arg(bin("gpuctl"))
+        .args(["--controller", &c.url(), "run", "--jobid", &ids, "--"])
+        .args(["sh", "-c", "cat; id -un; pwd; echo $CUDA_VISIBLE_DEVICES >&2; exit 5"])
+        .current_dir(&home)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"line one\nline two\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stdout} {stderr}");
+    assert_eq!(
+        stdout,
+        format!("line one\nline two\ngpuctl-alice\n{}\n", home.display())
+    );
+    assert!(stderr.starts_with("GPU-"), "{stderr}");
+    // Bob may not step into alice's job.
+    let out = c.gpuctl_as("gpuctl-bob", &home, &["run", "--jobid", &ids, "--", "id"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("belongs to gpuctl-alice"), "{err}");
+    // A step still running when the job is cancelled ends with it.
+    let mut long = Command::new(bin("gpuctl"))
+        .args(["run", "--jobid", &ids, "--", "sleep", "300"])
+        .env("GPUCTL_CONTROLLER", c.url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let opened = wait_for(T, || {
+        c.agent_log("n1")
+            .contains("step from outside the job started")
+            && c.agent_log("n1").matches("step from outside the job started").count() >= 2
+    });
+    assert!(opened, "{}", c.agent_log("n1"));
+    c.gpuctl_ok(&["cancel", &ids]);
+    let ended = wait_for(T, || matches!(long.try_wait(), Ok(Some(_))));
+    assert!(ended, "the step outlived its job");
+    let status = long.wait().unwrap();
+    assert!(!status.success(), "{status}");
+    c.wait_state(id, "CANCELLED", T);
+}
