@@ -34,9 +34,7 @@ impl Cluster {
             .find(|a| a.rank == 0)
             .or_else(|| live_allocs(j).next())
             .map(|a| a.node.clone())
-            .ok_or_else(|| {
-                Refusal::failed_precondition(format!("job {id} runs on no node now"))
-            })?;
+            .ok_or_else(|| Refusal::failed_precondition(format!("job {id} runs on no node now")))?;
         if !self.jobs.get(id).is_some_and(|s| s.start_confirmed) {
             return Err(Refusal::failed_precondition(format!(
                 "job {id} is starting: its node has not said it runs yet; try again in a moment"
@@ -154,7 +152,10 @@ mod tests {
             job_id: 1,
             args: args.iter().map(|s| s.to_string()).collect(),
             pty: true,
-            size: Some(pb::WindowSize { rows: 40, cols: 120 }),
+            size: Some(pb::WindowSize {
+                rows: 40,
+                cols: 120,
+            }),
             term: "xterm-256color".into(),
         }
     }

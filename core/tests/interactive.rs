@@ -31,7 +31,11 @@ fn an_allocation_runs_nothing_of_its_own_and_is_checked_as_such() {
         ..spec(1, false)
     };
     let e = c.admit(&alice(), with_command, "", T0).unwrap_err();
-    assert!(e.message.contains("interactive allocation"), "{}", e.message);
+    assert!(
+        e.message.contains("interactive allocation"),
+        "{}",
+        e.message
+    );
     let array = pb::JobSpec {
         array: "0-3".into(),
         ..allocation(1)
@@ -79,7 +83,11 @@ fn a_released_allocation_ends_completed_and_only_allocations_are_released() {
     report(&mut c, "n1", alloc, None, T0 + 20);
     report(&mut c, "n1", batch, None, T0 + 20);
     let e = c.release_allocation(&alice(), batch, None).unwrap_err();
-    assert!(e.message.contains("not an interactive allocation"), "{}", e.message);
+    assert!(
+        e.message.contains("not an interactive allocation"),
+        "{}",
+        e.message
+    );
     assert!(c.release_allocation(&bob(), alloc, None).is_err());
     let e = c.release_allocation(&alice(), alloc, Some(4)).unwrap();
     let kill = e

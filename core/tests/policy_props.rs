@@ -99,7 +99,8 @@ impl Agents {
                     let t = now + i64::try_from(k.kill_grace_secs).unwrap() * 1000;
                     self.due.push((t, k.job_id, k.attempt, node, k.as_state()));
                 }
-                None => {}
+                // The state never opens steps itself (the shell relays them).
+                Some(pb::agent_command::Command::Step(_)) | None => {}
             }
         }
     }

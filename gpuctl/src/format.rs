@@ -879,7 +879,10 @@ pub fn show_job(j: &pb::Job) -> String {
     line("EndTime", s("end_time"));
     line("Elapsed", slurm_duration(elapsed_ms(j, now_ms())));
     if spec.interactive {
-        line("Command", "(an interactive allocation: gpuctl alloc)".into());
+        line(
+            "Command",
+            "(an interactive allocation: gpuctl alloc)".into(),
+        );
     } else if spec.command.is_empty() {
         line("Script", format!("{} lines", spec.script.lines().count()));
     } else {

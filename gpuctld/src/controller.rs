@@ -33,8 +33,8 @@ mod agents;
 mod identity;
 mod listing;
 mod steps;
-pub use steps::ClientStream;
 pub use agents::check_node_name;
+pub use steps::ClientStream;
 pub mod users;
 
 pub use gpuctl_core::validate::check_paths;

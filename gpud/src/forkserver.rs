@@ -37,7 +37,7 @@ pub const ARG: &str = "__forkserver";
 const MAX_REQUEST: usize = 64 << 20;
 
 /// The step a child reports when the request itself could not be read or the fork
-/// failed (after the steps of `launch::STEPS`).
+/// failed (after the steps of `launch::job::STEPS`).
 pub const STEP_SERVER: usize = 7;
 
 /// One job's launch.
@@ -83,7 +83,7 @@ pub struct Become {
 pub enum Answer {
     /// The shim is `pid`; it started the program at `at_ms` (Unix ms).
     Started { pid: u32, at_ms: i64 },
-    /// `step` (an index of `launch::STEPS`, or `STEP_SERVER`) failed with `errno`.
+    /// `step` (an index of `launch::job::STEPS`, or `STEP_SERVER`) failed with `errno`.
     Failed { step: usize, errno: i32 },
 }
 
@@ -418,12 +418,8 @@ fn child(req: Request, entered: bool, result: OwnedFd, stdio: Vec<OwnedFd>) -> !
     crate::shim::supervise(&req.program, &req.args, &req.env, result)
 }
 
-/// Everything before the shim proper; a failure names its step (`launch::STEPS`).
-fn steps(
-    req: &Request,
-    entered: bool,
-    stdio: Vec<OwnedFd>,
-) -> Result<(), (usize, std::io::Error)> {
+/// Everything before the shim proper; a failure names its step (`launch::job::STEPS`).
+fn steps(req: &Request, entered: bool, stdio: Vec<OwnedFd>) -> Result<(), (usize, std::io::Error)> {
     use std::os::unix::fs::OpenOptionsExt;
     if req.passed_stdio {
         let [input, out, err]: [OwnedFd; 3] = stdio

@@ -296,7 +296,8 @@ impl SimAgent {
                 };
                 self.report(k.job_id, k.attempt, Some(state)).await;
             }
-            Some(pb::agent_command::Command::Kill(_)) => {}
+            // The bench's simulated agents open no steps.
+            Some(pb::agent_command::Command::Kill(_) | pb::agent_command::Command::Step(_)) => {}
             None => {}
         }
     }

@@ -74,7 +74,11 @@ impl OnPty {
 
     fn wait_text(&self, want: &str) {
         let ok = wait_for(T, || self.text().contains(want));
-        assert!(ok, "never saw {want:?}; the terminal shows: {:?}", self.text());
+        assert!(
+            ok,
+            "never saw {want:?}; the terminal shows: {:?}",
+            self.text()
+        );
     }
 
     fn type_in(&mut self, bytes: &[u8]) {
@@ -97,7 +101,11 @@ impl OnPty {
 
     fn exit_code(&mut self) -> i32 {
         let ok = wait_for(T, || matches!(self.child.try_wait(), Ok(Some(_))));
-        assert!(ok, "gpuctl never ended; the terminal shows: {:?}", self.text());
+        assert!(
+            ok,
+            "gpuctl never ended; the terminal shows: {:?}",
+            self.text()
+        );
         self.child.wait().unwrap().code().unwrap_or(-1)
     }
 }
@@ -154,7 +162,9 @@ fn alloc_then_two_steps_are_in_history() {
     let inner = "gpuctl run hostname > steps.out && \
                  gpuctl run -- sh -c 'echo step=$SLURM_STEP_ID gpus=$CUDA_VISIBLE_DEVICES job=$SLURM_JOB_ID' >> steps.out; exit 3";
     let out = Command::new(bin("gpuctl"))
-        .args(["alloc", "-G", "2", "-t", "10", "-J", "debug", "--", "sh", "-c", inner])
+        .args([
+            "alloc", "-G", "2", "-t", "10", "-J", "debug", "--", "sh", "-c", inner,
+        ])
         .env("GPUCTL_CONTROLLER", c.url())
         .env("PATH", &path)
         .current_dir(c.path(""))
@@ -206,14 +216,23 @@ fn steps_by_job_id_are_the_owners_and_end_with_the_job() {
         .args(["-u", "gpuctl-alice", "--"])
         .arg(bin("gpuctl"))
         .args(["--controller", &c.url(), "run", "--jobid", &ids, "--"])
-        .args(["sh", "-c", "cat; id -un; pwd; echo $CUDA_VISIBLE_DEVICES >&2; exit 5"])
+        .args([
+            "sh",
+            "-c",
+            "cat; id -un; pwd; echo $CUDA_VISIBLE_DEVICES >&2; exit 5",
+        ])
         .current_dir(&home)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"line one\nline two\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"line one\nline two\n")
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -240,7 +259,10 @@ fn steps_by_job_id_are_the_owners_and_end_with_the_job() {
     let opened = wait_for(T, || {
         c.agent_log("n1")
             .contains("step from outside the job started")
-            && c.agent_log("n1").matches("step from outside the job started").count() >= 2
+            && c.agent_log("n1")
+                .matches("step from outside the job started")
+                .count()
+                >= 2
     });
     assert!(opened, "{}", c.agent_log("n1"));
     c.gpuctl_ok(&["cancel", &ids]);
@@ -249,4 +271,88 @@ fn steps_by_job_id_are_the_owners_and_end_with_the_job() {
     let status = long.wait().unwrap();
     assert!(!status.success(), "{status}");
     c.wait_state(id, "CANCELLED", T);
+}
+
+/// On the wire: a StepIo that is not signed by a node is refused (UNAUTHENTICATED); one
+/// that opens with anything but its step's name, and an Interact that does not open a
+/// step first, are INVALID_ARGUMENT; a step into a job that does not exist is NOT_FOUND.
+#[test]
+fn forged_or_malformed_step_streams_are_refused() {
+    use gpuctl_proto::{self as pb, step_input::Input, step_output::Output};
+    let c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let tcp = c.tcp_url();
+    let url = c.url();
+    let codes = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(async move {
+            let channel = tonic::transport::Endpoint::from_shared(tcp)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut agent = pb::agent_link_client::AgentLinkClient::new(channel);
+            let hello = pb::StepOutput {
+                output: Some(Output::Hello(pb::StepHello {
+                    node: "n1".into(),
+                    step: vec![7; 16],
+                })),
+            };
+            let unsigned = agent
+                .step_io(tokio_stream::iter(vec![hello]))
+                .await
+                .unwrap_err()
+                .code();
+            let stdout_first = pb::StepOutput {
+                output: Some(Output::Stdout(b"x".to_vec())),
+            };
+            let no_hello = agent
+                .step_io(tokio_stream::iter(vec![stdout_first]))
+                .await
+                .unwrap_err()
+                .code();
+            let path = url.strip_prefix("unix:").unwrap().to_string();
+            let channel = tonic::transport::Endpoint::from_static("http://local")
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
+                }))
+                .await
+                .unwrap();
+            let mut user = pb::controller_client::ControllerClient::new(channel);
+            let stdin_first = pb::StepInput {
+                input: Some(Input::Stdin(b"x".to_vec())),
+            };
+            let no_open = user
+                .interact(tokio_stream::iter(vec![stdin_first]))
+                .await
+                .unwrap_err()
+                .code();
+            let open = pb::StepInput {
+                input: Some(Input::Open(pb::OpenStep {
+                    job_id: 999,
+                    args: vec!["--".into(), "true".into()],
+                    ..Default::default()
+                })),
+            };
+            let missing = user
+                .interact(tokio_stream::iter(vec![open]))
+                .await
+                .unwrap_err()
+                .code();
+            (unsigned, no_hello, no_open, missing)
+        });
+    use tonic::Code;
+    assert_eq!(
+        codes,
+        (
+            Code::Unauthenticated,
+            Code::InvalidArgument,
+            Code::InvalidArgument,
+            Code::NotFound
+        )
+    );
 }

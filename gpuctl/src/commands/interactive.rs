@@ -96,7 +96,10 @@ pub fn allocation_spec(
     let cwd = std::env::current_dir()
         .map_err(|e| fail(format!("cannot read the current directory: {e}")))?;
     let mut sub = args.specs(&cwd).map_err(fail)?;
-    let mut spec = sub.pop().ok_or_else(|| fail("no allocation was read"))?.spec;
+    let mut spec = sub
+        .pop()
+        .ok_or_else(|| fail("no allocation was read"))?
+        .spec;
     spec.interactive = true;
     spec.command.clear();
     spec.script.clear();
@@ -131,12 +134,20 @@ pub async fn allocate(cli: &Cli, client: &mut Client, spec: pb::JobSpec) -> Resu
                 return Err(fail(format!(
                     "job allocation {id} ended before it started ({}{})",
                     s.as_str_name(),
-                    if job.reason.is_empty() { String::new() } else { format!(": {}", job.reason) }
+                    if job.reason.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", job.reason)
+                    }
                 )));
             }
         }
         if !said_waiting && pause >= std::time::Duration::from_millis(400) {
-            let why = if job.reason.is_empty() { "waiting for resources".into() } else { job.reason.clone() };
+            let why = if job.reason.is_empty() {
+                "waiting for resources".into()
+            } else {
+                job.reason.clone()
+            };
             eprintln!("gpuctl: job {id} queued: {why}");
             said_waiting = true;
         }
@@ -177,7 +188,12 @@ pub async fn alloc(cli: &Cli, client: &mut Client, args: &AllocArgs) -> Result<u
     };
     let mut cmd = tokio::process::Command::new(&command[0]);
     cmd.args(&command[1..]);
-    for k in ["GPUCTL_JOB_ID", "GPUCTL_ALLOCATION", "SLURM_JOB_ID", "SLURM_JOBID"] {
+    for k in [
+        "GPUCTL_JOB_ID",
+        "GPUCTL_ALLOCATION",
+        "SLURM_JOB_ID",
+        "SLURM_JOBID",
+    ] {
         cmd.env(k, id.to_string());
     }
     // Ctrl-C is the shell's (or its program's), never this process's: it would end the
@@ -282,9 +298,15 @@ pub async fn remote_step(
         args,
         pty,
         size: pty.then(window_size).flatten(),
-        term: if pty { std::env::var("TERM").unwrap_or_default() } else { String::new() },
+        term: if pty {
+            std::env::var("TERM").unwrap_or_default()
+        } else {
+            String::new()
+        },
     };
-    tx.send(input(Input::Open(open))).await.expect("the receiver is here");
+    tx.send(input(Input::Open(open)))
+        .await
+        .expect("the receiver is here");
     let mut out = client
         .interact(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
@@ -303,7 +325,10 @@ pub async fn remote_step(
                     return;
                 }
                 Ok(n) => {
-                    if stdin_tx.blocking_send(input(Input::Stdin(buf[..n].to_vec()))).is_err() {
+                    if stdin_tx
+                        .blocking_send(input(Input::Stdin(buf[..n].to_vec())))
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -350,7 +375,9 @@ pub async fn remote_step(
             .await
             .map_err(|s| fail(format!("job {job_id}'s step: {}", s.message())))?;
         let Some(m) = m else {
-            return Err(fail(format!("job {job_id}'s step ended without its exit code")));
+            return Err(fail(format!(
+                "job {job_id}'s step ended without its exit code"
+            )));
         };
         match m.output {
             Some(Output::Stdout(b)) => {

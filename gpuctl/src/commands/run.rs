@@ -109,7 +109,10 @@ impl RunArgs {
         let mut a = vec!["-N".to_string(), "1".to_string()];
         let opts = [
             ("-n", self.ntasks.map(|n| n.to_string())),
-            ("--ntasks-per-node", self.ntasks_per_node.map(|n| n.to_string())),
+            (
+                "--ntasks-per-node",
+                self.ntasks_per_node.map(|n| n.to_string()),
+            ),
             ("-o", self.output.clone()),
             ("-e", self.error.clone()),
         ];
@@ -501,14 +504,20 @@ mod tests {
     /// A step from outside runs on the job's first node with the options given.
     #[test]
     fn steps_from_outside_name_their_options() {
-        let a = args(&["--jobid", "7", "-n", "2", "-o", "out-%t", "python", "-c", "x"]);
+        let a = args(&[
+            "--jobid", "7", "-n", "2", "-o", "out-%t", "python", "-c", "x",
+        ]);
         assert_eq!(a.target_job().unwrap(), Some(7));
         assert!(!a.local());
         assert_eq!(
             a.step_args().unwrap(),
-            ["-N", "1", "-n", "2", "-o", "out-%t", "--", "python", "-c", "x"]
+            [
+                "-N", "1", "-n", "2", "-o", "out-%t", "--", "python", "-c", "x"
+            ]
         );
-        let e = args(&["--jobid", "7", "-N", "2", "x"]).step_args().unwrap_err();
+        let e = args(&["--jobid", "7", "-N", "2", "x"])
+            .step_args()
+            .unwrap_err();
         assert!(e.message.contains("first node"), "{}", e.message);
     }
 }

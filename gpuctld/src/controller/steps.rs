@@ -63,9 +63,10 @@ impl Controller {
         caller: &Caller,
         mut input: Streaming<pb::StepInput>,
     ) -> Result<ClientStream, Status> {
-        let first = input.message().await?.ok_or_else(|| {
-            Status::invalid_argument("the stream ended before it opened a step")
-        })?;
+        let first = input
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the stream ended before it opened a step"))?;
         let Some(Input::Open(open)) = first.input else {
             return Err(Status::invalid_argument(
                 "a step's first message must open it (OpenStep)",
@@ -144,9 +145,10 @@ impl Controller {
         meta: &tonic::metadata::MetadataMap,
         mut from_agent: Streaming<pb::StepOutput>,
     ) -> Result<impl Stream<Item = Result<pb::StepInput, Status>> + Send + 'static, Status> {
-        let first = from_agent.message().await?.ok_or_else(|| {
-            Status::invalid_argument("the stream ended before it named its step")
-        })?;
+        let first = from_agent
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the stream ended before it named its step"))?;
         let Some(Output::Hello(hello)) = first.output else {
             return Err(Status::invalid_argument(
                 "a StepIo stream's first message must name its step (StepHello)",

@@ -435,7 +435,11 @@ fn exit_report(
     let code = status.code().or_else(|| status.signal().map(|s| 128 + s));
     if let Some((state, reason)) = forced {
         // A released allocation's holder was stopped: it ended as asked, with 0.
-        let code = if state == JobState::Completed { Some(0) } else { code };
+        let code = if state == JobState::Completed {
+            Some(0)
+        } else {
+            code
+        };
         return ended(state, code, reason);
     }
     match (status.code(), status.signal()) {

@@ -53,7 +53,11 @@ fn output(o: Output) -> pb::StepOutput {
 }
 
 async fn serve(agent: &Arc<Agent>, s: pb::StepSession) -> anyhow::Result<()> {
-    let channel = agent.channel.get().cloned().context("no controller channel")?;
+    let channel = agent
+        .channel
+        .get()
+        .cloned()
+        .context("no controller channel")?;
     let session = agent.current_session().context("not attached")?;
     let hello = pb::StepHello {
         node: agent.name.clone(),
@@ -90,7 +94,12 @@ async fn serve(agent: &Arc<Agent>, s: pb::StepSession) -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    tracing::info!(job, pid = step.pgid, tty = step.master.is_some(), "step from outside the job started");
+    tracing::info!(
+        job,
+        pid = step.pgid,
+        tty = step.master.is_some(),
+        "step from outside the job started"
+    );
     let status = step.status.clone();
     let code = relay(step, &mut input, &tx).await;
     let _ = std::fs::remove_file(status);
@@ -123,7 +132,12 @@ fn nonblocking(fd: OwnedFd) -> std::io::Result<AsyncFd<File>> {
 }
 
 /// Starts the step (on a blocking thread: the launch waits for the step's process).
-fn start(agent: &Arc<Agent>, job_id: u64, attempt: u32, open: &pb::OpenStep) -> Result<Step, String> {
+fn start(
+    agent: &Arc<Agent>,
+    job_id: u64,
+    attempt: u32,
+    open: &pb::OpenStep,
+) -> Result<Step, String> {
     let running = agent
         .jobs
         .lock()
@@ -150,7 +164,11 @@ fn start(agent: &Arc<Agent>, job_id: u64, attempt: u32, open: &pb::OpenStep) -> 
         env.insert("GPUCTL_STEPS_FILE".into(), steps.display().to_string());
     }
     if open.pty {
-        let term = if open.term.is_empty() { "xterm" } else { &open.term };
+        let term = if open.term.is_empty() {
+            "xterm"
+        } else {
+            &open.term
+        };
         env.insert("TERM".into(), term.to_string());
     }
     let name = format!("{:016x}", rand::random::<u64>());
