@@ -367,7 +367,7 @@ impl std::ops::DerefMut for Client {
 /// The socket gpuctld conventionally listens on.
 pub const DEFAULT_SOCKET: &str = "/run/gpuctl/gpuctld.sock";
 
-fn controller_url(cli: &Cli) -> String {
+pub(crate) fn controller_url(cli: &Cli) -> String {
     cli.controller.clone().unwrap_or_else(|| {
         if std::path::Path::new(DEFAULT_SOCKET).exists() {
             format!("unix:{DEFAULT_SOCKET}")

@@ -9,13 +9,15 @@
 //!   jobs as one `gpuctl submit` of that many files;
 //! - steps: `srun date` inside a running batch job, one at a time: srun invoked -> the
 //!   task's clock, and -> srun returned;
+//! - alloc: `gpuctl run date` in a `gpuctl alloc` shell (a step from outside its job,
+//!   through the controller to the node and back), one at a time, the same two figures;
 //! - with 4 agents x 8 fake GPUs, 32 jobs running and N queued behind them: `gpuctl queue
 //!   --json` and `gpuctl nodes` (text and `--json`), and cancelling everything in one
 //!   `gpuctl cancel --me` until nothing waits or runs.
 //!
 //! ```text
 //! cargo bench -p gpuctl-tests --bench latency [-- --jobs 10000 --samples 40 --favordynmods 1
-//!     --cgroup-base DIR --phases launch,run,steps,cli,queued]
+//!     --cgroup-base DIR --phases launch,run,steps,alloc,cli,queued]
 //! ```
 //!
 //! `GPUCTL_BENCH_BINS=DIR` runs the binaries in DIR instead of building this tree's (an
@@ -120,7 +122,8 @@ fn main() {
         None => release_bins(&["gpuctld", "gpuctl", "gpud"]),
     };
     println!("binaries: {}", bin.display());
-    let phases = bench_text_arg("--phases").unwrap_or_else(|| "launch,run,steps,cli,queued".into());
+    let phases =
+        bench_text_arg("--phases").unwrap_or_else(|| "launch,run,steps,alloc,cli,queued".into());
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let favor = bench_arg("--favordynmods", 0) == 1;
@@ -148,6 +151,9 @@ fn main() {
     }
     if on("steps") {
         steps_phase(&b, samples);
+    }
+    if on("alloc") {
+        alloc_phase(&b, samples);
     }
     if on("cli") {
         cli_phase(&b, samples);
@@ -252,6 +258,60 @@ fn steps_phase(b: &Bench, samples: usize) {
     println!("steps inside a running job, {samples} one at a time (ms):");
     println!("  srun invoked -> the task's own clock: {}", spread(ran));
     println!("  srun invoked -> srun returned: {}", spread(round));
+}
+
+/// Steps from outside a job: `gpuctl alloc` runs bash here, which runs `gpuctl run date
+/// +%s%6N` `samples` times (a fresh CLI each: connect, Interact, the node's StepIo and
+/// srun, the output back), with bash's own clock before each.
+fn alloc_phase(b: &Bench, samples: usize) {
+    let n = samples + 3;
+    let script = format!(
+        "for i in $(seq {n}); do echo \"i ${{EPOCHREALTIME/./}}\"; gpuctl run date +%s%6N; done > alloc.out; echo \"i ${{EPOCHREALTIME/./}}\" >> alloc.out"
+    );
+    let path = format!(
+        "{}:{}",
+        b.bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(b.bin.join("gpuctl"))
+        .arg("--controller")
+        .arg(format!("unix:{}", b.dir.join("gpuctld.sock").display()))
+        .args(["alloc", "-G", "1", "--", "bash", "-c", &script])
+        .env("PATH", path)
+        .current_dir(&b.dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gpuctl alloc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(b.dir.join("alloc.out")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.len(),
+        2 * n + 1,
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (mut ran, mut round) = (vec![], vec![]);
+    for k in 3..n {
+        let at = |l: &str| l.trim_start_matches("i ").parse::<i64>().unwrap();
+        let (invoked, task, next) = (at(lines[2 * k]), at(lines[2 * k + 1]), at(lines[2 * k + 2]));
+        ran.push((task - invoked) as f64 / 1000.0);
+        round.push((next - invoked) as f64 / 1000.0);
+    }
+    println!(
+        "steps from outside a job (gpuctl run in gpuctl alloc), {samples} one at a time (ms):"
+    );
+    println!(
+        "  gpuctl run invoked -> the task's own clock: {}",
+        spread(ran)
+    );
+    println!(
+        "  gpuctl run invoked -> gpuctl run returned: {}",
+        spread(round)
+    );
 }
 
 /// A job that sleeps 1 s, 8 at a time.

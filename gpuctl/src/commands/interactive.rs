@@ -196,6 +196,14 @@ pub async fn alloc(cli: &Cli, client: &mut Client, args: &AllocArgs) -> Result<u
     ] {
         cmd.env(k, id.to_string());
     }
+    // Its `gpuctl run`s reach the same controller, trusted the same way.
+    cmd.env("GPUCTL_CONTROLLER", crate::cli::controller_url(cli));
+    if let Some(ca) = &cli.ca {
+        cmd.env("GPUCTL_CA", ca);
+    }
+    if cli.insecure {
+        cmd.env("GPUCTL_INSECURE", "true");
+    }
     // Ctrl-C is the shell's (or its program's), never this process's: it would end the
     // allocation under them.
     let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
