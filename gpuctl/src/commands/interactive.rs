@@ -53,6 +53,29 @@ pub struct AllocOptions {
     pub constraint: Option<String>,
 }
 
+impl AllocOptions {
+    /// The options given, by their flags.
+    fn given(&self) -> Vec<&'static str> {
+        let o = |set: bool, f: &'static str| set.then_some(f);
+        [
+            o(self.gpus.is_some(), "-G"),
+            o(self.time.is_some(), "-t"),
+            o(self.partition.is_some(), "-p"),
+            o(self.cpus.is_some(), "-c"),
+            o(self.mem.is_some(), "--mem"),
+            o(self.name.is_some(), "-J"),
+            o(self.qos.is_some(), "-q"),
+            o(self.account.is_some(), "-A"),
+            o(self.nodelist.is_some(), "-w"),
+            o(self.exclude.is_some(), "-x"),
+            o(self.constraint.is_some(), "-C"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+}
+
 /// `gpuctl alloc` (also `salloc` by name).
 #[derive(clap::Args, Debug)]
 pub struct AllocArgs {
@@ -412,6 +435,16 @@ pub async fn run_step(
 ) -> Result<u8, Failure> {
     let step = args.step_args()?;
     if let Some(id) = args.target_job()? {
+        let given = args.alloc.given();
+        if !given.is_empty() {
+            return Err(Failure {
+                code: crate::cli::exit::USAGE,
+                message: format!(
+                    "{}: these size an allocation of the step's own; a step of job {id} has its job's resources",
+                    given.join(", ")
+                ),
+            });
+        }
         return remote_step(client, id, step, args.pty).await;
     }
     let tasks = args.ntasks_per_node.or(args.ntasks);
@@ -420,4 +453,27 @@ pub async fn run_step(
     let code = remote_step(client, id, step, args.pty).await;
     release(client, id, code.as_ref().ok().copied()).await;
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct T {
+        #[command(flatten)]
+        run: crate::commands::run::RunArgs,
+    }
+
+    /// The options that size an allocation are named back (a step of an existing job
+    /// refuses them rather than ignoring them); the step's own are not among them.
+    #[test]
+    fn allocation_options_are_named() {
+        let t = T::parse_from(["run", "--jobid", "3", "-G", "1", "-t", "10", "-n", "2", "x"]);
+        assert_eq!(t.run.alloc.given(), ["-G", "-t"]);
+        let t = T::parse_from(["run", "--pty", "bash"]);
+        assert!(t.run.alloc.given().is_empty());
+        assert!(t.run.pty);
+    }
 }

@@ -26,21 +26,27 @@ struct JobRecord {
     cgroup_leaf: String,
     /// The StartJob, protobuf-encoded.
     start: Vec<u8>,
+    /// What the agent added to its environment (MPS's pipe and log directories), for
+    /// its steps started from outside (`remote`).
+    #[serde(default)]
+    extra_env: Vec<(String, String)>,
 }
 
 fn record_path(state: &std::path::Path, id: u64, attempt: u32, ext: &str) -> PathBuf {
     state.join("jobs").join(format!("{id}.{attempt}.{ext}"))
 }
 
-/// The StartJob of a job instance running here, from its record.
+/// The StartJob of a job instance running here, from its record, and what the agent
+/// added to its environment.
 pub(super) fn start_of(
     state: &std::path::Path,
     id: u64,
     attempt: u32,
-) -> std::io::Result<pb::StartJob> {
+) -> std::io::Result<(pb::StartJob, Vec<(String, String)>)> {
     let bytes = std::fs::read(record_path(state, id, attempt, "json"))?;
     let rec: JobRecord = serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
-    pb::StartJob::decode(rec.start.as_slice()).map_err(std::io::Error::other)
+    let start = pb::StartJob::decode(rec.start.as_slice()).map_err(std::io::Error::other)?;
+    Ok((start, rec.extra_env))
 }
 
 /// Where a job's script is written (see `launch::write_script`).
@@ -398,6 +404,7 @@ fn spawn_recorded(
         started_ms,
         cgroup_leaf: spec.cgroup_leaf(),
         start: start.encode_to_vec(),
+        extra_env: extra_env.to_vec(),
     };
     let path = record_path(&agent.state_dir, start.job_id, start.attempt, "json");
     let tmp = path.with_extension("json.tmp");

@@ -146,7 +146,7 @@ fn start(
     if !running {
         return Err(format!("job {job_id} does not run on {} now", agent.name));
     }
-    let start = super::jobs::start_of(&agent.state_dir, job_id, attempt)
+    let (start, extra_env) = super::jobs::start_of(&agent.state_dir, job_id, attempt)
         .map_err(|e| format!("cannot read job {job_id}'s record on {}: {e}", agent.name))?;
     let spec = start.spec.clone().unwrap_or_default();
     let tools = agent.tools.as_ref().ok_or_else(|| {
@@ -157,6 +157,7 @@ fn start(
     })?;
     let run_as = resolve_user(&spec.user, agent.allow_root_jobs)?;
     let mut env = launch_env(&start, &agent.name, run_as.as_ref());
+    env.extend(extra_env);
     let path = env.get("PATH").cloned().unwrap_or_default();
     env.insert("PATH".into(), format!("{}:{path}", tools.display()));
     let steps = crate::steps::path(&agent.state_dir, job_id, attempt);
