@@ -92,6 +92,84 @@ fn a_batch_script_starts_its_tasks_with_srun() {
     assert_eq!(steps[0]["nodes"].as_array().unwrap().len(), 2);
 }
 
+/// The python with torch that the torch test uses: GPUCTL_TORCH_PYTHON, else the venv
+/// `.ci/run` makes (`/opt/gpuctl-torch`); `None` where neither is (a developer's
+/// machine without torch: the test says it was skipped).
+fn torch_python() -> Option<String> {
+    let p = std::env::var("GPUCTL_TORCH_PYTHON")
+        .unwrap_or_else(|_| "/opt/gpuctl-torch/bin/python".into());
+    if std::path::Path::new(&p).exists() {
+        Some(p)
+    } else if std::env::var_os("GPUCTL_REQUIRE_TORCH").is_some() {
+        panic!("GPUCTL_REQUIRE_TORCH is set and there is no python with torch at {p}");
+    } else {
+        eprintln!(
+            "skipped: no python with torch at {p} (.ci/run installs one; set GPUCTL_TORCH_PYTHON)"
+        );
+        None
+    }
+}
+
+/// The same Lightning-style script with real torch.distributed: `init_process_group`
+/// over gloo from the environment srun gives (MASTER_ADDR, MASTER_PORT, RANK,
+/// WORLD_SIZE), an all-reduce of every rank's number and an all-gather of who each
+/// rank is: four ranks over two nodes, each its own GPU.
+#[test]
+fn a_lightning_script_runs_torch_distributed_gloo_over_both_nodes() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let c = Cluster::start(&[
+        ("node-a.invalid", "2xA100-80GB"),
+        ("node-b.invalid", "2xA100-80GB"),
+    ]);
+    let train = r#"
+import datetime, json, os
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+me = {"rank": rank, "local": int(os.environ["LOCAL_RANK"]), "node": os.environ["GPUCTL_NODE"],
+      "gpu": os.environ["CUDA_VISIBLE_DEVICES"]}
+everyone = [None] * world
+dist.all_gather_object(everyone, me)
+if rank == 0:
+    print("SUM %g WORLD %d" % (t.item(), world))
+    print("RANKS " + json.dumps(everyone), flush=True)
+dist.destroy_process_group()
+"#;
+    std::fs::write(c.path("train.py"), train).unwrap();
+    let script = format!(
+        "#!/bin/bash\n#SBATCH --job-name=gloo\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --gpus-per-task=1\n#SBATCH --time=5\n#SBATCH --output=gloo-%j.%t.out\nexport GLOO_SOCKET_IFNAME=lo\nsrun {python} train.py\n"
+    );
+    let id = c.submit("gloo.sbatch", &script);
+    let j = c.wait_state(id, "COMPLETED", Duration::from_secs(180));
+    assert_eq!(j["steps"][0]["tasks"], 4, "{j}");
+    let out = std::fs::read_to_string(c.path(&format!("gloo-{id}.0.out"))).unwrap();
+    assert!(
+        out.contains("SUM 10 WORLD 4"),
+        "1+2+3+4 over four ranks: {out}"
+    );
+    let ranks = out
+        .lines()
+        .find_map(|l| l.strip_prefix("RANKS "))
+        .unwrap_or_else(|| panic!("no gather: {out}"));
+    let ranks: Vec<Value> = serde_json::from_str(ranks).unwrap();
+    let gpus: BTreeSet<&str> = ranks.iter().map(|r| r["gpu"].as_str().unwrap()).collect();
+    assert_eq!(gpus.len(), 4, "each rank its own GPU: {ranks:?}");
+    for (i, r) in ranks.iter().enumerate() {
+        assert_eq!(r["rank"], i, "{r}");
+        assert_eq!(r["local"], i % 2, "{r}");
+        let node = if i < 2 {
+            "node-a.invalid"
+        } else {
+            "node-b.invalid"
+        };
+        assert_eq!(r["node"], node, "{r}");
+    }
+}
+
 /// Steps in accounting, as sacct shows them: `ID.batch`, then one row for each `srun`
 /// of the script in the order they ran, with its tasks' worst exit code.
 #[test]
