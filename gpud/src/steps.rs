@@ -28,13 +28,27 @@ pub fn path(state_dir: &Path, job: u64, attempt: u32) -> PathBuf {
 
 /// Makes the (empty) step file, the job user's (`uid`/`gid`; `None`: the agent's own).
 pub fn create(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(path);
+    make(path, owner)
+}
+
+/// The step file of a running job, made now if its launch made none (a `command` job
+/// of one task, whose first step comes from outside: `agent::remote`); one that exists
+/// is kept as it is (steps may be running).
+pub fn ensure(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    match make(path, owner) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        r => r,
+    }
+}
+
+fn make(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if let Some(dir) = path.parent() {
         // As for scripts: its users pass through, only root lists it.
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
     }
-    let _ = std::fs::remove_file(path);
     let f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -145,5 +159,20 @@ mod tests {
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         assert!(read(&fifo).is_empty());
         assert!(read(&dir.path().join("missing")).is_empty());
+    }
+
+    /// `ensure` makes a missing file and keeps one that has steps in it; `create`
+    /// starts it empty (a new attempt).
+    #[test]
+    fn ensure_keeps_what_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("scripts").join("job-1.1.steps");
+        ensure(&p, None).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "");
+        std::fs::write(&p, "B 0 1 1 x\n").unwrap();
+        ensure(&p, None).unwrap();
+        assert_eq!(read(&p).len(), 1);
+        create(&p, None).unwrap();
+        assert!(read(&p).is_empty());
     }
 }

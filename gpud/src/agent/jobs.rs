@@ -381,9 +381,9 @@ fn spawn_recorded(
         // Job records hold the StartJob with its env: root's alone.
         std::fs::set_permissions(&jobs, std::fs::Permissions::from_mode(0o700))?;
     }
-    // Where its `srun`s record its steps (a script's, a command's tasks, or those
-    // opened from outside: every job may have some).
-    {
+    // Where its `srun`s record its steps (a script's, or a command's tasks; a step
+    // opened from outside makes it then: `remote`).
+    if spec.script.is_some() || spec.tasks_per_node > 1 {
         let steps = crate::steps::path(&agent.state_dir, start.job_id, start.attempt);
         let owner = spec.run_as.as_ref().map(|u| (u.uid, u.gid));
         crate::steps::create(&steps, owner)?;

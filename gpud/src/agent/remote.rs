@@ -160,10 +160,16 @@ fn start(
     env.extend(extra_env);
     let path = env.get("PATH").cloned().unwrap_or_default();
     env.insert("PATH".into(), format!("{}:{path}", tools.display()));
+    // The step is recorded in the job's step file (made now if the job has none yet).
     let steps = crate::steps::path(&agent.state_dir, job_id, attempt);
-    if steps.exists() {
-        env.insert("GPUCTL_STEPS_FILE".into(), steps.display().to_string());
-    }
+    let owner = run_as.as_ref().map(|u| (u.uid, u.gid));
+    crate::steps::ensure(&steps, owner).map_err(|e| {
+        format!(
+            "cannot make job {job_id}'s step file on {}: {e}",
+            agent.name
+        )
+    })?;
+    env.insert("GPUCTL_STEPS_FILE".into(), steps.display().to_string());
     if open.pty {
         let term = if open.term.is_empty() {
             "xterm"
