@@ -295,7 +295,7 @@ impl SubmitArgs {
 }
 
 /// A time limit on the command line: Slurm's formats, or humantime ("2h 30m").
-fn time_limit(t: &str) -> Result<Duration, String> {
+pub(crate) fn time_limit(t: &str) -> Result<Duration, String> {
     match sbatch::slurm_time(t) {
         Err(e) if e == sbatch::ZERO_TIME => Err(e),
         Ok(d) => Ok(d),

@@ -153,14 +153,15 @@ fn a_pty_step_forwards_input_window_size_and_ctrl_c() {
 
 /// `gpuctl alloc` runs its command here with the allocation's id; two `gpuctl run`s in
 /// it are steps 0 and 1 of the allocation, on its GPUs, in history as `N.0` and `N.1`
-/// (no `N.batch`: an allocation has no script); the allocation ends COMPLETED, and the
-/// command's exit code is alloc's.
+/// (no `N.batch`: an allocation has no script), and a third is ended at its own time
+/// limit; the allocation ends COMPLETED, and the command's exit code is alloc's.
 #[test]
 fn alloc_then_two_steps_are_in_history() {
     let c = Cluster::start(&[("n1", "2xA100-80GB")]);
     let path = format!("{}:{}", bin_dir().display(), std::env::var("PATH").unwrap());
     let inner = "gpuctl run hostname > steps.out && \
-                 gpuctl run -- sh -c 'echo step=$SLURM_STEP_ID gpus=$CUDA_VISIBLE_DEVICES job=$SLURM_JOB_ID' >> steps.out; exit 3";
+                 gpuctl run -- sh -c 'echo step=$SLURM_STEP_ID gpus=$CUDA_VISIBLE_DEVICES job=$SLURM_JOB_ID' >> steps.out; \
+                 gpuctl run -t 0:2 -- sleep 60; echo timed=$? >> steps.out; exit 3";
     let out = Command::new(bin("gpuctl"))
         .args([
             "alloc", "-G", "2", "-t", "10", "-J", "debug", "--", "sh", "-c", inner,
@@ -175,7 +176,9 @@ fn alloc_then_two_steps_are_in_history() {
     assert!(err.contains("granted job allocation 1"), "{err}");
     let steps = std::fs::read_to_string(c.path("steps.out")).unwrap();
     let lines: Vec<&str> = steps.lines().collect();
-    assert_eq!(lines.len(), 2, "{steps}");
+    assert_eq!(lines.len(), 3, "{steps}");
+    // A step's own time limit (srun -t): TERM after 2 s.
+    assert_eq!(lines[2], "timed=143", "{steps}");
     assert!(lines[1].starts_with("step=1 gpus=GPU-"), "{steps}");
     assert_eq!(lines[1].matches("GPU-").count(), 2, "both GPUs: {steps}");
     assert!(lines[1].ends_with("job=1"), "{steps}");
@@ -185,10 +188,11 @@ fn alloc_then_two_steps_are_in_history() {
     let rows = c.json(&["history"]);
     let rows: Vec<&Value> = rows.as_array().unwrap().iter().collect();
     let ids: Vec<&str> = rows.iter().map(|r| r["job_id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["1", "1.0", "1.1"]);
+    assert_eq!(ids, ["1", "1.0", "1.1", "1.2"]);
     assert_eq!(rows[0]["name"], "debug");
     assert_eq!(rows[1]["name"], "hostname");
     assert_eq!(rows[2]["state"], "COMPLETED");
+    assert_eq!(rows[3]["exit_code"], 143, "{:?}", rows[3]);
 }
 
 /// Steps into a running job by id: stdin reaches the step, its exit code is gpuctl's,

@@ -21,7 +21,9 @@ pub struct AllocOptions {
     /// GPUs, as sbatch -G: N or TYPE:N (a number below 1 is a share of one GPU).
     #[arg(short = 'G', long)]
     pub gpus: Option<String>,
-    /// Time limit: a Slurm time (M, H:M:S, D-H:M, ...) or e.g. "1h".
+    /// Time limit: a Slurm time (M, H:M:S, D-H:M, ...) or e.g. "1h". For `gpuctl
+    /// run`, the step's own too (srun -t): its tasks get TERM when it is up, KILL 10 s
+    /// later.
     #[arg(short = 't', long)]
     pub time: Option<String>,
     /// The partition.
@@ -59,7 +61,6 @@ impl AllocOptions {
         let o = |set: bool, f: &'static str| set.then_some(f);
         [
             o(self.gpus.is_some(), "-G"),
-            o(self.time.is_some(), "-t"),
             o(self.partition.is_some(), "-p"),
             o(self.cpus.is_some(), "-c"),
             o(self.mem.is_some(), "--mem"),
@@ -471,7 +472,7 @@ mod tests {
     #[test]
     fn allocation_options_are_named() {
         let t = T::parse_from(["run", "--jobid", "3", "-G", "1", "-t", "10", "-n", "2", "x"]);
-        assert_eq!(t.run.alloc.given(), ["-G", "-t"]);
+        assert_eq!(t.run.alloc.given(), ["-G"]);
         let t = T::parse_from(["run", "--pty", "bash"]);
         assert!(t.run.alloc.given().is_empty());
         assert!(t.run.pty);

@@ -113,6 +113,7 @@ impl RunArgs {
                 "--ntasks-per-node",
                 self.ntasks_per_node.map(|n| n.to_string()),
             ),
+            ("-t", self.alloc.time.clone()),
             ("-o", self.output.clone()),
             ("-e", self.error.clone()),
         ];
@@ -291,6 +292,13 @@ fn step_end(file: &str, id: u32, code: u8) -> std::io::Result<()> {
 pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
     let env: BTreeMap<String, String> = std::env::vars().collect();
     let plan = args.plan(&env)?;
+    let limit = match &args.alloc.time {
+        Some(t) => Some(crate::submit::time_limit(t).map_err(|e| Failure {
+            code: exit::USAGE,
+            message: e,
+        })?),
+        None => None,
+    };
     if plan.node_rank >= plan.nodes {
         return Ok(0); // this node takes no part (srun -N below the job's nodes)
     }
@@ -345,7 +353,7 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
             }
         }
     }
-    let code = wait_all(tasks).await?;
+    let code = wait_all(tasks, limit).await?;
     if let (Some(f), Some(id)) = (file, step) {
         let _ = step_end(f, id, code);
     }
@@ -359,7 +367,13 @@ fn signal_tasks(pids: impl Iterator<Item = Option<u32>>, sig: nix::sys::signal::
     }
 }
 
-async fn wait_all(tasks: Vec<tokio::process::Child>) -> Result<u8, Failure> {
+/// How long a step's tasks have after their time limit's TERM before they are killed.
+const STEP_KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn wait_all(
+    tasks: Vec<tokio::process::Child>,
+    limit: Option<std::time::Duration>,
+) -> Result<u8, Failure> {
     use nix::sys::signal::Signal;
     use std::os::unix::process::ExitStatusExt;
     use tokio::signal::unix::{SignalKind, signal};
@@ -386,8 +400,25 @@ async fn wait_all(tasks: Vec<tokio::process::Child>) -> Result<u8, Failure> {
     }
     let mut ended = vec![false; pids.len()];
     let mut worst: u8 = 0;
+    // The step's time limit (srun -t): TERM, then KILL after STEP_KILL_WAIT.
+    let far = tokio::time::Instant::now() + std::time::Duration::from_secs(100 * 365 * 86_400);
+    let mut deadline = limit.map_or(far, |l| tokio::time::Instant::now() + l);
+    let mut term_sent = false;
     loop {
         tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {
+                let running = pids.iter().zip(&ended).filter(|(_, e)| !**e);
+                let sig = if term_sent { Signal::SIGKILL } else { Signal::SIGTERM };
+                if !term_sent {
+                    eprintln!(
+                        "gpuctl run: step time limit {} reached; ending its tasks",
+                        humantime::format_duration(limit.unwrap_or_default())
+                    );
+                }
+                signal_tasks(running.map(|(pid, _)| *pid), sig);
+                deadline = if term_sent { far } else { tokio::time::Instant::now() + STEP_KILL_WAIT };
+                term_sent = true;
+            }
             done = waits.join_next() => {
                 let Some(done) = done else { break };
                 let (i, status) = done.map_err(|e| fail(format!("waiting for a task: {e}")))?;
