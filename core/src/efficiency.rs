@@ -47,6 +47,67 @@ pub struct Efficiency {
     pub advice: Vec<String>,
     /// Each allocated GPU or slice.
     pub slots: Vec<SlotFigures>,
+    /// Its steps (each `srun` or `gpuctl run` in it), in order.
+    pub steps: Vec<StepFigures>,
+    /// The share of the job's run time during which at least one step ran (the union
+    /// of their spans; `None`: no steps). An allocation's idle time is the rest.
+    pub steps_busy: Option<f64>,
+}
+
+/// One step of the job: what it ran, how long, how it ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepFigures {
+    pub id: u32,
+    pub name: String,
+    pub tasks: u32,
+    pub elapsed_secs: u64,
+    /// `None`: its end was never recorded (its job ended under it).
+    pub exit_code: Option<i32>,
+}
+
+/// The steps' figures, and the share of `[start, end]` at least one of them ran (a step
+/// with no recorded end ran until `end`).
+pub fn step_figures(steps: &[pb::Step], start: i64, end: i64) -> (Vec<StepFigures>, Option<f64>) {
+    let span = |st: &pb::Step| {
+        let to = if st.end_ms > 0 { st.end_ms } else { end };
+        (
+            st.start_ms.max(start),
+            to.min(end).max(st.start_ms.max(start)),
+        )
+    };
+    let figures = steps
+        .iter()
+        .map(|st| {
+            let (a, b) = span(st);
+            StepFigures {
+                id: st.id,
+                name: st.name.clone(),
+                tasks: st.tasks,
+                elapsed_secs: ((b - a).max(0) / 1000) as u64,
+                exit_code: st.exit_code,
+            }
+        })
+        .collect();
+    if steps.is_empty() || end <= start {
+        return (figures, None);
+    }
+    let mut spans: Vec<(i64, i64)> = steps.iter().map(span).collect();
+    spans.sort_unstable();
+    let (mut busy, mut cur): (i64, Option<(i64, i64)>) = (0, None);
+    for (a, b) in spans {
+        cur = match cur {
+            Some((ca, cb)) if a <= cb => Some((ca, cb.max(b))),
+            Some((ca, cb)) => {
+                busy += cb - ca;
+                Some((a, b))
+            }
+            None => Some((a, b)),
+        };
+    }
+    if let Some((ca, cb)) = cur {
+        busy += cb - ca;
+    }
+    (figures, Some(busy as f64 / (end - start) as f64))
 }
 
 /// One GPU or slice of the job: its share and what it used.
@@ -146,7 +207,10 @@ pub fn report(job: &pb::Job, now: i64) -> Efficiency {
         rows: Vec::new(),
         advice: Vec::new(),
         slots: usage.slots.iter().map(slot_figures).collect(),
+        steps: Vec::new(),
+        steps_busy: None,
     };
+    (e.steps, e.steps_busy) = step_figures(&job.steps, job.start_time_ms, end);
     e.rows = rows(&e, &res);
     e.advice = advice(&e, job, &res, usage);
     e

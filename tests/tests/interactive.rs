@@ -193,6 +193,14 @@ fn alloc_then_two_steps_are_in_history() {
     assert_eq!(rows[1]["name"], "hostname");
     assert_eq!(rows[2]["state"], "COMPLETED");
     assert_eq!(rows[3]["exit_code"], 143, "{:?}", rows[3]);
+    // Efficiency (seff) has the steps, and how much of the allocation they kept busy.
+    let e = c.json(&["efficiency", "1"]);
+    assert_eq!(e["steps"].as_array().map_or(0, Vec::len), 3, "{e}");
+    assert_eq!(e["steps"][2]["exit_code"], 143, "{e}");
+    let busy = e["steps_busy"].as_f64().unwrap();
+    assert!(busy > 0.0 && busy <= 1.0, "{e}");
+    let text = c.gpuctl_ok(&["efficiency", "1"]);
+    assert!(text.contains("Steps: 3") && text.contains("1.2"), "{text}");
 }
 
 /// Steps into a running job by id: stdin reaches the step, its exit code is gpuctl's,

@@ -160,3 +160,34 @@ fn an_idle_gpu_of_several_is_named() {
         e.advice
     );
 }
+
+/// Steps' spans are merged where they overlap: an allocation of 100 s whose steps ran
+/// 0-10 s, 5-20 s and 50-60 s was busy 30% of its time; a step with no recorded end
+/// ran until the job's end.
+#[test]
+fn steps_busy_is_the_union_of_their_spans() {
+    let st = |id: u32, a: i64, b: i64| pb::Step {
+        id,
+        name: format!("s{id}"),
+        start_ms: a,
+        end_ms: b,
+        exit_code: (b > 0).then_some(0),
+        tasks: 1,
+        nodes: vec!["n1".into()],
+    };
+    let steps = [
+        st(0, 1_000, 11_000),
+        st(1, 6_000, 21_000),
+        st(2, 51_000, 61_000),
+    ];
+    let (f, busy) = step_figures(&steps, 1_000, 101_000);
+    assert_eq!(
+        f.iter().map(|s| s.elapsed_secs).collect::<Vec<_>>(),
+        [10, 15, 10]
+    );
+    assert!((busy.unwrap() - 0.30).abs() < 1e-9, "{busy:?}");
+    let (f, busy) = step_figures(&[st(0, 91_000, 0)], 1_000, 101_000);
+    assert_eq!((f[0].elapsed_secs, f[0].exit_code), (10, None));
+    assert!((busy.unwrap() - 0.10).abs() < 1e-9);
+    assert_eq!(step_figures(&[], 0, 10).1, None);
+}

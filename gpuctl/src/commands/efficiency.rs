@@ -25,6 +25,31 @@ impl View for Efficiency {
             .map(|r| vec![r.what.clone(), r.requested.clone(), r.used.clone()])
             .collect();
         text.push_str(&format::table(&["", "REQUESTED", "USED"], rows));
+        if let Some(busy) = self.steps_busy {
+            text.push_str(&format!(
+                "\nSteps: {}, at least one running {:.0}% of the job's time\n",
+                self.steps.len(),
+                busy * 100.0
+            ));
+            let rows = self
+                .steps
+                .iter()
+                .map(|st| {
+                    vec![
+                        format!("{}.{}", self.job_id, st.id),
+                        st.name.clone(),
+                        st.tasks.to_string(),
+                        humantime::format_duration(std::time::Duration::from_secs(st.elapsed_secs))
+                            .to_string(),
+                        st.exit_code.map_or("-".into(), |c| c.to_string()),
+                    ]
+                })
+                .collect();
+            text.push_str(&format::table(
+                &["STEP", "NAME", "TASKS", "ELAPSED", "EXIT"],
+                rows,
+            ));
+        }
         if self.advice.is_empty() {
             text.push_str(
                 "\nNo advice: it used about what it asked for (or too little was measured).\n",
