@@ -458,7 +458,6 @@ pub async fn run_step(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use clap::Parser;
 
     #[derive(clap::Parser)]
