@@ -7,10 +7,10 @@ use gpuctl_proto::{self as pb, JobState};
 use crate::error::{Actor, Refusal};
 use crate::state::{Cluster, Effects, live_allocs};
 
-/// Where a step runs: the node of the job's first rank, and the job's attempt there.
+/// Where a step goes: the job's nodes, in rank order, and the job's attempt there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepTarget {
-    pub node: String,
+    pub nodes: Vec<String>,
     pub attempt: u32,
 }
 
@@ -20,9 +20,11 @@ pub fn is_allocation(j: &pb::Job) -> bool {
 }
 
 impl Cluster {
-    /// Where a step of job `id` opened from outside it runs: the job must be running,
-    /// and its owner's (or the caller an admin), with its first node connected.
-    pub fn step_target(&self, actor: &Actor, id: u64) -> Result<StepTarget, Refusal> {
+    /// Where a step of job `id` opened from outside it goes: every node of the job, by
+    /// rank (the step's own srun on each runs tasks on the first `nodes`, 0: all, of
+    /// them). The job must be running and started, and its owner's (or the caller an
+    /// admin), with its nodes connected.
+    pub fn step_target(&self, actor: &Actor, id: u64, nodes: u32) -> Result<StepTarget, Refusal> {
         let j = self.own_job(actor, id, "run a step in")?;
         if j.state() != JobState::Running {
             return Err(Refusal::failed_precondition(format!(
@@ -30,23 +32,36 @@ impl Cluster {
                 j.state().as_str_name()
             )));
         }
-        let node = live_allocs(j)
-            .find(|a| a.rank == 0)
-            .or_else(|| live_allocs(j).next())
-            .map(|a| a.node.clone())
-            .ok_or_else(|| Refusal::failed_precondition(format!("job {id} runs on no node now")))?;
         if !self.jobs.get(id).is_some_and(|s| s.start_confirmed) {
             return Err(Refusal::failed_precondition(format!(
                 "job {id} is starting: its node has not said it runs yet; try again in a moment"
             )));
         }
-        if !self.conns.contains_key(&node) {
+        let mut ranks: Vec<(u32, &str)> =
+            live_allocs(j).map(|a| (a.rank, a.node.as_str())).collect();
+        ranks.sort_unstable();
+        let have = ranks.len() as u32;
+        if have == 0 {
             return Err(Refusal::failed_precondition(format!(
-                "job {id}'s node {node} is not connected to the controller now"
+                "job {id} runs on no node now"
+            )));
+        }
+        let want = if nodes == 0 { have } else { nodes };
+        if want > have {
+            return Err(Refusal::invalid_argument(format!(
+                "-N {want}: job {id} runs on {have} node(s)"
+            )));
+        }
+        // Every node gets its part, those past `want` too: their srun takes no part but
+        // records the step, so that step ids stay alike on every node.
+        let nodes: Vec<String> = ranks.iter().map(|(_, n)| n.to_string()).collect();
+        if let Some(gone) = nodes.iter().find(|n| !self.conns.contains_key(*n)) {
+            return Err(Refusal::failed_precondition(format!(
+                "job {id}'s node {gone} is not connected to the controller now"
             )));
         }
         Ok(StepTarget {
-            node,
+            nodes,
             attempt: j.attempt,
         })
     }
@@ -157,6 +172,7 @@ mod tests {
                 cols: 120,
             }),
             term: "xterm-256color".into(),
+            nodes: 0,
         }
     }
 

@@ -9,6 +9,11 @@ use gpuctl_proto as pb;
 /// while any part has none), the tasks summed, the node listed once.
 pub fn merge(steps: &mut Vec<pb::Step>, node: &str, reported: &[pb::Step]) {
     for r in reported {
+        // A node that took no part (srun -N below the job's nodes) recorded the step
+        // only to keep the ids alike on every node.
+        if r.tasks == 0 {
+            continue;
+        }
         let at = match steps.binary_search_by_key(&r.id, |s| s.id) {
             Ok(at) => at,
             Err(_) if steps.len() >= pb::Step::MAX_PER_JOB => continue,
@@ -118,5 +123,20 @@ mod tests {
             name.len()
         );
         assert_eq!(pb::Step::clean_name("a\u{200b}b\nc"), "a b c");
+    }
+
+    /// A node's part with no tasks (its srun took no part) keeps ids alike but is not
+    /// counted: neither its node nor its times.
+    #[test]
+    fn parts_without_tasks_are_not_counted() {
+        let mut steps = Vec::new();
+        merge(&mut steps, "n2", &[part(0, 50, 60, Some(0), 0)]);
+        assert!(steps.is_empty());
+        merge(&mut steps, "n1", &[part(0, 100, 150, Some(3), 1)]);
+        merge(&mut steps, "n2", &[part(0, 50, 60, Some(0), 0)]);
+        assert_eq!(steps.len(), 1);
+        assert_eq!((steps[0].start_ms, steps[0].tasks), (100, 1));
+        assert_eq!(steps[0].nodes, vec!["n1".to_string()]);
+        assert_eq!(steps[0].exit_code, Some(3));
     }
 }

@@ -54,23 +54,25 @@ fn steps_go_to_a_started_allocation_of_their_owner_on_its_node() {
     attach(&mut c, "n1", T0);
     let id = submit_spec(&mut c, allocation(2), T0);
     // Pending: no step yet.
-    assert!(c.step_target(&alice(), id).is_err());
+    assert!(c.step_target(&alice(), id, 0).is_err());
     let e = pass(&mut c, T0 + 10);
     assert_eq!(commands(&e), vec![to("n1", &format!("start {id}"))]);
     // Running at the controller, but its node has not said so: not yet.
-    let e = c.step_target(&alice(), id).unwrap_err();
+    let e = c.step_target(&alice(), id, 0).unwrap_err();
     assert!(e.message.contains("starting"), "{}", e.message);
     report(&mut c, "n1", id, None, T0 + 20);
-    let t = c.step_target(&alice(), id).unwrap();
-    assert_eq!((t.node.as_str(), t.attempt), ("n1", 1));
+    let t = c.step_target(&alice(), id, 0).unwrap();
+    assert_eq!((t.nodes, t.attempt), (vec!["n1".to_string()], 1));
+    let e = c.step_target(&alice(), id, 2).unwrap_err();
+    assert!(e.message.contains("runs on 1 node"), "{}", e.message);
     // Someone else's job: refused, naming whose it is.
-    let e = c.step_target(&bob(), id).unwrap_err();
+    let e = c.step_target(&bob(), id, 0).unwrap_err();
     assert!(e.message.contains("alice"), "{}", e.message);
     let admin = Actor {
         user: "root".into(),
         admin: true,
     };
-    assert!(c.step_target(&admin, id).is_ok());
+    assert!(c.step_target(&admin, id, 1).is_ok());
 }
 
 #[test]

@@ -442,7 +442,12 @@ impl LaunchSpec {
             run_as,
             status_file: None,
             devices: None,
-            tasks_per_node: res.tasks_per_node.max(1),
+            // An allocation's holder is one process, whatever its steps' tasks.
+            tasks_per_node: if spec.interactive {
+                1
+            } else {
+                res.tasks_per_node.max(1)
+            },
             limits: crate::cgroup::Limits {
                 cpu_milli: gpuctl_proto::convert::cpu_milli(&res),
                 memory_bytes: res.memory_bytes,

@@ -368,3 +368,68 @@ fn forged_or_malformed_step_streams_are_refused() {
         )
     );
 }
+
+/// An allocation over two nodes: `gpuctl run` in its shell runs on both (as srun in it
+/// would), each node's tasks with their ranks and GPUs, output from both; `-N 1` runs on
+/// the first node only; the exit code is the worst node's.
+#[test]
+fn a_two_node_allocation_runs_its_steps_on_both_nodes() {
+    let c = Cluster::start(&[
+        ("node-a.invalid", "2xA100-80GB"),
+        ("node-b.invalid", "2xA100-80GB"),
+    ]);
+    let path = format!("{}:{}", bin_dir().display(), std::env::var("PATH").unwrap());
+    let inner = "gpuctl run -- sh -c 'echo R=$SLURM_PROCID L=$SLURM_LOCALID N=$SLURM_NODEID W=$SLURM_NTASKS H=$GPUCTL_NODE G=$CUDA_VISIBLE_DEVICES' > all.out; \
+                 gpuctl run -N 1 -n 1 -- sh -c 'echo one=$GPUCTL_NODE' > one.out; \
+                 gpuctl run -- sh -c 'test $SLURM_NODEID = 0 || exit 9'; echo worst=$? >> one.out";
+    let out = Command::new(bin("gpuctl"))
+        .args([
+            "alloc",
+            "-N",
+            "2",
+            "--ntasks-per-node",
+            "2",
+            "-G",
+            "4",
+            "-t",
+            "10",
+        ])
+        .args(["--", "sh", "-c", inner])
+        .env("GPUCTL_CONTROLLER", c.url())
+        .env("PATH", &path)
+        .current_dir(c.path(""))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let all = std::fs::read_to_string(c.path("all.out")).unwrap();
+    let mut lines: Vec<&str> = all.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines.len(), 4, "{all}");
+    for (rank, l) in lines.iter().enumerate() {
+        let node = rank / 2;
+        let host = if node == 0 {
+            "node-a.invalid"
+        } else {
+            "node-b.invalid"
+        };
+        let want = format!("R={rank} L={} N={node} W=4 H={host} G=GPU-", rank % 2);
+        assert!(l.starts_with(&want), "{l} (want {want}...)");
+        assert!(!l.contains(','), "one GPU a task: {l}");
+    }
+    let one = std::fs::read_to_string(c.path("one.out")).unwrap();
+    assert_eq!(one, "one=node-a.invalid\nworst=9\n");
+    let j = c.wait_state(1, "COMPLETED", T);
+    let steps = j["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 3, "{j}");
+    assert_eq!(steps[0]["tasks"], 4, "{j}");
+    assert_eq!(steps[0]["nodes"].as_array().unwrap().len(), 2, "{j}");
+    assert_eq!(steps[1]["tasks"], 1, "{j}");
+    // The node that took no part recorded it only to keep ids alike: not listed.
+    assert_eq!(
+        steps[1]["nodes"],
+        serde_json::json!(["node-a.invalid"]),
+        "{j}"
+    );
+    assert_eq!(steps[2]["exit_code"], 9, "{j}");
+}

@@ -128,7 +128,12 @@ pub fn allocation_spec(
     spec.command.clear();
     spec.script.clear();
     if let Some(t) = tasks_per_node {
-        spec.resources.get_or_insert_default().tasks_per_node = t;
+        let r = spec.resources.get_or_insert_default();
+        r.tasks_per_node = t;
+        // A CPU a task unless -c says how many the node has (as a job file's default).
+        if opts.cpus.is_none() {
+            r.cpus = r.cpus.max(t);
+        }
     }
     Ok(spec)
 }
@@ -321,6 +326,7 @@ pub async fn remote_step(
     client: &mut Client,
     job_id: u64,
     args: Vec<String>,
+    nodes: u32,
     pty: bool,
 ) -> Result<u8, Failure> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -335,6 +341,7 @@ pub async fn remote_step(
         } else {
             String::new()
         },
+        nodes,
     };
     tx.send(input(Input::Open(open)))
         .await
@@ -434,7 +441,8 @@ pub async fn run_step(
     client: &mut Client,
     args: &super::run::RunArgs,
 ) -> Result<u8, Failure> {
-    let step = args.step_args()?;
+    let step = args.step_args();
+    let nodes = args.nodes.unwrap_or(0);
     if let Some(id) = args.target_job()? {
         let given = args.alloc.given();
         if !given.is_empty() {
@@ -446,12 +454,12 @@ pub async fn run_step(
                 ),
             });
         }
-        return remote_step(client, id, step, args.pty).await;
+        return remote_step(client, id, step, nodes, args.pty).await;
     }
     let tasks = args.ntasks_per_node.or(args.ntasks);
-    let spec = allocation_spec(&args.alloc, Some(1), tasks)?;
+    let spec = allocation_spec(&args.alloc, Some(nodes.max(1)), tasks)?;
     let id = allocate(cli, client, spec).await?;
-    let code = remote_step(client, id, step, args.pty).await;
+    let code = remote_step(client, id, step, nodes, args.pty).await;
     release(client, id, code.as_ref().ok().copied()).await;
     code
 }

@@ -33,7 +33,7 @@ pub struct RunArgs {
     #[arg(short = 'e', long)]
     pub error: Option<String>,
     /// Run in this running job from outside it (srun --jobid), through the controller:
-    /// on the job's first node, as the job's own srun would. Inside `gpuctl alloc`'s
+    /// on the job's nodes, as the job's own srun would. Inside `gpuctl alloc`'s
     /// shell, its allocation; outside any job, an allocation of its own (sized by the
     /// options below) for this one step.
     #[arg(long)]
@@ -94,20 +94,12 @@ impl RunArgs {
         Ok(None)
     }
 
-    /// What the job's node runs for a step from outside (its own srun's options, `--`,
-    /// the command): on the job's first node only.
-    pub fn step_args(&self) -> Result<Vec<String>, Failure> {
-        if self.nodes.is_some_and(|n| n > 1) {
-            return Err(Failure {
-                code: exit::USAGE,
-                message: format!(
-                    "-N {}: a step started from outside its job runs on the job's first node; run it from the job's script to use every node",
-                    self.nodes.unwrap_or(0)
-                ),
-            });
-        }
-        let mut a = vec!["-N".to_string(), "1".to_string()];
+    /// What each of the job's nodes runs for a step from outside (its own srun's
+    /// options, `--`, the command); the nodes are `self.nodes` (the first ones) or all.
+    pub fn step_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
         let opts = [
+            ("-N", self.nodes.map(|n| n.to_string())),
             ("-n", self.ntasks.map(|n| n.to_string())),
             (
                 "--ntasks-per-node",
@@ -125,7 +117,7 @@ impl RunArgs {
         }
         a.push("--".into());
         a.extend(self.command.iter().cloned());
-        Ok(a)
+        a
     }
 
     /// This node's part, from the job's variables (`env`).
@@ -299,13 +291,20 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
         })?),
         None => None,
     };
-    if plan.node_rank >= plan.nodes {
-        return Ok(0); // this node takes no part (srun -N below the job's nodes)
-    }
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     // Recorded where the agent asks for it; a step that cannot be recorded still runs.
+    // A node that takes no part (srun -N below the job's nodes) records it too, with no
+    // tasks: a step's id is the same on every node.
     let file = env.get("GPUCTL_STEPS_FILE");
-    let step = file.and_then(|f| step_begin(f, plan.per_node, &args.command.join(" ")).ok());
+    let takes_part = plan.node_rank < plan.nodes;
+    let tasks = if takes_part { plan.per_node } else { 0 };
+    let step = file.and_then(|f| step_begin(f, tasks, &args.command.join(" ")).ok());
+    if !takes_part {
+        if let (Some(f), Some(id)) = (file, step) {
+            let _ = step_end(f, id, 0);
+        }
+        return Ok(0);
+    }
     let mut tasks = Vec::new();
     let mut files = Outputs::default();
     for i in 0..plan.per_node {
@@ -532,23 +531,21 @@ mod tests {
         assert!(e.message.contains("from inside the job"), "{}", e.message);
     }
 
-    /// A step from outside runs on the job's first node with the options given.
+    /// A step from outside passes its options to each node's srun.
     #[test]
     fn steps_from_outside_name_their_options() {
         let a = args(&[
-            "--jobid", "7", "-n", "2", "-o", "out-%t", "python", "-c", "x",
+            "--jobid", "7", "-n", "2", "-t", "5", "-o", "out-%t", "python", "-c", "x",
         ]);
         assert_eq!(a.target_job().unwrap(), Some(7));
         assert!(!a.local());
         assert_eq!(
-            a.step_args().unwrap(),
+            a.step_args(),
             [
-                "-N", "1", "-n", "2", "-o", "out-%t", "--", "python", "-c", "x"
+                "-n", "2", "-t", "5", "-o", "out-%t", "--", "python", "-c", "x"
             ]
         );
-        let e = args(&["--jobid", "7", "-N", "2", "x"])
-            .step_args()
-            .unwrap_err();
-        assert!(e.message.contains("first node"), "{}", e.message);
+        let a = args(&["--jobid", "7", "-N", "2", "x"]);
+        assert_eq!(a.step_args(), ["-N", "2", "--", "x"]);
     }
 }

@@ -1,11 +1,13 @@
 //! Steps opened from outside a job (`gpuctl run --jobid`, `srun` in `gpuctl alloc`):
 //! the controller is the only party both the client and the agent reach, so it relays.
 //!
-//! A client's `Interact` stream opens a step: the controller checks who may
-//! (`Cluster::step_target`), keeps the client's streams under a fresh random number,
-//! and sends the job's node a `StepSession` command with that number. The agent starts
-//! the step and calls `StepIo`, signed like every agent request, naming the number; from
-//! then on the client's input goes to the agent and the agent's output to the client.
+//! A client's `Interact` stream opens a step: the controller checks who may and where
+//! it goes (`Cluster::step_target`: the job's nodes by rank), and sends each of
+//! those nodes' agents a `StepSession` command with a fresh random number of its own.
+//! Each agent starts its part and calls `StepIo`, signed like every agent request,
+//! naming its number. The client's input is fanned out (standard input, window sizes:
+//! the first node's; signals: every node's; its end: a hang-up for all), the nodes'
+//! output fanned in, and the step's end is the last node's, with the worst exit code.
 //! Nothing of a step is stored: it is the job's (its accounting is the job's step file,
 //! read by the agent at the job's end).
 
@@ -29,15 +31,49 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 /// Steps waiting for their agent, in all and of one user.
 const MAX_PENDING: usize = 1024;
 const MAX_PENDING_PER_USER: usize = 32;
-/// Output messages queued for a client before the agent's side waits.
+/// Output messages queued for a client before the agents' sides wait.
 const OUTPUT_QUEUE: usize = 64;
+/// Input messages queued for one node before the client's side waits.
+const INPUT_QUEUE: usize = 64;
 
-/// A client's step whose agent has not called yet.
+/// What the nodes of one step share: the client's output stream, and the step's end
+/// as their parts end (the worst exit code; the first error).
+struct Group {
+    output: mpsc::Sender<Result<pb::StepOutput, Status>>,
+    /// Parts not ended yet, and the worst code and the first error so far.
+    end: Mutex<(usize, i32, Option<String>)>,
+}
+
+impl Group {
+    /// One node's part ended; the last one ends the step for the client.
+    async fn part_ended(&self, how: Result<i32, String>) {
+        let done = {
+            let mut e = self.end.lock();
+            e.0 = e.0.saturating_sub(1);
+            match how {
+                Ok(c) => e.1 = e.1.max(c),
+                Err(why) => {
+                    e.2.get_or_insert(why);
+                }
+            }
+            (e.0 == 0).then(|| e.2.clone().map_or(Output::ExitCode(e.1), Output::Error))
+        };
+        if let Some(o) = done {
+            let _ = self
+                .output
+                .send(Ok(pb::StepOutput { output: Some(o) }))
+                .await;
+        }
+    }
+}
+
+/// One node's part of a client's step, whose agent has not called yet.
 struct Pending {
     node: String,
     user: String,
-    input: Streaming<pb::StepInput>,
-    output: mpsc::Sender<Result<pb::StepOutput, Status>>,
+    /// What this node's agent receives: the client's input meant for it.
+    input: mpsc::Receiver<pb::StepInput>,
+    group: Arc<Group>,
 }
 
 /// The steps waiting for their agents, by number.
@@ -46,18 +82,12 @@ pub struct Relay {
     pending: Mutex<HashMap<Vec<u8>, Pending>>,
 }
 
-fn error(message: String) -> pb::StepOutput {
-    pb::StepOutput {
-        output: Some(Output::Error(message)),
-    }
-}
-
 /// What a client receives.
 pub type ClientStream = tokio_stream::wrappers::ReceiverStream<Result<pb::StepOutput, Status>>;
 
 impl Controller {
-    /// A client's `Interact`: checks the opening, sends the job's node the step and
-    /// answers the stream the step's output will come on.
+    /// A client's `Interact`: checks the opening, sends the step's nodes their parts
+    /// and answers the stream the step's output will come on.
     pub async fn interact(
         self: &Arc<Self>,
         caller: &Caller,
@@ -74,64 +104,95 @@ impl Controller {
         };
         gpuctl_core::interactive::check_open(&open).map_err(status)?;
         let job_id = open.job_id;
-        let (target, link) = {
+        let (target, links) = {
             let c = self.lock();
-            let target = c.step_target(&caller.actor(), job_id).map_err(status)?;
-            let link = c.links.get(&target.node).map(|l| l.tx.clone());
-            (target, link)
+            let target = c
+                .step_target(&caller.actor(), job_id, open.nodes)
+                .map_err(status)?;
+            let links: Option<Vec<_>> = target
+                .nodes
+                .iter()
+                .map(|n| c.links.get(n).map(|l| l.tx.clone()))
+                .collect();
+            (target, links)
         };
-        let link = link.ok_or_else(|| {
-            Status::unavailable(format!("node {} is not attached now", target.node))
-        })?;
-        let step: [u8; 16] = rand::random();
+        let links =
+            links.ok_or_else(|| Status::unavailable("a node of the job is not attached now"))?;
         let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
+        let group = Arc::new(Group {
+            output: tx,
+            end: Mutex::new((target.nodes.len(), 0, None)),
+        });
+        let mut numbers = Vec::new();
+        let mut inputs = Vec::new();
         {
             let mut p = self.steps.pending.lock();
             let mine = p.values().filter(|s| s.user == caller.user).count();
-            if p.len() >= MAX_PENDING || mine >= MAX_PENDING_PER_USER {
+            if p.len() + target.nodes.len() > MAX_PENDING
+                || mine + target.nodes.len() > MAX_PENDING_PER_USER
+            {
                 return Err(Status::resource_exhausted(format!(
                     "too many steps wait for their nodes ({mine} of yours, {} in all); try again shortly",
                     p.len()
                 )));
             }
-            p.insert(
-                step.to_vec(),
-                Pending {
-                    node: target.node.clone(),
-                    user: caller.user.clone(),
-                    input,
-                    output: tx,
-                },
-            );
+            for node in &target.nodes {
+                let number: [u8; 16] = rand::random();
+                let (itx, irx) = mpsc::channel(INPUT_QUEUE);
+                p.insert(
+                    number.to_vec(),
+                    Pending {
+                        node: node.clone(),
+                        user: caller.user.clone(),
+                        input: irx,
+                        group: group.clone(),
+                    },
+                );
+                numbers.push(number.to_vec());
+                inputs.push(itx);
+            }
         }
-        let cmd = pb::AgentCommand {
-            command: Some(pb::agent_command::Command::Step(pb::StepSession {
-                job_id,
-                attempt: target.attempt,
-                step: step.to_vec(),
-                open: Some(open),
-            })),
-            ..pb::AgentCommand::default()
-        };
-        if link.send(Ok(Box::new(cmd))).await.is_err() {
-            self.steps.pending.lock().remove(&step[..]);
-            return Err(Status::unavailable(format!(
-                "node {} went away",
-                target.node
-            )));
+        for (i, (link, number)) in links.iter().zip(&numbers).enumerate() {
+            // The terminal is the first node's; the others' parts write to pipes.
+            let part = pb::OpenStep {
+                pty: open.pty && i == 0,
+                ..open.clone()
+            };
+            let cmd = pb::AgentCommand {
+                command: Some(pb::agent_command::Command::Step(pb::StepSession {
+                    job_id,
+                    attempt: target.attempt,
+                    step: number.clone(),
+                    open: Some(part),
+                })),
+                ..pb::AgentCommand::default()
+            };
+            if link.send(Ok(Box::new(cmd))).await.is_err() {
+                let mut p = self.steps.pending.lock();
+                for n in &numbers {
+                    p.remove(n);
+                }
+                return Err(Status::unavailable(format!(
+                    "node {} went away",
+                    target.nodes[i]
+                )));
+            }
         }
-        tracing::info!(job = job_id, node = %target.node, user = %caller.user, "step opened from outside the job");
+        tracing::info!(job = job_id, nodes = ?target.nodes, user = %caller.user, "step opened from outside the job");
+        tokio::spawn(fan_out(input, inputs));
         let ctl = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(OPEN_TIMEOUT).await;
-            let lost = ctl.steps.pending.lock().remove(&step[..]);
-            if let Some(p) = lost {
-                let why = format!(
-                    "the agent on {} did not open the step within {} s",
-                    p.node,
-                    OPEN_TIMEOUT.as_secs()
-                );
-                let _ = p.output.send(Ok(error(why))).await;
+            for n in numbers {
+                let lost = ctl.steps.pending.lock().remove(&n);
+                if let Some(p) = lost {
+                    let why = format!(
+                        "the agent on {} did not open the step within {} s",
+                        p.node,
+                        OPEN_TIMEOUT.as_secs()
+                    );
+                    p.group.part_ended(Err(why)).await;
+                }
             }
         });
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -173,34 +234,58 @@ impl Controller {
         let node = pb::StepOutput {
             output: Some(Output::Node(hello.node.clone())),
         };
-        let _ = p.output.send(Ok(node)).await;
-        let out = p.output;
+        let _ = p.group.output.send(Ok(node)).await;
+        let group = p.group;
         tokio::spawn(async move {
-            let mut ended = false;
+            let mut ended = None;
             while let Ok(Some(m)) = from_agent.message().await {
-                match &m.output {
-                    Some(Output::ExitCode(_) | Output::Error(_)) => ended = true,
-                    Some(Output::Stdout(_) | Output::Stderr(_)) => {}
+                match m.output {
+                    Some(Output::ExitCode(c)) => {
+                        ended = Some(Ok(c));
+                        break;
+                    }
+                    Some(Output::Error(e)) => {
+                        ended = Some(Err(e));
+                        break;
+                    }
+                    Some(Output::Stdout(_) | Output::Stderr(_)) => {
+                        if group.output.send(Ok(m)).await.is_err() {
+                            break;
+                        }
+                    }
                     // Only the agent's opening names a node or a step.
-                    Some(Output::Hello(_) | Output::Node(_)) | None => continue,
-                }
-                if out.send(Ok(m)).await.is_err() || ended {
-                    break;
+                    Some(Output::Hello(_) | Output::Node(_)) | None => {}
                 }
             }
-            if !ended {
-                let why = "the step's agent went away before the step ended".to_string();
-                let _ = out.send(Ok(error(why))).await;
-            }
+            let how = ended.unwrap_or_else(|| {
+                Err("the step's agent went away before the step ended".to_string())
+            });
+            group.part_ended(how).await;
         });
-        // The client's input, but for its opening; its end (the client gone) is the
+        // The client's input meant for this node; its end (the client gone) is the
         // stream's end, which the agent takes as a hang-up.
-        Ok(p.input.filter_map(|m| match m {
-            Ok(pb::StepInput {
-                input: Some(Input::Open(_)) | None,
-            })
-            | Err(_) => None,
-            Ok(m) => Some(Ok(m)),
-        }))
+        Ok(tokio_stream::wrappers::ReceiverStream::new(p.input).map(Ok))
+    }
+}
+
+/// The client's input to the step's nodes: standard input and window sizes to the
+/// first, signals to all. When the client's stream ends, every node's ends.
+async fn fan_out(mut input: Streaming<pb::StepInput>, nodes: Vec<mpsc::Sender<pb::StepInput>>) {
+    while let Ok(Some(m)) = input.message().await {
+        match &m.input {
+            Some(Input::Signal(_)) => {
+                for n in &nodes {
+                    // A node whose agent has not called yet (or is gone) misses it.
+                    let _ = n.try_send(m.clone());
+                }
+            }
+            Some(Input::Stdin(_) | Input::StdinClosed(_) | Input::Resize(_)) => {
+                // When the first node's part is over, its input has nowhere to go.
+                if let Some(first) = nodes.first() {
+                    let _ = first.send(m).await;
+                }
+            }
+            Some(Input::Open(_)) | None => {}
+        }
     }
 }

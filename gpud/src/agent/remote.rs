@@ -29,6 +29,8 @@ use tokio::sync::mpsc;
 use super::{Agent, now_ms, numbered};
 use crate::launch::{LaunchSpec, Launched, launch_env, resolve_user};
 
+/// How many times (20 ms apart) a step waits for its job's record on this node.
+const RECORD_WAITS: u32 = 100;
 /// Bytes of output per message.
 const CHUNK: usize = 32 << 10;
 /// After a hang-up (the client went away), how long before the step is killed.
@@ -146,8 +148,22 @@ fn start(
     if !running {
         return Err(format!("job {job_id} does not run on {} now", agent.name));
     }
-    let (start, extra_env) = super::jobs::start_of(&agent.state_dir, job_id, attempt)
-        .map_err(|e| format!("cannot read job {job_id}'s record on {}: {e}", agent.name))?;
+    // A rank whose launch is still being written (the step came as its job started
+    // elsewhere) has its record in a moment.
+    let mut tries = 0;
+    let (start, extra_env) = loop {
+        match super::jobs::start_of(&agent.state_dir, job_id, attempt) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < RECORD_WAITS => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => {
+                break r.map_err(|e| {
+                    format!("cannot read job {job_id}'s record on {}: {e}", agent.name)
+                })?;
+            }
+        }
+    };
     let spec = start.spec.clone().unwrap_or_default();
     let tools = agent.tools.as_ref().ok_or_else(|| {
         format!(
