@@ -69,6 +69,9 @@ pub struct Request {
     /// controlling terminal (a session of its own, not only a process group).
     #[serde(default)]
     pub tty: bool,
+    /// Written to the output once it is open (a requeued job's attempt line).
+    #[serde(default)]
+    pub banner: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -496,6 +499,10 @@ fn steps(req: &Request, entered: bool, stdio: Vec<OwnedFd>) -> Result<(), (usize
             install(out.try_clone().map_err(|e| (4, e))?, 2).map_err(|e| (4, e))?;
             install(out, 1).map_err(|e| (4, e))?;
         }
+    }
+    if let Some(b) = &req.banner {
+        // A regular file or /dev/null (open_output took nothing else): never blocks.
+        let _ = nix::unistd::write(std::io::stdout(), b.as_bytes());
     }
     // The program gets its stdio and nothing else: the status fd, the pipe and any fd
     // the agent itself inherited (a job server's pipe, say) close on exec.

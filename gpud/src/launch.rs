@@ -296,6 +296,9 @@ pub struct LaunchSpec {
     pub devices: Option<crate::devices::DeviceRules>,
     /// The job's tasks on this node (`Resources.tasks_per_node`, at least 1).
     pub tasks_per_node: u32,
+    /// A line written to its output before the program starts: a requeued job's later
+    /// attempts append to the first's output, each marked (`attempt_banner`).
+    pub banner: Option<String>,
 }
 
 /// A user the job runs as, resolved on the node from the passwd database.
@@ -442,6 +445,7 @@ impl LaunchSpec {
             run_as,
             status_file: None,
             devices: None,
+            banner: (start.attempt > 1).then(|| attempt_banner(start, node)),
             // An allocation's holder is one process, whatever its steps' tasks.
             tasks_per_node: if spec.interactive {
                 1
@@ -455,6 +459,16 @@ impl LaunchSpec {
             },
         })
     }
+}
+
+/// The line that opens a later attempt's part of a requeued job's output (appended to
+/// the earlier attempts'), so that a reader sees where each attempt begins.
+pub fn attempt_banner(start: &pb::StartJob, node: &str) -> String {
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+    format!(
+        "--- gpuctl: job {}, attempt {}, on {node}, {now} ---\n",
+        start.job_id, start.attempt
+    )
 }
 
 /// A job's environment on this node (`job_env` with its user's login variables; the

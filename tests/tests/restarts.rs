@@ -1,5 +1,5 @@
 //! `max_restarts` on the real binaries: a job that fails is queued again (same id, its
-//! output appended) and completes on its second start; one that keeps failing ends
+//! output appended after a line marking the attempt) and completes on its second start; one that keeps failing ends
 //! FAILED once its restarts are spent.
 
 use std::time::Duration;
@@ -26,8 +26,19 @@ fn a_failing_job_restarts_until_it_succeeds_or_its_restarts_are_spent() {
     );
     let out = std::fs::read_to_string(c.path(&format!("out-{flaky}.txt"))).unwrap();
     assert!(
-        out.contains("first\n") && out.ends_with("second\n"),
+        out.starts_with("first\n") && out.ends_with("second\n"),
         "both attempts' output: {out:?}"
+    );
+    // The second attempt's part opens with a line saying so (sbatch --open-mode=append
+    // keeps the first's; this marks where each later one begins).
+    let marks: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("--- gpuctl:"))
+        .collect();
+    assert_eq!(marks.len(), 1, "{out:?}");
+    assert!(
+        marks[0].starts_with(&format!("--- gpuctl: job {flaky}, attempt 2, on n1, ")),
+        "{out:?}"
     );
 
     let broken = c.submit(

@@ -219,6 +219,7 @@ fn start(
         status_file: Some(status.clone()),
         devices: None,
         tasks_per_node: 1,
+        banner: None,
     };
     let failed = |e: std::io::Error| format!("cannot start the step on {}: {e}", agent.name);
     let (fds, ours) = stdio(open).map_err(failed)?;

@@ -231,6 +231,7 @@ impl Launcher for JobLauncher {
             user: spec.run_as.as_ref().map(become_user),
             passed_stdio: false,
             tty: false,
+            banner: spec.banner.clone(),
         };
         let failed = |step: Option<usize>, e: std::io::Error| {
             if let Some(cg) = &cgroup {
@@ -300,6 +301,7 @@ impl JobLauncher {
             user: spec.run_as.as_ref().map(become_user),
             passed_stdio: true,
             tty,
+            banner: None,
         };
         match self.server.launch_with(&req, stdio) {
             Ok((done, crate::forkserver::Answer::Started { pid, at_ms })) => Ok(Launched {
