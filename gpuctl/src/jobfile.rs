@@ -298,35 +298,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         },
     })?;
 
-    let (command, script) = match (raw.command, raw.script) {
-        (Some(_), Some(s)) => {
-            return Err(at(
-                s.span(),
-                "set either `command` or `script`, not both".into(),
-            ));
-        }
-        (None, None) => {
-            return Err(JobFileError::Whole {
-                file: file.to_string(),
-                message: "the job has nothing to run: set `command = [\"prog\", \"arg\"]` or `script = \"...\"`".into(),
-            });
-        }
-        (Some(c), None) => {
-            if c.get_ref().is_empty() || c.get_ref()[0].is_empty() {
-                return Err(at(
-                    c.span(),
-                    "`command` needs at least a program name".into(),
-                ));
-            }
-            (c.into_inner(), String::new())
-        }
-        (None, Some(s)) => {
-            if s.get_ref().trim().is_empty() {
-                return Err(at(s.span(), "`script` is empty".into()));
-            }
-            (Vec::new(), s.into_inner())
-        }
-    };
+    let (command, script) = command_part(&src, raw.command, raw.script)?;
 
     let name = match raw.name {
         Some(n) => {
@@ -376,28 +348,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         _ => cpus,
     };
     let gpu = gpu_part(&src, res)?;
-    let tasks_per_node = match tasks {
-        Some(t) if *t.get_ref() == 0 => {
-            return Err(at(t.span(), "`tasks_per_node` must be at least 1".into()));
-        }
-        Some(t) => {
-            let wire = pb::Resources {
-                gpu: wire_gpu(
-                    &gpu.mig_profile,
-                    gpu.mig_count,
-                    gpu.gpu_milli,
-                    gpu.gpu_memory_mib,
-                    gpu.gpus,
-                ),
-                cpus,
-                tasks_per_node: *t.get_ref(),
-                ..pb::Resources::default()
-            };
-            gpuctl_proto::convert::check_tasks(&wire).map_err(|m| at(t.span(), m))?;
-            *t.get_ref()
-        }
-        None => 1,
-    };
+    let tasks_per_node = tasks_part(&src, tasks, &gpu, cpus)?;
     // A name of the controller's config (QoS, account, partition): 1 to 64 characters.
     let config_name = |v: Option<Spanned<String>>, key: &str| match v {
         Some(v) if v.get_ref().is_empty() || v.get_ref().len() > 64 => {
@@ -488,6 +439,70 @@ fn wire_gpu(
     } else {
         (gpus > 0).then_some(Gpu::Gpus(gpus))
     }
+}
+
+/// What the job runs: exactly one of `command` (a program name at least) and a
+/// non-empty `script`.
+fn command_part(
+    src: &Src<'_>,
+    command: Option<Spanned<Vec<String>>>,
+    script: Option<Spanned<String>>,
+) -> Result<(Vec<String>, String), JobFileError> {
+    match (command, script) {
+        (Some(_), Some(s)) => Err(src.at(
+            s.span(),
+            "set either `command` or `script`, not both".into(),
+        )),
+        (None, None) => Err(JobFileError::Whole {
+            file: src.file.to_string(),
+            message: "the job has nothing to run: set `command = [\"prog\", \"arg\"]` or `script = \"...\"`".into(),
+        }),
+        (Some(c), None) => {
+            if c.get_ref().is_empty() || c.get_ref()[0].is_empty() {
+                let why = "`command` needs at least a program name".into();
+                return Err(src.at(c.span(), why));
+            }
+            Ok((c.into_inner(), String::new()))
+        }
+        (None, Some(s)) => {
+            if s.get_ref().trim().is_empty() {
+                return Err(src.at(s.span(), "`script` is empty".into()));
+            }
+            Ok((Vec::new(), s.into_inner()))
+        }
+    }
+}
+
+/// `tasks_per_node`: at least 1, and what the node's GPUs and CPUs split evenly into
+/// (`convert::check_tasks`); 1 when not given.
+fn tasks_part(
+    src: &Src<'_>,
+    tasks: Option<Spanned<u32>>,
+    gpu: &GpuPart,
+    cpus: u32,
+) -> Result<u32, JobFileError> {
+    Ok(match tasks {
+        Some(t) if *t.get_ref() == 0 => {
+            return Err(src.at(t.span(), "`tasks_per_node` must be at least 1".into()));
+        }
+        Some(t) => {
+            let wire = pb::Resources {
+                gpu: wire_gpu(
+                    &gpu.mig_profile,
+                    gpu.mig_count,
+                    gpu.gpu_milli,
+                    gpu.gpu_memory_mib,
+                    gpu.gpus,
+                ),
+                cpus,
+                tasks_per_node: *t.get_ref(),
+                ..pb::Resources::default()
+            };
+            gpuctl_proto::convert::check_tasks(&wire).map_err(|m| src.at(t.span(), m))?;
+            *t.get_ref()
+        }
+        None => 1,
+    })
 }
 
 /// A job file's text, for errors that point into it.

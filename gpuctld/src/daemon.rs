@@ -115,41 +115,8 @@ pub async fn run(
     let max_message = opts.config.limits.max_message_bytes.as_u64() as usize;
     let conn_limits = connection_limits(&opts.config.limits);
     let min_free = opts.config.limits.min_free_disk.as_u64();
-    let now_s = crate::controller::now_ms() / 1000;
-    let (ca, ca_created) = gpuctl_proto::tls::Ca::load_or_create(&opts.state_dir, now_s)?;
-    let secure = !opts.tls.insecure_shared_key;
-    if ca_created {
-        tracing::info!(
-            fingerprint = %ca.fingerprint(),
-            "created the cluster CA {}: nodes join with `gpuctl admin join-token create`; TCP users pin it with GPUCTL_CA",
-            opts.state_dir.join("ca.pem").display()
-        );
-    }
-    let tls = if secure {
-        let mut names = opts.tls.names.clone();
-        if let Ok(h) = nix::unistd::gethostname()
-            && let Ok(h) = h.into_string()
-        {
-            names.push(h);
-        }
-        if !opts.listen.ip().is_unspecified() {
-            names.push(opts.listen.ip().to_string());
-        }
-        let id = ca.server_identity(&names, now_s)?;
-        Some(gpuctl_proto::tls::server_config(id, ca.der())?)
-    } else {
-        tracing::warn!(
-            "--insecure-shared-key: gRPC over plain TCP (job specs, env and tokens travel in clear); agents sign with the shared cluster key"
-        );
-        None
-    };
-    let pki = crate::controller::PkiSetup {
-        ca,
-        key,
-        secure,
-        clear_tokens: opts.tls.clear_tokens,
-        node_lifetime_s: opts.tls.node_lifetime.as_secs() as i64,
-    };
+    let (pki, tls) = pki_setup(&opts, key)?;
+    let secure = pki.secure;
     let ctl = Controller::open(store.clone(), opts.config, opts.config_path.clone(), pki)?;
     let guarded = |name: &'static str| {
         let stats = guard::Stats::new(name, conn_limits);
@@ -265,6 +232,53 @@ pub async fn run(
     }
     tracing::info!("state flushed; bye");
     Ok(())
+}
+
+/// The cluster CA (made on first start), and with TLS (the default) the server's own
+/// certificate for its names and addresses; `--insecure-shared-key`: plain TCP.
+fn pki_setup(
+    opts: &Options,
+    key: ClusterKey,
+) -> anyhow::Result<(
+    crate::controller::PkiSetup,
+    Option<std::sync::Arc<gpuctl_proto::tls::ServerConfig>>,
+)> {
+    let now_s = crate::controller::now_ms() / 1000;
+    let (ca, ca_created) = gpuctl_proto::tls::Ca::load_or_create(&opts.state_dir, now_s)?;
+    let secure = !opts.tls.insecure_shared_key;
+    if ca_created {
+        tracing::info!(
+            fingerprint = %ca.fingerprint(),
+            "created the cluster CA {}: nodes join with `gpuctl admin join-token create`; TCP users pin it with GPUCTL_CA",
+            opts.state_dir.join("ca.pem").display()
+        );
+    }
+    let tls = if secure {
+        let mut names = opts.tls.names.clone();
+        if let Ok(h) = nix::unistd::gethostname()
+            && let Ok(h) = h.into_string()
+        {
+            names.push(h);
+        }
+        if !opts.listen.ip().is_unspecified() {
+            names.push(opts.listen.ip().to_string());
+        }
+        let id = ca.server_identity(&names, now_s)?;
+        Some(gpuctl_proto::tls::server_config(id, ca.der())?)
+    } else {
+        tracing::warn!(
+            "--insecure-shared-key: gRPC over plain TCP (job specs, env and tokens travel in clear); agents sign with the shared cluster key"
+        );
+        None
+    };
+    let pki = crate::controller::PkiSetup {
+        ca,
+        key,
+        secure,
+        clear_tokens: opts.tls.clear_tokens,
+        node_lifetime_s: opts.tls.node_lifetime.as_secs() as i64,
+    };
+    Ok((pki, tls))
 }
 
 /// How often the gRPC server pings a connection (and how long it waits for the answer).

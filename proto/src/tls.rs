@@ -489,3 +489,5 @@ mod tests;
 
 mod client;
 pub use client::{ClientTls, NodeIdentity};
+/// What `server_config` makes (for callers that hold one).
+pub use rustls::ServerConfig;

@@ -106,14 +106,8 @@ pub(super) fn plan(
                 f.add(job, now, d);
             }
             if explaining {
-                explanation = Some(explain_of(
-                    cluster,
-                    job.id,
-                    rank,
-                    prio,
-                    &misses,
-                    Ok(start.clone()),
-                ));
+                let out = Ok(start.clone());
+                explanation = Some(explain_of(cluster, job.id, rank, prio, &misses, out));
             }
             plan.starts.push(start);
             continue;
@@ -143,14 +137,8 @@ pub(super) fn plan(
             reservation,
         };
         if explaining {
-            explanation = Some(explain_of(
-                cluster,
-                job.id,
-                rank,
-                prio,
-                &misses,
-                Err(waiting.clone()),
-            ));
+            let out = Err(waiting.clone());
+            explanation = Some(explain_of(cluster, job.id, rank, prio, &misses, out));
         }
         plan.waiting.push(waiting);
     }
