@@ -433,3 +433,41 @@ fn a_two_node_allocation_runs_its_steps_on_both_nodes() {
     );
     assert_eq!(steps[2]["exit_code"], 9, "{j}");
 }
+
+/// A controller stopping under an open step ends the step's relay: it stops at once
+/// (exit 0, not after its shutdown bound), the client hears why, and the step on the
+/// node is hung up (its process ends).
+#[test]
+fn a_stopping_controller_ends_its_relayed_steps() {
+    let mut c = Cluster::start(&[("n1", "1xA100-80GB")]);
+    let id = c.submit(
+        "hold.toml",
+        "name = \"hold\"\ncommand = [\"sleep\", \"600\"]\n[resources]\ngpus = 1\n",
+    );
+    assert!(wait_for(T, || c.job(id)["launch_time"].is_string()));
+    let marker = c.path("step.pid");
+    let script = format!("echo $$ > {}; exec sleep 300", marker.display());
+    let step = Command::new(bin("gpuctl"))
+        .args(["run", "--jobid", &id.to_string(), "--", "sh", "-c", &script])
+        .env("GPUCTL_CONTROLLER", c.url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = gpuctl_tests::wait_for_pid(&marker, T);
+    let t = std::time::Instant::now();
+    let status = c.stop_controller();
+    assert!(status.success(), "{status}");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "the open step held the controller up for {:?}",
+        t.elapsed()
+    );
+    let out = step.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("shutting down"), "{err}");
+    let gone = wait_for(T, || !gpuctl_tests::process_alive(pid));
+    assert!(gone, "the step's process outlived its relay");
+}

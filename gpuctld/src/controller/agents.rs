@@ -230,9 +230,12 @@ impl Controller {
 
     /// Drops every agent connection so that their streams end (for shutdown).
     pub fn close_agent_streams(&self) {
-        let mut c = self.lock();
-        c.links.clear();
-        c.conns.clear();
+        {
+            let mut c = self.lock();
+            c.links.clear();
+            c.conns.clear();
+        }
+        self.steps.close();
     }
 }
 

@@ -33,6 +33,8 @@ const MAX_PENDING: usize = 1024;
 const MAX_PENDING_PER_USER: usize = 32;
 /// Output messages queued for a client before the agents' sides wait.
 const OUTPUT_QUEUE: usize = 64;
+/// What a client hears when the controller stops under its step.
+const SHUTTING_DOWN: &str = "the controller is shutting down: the step was ended";
 /// Input messages queued for one node before the client's side waits.
 const INPUT_QUEUE: usize = 64;
 
@@ -76,10 +78,34 @@ struct Pending {
     group: Arc<Group>,
 }
 
-/// The steps waiting for their agents, by number.
-#[derive(Default)]
+/// The steps waiting for their agents, by number; and whether the controller is
+/// shutting down (every relay then ends: a step's stream must not hold the server up).
 pub struct Relay {
     pending: Mutex<HashMap<Vec<u8>, Pending>>,
+    closing: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Relay {
+    fn default() -> Relay {
+        Relay {
+            pending: Mutex::default(),
+            closing: tokio::sync::watch::channel(false).0,
+        }
+    }
+}
+
+impl Relay {
+    /// Ends every relay (the controller is stopping): each node's part sees its
+    /// client's input end (a hang-up), each client an error.
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+        self.pending.lock().clear();
+    }
+}
+
+/// Resolves once `Relay::close` was called.
+async fn closed(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|c| *c).await;
 }
 
 /// What a client receives.
@@ -179,7 +205,7 @@ impl Controller {
             }
         }
         tracing::info!(job = job_id, nodes = ?target.nodes, user = %caller.user, "step opened from outside the job");
-        tokio::spawn(fan_out(input, inputs));
+        tokio::spawn(fan_out(input, inputs, self.steps.closing.subscribe()));
         let ctl = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(OPEN_TIMEOUT).await;
@@ -236,9 +262,20 @@ impl Controller {
         };
         let _ = p.group.output.send(Ok(node)).await;
         let group = p.group;
+        let closing = self.steps.closing.subscribe();
         tokio::spawn(async move {
             let mut ended = None;
-            while let Ok(Some(m)) = from_agent.message().await {
+            let stop = closed(closing);
+            tokio::pin!(stop);
+            loop {
+                let m = tokio::select! {
+                    m = from_agent.message() => m,
+                    () = &mut stop => {
+                        ended = Some(Err(SHUTTING_DOWN.to_string()));
+                        break;
+                    }
+                };
+                let Ok(Some(m)) = m else { break };
                 match m.output {
                     Some(Output::ExitCode(c)) => {
                         ended = Some(Ok(c));
@@ -270,8 +307,19 @@ impl Controller {
 
 /// The client's input to the step's nodes: standard input and window sizes to the
 /// first, signals to all. When the client's stream ends, every node's ends.
-async fn fan_out(mut input: Streaming<pb::StepInput>, nodes: Vec<mpsc::Sender<pb::StepInput>>) {
-    while let Ok(Some(m)) = input.message().await {
+async fn fan_out(
+    mut input: Streaming<pb::StepInput>,
+    nodes: Vec<mpsc::Sender<pb::StepInput>>,
+    closing: tokio::sync::watch::Receiver<bool>,
+) {
+    let stop = closed(closing);
+    tokio::pin!(stop);
+    loop {
+        let m = tokio::select! {
+            m = input.message() => m,
+            () = &mut stop => break,
+        };
+        let Ok(Some(m)) = m else { break };
         match &m.input {
             Some(Input::Signal(_)) => {
                 for n in &nodes {
