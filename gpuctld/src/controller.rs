@@ -637,8 +637,7 @@ impl Controller {
 
     // ------------------------------------------------------------ user operations
 
-    /// Queues a job for `caller`. The job runs as the caller; an admin may name another
-    /// user in the spec (like `sbatch --uid`), anyone else is refused for trying.
+    /// Queues a job for `caller` (`submit_noted`), answering its id.
     pub async fn submit(
         self: &Arc<Self>,
         caller: &Caller,
@@ -646,6 +645,20 @@ impl Controller {
         request_id: &str,
         hold: bool,
     ) -> Result<u64, Status> {
+        Ok(self.submit_noted(caller, spec, request_id, hold).await?.0)
+    }
+
+    /// Queues a job for `caller`. The job runs as the caller; an admin may name another
+    /// user in the spec (like `sbatch --uid`), anyone else is refused for trying.
+    /// Answers its id and what admission changed in the request (right-sizing,
+    /// co-location: the notes the state recorded on it; none for a repeated request).
+    pub async fn submit_noted(
+        self: &Arc<Self>,
+        caller: &Caller,
+        spec: Option<pb::JobSpec>,
+        request_id: &str,
+        hold: bool,
+    ) -> Result<(u64, Vec<String>), Status> {
         let mut spec = spec.ok_or_else(|| Status::invalid_argument("submit without a job spec"))?;
         if request_id.len() > 64 || request_id.chars().any(|c| !c.is_ascii_graphic()) {
             return Err(Status::invalid_argument(
@@ -715,8 +728,9 @@ impl Controller {
                         .insert_new_job(&stored, id + 1)
                         .map_err(store_status)?;
                     defer = c.defers(job_of(&stored));
+                    let notes = job_of(&stored).warnings.clone();
                     c.commit_submit(*stored);
-                    Ok(id)
+                    Ok((id, notes))
                 }
                 Admission::Array(mut tasks) => {
                     if hold {
@@ -730,15 +744,19 @@ impl Controller {
                         .insert_new_jobs(&tasks, next)
                         .map_err(store_status)?;
                     defer = tasks.first().is_some_and(|t| c.defers(job_of(t)));
+                    let notes = tasks
+                        .first()
+                        .map(|t| job_of(t).warnings.clone())
+                        .unwrap_or_default();
                     for t in tasks {
                         c.commit_submit(t);
                     }
-                    Ok(first)
+                    Ok((first, notes))
                 }
             }
         };
-        let id = match admitted {
-            Ok(id) => id,
+        let (id, notes) = match admitted {
+            Ok(admitted) => admitted,
             Err(id) => {
                 // The first submit may still be on its way to the disk.
                 self.store.flush().await.map_err(store_status)?;
@@ -747,7 +765,7 @@ impl Controller {
                     request_id,
                     "repeated submit answered with its job"
                 );
-                return Ok(id);
+                return Ok((id, Vec::new()));
             }
         };
         if defer {
@@ -759,7 +777,7 @@ impl Controller {
         }
         self.store.flush().await.map_err(store_status)?;
         self.metrics.submits.inc();
-        Ok(id)
+        Ok((id, notes))
     }
 
     /// After a submit or a job's end, before the answer's flush: on a small cluster

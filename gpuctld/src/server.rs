@@ -165,21 +165,11 @@ impl controller_server::Controller for UserApi {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let job_id = self
+        // What admission changed (right-sizing, co-location), as the state noted it.
+        let (job_id, notes) = self
             .0
-            .submit(&caller, r.spec, &r.request_id, r.hold)
+            .submit_noted(&caller, r.spec, &r.request_id, r.hold)
             .await?;
-        // What right-sizing and co-location changed, as the record keeps it.
-        let notes = self
-            .0
-            .get_job(job_id)
-            .map(|j| {
-                j.warnings
-                    .into_iter()
-                    .filter(|w| w.starts_with("right-size: ") || w.starts_with("co-locate: "))
-                    .collect()
-            })
-            .unwrap_or_default();
         Ok(Response::new(pb::SubmitResponse { job_id, notes }))
     }
 
