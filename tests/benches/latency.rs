@@ -231,6 +231,23 @@ fn launch_phase(b: &Bench, samples: usize) {
     );
 }
 
+/// From a step loop's output (`i CLOCK` before each step, the step's own clock after
+/// it, `i CLOCK` at the end; microseconds), past 3 warm-up steps: invoked -> the task's
+/// clock, and invoked -> the next line (returned), in ms.
+fn step_clocks(lines: &[&str], n: usize) -> (Vec<f64>, Vec<f64>) {
+    let at = |l: &str| l.trim_start_matches("i ").parse::<i64>().unwrap();
+    (3..n)
+        .map(|k| {
+            let (invoked, task, next) =
+                (at(lines[2 * k]), at(lines[2 * k + 1]), at(lines[2 * k + 2]));
+            (
+                (task - invoked) as f64 / 1000.0,
+                (next - invoked) as f64 / 1000.0,
+            )
+        })
+        .unzip()
+}
+
 /// Steps inside a running job: a batch script (bash) that runs `srun date +%s%6N`
 /// `samples` times, one task each, writing bash's own clock (`$EPOCHREALTIME`, no
 /// process) just before each `srun`: srun invoked -> the task's program's own clock,
@@ -246,13 +263,7 @@ fn steps_phase(b: &Bench, samples: usize) {
     assert_eq!(j["state"], "COMPLETED", "{j}");
     let out = std::fs::read_to_string(b.dir.join("steps.out")).unwrap();
     let lines: Vec<&str> = out.lines().collect();
-    let (mut ran, mut round) = (vec![], vec![]);
-    for k in 3..n {
-        let at = |l: &str| l.trim_start_matches("i ").parse::<i64>().unwrap();
-        let (invoked, task, next) = (at(lines[2 * k]), at(lines[2 * k + 1]), at(lines[2 * k + 2]));
-        ran.push((task - invoked) as f64 / 1000.0);
-        round.push((next - invoked) as f64 / 1000.0);
-    }
+    let (ran, round) = step_clocks(&lines, n);
     let steps = j["steps"].as_array().map_or(0, Vec::len);
     assert_eq!(steps, n, "every srun a step");
     println!("steps inside a running job, {samples} one at a time (ms):");
@@ -294,13 +305,7 @@ fn alloc_phase(b: &Bench, samples: usize) {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (mut ran, mut round) = (vec![], vec![]);
-    for k in 3..n {
-        let at = |l: &str| l.trim_start_matches("i ").parse::<i64>().unwrap();
-        let (invoked, task, next) = (at(lines[2 * k]), at(lines[2 * k + 1]), at(lines[2 * k + 2]));
-        ran.push((task - invoked) as f64 / 1000.0);
-        round.push((next - invoked) as f64 / 1000.0);
-    }
+    let (ran, round) = step_clocks(&lines, n);
     println!(
         "steps from outside a job (gpuctl run in gpuctl alloc), {samples} one at a time (ms):"
     );

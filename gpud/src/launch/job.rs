@@ -208,31 +208,7 @@ impl Launcher for JobLauncher {
                 format!("cannot confine the job to its GPUs: {e}"),
             ));
         }
-        let req = crate::forkserver::Request {
-            program: spec.program.clone(),
-            args: spec.args.clone(),
-            env: spec
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            workdir: spec.workdir.clone(),
-            stdout: spec.stdout.clone(),
-            stderr: spec.stderr.clone(),
-            append: spec.append,
-            status: status.clone(),
-            cgroup_procs: cgroup
-                .as_ref()
-                .map(|c| c.dirs.iter().map(|d| d.join("cgroup.procs")).collect())
-                .unwrap_or_default(),
-            cgroup_v2: cgroup
-                .as_ref()
-                .and_then(|c| c.v2_dir().map(Path::to_path_buf)),
-            user: spec.run_as.as_ref().map(become_user),
-            passed_stdio: false,
-            tty: false,
-            banner: spec.banner.clone(),
-        };
+        let req = request(spec, status.clone(), cgroup.as_ref());
         let failed = |step: Option<usize>, e: std::io::Error| {
             if let Some(cg) = &cgroup {
                 cg.destroy();
@@ -254,6 +230,37 @@ impl Launcher for JobLauncher {
             }
             Err(e) => Err(failed(Some(crate::forkserver::STEP_SERVER), e)),
         }
+    }
+}
+
+/// What the launch server is asked for `spec`: its program, environment, workdir and
+/// outputs, in `cgroup`, as its user.
+fn request(
+    spec: &LaunchSpec,
+    status: PathBuf,
+    cgroup: Option<&crate::cgroup::JobCgroup>,
+) -> crate::forkserver::Request {
+    crate::forkserver::Request {
+        program: spec.program.clone(),
+        args: spec.args.clone(),
+        env: spec
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        workdir: spec.workdir.clone(),
+        stdout: spec.stdout.clone(),
+        stderr: spec.stderr.clone(),
+        append: spec.append,
+        status,
+        cgroup_procs: cgroup
+            .map(|c| c.dirs.iter().map(|d| d.join("cgroup.procs")).collect())
+            .unwrap_or_default(),
+        cgroup_v2: cgroup.and_then(|c| c.v2_dir().map(Path::to_path_buf)),
+        user: spec.run_as.as_ref().map(become_user),
+        passed_stdio: false,
+        tty: false,
+        banner: spec.banner.clone(),
     }
 }
 
@@ -282,26 +289,15 @@ impl JobLauncher {
             )
         })?;
         let cgroup = self.cgroups.existing(&self.parent, &spec.cgroup_leaf());
+        // The job's request, but for its outputs: the stdio passed with it.
         let req = crate::forkserver::Request {
-            program: spec.program.clone(),
-            args: spec.args.clone(),
-            env: spec.env.clone().into_iter().collect(),
-            workdir: spec.workdir.clone(),
             stdout: PathBuf::from("/dev/null"),
             stderr: None,
             append: false,
-            status: status.clone(),
-            cgroup_procs: cgroup
-                .as_ref()
-                .map(|c| c.dirs.iter().map(|d| d.join("cgroup.procs")).collect())
-                .unwrap_or_default(),
-            cgroup_v2: cgroup
-                .as_ref()
-                .and_then(|c| c.v2_dir().map(Path::to_path_buf)),
-            user: spec.run_as.as_ref().map(become_user),
             passed_stdio: true,
             tty,
             banner: None,
+            ..request(spec, status.clone(), cgroup.as_ref())
         };
         match self.server.launch_with(&req, stdio) {
             Ok((done, crate::forkserver::Answer::Started { pid, at_ms })) => Ok(Launched {
