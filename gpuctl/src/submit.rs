@@ -35,22 +35,8 @@ pub struct SubmitArgs {
     /// or a comma-separated list of NAME or NAME=VALUE. The job file's `env` wins.
     #[arg(long, value_name = "ALL|NONE|NAME[=VALUE],...")]
     pub export: Option<String>,
-    /// Job name (overrides the file's).
-    #[arg(short = 'J', long = "job-name")]
-    pub name: Option<String>,
-    /// Time limit: a Slurm time (M, H:M:S, D-H:M, ...) or e.g. "2h 30m".
-    #[arg(short = 't', long)]
-    pub time: Option<String>,
-    /// The job's GPUs, as sbatch -G: N or TYPE:N in all, split over its nodes (a number
-    /// below 1 is a share of one GPU).
-    #[arg(short = 'G', long)]
-    pub gpus: Option<String>,
-    /// CPUs per node.
-    #[arg(short = 'c', long = "cpus-per-task")]
-    pub cpus: Option<u32>,
-    /// Host memory per node, e.g. 16G (Slurm units, default M).
-    #[arg(long)]
-    pub mem: Option<String>,
+    #[command(flatten)]
+    pub sizes: Sizes,
     /// Nodes of a multi-node job.
     #[arg(short = 'N', long)]
     pub nodes: Option<u32>,
@@ -62,30 +48,10 @@ pub struct SubmitArgs {
     /// GPUCTL_ARRAY_TASK_ID; output paths may use %A and %a.
     #[arg(short = 'a', long)]
     pub array: Option<String>,
-    /// The partition (overrides the file's; like sbatch -p).
-    #[arg(short = 'p', long)]
-    pub partition: Option<String>,
-    /// Only these nodes: names, hostlists (gpu[01-04]) or globs, comma-separated (like
-    /// sbatch -w; overrides the file's).
-    #[arg(short = 'w', long)]
-    pub nodelist: Option<String>,
-    /// Never these nodes (like sbatch -x; overrides the file's).
-    #[arg(short = 'x', long)]
-    pub exclude: Option<String>,
-    /// Only nodes with these features (`gpud --features`): `a100&nvlink` all of them,
-    /// `a100|h100` any (like sbatch -C; overrides the file's).
-    #[arg(short = 'C', long)]
-    pub constraint: Option<String>,
     /// The whole of each node it runs on (like sbatch --exclusive): the controller sizes
     /// the request to the nodes the job may use, which must be alike.
     #[arg(long)]
     pub exclusive: bool,
-    /// The QoS (overrides the file's).
-    #[arg(short = 'q', long)]
-    pub qos: Option<String>,
-    /// The account charged (overrides the file's).
-    #[arg(short = 'A', long)]
-    pub account: Option<String>,
     /// Dependencies (replace the file's): afterok:12:13,afterany:14, singleton.
     #[arg(short = 'd', long)]
     pub dependency: Option<String>,
@@ -108,6 +74,72 @@ pub struct SubmitArgs {
     /// Print only the job id (sbatch --parsable), for `jid=$(gpuctl submit ...)`.
     #[arg(long, conflicts_with = "json")]
     pub parsable: bool,
+}
+
+/// What a job asks for, on the command line of `submit` (over its file's), `alloc`
+/// and `run` (an allocation's): sbatch's, salloc's and srun's options alike.
+#[derive(clap::Args, Default, Debug, Clone)]
+pub struct Sizes {
+    /// Job name (over the file's).
+    #[arg(short = 'J', long = "job-name")]
+    pub name: Option<String>,
+    /// Time limit: a Slurm time (M, H:M:S, D-H:M, ...) or e.g. "2h 30m" (for `gpuctl
+    /// run`, the step's own too).
+    #[arg(short = 't', long)]
+    pub time: Option<String>,
+    /// GPUs, as sbatch -G: N or TYPE:N in all, split over the nodes (a number below 1
+    /// is a share of one GPU).
+    #[arg(short = 'G', long)]
+    pub gpus: Option<String>,
+    /// CPUs per node.
+    #[arg(short = 'c', long = "cpus-per-task")]
+    pub cpus: Option<u32>,
+    /// Host memory per node, e.g. 16G (Slurm units, default M).
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// The partition (like sbatch -p).
+    #[arg(short = 'p', long)]
+    pub partition: Option<String>,
+    /// Only these nodes: names, hostlists (gpu[01-04]) or globs, comma-separated (like
+    /// sbatch -w).
+    #[arg(short = 'w', long)]
+    pub nodelist: Option<String>,
+    /// Never these nodes (like sbatch -x).
+    #[arg(short = 'x', long)]
+    pub exclude: Option<String>,
+    /// Only nodes with these features (`gpud --features`): `a100&nvlink` all of them,
+    /// `a100|h100` any (like sbatch -C).
+    #[arg(short = 'C', long)]
+    pub constraint: Option<String>,
+    /// The QoS.
+    #[arg(short = 'q', long)]
+    pub qos: Option<String>,
+    /// The account charged.
+    #[arg(short = 'A', long)]
+    pub account: Option<String>,
+}
+
+impl Sizes {
+    /// The options given that size a job, by their flags (`-t` aside: it times a
+    /// step too).
+    pub fn given(&self) -> Vec<&'static str> {
+        let o = |set: bool, f: &'static str| set.then_some(f);
+        [
+            o(self.gpus.is_some(), "-G"),
+            o(self.partition.is_some(), "-p"),
+            o(self.cpus.is_some(), "-c"),
+            o(self.mem.is_some(), "--mem"),
+            o(self.name.is_some(), "-J"),
+            o(self.qos.is_some(), "-q"),
+            o(self.account.is_some(), "-A"),
+            o(self.nodelist.is_some(), "-w"),
+            o(self.exclude.is_some(), "-x"),
+            o(self.constraint.is_some(), "-C"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
 }
 
 /// One job to submit: where it came from, its spec, and whether it is queued held.
@@ -204,13 +236,13 @@ impl SubmitArgs {
 
     /// The command line's options win over the file's.
     fn apply(&self, job: &mut Job) -> Result<(), String> {
-        if let Some(n) = &self.name {
+        if let Some(n) = &self.sizes.name {
             job.name = n.clone();
         }
-        if let Some(t) = &self.time {
+        if let Some(t) = &self.sizes.time {
             job.time_limit = Some(time_limit(t)?);
         }
-        if let Some(g) = &self.gpus {
+        if let Some(g) = &self.sizes.gpus {
             let (n, model, milli) = sbatch::gpus_of(g, false)?;
             job.gpus = n;
             job.gpu_milli = milli;
@@ -218,7 +250,7 @@ impl SubmitArgs {
             job.mig_profile.clear();
             job.gpu_models = model.into_iter().collect();
         }
-        if let Some(c) = self.cpus {
+        if let Some(c) = self.sizes.cpus {
             job.cpus = c;
         }
         if let Some(b) = &self.begin {
@@ -228,12 +260,12 @@ impl SubmitArgs {
             gpuctl_sched::array::parse(a, usize::MAX).map_err(|e| format!("--array: {e}"))?;
             job.array = a.clone();
         }
-        if let Some(p) = &self.partition {
+        if let Some(p) = &self.sizes.partition {
             job.partition = p.clone();
         }
         for (flag, v, to) in [
-            ("nodelist", &self.nodelist, &mut job.nodelist),
-            ("exclude", &self.exclude, &mut job.exclude),
+            ("nodelist", &self.sizes.nodelist, &mut job.nodelist),
+            ("exclude", &self.sizes.exclude, &mut job.exclude),
         ] {
             if let Some(v) = v {
                 let list = gpuctl_sched::hostlist::split_list(v);
@@ -242,27 +274,27 @@ impl SubmitArgs {
                 *to = list;
             }
         }
-        if let Some(c) = &self.constraint {
+        if let Some(c) = &self.sizes.constraint {
             job.constraint =
                 gpuctl_sched::features::checked(c).map_err(|e| format!("--constraint: {e}"))?;
         }
         job.exclusive |= self.exclusive;
-        if let Some(q) = &self.qos {
+        if let Some(q) = &self.sizes.qos {
             job.qos = q.clone();
         }
-        if let Some(a) = &self.account {
+        if let Some(a) = &self.sizes.account {
             job.account = a.clone();
         }
         if let Some(d) = &self.dependency {
             job.dependencies = jobfile::parse_dependency(d)?;
         }
-        if let Some(m) = &self.mem {
+        if let Some(m) = &self.sizes.mem {
             job.memory_bytes = sbatch::slurm_memory(m)?;
         }
         if let Some(n) = self.nodes {
             job.nodes = n;
         }
-        if self.gpus.is_some() && job.gpus > 0 {
+        if self.sizes.gpus.is_some() && job.gpus > 0 {
             let nodes = job.nodes.max(1);
             if !job.gpus.is_multiple_of(nodes) {
                 return Err(format!(

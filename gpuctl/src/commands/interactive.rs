@@ -15,67 +15,8 @@ use tokio::sync::mpsc;
 
 use crate::cli::{Cli, Client, Failure, fail};
 
-/// What an allocation asks for (a subset of sbatch's options, as salloc takes them).
-#[derive(clap::Args, Debug, Default, Clone)]
-pub struct AllocOptions {
-    /// GPUs, as sbatch -G: N or TYPE:N (a number below 1 is a share of one GPU).
-    #[arg(short = 'G', long)]
-    pub gpus: Option<String>,
-    /// Time limit: a Slurm time (M, H:M:S, D-H:M, ...) or e.g. "1h". For `gpuctl
-    /// run`, the step's own too (srun -t): its tasks get TERM when it is up, KILL 10 s
-    /// later.
-    #[arg(short = 't', long)]
-    pub time: Option<String>,
-    /// The partition.
-    #[arg(short = 'p', long)]
-    pub partition: Option<String>,
-    /// CPUs per node.
-    #[arg(short = 'c', long = "cpus-per-task")]
-    pub cpus: Option<u32>,
-    /// Host memory per node, e.g. 16G.
-    #[arg(long)]
-    pub mem: Option<String>,
-    /// The allocation's name (default "interactive").
-    #[arg(short = 'J', long = "job-name")]
-    pub name: Option<String>,
-    /// The QoS.
-    #[arg(short = 'q', long)]
-    pub qos: Option<String>,
-    /// The account charged.
-    #[arg(short = 'A', long)]
-    pub account: Option<String>,
-    /// Only these nodes (like salloc -w).
-    #[arg(short = 'w', long)]
-    pub nodelist: Option<String>,
-    /// Never these nodes (like salloc -x).
-    #[arg(short = 'x', long)]
-    pub exclude: Option<String>,
-    /// Only nodes with these features (like salloc -C).
-    #[arg(short = 'C', long)]
-    pub constraint: Option<String>,
-}
-
-impl AllocOptions {
-    /// The options given, by their flags.
-    fn given(&self) -> Vec<&'static str> {
-        let o = |set: bool, f: &'static str| set.then_some(f);
-        [
-            o(self.gpus.is_some(), "-G"),
-            o(self.partition.is_some(), "-p"),
-            o(self.cpus.is_some(), "-c"),
-            o(self.mem.is_some(), "--mem"),
-            o(self.name.is_some(), "-J"),
-            o(self.qos.is_some(), "-q"),
-            o(self.account.is_some(), "-A"),
-            o(self.nodelist.is_some(), "-w"),
-            o(self.exclude.is_some(), "-x"),
-            o(self.constraint.is_some(), "-C"),
-        ]
-        .into_iter()
-        .flatten()
-        .collect()
-    }
-}
+/// What an allocation asks for: sbatch's sizing options, as salloc takes them.
+pub type AllocOptions = crate::submit::Sizes;
 
 /// `gpuctl alloc` (also `salloc` by name).
 #[derive(clap::Args, Debug)]
@@ -103,18 +44,11 @@ pub fn allocation_spec(
 ) -> Result<pb::JobSpec, Failure> {
     let args = crate::submit::SubmitArgs {
         wrap: Some(":".into()),
-        name: Some(opts.name.clone().unwrap_or_else(|| "interactive".into())),
-        time: opts.time.clone(),
-        gpus: opts.gpus.clone(),
-        cpus: opts.cpus,
-        mem: opts.mem.clone(),
+        sizes: crate::submit::Sizes {
+            name: Some(opts.name.clone().unwrap_or_else(|| "interactive".into())),
+            ..opts.clone()
+        },
         nodes,
-        partition: opts.partition.clone(),
-        nodelist: opts.nodelist.clone(),
-        exclude: opts.exclude.clone(),
-        constraint: opts.constraint.clone(),
-        qos: opts.qos.clone(),
-        account: opts.account.clone(),
         ..Default::default()
     };
     let cwd = std::env::current_dir()
