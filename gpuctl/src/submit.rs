@@ -80,7 +80,7 @@ pub struct SubmitArgs {
 /// and `run` (an allocation's): sbatch's, salloc's and srun's options alike.
 #[derive(clap::Args, Default, Debug, Clone)]
 pub struct Sizes {
-    /// Job name (over the file's).
+    /// Job name (for `submit`, over the file's; like the others here).
     #[arg(short = 'J', long = "job-name")]
     pub name: Option<String>,
     /// Time limit: a Slurm time (M, H:M:S, D-H:M, ...) or e.g. "2h 30m" (for `gpuctl
