@@ -32,6 +32,11 @@ impl Cluster {
                 j.state().as_str_name()
             )));
         }
+        if self.jobs.get(id).is_some_and(|s| s.cancel_requested) {
+            return Err(Refusal::failed_precondition(format!(
+                "job {id} is ending (cancelled or released); no new steps start in it"
+            )));
+        }
         if !self.jobs.get(id).is_some_and(|s| s.start_confirmed) {
             return Err(Refusal::failed_precondition(format!(
                 "job {id} is starting: its node has not said it runs yet; try again in a moment"
@@ -114,7 +119,8 @@ impl Cluster {
 /// The most arguments a step's command line has, and bytes in all.
 pub const MAX_STEP_ARGS: usize = 256;
 pub const MAX_STEP_ARGS_BYTES: usize = 64 << 10;
-/// The signals a client may send a step (by name, as `kill -s` takes them).
+/// The signals a client may send a step (by name, as `kill -s` takes them); the
+/// controller passes no other to the step's nodes.
 pub const STEP_SIGNALS: [&str; 7] = ["INT", "TERM", "HUP", "QUIT", "USR1", "USR2", "KILL"];
 
 /// What a client may ask of a step it opens: a command line of bounded size without

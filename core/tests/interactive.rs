@@ -73,6 +73,10 @@ fn steps_go_to_a_started_allocation_of_their_owner_on_its_node() {
         admin: true,
     };
     assert!(c.step_target(&admin, id, 1).is_ok());
+    // A job being ended (cancelled, or an allocation released) takes no new steps.
+    c.cancel(&alice(), &[id], T0 + 30).unwrap();
+    let e = c.step_target(&alice(), id, 0).unwrap_err();
+    assert!(e.message.contains("ending"), "{}", e.message);
 }
 
 #[test]

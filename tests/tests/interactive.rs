@@ -259,7 +259,32 @@ fn steps_by_job_id_are_the_owners_and_end_with_the_job() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("belongs to gpuctl-alice"), "{err}");
+    // Without a terminal, a TERM to gpuctl is passed on to the step by name.
+    let mut termed = Command::new(bin("gpuctl"))
+        .args(["run", "--jobid", &ids, "--", "sh", "-c"])
+        .arg("trap 'echo got-term; exit 4' TERM; echo ready; sleep 60 & wait")
+        .env("GPUCTL_CONTROLLER", c.url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(termed.stdout.take().unwrap()));
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(termed.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), "got-term");
+    assert_eq!(termed.wait().unwrap().code(), Some(4));
     // A step still running when the job is cancelled ends with it.
+    let started = || {
+        c.agent_log("n1")
+            .matches("step from outside the job started")
+            .count()
+    };
+    let before = started();
     let mut long = Command::new(bin("gpuctl"))
         .args(["run", "--jobid", &ids, "--", "sleep", "300"])
         .env("GPUCTL_CONTROLLER", c.url())
@@ -268,14 +293,7 @@ fn steps_by_job_id_are_the_owners_and_end_with_the_job() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let opened = wait_for(T, || {
-        c.agent_log("n1")
-            .contains("step from outside the job started")
-            && c.agent_log("n1")
-                .matches("step from outside the job started")
-                .count()
-                >= 2
-    });
+    let opened = wait_for(T, || started() > before);
     assert!(opened, "{}", c.agent_log("n1"));
     c.gpuctl_ok(&["cancel", &ids]);
     let ended = wait_for(T, || matches!(long.try_wait(), Ok(Some(_))));

@@ -188,15 +188,7 @@ pub async fn alloc(cli: &Cli, client: &mut Client, args: &AllocArgs) -> Result<u
 }
 
 fn exit_code(s: std::io::Result<std::process::ExitStatus>) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match s {
-        Ok(s) => s
-            .code()
-            .or_else(|| s.signal().map(|n| 128 + n))
-            .unwrap_or(1)
-            .clamp(0, 255) as u8,
-        Err(_) => 1,
-    }
+    s.map_or(1, super::run::exit_code_of)
 }
 
 /// The terminal in raw mode while a `--pty` step runs (restored when dropped).
@@ -310,22 +302,16 @@ pub async fn remote_step(
     });
     // Signals: on a terminal, Ctrl-C is a byte of input (the step's terminal makes it
     // its signal); without one, INT, TERM and HUP are passed on by name.
-    let kinds = [
-        (SignalKind::interrupt(), "INT"),
-        (SignalKind::terminate(), "TERM"),
-        (SignalKind::hangup(), "HUP"),
-    ];
-    for (kind, name) in kinds {
-        let mut s = signal(kind).map_err(|e| fail(format!("cannot watch signals: {e}")))?;
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while s.recv().await.is_some() {
-                if tx.send(input(Input::Signal(name.into()))).await.is_err() {
-                    return;
-                }
+    let mut signals = super::run::passed_signals()?;
+    let signal_tx = tx.clone();
+    tokio::spawn(async move {
+        while let Some(sig) = signals.recv().await {
+            let name = sig.as_str().trim_start_matches("SIG").to_string();
+            if signal_tx.send(input(Input::Signal(name))).await.is_err() {
+                return;
             }
-        });
-    }
+        }
+    });
     if pty {
         let mut winch = signal(SignalKind::window_change())
             .map_err(|e| fail(format!("cannot watch signals: {e}")))?;

@@ -366,6 +366,39 @@ fn signal_tasks(pids: impl Iterator<Item = Option<u32>>, sig: nix::sys::signal::
     }
 }
 
+/// The signals a run passes on to what it runs, as they come (this process no longer
+/// dies of them). What ends a run (`timeout 60 srun ...`, a script's trap, Ctrl-C) is
+/// passed on. The job's own signals (a cancel, `--signal`, a preemption's checkpoint
+/// signal) reach every process of the job from its agent, tasks included: USR1 and USR2,
+/// which tasks checkpoint on, are not passed on again, so that no handler runs twice.
+pub(crate) fn passed_signals()
+-> Result<tokio::sync::mpsc::UnboundedReceiver<nix::sys::signal::Signal>, Failure> {
+    use nix::sys::signal::Signal;
+    use tokio::signal::unix::{SignalKind, signal};
+    let kinds = [
+        (SignalKind::terminate(), Signal::SIGTERM),
+        (SignalKind::interrupt(), Signal::SIGINT),
+        (SignalKind::hangup(), Signal::SIGHUP),
+    ];
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for (kind, sig) in kinds {
+        let mut s = signal(kind).map_err(|e| fail(format!("cannot watch signals: {e}")))?;
+        let tx = tx.clone();
+        tokio::spawn(async move { while s.recv().await.is_some() && tx.send(sig).is_ok() {} });
+    }
+    Ok(rx)
+}
+
+/// How a process ended, as an exit code: its own, or 128 + N when signal N ended it.
+pub(crate) fn exit_code_of(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c.clamp(0, 255) as u8,
+        (None, Some(s)) => (128 + s).min(255) as u8,
+        _ => 1,
+    }
+}
+
 /// How long a step's tasks have after their time limit's TERM before they are killed.
 const STEP_KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -374,24 +407,7 @@ async fn wait_all(
     limit: Option<std::time::Duration>,
 ) -> Result<u8, Failure> {
     use nix::sys::signal::Signal;
-    use std::os::unix::process::ExitStatusExt;
-    use tokio::signal::unix::{SignalKind, signal};
-    // What ends a run (`timeout 60 srun ...`, a script's trap) is passed on. The job's
-    // own signals (a cancel, `--signal`, a preemption's checkpoint signal) reach every
-    // process of the job from its agent, tasks included: USR1 and USR2, which tasks
-    // checkpoint on, are not passed on again, so that no handler runs twice.
-    let kinds = [
-        (SignalKind::terminate(), Signal::SIGTERM),
-        (SignalKind::interrupt(), Signal::SIGINT),
-        (SignalKind::hangup(), Signal::SIGHUP),
-    ];
-    // Every signal we pass on comes here, tagged with its number.
-    let (sig_tx, mut sig_rx) = tokio::sync::mpsc::unbounded_channel();
-    for (kind, sig) in kinds {
-        let mut s = signal(kind).map_err(|e| fail(format!("cannot watch signals: {e}")))?;
-        let tx = sig_tx.clone();
-        tokio::spawn(async move { while s.recv().await.is_some() && tx.send(sig).is_ok() {} });
-    }
+    let mut sig_rx = passed_signals()?;
     let pids: Vec<Option<u32>> = tasks.iter().map(tokio::process::Child::id).collect();
     let mut waits = tokio::task::JoinSet::new();
     for (i, mut t) in tasks.into_iter().enumerate() {
@@ -423,12 +439,7 @@ async fn wait_all(
                 let (i, status) = done.map_err(|e| fail(format!("waiting for a task: {e}")))?;
                 let status = status.map_err(|e| fail(format!("waiting for a task: {e}")))?;
                 ended[i] = true;
-                let code = match (status.code(), status.signal()) {
-                    (Some(c), _) => c.clamp(0, 255) as u8,
-                    (None, Some(s)) => (128 + s).min(255) as u8,
-                    _ => 1,
-                };
-                worst = worst.max(code);
+                worst = worst.max(exit_code_of(status));
             }
             Some(sig) = sig_rx.recv() => {
                 let running = pids.iter().zip(&ended).filter(|(_, e)| !**e);

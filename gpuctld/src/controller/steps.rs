@@ -321,7 +321,10 @@ async fn fan_out(
         };
         let Ok(Some(m)) = m else { break };
         match &m.input {
-            Some(Input::Signal(_)) => {
+            Some(Input::Signal(name)) => {
+                if !gpuctl_core::interactive::STEP_SIGNALS.contains(&name.as_str()) {
+                    continue;
+                }
                 for n in &nodes {
                     // A node whose agent has not called yet (or is gone) misses it.
                     let _ = n.try_send(m.clone());

@@ -174,8 +174,6 @@ fn start(
     let run_as = resolve_user(&spec.user, agent.allow_root_jobs)?;
     let mut env = launch_env(&start, &agent.name, run_as.as_ref());
     env.extend(extra_env);
-    let path = env.get("PATH").cloned().unwrap_or_default();
-    env.insert("PATH".into(), format!("{}:{path}", tools.display()));
     // The step is recorded in the job's step file (made now if the job has none yet).
     let steps = crate::steps::path(&agent.state_dir, job_id, attempt);
     let owner = run_as.as_ref().map(|u| (u.uid, u.gid));
@@ -222,6 +220,8 @@ fn start(
         banner: None,
     };
     let failed = |e: std::io::Error| format!("cannot start the step on {}: {e}", agent.name);
+    // `srun` first on its PATH, as for the job itself.
+    let launch = launch.with_tools(Some(tools)).map_err(failed)?;
     let (fds, ours) = stdio(open).map_err(failed)?;
     let launched = agent
         .launcher
@@ -425,24 +425,12 @@ async fn client_input(step: &mut Step, m: pb::StepInput) {
             }
         }
         Some(Input::Signal(name)) => {
-            if let Some(sig) = step_signal(&name) {
+            // By name, as a KillJob's (the controller passes only those a client may
+            // send: `gpuctl_core::interactive::STEP_SIGNALS`).
+            if let Ok(sig) = format!("SIG{name}").parse::<Signal>() {
                 signal_step(step.pgid, sig);
             }
         }
         Some(Input::Open(_)) | None => {}
     }
-}
-
-/// The signals a client may send (those `gpuctl_core::interactive::STEP_SIGNALS` lists).
-fn step_signal(name: &str) -> Option<Signal> {
-    Some(match name {
-        "INT" => Signal::SIGINT,
-        "TERM" => Signal::SIGTERM,
-        "HUP" => Signal::SIGHUP,
-        "QUIT" => Signal::SIGQUIT,
-        "USR1" => Signal::SIGUSR1,
-        "USR2" => Signal::SIGUSR2,
-        "KILL" => Signal::SIGKILL,
-        _ => return None,
-    })
 }

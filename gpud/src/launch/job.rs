@@ -289,6 +289,14 @@ impl JobLauncher {
             )
         })?;
         let cgroup = self.cgroups.existing(&self.parent, &spec.cgroup_leaf());
+        // Where jobs have cgroups, a step never runs outside its job's: one that is gone
+        // is a job that is ending.
+        if cgroup.is_none() && !matches!(self.cgroups, crate::cgroup::Mode::None) {
+            return Err(std::io::Error::other(format!(
+                "job {}'s cgroup is gone: the job is ending",
+                spec.job_id
+            )));
+        }
         // The job's request, but for its outputs: the stdio passed with it.
         let req = crate::forkserver::Request {
             stdout: PathBuf::from("/dev/null"),
