@@ -28,11 +28,18 @@ async fn main() -> ExitCode {
         args.splice(0..1, ["gpuctl".into(), sub.into()]);
     }
     let cli = gpuctl::cli::Cli::parse_from(args);
-    match gpuctl::cli::run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
+    let code = match gpuctl::cli::run(cli).await {
+        Ok(()) => 0,
         Err(f) => {
             eprintln!("gpuctl: error: {}", f.message);
-            ExitCode::from(f.code)
+            f.code
         }
-    }
+    };
+    // Ends here, without the runtime's teardown (closing its connection gracefully,
+    // freeing each allocation): the process's end does it all. After a submit's answer
+    // that teardown was about 0.4 ms of CPU competing with the job's launch on a small
+    // host (docs/benchmarks.md, "Fast paths, third round"). The command's own state
+    // (a terminal in raw mode, say) was restored as `run` returned.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    std::process::exit(code.into())
 }

@@ -418,11 +418,16 @@ pub async fn run(
         opts.gpu_memory_grace,
         exporter,
     ));
-    let link = attach_loop(agent.clone(), channel, opts);
+    // A task of its own, not this function's future (which `main` blocks on): the
+    // command stream is then read on the worker whose I/O driver saw its bytes, not
+    // handed to the main thread (a thread switch on every launch, 0.1-0.6 ms on the
+    // 2-core host; docs/benchmarks.md, "Fast paths, third round").
+    let mut link = tokio::spawn(attach_loop(agent.clone(), channel, opts));
     tokio::select! {
-        r = link => r?,
+        r = &mut link => r.context("the controller link panicked")??,
         _ = shutdown => tracing::info!("shutting down; running jobs keep running"),
     }
+    link.abort();
     reporter.abort();
     sampler.abort();
     if let Some(h) = health {
