@@ -23,10 +23,10 @@ fn running_cluster(nodes: usize) -> (Cluster, Vec<String>, usize, usize) {
     for (k, n) in names.iter().enumerate() {
         let nonce = format!("nonce-{k}").into_bytes();
         c.challenge(n, nonce.clone(), T0);
-        let req = pb::RegisterRequest {
+        let req = gpuctl_core::event::Register {
             node: n.clone(),
             gpus: (0..8)
-                .map(|i| pb::Gpu {
+                .map(|i| gpuctl_core::node::Gpu {
                     index: i,
                     uuid: format!("GPU-{n}-{i}"),
                     model: "A100-80GB".into(),
@@ -89,7 +89,8 @@ fn main() {
     let seconds: i64 = std::env::args().nth(2).map_or(30, |s| s.parse().unwrap());
     let (mut c, names, whole, shares) = running_cluster(nodes);
     // What each node runs, as its agent would say.
-    let mut running: std::collections::HashMap<String, Vec<pb::RunningJob>> = Default::default();
+    let mut running: std::collections::HashMap<String, Vec<gpuctl_core::event::Running>> =
+        Default::default();
     let mut on_gpu: std::collections::HashMap<String, Vec<u64>> = Default::default();
     for s in c.jobs.active() {
         let j = s.job.as_ref().unwrap();
@@ -97,7 +98,7 @@ fn main() {
             running
                 .entry(a.node.clone())
                 .or_default()
-                .push(pb::RunningJob {
+                .push(gpuctl_core::event::Running {
                     job_id: j.id,
                     attempt: j.attempt,
                     ..Default::default()
@@ -111,18 +112,18 @@ fn main() {
     println!(
         "{nodes} nodes x 8 GPUs, {started} running jobs ({whole} whole GPUs, {shares} quarter shares)"
     );
-    let heartbeat = |n: &str, t: i64| pb::HeartbeatRequest {
+    let heartbeat = |n: &str, t: i64| gpuctl_core::event::Heartbeat {
         node: n.to_string(),
         running: running.get(n).cloned().unwrap_or_default(),
         metrics: (0..8)
             .map(|i| {
                 let uuid = format!("GPU-{n}-{i}");
-                pb::GpuMetrics {
+                gpuctl_core::node::GpuMetrics {
                     jobs: on_gpu
                         .get(&uuid)
                         .map(|js| {
                             js.iter()
-                                .map(|&job_id| pb::JobGpuUse {
+                                .map(|&job_id| gpuctl_core::node::JobGpuUse {
                                     job_id,
                                     mem_used_mib: 4000 + (t as u64 / 1000 % 100),
                                     processes: 1,

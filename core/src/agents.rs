@@ -4,11 +4,12 @@
 use std::collections::BTreeSet;
 
 use gpuctl_proto::auth::{ReplayWindow, Signed};
-use gpuctl_proto::store::StoredNode;
 use gpuctl_proto::{self as pb, JobState};
 
 use crate::error::Refusal;
+use crate::event::{Heartbeat, HeartbeatAnswer, Register, Report, ReportKind};
 use crate::jobs::{Transition, job_of};
+use crate::node::{Gpu, Node};
 use crate::state::{Cluster, Conn, Effects, live_allocs};
 
 impl Cluster {
@@ -98,7 +99,7 @@ impl Cluster {
 
     /// Refuses an agent that would take over a name another agent holds: attached now,
     /// or heard from within the node timeout, under another identity.
-    fn check_identity(&self, req: &pb::RegisterRequest, now: i64) -> Result<(), Refusal> {
+    fn check_identity(&self, req: &Register, now: i64) -> Result<(), Refusal> {
         let c = self;
         if req.agent_id.is_empty() || req.agent_id.len() > 128 {
             return Err(Refusal::invalid_argument(
@@ -156,7 +157,7 @@ impl Cluster {
     /// other ranks of jobs that ended here.
     pub fn attach(
         &mut self,
-        req: &pb::RegisterRequest,
+        req: &Register,
         peer: Option<std::net::SocketAddr>,
         now: i64,
     ) -> Result<(u64, Effects), Refusal> {
@@ -180,19 +181,9 @@ impl Cluster {
             req.address.clone()
         };
         let old = self.nodes.get(&req.node);
-        let node = StoredNode {
+        let node = Node {
             name: req.node.clone(),
-            gpus: req
-                .gpus
-                .iter()
-                .map(|g| pb::Gpu {
-                    allocated_to: 0,
-                    compute_allocated_milli: 0,
-                    memory_allocated_mib: 0,
-                    jobs: Vec::new(),
-                    ..g.clone()
-                })
-                .collect(),
+            gpus: req.gpus.iter().map(Gpu::clone).collect(),
             cpus: req.cpus,
             memory_bytes: req.memory_bytes,
             drain_reason: old.and_then(|n| n.drain_reason.clone()),
@@ -417,11 +408,7 @@ impl Cluster {
     /// those jobs end here with the reason, so that no job waits in RUNNING for a start
     /// that never happened. Answers with the instances the agent runs that the
     /// cluster holds as ended or replaced.
-    pub fn heartbeat(
-        &mut self,
-        req: &pb::HeartbeatRequest,
-        now: i64,
-    ) -> (pb::HeartbeatResponse, Effects) {
+    pub fn heartbeat(&mut self, req: &Heartbeat, now: i64) -> (HeartbeatAnswer, Effects) {
         let mut changed = self.starts_not_run(req, now);
         changed |= self.check_health(req);
         let resp = self.heartbeat_answer(req, now);
@@ -437,7 +424,7 @@ impl Cluster {
     }
 
     /// Ends the jobs whose starts the agent handled without running them.
-    fn starts_not_run(&mut self, req: &pb::HeartbeatRequest, now: i64) -> bool {
+    fn starts_not_run(&mut self, req: &Heartbeat, now: i64) -> bool {
         let c = self;
         let Some(conn) = c.conns.get_mut(&req.node) else {
             return false;
@@ -494,7 +481,7 @@ impl Cluster {
         changed
     }
 
-    fn heartbeat_answer(&mut self, req: &pb::HeartbeatRequest, now: i64) -> pb::HeartbeatResponse {
+    fn heartbeat_answer(&mut self, req: &Heartbeat, now: i64) -> HeartbeatAnswer {
         let c = self;
         let known = c.conns.contains_key(&req.node);
         if let Some(n) = c.nodes.get_mut(&req.node) {
@@ -517,7 +504,7 @@ impl Cluster {
             })
             .cloned()
             .collect();
-        pb::HeartbeatResponse { known, stale }
+        HeartbeatAnswer { known, stale }
     }
 
     /// Whether `(job, attempt)` runs on `node` as far as the controller knows.
@@ -534,13 +521,13 @@ impl Cluster {
 
     /// Applies an agent's report. For a STARTED report, answers whether the instance is
     /// stale (the cluster no longer holds it as running there): the agent kills it.
-    pub fn report(&mut self, r: &pb::JobReport, now: i64) -> (pb::JobReportAck, Effects) {
+    pub fn report(&mut self, r: &Report, now: i64) -> (bool, Effects) {
         if self.conns.contains_key(&r.node) {
             self.last_heard.insert(r.node.clone(), now);
         }
         let others = self.apply_report(r, now);
         let mut stale = false;
-        if r.kind() == pb::job_report::Kind::Started && !self.holds(&r.node, r.job_id, r.attempt) {
+        if r.kind == ReportKind::Started && !self.holds(&r.node, r.job_id, r.attempt) {
             tracing::warn!(job = r.job_id, attempt = r.attempt, node = %r.node, "a start the controller no longer holds ran; the agent kills it");
             stale = true;
         }
@@ -551,12 +538,12 @@ impl Cluster {
                 effects.sends.push((node, kill));
             }
         }
-        (pb::JobReportAck { stale }, effects)
+        (stale, effects)
     }
 
     /// Applies one agent report. Returns (node, job) pairs whose other ranks must be
     /// killed (a rank of a gang job failed).
-    fn apply_report(&mut self, r: &pb::JobReport, now: i64) -> Vec<(String, u64)> {
+    fn apply_report(&mut self, r: &Report, now: i64) -> Vec<(String, u64)> {
         let c = self;
         let readopt = Transition::Readopt {
             node: r.node.clone(),
@@ -583,8 +570,8 @@ impl Cluster {
         }
         let id = r.job_id;
         let mut kill_others = Vec::new();
-        match r.kind() {
-            pb::job_report::Kind::Started => {
+        match r.kind {
+            ReportKind::Started => {
                 let at = if r.time_ms > 0 { r.time_ms } else { now };
                 c.jobs.edit(id, |s| {
                     s.start_confirmed = true;
@@ -592,13 +579,13 @@ impl Cluster {
                     j.launch_time_ms = j.launch_time_ms.max(at);
                 });
             }
-            pb::job_report::Kind::Ended => {
-                let state = match r.state() {
-                    s @ (JobState::Completed
-                    | JobState::Failed
-                    | JobState::Cancelled
-                    | JobState::Timeout
-                    | JobState::Preempted) => s,
+            ReportKind::Ended => {
+                use gpuctl_sched::job::JobState as Ended;
+                let state = match r.state {
+                    Ended::Completed => JobState::Completed,
+                    Ended::Cancelled => JobState::Cancelled,
+                    Ended::Timeout => JobState::Timeout,
+                    Ended::Preempted => JobState::Preempted,
                     _ => JobState::Failed,
                 };
                 let at = if r.time_ms > 0 { r.time_ms } else { now };
@@ -664,7 +651,7 @@ impl Cluster {
                     tracing::info!(job = id, state = j.state().as_str_name(), exit_code = ?j.exit_code, "job ended");
                 }
             }
-            pb::job_report::Kind::Warning => {
+            ReportKind::Warning => {
                 tracing::warn!(job = id, node = %r.node, "{}", r.reason);
                 c.jobs.edit(id, |s| {
                     let j = s.job.as_mut().expect("a job record");
@@ -675,7 +662,6 @@ impl Cluster {
                     }
                 });
             }
-            pb::job_report::Kind::Unspecified => {}
         }
         kill_others
     }

@@ -54,7 +54,7 @@ impl Cluster {
 
 #[cfg(test)]
 mod tests {
-    use gpuctl_proto::store::{StoredJob, StoredNode};
+    use gpuctl_proto::store::StoredJob;
     use gpuctl_proto::{self as pb, JobState};
 
     use crate::{Cluster, Config};
@@ -87,14 +87,14 @@ mod tests {
         let mut c = Cluster::new(Config::default());
         c.nodes.insert(
             "n1".into(),
-            StoredNode {
+            crate::node::Node {
                 name: "n1".into(),
-                gpus: vec![pb::Gpu {
+                gpus: vec![crate::node::Gpu {
                     uuid: "GPU-0".into(),
                     memory_mib: 1000,
-                    ..pb::Gpu::default()
+                    ..Default::default()
                 }],
-                ..StoredNode::default()
+                ..Default::default()
             },
         );
         c.next_job_id = 10;

@@ -4,7 +4,7 @@
 //! keeps the time of the latest handled (`xid_handled_ms`), so a restarted controller
 //! does not act again on what the agent still reports.
 
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_proto::JobState;
 
 use crate::jobs::Transition;
 use crate::state::{Cluster, Effects, live_allocs};
@@ -32,7 +32,7 @@ fn xid_name(code: u32) -> &'static str {
 
 impl Cluster {
     /// The XIDs of a heartbeat not handled yet.
-    pub fn check_xids(&mut self, req: &pb::HeartbeatRequest, now: i64) -> Effects {
+    pub fn check_xids(&mut self, req: &crate::event::Heartbeat, now: i64) -> Effects {
         let mut effects = Effects::default();
         let Some(handled) = self.nodes.get(&req.node).map(|n| n.xid_handled_ms) else {
             return effects;
@@ -152,7 +152,7 @@ impl Cluster {
 
 /// What is wrong with a node by its latest heartbeat, and whether it is all clear
 /// (past the hysteresis of the temperature and power checks).
-fn conditions(h: &crate::config::Health, req: &pb::HeartbeatRequest) -> (Vec<String>, bool) {
+fn conditions(h: &crate::config::Health, req: &crate::event::Heartbeat) -> (Vec<String>, bool) {
     let mut problems = Vec::new();
     let mut clear = true;
     for m in &req.metrics {
@@ -203,7 +203,7 @@ impl Cluster {
     /// drain once all is clear again. An admin's drain, and the drain of a hardware XID
     /// (a reset or replacement is due), are left alone. Returns whether the node
     /// changed.
-    pub(crate) fn check_health(&mut self, req: &pb::HeartbeatRequest) -> bool {
+    pub(crate) fn check_health(&mut self, req: &crate::event::Heartbeat) -> bool {
         let (problems, clear) = conditions(&self.config.health, req);
         let Some(n) = self.nodes.get_mut(&req.node) else {
             return false;

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_proto::JobState;
 use serde::Deserialize;
 
 use crate::jobs::job_of;
@@ -158,7 +158,7 @@ impl Cluster {
 }
 
 /// The running job ids of a heartbeat.
-pub fn running_ids(running: &[pb::RunningJob]) -> Vec<u64> {
+pub fn running_ids(running: &[crate::event::Running]) -> Vec<u64> {
     running.iter().map(|r| r.job_id).collect()
 }
 

@@ -16,7 +16,8 @@
 //! release, requeue), `interactive` (allocations and steps opened from outside a
 //! job), `filter` (listings' filters), `partitions` (node sets and their limits),
 //! `windows` (time-of-day windows), `reconfig` (a new config taken while running),
-//! `retention`, `config`, `error`.
+//! `retention`, `config`, `error`; `node` (a node's record, its GPUs, their samples)
+//! and `event` (what agents tell the controller) are the state's own words for them.
 
 pub mod agents;
 pub mod answers;
@@ -26,6 +27,7 @@ pub mod colocate;
 pub mod config;
 pub mod efficiency;
 pub mod error;
+pub mod event;
 pub mod exclusive;
 pub mod explain;
 pub mod fairshare;
@@ -35,6 +37,7 @@ pub mod holds;
 pub mod idle;
 pub mod interactive;
 pub mod jobs;
+pub mod node;
 pub mod ops;
 pub mod partitions;
 pub mod policy;

@@ -2,7 +2,7 @@
 //! at start and by the tests that restart a cluster. Pure: the records and the time of
 //! the start in, the cluster and the records to write back out.
 
-use gpuctl_proto::store::{StoredJob, StoredNode, StoredUsage};
+use gpuctl_proto::store::{StoredJob, StoredUsage};
 
 use crate::config::Config;
 use crate::jobs::job_of;
@@ -12,7 +12,7 @@ use crate::state::Cluster;
 #[derive(Debug, Default, Clone)]
 pub struct Records {
     pub jobs: Vec<StoredJob>,
-    pub nodes: Vec<StoredNode>,
+    pub nodes: Vec<crate::node::Node>,
     /// Fair share's decayed usage, if any was written.
     pub usage: Option<StoredUsage>,
     /// The next job id to hand out, as written (ids start at 1).
@@ -104,9 +104,9 @@ mod tests {
     #[test]
     fn nodes_are_heard_from_at_the_start() {
         let records = Records {
-            nodes: vec![StoredNode {
+            nodes: vec![crate::node::Node {
                 name: "n1".into(),
-                ..StoredNode::default()
+                ..crate::node::Node::default()
             }],
             ..Records::default()
         };

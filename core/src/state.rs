@@ -4,14 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use gpuctl_proto::convert;
-use gpuctl_proto::store::StoredNode;
-use gpuctl_proto::{self as pb, JobState, NodeState};
+use gpuctl_proto::{self as pb, JobState};
 use gpuctl_sched::packing::Workload;
 use gpuctl_sched::{self as sched, ClusterView, Eligibility, NodeView, PendingJob, Request};
 
 use crate::config::Config;
 use crate::jobs::{Jobs, Transition, job_of};
+use crate::node::{GpuMetrics, GpuRow, Node, NodeRow, NodeState};
 
 /// A time limit in ms, saturating (a stored limit is capped at submit, but records of
 /// older versions and the arithmetic must never wrap).
@@ -49,7 +48,7 @@ pub struct Conn {
 pub struct Cluster {
     /// Every job, its indexes, and the one place its state changes (`jobs.rs`).
     pub jobs: Jobs,
-    pub nodes: BTreeMap<String, StoredNode>,
+    pub nodes: BTreeMap<String, Node>,
     pub conns: HashMap<String, Conn>,
     /// Nonces handed out by `challenge`, per node, with when they expire (Unix ms).
     pub challenges: HashMap<String, Vec<(Vec<u8>, i64)>>,
@@ -58,7 +57,7 @@ pub struct Cluster {
     pub next_job_id: u64,
     pub generation: u64,
     /// The latest GPU metrics each agent sent with its heartbeat (memory only).
-    pub metrics: HashMap<String, Vec<pb::GpuMetrics>>,
+    pub metrics: HashMap<String, Vec<GpuMetrics>>,
     /// What running jobs used so far (`usage.rs`), memory only.
     pub live_usage: crate::usage::LiveUsage,
     /// Each running rank's cgroup CPU time and peak memory, from heartbeats, by (job,
@@ -265,7 +264,7 @@ impl Cluster {
         u
     }
 
-    pub fn eligibility(&self, n: &StoredNode) -> Eligibility {
+    pub fn eligibility(&self, n: &Node) -> Eligibility {
         if !self.conns.contains_key(&n.name) {
             Eligibility::Down
         } else if n.drain_reason.is_some() {
@@ -378,13 +377,13 @@ impl Cluster {
     /// One node as the scheduler sees it (`partitions`: `config.all_partitions()`).
     pub fn node_view(
         &self,
-        n: &StoredNode,
+        n: &Node,
         partitions: &std::collections::BTreeMap<&str, &crate::partitions::PartitionConfig>,
     ) -> NodeView {
         NodeView {
             name: n.name.clone(),
             eligibility: self.eligibility(n),
-            slots: convert::slots_of(&n.gpus),
+            slots: n.slots(),
             cpu_milli: n.cpus.saturating_mul(1000),
             memory_bytes: n.memory_bytes,
             partitions: crate::partitions::partitions_holding(partitions, &n.name),
@@ -468,48 +467,55 @@ impl Cluster {
         w
     }
 
-    pub fn node_pb(&self, n: &StoredNode, usage: &HashMap<&str, Usage>) -> pb::Node {
+    /// One node as the listings show it: its record, what is allocated on each GPU
+    /// and to whom, its latest samples (while its agent is connected), and its state.
+    pub fn node_row(&self, n: &Node, usage: &HashMap<&str, Usage>) -> NodeRow {
         let empty = Usage::default();
         let u = usage.get(n.name.as_str()).unwrap_or(&empty);
         let connected = self.conns.contains_key(&n.name);
         let mut busy = 0usize;
-        let gpus: Vec<pb::Gpu> = n
+        let gpus: Vec<GpuRow> = n
             .gpus
             .iter()
             .map(|g| {
-                let mut g = g.clone();
+                let mut row = GpuRow {
+                    gpu: g.clone(),
+                    ..GpuRow::default()
+                };
                 let mut jobs = Vec::new();
                 if let Some((c, m, js)) = u.slots.get(&g.uuid) {
-                    g.compute_allocated_milli = *c;
-                    g.memory_allocated_mib = *m;
+                    row.compute_allocated_milli = *c;
+                    row.memory_allocated_mib = *m;
                     jobs.extend(js.iter().copied());
                 }
-                for inst in &mut g.mig {
+                for inst in &g.mig {
+                    let mut to = 0;
                     if let Some((c, m, js)) = u.slots.get(&inst.uuid) {
-                        inst.allocated_to = js[0];
-                        g.compute_allocated_milli += c;
-                        g.memory_allocated_mib += m;
+                        to = js[0];
+                        row.compute_allocated_milli += c;
+                        row.memory_allocated_mib += m;
                         jobs.extend(js.iter().copied());
                     }
+                    row.mig_allocated_to.push(to);
                 }
                 jobs.sort_unstable();
                 jobs.dedup();
-                g.allocated_to = jobs.first().copied().unwrap_or(0);
+                row.allocated_to = jobs.first().copied().unwrap_or(0);
                 if connected {
-                    g.metrics = self
+                    row.metrics = self
                         .metrics
                         .get(&n.name)
                         .and_then(|ms| ms.iter().find(|m| m.uuid == g.uuid))
                         .cloned();
                 }
                 let full = if g.mig.is_empty() {
-                    g.compute_allocated_milli >= 1000
+                    row.compute_allocated_milli >= 1000
                 } else {
-                    g.mig.iter().all(|i| i.allocated_to != 0)
+                    row.mig_allocated_to.iter().all(|&to| to != 0)
                 };
                 busy += usize::from(full);
-                g.jobs = jobs;
-                g
+                row.jobs = jobs;
+                row
             })
             .collect();
         let (state, reason) = match (&n.drain_reason, connected) {
@@ -527,19 +533,14 @@ impl Cluster {
             }
             (None, true) => (NodeState::Mixed, String::new()),
         };
-        pb::Node {
-            name: n.name.clone(),
-            state: state as i32,
-            gpus,
+        NodeRow {
+            node: n.clone(),
+            state,
             reason,
-            cpus: n.cpus,
+            gpus,
             cpus_allocated: u.cpu_milli.div_ceil(1000),
-            memory_bytes: n.memory_bytes,
             memory_allocated: u.memory,
-            last_seen_ms: n.last_seen_ms,
-            gpu_backend: n.gpu_backend.clone(),
             partitions: self.config.partitions_of(&n.name),
-            features: n.features.clone(),
         }
     }
 }

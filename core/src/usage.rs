@@ -42,8 +42,8 @@ impl Cluster {
     pub fn fold_usage(
         &mut self,
         node: &str,
-        running: &[pb::RunningJob],
-        samples: &[pb::GpuMetrics],
+        running: &[crate::event::Running],
+        samples: &[crate::node::GpuMetrics],
         now: i64,
     ) {
         if samples.is_empty() || running.is_empty() {
@@ -143,7 +143,7 @@ impl Cluster {
     }
 
     /// A heartbeat's host figures and running steps of the ranks the agent runs.
-    pub fn note_host(&mut self, node: &str, running: &[pb::RunningJob]) {
+    pub fn note_host(&mut self, node: &str, running: &[crate::event::Running]) {
         for r in running {
             let holds = self
                 .jobs
@@ -169,7 +169,7 @@ impl Cluster {
 
     /// A rank's host figures, from its end report.
     /// (Where the report has none, the rank's last heartbeat's figures count.)
-    pub fn add_host_usage(&mut self, r: &pb::JobReport) {
+    pub fn add_host_usage(&mut self, r: &crate::event::Report) {
         self.forget_steps(r.job_id, &r.node);
         let live = self.live_host.remove(&(r.job_id, r.node.clone()));
         let cpu = r.cpu_time_ms.or(live.map(|l| l.0));
@@ -257,7 +257,7 @@ pub fn fold_sample(
     slot: &pb::SlotUse,
     shares: u64,
     mem_used: u64,
-    m: &pb::GpuMetrics,
+    m: &crate::node::GpuMetrics,
 ) -> Option<f64> {
     let i = match usage
         .slots
@@ -315,15 +315,15 @@ pub fn mem_peak(u: &pb::JobUsage) -> u64 {
 mod tests {
     use super::*;
 
-    fn sample(util: u32, power: f64, t: i64, jobs: &[(u64, u64)]) -> pb::GpuMetrics {
-        pb::GpuMetrics {
+    fn sample(util: u32, power: f64, t: i64, jobs: &[(u64, u64)]) -> crate::node::GpuMetrics {
+        crate::node::GpuMetrics {
             uuid: "GPU-0".into(),
             util_pct: util,
             power_w: power,
             time_ms: t,
             jobs: jobs
                 .iter()
-                .map(|&(job_id, mem_used_mib)| pb::JobGpuUse {
+                .map(|&(job_id, mem_used_mib)| crate::node::JobGpuUse {
                     job_id,
                     mem_used_mib,
                     processes: 1,

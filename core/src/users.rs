@@ -4,6 +4,7 @@ use gpuctl_proto::{self as pb, JobState};
 
 use crate::error::{Actor, Refusal};
 use crate::jobs::{Transition, owner};
+use crate::node::{NodeListing, NodeRow};
 use crate::state::{Cluster, Effects};
 
 impl Cluster {
@@ -181,7 +182,7 @@ impl Cluster {
         &mut self,
         name: &str,
         drain: Option<String>,
-    ) -> Result<(pb::Node, Effects), Refusal> {
+    ) -> Result<(NodeRow, Effects), Refusal> {
         let n = self
             .nodes
             .get_mut(name)
@@ -190,28 +191,28 @@ impl Cluster {
         n.drain_automatic = false;
         self.node_changed(name);
         let usage = self.usage();
-        let node = self.node_pb(&self.nodes[name], &usage);
-        tracing::info!(node = name, state = ?node.state(), reason = %node.reason, "drain state changed");
+        let node = self.node_row(&self.nodes[name], &usage);
+        tracing::info!(node = name, state = ?node.state, reason = %node.reason, "drain state changed");
         Ok((node, Effects::wake()))
     }
 
     /// The nodes named (all of them when `names` is empty), with the cluster's
     /// fragmentation when all were asked for.
-    pub fn list_nodes(&self, names: &[String]) -> pb::ListNodesResponse {
+    pub fn list_nodes(&self, names: &[String]) -> NodeListing {
         let c = self;
         let usage = c.usage();
         if !names.is_empty() {
             let nodes = names
                 .iter()
                 .filter_map(|n| c.nodes.get(n))
-                .map(|n| c.node_pb(n, &usage))
+                .map(|n| c.node_row(n, &usage))
                 .collect();
-            return pb::ListNodesResponse {
+            return NodeListing {
                 nodes,
-                ..pb::ListNodesResponse::default()
+                ..NodeListing::default()
             };
         }
-        let nodes: Vec<pb::Node> = c.nodes.values().map(|n| c.node_pb(n, &usage)).collect();
+        let nodes: Vec<NodeRow> = c.nodes.values().map(|n| c.node_row(n, &usage)).collect();
         // Fragmentation over up nodes, against the current workload mix.
         let workload = c.workload();
         let view = c.view();
@@ -236,11 +237,11 @@ impl Cluster {
             idle += free.iter().map(|x| u64::from(x.1)).sum::<u64>();
             let used = usage.get(nv.name.as_str());
             let cpu_free =
-                (n.cpus.saturating_mul(1000)).saturating_sub(used.map_or(0, |u| u.cpu_milli));
+                (n.node.cpus.saturating_mul(1000)).saturating_sub(used.map_or(0, |u| u.cpu_milli));
             let mem_free = nv.memory_bytes.saturating_sub(used.map_or(0, |u| u.memory));
             frag += workload.node_frag(nv, &free, (cpu_free, mem_free));
         }
-        pb::ListNodesResponse {
+        NodeListing {
             nodes,
             fragmentation_gpus: frag / 1000.0,
             fragmentation_pct_of_idle: if idle == 0 {

@@ -34,19 +34,19 @@ fn measured_run(
     report(c, "n1", id, None, t);
     let job = c.jobs.job(id).unwrap().clone();
     let uuid = job.allocations[0].slots[0].uuid.clone();
-    let running = [pb::RunningJob {
+    let running = [gpuctl_core::event::Running {
         job_id: id,
         attempt: job.attempt,
         ..Default::default()
     }];
     for k in 1..=12 {
         let at = t + k * 10_000;
-        let sample = pb::GpuMetrics {
+        let sample = gpuctl_core::node::GpuMetrics {
             uuid: uuid.clone(),
             util_pct: util,
             mem_used_mib: mem,
             time_ms: at,
-            jobs: vec![pb::JobGpuUse {
+            jobs: vec![gpuctl_core::node::JobGpuUse {
                 job_id: id,
                 mem_used_mib: mem,
                 processes: 1,

@@ -73,14 +73,14 @@ fn a_constraint_no_node_meets_is_refused_and_so_are_bad_features() {
     // An agent offering a feature with a space or too many features is refused.
     let nonce = b"n-bad".to_vec();
     c.challenge("b1", nonce.clone(), T0);
-    let req = pb::RegisterRequest {
+    let req = gpuctl_core::event::Register {
         node: "b1".into(),
         gpus: gpus("b1", 1),
         cpus: 4,
         nonce,
         agent_id: "agent-b1".into(),
         features: vec!["has space".into()],
-        ..pb::RegisterRequest::default()
+        ..gpuctl_core::event::Register::default()
     };
     let Err(e) = c.attach(&req, None, T0) else {
         panic!("attached with a malformed feature")

@@ -12,7 +12,7 @@ use gpuctl_proto::{self as pb, JobState};
 fn beat(c: &mut Cluster, jobs: &[u64], xids: &[(u32, u32, i64)], now: i64) -> gpuctl_core::Effects {
     let running = jobs
         .iter()
-        .map(|&id| pb::RunningJob {
+        .map(|&id| gpuctl_core::event::Running {
             job_id: id,
             attempt: c.jobs.job(id).unwrap().attempt,
             ..Default::default()
@@ -21,7 +21,7 @@ fn beat(c: &mut Cluster, jobs: &[u64], xids: &[(u32, u32, i64)], now: i64) -> gp
     let metrics = (0..2)
         .map(|i| {
             let x = xids.iter().find(|x| x.0 == i);
-            pb::GpuMetrics {
+            gpuctl_core::node::GpuMetrics {
                 uuid: format!("GPU-n1-{i}"),
                 temp_c: 50,
                 last_xid: x.map(|x| x.1),
@@ -31,7 +31,7 @@ fn beat(c: &mut Cluster, jobs: &[u64], xids: &[(u32, u32, i64)], now: i64) -> gp
             }
         })
         .collect();
-    let req = pb::HeartbeatRequest {
+    let req = gpuctl_core::event::Heartbeat {
         node: "n1".into(),
         running,
         metrics,
@@ -132,13 +132,13 @@ fn a_job_that_may_not_requeue_ends_failed_with_the_xid() {
 }
 
 /// A heartbeat of two GPUs with the given metrics and the health program's complaint.
-fn beat_with(c: &mut Cluster, gpus: [pb::GpuMetrics; 2], site: &str, now: i64) {
-    let req = pb::HeartbeatRequest {
+fn beat_with(c: &mut Cluster, gpus: [gpuctl_core::node::GpuMetrics; 2], site: &str, now: i64) {
+    let req = gpuctl_core::event::Heartbeat {
         node: "n1".into(),
         metrics: gpus
             .into_iter()
             .enumerate()
-            .map(|(i, m)| pb::GpuMetrics {
+            .map(|(i, m)| gpuctl_core::node::GpuMetrics {
                 uuid: format!("GPU-n1-{i}"),
                 time_ms: now,
                 ..m
@@ -154,8 +154,8 @@ fn drain(c: &Cluster) -> Option<String> {
     c.nodes["n1"].drain_reason.clone()
 }
 
-fn gpu(temp_c: u32, power_w: f64) -> pb::GpuMetrics {
-    pb::GpuMetrics {
+fn gpu(temp_c: u32, power_w: f64) -> gpuctl_core::node::GpuMetrics {
+    gpuctl_core::node::GpuMetrics {
         temp_c,
         power_w,
         ecc_uncorrected: Some(0),

@@ -27,19 +27,19 @@ fn cluster_with(action: IdleAction) -> Cluster {
 /// A heartbeat from n1 running `id`, with its GPU 0 at `util`% at `now`.
 fn beat(c: &mut Cluster, id: u64, util: u32, now: i64) -> gpuctl_core::Effects {
     let attempt = c.jobs.job(id).unwrap().attempt;
-    let req = pb::HeartbeatRequest {
+    let req = gpuctl_core::event::Heartbeat {
         node: "n1".into(),
-        running: vec![pb::RunningJob {
+        running: vec![gpuctl_core::event::Running {
             job_id: id,
             attempt,
             ..Default::default()
         }],
-        metrics: vec![pb::GpuMetrics {
+        metrics: vec![gpuctl_core::node::GpuMetrics {
             uuid: "GPU-n1-0".into(),
             util_pct: util,
             power_w: 100.0,
             time_ms: now,
-            jobs: vec![pb::JobGpuUse {
+            jobs: vec![gpuctl_core::node::JobGpuUse {
                 job_id: id,
                 mem_used_mib: 2048,
                 processes: 1,
@@ -107,16 +107,12 @@ fn an_idle_job_is_requeued_and_its_usage_kept() {
     assert_eq!(live.slots[0].util_sum, 20.0);
     // The agent ends it with its cgroup's figures: back to the queue, usage kept.
     let attempt = c.jobs.job(id).unwrap().attempt;
-    let end = pb::JobReport {
-        node: "n1".into(),
-        job_id: id,
-        kind: pb::job_report::Kind::Ended as i32,
-        state: JobState::Cancelled as i32,
+    let end = gpuctl_core::event::Report {
+        state: gpuctl_sched::job::JobState::Cancelled,
         time_ms: T0 + 11 * MIN,
-        attempt,
         cpu_time_ms: Some(30_000),
         mem_peak_bytes: Some(1 << 30),
-        ..Default::default()
+        ..gpuctl_core::event::Report::new("n1", id, attempt, gpuctl_core::event::ReportKind::Ended)
     };
     c.report(&end, T0 + 11 * MIN);
     let j = c.jobs.job(id).unwrap();
@@ -140,9 +136,9 @@ fn running_ranks_host_figures_show_live_and_count_when_the_node_fails() {
     c.config.idle.after = None;
     let id = running_job(&mut c);
     let attempt = c.jobs.job(id).unwrap().attempt;
-    let req = pb::HeartbeatRequest {
+    let req = gpuctl_core::event::Heartbeat {
         node: "n1".into(),
-        running: vec![pb::RunningJob {
+        running: vec![gpuctl_core::event::Running {
             job_id: id,
             attempt,
             cpu_time_ms: Some(90_000),

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use common::*;
 use gpuctl_core::config::QosConfig;
+use gpuctl_core::event::{Report, ReportKind};
 use gpuctl_core::ops::Admission;
 use gpuctl_core::windows::Window;
 use gpuctl_core::{Actor, Cluster, Config, Effects};
@@ -84,13 +85,9 @@ impl Agents {
         for (node, cmd) in e.sends {
             match cmd.command {
                 Some(pb::agent_command::Command::Start(s)) => {
-                    let r = pb::JobReport {
-                        node,
-                        job_id: s.job_id,
-                        kind: pb::job_report::Kind::Started as i32,
+                    let r = Report {
                         time_ms: now,
-                        attempt: s.attempt,
-                        ..pb::JobReport::default()
+                        ..Report::new(&node, s.job_id, s.attempt, ReportKind::Started)
                     };
                     c.report(&r, now);
                     checked(c);
@@ -106,15 +103,11 @@ impl Agents {
     }
 
     fn end(c: &mut Cluster, id: u64, attempt: u32, node: &str, state: JobState, now: i64) {
-        let r = pb::JobReport {
-            node: node.into(),
-            job_id: id,
-            kind: pb::job_report::Kind::Ended as i32,
-            state: state as i32,
+        let r = Report {
+            state: state.try_into().unwrap(),
             exit_code: Some(0),
             time_ms: now,
-            attempt,
-            ..pb::JobReport::default()
+            ..Report::new(node, id, attempt, ReportKind::Ended)
         };
         c.report(&r, now);
         checked(c);

@@ -8,9 +8,10 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
+use gpuctl_core::node::Node;
 use gpuctl_core::policy::{GpuRoom, gpu_room};
 use gpuctl_core::{Actor, Cluster, Config};
-use gpuctl_proto::store::{StoredJob, StoredNode};
+use gpuctl_proto::store::StoredJob;
 use gpuctl_proto::{self as pb, JobState};
 
 #[test]
@@ -197,7 +198,7 @@ fn a_returning_agent_without_a_confirmed_job_fails_it_and_kills_strangers() {
 #[derive(Default)]
 struct Disk {
     jobs: BTreeMap<u64, StoredJob>,
-    nodes: BTreeMap<String, StoredNode>,
+    nodes: BTreeMap<String, Node>,
 }
 
 impl Disk {
@@ -354,10 +355,10 @@ fn a_start_the_agent_handled_but_did_not_run_fails_its_job() {
     // The shell signs the start as command 1 of the session.
     let generation = c.conns["n1"].generation;
     assert!(c.command_sent("n1", generation, 1, &e.sends[0].1).is_some());
-    let hb = pb::HeartbeatRequest {
+    let hb = gpuctl_core::event::Heartbeat {
         node: "n1".into(),
         commands_handled: 1,
-        ..pb::HeartbeatRequest::default()
+        ..gpuctl_core::event::Heartbeat::default()
     };
     let (resp, e) = c.heartbeat(&hb, T0 + 1000);
     assert!(resp.known && e.wake);
@@ -371,11 +372,11 @@ fn a_second_agent_cannot_take_a_live_name() {
     let mut c = cluster();
     attach(&mut c, "n1", T0);
     c.challenge("n1", b"other".to_vec(), T0 + 1);
-    let req = pb::RegisterRequest {
+    let req = gpuctl_core::event::Register {
         node: "n1".into(),
         nonce: b"other".to_vec(),
         agent_id: "someone-else".into(),
-        ..pb::RegisterRequest::default()
+        ..gpuctl_core::event::Register::default()
     };
     let err = c.attach(&req, None, T0 + 2).unwrap_err();
     assert_eq!(err.kind, gpuctl_core::Kind::AlreadyExists);

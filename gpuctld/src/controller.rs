@@ -256,7 +256,7 @@ impl Controller {
         );
         let records = gpuctl_core::restore::Records {
             jobs: loaded.jobs,
-            nodes: loaded.nodes,
+            nodes: loaded.nodes.into_iter().map(crate::wire::node).collect(),
             usage: loaded.usage,
             next_job_id: loaded.next_job_id,
         };
@@ -335,7 +335,7 @@ impl Controller {
         }
         for name in &changes.nodes {
             if let Some(n) = c.nodes.get(name) {
-                self.store.put_node(n)?;
+                self.store.put_node(&crate::wire::stored_node(n))?;
             }
         }
         if changes.usage {

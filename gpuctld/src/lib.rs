@@ -8,6 +8,8 @@
 //! - `pki`: who a node is: the cluster CA, join tokens, node certificates and keys.
 //! - `store`: sled persistence with a schema version.
 //! - `server`: the tonic services (`Controller` for users, `AgentLink` for agents).
+//! - `wire`: protobuf to and from the state machine's own types (agents' events,
+//!   node records and listings).
 //! - `metrics`, `web`: the Prometheus endpoint and the read-only web page.
 //! - `daemon`: wiring: open the store, bind, serve, schedule, shut down on a signal.
 //!
@@ -22,3 +24,4 @@ pub mod pki;
 pub mod server;
 pub mod store;
 pub mod web;
+pub mod wire;

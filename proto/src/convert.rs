@@ -3,10 +3,10 @@
 //! sees protobuf and the programs convert at their edges only.
 
 use gpuctl_sched::job::{DepKind, JobState as State};
-use gpuctl_sched::{Alloc, GpuRequest, Request, SlotUse as DomainSlotUse, SlotView};
+use gpuctl_sched::{Alloc, GpuRequest, Request, SlotUse as DomainSlotUse};
 
 use crate::resources::Gpu as GpuPart;
-use crate::{Allocation, Gpu, GpuShare, JobState, MigInstances, Resources, SlotUse, dependency};
+use crate::{Allocation, GpuShare, JobState, MigInstances, Resources, SlotUse, dependency};
 
 /// The largest priority adjustment a job may carry either way (`nice`, `priority` in
 /// a job file): well past every weight the scheduler adds, far from `i32`'s ends.
@@ -284,33 +284,6 @@ pub fn cpu_milli(r: &Resources) -> u32 {
     } else {
         r.cpus.saturating_mul(1000)
     }
-}
-
-/// A node's slots: whole GPUs, or the MIG instances of a GPU in MIG mode.
-pub fn slots_of(gpus: &[Gpu]) -> Vec<SlotView> {
-    let mut slots = Vec::new();
-    for g in gpus {
-        if g.mig.is_empty() {
-            slots.push(SlotView {
-                uuid: g.uuid.clone(),
-                gpu_index: g.index,
-                model: g.model.clone(),
-                memory_mib: g.memory_mib,
-                mig_profile: None,
-            });
-        } else {
-            for m in &g.mig {
-                slots.push(SlotView {
-                    uuid: m.uuid.clone(),
-                    gpu_index: g.index,
-                    model: g.model.clone(),
-                    memory_mib: m.memory_mib,
-                    mig_profile: Some(m.profile.clone()),
-                });
-            }
-        }
-    }
-    slots
 }
 
 impl From<&Allocation> for Alloc {

@@ -28,10 +28,10 @@ fn cluster(nodes: usize, jobs: usize) -> Cluster {
         let n = format!("sim{k:05}");
         let nonce = format!("nonce-{k}").into_bytes();
         c.challenge(&n, nonce.clone(), T0);
-        let req = pb::RegisterRequest {
+        let req = gpuctl_core::event::Register {
             node: n.clone(),
             gpus: (0..8)
-                .map(|i| pb::Gpu {
+                .map(|i| gpuctl_core::node::Gpu {
                     index: i,
                     uuid: format!("GPU-{n}-{i}"),
                     model: "H100-80GB".into(),

@@ -159,7 +159,7 @@ fn controller(nodes: &[NodeView], config: &SchedConfig, base: &Config, t0: Milli
     for (i, n) in nodes.iter().enumerate() {
         let nonce = i.to_le_bytes().to_vec();
         c.challenge(&n.name, nonce.clone(), t0);
-        let req = pb::RegisterRequest {
+        let req = gpuctl_core::event::Register {
             node: n.name.clone(),
             gpus: gpus_of(n),
             cpus: n.cpu_milli / 1000,
@@ -167,7 +167,7 @@ fn controller(nodes: &[NodeView], config: &SchedConfig, base: &Config, t0: Milli
             gpu_backend: "simulated".into(),
             nonce,
             agent_id: format!("sim-{i}"),
-            ..pb::RegisterRequest::default()
+            ..Default::default()
         };
         c.attach(&req, None, t0)
             .expect("a simulated agent attaches");

@@ -16,7 +16,7 @@ fn job(samples: &[(u32, u64)], cpu_time_ms: u64, host_peak: u64) -> pb::Job {
         ..Default::default()
     };
     for (k, &(util, mem)) in samples.iter().enumerate() {
-        let m = pb::GpuMetrics {
+        let m = crate::node::GpuMetrics {
             uuid: "GPU-0".into(),
             util_pct: util,
             power_w: 300.0,
@@ -137,7 +137,7 @@ fn an_idle_gpu_of_several_is_named() {
     for k in 0..3 {
         for (i, s) in slots.iter().enumerate() {
             let busy = i < 3;
-            let m = pb::GpuMetrics {
+            let m = crate::node::GpuMetrics {
                 uuid: s.uuid.clone(),
                 util_pct: if busy { 80 } else { 0 },
                 time_ms: 1_000_000 + 10_000 * k,

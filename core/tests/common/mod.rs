@@ -2,9 +2,12 @@
 //! submitted as alice, passes, reports, and the commands effects carry.
 #![allow(dead_code)]
 
+use gpuctl_core::event::{Register, Report, ReportKind, Running};
+use gpuctl_core::node::Gpu;
 use gpuctl_core::ops::Admission;
 use gpuctl_core::{Actor, Cluster, Config, Effects};
 use gpuctl_proto::{self as pb, JobState};
+use gpuctl_sched::job::JobState as State;
 
 pub const T0: i64 = 1_700_000_000_000;
 
@@ -15,14 +18,14 @@ pub fn alice() -> Actor {
     }
 }
 
-pub fn gpus(node: &str, n: u32) -> Vec<pb::Gpu> {
+pub fn gpus(node: &str, n: u32) -> Vec<Gpu> {
     (0..n)
-        .map(|i| pb::Gpu {
+        .map(|i| Gpu {
             index: i,
             uuid: format!("GPU-{node}-{i}"),
             model: "A100-80GB".into(),
             memory_mib: 81920,
-            ..pb::Gpu::default()
+            ..Gpu::default()
         })
         .collect()
 }
@@ -58,7 +61,7 @@ pub fn attach_shaped(
 ) -> Effects {
     let nonce = format!("nonce-{node}-{now}").into_bytes();
     c.challenge(node, nonce.clone(), now);
-    let req = pb::RegisterRequest {
+    let req = Register {
         node: node.into(),
         gpus: gpus(node, shape.0),
         cpus: shape.1,
@@ -66,16 +69,12 @@ pub fn attach_shaped(
         gpu_backend: "fake".into(),
         running: running
             .iter()
-            .map(|&(job_id, attempt)| pb::RunningJob {
-                job_id,
-                attempt,
-                ..Default::default()
-            })
+            .map(|&(job_id, attempt)| Running::new(job_id, attempt))
             .collect(),
         nonce,
         agent_id: format!("agent-{node}"),
         features: features.iter().map(|f| f.to_string()).collect(),
-        ..pb::RegisterRequest::default()
+        ..Register::default()
     };
     let e = c.attach(&req, None, now).expect("attach").1;
     checked(c);
@@ -177,22 +176,18 @@ pub fn job_report(
     id: u64,
     end: Option<(JobState, i32)>,
     now: i64,
-) -> pb::JobReport {
+) -> Report {
     let attempt = c.jobs.job(id).unwrap().attempt;
-    pb::JobReport {
-        node: node.into(),
-        job_id: id,
-        kind: if end.is_some() {
-            pb::job_report::Kind::Ended
-        } else {
-            pb::job_report::Kind::Started
-        } as i32,
-        state: end.map_or(0, |e| e.0 as i32),
+    let kind = if end.is_some() {
+        ReportKind::Ended
+    } else {
+        ReportKind::Started
+    };
+    Report {
+        state: end.map_or(State::Failed, |e| State::try_from(e.0).unwrap()),
         exit_code: end.map(|e| e.1),
-        reason: String::new(),
         time_ms: now,
-        attempt,
-        ..Default::default()
+        ..Report::new(node, id, attempt, kind)
     }
 }
 

@@ -127,6 +127,7 @@ impl Controller {
         req: pb::RegisterRequest,
         peer: Option<std::net::SocketAddr>,
     ) -> Result<(mpsc::Receiver<Result<Box<pb::AgentCommand>, Status>>, u64), Status> {
+        let req = crate::wire::register(req);
         let (tx, rx) = mpsc::channel(1024);
         let (generation, out) = {
             let mut c = self.lock();
@@ -179,28 +180,30 @@ impl Controller {
         &self,
         req: &pb::HeartbeatRequest,
     ) -> Result<pb::HeartbeatResponse, Status> {
+        let hb = crate::wire::heartbeat(req);
         let (resp, out) = {
             let mut c = self.lock();
-            let (resp, effects) = c.heartbeat(req, now_ms());
+            let (resp, effects) = c.heartbeat(&hb, now_ms());
             (resp, self.settle(c, effects).map_err(store_status)?)
         };
         self.deliver(out, false).await.map_err(store_status)?;
-        Ok(resp)
+        Ok(crate::wire::heartbeat_answer(resp))
     }
 
     /// Applies an agent's report; answers whether a started instance is stale.
     pub async fn report(self: &Arc<Self>, r: &pb::JobReport) -> Result<pb::JobReportAck, Status> {
-        let (ack, mut out) = {
+        let r = crate::wire::report(r.clone())?;
+        let (stale, mut out) = {
             let mut c = self.lock();
-            let (ack, effects) = c.report(r, now_ms());
-            (ack, self.settle(c, effects).map_err(store_status)?)
+            let (stale, effects) = c.report(&r, now_ms());
+            (stale, self.settle(c, effects).map_err(store_status)?)
         };
         // A job's end frees its GPUs: the next start goes out with this answer's flush.
         if out.wake && self.pass_now().await {
             out.wake = false;
         }
         self.deliver(out, true).await.map_err(store_status)?;
-        Ok(ack)
+        Ok(pb::JobReportAck { stale })
     }
 
     /// Applies one node's reports in order under one lock and one write; answers each
@@ -209,14 +212,18 @@ impl Controller {
         self: &Arc<Self>,
         reports: &[pb::JobReport],
     ) -> Result<Vec<pb::JobReportAck>, Status> {
+        let reports = reports
+            .iter()
+            .map(|r| crate::wire::report(r.clone()))
+            .collect::<Result<Vec<_>, Status>>()?;
         let (acks, mut out) = {
             let mut c = self.lock();
             let now = now_ms();
             let mut all = gpuctl_core::Effects::default();
             let mut acks = Vec::with_capacity(reports.len());
-            for r in reports {
-                let (ack, effects) = c.report(r, now);
-                acks.push(ack);
+            for r in &reports {
+                let (stale, effects) = c.report(r, now);
+                acks.push(pb::JobReportAck { stale });
                 all.merge(effects);
             }
             (acks, self.settle(c, all).map_err(store_status)?)

@@ -335,7 +335,8 @@ impl Controller {
     /// The nodes named (all of them when `names` is empty), with the cluster's
     /// fragmentation when all were asked for.
     pub fn list_nodes(&self, names: &[String]) -> pb::ListNodesResponse {
-        self.lock().list_nodes(names)
+        let listing = self.lock().list_nodes(names);
+        crate::wire::listing_pb(listing)
     }
 
     pub async fn set_drain(&self, name: &str, drain: Option<String>) -> Result<pb::Node, Status> {
@@ -345,7 +346,7 @@ impl Controller {
             (node, self.settle(c, effects).map_err(store_status)?)
         };
         self.deliver(out, true).await.map_err(store_status)?;
-        Ok(node)
+        Ok(crate::wire::node_pb(node))
     }
 }
 

@@ -10,8 +10,10 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use gpuctl_core::Cluster;
+use gpuctl_core::event::{Report, ReportKind};
 use gpuctl_proto::{self as pb, JobState};
 use gpuctl_sched::Millis;
+use gpuctl_sched::job::JobState as State;
 
 use super::TraceJob;
 
@@ -33,7 +35,7 @@ pub struct RunRecord {
 }
 
 /// A due end: (time, job, attempt, node, state).
-type Due = Reverse<(Millis, u64, u32, String, i32)>;
+type Due = Reverse<(Millis, u64, u32, String, State)>;
 
 #[derive(Default)]
 pub struct SimAgents {
@@ -75,16 +77,12 @@ impl SimAgents {
             if !self.running.contains_key(&(id, attempt)) {
                 continue; // that instance is already gone
             }
-            let completed = state == JobState::Completed as i32;
-            let end = pb::JobReport {
-                node,
-                job_id: id,
-                kind: pb::job_report::Kind::Ended as i32,
+            let completed = state == State::Completed;
+            let end = Report {
                 state,
                 exit_code: Some(if completed { 0 } else { -15 }),
                 time_ms: t,
-                attempt,
-                ..pb::JobReport::default()
+                ..Report::new(&node, id, attempt, ReportKind::Ended)
             };
             c.report(&end, t);
             let Some(j) = c.jobs.job(id) else { continue };
@@ -134,16 +132,12 @@ impl SimAgents {
             match cmd.command {
                 Some(pb::agent_command::Command::Start(s)) => {
                     let j = by_id[&s.job_id];
-                    let report = pb::JobReport {
-                        node: node.clone(),
-                        job_id: s.job_id,
-                        kind: pb::job_report::Kind::Started as i32,
+                    let report = Report {
                         time_ms: now,
-                        attempt: s.attempt,
-                        ..pb::JobReport::default()
+                        ..Report::new(&node, s.job_id, s.attempt, ReportKind::Started)
                     };
                     c.report(&report, now);
-                    let done = JobState::Completed as i32;
+                    let done = State::Completed;
                     let saved = self.saved.get(&s.job_id).copied().unwrap_or(0);
                     let left = (j.duration - saved).max(1000);
                     self.ends
@@ -167,8 +161,11 @@ impl SimAgents {
                     };
                     let grace = i64::try_from(k.kill_grace_secs).unwrap_or(0) * 1000;
                     self.signalled.entry((k.job_id, attempt)).or_insert(now);
+                    // A kill names the state it ends in (one it cannot name reads as
+                    // FAILED, as the state machine reads an agent's unknown state).
+                    let state = State::try_from(k.as_state()).unwrap_or(State::Failed);
                     self.ends
-                        .push(Reverse((now + grace, k.job_id, attempt, node, k.as_state)));
+                        .push(Reverse((now + grace, k.job_id, attempt, node, state)));
                 }
                 // The trace opens no steps from outside jobs.
                 Some(pb::agent_command::Command::Step(_)) | None => {}

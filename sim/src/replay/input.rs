@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context as _, bail};
 use serde::Deserialize;
 
-use gpuctl_proto as pb;
+use gpuctl_core::node::{Gpu, MigInstance};
 use gpuctl_sched::{Eligibility, GpuRequest, Millis, NodeView, Request, SlotView};
 
 /// One job to replay.
@@ -218,18 +218,17 @@ pub fn read_jobs(
 }
 
 /// A node's GPUs as its agent reports them (MIG instances under their GPU).
-pub(super) fn gpus_of(n: &NodeView) -> Vec<pb::Gpu> {
-    let mut out: Vec<pb::Gpu> = Vec::new();
+pub(super) fn gpus_of(n: &NodeView) -> Vec<Gpu> {
+    let mut out: Vec<Gpu> = Vec::new();
     for s in &n.slots {
-        let mig = s.mig_profile.as_ref().map(|p| pb::MigInstance {
+        let mig = s.mig_profile.as_ref().map(|p| MigInstance {
             uuid: s.uuid.clone(),
             profile: p.clone(),
             memory_mib: s.memory_mib,
-            allocated_to: 0,
         });
         match (out.last_mut(), mig) {
             (Some(g), Some(m)) if g.index == s.gpu_index && !g.mig.is_empty() => g.mig.push(m),
-            (_, mig) => out.push(pb::Gpu {
+            (_, mig) => out.push(Gpu {
                 index: s.gpu_index,
                 uuid: if mig.is_some() {
                     format!("{}-gpu", s.uuid)
@@ -239,7 +238,7 @@ pub(super) fn gpus_of(n: &NodeView) -> Vec<pb::Gpu> {
                 model: s.model.clone(),
                 memory_mib: s.memory_mib,
                 mig: mig.into_iter().collect(),
-                ..pb::Gpu::default()
+                ..Gpu::default()
             }),
         }
     }

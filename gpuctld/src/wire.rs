@@ -1,0 +1,353 @@
+//! Where the daemon's protobuf meets the state machine's own types (`gpuctl_core::node`
+//! and `gpuctl_core::event`): what agents send, converted on the way in; the state's
+//! answers and node listings, converted on the way out; a node's record, converted
+//! to and from its stored form (`StoredNode`, whose format on disk is unchanged).
+
+use gpuctl_core::event::{Heartbeat, HeartbeatAnswer, Register, Report, ReportKind, Running};
+use gpuctl_core::node::{
+    Gpu, GpuMetrics, GpuRow, JobGpuUse, MigInstance, Node, NodeListing, NodeRow, NodeState,
+};
+use gpuctl_proto::store::StoredNode;
+use gpuctl_proto::{self as pb, job_report};
+use gpuctl_sched::job::JobState as State;
+use tonic::Status;
+
+/// An agent's attach. Unacknowledged reports of no known kind (none a released agent
+/// sends) are left out, with a line in the log.
+pub fn register(r: pb::RegisterRequest) -> Register {
+    let node = r.node;
+    let unacked_reports = r
+        .unacked_reports
+        .into_iter()
+        .filter_map(|x| {
+            report(x)
+                .inspect_err(
+                    |e| tracing::warn!(%node, "unacknowledged report left out: {}", e.message()),
+                )
+                .ok()
+        })
+        .collect();
+    Register {
+        gpus: r.gpus.into_iter().map(gpu).collect(),
+        cpus: r.cpus,
+        memory_bytes: r.memory_bytes,
+        gpu_backend: r.gpu_backend,
+        running: r.running.into_iter().map(running).collect(),
+        unacked_reports,
+        nonce: r.nonce,
+        agent_id: r.agent_id,
+        address: r.address,
+        allow_root_jobs: r.allow_root_jobs,
+        features: r.features,
+        node,
+    }
+}
+
+fn running(r: pb::RunningJob) -> Running {
+    Running {
+        job_id: r.job_id,
+        attempt: r.attempt,
+        cpu_time_ms: r.cpu_time_ms,
+        mem_peak_bytes: r.mem_peak_bytes,
+        steps: r.steps,
+    }
+}
+
+fn running_pb(r: Running) -> pb::RunningJob {
+    pb::RunningJob {
+        job_id: r.job_id,
+        attempt: r.attempt,
+        cpu_time_ms: r.cpu_time_ms,
+        mem_peak_bytes: r.mem_peak_bytes,
+        steps: r.steps,
+    }
+}
+
+/// A GPU as its agent discovered it (what a listing adds is not taken from an agent).
+fn gpu(g: pb::Gpu) -> Gpu {
+    Gpu {
+        uuid: g.uuid,
+        model: g.model,
+        memory_mib: g.memory_mib,
+        index: g.index,
+        pci_bus_id: g.pci_bus_id,
+        mig: g
+            .mig
+            .into_iter()
+            .map(|m| MigInstance {
+                uuid: m.uuid,
+                profile: m.profile,
+                memory_mib: m.memory_mib,
+            })
+            .collect(),
+    }
+}
+
+fn gpu_metrics(m: pb::GpuMetrics) -> GpuMetrics {
+    GpuMetrics {
+        uuid: m.uuid,
+        util_pct: m.util_pct,
+        mem_util_pct: m.mem_util_pct,
+        mem_used_mib: m.mem_used_mib,
+        temp_c: m.temp_c,
+        fan_pct: m.fan_pct,
+        power_w: m.power_w,
+        power_limit_w: m.power_limit_w,
+        ecc_uncorrected: m.ecc_uncorrected,
+        jobs: m
+            .jobs
+            .into_iter()
+            .map(|j| JobGpuUse {
+                job_id: j.job_id,
+                mem_used_mib: j.mem_used_mib,
+                processes: j.processes,
+            })
+            .collect(),
+        time_ms: m.time_ms,
+        last_xid: m.last_xid,
+        last_xid_ms: m.last_xid_ms,
+        row_remap_failure: m.row_remap_failure,
+    }
+}
+
+fn gpu_metrics_pb(m: GpuMetrics) -> pb::GpuMetrics {
+    pb::GpuMetrics {
+        uuid: m.uuid,
+        util_pct: m.util_pct,
+        mem_util_pct: m.mem_util_pct,
+        mem_used_mib: m.mem_used_mib,
+        temp_c: m.temp_c,
+        fan_pct: m.fan_pct,
+        power_w: m.power_w,
+        power_limit_w: m.power_limit_w,
+        ecc_uncorrected: m.ecc_uncorrected,
+        jobs: m
+            .jobs
+            .into_iter()
+            .map(|j| pb::JobGpuUse {
+                job_id: j.job_id,
+                mem_used_mib: j.mem_used_mib,
+                processes: j.processes,
+            })
+            .collect(),
+        time_ms: m.time_ms,
+        last_xid: m.last_xid,
+        last_xid_ms: m.last_xid_ms,
+        row_remap_failure: m.row_remap_failure,
+    }
+}
+
+/// A heartbeat (its signature and session checked by the caller).
+pub fn heartbeat(h: &pb::HeartbeatRequest) -> Heartbeat {
+    let h = h.clone();
+    Heartbeat {
+        node: h.node,
+        running: h.running.into_iter().map(running).collect(),
+        metrics: h.metrics.into_iter().map(gpu_metrics).collect(),
+        commands_handled: h.commands_handled,
+        reporting: h.reporting.into_iter().map(running).collect(),
+        health_error: h.health_error,
+    }
+}
+
+pub fn heartbeat_answer(a: HeartbeatAnswer) -> pb::HeartbeatResponse {
+    pb::HeartbeatResponse {
+        known: a.known,
+        stale: a.stale.into_iter().map(running_pb).collect(),
+    }
+}
+
+/// An agent's report; one of no known kind is refused (a released agent sends none).
+/// An end's state that the state machine does not know reads as FAILED there.
+pub fn report(r: pb::JobReport) -> Result<Report, Status> {
+    let kind = match r.kind() {
+        job_report::Kind::Started => ReportKind::Started,
+        job_report::Kind::Ended => ReportKind::Ended,
+        job_report::Kind::Warning => ReportKind::Warning,
+        job_report::Kind::Unspecified => {
+            return Err(Status::invalid_argument(format!(
+                "report of job {} names no kind (STARTED, ENDED or WARNING)",
+                r.job_id
+            )));
+        }
+    };
+    Ok(Report {
+        state: State::try_from(r.state()).unwrap_or(State::Failed),
+        node: r.node,
+        job_id: r.job_id,
+        attempt: r.attempt,
+        kind,
+        exit_code: r.exit_code,
+        reason: r.reason,
+        time_ms: r.time_ms,
+        cpu_time_ms: r.cpu_time_ms,
+        mem_peak_bytes: r.mem_peak_bytes,
+        steps: r.steps,
+    })
+}
+
+/// A node's record from its stored form.
+pub fn node(n: StoredNode) -> Node {
+    Node {
+        name: n.name,
+        gpus: n.gpus.into_iter().map(gpu).collect(),
+        cpus: n.cpus,
+        memory_bytes: n.memory_bytes,
+        drain_reason: n.drain_reason,
+        gpu_backend: n.gpu_backend,
+        last_seen_ms: n.last_seen_ms,
+        agent_id: n.agent_id,
+        address: n.address,
+        allow_root_jobs: n.allow_root_jobs,
+        drain_automatic: n.drain_automatic,
+        xid_handled_ms: n.xid_handled_ms,
+        features: n.features,
+    }
+}
+
+/// A GPU as stored and listed (what a listing adds left at zero).
+fn gpu_pb(g: Gpu) -> pb::Gpu {
+    pb::Gpu {
+        uuid: g.uuid,
+        model: g.model,
+        memory_mib: g.memory_mib,
+        index: g.index,
+        pci_bus_id: g.pci_bus_id,
+        mig: g
+            .mig
+            .into_iter()
+            .map(|m| pb::MigInstance {
+                uuid: m.uuid,
+                profile: m.profile,
+                memory_mib: m.memory_mib,
+                allocated_to: 0,
+            })
+            .collect(),
+        ..pb::Gpu::default()
+    }
+}
+
+/// A node's record in its stored form.
+pub fn stored_node(n: &Node) -> StoredNode {
+    let n = n.clone();
+    StoredNode {
+        name: n.name,
+        gpus: n.gpus.into_iter().map(gpu_pb).collect(),
+        cpus: n.cpus,
+        memory_bytes: n.memory_bytes,
+        drain_reason: n.drain_reason,
+        gpu_backend: n.gpu_backend,
+        last_seen_ms: n.last_seen_ms,
+        agent_id: n.agent_id,
+        address: n.address,
+        allow_root_jobs: n.allow_root_jobs,
+        drain_automatic: n.drain_automatic,
+        xid_handled_ms: n.xid_handled_ms,
+        features: n.features,
+    }
+}
+
+fn gpu_row_pb(r: GpuRow) -> pb::Gpu {
+    let mut g = gpu_pb(r.gpu);
+    for (m, to) in g.mig.iter_mut().zip(r.mig_allocated_to) {
+        m.allocated_to = to;
+    }
+    g.allocated_to = r.allocated_to;
+    g.compute_allocated_milli = r.compute_allocated_milli;
+    g.memory_allocated_mib = r.memory_allocated_mib;
+    g.jobs = r.jobs;
+    g.metrics = r.metrics.map(gpu_metrics_pb);
+    g
+}
+
+/// A node as the listings show it.
+pub fn node_pb(r: NodeRow) -> pb::Node {
+    let state = match r.state {
+        NodeState::Idle => pb::NodeState::Idle,
+        NodeState::Mixed => pb::NodeState::Mixed,
+        NodeState::Allocated => pb::NodeState::Allocated,
+        NodeState::Draining => pb::NodeState::Draining,
+        NodeState::Drained => pb::NodeState::Drained,
+        NodeState::Down => pb::NodeState::Down,
+    };
+    let n = r.node;
+    pb::Node {
+        name: n.name,
+        state: state as i32,
+        gpus: r.gpus.into_iter().map(gpu_row_pb).collect(),
+        reason: r.reason,
+        cpus: n.cpus,
+        cpus_allocated: r.cpus_allocated,
+        memory_bytes: n.memory_bytes,
+        memory_allocated: r.memory_allocated,
+        last_seen_ms: n.last_seen_ms,
+        gpu_backend: n.gpu_backend,
+        partitions: r.partitions,
+        features: n.features,
+    }
+}
+
+pub fn listing_pb(l: NodeListing) -> pb::ListNodesResponse {
+    pb::ListNodesResponse {
+        nodes: l.nodes.into_iter().map(node_pb).collect(),
+        fragmentation_gpus: l.fragmentation_gpus,
+        fragmentation_pct_of_idle: l.fragmentation_pct_of_idle,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_record_is_the_same_after_a_round_trip_through_its_stored_form() {
+        let stored = StoredNode {
+            name: "n1".into(),
+            gpus: vec![pb::Gpu {
+                uuid: "GPU-1".into(),
+                model: "A100-80GB".into(),
+                memory_mib: 81920,
+                index: 3,
+                pci_bus_id: "0000:17:00.0".into(),
+                mig: vec![pb::MigInstance {
+                    uuid: "MIG-1".into(),
+                    profile: "1g.10gb".into(),
+                    memory_mib: 9728,
+                    allocated_to: 0,
+                }],
+                ..pb::Gpu::default()
+            }],
+            cpus: 64,
+            memory_bytes: 1 << 40,
+            drain_reason: Some("fan".into()),
+            gpu_backend: "nvml".into(),
+            last_seen_ms: 7,
+            agent_id: "a".into(),
+            address: "10.0.0.1".into(),
+            allow_root_jobs: true,
+            drain_automatic: true,
+            xid_handled_ms: 9,
+            features: vec!["ib".into()],
+        };
+        assert_eq!(stored_node(&node(stored.clone())), stored);
+    }
+
+    #[test]
+    fn a_report_without_a_kind_is_refused_and_an_unknown_end_reads_failed() {
+        let r = pb::JobReport {
+            node: "n1".into(),
+            job_id: 4,
+            ..pb::JobReport::default()
+        };
+        assert!(report(r.clone()).is_err());
+        let ended = report(pb::JobReport {
+            kind: job_report::Kind::Ended as i32,
+            ..r
+        })
+        .unwrap();
+        assert_eq!(
+            (ended.kind, ended.state),
+            (ReportKind::Ended, State::Failed)
+        );
+    }
+}
