@@ -54,21 +54,22 @@ impl Cluster {
         Ok(())
     }
 
-    /// The session of `node`'s connection `generation`, recording a start sent as its
-    /// `seq`th command; `None` when that connection is no longer the node's live one.
+    /// The session of `node`'s connection `generation`, recording the start of
+    /// `(job, attempt)` if the command sent as its `seq`th is one; `None` when that
+    /// connection is no longer the node's live one.
     pub fn command_sent(
         &mut self,
         node: &str,
         generation: u64,
         seq: u64,
-        cmd: &pb::AgentCommand,
+        start: Option<(u64, u32)>,
     ) -> Option<Vec<u8>> {
         let conn = self
             .conns
             .get_mut(node)
             .filter(|x| x.generation == generation)?;
-        if let Some(pb::agent_command::Command::Start(s)) = &cmd.command {
-            conn.starts.push((seq, s.job_id, s.attempt));
+        if let Some((job, attempt)) = start {
+            conn.starts.push((seq, job, attempt));
         }
         Some(conn.session.clone())
     }

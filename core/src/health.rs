@@ -133,7 +133,7 @@ impl Cluster {
                 continue;
             }
             let reason = format!("failed: {what}");
-            let (sends, _) = self.kill_running(id, &reason, JobState::Failed);
+            let (sends, _) = self.kill_running(id, &reason, gpuctl_sched::job::JobState::Failed);
             let sent = !sends.is_empty();
             effects.sends.extend(sends);
             if !sent {

@@ -140,14 +140,12 @@ impl Cluster {
         let mut sent = false;
         for node in nodes {
             if self.conns.contains_key(&node) {
-                let mut kill = self.kill_cmd(id, attempt, reason);
-                if let Some(pb::agent_command::Command::Kill(k)) = kill.command.as_mut() {
-                    k.as_state = JobState::Cancelled as i32;
-                    if let Some((sig, lead)) = &signal {
-                        k.signal = sig.clone();
-                        k.kill_grace_secs = k.kill_grace_secs.max(*lead);
-                    }
+                let mut k = self.kill(id, attempt, reason);
+                if let Some((sig, lead)) = &signal {
+                    k.signal = sig.clone();
+                    k.kill_grace_secs = k.kill_grace_secs.max(*lead);
                 }
+                let kill = crate::command::Command::Kill(k);
                 effects.sends.push((node, kill));
                 sent = true;
             }

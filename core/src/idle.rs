@@ -138,7 +138,8 @@ impl Cluster {
                 }
                 IdleAction::Cancel => {
                     let why = format!("cancelled: {why}");
-                    let (sends, _) = self.kill_running(id, &why, JobState::Cancelled);
+                    let (sends, _) =
+                        self.kill_running(id, &why, gpuctl_sched::job::JobState::Cancelled);
                     effects.sends.extend(sends);
                     effects.wake = true;
                 }

@@ -108,7 +108,7 @@ impl Cluster {
             ),
             None => format!("allocation released by {}", actor.user),
         };
-        let (sends, _) = self.kill_running(id, &why, JobState::Completed);
+        let (sends, _) = self.kill_running(id, &why, gpuctl_sched::job::JobState::Completed);
         tracing::info!(job = id, by = %actor.user, "allocation released");
         let mut effects = Effects::wake();
         effects.sends.extend(sends);

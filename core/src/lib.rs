@@ -17,13 +17,15 @@
 //! job), `filter` (listings' filters), `partitions` (node sets and their limits),
 //! `windows` (time-of-day windows), `reconfig` (a new config taken while running),
 //! `retention`, `config`, `error`; `node` (a node's record, its GPUs, their samples)
-//! and `event` (what agents tell the controller) are the state's own words for them.
+//! `event` (what agents tell the controller) and `command`
+//! (what the controller tells them) are the state's own words for them.
 
 pub mod agents;
 pub mod answers;
 pub mod begin;
 pub mod check;
 pub mod colocate;
+pub mod command;
 pub mod config;
 pub mod efficiency;
 pub mod error;

@@ -8,6 +8,7 @@ use gpuctl_proto::store::StoredJob;
 use gpuctl_proto::{self as pb, JobState};
 use gpuctl_sched::{self as sched, ClusterView, PendingJob};
 
+use crate::command::{Command, Start};
 use crate::error::{Actor, Refusal};
 use crate::jobs::{Transition, owner};
 use crate::state::{Cluster, Effects, settle_dependencies};
@@ -444,9 +445,9 @@ impl Cluster {
             .collect();
         tracing::info!(job = j.id, attempt = j.attempt, nodes = ?nodelist, "starting job");
         for a in &j.allocations {
-            let cmd = pb::StartJob {
+            let cmd = Start {
                 job_id: j.id,
-                spec: j.spec.clone(),
+                spec: j.spec.clone().unwrap_or_default(),
                 time_limit_secs: j.time_limit_secs,
                 kill_grace_secs: self.config.kill_grace.as_secs(),
                 slots: a.slots.clone(),
@@ -455,13 +456,9 @@ impl Cluster {
                 attempt: j.attempt,
                 addresses: addresses.clone(),
             };
-            effects.sends.push((
-                a.node.clone(),
-                pb::AgentCommand {
-                    command: Some(pb::agent_command::Command::Start(cmd)),
-                    ..pb::AgentCommand::default()
-                },
-            ));
+            effects
+                .sends
+                .push((a.node.clone(), Command::Start(Box::new(cmd))));
         }
     }
 }

@@ -256,12 +256,12 @@ impl Cluster {
                 if !self.conns.contains_key(&node) {
                     continue;
                 }
-                let mut kill = self.kill_cmd(victim, attempt, &reason);
-                if let Some(pb::agent_command::Command::Kill(k)) = kill.command.as_mut() {
-                    k.as_state = JobState::Preempted as i32;
-                    k.signal = signal.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
-                    k.kill_grace_secs = lead;
-                }
+                let kill = crate::command::Command::Kill(crate::command::Kill {
+                    as_state: gpuctl_sched::job::JobState::Preempted,
+                    signal: signal.as_ref().map(|(n, _)| n.clone()).unwrap_or_default(),
+                    kill_grace_secs: lead,
+                    ..self.kill(victim, attempt, &reason)
+                });
                 effects.sends.push((node, kill));
             }
         }

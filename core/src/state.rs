@@ -8,6 +8,7 @@ use gpuctl_proto::{self as pb, JobState};
 use gpuctl_sched::packing::Workload;
 use gpuctl_sched::{self as sched, ClusterView, Eligibility, NodeView, PendingJob, Request};
 
+use crate::command::{Command, Kill};
 use crate::config::Config;
 use crate::jobs::{Jobs, Transition, job_of};
 use crate::node::{GpuMetrics, GpuRow, Node, NodeRow, NodeState};
@@ -97,7 +98,7 @@ pub struct Cluster {
 #[derive(Debug, Default, PartialEq)]
 pub struct Effects {
     /// Commands for agents (by node), sent once what changed is durable.
-    pub sends: Vec<(String, pb::AgentCommand)>,
+    pub sends: Vec<(String, Command)>,
     /// A scheduling pass is due.
     pub wake: bool,
     /// Nodes whose agent session ended (their command streams close).
@@ -172,19 +173,22 @@ impl Cluster {
         self.nodes_changed.insert(name.to_string());
     }
 
-    /// A kill of a job's instance (`attempt` 0: whichever runs there).
-    pub fn kill_cmd(&self, job_id: u64, attempt: u32, reason: &str) -> pb::AgentCommand {
-        pb::AgentCommand {
-            command: Some(pb::agent_command::Command::Kill(pb::KillJob {
-                job_id,
-                as_state: JobState::Cancelled as i32,
-                kill_grace_secs: self.config.kill_grace.as_secs(),
-                reason: reason.into(),
-                attempt,
-                signal: String::new(),
-            })),
-            ..pb::AgentCommand::default()
+    /// A kill of a job's instance (`attempt` 0: whichever runs there), ending it
+    /// CANCELLED after the configured grace.
+    pub fn kill(&self, job_id: u64, attempt: u32, reason: &str) -> Kill {
+        Kill {
+            job_id,
+            attempt,
+            as_state: sched::job::JobState::Cancelled,
+            kill_grace_secs: self.config.kill_grace.as_secs(),
+            reason: reason.into(),
+            signal: String::new(),
         }
+    }
+
+    /// `kill` as a command.
+    pub fn kill_cmd(&self, job_id: u64, attempt: u32, reason: &str) -> Command {
+        Command::Kill(self.kill(job_id, attempt, reason))
     }
 }
 
@@ -197,8 +201,8 @@ impl Cluster {
         &mut self,
         id: u64,
         reason: &str,
-        as_state: JobState,
-    ) -> (Vec<(String, pb::AgentCommand)>, usize) {
+        as_state: sched::job::JobState,
+    ) -> (Vec<(String, Command)>, usize) {
         let Some(j) = self.jobs.job(id) else {
             return (Vec::new(), 0);
         };
@@ -211,11 +215,11 @@ impl Cluster {
                 missing += 1;
                 continue;
             }
-            let mut kill = self.kill_cmd(id, attempt, reason);
-            if let Some(pb::agent_command::Command::Kill(k)) = kill.command.as_mut() {
-                k.as_state = as_state as i32;
-            }
-            sends.push((node, kill));
+            let kill = Kill {
+                as_state,
+                ..self.kill(id, attempt, reason)
+            };
+            sends.push((node, Command::Kill(kill)));
         }
         (sends, missing)
     }

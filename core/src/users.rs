@@ -156,7 +156,8 @@ impl Cluster {
                 }
                 JobState::Running => {
                     let why = format!("cancelled by {}", actor.user);
-                    let (sends, missing) = self.kill_running(id, &why, JobState::Cancelled);
+                    let (sends, missing) =
+                        self.kill_running(id, &why, gpuctl_sched::job::JobState::Cancelled);
                     effects.sends.extend(sends);
                     results.push(result(
                         true,

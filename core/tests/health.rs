@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use gpuctl_core::Cluster;
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_proto::JobState;
 
 /// A heartbeat from n1 running `jobs`, with `xids` as (GPU index, XID, when).
 fn beat(c: &mut Cluster, jobs: &[u64], xids: &[(u32, u32, i64)], now: i64) -> gpuctl_core::Effects {
@@ -115,15 +115,12 @@ fn a_job_that_may_not_requeue_ends_failed_with_the_xid() {
     report(&mut c, "n1", id, None, T0);
     let gpu = gpu_of(&c, id);
     let effects = beat(&mut c, &[id], &[(gpu, 48, T0 + 10)], T0 + 1000);
-    let kill = effects
-        .sends
-        .iter()
-        .find_map(|(_, cmd)| match cmd.command.as_ref() {
-            Some(pb::agent_command::Command::Kill(k)) => Some(k.clone()),
-            _ => None,
-        });
+    let kill = effects.sends.iter().find_map(|(_, cmd)| match cmd {
+        gpuctl_core::command::Command::Kill(k) => Some(k.clone()),
+        _ => None,
+    });
     let kill = kill.expect("a kill");
-    assert_eq!(kill.as_state, JobState::Failed as i32);
+    assert_eq!(kill.as_state, gpuctl_sched::job::JobState::Failed);
     assert!(
         kill.reason.contains("XID 48 (double-bit ECC error)"),
         "{}",

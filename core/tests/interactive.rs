@@ -99,12 +99,12 @@ fn a_released_allocation_ends_completed_and_only_allocations_are_released() {
     let kill = e
         .sends
         .iter()
-        .find_map(|(_, cmd)| match &cmd.command {
-            Some(pb::agent_command::Command::Kill(k)) => Some(k.clone()),
+        .find_map(|(_, cmd)| match cmd {
+            gpuctl_core::command::Command::Kill(k) => Some(k.clone()),
             _ => None,
         })
         .expect("its holder is stopped");
-    assert_eq!(kill.as_state(), JobState::Completed);
+    assert_eq!(kill.as_state, gpuctl_sched::job::JobState::Completed);
     assert!(kill.reason.contains("exited 4"), "{}", kill.reason);
     checked(&c);
     report(&mut c, "n1", alloc, Some((JobState::Completed, 0)), T0 + 30);

@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use gpuctl_core::command::{Command, Kill};
 use gpuctl_core::ops::Admission;
 use gpuctl_core::{Actor, Cluster, Config, Effects};
 use gpuctl_proto::{self as pb, JobState};
@@ -27,12 +28,12 @@ fn submit_as(c: &mut Cluster, who: &Actor, mut spec: pb::JobSpec, now: i64) -> u
     }
 }
 
-fn kills(effects: &Effects) -> Vec<pb::KillJob> {
+fn kills(effects: &Effects) -> Vec<Kill> {
     effects
         .sends
         .iter()
-        .filter_map(|(_, c)| match c.command.as_ref() {
-            Some(pb::agent_command::Command::Kill(k)) => Some(k.clone()),
+        .filter_map(|(_, c)| match c {
+            Command::Kill(k) => Some(k.clone()),
             _ => None,
         })
         .collect()
@@ -41,7 +42,7 @@ fn kills(effects: &Effects) -> Vec<pb::KillJob> {
 /// The agent reports every start `effects` sent as running.
 fn started(c: &mut Cluster, node: &str, effects: &Effects, now: i64) {
     for (n, cmd) in &effects.sends {
-        if let Some(pb::agent_command::Command::Start(s)) = cmd.command.as_ref() {
+        if let Command::Start(s) = cmd {
             assert_eq!(n, node);
             report(c, node, s.job_id, None, now);
         }
@@ -218,7 +219,7 @@ fn a_victim_that_is_not_requeueable_ends_preempted() {
     submit_spec(&mut c, urgent, T0 + 120_000);
     let k = kills(&pass(&mut c, T0 + 120_000));
     assert_eq!(k.len(), 1);
-    assert_eq!(k[0].as_state, JobState::Preempted as i32);
+    assert_eq!(k[0].as_state, gpuctl_sched::job::JobState::Preempted);
     report(
         &mut c,
         "n1",
@@ -246,7 +247,7 @@ fn an_array_makes_one_job_per_task_and_its_throttle_holds() {
     let e = pass(&mut c, T0);
     assert_eq!(commands(&e).len(), 2, "{:?}", commands(&e));
     for (node, cmd) in &e.sends {
-        if let Some(pb::agent_command::Command::Start(st)) = cmd.command.as_ref() {
+        if let Command::Start(st) = cmd {
             report(&mut c, node, st.job_id, None, T0);
         }
     }

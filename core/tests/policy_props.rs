@@ -8,12 +8,14 @@ mod common;
 use std::collections::HashMap;
 
 use common::*;
+use gpuctl_core::command::Command;
 use gpuctl_core::config::QosConfig;
 use gpuctl_core::event::{Report, ReportKind};
 use gpuctl_core::ops::Admission;
 use gpuctl_core::windows::Window;
 use gpuctl_core::{Actor, Cluster, Config, Effects};
 use gpuctl_proto::{self as pb, JobState};
+use gpuctl_sched::job::JobState as State;
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -77,14 +79,14 @@ fn config() -> Config {
 /// The simulated agents: instances running, and ends due (time, job, attempt, node, state).
 #[derive(Default)]
 struct Agents {
-    due: Vec<(i64, u64, u32, String, JobState)>,
+    due: Vec<(i64, u64, u32, String, State)>,
 }
 
 impl Agents {
     fn run(&mut self, c: &mut Cluster, e: Effects, now: i64) {
         for (node, cmd) in e.sends {
-            match cmd.command {
-                Some(pb::agent_command::Command::Start(s)) => {
+            match cmd {
+                Command::Start(s) => {
                     let r = Report {
                         time_ms: now,
                         ..Report::new(&node, s.job_id, s.attempt, ReportKind::Started)
@@ -92,19 +94,17 @@ impl Agents {
                     c.report(&r, now);
                     checked(c);
                 }
-                Some(pb::agent_command::Command::Kill(k)) => {
+                Command::Kill(k) => {
                     let t = now + i64::try_from(k.kill_grace_secs).unwrap() * 1000;
-                    self.due.push((t, k.job_id, k.attempt, node, k.as_state()));
+                    self.due.push((t, k.job_id, k.attempt, node, k.as_state));
                 }
-                // The state never opens steps itself (the shell relays them).
-                Some(pb::agent_command::Command::Step(_)) | None => {}
             }
         }
     }
 
-    fn end(c: &mut Cluster, id: u64, attempt: u32, node: &str, state: JobState, now: i64) {
+    fn end(c: &mut Cluster, id: u64, attempt: u32, node: &str, state: State, now: i64) {
         let r = Report {
-            state: state.try_into().unwrap(),
+            state,
             exit_code: Some(0),
             time_ms: now,
             ..Report::new(node, id, attempt, ReportKind::Ended)
@@ -191,7 +191,7 @@ proptest! {
                         .flat_map(|j| j.allocations.iter().filter(|a| !a.ended).map(|a| (j.id, j.attempt, a.node.clone())))
                         .collect();
                     if let Some((id, attempt, node)) = running.get(k % running.len().max(1)).cloned() {
-                        Agents::end(&mut c, id, attempt, &node, JobState::Completed, now);
+                        Agents::end(&mut c, id, attempt, &node, State::Completed, now);
                     }
                 }
             }
@@ -307,7 +307,7 @@ proptest! {
                 .flat_map(|j| j.allocations.iter().filter(|a| !a.ended).map(|a| (j.id, j.attempt, a.node.clone())))
                 .collect();
             for (id, attempt, node) in over {
-                Agents::end(&mut c, id, attempt, &node, JobState::Completed, now);
+                Agents::end(&mut c, id, attempt, &node, State::Completed, now);
             }
             let e = pass(&mut c, now);
             agents.run(&mut c, e, now);

@@ -25,7 +25,7 @@ fn submit_start_and_end() {
 
     let e = pass(&mut c, T0 + 10);
     assert_eq!(commands(&e), vec![to("n1", "start 1")]);
-    let pb::agent_command::Command::Start(start) = e.sends[0].1.command.clone().unwrap() else {
+    let gpuctl_core::command::Command::Start(start) = e.sends[0].1.clone() else {
         unreachable!()
     };
     assert_eq!(
@@ -354,7 +354,11 @@ fn a_start_the_agent_handled_but_did_not_run_fails_its_job() {
     let e = pass(&mut c, T0);
     // The shell signs the start as command 1 of the session.
     let generation = c.conns["n1"].generation;
-    assert!(c.command_sent("n1", generation, 1, &e.sends[0].1).is_some());
+    let gpuctl_core::command::Command::Start(s) = &e.sends[0].1 else {
+        panic!("a start: {:?}", e.sends)
+    };
+    let start = Some((s.job_id, s.attempt));
+    assert!(c.command_sent("n1", generation, 1, start).is_some());
     let hb = gpuctl_core::event::Heartbeat {
         node: "n1".into(),
         commands_handled: 1,

@@ -144,7 +144,10 @@ impl Shared {
         let sends = effects
             .sends
             .into_iter()
-            .filter_map(|(node, cmd)| self.links.get(&node).map(|l| (l.tx.clone(), cmd)))
+            .filter_map(|(node, cmd)| {
+                let tx = self.links.get(&node)?.tx.clone();
+                Some((tx, crate::wire::command_pb(cmd)))
+            })
             .collect();
         (sends, effects.wake)
     }

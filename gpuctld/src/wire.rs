@@ -1,8 +1,9 @@
 //! Where the daemon's protobuf meets the state machine's own types (`gpuctl_core::node`
 //! and `gpuctl_core::event`): what agents send, converted on the way in; the state's
-//! answers and node listings, converted on the way out; a node's record, converted
+//! answers, its commands and node listings, converted on the way out; a node's record, converted
 //! to and from its stored form (`StoredNode`, whose format on disk is unchanged).
 
+use gpuctl_core::command::Command;
 use gpuctl_core::event::{Heartbeat, HeartbeatAnswer, Register, Report, ReportKind, Running};
 use gpuctl_core::node::{
     Gpu, GpuMetrics, GpuRow, JobGpuUse, MigInstance, Node, NodeListing, NodeRow, NodeState,
@@ -292,6 +293,38 @@ pub fn listing_pb(l: NodeListing) -> pb::ListNodesResponse {
         nodes: l.nodes.into_iter().map(node_pb).collect(),
         fragmentation_gpus: l.fragmentation_gpus,
         fragmentation_pct_of_idle: l.fragmentation_pct_of_idle,
+    }
+}
+
+/// A command for an agent, unsigned (the stream signs it with its session and number).
+pub fn command_pb(c: Command) -> pb::AgentCommand {
+    let command = match c {
+        Command::Start(s) => {
+            let s = *s;
+            pb::agent_command::Command::Start(pb::StartJob {
+                job_id: s.job_id,
+                spec: Some(s.spec),
+                time_limit_secs: s.time_limit_secs,
+                kill_grace_secs: s.kill_grace_secs,
+                slots: s.slots,
+                rank: s.rank,
+                nodelist: s.nodelist,
+                attempt: s.attempt,
+                addresses: s.addresses,
+            })
+        }
+        Command::Kill(k) => pb::agent_command::Command::Kill(pb::KillJob {
+            job_id: k.job_id,
+            as_state: pb::JobState::from(k.as_state) as i32,
+            kill_grace_secs: k.kill_grace_secs,
+            reason: k.reason,
+            attempt: k.attempt,
+            signal: k.signal,
+        }),
+    };
+    pb::AgentCommand {
+        command: Some(command),
+        ..pb::AgentCommand::default()
     }
 }
 

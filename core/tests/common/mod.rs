@@ -2,6 +2,7 @@
 //! submitted as alice, passes, reports, and the commands effects carry.
 #![allow(dead_code)]
 
+use gpuctl_core::command::Command;
 use gpuctl_core::event::{Register, Report, ReportKind, Running};
 use gpuctl_core::node::Gpu;
 use gpuctl_core::ops::Admission;
@@ -197,10 +198,9 @@ pub fn commands(effects: &Effects) -> Vec<(String, String)> {
         .sends
         .iter()
         .map(|(node, cmd)| {
-            let what = match cmd.command.as_ref().unwrap() {
-                pb::agent_command::Command::Start(s) => format!("start {}", s.job_id),
-                pb::agent_command::Command::Kill(k) => format!("kill {}", k.job_id),
-                pb::agent_command::Command::Step(s) => format!("step {}", s.job_id),
+            let what = match cmd {
+                Command::Start(s) => format!("start {}", s.job_id),
+                Command::Kill(k) => format!("kill {}", k.job_id),
             };
             (node.clone(), what)
         })

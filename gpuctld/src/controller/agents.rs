@@ -25,7 +25,11 @@ impl Controller {
         seq: u64,
         cmd: pb::AgentCommand,
     ) -> Option<pb::SignedCommand> {
-        let session = self.lock().command_sent(node, generation, seq, &cmd)?;
+        let start = match &cmd.command {
+            Some(pb::agent_command::Command::Start(s)) => Some((s.job_id, s.attempt)),
+            _ => None,
+        };
+        let session = self.lock().command_sent(node, generation, seq, start)?;
         let cmd = pb::AgentCommand {
             session,
             seq,

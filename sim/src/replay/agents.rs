@@ -10,8 +10,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use gpuctl_core::Cluster;
+use gpuctl_core::command::Command;
 use gpuctl_core::event::{Report, ReportKind};
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_proto::JobState;
 use gpuctl_sched::Millis;
 use gpuctl_sched::job::JobState as State;
 
@@ -123,14 +124,14 @@ impl SimAgents {
     pub fn deliver<'a>(
         &mut self,
         c: &mut Cluster,
-        sends: Vec<(String, pb::AgentCommand)>,
+        sends: Vec<(String, Command)>,
         by_id: &BTreeMap<u64, &'a TraceJob>,
         now: Millis,
     ) -> Vec<&'a TraceJob> {
         let mut started = Vec::new();
         for (node, cmd) in sends {
-            match cmd.command {
-                Some(pb::agent_command::Command::Start(s)) => {
+            match cmd {
+                Command::Start(s) => {
                     let j = by_id[&s.job_id];
                     let report = Report {
                         time_ms: now,
@@ -153,7 +154,7 @@ impl SimAgents {
                         started.push(j);
                     }
                 }
-                Some(pb::agent_command::Command::Kill(k)) => {
+                Command::Kill(k) => {
                     let attempt = if k.attempt > 0 {
                         k.attempt
                     } else {
@@ -161,14 +162,9 @@ impl SimAgents {
                     };
                     let grace = i64::try_from(k.kill_grace_secs).unwrap_or(0) * 1000;
                     self.signalled.entry((k.job_id, attempt)).or_insert(now);
-                    // A kill names the state it ends in (one it cannot name reads as
-                    // FAILED, as the state machine reads an agent's unknown state).
-                    let state = State::try_from(k.as_state()).unwrap_or(State::Failed);
                     self.ends
-                        .push(Reverse((now + grace, k.job_id, attempt, node, state)));
+                        .push(Reverse((now + grace, k.job_id, attempt, node, k.as_state)));
                 }
-                // The trace opens no steps from outside jobs.
-                Some(pb::agent_command::Command::Step(_)) | None => {}
             }
         }
         started

@@ -1,0 +1,58 @@
+//! What the state machine tells an agent to do (`Effects::sends`): start a job's part
+//! on its node, or kill a job's instance. The daemon turns each into the signed
+//! protobuf command of the node's stream (`gpuctld/src/wire.rs`); the tests and the
+//! simulator read them as they are.
+
+use gpuctl_proto as pb;
+use gpuctl_sched::job::JobState;
+
+/// One command for one node's agent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    Start(Box<Start>),
+    Kill(Kill),
+}
+
+/// Start a job's part (one rank) on the node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Start {
+    pub job_id: u64,
+    /// Which start of the job this is (1 for the first; a requeue starts another).
+    pub attempt: u32,
+    /// The job as submitted (the job record's vocabulary).
+    pub spec: pb::JobSpec,
+    pub time_limit_secs: u64,
+    /// From a kill's TERM to its KILL.
+    pub kill_grace_secs: u64,
+    /// The GPU slots of this rank.
+    pub slots: Vec<pb::SlotUse>,
+    pub rank: u32,
+    /// Every node of the job, in rank order, and where each is reached.
+    pub nodelist: Vec<String>,
+    pub addresses: Vec<String>,
+}
+
+/// Kill a job's instance on the node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kill {
+    pub job_id: u64,
+    /// The instance (0: whichever runs there).
+    pub attempt: u32,
+    /// The state the job's part ends in.
+    pub as_state: JobState,
+    /// From the first signal to KILL.
+    pub kill_grace_secs: u64,
+    pub reason: String,
+    /// The first signal by name (empty: TERM), like a preemption's checkpoint signal.
+    pub signal: String,
+}
+
+impl Command {
+    /// The job this command is about.
+    pub fn job_id(&self) -> u64 {
+        match self {
+            Command::Start(s) => s.job_id,
+            Command::Kill(k) => k.job_id,
+        }
+    }
+}
