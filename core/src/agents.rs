@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
+use gpuctl_proto::JobState;
 use gpuctl_proto::auth::{ReplayWindow, Signed};
-use gpuctl_proto::{self as pb, JobState};
 
 use crate::error::Refusal;
 use crate::event::{Heartbeat, HeartbeatAnswer, Register, Report, ReportKind};
@@ -14,19 +14,17 @@ use crate::state::{Cluster, Conn, Effects, live_allocs};
 
 impl Cluster {
     /// Hands out `nonce` (random, from the shell) for the next Attach of `node`: valid
-    /// for 30 s, single use; a node holds at most 8.
-    pub fn challenge(&mut self, node: &str, nonce: Vec<u8>, now: i64) -> pb::ChallengeResponse {
+    /// for 30 s, single use; a node holds at most 8. Answers the node timeout (ms) the
+    /// agent is held to.
+    pub fn challenge(&mut self, node: &str, nonce: Vec<u8>, now: i64) -> u64 {
         let list = self.challenges.entry(node.to_string()).or_default();
         list.retain(|(_, until)| *until > now);
         // A key holder asking again and again keeps only the newest few.
         if list.len() >= 8 {
             list.remove(0);
         }
-        list.push((nonce.clone(), now + 30_000));
-        pb::ChallengeResponse {
-            nonce,
-            node_timeout_ms: self.config.node_timeout.as_millis() as u64,
-        }
+        list.push((nonce, now + 30_000));
+        self.config.node_timeout.as_millis() as u64
     }
 
     /// Checks that a request belongs to the node's live session and was not seen on it

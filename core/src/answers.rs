@@ -2,15 +2,14 @@
 //! `gpuctl share`), decided here so that core's tests see what users see. Pure: the
 //! state and `now` in, the answer out.
 
-use gpuctl_proto as pb;
-
 use crate::state::Cluster;
+use crate::view::{Share, ShareRow, WindowRow, Windows};
 
 impl Cluster {
     /// The configured windows at `now` (the config's test clock offset applied): open or
     /// not, when that changes next, their floors (a partition's as `partition:NAME`),
     /// QoS priorities and preemption, and whether preemption is allowed now.
-    pub fn windows_answer(&self, now: i64) -> pb::WindowsResponse {
+    pub fn windows_answer(&self, now: i64) -> Windows {
         let at = now.saturating_add(self.config.clock_offset_ms);
         let tz = &self.config.tz;
         let windows = self
@@ -20,7 +19,7 @@ impl Cluster {
             .map(|(name, w)| {
                 let span = w.span(at, tz);
                 let open = span.is_some_and(|(from, _)| from <= at);
-                pb::WindowRow {
+                WindowRow {
                     name: name.clone(),
                     open,
                     next_change_ms: span.map_or(0, |(from, until)| if open { until } else { from }),
@@ -46,7 +45,7 @@ impl Cluster {
                 }
             })
             .collect();
-        pb::WindowsResponse {
+        Windows {
             timezone: self.config.timezone.clone(),
             windows,
             preemption_allowed: self.preemption_allowed(now),
@@ -55,12 +54,12 @@ impl Cluster {
     }
 
     /// Fair share per account and user: shares, usage in GPU-hours, the factor.
-    pub fn share_answer(&self) -> pb::ShareResponse {
+    pub fn share_answer(&self) -> Share {
         let rows = self
             .fair_share_table()
             .rows
             .into_iter()
-            .map(|r| pb::ShareRow {
+            .map(|r| ShareRow {
                 account: r.account,
                 user: r.user,
                 norm_shares: r.norm_shares,
@@ -70,7 +69,7 @@ impl Cluster {
                 fair_share: f64::from(r.factor_milli) / 1000.0,
             })
             .collect();
-        pb::ShareResponse {
+        Share {
             rows,
             half_life: humantime::format_duration(self.config.fairshare.half_life).to_string(),
         }

@@ -5,16 +5,17 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_proto::JobState;
 use gpuctl_sched::{self as sched, ClusterView, PendingJob};
 
 use crate::error::Refusal;
 use crate::state::Cluster;
+use crate::view::{Explanation, NodeExplain};
 
 /// What `Cluster::explain` answers.
 pub enum Explain {
     /// The whole answer.
-    Done(pb::Explanation),
+    Done(Explanation),
     /// The answer so far, and a read-only pass's inputs.
     Pass(Box<PassInput>),
 }
@@ -22,7 +23,7 @@ pub enum Explain {
 /// Run `sched::explain` on `view`, `queue` and `cfg` (for the job, at the same `now`),
 /// then `rendered` with `base`.
 pub struct PassInput {
-    pub base: pb::Explanation,
+    pub base: Explanation,
     pub view: ClusterView,
     pub queue: Vec<PendingJob>,
     pub cfg: sched::SchedConfig,
@@ -37,12 +38,10 @@ impl Cluster {
             .job(id)
             .map(crate::jobs::presented)
             .ok_or_else(|| Refusal::not_found(format!("no job {id}")))?;
-        let mut out = pb::Explanation {
-            job_id: id,
-            state: job.state,
-            reason: job.reason.clone(),
-            ..pb::Explanation::default()
-        };
+        // A record's state is always a known one (the store refuses others on load).
+        let state = gpuctl_sched::job::JobState::try_from(job.state())
+            .unwrap_or(gpuctl_sched::job::JobState::Pending);
+        let mut out = Explanation::new(id, state, &job.reason);
         if job.state() != JobState::Pending {
             out.summary = match job.state() {
                 // A borrower of a window's floor says so (its reason).
@@ -105,7 +104,7 @@ impl Cluster {
 
 /// `out` (an `Explain::Pass`'s base) with what the pass found for the job (`ex`, from
 /// `sched::explain` at `now`).
-pub fn rendered(mut out: pb::Explanation, ex: &sched::Explanation, now: i64) -> pb::Explanation {
+pub fn rendered(mut out: Explanation, ex: &sched::Explanation, now: i64) -> Explanation {
     out.rank = ex.rank as u32;
     out.priority = ex.priority;
     // A job held back by a cap or a floor: the nodes it would fit are free for it,
@@ -117,7 +116,7 @@ pub fn rendered(mut out: pb::Explanation, ex: &sched::Explanation, now: i64) -> 
     out.nodes = ex
         .nodes
         .iter()
-        .map(|(n, m)| pb::NodeExplain {
+        .map(|(n, m)| NodeExplain {
             node: n.clone(),
             reason: match m {
                 Some(m) => describe_miss(m),

@@ -123,9 +123,18 @@ pub const MAX_STEP_ARGS_BYTES: usize = 64 << 10;
 /// controller passes no other to the step's nodes.
 pub const STEP_SIGNALS: [&str; 7] = ["INT", "TERM", "HUP", "QUIT", "USR1", "USR2", "KILL"];
 
+/// What a client opens a step with: its command line (srun's options, `--`, the
+/// command), its TERM, and its window (rows, columns) if it has a terminal.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OpenStep {
+    pub args: Vec<String>,
+    pub term: String,
+    pub size: Option<(u32, u32)>,
+}
+
 /// What a client may ask of a step it opens: a command line of bounded size without
 /// NUL bytes, a plausible terminal name and window.
-pub fn check_open(open: &pb::OpenStep) -> Result<(), Refusal> {
+pub fn check_open(open: &OpenStep) -> Result<(), Refusal> {
     let bad = |m: String| Err(Refusal::invalid_argument(m));
     if open.args.is_empty() {
         return bad("a step needs a command".into());
@@ -156,10 +165,10 @@ pub fn check_open(open: &pb::OpenStep) -> Result<(), Refusal> {
             gpuctl_proto::text::shown(&open.term, 80)
         ));
     }
-    if let Some(w) = &open.size
-        && (w.rows > 4096 || w.cols > 4096)
+    if let Some((rows, cols)) = open.size
+        && (rows > 4096 || cols > 4096)
     {
-        return bad(format!("a window of {}x{} is too large", w.cols, w.rows));
+        return bad(format!("a window of {cols}x{rows} is too large"));
     }
     Ok(())
 }
@@ -168,17 +177,11 @@ pub fn check_open(open: &pb::OpenStep) -> Result<(), Refusal> {
 mod tests {
     use super::*;
 
-    fn open(args: &[&str]) -> pb::OpenStep {
-        pb::OpenStep {
-            job_id: 1,
+    fn open(args: &[&str]) -> OpenStep {
+        OpenStep {
             args: args.iter().map(|s| s.to_string()).collect(),
-            pty: true,
-            size: Some(pb::WindowSize {
-                rows: 40,
-                cols: 120,
-            }),
+            size: Some((40, 120)),
             term: "xterm-256color".into(),
-            nodes: 0,
         }
     }
 
@@ -195,10 +198,7 @@ mod tests {
         o.term = "xterm\u{1b}[31m".into();
         assert!(check_open(&o).is_err());
         o.term = String::new();
-        o.size = Some(pb::WindowSize {
-            rows: 100_000,
-            cols: 1,
-        });
+        o.size = Some((100_000, 1));
         assert!(check_open(&o).is_err());
     }
 }

@@ -18,7 +18,7 @@
 //! `windows` (time-of-day windows), `reconfig` (a new config taken while running),
 //! `retention`, `config`, `error`; `node` (a node's record, its GPUs, their samples)
 //! `event` (what agents tell the controller) and `command`
-//! (what the controller tells them) are the state's own words for them.
+//! (what the controller tells them); `view` (what the state answers users) are the state's own words for them.
 
 pub mod agents;
 pub mod answers;
@@ -53,6 +53,7 @@ pub mod steps;
 pub mod usage;
 pub mod users;
 pub mod validate;
+pub mod view;
 pub mod windows;
 
 pub use config::Config;

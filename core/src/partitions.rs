@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::error::{Actor, Refusal};
 use crate::jobs::job_of;
 use crate::state::Cluster;
+use crate::view::PartitionRow;
 
 /// The partition of jobs that name none, when no `[partitions.NAME]` says `default =
 /// true`: it holds every node and has no limits of its own.
@@ -363,14 +364,14 @@ impl Cluster {
     }
 
     /// The partitions, their nodes and jobs (`gpuctl partitions`).
-    pub fn partition_rows(&self) -> Vec<pb::PartitionRow> {
+    pub fn partition_rows(&self) -> Vec<PartitionRow> {
         let cfg = &self.config;
         let default = cfg.default_partition();
-        let mut rows: BTreeMap<&str, (&PartitionConfig, pb::PartitionRow)> = cfg
+        let mut rows: BTreeMap<&str, (&PartitionConfig, PartitionRow)> = cfg
             .all_partitions()
             .into_iter()
             .map(|(name, p)| {
-                let row = pb::PartitionRow {
+                let row = PartitionRow {
                     name: name.to_string(),
                     is_default: name == default,
                     state: p.state.as_str().into(),
@@ -379,7 +380,7 @@ impl Cluster {
                     max_time_secs: p.max_time.map_or(0, |d| d.as_secs()),
                     allowed_accounts: p.allowed_accounts.clone().unwrap_or_default(),
                     default_qos: p.default_qos.clone().unwrap_or_default(),
-                    ..pb::PartitionRow::default()
+                    ..PartitionRow::default()
                 };
                 (name, (p, row))
             })

@@ -1,11 +1,12 @@
 //! What users do to the cluster state: cancel jobs, drain and resume nodes, list nodes.
 
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_proto::JobState;
 
 use crate::error::{Actor, Refusal};
 use crate::jobs::{Transition, owner};
 use crate::node::{NodeListing, NodeRow};
 use crate::state::{Cluster, Effects};
+use crate::view::{CancelResult, TaskRef};
 
 impl Cluster {
     /// `ids`, where the id of an array (its first task) also stands for its other
@@ -64,7 +65,7 @@ impl Cluster {
         actor: &Actor,
         ids: &[u64],
         now: i64,
-    ) -> Result<(Vec<pb::CancelResult>, Effects), Refusal> {
+    ) -> Result<(Vec<CancelResult>, Effects), Refusal> {
         self.cancel_tasks(actor, ids, &[], now)
     }
 
@@ -74,9 +75,9 @@ impl Cluster {
         &mut self,
         actor: &Actor,
         ids: &[u64],
-        tasks: &[pb::ArrayTask],
+        tasks: &[TaskRef],
         now: i64,
-    ) -> Result<(Vec<pb::CancelResult>, Effects), Refusal> {
+    ) -> Result<(Vec<CancelResult>, Effects), Refusal> {
         let mut ids = self.with_array_tasks(ids);
         let mut missing = Vec::new();
         if !tasks.is_empty() {
@@ -94,7 +95,7 @@ impl Cluster {
                 match index.get(&(t.array_job_id, t.task_id)) {
                     Some(&id) if seen.insert(id) => ids.push(id),
                     Some(_) => {}
-                    None => missing.push(pb::CancelResult {
+                    None => missing.push(CancelResult {
                         job_id: t.array_job_id,
                         ok: false,
                         message: format!(
@@ -115,7 +116,7 @@ impl Cluster {
         actor: &Actor,
         ids: &[u64],
         now: i64,
-    ) -> Result<(Vec<pb::CancelResult>, Effects), Refusal> {
+    ) -> Result<(Vec<CancelResult>, Effects), Refusal> {
         if !actor.admin {
             let foreign: Vec<String> = ids
                 .iter()
@@ -133,7 +134,7 @@ impl Cluster {
         let mut results = Vec::new();
         let mut effects = Effects::wake();
         for &id in ids {
-            let result = |ok: bool, msg: &str| pb::CancelResult {
+            let result = |ok: bool, msg: &str| CancelResult {
                 job_id: id,
                 ok,
                 message: msg.to_string(),

@@ -9,7 +9,7 @@ use gpuctl_core::explain::{Explain, PassInput, rendered};
 use gpuctl_proto as pb;
 
 /// The answer as the daemon gives it: the state's, or the pass's in words.
-fn explain(c: &Cluster, id: u64, now: i64) -> pb::Explanation {
+fn explain(c: &Cluster, id: u64, now: i64) -> gpuctl_core::view::Explanation {
     match c.explain(id, now).expect("a known job") {
         Explain::Done(out) => out,
         Explain::Pass(input) => {

@@ -1,6 +1,7 @@
 //! Where the daemon's protobuf meets the state machine's own types (`gpuctl_core::node`
 //! and `gpuctl_core::event`): what agents send, converted on the way in; the state's
-//! answers, its commands and node listings, converted on the way out; a node's record, converted
+//! answers, its commands, node listings and answers to users (`gpuctl_core::view`),
+//! converted on the way out; a node's record, converted
 //! to and from its stored form (`StoredNode`, whose format on disk is unchanged).
 
 use gpuctl_core::command::Command;
@@ -8,6 +9,7 @@ use gpuctl_core::event::{Heartbeat, HeartbeatAnswer, Register, Report, ReportKin
 use gpuctl_core::node::{
     Gpu, GpuMetrics, GpuRow, JobGpuUse, MigInstance, Node, NodeListing, NodeRow, NodeState,
 };
+use gpuctl_core::view::{CancelResult, Explanation, PartitionRow, Share, TaskRef, Windows};
 use gpuctl_proto::store::StoredNode;
 use gpuctl_proto::{self as pb, job_report};
 use gpuctl_sched::job::JobState as State;
@@ -325,6 +327,101 @@ pub fn command_pb(c: Command) -> pb::AgentCommand {
     pb::AgentCommand {
         command: Some(command),
         ..pb::AgentCommand::default()
+    }
+}
+
+/// Why a job waits, as `gpuctl explain` shows it.
+pub fn explanation_pb(e: Explanation) -> pb::Explanation {
+    pb::Explanation {
+        job_id: e.job_id,
+        state: pb::JobState::from(e.state) as i32,
+        reason: e.reason,
+        summary: e.summary,
+        expected_start_ms: e.expected_start_ms,
+        rank: e.rank,
+        priority: e.priority,
+        nodes: e
+            .nodes
+            .into_iter()
+            .map(|n| pb::NodeExplain {
+                node: n.node,
+                reason: n.reason,
+            })
+            .collect(),
+    }
+}
+
+pub fn task_ref(t: &pb::ArrayTask) -> TaskRef {
+    TaskRef {
+        array_job_id: t.array_job_id,
+        task_id: t.task_id,
+    }
+}
+
+pub fn cancel_result_pb(r: CancelResult) -> pb::CancelResult {
+    pb::CancelResult {
+        job_id: r.job_id,
+        ok: r.ok,
+        message: r.message,
+    }
+}
+
+pub fn partition_row_pb(r: PartitionRow) -> pb::PartitionRow {
+    pb::PartitionRow {
+        name: r.name,
+        is_default: r.is_default,
+        state: r.state,
+        nodes: r.nodes,
+        node_patterns: r.node_patterns,
+        default_time_secs: r.default_time_secs,
+        max_time_secs: r.max_time_secs,
+        allowed_accounts: r.allowed_accounts,
+        default_qos: r.default_qos,
+        gpus: r.gpus,
+        pending_jobs: r.pending_jobs,
+        running_jobs: r.running_jobs,
+    }
+}
+
+pub fn windows_pb(w: Windows) -> pb::WindowsResponse {
+    pb::WindowsResponse {
+        timezone: w.timezone,
+        windows: w
+            .windows
+            .into_iter()
+            .map(|r| pb::WindowRow {
+                name: r.name,
+                open: r.open,
+                next_change_ms: r.next_change_ms,
+                days: r.days,
+                start: r.start,
+                end: r.end,
+                floor: r.floor.into_iter().collect(),
+                qos_priority: r.qos_priority.into_iter().collect(),
+                preemption: r.preemption,
+            })
+            .collect(),
+        preemption_allowed: w.preemption_allowed,
+        now_ms: w.now_ms,
+    }
+}
+
+pub fn share_pb(s: Share) -> pb::ShareResponse {
+    pb::ShareResponse {
+        rows: s
+            .rows
+            .into_iter()
+            .map(|r| pb::ShareRow {
+                account: r.account,
+                user: r.user,
+                norm_shares: r.norm_shares,
+                account_shares: r.account_shares,
+                usage_gpu_hours: r.usage_gpu_hours,
+                effective_usage: r.effective_usage,
+                fair_share: r.fair_share,
+            })
+            .collect(),
+        half_life: s.half_life,
     }
 }
 

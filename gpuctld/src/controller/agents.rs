@@ -121,7 +121,11 @@ impl Controller {
         use rand::RngCore;
         let mut nonce = vec![0u8; 16];
         rand::rng().fill_bytes(&mut nonce);
-        self.lock().challenge(node, nonce, now_ms())
+        let node_timeout_ms = self.lock().challenge(node, nonce.clone(), now_ms());
+        pb::ChallengeResponse {
+            nonce,
+            node_timeout_ms,
+        }
     }
 
     /// Registers an agent (or re-registers it after a disconnect or a controller

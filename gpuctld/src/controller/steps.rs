@@ -128,7 +128,12 @@ impl Controller {
                 "a step's first message must open it (OpenStep)",
             ));
         };
-        gpuctl_core::interactive::check_open(&open).map_err(status)?;
+        let asked = gpuctl_core::interactive::OpenStep {
+            args: open.args.clone(),
+            term: open.term.clone(),
+            size: open.size.map(|w| (w.rows, w.cols)),
+        };
+        gpuctl_core::interactive::check_open(&asked).map_err(status)?;
         let job_id = open.job_id;
         let (target, links) = {
             let c = self.lock();

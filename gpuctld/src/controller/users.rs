@@ -131,14 +131,14 @@ impl Controller {
             queue,
             cfg,
         } = match step {
-            Explain::Done(out) => return Ok(out),
+            Explain::Done(out) => return Ok(crate::wire::explanation_pb(out)),
             Explain::Pass(input) => *input,
         };
         let ex = tokio::task::spawn_blocking(move || sched::explain(&view, &queue, &cfg, now, id))
             .await
             .expect("explain panicked")
             .ok_or_else(|| Status::internal("the job was not in the pass"))?;
-        Ok(rendered(base, &ex, now))
+        Ok(crate::wire::explanation_pb(rendered(base, &ex, now)))
     }
 
     pub fn priorities(&self) -> Vec<pb::JobPriority> {
@@ -187,13 +187,17 @@ impl Controller {
             if let Some(f) = &filter {
                 ids.extend(c.active_matching(f));
             }
+            let tasks: Vec<_> = tasks.iter().map(crate::wire::task_ref).collect();
             let (results, effects) = c
-                .cancel_tasks(&caller.actor(), &ids, tasks, now_ms())
+                .cancel_tasks(&caller.actor(), &ids, &tasks, now_ms())
                 .map_err(status)?;
             (results, self.settle(c, effects).map_err(store_status)?)
         };
         self.deliver(out, true).await.map_err(store_status)?;
-        Ok(results)
+        Ok(results
+            .into_iter()
+            .map(crate::wire::cancel_result_pb)
+            .collect())
     }
 
     /// The job a hold, release or requeue names: its id, or an array's task.
@@ -241,18 +245,20 @@ impl Controller {
     /// The partitions, their nodes and jobs (`gpuctl partitions`).
     pub fn partitions(&self) -> pb::PartitionsResponse {
         pb::PartitionsResponse {
-            partitions: self.lock().partition_rows(),
+            partitions: (self.lock().partition_rows().into_iter())
+                .map(crate::wire::partition_row_pb)
+                .collect(),
         }
     }
 
     /// Time-of-day windows now (`gpuctl windows`).
     pub fn windows(&self) -> pb::WindowsResponse {
-        self.lock().windows_answer(now_ms())
+        crate::wire::windows_pb(self.lock().windows_answer(now_ms()))
     }
 
     /// Fair share per account and user (`gpuctl share`).
     pub fn share(&self) -> pb::ShareResponse {
-        self.lock().share_answer()
+        crate::wire::share_pb(self.lock().share_answer())
     }
 
     // ------------------------------------------------------------ users and tokens
