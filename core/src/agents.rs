@@ -8,19 +8,20 @@ use gpuctl_proto::auth::{ReplayWindow, Signed};
 
 use crate::error::Refusal;
 use crate::event::{Heartbeat, HeartbeatAnswer, Register, Report, ReportKind};
+use crate::fleet::Conn;
 use crate::jobs::{Transition, job_of};
 use crate::node::{Gpu, Node};
-use crate::state::{Cluster, Conn, Effects, live_allocs};
+use crate::state::{Cluster, Effects, live_allocs};
 
 impl Cluster {
     /// Hands out `nonce` (random, from the shell) for the next Attach of `node`: valid
     /// for 30 s, single use; a node holds at most 8. Answers the node timeout (ms) the
     /// agent is held to.
     pub fn challenge(&mut self, node: &str, nonce: Vec<u8>, now: i64) -> u64 {
-        let list = self.challenges.entry(node.to_string()).or_default();
+        let list = self.fleet.challenges.entry(node.to_string()).or_default();
         list.retain(|(_, until)| *until > now);
         // A key holder asking again and again keeps only the newest few.
-        if list.len() >= 8 {
+        if list.len() >= crate::fleet::MAX_CHALLENGES {
             list.remove(0);
         }
         list.push((nonce, now + 30_000));
@@ -30,7 +31,7 @@ impl Cluster {
     /// Checks that a request belongs to the node's live session and was not seen on it
     /// before (a replay), and counts the agent as heard from.
     pub fn check_session(&mut self, node: &str, signed: &Signed, now: i64) -> Result<(), Refusal> {
-        let Some(conn) = self.conns.get_mut(node) else {
+        let Some(conn) = self.fleet.conns.get_mut(node) else {
             return Err(Refusal::failed_precondition(format!(
                 "node {node} has no attached session; the agent must attach again"
             )));
@@ -48,7 +49,7 @@ impl Cluster {
                 signed.seq
             )));
         }
-        self.last_heard.insert(node.to_string(), now);
+        self.fleet.last_heard.insert(node.to_string(), now);
         Ok(())
     }
 
@@ -63,6 +64,7 @@ impl Cluster {
         start: Option<(u64, u32)>,
     ) -> Option<Vec<u8>> {
         let conn = self
+            .fleet
             .conns
             .get_mut(node)
             .filter(|x| x.generation == generation)?;
@@ -75,7 +77,7 @@ impl Cluster {
     /// Takes the nonce of an Attach: it must have been handed out for this node, unused
     /// and unexpired.
     fn take_nonce(&mut self, node: &str, nonce: &[u8], now: i64) -> Result<(), Refusal> {
-        let list = self.challenges.entry(node.to_string()).or_default();
+        let list = self.fleet.challenges.entry(node.to_string()).or_default();
         let found = list
             .iter()
             .position(|(n, until)| n.as_slice() == nonce && *until > now);
@@ -106,9 +108,9 @@ impl Cluster {
             ));
         }
         let timeout = self.config.node_timeout.as_millis() as i64;
-        let heard = c.last_heard.get(&req.node).copied().unwrap_or(0);
-        let live = c.conns.get(&req.node);
-        let known = c.nodes.get(&req.node).map(|n| n.agent_id.as_str());
+        let heard = c.fleet.last_heard.get(&req.node).copied().unwrap_or(0);
+        let live = c.fleet.conns.get(&req.node);
+        let known = c.fleet.nodes.get(&req.node).map(|n| n.agent_id.as_str());
         let other = match live {
             Some(conn) if conn.agent_id != req.agent_id => {
                 Some((conn.agent_id.clone(), conn.peer.clone()))
@@ -116,7 +118,7 @@ impl Cluster {
             None if now - heard <= timeout
                 && known.is_some_and(|k| !k.is_empty() && k != req.agent_id) =>
             {
-                let addr = c.nodes.get(&req.node).map(|n| n.address.clone());
+                let addr = c.fleet.nodes.get(&req.node).map(|n| n.address.clone());
                 Some((
                     known.unwrap_or_default().to_string(),
                     addr.unwrap_or_default(),
@@ -172,14 +174,14 @@ impl Cluster {
         gpuctl_sched::features::check_offered(&req.features).map_err(Refusal::invalid_argument)?;
         self.take_nonce(&req.node, &req.nonce, now)?;
         self.check_identity(req, now)?;
-        self.generation += 1;
-        let generation = self.generation;
+        self.fleet.generation += 1;
+        let generation = self.fleet.generation;
         let address = if req.address.is_empty() {
             peer.map(|p| p.ip().to_string()).unwrap_or_default()
         } else {
             req.address.clone()
         };
-        let old = self.nodes.get(&req.node);
+        let old = self.fleet.nodes.get(&req.node);
         let node = Node {
             name: req.node.clone(),
             gpus: req.gpus.iter().map(Gpu::clone).collect(),
@@ -195,7 +197,7 @@ impl Cluster {
             xid_handled_ms: old.map_or(0, |n| n.xid_handled_ms),
             features: req.features.clone(),
         };
-        self.nodes.insert(req.node.clone(), node);
+        self.fleet.nodes.insert(req.node.clone(), node);
         self.node_changed(&req.node);
 
         let mut other_kills = Vec::new();
@@ -232,7 +234,7 @@ impl Cluster {
                 effects.sends.push((req.node.clone(), kill));
             }
         }
-        self.conns.insert(
+        self.fleet.conns.insert(
             req.node.clone(),
             Conn {
                 generation,
@@ -243,9 +245,9 @@ impl Cluster {
                 starts: Vec::new(),
             },
         );
-        self.last_heard.insert(req.node.clone(), now);
+        self.fleet.last_heard.insert(req.node.clone(), now);
         for (node, id) in other_kills {
-            if self.conns.contains_key(&node) {
+            if self.fleet.conns.contains_key(&node) {
                 let kill = self.kill_cmd(id, 0, "another rank ended");
                 effects.sends.push((node, kill));
             }
@@ -317,10 +319,11 @@ impl Cluster {
         let timeout = self.config.node_timeout.as_millis() as i64;
         let mut effects = Effects::default();
         let silent: Vec<String> = self
+            .fleet
             .nodes
             .keys()
             .filter(|n| {
-                let heard = self.last_heard.get(*n).copied().unwrap_or(0);
+                let heard = self.fleet.last_heard.get(*n).copied().unwrap_or(0);
                 now - heard > timeout
             })
             .cloned()
@@ -337,16 +340,16 @@ impl Cluster {
     /// `node` failed now (`why`: its agent went silent, or its identity was revoked):
     /// its connection is closed and its jobs end or requeue as on any failed node.
     pub fn fail_node(&mut self, node: &str, why: &str, now: i64, effects: &mut Effects) {
-        if !self.nodes.contains_key(node) {
+        if !self.fleet.nodes.contains_key(node) {
             return;
         }
-        if self.conns.remove(node).is_some() {
+        if self.fleet.conns.remove(node).is_some() {
             tracing::warn!(node, "{why}: node is DOWN");
             effects.closed.push(node.to_string());
         }
         self.fail_jobs_on(node, now, effects);
         // Heard from again only when it re-attaches.
-        self.last_heard.insert(node.to_string(), i64::MAX / 2);
+        self.fleet.last_heard.insert(node.to_string(), i64::MAX / 2);
     }
 
     /// Ends or requeues the jobs running on failed `node`; kills their other ranks.
@@ -382,7 +385,7 @@ impl Cluster {
             self.settle_usage(id);
             effects.wake = true;
             for other in others {
-                if self.conns.contains_key(&other) {
+                if self.fleet.conns.contains_key(&other) {
                     let kill = self.kill_cmd(id, 0, "another rank's node failed");
                     effects.sends.push((other, kill));
                 }
@@ -393,11 +396,12 @@ impl Cluster {
     /// The agent's command stream closed.
     pub fn disconnected(&mut self, node: &str, generation: u64) {
         let c = self;
-        if c.conns
+        if c.fleet
+            .conns
             .get(node)
             .is_some_and(|conn| conn.generation == generation)
         {
-            c.conns.remove(node);
+            c.fleet.conns.remove(node);
             tracing::warn!(node, "agent disconnected; node is DOWN");
         }
     }
@@ -425,7 +429,7 @@ impl Cluster {
     /// Ends the jobs whose starts the agent handled without running them.
     fn starts_not_run(&mut self, req: &Heartbeat, now: i64) -> bool {
         let c = self;
-        let Some(conn) = c.conns.get_mut(&req.node) else {
+        let Some(conn) = c.fleet.conns.get_mut(&req.node) else {
             return false;
         };
         let seen = |job: u64, attempt: u32| {
@@ -482,12 +486,14 @@ impl Cluster {
 
     fn heartbeat_answer(&mut self, req: &Heartbeat, now: i64) -> HeartbeatAnswer {
         let c = self;
-        let known = c.conns.contains_key(&req.node);
-        if let Some(n) = c.nodes.get_mut(&req.node) {
+        let known = c.fleet.conns.contains_key(&req.node);
+        if let Some(n) = c.fleet.nodes.get_mut(&req.node) {
             n.last_seen_ms = now;
-            c.last_heard.insert(req.node.clone(), now);
+            c.fleet.last_heard.insert(req.node.clone(), now);
             if !req.metrics.is_empty() {
-                c.metrics.insert(req.node.clone(), req.metrics.clone());
+                c.fleet
+                    .metrics
+                    .insert(req.node.clone(), req.metrics.clone());
             }
             c.fold_usage(&req.node, &req.running, &req.metrics, now);
             c.note_host(&req.node, &req.running);
@@ -521,8 +527,8 @@ impl Cluster {
     /// Applies an agent's report. For a STARTED report, answers whether the instance is
     /// stale (the cluster no longer holds it as running there): the agent kills it.
     pub fn report(&mut self, r: &Report, now: i64) -> (bool, Effects) {
-        if self.conns.contains_key(&r.node) {
-            self.last_heard.insert(r.node.clone(), now);
+        if self.fleet.conns.contains_key(&r.node) {
+            self.fleet.last_heard.insert(r.node.clone(), now);
         }
         let others = self.apply_report(r, now);
         let mut stale = false;
@@ -532,7 +538,7 @@ impl Cluster {
         }
         let mut effects = Effects::wake();
         for (node, id) in others {
-            if self.conns.contains_key(&node) {
+            if self.fleet.conns.contains_key(&node) {
                 let kill = self.kill_cmd(id, 0, "another rank failed");
                 effects.sends.push((node, kill));
             }

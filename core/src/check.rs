@@ -1,5 +1,6 @@
 //! The cluster's invariants across its owners, checked from scratch: what the tests
-//! call after every step. Each owner's own (`Jobs::check`: its indexes) and what holds
+//! call after every step. Each owner's own (`Jobs::check`: its indexes; `Fleet::check`:
+//! its sessions and records) and what holds
 //! between them: job ids below the next one, a running job's allocations on known
 //! nodes, and no GPU given more than all of its compute or memory.
 
@@ -12,6 +13,7 @@ impl Cluster {
     /// The first invariant that does not hold, if any.
     pub fn check(&self) -> Result<(), String> {
         self.jobs.check()?;
+        self.fleet.check()?;
         if let Some(s) = self.jobs.all().find(|s| job_of(s).id >= self.next_job_id) {
             return Err(format!(
                 "job {} is not below the next id {}",
@@ -20,6 +22,7 @@ impl Cluster {
             ));
         }
         let memory: HashMap<&str, u64> = self
+            .fleet
             .nodes
             .values()
             .flat_map(|n| n.gpus.iter())
@@ -27,7 +30,7 @@ impl Cluster {
             .collect();
         for s in self.jobs.active() {
             let j = job_of(s);
-            if let Some(a) = live_allocs(j).find(|a| !self.nodes.contains_key(&a.node)) {
+            if let Some(a) = live_allocs(j).find(|a| !self.fleet.nodes.contains_key(&a.node)) {
                 return Err(format!("job {} runs on unknown node {}", j.id, a.node));
             }
         }
@@ -85,7 +88,7 @@ mod tests {
 
     fn cluster() -> Cluster {
         let mut c = Cluster::new(Config::default());
-        c.nodes.insert(
+        c.fleet.nodes.insert(
             "n1".into(),
             crate::node::Node {
                 name: "n1".into(),
@@ -135,7 +138,7 @@ mod tests {
         fn clone_for_test(&self) -> Cluster {
             let mut c = Cluster::new(Config::default());
             c.next_job_id = self.next_job_id;
-            c.nodes = self.nodes.clone();
+            c.fleet.nodes = self.fleet.nodes.clone();
             for s in self.jobs.all() {
                 c.jobs.insert(s.clone());
             }

@@ -24,7 +24,7 @@ pub(crate) fn resolve(
     let partitions = c.config.all_partitions();
     let models: Vec<String> = res.gpu_models.iter().map(|m| m.to_lowercase()).collect();
     let mut shapes: Vec<(Shape, String)> = Vec::new();
-    for n in c.nodes.values() {
+    for n in c.fleet.nodes.values() {
         let v = c.node_view(n, &partitions);
         let model_ok = |s: &sched::SlotView| {
             models.is_empty() || models.iter().any(|m| s.model.to_lowercase().contains(m))

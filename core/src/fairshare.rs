@@ -51,7 +51,7 @@ fn gpus_held<'a>(c: &Cluster, allocs: impl IntoIterator<Item = &'a pb::Allocatio
     let fs = &c.config.fairshare;
     let mut held = 0.0;
     for a in allocs {
-        let gpus = c.nodes.get(&a.node).map_or(&[][..], |n| &n.gpus[..]);
+        let gpus = c.fleet.nodes.get(&a.node).map_or(&[][..], |n| &n.gpus[..]);
         for s in &a.slots {
             let part = f64::from(s.compute_milli) / 1000.0;
             held += gpus

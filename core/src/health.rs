@@ -34,7 +34,7 @@ impl Cluster {
     /// The XIDs of a heartbeat not handled yet.
     pub fn check_xids(&mut self, req: &crate::event::Heartbeat, now: i64) -> Effects {
         let mut effects = Effects::default();
-        let Some(handled) = self.nodes.get(&req.node).map(|n| n.xid_handled_ms) else {
+        let Some(handled) = self.fleet.nodes.get(&req.node).map(|n| n.xid_handled_ms) else {
             return effects;
         };
         let mut fresh: Vec<(&str, u32, i64)> = req
@@ -69,7 +69,7 @@ impl Cluster {
                 tracing::warn!(node = %req.node, "{what}");
             }
         }
-        if let Some(n) = self.nodes.get_mut(&req.node) {
+        if let Some(n) = self.fleet.nodes.get_mut(&req.node) {
             n.xid_handled_ms = latest;
         }
         self.node_changed(&req.node);
@@ -79,6 +79,7 @@ impl Cluster {
     /// Running jobs holding `gpu` (or one of its MIG instances) on `node`.
     fn jobs_on_gpu(&self, node: &str, gpu: &str) -> Vec<u64> {
         let migs: Vec<&str> = self
+            .fleet
             .nodes
             .get(node)
             .into_iter()
@@ -106,7 +107,7 @@ impl Cluster {
     /// jobs requeued where they allow it, else ended FAILED with the reason.
     fn xid_hardware(&mut self, node: &str, gpu: &str, what: &str, now: i64) -> Effects {
         let mut effects = Effects::wake();
-        if let Some(n) = self.nodes.get_mut(node) {
+        if let Some(n) = self.fleet.nodes.get_mut(node) {
             let admin_drain = n.drain_reason.is_some() && !n.drain_automatic;
             if !admin_drain {
                 n.drain_reason = Some(format!("health (hardware): {what}"));
@@ -205,7 +206,7 @@ impl Cluster {
     /// changed.
     pub(crate) fn check_health(&mut self, req: &crate::event::Heartbeat) -> bool {
         let (problems, clear) = conditions(&self.config.health, req);
-        let Some(n) = self.nodes.get_mut(&req.node) else {
+        let Some(n) = self.fleet.nodes.get_mut(&req.node) else {
             return false;
         };
         let admin_drain = n.drain_reason.is_some() && !n.drain_automatic;

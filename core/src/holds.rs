@@ -139,7 +139,7 @@ impl Cluster {
         });
         let mut sent = false;
         for node in nodes {
-            if self.conns.contains_key(&node) {
+            if self.fleet.conns.contains_key(&node) {
                 let mut k = self.kill(id, attempt, reason);
                 if let Some((sig, lead)) = &signal {
                     k.signal = sig.clone();

@@ -60,7 +60,7 @@ impl Cluster {
         // Every node gets its part, those past `want` too: their srun takes no part but
         // records the step, so that step ids stay alike on every node.
         let nodes: Vec<String> = ranks.iter().map(|(_, n)| n.to_string()).collect();
-        if let Some(gone) = nodes.iter().find(|n| !self.conns.contains_key(*n)) {
+        if let Some(gone) = nodes.iter().find(|n| !self.fleet.conns.contains_key(*n)) {
             return Err(Refusal::failed_precondition(format!(
                 "job {id}'s node {gone} is not connected to the controller now"
             )));

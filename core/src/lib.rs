@@ -34,6 +34,7 @@ pub mod exclusive;
 pub mod explain;
 pub mod fairshare;
 pub mod filter;
+pub mod fleet;
 pub mod health;
 pub mod holds;
 pub mod idle;

@@ -127,8 +127,8 @@ impl Cluster {
         check_dependencies(self, &spec)?;
         // Like the agents would: a job of root runs only where an agent allows it.
         if spec.user == "root"
-            && !self.nodes.is_empty()
-            && !self.nodes.values().any(|n| n.allow_root_jobs)
+            && !self.fleet.nodes.is_empty()
+            && !self.fleet.nodes.values().any(|n| n.allow_root_jobs)
         {
             return Err(Refusal::failed_precondition(
                 "jobs of root are refused: no agent of this cluster runs them (start gpud with --allow-root-jobs, or submit as an ordinary user)",
@@ -377,7 +377,7 @@ impl Cluster {
             let connected = start
                 .allocs
                 .iter()
-                .all(|a| self.conns.contains_key(&a.node));
+                .all(|a| self.fleet.conns.contains_key(&a.node));
             if !pending || !connected {
                 continue;
             }
@@ -437,7 +437,8 @@ impl Cluster {
         let addresses: Vec<String> = nodelist
             .iter()
             .map(|n| {
-                self.nodes
+                self.fleet
+                    .nodes
                     .get(n)
                     .map(|x| x.address.clone())
                     .unwrap_or_default()

@@ -385,7 +385,7 @@ impl Cluster {
                 (name, (p, row))
             })
             .collect();
-        for n in self.nodes.values() {
+        for n in self.fleet.nodes.values() {
             for (p, row) in rows.values_mut() {
                 if p.holds(&n.name) {
                     row.nodes.push(n.name.clone());

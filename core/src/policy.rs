@@ -253,7 +253,7 @@ impl Cluster {
             let attempt = j.attempt;
             let nodes: Vec<String> = live_allocs(j).map(|a| a.node.clone()).collect();
             for node in nodes {
-                if !self.conns.contains_key(&node) {
+                if !self.fleet.conns.contains_key(&node) {
                     continue;
                 }
                 let kill = crate::command::Command::Kill(crate::command::Kill {

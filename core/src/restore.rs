@@ -59,8 +59,8 @@ pub fn restore(config: Config, records: Records, now: i64) -> Restored {
     }
     cluster.recompute_begins();
     for n in records.nodes {
-        cluster.last_heard.insert(n.name.clone(), now);
-        cluster.nodes.insert(n.name.clone(), n);
+        cluster.fleet.last_heard.insert(n.name.clone(), now);
+        cluster.fleet.nodes.insert(n.name.clone(), n);
     }
     Restored { cluster, rewrite }
 }
@@ -111,7 +111,7 @@ mod tests {
             ..Records::default()
         };
         let r = restore(Config::default(), records, 42);
-        assert_eq!(r.cluster.last_heard.get("n1"), Some(&42));
-        assert!(r.cluster.nodes.contains_key("n1"));
+        assert_eq!(r.cluster.fleet.last_heard.get("n1"), Some(&42));
+        assert!(r.cluster.fleet.nodes.contains_key("n1"));
     }
 }

@@ -10,8 +10,9 @@ use gpuctl_sched::{self as sched, ClusterView, Eligibility, NodeView, PendingJob
 
 use crate::command::{Command, Kill};
 use crate::config::Config;
+use crate::fleet::Fleet;
 use crate::jobs::{Jobs, Transition, job_of};
-use crate::node::{GpuMetrics, GpuRow, Node, NodeRow, NodeState};
+use crate::node::{GpuRow, Node, NodeRow, NodeState};
 
 /// A time limit in ms, saturating (a stored limit is capped at submit, but records of
 /// older versions and the arithmetic must never wrap).
@@ -27,21 +28,6 @@ pub struct ViewCursor {
     after_job: u64,
 }
 
-/// An attached agent's session, as the cluster state knows it (the connection itself,
-/// its command stream, is the shell's).
-pub struct Conn {
-    /// Which registration this is; a stale connection's drop must not mark a newer one down.
-    pub generation: u64,
-    /// The session (the Attach nonce) and the request numbers seen on it.
-    pub session: Vec<u8>,
-    pub window: gpuctl_proto::auth::ReplayWindow,
-    /// The identity the agent keeps in its state dir, and where it connected from.
-    pub agent_id: String,
-    pub peer: String,
-    /// Starts sent on this session and not yet seen run: (command number, job, attempt).
-    pub starts: Vec<(u64, u64, u32)>,
-}
-
 /// The whole cluster as the controller knows it. Every operation takes `now` and
 /// returns what the shell must do (`Effects`); what must be written is taken with
 /// `take_changes`.
@@ -49,16 +35,9 @@ pub struct Conn {
 pub struct Cluster {
     /// Every job, its indexes, and the one place its state changes (`jobs.rs`).
     pub jobs: Jobs,
-    pub nodes: BTreeMap<String, Node>,
-    pub conns: HashMap<String, Conn>,
-    /// Nonces handed out by `challenge`, per node, with when they expire (Unix ms).
-    pub challenges: HashMap<String, Vec<(Vec<u8>, i64)>>,
-    /// When a node's agent was last heard from (heartbeat, attach or report), in memory.
-    pub last_heard: HashMap<String, i64>,
+    /// The nodes and their agents' sessions (`fleet.rs`).
+    pub fleet: Fleet,
     pub next_job_id: u64,
-    pub generation: u64,
-    /// The latest GPU metrics each agent sent with its heartbeat (memory only).
-    pub metrics: HashMap<String, Vec<GpuMetrics>>,
     /// What running jobs used so far (`usage.rs`), memory only.
     pub live_usage: crate::usage::LiveUsage,
     /// Each running rank's cgroup CPU time and peak memory, from heartbeats, by (job,
@@ -69,8 +48,6 @@ pub struct Cluster {
     pub live_steps: crate::usage::LiveSteps,
     /// When each running job was last seen busy (`idle.rs`), memory only.
     pub idle: crate::idle::IdleTracks,
-    /// Nodes changed since the last `take_changes`.
-    nodes_changed: BTreeSet<String>,
     /// The earliest begin time of a job waiting for one (`begin.rs`).
     pub(crate) next_begin_ms: Option<i64>,
     /// When a floor's owner waiting now would put the reclaim bound at risk (the
@@ -163,14 +140,14 @@ impl Cluster {
     pub fn take_changes(&mut self) -> Changes {
         Changes {
             jobs: self.jobs.take_changes(),
-            nodes: std::mem::take(&mut self.nodes_changed),
+            nodes: std::mem::take(&mut self.fleet.changed),
             usage: std::mem::take(&mut self.usage_dirty),
         }
     }
 
     /// Records a node as changed (to be written).
     pub fn node_changed(&mut self, name: &str) {
-        self.nodes_changed.insert(name.to_string());
+        self.fleet.changed.insert(name.to_string());
     }
 
     /// A kill of a job's instance (`attempt` 0: whichever runs there), ending it
@@ -211,7 +188,7 @@ impl Cluster {
         self.jobs.edit(id, |s| s.cancel_requested = true);
         let (mut sends, mut missing) = (Vec::new(), 0);
         for node in nodes {
-            if !self.conns.contains_key(&node) {
+            if !self.fleet.conns.contains_key(&node) {
                 missing += 1;
                 continue;
             }
@@ -269,7 +246,7 @@ impl Cluster {
     }
 
     pub fn eligibility(&self, n: &Node) -> Eligibility {
-        if !self.conns.contains_key(&n.name) {
+        if !self.fleet.conns.contains_key(&n.name) {
             Eligibility::Down
         } else if n.drain_reason.is_some() {
             Eligibility::Drained
@@ -292,7 +269,7 @@ impl Cluster {
         let mut v = ClusterView {
             nodes: names
                 .iter()
-                .filter_map(|n| self.nodes.get(*n))
+                .filter_map(|n| self.fleet.nodes.get(*n))
                 .map(|n| self.node_view(n, &partitions))
                 .collect(),
             running: Vec::new(),
@@ -363,6 +340,7 @@ impl Cluster {
         let partitions = self.config.all_partitions();
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         let mut nodes = self
+            .fleet
             .nodes
             .range::<str, _>((from, Bound::Unbounded))
             .map(|(_, n)| n);
@@ -476,7 +454,7 @@ impl Cluster {
     pub fn node_row(&self, n: &Node, usage: &HashMap<&str, Usage>) -> NodeRow {
         let empty = Usage::default();
         let u = usage.get(n.name.as_str()).unwrap_or(&empty);
-        let connected = self.conns.contains_key(&n.name);
+        let connected = self.fleet.conns.contains_key(&n.name);
         let mut busy = 0usize;
         let gpus: Vec<GpuRow> = n
             .gpus
@@ -507,6 +485,7 @@ impl Cluster {
                 row.allocated_to = jobs.first().copied().unwrap_or(0);
                 if connected {
                     row.metrics = self
+                        .fleet
                         .metrics
                         .get(&n.name)
                         .and_then(|ms| ms.iter().find(|m| m.uuid == g.uuid))

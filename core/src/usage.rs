@@ -51,6 +51,7 @@ impl Cluster {
         }
         // The MIG instances of each GPU (a slice's samples are its GPU's).
         let parent: HashMap<&str, &str> = self
+            .fleet
             .nodes
             .get(node)
             .map(|n| {

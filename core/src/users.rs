@@ -186,6 +186,7 @@ impl Cluster {
         drain: Option<String>,
     ) -> Result<(NodeRow, Effects), Refusal> {
         let n = self
+            .fleet
             .nodes
             .get_mut(name)
             .ok_or_else(|| Refusal::not_found(format!("no node named {name:?}")))?;
@@ -193,7 +194,7 @@ impl Cluster {
         n.drain_automatic = false;
         self.node_changed(name);
         let usage = self.usage();
-        let node = self.node_row(&self.nodes[name], &usage);
+        let node = self.node_row(&self.fleet.nodes[name], &usage);
         tracing::info!(node = name, state = ?node.state, reason = %node.reason, "drain state changed");
         Ok((node, Effects::wake()))
     }
@@ -206,7 +207,7 @@ impl Cluster {
         if !names.is_empty() {
             let nodes = names
                 .iter()
-                .filter_map(|n| c.nodes.get(n))
+                .filter_map(|n| c.fleet.nodes.get(n))
                 .map(|n| c.node_row(n, &usage))
                 .collect();
             return NodeListing {
@@ -214,7 +215,12 @@ impl Cluster {
                 ..NodeListing::default()
             };
         }
-        let nodes: Vec<NodeRow> = c.nodes.values().map(|n| c.node_row(n, &usage)).collect();
+        let nodes: Vec<NodeRow> = c
+            .fleet
+            .nodes
+            .values()
+            .map(|n| c.node_row(n, &usage))
+            .collect();
         // Fragmentation over up nodes, against the current workload mix.
         let workload = c.workload();
         let view = c.view();

@@ -324,14 +324,14 @@ pub(crate) fn check_feasible(
     r: &pb::Resources,
     partition: Option<String>,
 ) -> Result<(), Refusal> {
-    if c.nodes.is_empty() {
+    if c.fleet.nodes.is_empty() {
         return Ok(());
     }
     let mut req = sched::Request::from(r);
     req.partition = partition;
     let partitions = c.config.all_partitions();
     let mut fitting = 0;
-    for n in c.nodes.values() {
+    for n in c.fleet.nodes.values() {
         let v = c.node_view(n, &partitions);
         if v.admits(&req) && sched::fits_empty(&v, &req) {
             fitting += 1;

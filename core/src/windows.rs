@@ -238,6 +238,7 @@ impl crate::state::Cluster {
         let horizon =
             i64::try_from(self.config.limits.max_time_limit.as_millis()).unwrap_or(i64::MAX / 2);
         let total: u64 = self
+            .fleet
             .nodes
             .values()
             .flat_map(|n| &n.gpus)
@@ -315,6 +316,7 @@ impl crate::state::Cluster {
             return Vec::new();
         }
         let total = self
+            .fleet
             .nodes
             .values()
             .map(|n| n.gpus.len() as u64)

@@ -67,7 +67,7 @@ fn a_hardware_xid_drains_the_node_and_requeues_the_job_on_that_gpu_once() {
         commands(&effects),
         vec![to("n1", &format!("kill {requeueable}"))]
     );
-    let reason = c.nodes["n1"].drain_reason.clone().unwrap();
+    let reason = c.fleet.nodes()["n1"].drain_reason.clone().unwrap();
     assert!(
         reason.contains("XID 79 (GPU has fallen off the bus)"),
         "{reason}"
@@ -103,7 +103,10 @@ fn a_hardware_xid_drains_the_node_and_requeues_the_job_on_that_gpu_once() {
             .any(|w| w.contains("XID 13 (graphics engine exception)")),
         "{w:?}"
     );
-    assert_eq!(c.nodes["n1"].drain_reason.as_deref(), Some(reason.as_str()));
+    assert_eq!(
+        c.fleet.nodes()["n1"].drain_reason.as_deref(),
+        Some(reason.as_str())
+    );
 }
 
 #[test]
@@ -148,7 +151,7 @@ fn beat_with(c: &mut Cluster, gpus: [gpuctl_core::node::GpuMetrics; 2], site: &s
 }
 
 fn drain(c: &Cluster) -> Option<String> {
-    c.nodes["n1"].drain_reason.clone()
+    c.fleet.nodes()["n1"].drain_reason.clone()
 }
 
 fn gpu(temp_c: u32, power_w: f64) -> gpuctl_core::node::GpuMetrics {
@@ -210,7 +213,7 @@ fn each_health_condition_drains_with_its_reason_and_lifts_when_clear() {
     assert_eq!(drain(&c), None);
 
     // An admin's drain is never lifted nor reworded by the checks.
-    c.nodes.get_mut("n1").unwrap().drain_reason = Some("fan swap".into());
+    c.set_drain("n1", Some("fan swap".into())).unwrap();
     beat_with(&mut c, ok(), "disk full", T0 + 10);
     beat_with(&mut c, ok(), "", T0 + 11);
     assert_eq!(drain(&c).unwrap(), "fan swap");

@@ -178,7 +178,7 @@ fn a_returning_agent_without_a_confirmed_job_fails_it_and_kills_strangers() {
     report(&mut c, "n1", confirmed, None, T0);
     // The agent restarts (its stream closes with its process): it runs neither, but
     // something the controller never placed.
-    let generation = c.conns["n1"].generation;
+    let generation = c.fleet.session("n1").unwrap().generation;
     c.disconnected("n1", generation);
     let e = attach_with(&mut c, "n1", &[(77, 1)], T0 + 5_000);
     assert_eq!(commands(&e), vec![to("n1", "kill 77")]);
@@ -211,7 +211,7 @@ impl Disk {
             self.jobs.remove(&id);
         }
         for n in changes.nodes {
-            self.nodes.insert(n.clone(), c.nodes[&n].clone());
+            self.nodes.insert(n.clone(), c.fleet.nodes()[&n].clone());
         }
     }
 
@@ -353,7 +353,7 @@ fn a_start_the_agent_handled_but_did_not_run_fails_its_job() {
     let id = submit(&mut c, 1, false, T0);
     let e = pass(&mut c, T0);
     // The shell signs the start as command 1 of the session.
-    let generation = c.conns["n1"].generation;
+    let generation = c.fleet.session("n1").unwrap().generation;
     let gpuctl_core::command::Command::Start(s) = &e.sends[0].1 else {
         panic!("a start: {:?}", e.sends)
     };

@@ -271,7 +271,7 @@ impl Controller {
         let core = restored.cluster;
         tracing::info!(
             jobs = core.jobs.len(),
-            nodes = core.nodes.len(),
+            nodes = core.fleet.nodes().len(),
             next_job_id = core.next_job_id,
             "state loaded"
         );
@@ -337,7 +337,7 @@ impl Controller {
             self.store.delete_job(id)?;
         }
         for name in &changes.nodes {
-            if let Some(n) = c.nodes.get(name) {
+            if let Some(n) = c.fleet.node(name) {
                 self.store.put_node(&crate::wire::stored_node(n))?;
             }
         }
