@@ -1,10 +1,12 @@
 //! Which jobs a listing shows (`gpuctl queue -u/-t/--name/-A/-p`, like squeue's filters).
 
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_proto as pb;
+use gpuctl_sched::job::JobState;
 
 use crate::jobs::owner;
 
-/// A listing's filter, from a `ListJobsRequest`: each list empty = any.
+/// A listing's filter (the daemon makes it from a `ListJobsRequest`): each list empty =
+/// any; `all` lists finished jobs too.
 #[derive(Debug, Clone, Default)]
 pub struct JobFilter {
     pub all: bool,
@@ -15,26 +17,13 @@ pub struct JobFilter {
     pub partitions: Vec<String>,
 }
 
-impl From<&pb::ListJobsRequest> for JobFilter {
-    fn from(r: &pb::ListJobsRequest) -> JobFilter {
-        JobFilter {
-            // Asking for a final state asks for finished jobs.
-            all: r.all || r.states().any(|s| s.is_final()),
-            users: r.users.clone(),
-            states: r.states().collect(),
-            names: r.names.clone(),
-            accounts: r.accounts.clone(),
-            partitions: r.partitions.clone(),
-        }
-    }
-}
-
 impl JobFilter {
     pub fn matches(&self, j: &pb::Job) -> bool {
         let spec = j.spec.as_ref();
         let any = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
+        let state = JobState::try_from(j.state()).ok();
         (self.all || !j.state().is_final())
-            && (self.states.is_empty() || self.states.contains(&j.state()))
+            && (self.states.is_empty() || state.is_some_and(|s| self.states.contains(&s)))
             && any(&self.users, owner(j))
             && any(&self.names, spec.map_or("", |s| s.name.as_str()))
             && any(&self.accounts, spec.map_or("", |s| s.account.as_str()))
@@ -47,6 +36,7 @@ mod tests {
     use super::*;
 
     fn job(user: &str, name: &str, state: JobState) -> pb::Job {
+        let state = pb::JobState::from(state);
         let mut j = pb::Job {
             spec: Some(pb::JobSpec {
                 user: user.into(),
@@ -62,20 +52,20 @@ mod tests {
 
     #[test]
     fn filters_combine() {
-        let r = pb::ListJobsRequest {
+        let f = JobFilter {
             users: vec!["alice".into()],
-            states: vec![JobState::Pending as i32],
-            ..pb::ListJobsRequest::default()
+            states: vec![JobState::Pending],
+            ..JobFilter::default()
         };
-        let f = JobFilter::from(&r);
         assert!(f.matches(&job("alice", "a", JobState::Pending)));
         assert!(!f.matches(&job("bob", "a", JobState::Pending)));
         assert!(!f.matches(&job("alice", "a", JobState::Running)));
-        let done = JobFilter::from(&pb::ListJobsRequest {
-            states: vec![JobState::Completed as i32],
+        let done = JobFilter {
+            all: true,
+            states: vec![JobState::Completed],
             names: vec!["b".into()],
-            ..pb::ListJobsRequest::default()
-        });
+            ..JobFilter::default()
+        };
         assert!(done.matches(&job("x", "b", JobState::Completed)));
         assert!(!done.matches(&job("x", "a", JobState::Completed)));
         assert!(!JobFilter::default().matches(&job("x", "b", JobState::Completed)));

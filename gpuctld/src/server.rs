@@ -43,7 +43,7 @@ impl UserApi {
                 "unknown job state {bad} in the filter"
             )));
         }
-        Ok(gpuctl_core::filter::JobFilter::from(r))
+        crate::wire::job_filter(r)
     }
 
     /// Who sent `req`: the peer's uid on the Unix socket, else the API token's user.

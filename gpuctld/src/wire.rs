@@ -6,6 +6,7 @@
 
 use gpuctl_core::command::Command;
 use gpuctl_core::event::{Heartbeat, HeartbeatAnswer, Register, Report, ReportKind, Running};
+use gpuctl_core::filter::JobFilter;
 use gpuctl_core::node::{
     Gpu, GpuMetrics, GpuRow, JobGpuUse, MigInstance, Node, NodeListing, NodeRow, NodeState,
 };
@@ -425,6 +426,31 @@ pub fn share_pb(s: Share) -> pb::ShareResponse {
     }
 }
 
+/// A listing's (or a cancel's) filter. Asking for a final state asks for finished jobs.
+/// A state the domain does not know is refused: left out, it would widen the filter.
+pub fn job_filter(r: &pb::ListJobsRequest) -> Result<JobFilter, Status> {
+    let states = r
+        .states
+        .iter()
+        .map(|&s| {
+            pb::JobState::try_from(s)
+                .ok()
+                .and_then(|s| State::try_from(s).ok())
+                .ok_or_else(|| {
+                    Status::invalid_argument(format!("unknown job state {s} in the filter"))
+                })
+        })
+        .collect::<Result<Vec<State>, Status>>()?;
+    Ok(JobFilter {
+        all: r.all || states.iter().any(|s| s.is_final()),
+        users: r.users.clone(),
+        states,
+        names: r.names.clone(),
+        accounts: r.accounts.clone(),
+        partitions: r.partitions.clone(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -479,5 +505,21 @@ mod tests {
             (ended.kind, ended.state),
             (ReportKind::Ended, State::Failed)
         );
+    }
+
+    #[test]
+    fn a_filter_with_an_unknown_state_is_refused_not_widened() {
+        let r = pb::ListJobsRequest {
+            states: vec![0],
+            ..pb::ListJobsRequest::default()
+        };
+        assert!(job_filter(&r).is_err());
+        let r = pb::ListJobsRequest {
+            states: vec![pb::JobState::Completed as i32],
+            ..pb::ListJobsRequest::default()
+        };
+        let f = job_filter(&r).unwrap();
+        assert!(f.all, "a final state asks for finished jobs");
+        assert_eq!(f.states, vec![State::Completed]);
     }
 }

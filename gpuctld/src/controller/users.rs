@@ -409,8 +409,9 @@ fn cancel_filter(
 ) -> Result<gpuctl_core::filter::JobFilter, Status> {
     let mut f = f.clone();
     f.all = false;
-    f.states
-        .retain(|&s| pb::JobState::try_from(s).is_ok_and(|s| !s.is_final()));
+    f.states.retain(|&s| {
+        pb::JobState::try_from(s).is_ok_and(|s| s != pb::JobState::Unspecified && !s.is_final())
+    });
     if !f.narrows() {
         return Err(Status::invalid_argument(
             "a cancel by filter needs at least one of users, unfinished states, names, accounts or partitions (gpuctl cancel --me cancels all of yours)",
@@ -422,7 +423,7 @@ fn cancel_filter(
         }
         f.users = vec![caller.user.clone()];
     }
-    Ok(gpuctl_core::filter::JobFilter::from(&f))
+    crate::wire::job_filter(&f)
 }
 
 /// The GPUs a slot holds: the one definition behind `gpuctl_gpus_allocated`, the per
