@@ -92,7 +92,7 @@ fn main() {
     let mut running: std::collections::HashMap<String, Vec<gpuctl_core::event::Running>> =
         Default::default();
     let mut on_gpu: std::collections::HashMap<String, Vec<u64>> = Default::default();
-    for s in c.jobs.active() {
+    for s in c.jobs().active() {
         let j = s.job.as_ref().unwrap();
         for a in &j.allocations {
             running
@@ -162,9 +162,9 @@ fn main() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let slots: usize = c.live_usage.values().map(|u| u.slots.len()).sum();
+    let slots: usize = c.live_usage().values().map(|u| u.slots.len()).sum();
     let bytes: usize = c
-        .live_usage
+        .live_usage()
         .values()
         .map(|u| {
             std::mem::size_of::<pb::JobUsage>()
@@ -186,8 +186,8 @@ fn main() {
     );
     println!(
         "live usage: {} jobs, {slots} slots, about {:.1} MiB ({} bytes per job)",
-        c.live_usage.len(),
+        c.live_usage().len(),
         bytes as f64 / (1 << 20) as f64,
-        bytes / c.live_usage.len().max(1)
+        bytes / c.live_usage().len().max(1)
     );
 }

@@ -34,40 +34,100 @@ pub struct ViewCursor {
 #[derive(Default)]
 pub struct Cluster {
     /// Every job, its indexes, and the one place its state changes (`jobs.rs`).
-    pub jobs: Jobs,
+    pub(crate) jobs: Jobs,
     /// The nodes and their agents' sessions (`fleet.rs`).
-    pub fleet: Fleet,
-    pub next_job_id: u64,
+    pub(crate) fleet: Fleet,
+    pub(crate) next_job_id: u64,
     /// What running jobs used so far (`usage.rs`), memory only.
-    pub live_usage: crate::usage::LiveUsage,
+    pub(crate) live_usage: crate::usage::LiveUsage,
     /// Each running rank's cgroup CPU time and peak memory, from heartbeats, by (job,
     /// node); memory only, replaced by the end report's figures.
-    pub live_host: crate::usage::LiveHost,
+    pub(crate) live_host: crate::usage::LiveHost,
     /// Each running rank's steps running now, from heartbeats, by (job, node); memory
     /// only, replaced by the end report's.
-    pub live_steps: crate::usage::LiveSteps,
+    pub(crate) live_steps: crate::usage::LiveSteps,
     /// When each running job was last seen busy (`idle.rs`), memory only.
-    pub idle: crate::idle::IdleTracks,
+    pub(crate) idle: crate::idle::IdleTracks,
     /// The earliest begin time of a job waiting for one (`begin.rs`).
     pub(crate) next_begin_ms: Option<i64>,
     /// When a floor's owner waiting now would put the reclaim bound at risk (the
     /// last pass's answer): a pass must run then.
     pub(crate) next_reclaim_ms: Option<i64>,
-    pub config: Config,
-    pub sched_config: sched::SchedConfig,
+    pub(crate) config: Config,
+    pub(crate) sched_config: sched::SchedConfig,
     /// Decayed usage per account and user (fair share), and whether it changed since
     /// the shell last wrote it.
-    pub usage: sched::fairshare::Usage,
-    pub usage_dirty: bool,
+    pub(crate) usage: sched::fairshare::Usage,
+    pub(crate) usage_dirty: bool,
     /// When usage was last marked to be written (it is written at most once a minute).
-    pub usage_marked_ms: i64,
+    pub(crate) usage_marked_ms: i64,
     /// What each running job is charged per second, kept from pass to pass (memory
     /// only; `fairshare.rs`).
-    pub held: crate::fairshare::HeldCache,
+    pub(crate) held: crate::fairshare::HeldCache,
     /// The workload mix (`workload`) and the jobs' revision it was computed at: every
     /// pass and node listing asks for it, and at 10,000 queued jobs computing it was
     /// most of a pass after a cancel.
     workload: std::cell::RefCell<Option<(u64, Workload)>>,
+}
+
+/// Read access for the shell, the simulator and the tests: state changes only through
+/// the cluster's operations, which keep its owners' invariants (`Cluster::check`).
+impl Cluster {
+    /// The job table.
+    pub fn jobs(&self) -> &Jobs {
+        &self.jobs
+    }
+
+    /// The nodes and their agents' sessions.
+    pub fn fleet(&self) -> &Fleet {
+        &self.fleet
+    }
+
+    /// The id the next job gets.
+    pub fn next_job_id(&self) -> u64 {
+        self.next_job_id
+    }
+
+    /// The configuration in force (a new one comes with `reconfigure`).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// What a pass is configured with.
+    pub fn sched_config(&self) -> &sched::SchedConfig {
+        &self.sched_config
+    }
+
+    /// The simulator's: a pass configured other than the configuration says (policies
+    /// compared on one trace).
+    pub fn set_sched_config(&mut self, config: sched::SchedConfig) {
+        self.sched_config = config;
+    }
+
+    /// Fair share's decayed usage per account and user.
+    pub fn fair_usage(&self) -> &sched::fairshare::Usage {
+        &self.usage
+    }
+
+    /// What running jobs used so far, by job (memory only).
+    pub fn live_usage(&self) -> &crate::usage::LiveUsage {
+        &self.live_usage
+    }
+
+    /// Running ranks' host figures, by (job, node) (memory only).
+    pub fn live_host(&self) -> &crate::usage::LiveHost {
+        &self.live_host
+    }
+
+    /// Ends every agent session (the shell closes every agent stream, at shutdown).
+    pub fn end_sessions(&mut self) {
+        self.fleet.end_sessions();
+    }
+
+    /// How many running jobs fair share's charge cache holds.
+    pub fn charged_jobs(&self) -> usize {
+        self.held.len()
+    }
 }
 
 /// What the shell does after an operation, in this order: write `take_changes`, flush,

@@ -32,7 +32,7 @@ fn measured_run(
     pass(c, t);
     assert_eq!(state(c, id), JobState::Running, "{name}");
     report(c, "n1", id, None, t);
-    let job = c.jobs.job(id).unwrap().clone();
+    let job = c.jobs().job(id).unwrap().clone();
     let uuid = job.allocations[0].slots[0].uuid.clone();
     let running = [gpuctl_core::event::Running {
         job_id: id,
@@ -94,7 +94,7 @@ proptest! {
         let mut held: HashMap<String, (u32, u64)> = HashMap::new();
         let mut shared = 0;
         for (id, name) in &ids {
-            let j = c.jobs.job(*id).unwrap();
+            let j = c.jobs().job(*id).unwrap();
             let asked = j.spec.as_ref().unwrap().resources.as_ref().unwrap();
             if let Some(pb::resources::Gpu::Share(s)) = &asked.gpu {
                 shared += 1;

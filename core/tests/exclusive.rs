@@ -27,7 +27,7 @@ fn an_exclusive_job_asks_for_the_whole_of_alike_nodes() {
     attach(&mut c, "n2", T0);
     let id = submit_spec(&mut c, exclusive(1), T0);
     let r = c
-        .jobs
+        .jobs()
         .job(id)
         .unwrap()
         .spec

@@ -86,5 +86,5 @@ fn a_constraint_no_node_meets_is_refused_and_so_are_bad_features() {
         panic!("attached with a malformed feature")
     };
     assert!(e.message.contains("holds"), "{}", e.message);
-    assert!(c.fleet.node("b1").is_none());
+    assert!(c.fleet().node("b1").is_none());
 }

@@ -14,7 +14,7 @@ fn beat(c: &mut Cluster, jobs: &[u64], xids: &[(u32, u32, i64)], now: i64) -> gp
         .iter()
         .map(|&id| gpuctl_core::event::Running {
             job_id: id,
-            attempt: c.jobs.job(id).unwrap().attempt,
+            attempt: c.jobs().job(id).unwrap().attempt,
             ..Default::default()
         })
         .collect();
@@ -41,7 +41,7 @@ fn beat(c: &mut Cluster, jobs: &[u64], xids: &[(u32, u32, i64)], now: i64) -> gp
 }
 
 fn gpu_of(c: &Cluster, id: u64) -> u32 {
-    let uuid = &c.jobs.job(id).unwrap().allocations[0].slots[0].uuid;
+    let uuid = &c.jobs().job(id).unwrap().allocations[0].slots[0].uuid;
     uuid.rsplit('-').next().unwrap().parse().unwrap()
 }
 
@@ -67,20 +67,20 @@ fn a_hardware_xid_drains_the_node_and_requeues_the_job_on_that_gpu_once() {
         commands(&effects),
         vec![to("n1", &format!("kill {requeueable}"))]
     );
-    let reason = c.fleet.nodes()["n1"].drain_reason.clone().unwrap();
+    let reason = c.fleet().nodes()["n1"].drain_reason.clone().unwrap();
     assert!(
         reason.contains("XID 79 (GPU has fallen off the bus)"),
         "{reason}"
     );
     assert!(reason.starts_with("health (hardware)"), "{reason}");
     assert!(
-        c.jobs
+        c.jobs()
             .get(requeueable)
             .unwrap()
             .requeue_requested
             .contains("XID 79")
     );
-    assert!(c.jobs.get(other).unwrap().requeue_requested.is_empty());
+    assert!(c.jobs().get(other).unwrap().requeue_requested.is_empty());
     // The same XID again (the agent keeps reporting its latest): nothing more.
     let again = beat(
         &mut c,
@@ -97,14 +97,14 @@ fn a_hardware_xid_drains_the_node_and_requeues_the_job_on_that_gpu_once() {
         &[(broken, 79, T0 + 500), (fine, 13, T0 + 2500)],
         T0 + 3000,
     );
-    let w = &c.jobs.job(other).unwrap().warnings;
+    let w = &c.jobs().job(other).unwrap().warnings;
     assert!(
         w.iter()
             .any(|w| w.contains("XID 13 (graphics engine exception)")),
         "{w:?}"
     );
     assert_eq!(
-        c.fleet.nodes()["n1"].drain_reason.as_deref(),
+        c.fleet().nodes()["n1"].drain_reason.as_deref(),
         Some(reason.as_str())
     );
 }
@@ -151,7 +151,7 @@ fn beat_with(c: &mut Cluster, gpus: [gpuctl_core::node::GpuMetrics; 2], site: &s
 }
 
 fn drain(c: &Cluster) -> Option<String> {
-    c.fleet.nodes()["n1"].drain_reason.clone()
+    c.fleet().nodes()["n1"].drain_reason.clone()
 }
 
 fn gpu(temp_c: u32, power_w: f64) -> gpuctl_core::node::GpuMetrics {
@@ -166,7 +166,7 @@ fn gpu(temp_c: u32, power_w: f64) -> gpuctl_core::node::GpuMetrics {
 #[test]
 fn each_health_condition_drains_with_its_reason_and_lifts_when_clear() {
     let mut c = cluster();
-    c.config.health.max_gpu_power_w = 400;
+    configure(&mut c, |cfg| cfg.health.max_gpu_power_w = 400);
     attach(&mut c, "n1", T0);
     let ok = || [gpu(50, 200.0), gpu(50, 200.0)];
     beat_with(&mut c, ok(), "", T0);
@@ -222,9 +222,9 @@ fn each_health_condition_drains_with_its_reason_and_lifts_when_clear() {
 #[test]
 fn the_checks_that_are_off_do_not_drain() {
     let mut c = cluster();
-    c.config.health.ecc_drain = false;
-    c.config.health.remap_failure_drain = false;
-    c.config.health.max_gpu_temp_c = 0;
+    configure(&mut c, |cfg| cfg.health.ecc_drain = false);
+    configure(&mut c, |cfg| cfg.health.remap_failure_drain = false);
+    configure(&mut c, |cfg| cfg.health.max_gpu_temp_c = 0);
     attach(&mut c, "n1", T0);
     let mut bad = gpu(99, 900.0);
     bad.ecc_uncorrected = Some(5);

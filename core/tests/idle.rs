@@ -26,7 +26,7 @@ fn cluster_with(action: IdleAction) -> Cluster {
 
 /// A heartbeat from n1 running `id`, with its GPU 0 at `util`% at `now`.
 fn beat(c: &mut Cluster, id: u64, util: u32, now: i64) -> gpuctl_core::Effects {
-    let attempt = c.jobs.job(id).unwrap().attempt;
+    let attempt = c.jobs().job(id).unwrap().attempt;
     let req = gpuctl_core::event::Heartbeat {
         node: "n1".into(),
         running: vec![gpuctl_core::event::Running {
@@ -69,10 +69,10 @@ fn an_idle_job_is_warned_once_per_stretch() {
     for m in 1..=9 {
         beat(&mut c, id, 1, T0 + m * MIN);
     }
-    assert!(c.jobs.job(id).unwrap().warnings.is_empty());
+    assert!(c.jobs().job(id).unwrap().warnings.is_empty());
     // Ten minutes idle: warned.
     beat(&mut c, id, 1, T0 + 10 * MIN);
-    let j = c.jobs.job(id).unwrap();
+    let j = c.jobs().job(id).unwrap();
     assert!(
         j.reason.starts_with("idle: its GPUs were under 5% for 10m"),
         "{}",
@@ -81,13 +81,13 @@ fn an_idle_job_is_warned_once_per_stretch() {
     assert_eq!(j.warnings.len(), 1);
     // Once per stretch.
     beat(&mut c, id, 1, T0 + 11 * MIN);
-    assert_eq!(c.jobs.job(id).unwrap().warnings.len(), 1);
+    assert_eq!(c.jobs().job(id).unwrap().warnings.len(), 1);
     // Busy again, then idle for ten more minutes: a second warning.
     beat(&mut c, id, 50, T0 + 12 * MIN);
     beat(&mut c, id, 0, T0 + 21 * MIN);
-    assert_eq!(c.jobs.job(id).unwrap().warnings.len(), 1);
+    assert_eq!(c.jobs().job(id).unwrap().warnings.len(), 1);
     beat(&mut c, id, 0, T0 + 22 * MIN);
-    assert_eq!(c.jobs.job(id).unwrap().warnings.len(), 2);
+    assert_eq!(c.jobs().job(id).unwrap().warnings.len(), 2);
     assert_eq!(state(&c, id), JobState::Running);
 }
 
@@ -100,13 +100,13 @@ fn an_idle_job_is_requeued_and_its_usage_kept() {
         kills.extend(commands(&beat(&mut c, id, 2, T0 + m * MIN)));
     }
     assert_eq!(kills, vec![to("n1", &format!("kill {id}"))]);
-    assert!(c.jobs.get(id).unwrap().requeue_requested.contains("idle"));
+    assert!(c.jobs().get(id).unwrap().requeue_requested.contains("idle"));
     // Live usage: 10 samples at 2%, 2 GiB.
-    let live = c.usage_of(c.jobs.job(id).unwrap()).unwrap();
+    let live = c.usage_of(c.jobs().job(id).unwrap()).unwrap();
     assert_eq!(live.slots[0].samples, 10);
     assert_eq!(live.slots[0].util_sum, 20.0);
     // The agent ends it with its cgroup's figures: back to the queue, usage kept.
-    let attempt = c.jobs.job(id).unwrap().attempt;
+    let attempt = c.jobs().job(id).unwrap().attempt;
     let end = gpuctl_core::event::Report {
         state: gpuctl_sched::job::JobState::Cancelled,
         time_ms: T0 + 11 * MIN,
@@ -115,7 +115,7 @@ fn an_idle_job_is_requeued_and_its_usage_kept() {
         ..gpuctl_core::event::Report::new("n1", id, attempt, gpuctl_core::event::ReportKind::Ended)
     };
     c.report(&end, T0 + 11 * MIN);
-    let j = c.jobs.job(id).unwrap();
+    let j = c.jobs().job(id).unwrap();
     assert_eq!(j.state(), JobState::Pending);
     assert!(j.reason.contains("idle"), "{}", j.reason);
     let u = j.usage.as_ref().expect("the run's usage in the record");
@@ -127,15 +127,15 @@ fn an_idle_job_is_requeued_and_its_usage_kept() {
         (u.cpu_time_ms, u.host_mem_peak_bytes, u.host_reports),
         (30_000, 1 << 30, 1)
     );
-    assert!(c.live_usage.is_empty());
+    assert!(c.live_usage().is_empty());
 }
 
 #[test]
 fn running_ranks_host_figures_show_live_and_count_when_the_node_fails() {
     let mut c = cluster_with(IdleAction::Warn);
-    c.config.idle.after = None;
+    configure(&mut c, |cfg| cfg.idle.after = None);
     let id = running_job(&mut c);
-    let attempt = c.jobs.job(id).unwrap().attempt;
+    let attempt = c.jobs().job(id).unwrap().attempt;
     let req = gpuctl_core::event::Heartbeat {
         node: "n1".into(),
         running: vec![gpuctl_core::event::Running {
@@ -155,11 +155,11 @@ fn running_ranks_host_figures_show_live_and_count_when_the_node_fails() {
     };
     c.heartbeat(&req, T0 + MIN);
     // Its step running now, from the heartbeat (memory only: not in the record).
-    let steps = c.steps_of(c.jobs.job(id).unwrap());
+    let steps = c.steps_of(c.jobs().job(id).unwrap());
     assert_eq!((steps.len(), steps[0].tasks), (1, 2));
     assert_eq!(steps[0].nodes, ["n1"]);
-    assert!(c.jobs.job(id).unwrap().steps.is_empty());
-    let live = c.usage_of(c.jobs.job(id).unwrap()).unwrap();
+    assert!(c.jobs().job(id).unwrap().steps.is_empty());
+    let live = c.usage_of(c.jobs().job(id).unwrap()).unwrap();
     assert_eq!(
         (
             live.cpu_time_ms,
@@ -173,13 +173,13 @@ fn running_ranks_host_figures_show_live_and_count_when_the_node_fails() {
     later.running[0].cpu_time_ms = Some(120_000);
     c.heartbeat(&later, T0 + 2 * MIN);
     assert_eq!(
-        c.usage_of(c.jobs.job(id).unwrap()).unwrap().cpu_time_ms,
+        c.usage_of(c.jobs().job(id).unwrap()).unwrap().cpu_time_ms,
         120_000
     );
     // The node goes silent: the job ends NODE_FAIL with the last figures kept, and no
     // step runs any more.
     c.check_nodes(T0 + 10 * MIN);
-    let j = c.jobs.job(id).unwrap();
+    let j = c.jobs().job(id).unwrap();
     assert_eq!(j.state(), JobState::NodeFail);
     assert!(c.steps_of(j).is_empty() && !c.has_live_steps(id));
     let u = j.usage.as_ref().expect("settled");
@@ -187,5 +187,5 @@ fn running_ranks_host_figures_show_live_and_count_when_the_node_fails() {
         (u.cpu_time_ms, u.host_mem_peak_bytes, u.host_reports),
         (120_000, 3 << 30, 1)
     );
-    assert!(c.live_host.is_empty() && c.live_usage.is_empty());
+    assert!(c.live_host().is_empty() && c.live_usage().is_empty());
 }

@@ -27,7 +27,7 @@ fn a_job_runs_only_where_its_lists_allow() {
         commands(&e).contains(&to("gpu03", &format!("start {only3}"))),
         "{:?} {:?}",
         commands(&e),
-        c.jobs.job(only3).unwrap().reason
+        c.jobs().job(only3).unwrap().reason
     );
     // gpu03 is full: a job that excludes the others waits although they are idle.
     let not12 = submit_spec(&mut c, listed(1, &[], &["gpu[01-02]"]), T0);

@@ -55,7 +55,7 @@ fn a_partition_keeps_its_jobs_on_its_nodes_and_others_anywhere() {
     let b = submit_spec_as(&mut c, &admin, s, T0);
     let e = pass(&mut c, T0);
     assert_eq!(commands(&e), vec![to("inf1", &format!("start {a}"))]);
-    let jb = c.jobs.job(b).unwrap();
+    let jb = c.jobs().job(b).unwrap();
     assert_eq!(jb.state(), JobState::Pending);
     assert_eq!(jb.reason, "Resources");
     // The partition's default time and QoS were given to it.
@@ -66,7 +66,7 @@ fn a_partition_keeps_its_jobs_on_its_nodes_and_others_anywhere() {
     let e = pass(&mut c, T0);
     assert_eq!(commands(&e), vec![to("train1", &format!("start {d}"))]);
     assert_eq!(
-        c.jobs.job(d).unwrap().spec.as_ref().unwrap().partition,
+        c.jobs().job(d).unwrap().spec.as_ref().unwrap().partition,
         "batch"
     );
 }
@@ -125,7 +125,7 @@ fn a_down_partition_holds_its_jobs_with_a_reason_and_a_draining_one_takes_none()
     let id = submit(&mut c, 1, false, T0);
     let e = pass(&mut c, T0);
     assert!(commands(&e).is_empty());
-    assert_eq!(c.jobs.job(id).unwrap().reason, "PartitionDown");
+    assert_eq!(c.jobs().job(id).unwrap().reason, "PartitionDown");
     let Ok(gpuctl_core::explain::Explain::Done(why)) = c.explain(id, T0) else {
         panic!("a job of a down partition is not in the pass")
     };
@@ -135,22 +135,27 @@ fn a_down_partition_holds_its_jobs_with_a_reason_and_a_draining_one_takes_none()
         "partition batch is down: its jobs wait until it is up (partitions.batch.state)"
     );
     // Up again (a restart with the new config): it runs.
-    c.config.partitions.get_mut("batch").unwrap().state =
-        gpuctl_core::partitions::PartitionState::Up;
+    configure(&mut c, |cfg| {
+        cfg.partitions.get_mut("batch").unwrap().state = gpuctl_core::partitions::PartitionState::Up
+    });
     let e = pass(&mut c, T0 + 1000);
     assert_eq!(commands(&e), vec![to("train1", &format!("start {id}"))]);
-    c.config.partitions.get_mut("batch").unwrap().state =
-        gpuctl_core::partitions::PartitionState::Drain;
+    configure(&mut c, |cfg| {
+        cfg.partitions.get_mut("batch").unwrap().state =
+            gpuctl_core::partitions::PartitionState::Drain
+    });
     let e = admit_err(&c, &alice(), spec(1, false));
     assert!(e.message.contains("draining"), "{}", e.message);
     // A lower max_time after submit keeps a longer job out, by name.
-    c.config.partitions.get_mut("batch").unwrap().state =
-        gpuctl_core::partitions::PartitionState::Up;
+    configure(&mut c, |cfg| {
+        cfg.partitions.get_mut("batch").unwrap().state = gpuctl_core::partitions::PartitionState::Up
+    });
     let long = submit(&mut c, 2, false, T0);
-    c.config.partitions.get_mut("batch").unwrap().max_time =
-        Some(std::time::Duration::from_secs(60));
+    configure(&mut c, |cfg| {
+        cfg.partitions.get_mut("batch").unwrap().max_time = Some(std::time::Duration::from_secs(60))
+    });
     pass(&mut c, T0 + 2000);
-    assert_eq!(c.jobs.job(long).unwrap().reason, "PartitionTimeLimit");
+    assert_eq!(c.jobs().job(long).unwrap().reason, "PartitionTimeLimit");
     let Ok(gpuctl_core::explain::Explain::Done(why)) = c.explain(long, T0 + 2000) else {
         panic!("a job over its partition's max_time is not in the pass")
     };
@@ -190,7 +195,7 @@ fn singletons_of_one_user_and_name_run_one_at_a_time_in_order() {
             to("n1", &format!("start {other}"))
         ]
     );
-    assert_eq!(c.jobs.job(b).unwrap().reason, "Dependency");
+    assert_eq!(c.jobs().job(b).unwrap().reason, "Dependency");
     report(&mut c, "n1", a, None, T0);
     report(&mut c, "n1", a, Some((JobState::Failed, 1)), T0 + 1000);
     // Any end lets the next one go.
@@ -212,7 +217,7 @@ fn singletons_of_one_user_and_name_run_one_at_a_time_in_order() {
     let c2 = submit_spec(&mut c, named("train", "singleton"), T0 + 3000);
     let e = pass(&mut c, T0 + 3000);
     assert!(commands(&e).is_empty(), "{:?}", commands(&e));
-    assert_eq!(c.jobs.job(c2).unwrap().state(), JobState::Pending);
+    assert_eq!(c.jobs().job(c2).unwrap().state(), JobState::Pending);
     // A singleton names no job.
     let mut bad = named("x", "singleton");
     bad.dependencies[0].job_id = 7;
@@ -243,7 +248,7 @@ partition_floor = { inference = 0.5 }
     let batch: Vec<u64> = (0..3).map(|_| submit(&mut c, 1, false, T0)).collect();
     let e = pass(&mut c, T0);
     assert_eq!(commands(&e).len(), 2, "{:?}", commands(&e));
-    assert_eq!(c.jobs.job(batch[2]).unwrap().reason, "WindowFloor");
+    assert_eq!(c.jobs().job(batch[2]).unwrap().reason, "WindowFloor");
     // An inference job takes what was kept; the third batch job still waits.
     let mut s = spec(2, false);
     s.partition = "inference".into();
@@ -252,7 +257,7 @@ partition_floor = { inference = 0.5 }
     let started = commands(&e);
     assert_eq!(started.len(), 1, "{started:?}");
     assert_eq!(started[0].1, format!("start {inf}"));
-    assert_eq!(c.jobs.job(batch[2]).unwrap().reason, "WindowFloor");
+    assert_eq!(c.jobs().job(batch[2]).unwrap().reason, "WindowFloor");
     // A floor must name a partition, and one of every node.
     for (text, want) in [
         (

@@ -60,7 +60,7 @@ fn usage_is_charged_and_the_lighter_user_goes_first() {
     let hour = 3_600_000;
     report(&mut c, "n1", a, Some((JobState::Completed, 0)), T0 + hour);
     pass(&mut c, T0 + hour);
-    let used = c.usage.of_account("alice");
+    let used = c.fair_usage().of_account("alice");
     assert!((used - 7200.0).abs() < 60.0, "{used}");
     // Alice and bob submit at the same time: bob, who used nothing, ranks first.
     let bob = actor("bob", false);
@@ -74,7 +74,7 @@ fn usage_is_charged_and_the_lighter_user_goes_first() {
     // The record the store keeps comes back whole.
     let mut d = cluster();
     d.restore_usage(&c.usage_record());
-    assert_eq!(d.usage, c.usage);
+    assert_eq!(d.fair_usage(), c.fair_usage());
 }
 
 #[test]
@@ -84,11 +84,11 @@ fn held_jobs_stay_out_of_passes_until_released() {
     let id = submit(&mut c, 1, false, T0);
     c.hold(&alice(), id).unwrap();
     assert!(commands(&pass(&mut c, T0 + 1)).is_empty());
-    assert_eq!(c.jobs.job(id).unwrap().reason, "JobHeldUser");
+    assert_eq!(c.jobs().job(id).unwrap().reason, "JobHeldUser");
     // Someone else may not release it; an admin's hold only an admin lifts.
     assert!(c.release(&actor("bob", false), id).is_err());
     c.hold(&actor("root", true), id).unwrap();
-    assert_eq!(c.jobs.job(id).unwrap().reason, "JobHeldAdmin");
+    assert_eq!(c.jobs().job(id).unwrap().reason, "JobHeldAdmin");
     assert!(c.release(&alice(), id).is_err());
     c.release(&actor("root", true), id).unwrap();
     let e = pass(&mut c, T0 + 2);
@@ -112,13 +112,13 @@ fn a_requeued_job_waits_for_its_instance_then_runs_again_as_the_same_job() {
     assert_eq!(state(&c, id), JobState::Running);
     assert!(commands(&pass(&mut c, T0 + 11)).is_empty());
     report(&mut c, "n1", id, Some((JobState::Cancelled, -15)), T0 + 20);
-    let j = c.jobs.job(id).unwrap();
+    let j = c.jobs().job(id).unwrap();
     assert_eq!(j.state(), JobState::Pending);
     assert_eq!(j.reason, "requeued by alice");
     assert_eq!(j.submit_time_ms, T0);
     let e = pass(&mut c, T0 + 21);
     assert_eq!(commands(&e), vec![to("n1", &format!("start {id}"))]);
-    assert_eq!(c.jobs.job(id).unwrap().attempt, 2);
+    assert_eq!(c.jobs().job(id).unwrap().attempt, 2);
 }
 
 #[test]
@@ -136,11 +136,11 @@ fn a_qos_cap_holds_a_users_next_job_with_its_own_reason() {
     assert!(
         starts.iter().any(|(_, w)| *w == format!("start {first}")),
         "{starts:?} {}",
-        c.jobs.job(first).unwrap().reason
+        c.jobs().job(first).unwrap().reason
     );
     assert!(starts.iter().any(|(_, w)| *w == format!("start {bob}")));
     assert_eq!(starts.len(), 2, "{starts:?}");
-    let j = c.jobs.job(second).unwrap();
+    let j = c.jobs().job(second).unwrap();
     assert_eq!(j.reason, "QOSMaxGpusPerUser");
     assert_eq!(j.expected_start_ms, 0);
 }
@@ -175,9 +175,9 @@ fn preemption_signals_the_victim_then_requeues_it_and_starts_the_preemptor() {
     assert!(kills(&pass(&mut c, T0 + 10_000)).is_empty());
     // It is expected to start when the victim's minimum run ends, not when the
     // victim's time limit would.
-    let victim_start = c.jobs.job(victim).unwrap().start_time_ms;
+    let victim_start = c.jobs().job(victim).unwrap().start_time_ms;
     assert_eq!(
-        c.jobs.job(u).unwrap().expected_start_ms,
+        c.jobs().job(u).unwrap().expected_start_ms,
         victim_start + 60_000
     );
     let e = pass(&mut c, T0 + 61_000);
@@ -197,7 +197,7 @@ fn preemption_signals_the_victim_then_requeues_it_and_starts_the_preemptor() {
         Some((JobState::Cancelled, -10)),
         T0 + 80_000,
     );
-    let v = c.jobs.job(victim).unwrap();
+    let v = c.jobs().job(victim).unwrap();
     assert_eq!(v.state(), JobState::Pending);
     assert_eq!(v.reason, format!("Preempted by job {u}"));
     assert_eq!(v.submit_time_ms, T0);
@@ -240,7 +240,7 @@ fn an_array_makes_one_job_per_task_and_its_throttle_holds() {
     let first = submit_spec(&mut c, s, T0);
     let tasks: Vec<u64> = (first..first + 6).collect();
     for (i, id) in tasks.iter().enumerate() {
-        let sp = c.jobs.job(*id).unwrap().spec.clone().unwrap();
+        let sp = c.jobs().job(*id).unwrap().spec.clone().unwrap();
         assert_eq!((sp.array_job_id, sp.array_task_id), (first, Some(i as u32)));
     }
     // Four GPUs free, two tasks at once.
@@ -251,9 +251,9 @@ fn an_array_makes_one_job_per_task_and_its_throttle_holds() {
             report(&mut c, node, st.job_id, None, T0);
         }
     }
-    assert_eq!(c.jobs.job(first + 2).unwrap().reason, "JobArrayTaskLimit");
+    assert_eq!(c.jobs().job(first + 2).unwrap().reason, "JobArrayTaskLimit");
     // One ends: one more starts.
-    let node = c.jobs.job(first).unwrap().allocations[0].node.clone();
+    let node = c.jobs().job(first).unwrap().allocations[0].node.clone();
     report(
         &mut c,
         &node,
@@ -284,13 +284,13 @@ fn charges_follow_each_run_across_passes_and_a_requeue() {
     let e = pass(&mut c, T0);
     // Its charge rate is computed as it starts (in the apply's parts), not by the next
     // charge (after a mass start, all at once in one hold).
-    assert_eq!(c.held.len(), 1);
+    assert_eq!(c.charged_jobs(), 1);
     started(&mut c, "n1", &e, T0);
     let hour = 3_600_000;
     // Two passes an hour apart: the second charges from the first, not from the start.
     pass(&mut c, T0 + hour);
     pass(&mut c, T0 + 2 * hour);
-    let used = c.usage.of_account("alice");
+    let used = c.fair_usage().of_account("alice");
     assert!((used - 2.0 * 7200.0).abs() < 1e-3, "{used}");
     // Requeued: the first run is charged to its end; the second from its own start.
     c.requeue(&alice(), id, "requeued by alice", T0 + 2 * hour + 10_000)
@@ -306,11 +306,11 @@ fn charges_follow_each_run_across_passes_and_a_requeue() {
     started(&mut c, "n1", &e, T0 + 2 * hour + 21_000);
     assert_eq!(state(&c, id), JobState::Running);
     pass(&mut c, T0 + 3 * hour);
-    let used = c.usage.of_account("alice");
+    let used = c.fair_usage().of_account("alice");
     let want = 2.0 * (7_220.0 + 3_600.0 - 21.0);
     assert!((used - want).abs() < 1e-3, "{used} != {want}");
     // One run is kept between charges, and none once it has ended.
-    assert_eq!(c.held.len(), 1);
+    assert_eq!(c.charged_jobs(), 1);
     report(
         &mut c,
         "n1",
@@ -319,8 +319,8 @@ fn charges_follow_each_run_across_passes_and_a_requeue() {
         T0 + 3 * hour + 1_000,
     );
     pass(&mut c, T0 + 3 * hour + 2_000);
-    assert!(c.held.is_empty(), "{} kept", c.held.len());
-    let used = c.usage.of_account("alice");
+    assert!(c.charged_jobs() == 0, "{} kept", c.charged_jobs());
+    let used = c.fair_usage().of_account("alice");
     let want = want + 2.0 * 1.0;
     assert!((used - want).abs() < 1e-3, "{used} != {want}");
 }
@@ -391,7 +391,7 @@ preemption = true
         .collect();
     let e = pass(&mut c, now);
     run_all(&mut c, &e, now);
-    assert_eq!(c.jobs.job(plain[2]).unwrap().reason, "WindowFloor");
+    assert_eq!(c.jobs().job(plain[2]).unwrap().reason, "WindowFloor");
     // Two that checkpoint and requeue borrow the rest, and say so.
     let ids: Vec<u64> = (0..2)
         .map(|_| submit_as(&mut c, &bob, ckpt.clone(), now))
@@ -400,7 +400,7 @@ preemption = true
     run_all(&mut c, &e, now);
     let borrowing = "Borrowing the inference floor (window always), may be reclaimed";
     for &id in &ids {
-        let j = c.jobs.job(id).unwrap();
+        let j = c.jobs().job(id).unwrap();
         assert_eq!(j.state(), JobState::Running, "{j:?}");
         assert_eq!(j.reason, borrowing);
     }

@@ -127,7 +127,7 @@ impl Agents {
 fn check(c: &Cluster) {
     let mut per_gpu: HashMap<String, u32> = HashMap::new();
     let mut others = 0u32;
-    for s in c.jobs.active() {
+    for s in c.jobs().active() {
         let j = s.job.as_ref().unwrap();
         if j.state() != JobState::Running {
             continue;
@@ -184,7 +184,7 @@ proptest! {
                 }
                 Step::End(k) => {
                     let running: Vec<(u64, u32, String)> = c
-                        .jobs
+                        .jobs()
                         .active()
                         .filter_map(|s| s.job.as_ref())
                         .filter(|j| j.state() == JobState::Running)
@@ -221,7 +221,7 @@ fn owner_waits_past_the_bound(c: &Cluster, now: i64) -> Option<String> {
         let s = j.spec.as_ref().unwrap();
         s.account != "alice" && s.requeue && !s.signal.is_empty()
     };
-    for j in c.jobs.active().filter_map(|s| s.job.as_ref()) {
+    for j in c.jobs().active().filter_map(|s| s.job.as_ref()) {
         if j.state() != JobState::Running {
             continue;
         }
@@ -236,7 +236,7 @@ fn owner_waits_past_the_bound(c: &Cluster, now: i64) -> Option<String> {
             }
         }
     }
-    for j in c.jobs.active().filter_map(|s| s.job.as_ref()) {
+    for j in c.jobs().active().filter_map(|s| s.job.as_ref()) {
         let spec = j.spec.as_ref().unwrap();
         if j.state() != JobState::Pending || spec.account != "alice" {
             continue;
@@ -299,7 +299,7 @@ proptest! {
             }
             now = target;
             let over: Vec<(u64, u32, String)> = c
-                .jobs
+                .jobs()
                 .active()
                 .filter_map(|s| s.job.as_ref())
                 .filter(|j| j.state() == JobState::Running)

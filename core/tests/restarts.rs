@@ -34,7 +34,7 @@ fn a_failed_job_is_queued_again_up_to_its_max_restarts_then_fails() {
         start(&mut c, now);
         assert_eq!(state(&c, id), JobState::Running);
         report(&mut c, "n1", id, Some((JobState::Failed, 3)), now + 1);
-        let j = c.jobs.job(id).unwrap();
+        let j = c.jobs().job(id).unwrap();
         assert_eq!(j.state(), JobState::Pending, "restart {n}");
         assert_eq!(j.restarts, n);
         assert_eq!(j.attempt, n, "attempt counts the starts so far");
@@ -45,7 +45,7 @@ fn a_failed_job_is_queued_again_up_to_its_max_restarts_then_fails() {
     }
     start(&mut c, T0 + 5000);
     report(&mut c, "n1", id, Some((JobState::Failed, 3)), T0 + 5001);
-    let j = c.jobs.job(id).unwrap();
+    let j = c.jobs().job(id).unwrap();
     assert_eq!(j.state(), JobState::Failed, "no restart left");
     assert_eq!((j.restarts, j.exit_code), (2, Some(3)));
 }
@@ -74,7 +74,7 @@ fn completions_time_limits_and_cancels_are_not_restarted() {
         Some((JobState::Failed, 143)),
         T0 + 4,
     );
-    let j = c.jobs.job(cancelled).unwrap();
+    let j = c.jobs().job(cancelled).unwrap();
     assert!(j.state().is_final(), "{:?}", j.state());
     assert_eq!(j.restarts, 0);
 }
@@ -98,7 +98,7 @@ fn a_gang_restarts_once_its_other_ranks_are_killed() {
     );
     assert_eq!(state(&c, id), JobState::Running);
     report(&mut c, "n2", id, Some((JobState::Failed, 143)), T0 + 2);
-    let j = c.jobs.job(id).unwrap();
+    let j = c.jobs().job(id).unwrap();
     assert_eq!(j.state(), JobState::Pending);
     assert_eq!(j.restarts, 1, "one failure, one restart");
     // Its second start fails too: no restart left.

@@ -22,14 +22,14 @@ fn a_gpu_submit_against_a_full_cluster_defers_and_an_event_ends_that() {
         GpuRoom::Any,
         "before any pass anything may fit"
     );
-    let j = c.jobs.job(waiting).unwrap().clone();
+    let j = c.jobs().job(waiting).unwrap().clone();
     assert!(!room.defers(&c, &j), "no pass has measured the room yet");
     // The pass left a job waiting and no GPU free.
     assert_eq!(room.settle(&c, true, GpuRoom::None, T0 + 2), Deferred::None);
     assert!(room.defers(&c, &j));
     // A CPU-only job never defers: it needs no GPU room.
     let cpu_only = submit(&mut c, 0, false, T0 + 3);
-    assert!(!room.defers(&c, &c.jobs.job(cpu_only).unwrap().clone()));
+    assert!(!room.defers(&c, &c.jobs().job(cpu_only).unwrap().clone()));
     // The next pass's input took the deferred submit; another defers after it, and
     // that pass's end leaves it to the timer while nothing fits ...
     room.pass_started();

@@ -40,13 +40,13 @@ fn submit_start_and_end() {
     );
 
     assert_eq!(
-        c.jobs.job(id).unwrap().launch_time_ms,
+        c.jobs().job(id).unwrap().launch_time_ms,
         0,
         "not launched yet"
     );
     report(&mut c, "n1", id, None, T0 + 20);
-    assert!(c.jobs.get(id).unwrap().start_confirmed);
-    let j = c.jobs.job(id).unwrap();
+    assert!(c.jobs().get(id).unwrap().start_confirmed);
+    let j = c.jobs().job(id).unwrap();
     assert_eq!(
         (j.start_time_ms, j.launch_time_ms),
         (T0 + 10, T0 + 20),
@@ -54,7 +54,7 @@ fn submit_start_and_end() {
     );
     let e = report(&mut c, "n1", id, Some((JobState::Completed, 0)), T0 + 5000);
     assert!(e.sends.is_empty() && e.wake);
-    let j = c.jobs.job(id).unwrap();
+    let j = c.jobs().job(id).unwrap();
     assert_eq!(
         (j.state(), j.exit_code, j.end_time_ms),
         (JobState::Completed, Some(0), T0 + 5000)
@@ -121,7 +121,7 @@ fn a_time_limit_reached_ends_the_job_timeout() {
         Some((JobState::Timeout, -15)),
         T0 + 3_600_000,
     );
-    let j = c.jobs.job(id).unwrap();
+    let j = c.jobs().job(id).unwrap();
     assert_eq!(j.state(), JobState::Timeout);
     assert_eq!(j.end_time_ms - j.start_time_ms, 3_600_000);
 }
@@ -141,7 +141,7 @@ fn node_loss_fails_its_jobs_or_requeues_those_that_ask() {
     assert_eq!(e.closed, vec!["n1".to_string()]);
     assert!(e.wake);
     assert_eq!(state(&c, plain), JobState::NodeFail);
-    let j = c.jobs.job(requeue).unwrap();
+    let j = c.jobs().job(requeue).unwrap();
     assert_eq!(j.state(), JobState::Pending);
     assert_eq!(j.reason, "requeued: node n1 failed");
     assert!(j.allocations.is_empty());
@@ -161,7 +161,7 @@ fn a_returning_agent_still_running_a_requeued_job_takes_it_back() {
     // The agent comes back and still runs attempt 1: no kill, the job runs again as it was.
     let e = attach_with(&mut c, "n1", &[(id, 1)], T0 + 70_000);
     assert!(commands(&e).is_empty(), "{:?}", commands(&e));
-    let j = c.jobs.job(id).unwrap();
+    let j = c.jobs().job(id).unwrap();
     assert_eq!(
         (j.state(), j.attempt, j.start_time_ms),
         (JobState::Running, 1, T0)
@@ -178,14 +178,14 @@ fn a_returning_agent_without_a_confirmed_job_fails_it_and_kills_strangers() {
     report(&mut c, "n1", confirmed, None, T0);
     // The agent restarts (its stream closes with its process): it runs neither, but
     // something the controller never placed.
-    let generation = c.fleet.session("n1").unwrap().generation;
+    let generation = c.fleet().session("n1").unwrap().generation;
     c.disconnected("n1", generation);
     let e = attach_with(&mut c, "n1", &[(77, 1)], T0 + 5_000);
     assert_eq!(commands(&e), vec![to("n1", "kill 77")]);
-    let j = c.jobs.job(confirmed).unwrap();
+    let j = c.jobs().job(confirmed).unwrap();
     assert_eq!(j.state(), JobState::Failed);
     assert_eq!(j.reason, "agent restarted without the job (lost)");
-    let j = c.jobs.job(unconfirmed).unwrap();
+    let j = c.jobs().job(unconfirmed).unwrap();
     assert_eq!(
         j.state(),
         JobState::Pending,
@@ -205,13 +205,13 @@ impl Disk {
     fn write(&mut self, c: &mut Cluster) {
         let changes = c.take_changes();
         for id in changes.jobs.put {
-            self.jobs.insert(id, c.jobs.get(id).unwrap().clone());
+            self.jobs.insert(id, c.jobs().get(id).unwrap().clone());
         }
         for id in changes.jobs.delete {
             self.jobs.remove(&id);
         }
         for n in changes.nodes {
-            self.nodes.insert(n.clone(), c.fleet.nodes()[&n].clone());
+            self.nodes.insert(n.clone(), c.fleet().nodes()[&n].clone());
         }
     }
 
@@ -237,7 +237,7 @@ fn running_one() -> (Cluster, Disk, u64) {
     attach(&mut c, "n1", T0);
     let running = submit(&mut c, 1, false, T0);
     disk.jobs
-        .insert(running, c.jobs.get(running).unwrap().clone());
+        .insert(running, c.jobs().get(running).unwrap().clone());
     pass(&mut c, T0);
     report(&mut c, "n1", running, None, T0);
     (c, disk, running)
@@ -248,13 +248,13 @@ fn a_restarted_controller_recovers_from_what_was_written() {
     let (mut c, mut disk, running) = running_one();
     let waiting = submit(&mut c, 2, false, T0 + 1);
     disk.jobs
-        .insert(waiting, c.jobs.get(waiting).unwrap().clone());
+        .insert(waiting, c.jobs().get(waiting).unwrap().clone());
     disk.write(&mut c);
     drop(c);
 
     let mut c = disk.load(T0 + 2);
     assert_eq!(state(&c, running), JobState::Running);
-    assert_eq!(c.next_job_id, waiting + 1, "ids are never reused");
+    assert_eq!(c.next_job_id(), waiting + 1, "ids are never reused");
     // Down until its agent attaches again, then reconciled: the running job stays.
     assert!(pass(&mut c, T0 + 2).sends.is_empty());
     let e = attach_with(&mut c, "n1", &[(running, 1)], T0 + 3);
@@ -281,7 +281,7 @@ fn a_restarted_controller_gives_agents_a_full_timeout_and_never_reuses_an_id() {
     // counts from the start.
     let start = T0 + 3_600_000;
     let mut c = disk.load(start);
-    assert!(c.next_job_id > running);
+    assert!(c.next_job_id() > running);
     c.check_nodes(start + 59_000);
     assert_eq!(state(&c, running), JobState::Running);
     c.check_nodes(start + 61_000);
@@ -301,7 +301,7 @@ fn a_dependency_that_can_never_be_met_cancels_its_job_in_the_pass() {
         job_id: first,
     }];
     let after = submit_spec(&mut c, s, T0);
-    assert_eq!(c.jobs.job(after).unwrap().reason, "Dependency");
+    assert_eq!(c.jobs().job(after).unwrap().reason, "Dependency");
     let e = pass(&mut c, T0);
     assert_eq!(
         commands(&e),
@@ -311,7 +311,7 @@ fn a_dependency_that_can_never_be_met_cancels_its_job_in_the_pass() {
     report(&mut c, "n1", first, Some((JobState::Failed, 1)), T0 + 10);
     let e = pass(&mut c, T0 + 20);
     assert!(e.sends.is_empty());
-    let j = c.jobs.job(after).unwrap();
+    let j = c.jobs().job(after).unwrap();
     assert_eq!(j.state(), JobState::Cancelled);
     assert_eq!(j.reason, "DependencyNeverSatisfied: job 1 ended FAILED");
 }
@@ -343,7 +343,7 @@ fn a_job_submitted_while_a_pass_takes_its_input_waits_for_the_next() {
     let e = pass(&mut c, T0 + 1);
     assert_eq!(commands(&e), vec![to("n1", &format!("start {plain}"))]);
     assert_eq!(state(&c, late), JobState::Pending);
-    assert_eq!(c.jobs.job(late).unwrap().reason, "Dependency");
+    assert_eq!(c.jobs().job(late).unwrap().reason, "Dependency");
 }
 
 #[test]
@@ -353,7 +353,7 @@ fn a_start_the_agent_handled_but_did_not_run_fails_its_job() {
     let id = submit(&mut c, 1, false, T0);
     let e = pass(&mut c, T0);
     // The shell signs the start as command 1 of the session.
-    let generation = c.fleet.session("n1").unwrap().generation;
+    let generation = c.fleet().session("n1").unwrap().generation;
     let gpuctl_core::command::Command::Start(s) = &e.sends[0].1 else {
         panic!("a start: {:?}", e.sends)
     };
@@ -366,7 +366,7 @@ fn a_start_the_agent_handled_but_did_not_run_fails_its_job() {
     };
     let (resp, e) = c.heartbeat(&hb, T0 + 1000);
     assert!(resp.known && e.wake);
-    let j = c.jobs.job(id).unwrap();
+    let j = c.jobs().job(id).unwrap();
     assert_eq!(j.state(), JobState::Failed);
     assert!(j.reason.contains("did not run the start"), "{}", j.reason);
 }
@@ -514,7 +514,7 @@ fn the_view_in_parts_is_the_view() {
     assert_eq!(whole.nodes.len(), 5);
     assert!(whole.running.len() >= 5, "{:?}", whole.running.len());
     assert!(
-        c.jobs
+        c.jobs()
             .active()
             .any(|s| s.job.as_ref().unwrap().state() == JobState::Pending)
     );

@@ -270,9 +270,9 @@ impl Controller {
         }
         let core = restored.cluster;
         tracing::info!(
-            jobs = core.jobs.len(),
-            nodes = core.fleet.nodes().len(),
-            next_job_id = core.next_job_id,
+            jobs = core.jobs().len(),
+            nodes = core.fleet().nodes().len(),
+            next_job_id = core.next_job_id(),
             "state loaded"
         );
         let metrics = crate::metrics::Metrics::new(store.commit_seconds());
@@ -329,7 +329,7 @@ impl Controller {
     fn persist(&self, c: &mut Shared) -> Result<bool, StoreError> {
         let changes = c.take_changes();
         for &id in &changes.jobs.put {
-            if let Some(s) = c.jobs.get(id) {
+            if let Some(s) = c.jobs().get(id) {
                 self.store.put_job(s)?;
             }
         }
@@ -337,7 +337,7 @@ impl Controller {
             self.store.delete_job(id)?;
         }
         for name in &changes.nodes {
-            if let Some(n) = c.fleet.node(name) {
+            if let Some(n) = c.fleet().node(name) {
                 self.store.put_node(&crate::wire::stored_node(n))?;
             }
         }
@@ -416,7 +416,7 @@ impl Controller {
         let done = {
             let mut c = self.lock();
             let done = c.reconfigure(new);
-            *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(c.config.clone());
+            *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(c.config().clone());
             done
         };
         self.wake.notify_one();
@@ -511,7 +511,7 @@ impl Controller {
         // hop to the blocking pool and back costs a thread wake-up each, about 1 ms of
         // a small cluster's submit-to-launch time on the development VM.
         let inline = self.last_pass_us.load(Ordering::Relaxed) < INLINE_PASS.as_micros() as u64
-            && self.lock().jobs.active_len() < INLINE_JOBS;
+            && self.lock().jobs().active_len() < INLINE_JOBS;
         let now = now_ms();
         let started = std::time::Instant::now();
         let (queue, view, cfg, changed, left_out) = if inline {
@@ -815,7 +815,7 @@ impl Controller {
 
     pub fn get_job(&self, id: u64) -> Result<pb::Job, Status> {
         let c = self.lock();
-        c.jobs
+        c.jobs()
             .job(id)
             .map(|j| pb::Job {
                 usage: c.usage_of(j),

@@ -155,7 +155,7 @@ fn controller(nodes: &[NodeView], config: &SchedConfig, base: &Config, t0: Milli
     cfg.retention.max_age = Duration::from_secs(u64::from(u32::MAX));
     cfg.retention.max_jobs = usize::MAX;
     let mut c = Cluster::new(cfg);
-    c.sched_config = config.clone();
+    c.set_sched_config(config.clone());
     for (i, n) in nodes.iter().enumerate() {
         let nonce = i.to_le_bytes().to_vec();
         c.challenge(&n.name, nonce.clone(), t0);

@@ -31,6 +31,14 @@ pub fn gpus(node: &str, n: u32) -> Vec<Gpu> {
         .collect()
 }
 
+/// Takes `c`'s configuration changed by `edit`, as an admin's edit and reload does
+/// (`Cluster::reconfigure`).
+pub fn configure(c: &mut Cluster, edit: impl FnOnce(&mut Config)) {
+    let mut cfg = c.config().clone();
+    edit(&mut cfg);
+    c.reconfigure(cfg);
+}
+
 /// A cluster with the default configuration (node timeout 60 s).
 pub fn cluster() -> Cluster {
     Cluster::new(Config::default())
@@ -153,7 +161,7 @@ pub fn pass(c: &mut Cluster, now: i64) -> Effects {
 }
 
 pub fn state(c: &Cluster, id: u64) -> JobState {
-    c.jobs.job(id).unwrap().state()
+    c.jobs().job(id).unwrap().state()
 }
 
 pub fn report(
@@ -178,7 +186,7 @@ pub fn job_report(
     end: Option<(JobState, i32)>,
     now: i64,
 ) -> Report {
-    let attempt = c.jobs.job(id).unwrap().attempt;
+    let attempt = c.jobs().job(id).unwrap().attempt;
     let kind = if end.is_some() {
         ReportKind::Ended
     } else {

@@ -248,7 +248,7 @@ impl Controller {
         {
             let mut c = self.lock();
             c.links.clear();
-            c.fleet.end_sessions();
+            c.end_sessions();
         }
         self.steps.close();
     }

@@ -15,7 +15,7 @@ impl Controller {
         let c = self.lock();
         let ids = job_ids(&c, filter);
         ids.iter()
-            .filter_map(|&id| c.jobs.job(id))
+            .filter_map(|&id| c.jobs().job(id))
             .map(presented)
             .collect()
     }
@@ -43,7 +43,7 @@ impl Controller {
         let found: Box<dyn Iterator<Item = &pb::Job>> = if walk {
             let mut wanted = ids.iter().copied().peekable();
             Box::new(
-                c.jobs
+                c.jobs()
                     .in_range(lo.unwrap_or(0), hi.unwrap_or(0))
                     .map(job_of)
                     .filter(move |j| {
@@ -52,13 +52,13 @@ impl Controller {
                     }),
             )
         } else {
-            Box::new(ids.iter().filter_map(|&id| c.jobs.job(id)))
+            Box::new(ids.iter().filter_map(|&id| c.jobs().job(id)))
         };
         let mut page = pb::ListJobsResponse::default();
         let mut encoded = Vec::new();
         for j in found.filter(|j| all || !j.state().is_final()) {
             // A running job's usage so far (history, report).
-            let usage = c.live_usage.get(&j.id);
+            let usage = c.live_usage().get(&j.id);
             let whole = j.spec.as_ref().is_none_or(|s| sees_whole(caller, &s.user));
             // Steps running now are merged into the record's: such a job is copied.
             let steps = c.has_live_steps(j.id);
@@ -94,13 +94,13 @@ fn job_ids(c: &Shared, filter: &JobFilter) -> Vec<u64> {
         ids
     };
     if filter.all {
-        c.jobs.all().filter_map(pick).collect()
+        c.jobs().all().filter_map(pick).collect()
     } else if !filter.users.is_empty() {
-        indexed(&mut filter.users.iter().flat_map(|u| c.jobs.active_of(u)))
+        indexed(&mut filter.users.iter().flat_map(|u| c.jobs().active_of(u)))
     } else if !filter.names.is_empty() {
-        indexed(&mut filter.names.iter().flat_map(|n| c.jobs.active_named(n)))
+        indexed(&mut filter.names.iter().flat_map(|n| c.jobs().active_named(n)))
     } else {
-        c.jobs.active().filter_map(pick).collect()
+        c.jobs().active().filter_map(pick).collect()
     }
 }
 

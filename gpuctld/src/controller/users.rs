@@ -68,7 +68,7 @@ impl Controller {
         {
             let c = self.lock();
             let mut shared = std::collections::BTreeSet::new();
-            for s in c.jobs.all() {
+            for s in c.jobs().all() {
                 let j = job_of(s);
                 let state = j.state().as_str_name().to_string();
                 *snap.jobs_by_state.entry(state).or_default() += 1;
@@ -153,7 +153,7 @@ impl Controller {
                 pb::JobPriority {
                     job_id: j.id,
                     user: c
-                        .jobs
+                        .jobs()
                         .job(j.id)
                         .and_then(|j| j.spec.as_ref())
                         .map(|s| s.user.clone())
@@ -235,7 +235,7 @@ impl Controller {
                 }
             }
             .map_err(status)?;
-            let job = c.jobs.job(id).map(presented).unwrap_or_default();
+            let job = c.jobs().job(id).map(presented).unwrap_or_default();
             (job, self.settle(c, effects).map_err(store_status)?)
         };
         self.deliver(out, true).await.map_err(store_status)?;
@@ -381,7 +381,7 @@ impl Controller {
         let mut live = Vec::new();
         let mut pending = 0;
         let mut done = Vec::new();
-        for s in c.jobs.newest() {
+        for s in c.jobs().newest() {
             let j = job_of(s);
             match j.state() {
                 JobState::Running => live.push(presented(j)),

@@ -86,7 +86,7 @@ impl SimAgents {
                 ..Report::new(&node, id, attempt, ReportKind::Ended)
             };
             c.report(&end, t);
-            let Some(j) = c.jobs.job(id) else { continue };
+            let Some(j) = c.jobs().job(id) else { continue };
             let gone = j.state() != JobState::Running || j.attempt != attempt;
             if gone && let Some((start, milli)) = self.running.remove(&(id, attempt)) {
                 self.allocated_milli -= milli;
@@ -158,7 +158,7 @@ impl SimAgents {
                     let attempt = if k.attempt > 0 {
                         k.attempt
                     } else {
-                        c.jobs.job(k.job_id).map_or(0, |j| j.attempt)
+                        c.jobs().job(k.job_id).map_or(0, |j| j.attempt)
                     };
                     let grace = i64::try_from(k.kill_grace_secs).unwrap_or(0) * 1000;
                     self.signalled.entry((k.job_id, attempt)).or_insert(now);
