@@ -3,7 +3,9 @@
 //! state and `now` in, the answer out.
 
 use crate::state::Cluster;
-use crate::view::{Share, ShareRow, WindowRow, Windows};
+use gpuctl_sched as sched;
+
+use crate::view::{JobPriority, Share, ShareRow, WindowRow, Windows};
 
 impl Cluster {
     /// The configured windows at `now` (the config's test clock offset applied): open or
@@ -51,6 +53,37 @@ impl Cluster {
             preemption_allowed: self.preemption_allowed(now),
             now_ms: at,
         }
+    }
+
+    /// The pending jobs a pass would consider at `now`, highest priority first, with
+    /// each one's factors (at most `max` of them).
+    pub fn priorities(&self, now: i64, max: usize) -> Vec<JobPriority> {
+        let (view, queue, cfg) = self.pass_input_readonly(now);
+        let norm = sched::size_norm(&view);
+        let mut out: Vec<JobPriority> = sched::priority::rank(&queue, &cfg.weights, now, norm)
+            .into_iter()
+            .take(max)
+            .map(|(j, _)| {
+                let b = sched::priority::breakdown(j, &cfg.weights, now, norm);
+                JobPriority {
+                    job_id: j.id,
+                    user: self
+                        .jobs
+                        .job(j.id)
+                        .and_then(|j| j.spec.as_ref())
+                        .map(|s| s.user.clone())
+                        .unwrap_or_default(),
+                    total: b.total,
+                    factors: b
+                        .factors
+                        .iter()
+                        .map(|(f, v)| (f.name().to_string(), *v))
+                        .collect(),
+                }
+            })
+            .collect();
+        out.shrink_to_fit();
+        out
     }
 
     /// Fair share per account and user: shares, usage in GPU-hours, the factor.

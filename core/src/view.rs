@@ -112,6 +112,16 @@ pub struct WindowRow {
     pub preemption: String,
 }
 
+/// One pending job's priority and its factors (`gpuctl priority`, like `sprio`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobPriority {
+    pub job_id: u64,
+    pub user: String,
+    pub total: i64,
+    /// Each factor's weighted part, by its name (`age`, `fairshare`, ...).
+    pub factors: BTreeMap<String, i64>,
+}
+
 /// Fair share per account and user (`gpuctl share`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Share {

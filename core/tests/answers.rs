@@ -1,4 +1,4 @@
-//! `gpuctl windows` and `gpuctl share`, answered by core.
+//! `gpuctl windows`, `gpuctl share` and `gpuctl priority`, answered by core.
 
 mod common;
 
@@ -94,4 +94,29 @@ fn share_lists_every_configured_association_with_its_shares() {
     // No usage yet: everyone's factor is the top one.
     assert!(a.rows.iter().all(|r| r.usage_gpu_hours == 0.0), "{a:?}");
     assert!(a.rows.iter().all(|r| r.fair_share > 0.0), "{a:?}");
+}
+
+#[test]
+fn priorities_rank_the_jobs_a_pass_considers_with_their_factors() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    // Two GPUs: the first job runs, the two after it wait; the older one ranks first
+    // (age is the only factor that tells them apart).
+    let running = submit(&mut c, 2, false, T0);
+    pass(&mut c, T0);
+    let older = submit(&mut c, 1, false, T0 + 1000);
+    let newer = submit(&mut c, 1, false, T0 + 3_600_000);
+    let p = c.priorities(T0 + 7_200_000, 10);
+    let ids: Vec<u64> = p.iter().map(|j| j.job_id).collect();
+    assert_eq!(ids, vec![older, newer], "only pending jobs, older first");
+    assert!(!ids.contains(&running));
+    assert!(p[0].total > p[1].total, "{p:?}");
+    assert_eq!(p[0].user, "alice");
+    assert!(p[0].factors["age"] > p[1].factors["age"], "{p:?}");
+    assert_eq!(
+        p[0].factors.values().sum::<i64>(),
+        p[0].total,
+        "the factors add up to the total"
+    );
+    assert_eq!(c.priorities(T0 + 7_200_000, 1).len(), 1, "at most max");
 }

@@ -10,7 +10,9 @@ use gpuctl_core::filter::JobFilter;
 use gpuctl_core::node::{
     Gpu, GpuMetrics, GpuRow, JobGpuUse, MigInstance, Node, NodeListing, NodeRow, NodeState,
 };
-use gpuctl_core::view::{CancelResult, Explanation, PartitionRow, Share, TaskRef, Windows};
+use gpuctl_core::view::{
+    CancelResult, Explanation, JobPriority, PartitionRow, Share, TaskRef, Windows,
+};
 use gpuctl_proto::store::StoredNode;
 use gpuctl_proto::{self as pb, job_report};
 use gpuctl_sched::job::JobState as State;
@@ -449,6 +451,15 @@ pub fn job_filter(r: &pb::ListJobsRequest) -> Result<JobFilter, Status> {
         accounts: r.accounts.clone(),
         partitions: r.partitions.clone(),
     })
+}
+
+pub fn job_priority_pb(p: JobPriority) -> pb::JobPriority {
+    pb::JobPriority {
+        job_id: p.job_id,
+        user: p.user,
+        total: p.total,
+        factors: p.factors.into_iter().collect(),
+    }
 }
 
 #[cfg(test)]

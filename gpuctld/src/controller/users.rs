@@ -141,34 +141,11 @@ impl Controller {
         Ok(crate::wire::explanation_pb(rendered(base, &ex, now)))
     }
 
+    /// The pending jobs in priority order with their factors (`gpuctl priority`), at
+    /// most 100,000.
     pub fn priorities(&self) -> Vec<pb::JobPriority> {
-        let c = self.lock();
-        let now = now_ms();
-        let (view, queue, cfg) = c.pass_input_readonly(now);
-        let norm = sched::size_norm(&view);
-        let mut out: Vec<pb::JobPriority> = sched::priority::rank(&queue, &cfg.weights, now, norm)
-            .into_iter()
-            .map(|(j, _)| {
-                let b = sched::priority::breakdown(j, &cfg.weights, now, norm);
-                pb::JobPriority {
-                    job_id: j.id,
-                    user: c
-                        .jobs()
-                        .job(j.id)
-                        .and_then(|j| j.spec.as_ref())
-                        .map(|s| s.user.clone())
-                        .unwrap_or_default(),
-                    total: b.total,
-                    factors: b
-                        .factors
-                        .iter()
-                        .map(|(f, v)| (f.name().to_string(), *v))
-                        .collect(),
-                }
-            })
-            .collect();
-        out.truncate(100_000);
-        out
+        let jobs = self.lock().priorities(now_ms(), 100_000);
+        jobs.into_iter().map(crate::wire::job_priority_pb).collect()
     }
 
     /// Cancels jobs. Only their owners or an admin may; if any of `ids` is someone
