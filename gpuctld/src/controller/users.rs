@@ -157,7 +157,12 @@ impl Controller {
         tasks: &[pb::ArrayTask],
         filter: Option<&pb::ListJobsRequest>,
     ) -> Result<Vec<pb::CancelResult>, Status> {
-        let filter = filter.map(|f| cancel_filter(caller, f)).transpose()?;
+        let filter = filter
+            .map(|f| {
+                let f = crate::wire::job_filter(f)?;
+                f.for_cancel(&caller.actor()).map_err(status)
+            })
+            .transpose()?;
         let (results, out) = {
             let mut c = self.lock();
             let mut ids = ids.to_vec();
@@ -376,31 +381,6 @@ impl Controller {
         live.extend(done);
         live
     }
-}
-
-/// A cancel's filter, checked: at least one criterion; unfinished jobs only; a caller
-/// who is not an admin matches their own jobs only (naming another user is refused).
-fn cancel_filter(
-    caller: &Caller,
-    f: &pb::ListJobsRequest,
-) -> Result<gpuctl_core::filter::JobFilter, Status> {
-    let mut f = f.clone();
-    f.all = false;
-    f.states.retain(|&s| {
-        pb::JobState::try_from(s).is_ok_and(|s| s != pb::JobState::Unspecified && !s.is_final())
-    });
-    if !f.narrows() {
-        return Err(Status::invalid_argument(
-            "a cancel by filter needs at least one of users, unfinished states, names, accounts or partitions (gpuctl cancel --me cancels all of yours)",
-        ));
-    }
-    if !caller.admin {
-        if f.users.iter().any(|u| *u != caller.user) {
-            return Err(caller.deny("only admins cancel other users' jobs by filter"));
-        }
-        f.users = vec![caller.user.clone()];
-    }
-    crate::wire::job_filter(&f)
 }
 
 /// The GPUs a slot holds: the one definition behind `gpuctl_gpus_allocated`, the per
