@@ -46,9 +46,9 @@ pub struct Actor {
 }
 
 impl Actor {
-    /// A refusal for lack of permission, naming the user (and logged).
+    /// A refusal for lack of permission, naming the user. (The daemon logs denials a
+    /// line a period: a user can cause them at will.)
     pub fn deny(&self, why: &str) -> Refusal {
-        tracing::warn!(user = %self.user, "permission denied: {why}");
         Refusal::permission_denied(format!("permission denied for user {}: {why}", self.user))
     }
 }

@@ -10,6 +10,46 @@ use crate::state::Cluster;
 use crate::config::Config;
 use gpuctl_sched::{self as sched, ClusterView, GpuRequest};
 
+/// A user name a job may run as: POSIX's portable set (letters, digits, `.`, `_`, `-`,
+/// not leading), at most 32 bytes.
+pub fn valid_user_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Whose a submitted job is. An empty `user`, or the caller's own: the caller's, with
+/// `creds` (their uid and gid, where the controller knows them: its Unix socket; else
+/// the node resolves the name). Another user: only for an admin (like `sbatch --uid`),
+/// a valid name, resolved on the node; anyone else is refused for trying.
+pub fn set_owner(
+    actor: &Actor,
+    creds: Option<(u32, u32)>,
+    spec: &mut pb::JobSpec,
+) -> Result<(), Refusal> {
+    if spec.user.is_empty() || spec.user == actor.user {
+        spec.user = actor.user.clone();
+        (spec.uid, spec.gid) = creds.unwrap_or((0, 0));
+        return Ok(());
+    }
+    let named = gpuctl_proto::text::shown(&spec.user, 64);
+    if !actor.admin {
+        return Err(actor.deny(&format!(
+            "cannot submit a job as user {named:?} (only admins submit for others)"
+        )));
+    }
+    if !valid_user_name(&spec.user) {
+        return Err(Refusal::invalid_argument(format!(
+            "user {named:?} is not a valid user name"
+        )));
+    }
+    (spec.uid, spec.gid) = (0, 0);
+    Ok(())
+}
+
 /// The most restarts after a failure a job may ask for (`max_restarts`).
 pub const MAX_RESTARTS: u32 = 100;
 
@@ -441,4 +481,52 @@ fn refusal(view: &ClusterView, req: sched::Request) -> Result<(), Refusal> {
         req.nodes,
         bytesize::ByteSize(max_mem),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_its_submitters_unless_an_admin_names_another_user() {
+        let alice = Actor {
+            user: "alice".into(),
+            admin: false,
+        };
+        let root = Actor {
+            user: "root".into(),
+            admin: true,
+        };
+        let mut own = pb::JobSpec::default();
+        set_owner(&alice, Some((1000, 100)), &mut own).unwrap();
+        assert_eq!((own.user.as_str(), own.uid, own.gid), ("alice", 1000, 100));
+        // Over TCP the node resolves the name.
+        let mut named = pb::JobSpec {
+            user: "alice".into(),
+            uid: 7,
+            ..pb::JobSpec::default()
+        };
+        set_owner(&alice, None, &mut named).unwrap();
+        assert_eq!((named.uid, named.gid), (0, 0));
+        let mut bobs = pb::JobSpec {
+            user: "bob".into(),
+            ..pb::JobSpec::default()
+        };
+        let e = set_owner(&alice, Some((1000, 100)), &mut bobs).unwrap_err();
+        assert_eq!(e.kind, crate::error::Kind::PermissionDenied);
+        assert!(
+            e.message.contains("only admins submit for others"),
+            "{}",
+            e.message
+        );
+        set_owner(&root, Some((0, 0)), &mut bobs).unwrap();
+        assert_eq!((bobs.user.as_str(), bobs.uid), ("bob", 0));
+        let mut bad = pb::JobSpec {
+            user: "-rf".into(),
+            ..pb::JobSpec::default()
+        };
+        let e = set_owner(&root, None, &mut bad).unwrap_err();
+        assert!(e.message.contains("not a valid user name"), "{}", e.message);
+        assert!(valid_user_name("alice.b-c_1") && !valid_user_name("a b"));
+    }
 }

@@ -101,14 +101,15 @@ impl Tokens {
     }
 }
 
-/// A user name the controller accepts for tokens and jobs (the POSIX portable set).
-pub fn valid_user_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 32
-        && !name.starts_with('-')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+/// A user name a job may run as (core's rule, `gpuctl_core::validate`).
+pub use gpuctl_core::validate::valid_user_name;
+
+/// Logs a denial the state decided (its message names the user), a line a period.
+pub fn note_denied(message: &str) {
+    let message = gpuctl_proto::text::shown(message, 300);
+    DENIED.note(|n, secs| {
+        tracing::warn!("{message} ({n} denials in the last {secs} s, this one included)");
+    });
 }
 
 /// Denials: a user can cause them at will, so they are logged a line a period.

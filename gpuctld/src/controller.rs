@@ -232,7 +232,10 @@ fn store_status(e: StoreError) -> Status {
 fn status(r: Refusal) -> Status {
     match r.kind {
         Kind::InvalidArgument => Status::invalid_argument(r.message),
-        Kind::PermissionDenied => Status::permission_denied(r.message),
+        Kind::PermissionDenied => {
+            crate::auth::note_denied(&r.message);
+            Status::permission_denied(r.message)
+        }
         Kind::NotFound => Status::not_found(r.message),
         Kind::FailedPrecondition => Status::failed_precondition(r.message),
         Kind::ResourceExhausted => Status::resource_exhausted(r.message),
@@ -668,25 +671,8 @@ impl Controller {
                 "request_id must be at most 64 printable ASCII characters",
             ));
         }
-        if spec.user.is_empty() || spec.user == caller.user {
-            spec.user = caller.user.clone();
-            spec.uid = caller.uid.unwrap_or(0);
-            spec.gid = caller.gid.unwrap_or(0);
-        } else if caller.admin {
-            if !crate::auth::valid_user_name(&spec.user) {
-                return Err(Status::invalid_argument(format!(
-                    "user {:?} is not a valid user name",
-                    spec.user
-                )));
-            }
-            spec.uid = 0;
-            spec.gid = 0;
-        } else {
-            return Err(caller.deny(&format!(
-                "cannot submit a job as user {:?} (only admins submit for others)",
-                spec.user
-            )));
-        }
+        let creds = caller.uid.map(|uid| (uid, caller.gid.unwrap_or(0)));
+        gpuctl_core::validate::set_owner(&caller.actor(), creds, &mut spec).map_err(status)?;
         let config = self.config();
         let limits = &config.limits;
         let size = spec.encoded_len() as u64;
