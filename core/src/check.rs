@@ -1,6 +1,6 @@
 //! The cluster's invariants across its owners, checked from scratch: what the tests
 //! call after every step. Each owner's own (`Jobs::check`: its indexes; `Fleet::check`:
-//! its sessions and records) and what holds
+//! its sessions and records; `FairShare::check`: usage and charges) and what holds
 //! between them: job ids below the next one, a running job's allocations on known
 //! nodes, and no GPU given more than all of its compute or memory.
 
@@ -14,6 +14,7 @@ impl Cluster {
     pub fn check(&self) -> Result<(), String> {
         self.jobs.check()?;
         self.fleet.check()?;
+        self.fair.check()?;
         if let Some(s) = self.jobs.all().find(|s| job_of(s).id >= self.next_job_id) {
             return Err(format!(
                 "job {} is not below the next id {}",

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 
 use gpuctl_proto as pb;
+use gpuctl_sched as sched;
 use gpuctl_sched::fairshare::{FairShareTable, Shares, mig_fraction};
 
 use gpuctl_proto::store::{StoredUsage, UsageEntry};
@@ -68,6 +69,60 @@ fn gpus_held<'a>(c: &Cluster, allocs: impl IntoIterator<Item = &'a pb::Allocatio
         }
     }
     held
+}
+
+/// Fair share's own state, one owner: the decayed usage per account and user (kept on
+/// disk), whether it changed since the shell last wrote it and when it was last marked
+/// so (it is written at most once a minute), and what each running job is charged per
+/// second (memory only).
+#[derive(Debug, Default)]
+pub struct FairShare {
+    pub(crate) usage: sched::fairshare::Usage,
+    pub(crate) dirty: bool,
+    pub(crate) marked_ms: i64,
+    pub(crate) held: HeldCache,
+}
+
+impl FairShare {
+    /// The first of its invariants that does not hold, if any: usage finite and not
+    /// negative; each running job charged a finite, non-negative rate to an owner the
+    /// cache numbers, stamped no later than the last charge; owners and their numbers
+    /// one to one.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(((a, u), v)) = self
+            .usage
+            .by_user
+            .iter()
+            .find(|(_, v)| !v.is_finite() || **v < 0.0)
+        {
+            return Err(format!("fair-share usage of {a}/{u} is {v}"));
+        }
+        let h = &self.held;
+        for (id, x) in &h.by_job {
+            if !x.gpus.is_finite() || x.gpus < 0.0 {
+                return Err(format!("job {id} is charged {} GPUs", x.gpus));
+            }
+            if x.owner >= h.owners.len() {
+                return Err(format!(
+                    "job {id} is charged to owner {} of {}",
+                    x.owner,
+                    h.owners.len()
+                ));
+            }
+            if x.seen > h.charges {
+                return Err(format!(
+                    "job {id} seen at charge {}, past the last {}",
+                    x.seen, h.charges
+                ));
+            }
+        }
+        if h.owner_ids.len() != h.owners.len()
+            || h.owner_ids.iter().any(|(k, &i)| h.owners.get(i) != Some(k))
+        {
+            return Err("fair share's owners and their numbers differ".into());
+        }
+        Ok(())
+    }
 }
 
 /// Per running job: the normalised GPUs it holds and its owner, computed once per run
@@ -155,31 +210,31 @@ impl Cluster {
         else {
             return;
         };
-        let mut cache = std::mem::take(&mut self.held);
+        let mut cache = std::mem::take(&mut self.fair.held);
         let seen = cache.charges;
         let h = held(self, &mut cache, j, start_ms, live, seen);
         cache.by_job.insert(id, h);
-        self.held = cache;
+        self.fair.held = cache;
     }
 
     /// Charges usage up to `now`: what ran since the last charge.
     pub fn charge_usage(&mut self, now: i64) {
         let half_life =
             i64::try_from(self.config.fairshare.half_life.as_millis()).unwrap_or(i64::MAX);
-        let last = self.usage.as_of_ms;
+        let last = self.fair.usage.as_of_ms;
         let ended = self.jobs.take_ended_runs();
         if last == 0 {
             // The first charge only sets the clock.
-            self.usage.decay_to(now, half_life);
+            self.fair.usage.decay_to(now, half_life);
             return;
         }
         if now <= last {
             return;
         }
-        self.usage.decay_to(now, half_life);
+        self.fair.usage.decay_to(now, half_life);
         // Summed per owner (by the cache's owner numbers) first: a few owners,
         // thousands of running jobs. Ended runs and running jobs apart, then added.
-        let mut cache = std::mem::take(&mut self.held);
+        let mut cache = std::mem::take(&mut self.fair.held);
         let (mut ended_by, mut running_by) = (Vec::new(), Vec::new());
         for r in &ended {
             let from = r.start_ms.max(last);
@@ -220,23 +275,24 @@ impl Cluster {
         if cache.by_job.len() > seen {
             cache.by_job.retain(|_, h| h.seen == mark);
         }
-        self.held = cache;
-        for (i, (a, u)) in self.held.owners.iter().enumerate() {
+        self.fair.held = cache;
+        for (i, (a, u)) in self.fair.held.owners.iter().enumerate() {
             let ended = ended_by.get(i).copied().unwrap_or(0.0);
             let running = running_by.get(i).copied().unwrap_or(0.0);
-            self.usage.charge(a, u, ended + running);
+            self.fair.usage.charge(a, u, ended + running);
         }
-        if now - self.usage_marked_ms >= USAGE_WRITE_MS {
-            self.usage_dirty = true;
-            self.usage_marked_ms = now;
+        if now - self.fair.marked_ms >= USAGE_WRITE_MS {
+            self.fair.dirty = true;
+            self.fair.marked_ms = now;
         }
     }
 
     /// The usage as the store keeps it.
     pub fn usage_record(&self) -> StoredUsage {
         StoredUsage {
-            as_of_ms: self.usage.as_of_ms,
+            as_of_ms: self.fair.usage.as_of_ms,
             entries: self
+                .fair
                 .usage
                 .by_user
                 .iter()
@@ -251,8 +307,8 @@ impl Cluster {
 
     /// Usage read back at start (entries that are not numbers >= 0 are dropped).
     pub fn restore_usage(&mut self, r: &StoredUsage) {
-        self.usage.as_of_ms = r.as_of_ms;
-        self.usage.by_user = r
+        self.fair.usage.as_of_ms = r.as_of_ms;
+        self.fair.usage.by_user = r
             .entries
             .iter()
             .filter(|e| e.gpu_seconds.is_finite() && e.gpu_seconds > 0.0)
@@ -269,9 +325,62 @@ impl Cluster {
             .accounts
             .iter()
             .flat_map(|(a, c)| c.users.iter().map(move |u| (a.as_str(), u.as_str())));
-        self.usage.table(
+        self.fair.usage.table(
             self.jobs.active_owners().chain(configured),
             &ConfigShares(&self.config),
         )
+    }
+}
+
+#[cfg(test)]
+mod owner_tests {
+    use super::*;
+
+    #[test]
+    fn each_broken_fair_share_invariant_is_named() {
+        let mut f = FairShare::default();
+        f.usage.charge("acct", "ana", 10.0);
+        f.held.charges = 2;
+        let o = f.held.owner("acct", "ana");
+        let held = |gpus: f64, owner: usize, seen: u64| Held {
+            start_ms: 0,
+            live: 1,
+            gpus,
+            owner,
+            seen,
+        };
+        f.held.by_job.insert(1, held(0.5, o, 2));
+        assert_eq!(f.check(), Ok(()));
+        let broken = |edit: &dyn Fn(&mut FairShare)| {
+            let mut g = FairShare {
+                usage: f.usage.clone(),
+                ..FairShare::default()
+            };
+            g.held.charges = 2;
+            g.held.owner("acct", "ana");
+            g.held.by_job.insert(1, held(0.5, 0, 2));
+            edit(&mut g);
+            g.check().unwrap_err()
+        };
+        let e = broken(&|g| {
+            g.usage
+                .by_user
+                .insert(("acct".into(), "bob".into()), f64::NAN);
+        });
+        assert!(e.contains("usage of acct/bob is NaN"), "{e}");
+        let e = broken(&|g| {
+            g.held.by_job.insert(2, held(-1.0, 0, 1));
+        });
+        assert!(e.contains("job 2 is charged -1 GPUs"), "{e}");
+        let e = broken(&|g| {
+            g.held.by_job.insert(2, held(1.0, 5, 1));
+        });
+        assert!(e.contains("owner 5 of 1"), "{e}");
+        let e = broken(&|g| {
+            g.held.by_job.insert(2, held(1.0, 0, 3));
+        });
+        assert!(e.contains("past the last 2"), "{e}");
+        let e = broken(&|g| g.held.owners.push(("x".into(), "y".into())));
+        assert!(e.contains("owners and their numbers differ"), "{e}");
     }
 }

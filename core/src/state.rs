@@ -55,15 +55,8 @@ pub struct Cluster {
     pub(crate) next_reclaim_ms: Option<i64>,
     pub(crate) config: Config,
     pub(crate) sched_config: sched::SchedConfig,
-    /// Decayed usage per account and user (fair share), and whether it changed since
-    /// the shell last wrote it.
-    pub(crate) usage: sched::fairshare::Usage,
-    pub(crate) usage_dirty: bool,
-    /// When usage was last marked to be written (it is written at most once a minute).
-    pub(crate) usage_marked_ms: i64,
-    /// What each running job is charged per second, kept from pass to pass (memory
-    /// only; `fairshare.rs`).
-    pub(crate) held: crate::fairshare::HeldCache,
+    /// Fair share's usage and what running jobs are charged (`fairshare.rs`).
+    pub(crate) fair: crate::fairshare::FairShare,
     /// The workload mix (`workload`) and the jobs' revision it was computed at: every
     /// pass and node listing asks for it, and at 10,000 queued jobs computing it was
     /// most of a pass after a cancel.
@@ -106,7 +99,7 @@ impl Cluster {
 
     /// Fair share's decayed usage per account and user.
     pub fn fair_usage(&self) -> &sched::fairshare::Usage {
-        &self.usage
+        &self.fair.usage
     }
 
     /// What running jobs used so far, by job (memory only).
@@ -126,7 +119,7 @@ impl Cluster {
 
     /// How many running jobs fair share's charge cache holds.
     pub fn charged_jobs(&self) -> usize {
-        self.held.len()
+        self.fair.held.len()
     }
 }
 
@@ -201,7 +194,7 @@ impl Cluster {
         Changes {
             jobs: self.jobs.take_changes(),
             nodes: std::mem::take(&mut self.fleet.changed),
-            usage: std::mem::take(&mut self.usage_dirty),
+            usage: std::mem::take(&mut self.fair.dirty),
         }
     }
 
