@@ -48,6 +48,58 @@ impl Caller {
     }
 }
 
+/// How long a uid's name is kept, and how long that a uid has none.
+const NAME_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+const NO_NAME_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+/// The most uids kept (all are dropped when it is reached).
+const MAX_NAMES: usize = 4096;
+
+/// A uid's name (none: it has none) and when it was looked up.
+type NameEntry = (Option<String>, std::time::Instant);
+
+/// Unix-socket callers' names by uid.
+static NAMES: std::sync::LazyLock<std::sync::Mutex<HashMap<u32, NameEntry>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The user name of `uid` on the controller's host: from a cache kept a minute (five
+/// seconds for a uid with none), else looked up on the blocking pool. A lookup may go to
+/// a directory service (LDAP, SSSD) that can hang; it must never hold an async worker,
+/// which heartbeats and every other request share (nscd and Slurm cache the same).
+pub async fn user_name(uid: u32) -> Option<String> {
+    let now = std::time::Instant::now();
+    let fresh = |(name, at): &NameEntry| {
+        let ttl = if name.is_some() {
+            NAME_TTL
+        } else {
+            NO_NAME_TTL
+        };
+        (now.duration_since(*at) < ttl).then(|| name.clone())
+    };
+    let cached = NAMES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&uid)
+        .and_then(fresh);
+    if let Some(name) = cached {
+        return name;
+    }
+    let name = tokio::task::spawn_blocking(move || {
+        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+    })
+    .await
+    .ok()
+    .flatten();
+    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    if names.len() >= MAX_NAMES {
+        names.clear();
+    }
+    names.insert(uid, (name.clone(), std::time::Instant::now()));
+    name
+}
+
 /// SHA-256 of a token secret, hex: what the controller keeps.
 pub fn token_hash(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
@@ -119,6 +171,18 @@ static DENIED: gpuctl_proto::ratelog::RateLog =
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_uids_name_is_looked_up_once_then_kept() {
+        assert_eq!(user_name(0).await.as_deref(), Some("root"));
+        let at = NAMES.lock().unwrap()[&0].1;
+        assert_eq!(user_name(0).await.as_deref(), Some("root"));
+        assert_eq!(NAMES.lock().unwrap()[&0].1, at, "answered from the cache");
+        // A uid without a name is remembered as such, briefly.
+        let nobody = 3_999_999_999;
+        assert_eq!(user_name(nobody).await, None);
+        assert_eq!(NAMES.lock().unwrap()[&nobody].0, None);
+    }
 
     #[test]
     fn tokens_are_found_by_secret_only() {

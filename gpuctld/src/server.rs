@@ -47,21 +47,17 @@ impl UserApi {
     }
 
     /// Who sent `req`: the peer's uid on the Unix socket, else the API token's user.
-    fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+    async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
         if let Some(info) = req.extensions().get::<UdsConnectInfo>() {
             let cred = info.peer_cred.ok_or_else(|| {
                 Status::unauthenticated("cannot read the caller's credentials from the socket")
             })?;
             let uid = cred.uid();
-            let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-                .ok()
-                .flatten()
-                .map(|u| u.name)
-                .ok_or_else(|| {
-                    Status::permission_denied(format!(
-                        "uid {uid} has no user name on the controller's host"
-                    ))
-                })?;
+            let user = crate::auth::user_name(uid).await.ok_or_else(|| {
+                Status::permission_denied(format!(
+                    "uid {uid} has no user name on the controller's host"
+                ))
+            })?;
             return Ok(Caller {
                 admin: uid == 0 || self.0.is_admin(&user),
                 user,
@@ -138,7 +134,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<Self::ListJobsPagedStream>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let filter = self.filter(req.get_ref())?;
         let all = filter.all;
         let ctl = self.0.clone();
@@ -163,7 +159,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let r = req.into_inner();
         // What admission changed (right-sizing, co-location), as the state noted it.
         let (job_id, notes) = self
@@ -177,7 +173,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let filter = self.filter(req.get_ref())?;
         let mut jobs = self.0.list_jobs(&filter);
         jobs.iter_mut().for_each(|j| redact(&caller, j));
@@ -188,7 +184,7 @@ impl controller_server::Controller for UserApi {
     }
 
     async fn get_job(&self, req: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let mut job = self.0.get_job(req.into_inner().job_id)?;
         redact(&caller, &mut job);
         Ok(Response::new(job))
@@ -198,7 +194,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let req = req.into_inner();
         let max = self.0.config().limits.max_list_len;
         if req.job_ids.len() + req.tasks.len() > max {
@@ -218,7 +214,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
-        self.caller(&req)?;
+        self.caller(&req).await?;
         let names = &req.get_ref().names;
         let max = self.0.config().limits.max_list_len;
         if names.len() > max {
@@ -234,7 +230,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::DrainNodeRequest>,
     ) -> Result<Response<pb::Node>, Status> {
-        self.caller(&req)?.require_admin("drain nodes")?;
+        self.caller(&req).await?.require_admin("drain nodes")?;
         let r = req.into_inner();
         if r.reason.trim().is_empty() {
             return Err(Status::invalid_argument("drain needs a reason"));
@@ -248,7 +244,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::GetJobRequest>,
     ) -> Result<Response<pb::Explanation>, Status> {
-        self.caller(&req)?;
+        self.caller(&req).await?;
         Ok(Response::new(
             self.0.explain(req.into_inner().job_id).await?,
         ))
@@ -258,7 +254,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::PrioritiesRequest>,
     ) -> Result<Response<pb::PrioritiesResponse>, Status> {
-        self.caller(&req)?;
+        self.caller(&req).await?;
         Ok(Response::new(pb::PrioritiesResponse {
             jobs: self.0.priorities(),
         }))
@@ -268,7 +264,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::ShareRequest>,
     ) -> Result<Response<pb::ShareResponse>, Status> {
-        self.caller(&req)?;
+        self.caller(&req).await?;
         Ok(Response::new(self.0.share()))
     }
 
@@ -276,7 +272,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::WindowsRequest>,
     ) -> Result<Response<pb::WindowsResponse>, Status> {
-        self.caller(&req)?;
+        self.caller(&req).await?;
         Ok(Response::new(self.0.windows()))
     }
 
@@ -286,7 +282,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<tonic::Streaming<pb::StepInput>>,
     ) -> Result<Response<Self::InteractStream>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         Ok(Response::new(
             self.0.interact(&caller, req.into_inner()).await?,
         ))
@@ -296,7 +292,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::JobActionRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let req = req.into_inner();
         let id = self.0.action_target(&req)?;
         let action = JobAction::ReleaseAllocation(req.exit_code);
@@ -307,12 +303,12 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::PartitionsRequest>,
     ) -> Result<Response<pb::PartitionsResponse>, Status> {
-        self.caller(&req)?;
+        self.caller(&req).await?;
         Ok(Response::new(self.0.partitions()))
     }
 
     async fn hold(&self, req: Request<pb::JobActionRequest>) -> Result<Response<pb::Job>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let id = self.0.action_target(&req.into_inner())?;
         Ok(Response::new(
             self.0.job_action(&caller, id, JobAction::Hold).await?,
@@ -323,7 +319,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::JobActionRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let id = self.0.action_target(&req.into_inner())?;
         Ok(Response::new(
             self.0.job_action(&caller, id, JobAction::Release).await?,
@@ -334,7 +330,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::JobActionRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let id = self.0.action_target(&req.into_inner())?;
         Ok(Response::new(
             self.0.job_action(&caller, id, JobAction::Requeue).await?,
@@ -345,7 +341,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::ResumeNodeRequest>,
     ) -> Result<Response<pb::Node>, Status> {
-        self.caller(&req)?.require_admin("resume nodes")?;
+        self.caller(&req).await?.require_admin("resume nodes")?;
         Ok(Response::new(
             self.0.set_drain(&req.into_inner().name, None).await?,
         ))
@@ -355,7 +351,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::WhoAmIRequest>,
     ) -> Result<Response<pb::WhoAmIResponse>, Status> {
-        let c = self.caller(&req)?;
+        let c = self.caller(&req).await?;
         Ok(Response::new(pb::WhoAmIResponse {
             user: c.user,
             admin: c.admin,
@@ -367,7 +363,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::ReconfigureRequest>,
     ) -> Result<Response<pb::ReconfigureResponse>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         caller.require_admin("reconfigure the controller")?;
         let ctl = self.0.clone();
         let (path, done) = tokio::task::spawn_blocking(move || ctl.reconfigure())
@@ -387,7 +383,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::CreateTokenRequest>,
     ) -> Result<Response<pb::CreateTokenResponse>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let r = req.into_inner();
         Ok(Response::new(
             self.0.create_token(&caller, &r.user, &r.note).await?,
@@ -398,7 +394,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::ListTokensRequest>,
     ) -> Result<Response<pb::ListTokensResponse>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         Ok(Response::new(pb::ListTokensResponse {
             tokens: self.0.list_tokens(&caller)?,
         }))
@@ -408,7 +404,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::RevokeTokenRequest>,
     ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         self.0.revoke_token(&caller, &req.into_inner().id).await?;
         Ok(Response::new(pb::RevokeTokenResponse {}))
     }
@@ -417,7 +413,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::CreateJoinTokenRequest>,
     ) -> Result<Response<pb::CreateJoinTokenResponse>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let r = req.into_inner();
         Ok(Response::new(self.0.create_join_token(&caller, &r).await?))
     }
@@ -426,7 +422,7 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::RevokeNodeRequest>,
     ) -> Result<Response<pb::RevokeNodeResponse>, Status> {
-        let caller = self.caller(&req)?;
+        let caller = self.caller(&req).await?;
         let r = req.into_inner();
         Ok(Response::new(self.0.revoke_node(&caller, &r).await?))
     }
