@@ -533,4 +533,118 @@ mod tests {
         assert!(f.all, "a final state asks for finished jobs");
         assert_eq!(f.states, vec![State::Completed]);
     }
+
+    #[test]
+    fn commands_keep_every_field_and_a_kills_end_state() {
+        use gpuctl_core::command::{Kill, Start};
+        let start = Start {
+            job_id: 9,
+            attempt: 2,
+            spec: pb::JobSpec {
+                user: "ana".into(),
+                ..pb::JobSpec::default()
+            },
+            time_limit_secs: 60,
+            kill_grace_secs: 10,
+            slots: vec![pb::SlotUse {
+                uuid: "GPU-1".into(),
+                compute_milli: 500,
+                memory_mib: 0,
+            }],
+            rank: 1,
+            nodelist: vec!["a".into(), "b".into()],
+            addresses: vec!["10.0.0.1".into(), "10.0.0.2".into()],
+        };
+        let Some(pb::agent_command::Command::Start(s)) =
+            command_pb(Command::Start(Box::new(start.clone()))).command
+        else {
+            panic!("a start")
+        };
+        assert_eq!(
+            (
+                s.job_id,
+                s.attempt,
+                s.spec.unwrap().user,
+                s.time_limit_secs,
+                s.kill_grace_secs
+            ),
+            (9, 2, "ana".to_string(), 60, 10)
+        );
+        assert_eq!((s.slots, s.rank), (start.slots, 1));
+        assert_eq!((s.nodelist, s.addresses), (start.nodelist, start.addresses));
+        let kill = Kill {
+            job_id: 9,
+            attempt: 2,
+            as_state: State::Preempted,
+            kill_grace_secs: 30,
+            reason: "preempted".into(),
+            signal: "USR1".into(),
+        };
+        let Some(pb::agent_command::Command::Kill(k)) = command_pb(Command::Kill(kill)).command
+        else {
+            panic!("a kill")
+        };
+        assert_eq!(k.as_state(), pb::JobState::Preempted);
+        assert_eq!((k.job_id, k.attempt, k.kill_grace_secs), (9, 2, 30));
+        assert_eq!(
+            (k.reason.as_str(), k.signal.as_str()),
+            ("preempted", "USR1")
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_keeps_its_samples_and_instances() {
+        let hb = pb::HeartbeatRequest {
+            node: "n1".into(),
+            running: vec![pb::RunningJob {
+                job_id: 3,
+                attempt: 1,
+                cpu_time_ms: Some(5),
+                mem_peak_bytes: None,
+                steps: Vec::new(),
+            }],
+            metrics: vec![pb::GpuMetrics {
+                uuid: "GPU-1".into(),
+                util_pct: 40,
+                temp_c: 70,
+                fan_pct: Some(30),
+                ecc_uncorrected: Some(1),
+                last_xid: Some(79),
+                last_xid_ms: 12,
+                row_remap_failure: true,
+                jobs: vec![pb::JobGpuUse {
+                    job_id: 3,
+                    mem_used_mib: 100,
+                    processes: 2,
+                }],
+                ..pb::GpuMetrics::default()
+            }],
+            commands_handled: 4,
+            reporting: vec![pb::RunningJob {
+                job_id: 2,
+                attempt: 1,
+                ..pb::RunningJob::default()
+            }],
+            health_error: "disk".into(),
+        };
+        let h = heartbeat(&hb);
+        assert_eq!((h.node.as_str(), h.commands_handled), ("n1", 4));
+        assert_eq!(
+            h.running,
+            vec![Running {
+                cpu_time_ms: Some(5),
+                ..Running::new(3, 1)
+            }]
+        );
+        assert_eq!(h.reporting, vec![Running::new(2, 1)]);
+        assert_eq!(h.health_error, "disk");
+        // Back to the wire (a listing shows the latest sample): the same message.
+        assert_eq!(
+            h.metrics
+                .into_iter()
+                .map(gpu_metrics_pb)
+                .collect::<Vec<_>>(),
+            hb.metrics
+        );
+    }
 }
