@@ -10,7 +10,7 @@ use crate::error::Refusal;
 use crate::event::{Heartbeat, HeartbeatAnswer, Register, Report, ReportKind};
 use crate::fleet::Conn;
 use crate::jobs::{Transition, job_of};
-use crate::node::{Gpu, Node};
+use crate::node::Node;
 use crate::state::{Cluster, Effects, live_allocs};
 
 impl Cluster {
@@ -184,7 +184,7 @@ impl Cluster {
         let old = self.fleet.nodes.get(&req.node);
         let node = Node {
             name: req.node.clone(),
-            gpus: req.gpus.iter().map(Gpu::clone).collect(),
+            gpus: req.gpus.clone(),
             cpus: req.cpus,
             memory_bytes: req.memory_bytes,
             drain_reason: old.and_then(|n| n.drain_reason.clone()),

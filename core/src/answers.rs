@@ -60,7 +60,7 @@ impl Cluster {
     pub fn priorities(&self, now: i64, max: usize) -> Vec<JobPriority> {
         let (view, queue, cfg) = self.pass_input_readonly(now);
         let norm = sched::size_norm(&view);
-        let mut out: Vec<JobPriority> = sched::priority::rank(&queue, &cfg.weights, now, norm)
+        sched::priority::rank(&queue, &cfg.weights, now, norm)
             .into_iter()
             .take(max)
             .map(|(j, _)| {
@@ -81,9 +81,7 @@ impl Cluster {
                         .collect(),
                 }
             })
-            .collect();
-        out.shrink_to_fit();
-        out
+            .collect()
     }
 
     /// Fair share per account and user: shares, usage in GPU-hours, the factor.

@@ -53,9 +53,9 @@ impl JobFilter {
     pub fn matches(&self, j: &pb::Job) -> bool {
         let spec = j.spec.as_ref();
         let any = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
-        let state = JobState::try_from(j.state()).ok();
         (self.all || !j.state().is_final())
-            && (self.states.is_empty() || state.is_some_and(|s| self.states.contains(&s)))
+            && (self.states.is_empty()
+                || JobState::try_from(j.state()).is_ok_and(|s| self.states.contains(&s)))
             && any(&self.users, owner(j))
             && any(&self.names, spec.map_or("", |s| s.name.as_str()))
             && any(&self.accounts, spec.map_or("", |s| s.account.as_str()))

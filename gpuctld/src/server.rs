@@ -545,7 +545,7 @@ impl agent_link_server::AgentLink for AgentApi {
             &req.node,
             &req.encode_to_vec(),
         )?;
-        Ok(Response::new(self.0.signed_heartbeat(&req, &signed).await?))
+        Ok(Response::new(self.0.signed_heartbeat(req, &signed).await?))
     }
 
     /// Each heartbeat is answered as the stream is polled (no task per agent); the first
@@ -585,7 +585,7 @@ impl agent_link_server::AgentLink for AgentApi {
             &req.encode_to_vec(),
         )?;
         self.0.check_session(&req.node, &signed)?;
-        Ok(Response::new(self.0.report(&req).await?))
+        Ok(Response::new(self.0.report(req).await?))
     }
 
     async fn report_jobs(
@@ -613,7 +613,7 @@ impl agent_link_server::AgentLink for AgentApi {
                 r.node, req.node
             )));
         }
-        let acks = self.0.reports(&req.reports).await?;
+        let acks = self.0.reports(req.reports).await?;
         Ok(Response::new(pb::JobReportAcks { acks }))
     }
 

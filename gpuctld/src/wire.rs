@@ -144,8 +144,7 @@ fn gpu_metrics_pb(m: GpuMetrics) -> pb::GpuMetrics {
 }
 
 /// A heartbeat (its signature and session checked by the caller).
-pub fn heartbeat(h: &pb::HeartbeatRequest) -> Heartbeat {
-    let h = h.clone();
+pub fn heartbeat(h: pb::HeartbeatRequest) -> Heartbeat {
     Heartbeat {
         node: h.node,
         running: h.running.into_iter().map(running).collect(),
@@ -627,7 +626,7 @@ mod tests {
             }],
             health_error: "disk".into(),
         };
-        let h = heartbeat(&hb);
+        let h = heartbeat(hb.clone());
         assert_eq!((h.node.as_str(), h.commands_handled), ("n1", 4));
         assert_eq!(
             h.running,

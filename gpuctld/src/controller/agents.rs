@@ -78,7 +78,7 @@ impl Controller {
             });
             Status::unauthenticated(format!("agent request refused: {why}"))
         })?;
-        self.signed_heartbeat(&hb, &signed).await
+        self.signed_heartbeat(hb, &signed).await
     }
 
     /// The key `node`'s requests verify under, once the connection is known to be the
@@ -100,7 +100,7 @@ impl Controller {
     /// session (not a replay) and carry a well-formed health line; then it is answered.
     pub async fn signed_heartbeat(
         &self,
-        hb: &pb::HeartbeatRequest,
+        hb: pb::HeartbeatRequest,
         signed: &Signed,
     ) -> Result<pb::HeartbeatResponse, Status> {
         self.check_session(&hb.node, signed)?;
@@ -186,7 +186,7 @@ impl Controller {
     /// A heartbeat of a live session (checked by `check_session`).
     pub async fn heartbeat(
         &self,
-        req: &pb::HeartbeatRequest,
+        req: pb::HeartbeatRequest,
     ) -> Result<pb::HeartbeatResponse, Status> {
         let hb = crate::wire::heartbeat(req);
         let (resp, out) = {
@@ -199,8 +199,8 @@ impl Controller {
     }
 
     /// Applies an agent's report; answers whether a started instance is stale.
-    pub async fn report(self: &Arc<Self>, r: &pb::JobReport) -> Result<pb::JobReportAck, Status> {
-        let r = crate::wire::report(r.clone())?;
+    pub async fn report(self: &Arc<Self>, r: pb::JobReport) -> Result<pb::JobReportAck, Status> {
+        let r = crate::wire::report(r)?;
         let (stale, mut out) = {
             let mut c = self.lock();
             let (stale, effects) = c.report(&r, now_ms());
@@ -218,11 +218,11 @@ impl Controller {
     /// one's ack, in order.
     pub async fn reports(
         self: &Arc<Self>,
-        reports: &[pb::JobReport],
+        reports: Vec<pb::JobReport>,
     ) -> Result<Vec<pb::JobReportAck>, Status> {
         let reports = reports
-            .iter()
-            .map(|r| crate::wire::report(r.clone()))
+            .into_iter()
+            .map(crate::wire::report)
             .collect::<Result<Vec<_>, Status>>()?;
         let (acks, mut out) = {
             let mut c = self.lock();
