@@ -9,8 +9,8 @@
 use std::time::Instant;
 
 use gpuctl_core::ops::Admission;
+use gpuctl_core::record::{GpuPart, GpuShare, JobSpec, JobUsage, Resources, SlotUsage};
 use gpuctl_core::{Actor, Cluster, Config};
-use gpuctl_proto as pb;
 
 const T0: i64 = 1_800_000_000_000;
 
@@ -47,25 +47,25 @@ fn running_cluster(nodes: usize) -> (Cluster, Vec<String>, usize, usize) {
         user: "alice".into(),
         admin: false,
     };
-    let spec = |gpu: pb::resources::Gpu| pb::JobSpec {
+    let spec = |gpu: GpuPart| JobSpec {
         user: "alice".into(),
         name: "j".into(),
         command: vec!["true".into()],
         workdir: "/tmp".into(),
-        resources: Some(pb::Resources {
+        resources: Resources {
             gpu: Some(gpu),
             cpus: 1,
             time_limit_secs: 3600,
             ..Default::default()
-        }),
+        },
         ..Default::default()
     };
     let whole = nodes / 2 * 8;
     let shares = (nodes - nodes / 2) * 8 * 4;
     let jobs = (0..whole)
-        .map(|_| pb::resources::Gpu::Gpus(1))
+        .map(|_| GpuPart::Gpus(1))
         .chain((0..shares).map(|_| {
-            pb::resources::Gpu::Share(pb::GpuShare {
+            GpuPart::Share(GpuShare {
                 compute_milli: 250,
                 memory_mib: None,
             })
@@ -93,7 +93,7 @@ fn main() {
         Default::default();
     let mut on_gpu: std::collections::HashMap<String, Vec<u64>> = Default::default();
     for s in c.jobs().active() {
-        let j = s.job.as_ref().unwrap();
+        let j = &s.job;
         for a in &j.allocations {
             running
                 .entry(a.node.clone())
@@ -167,12 +167,12 @@ fn main() {
         .live_usage()
         .values()
         .map(|u| {
-            std::mem::size_of::<pb::JobUsage>()
+            std::mem::size_of::<JobUsage>()
                 + 16
                 + u.slots
                     .iter()
                     .map(|s| {
-                        std::mem::size_of::<pb::SlotUsage>() + s.node.capacity() + s.uuid.capacity()
+                        std::mem::size_of::<SlotUsage>() + s.node.capacity() + s.uuid.capacity()
                     })
                     .sum::<usize>()
         })

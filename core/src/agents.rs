@@ -1,10 +1,9 @@
 //! The agent side of the cluster state: challenges and sessions, attach (with the
 //! reconciliation of what the agent runs), heartbeats, reports, and failed nodes.
 
+use crate::record::{JobState, state_name};
+use crate::replay::{ReplayWindow, Signed};
 use std::collections::BTreeSet;
-
-use gpuctl_proto::JobState;
-use gpuctl_proto::auth::{ReplayWindow, Signed};
 
 use crate::error::Refusal;
 use crate::event::{Heartbeat, HeartbeatAnswer, Register, Report, ReportKind};
@@ -365,7 +364,7 @@ impl Cluster {
                 .jobs
                 .get(id)
                 .is_some_and(|s| !s.requeue_requested.is_empty() && !s.cancel_requested);
-            let change = if asked || j.spec.as_ref().is_some_and(|s| s.requeue) {
+            let change = if asked || j.spec.requeue {
                 tracing::warn!(job = id, node, "node failed; job requeued");
                 Transition::Requeue {
                     reason: format!("requeued: node {node} failed"),
@@ -504,7 +503,7 @@ impl Cluster {
             .filter(|r| {
                 c.jobs.get(r.job_id).is_none_or(|s| {
                     let j = job_of(s);
-                    r.attempt < j.attempt || (r.attempt == j.attempt && j.state().is_final())
+                    r.attempt < j.attempt || (r.attempt == j.attempt && j.state.is_final())
                 })
             })
             .cloned()
@@ -518,7 +517,7 @@ impl Cluster {
         c.jobs.get(job).is_some_and(|s| {
             let j = job_of(s);
             j.attempt == attempt
-                && !j.state().is_final()
+                && !j.state.is_final()
                 && !s.cancel_requested
                 && live_allocs(j).any(|a| a.node == node)
         })
@@ -580,7 +579,7 @@ impl Cluster {
                 let at = if r.time_ms > 0 { r.time_ms } else { now };
                 c.jobs.edit(id, |s| {
                     s.start_confirmed = true;
-                    let j = s.job.as_mut().expect("a job record");
+                    let j = &mut s.job;
                     j.launch_time_ms = j.launch_time_ms.max(at);
                 });
             }
@@ -595,7 +594,7 @@ impl Cluster {
                 };
                 let at = if r.time_ms > 0 { r.time_ms } else { now };
                 let last_rank = live_allocs(j).all(|a| a.node == r.node);
-                let max = j.spec.as_ref().map_or(0, |s| s.max_restarts);
+                let max = j.spec.max_restarts;
                 // A failure with restarts left: requeued as `gpuctl requeue` would be
                 // (the other ranks are killed below; the last one's end requeues it).
                 let restart = (state == JobState::Failed
@@ -614,14 +613,14 @@ impl Cluster {
                 if let Some(why) = &restart {
                     c.jobs.edit(id, |s| {
                         s.requeue_requested = why.clone();
-                        s.job.as_mut().expect("a job record").restarts += 1;
+                        s.job.restarts += 1;
                     });
                 }
                 let requeue_reason = requeue_reason.or(restart);
                 c.add_host_usage(r);
                 if !r.steps.is_empty() {
                     c.jobs.edit(id, |s| {
-                        let j = s.job.as_mut().expect("a job record");
+                        let j = &mut s.job;
                         crate::steps::merge(&mut j.steps, &r.node, &r.steps);
                     });
                 }
@@ -652,14 +651,14 @@ impl Cluster {
                 if state != JobState::Completed && !cancel_requested {
                     kill_others = live_allocs(j).map(|a| (a.node.clone(), id)).collect();
                 }
-                if j.state().is_final() {
-                    tracing::info!(job = id, state = j.state().as_str_name(), exit_code = ?j.exit_code, "job ended");
+                if j.state.is_final() {
+                    tracing::info!(job = id, state = state_name(j.state), exit_code = ?j.exit_code, "job ended");
                 }
             }
             ReportKind::Warning => {
                 tracing::warn!(job = id, node = %r.node, "{}", r.reason);
                 c.jobs.edit(id, |s| {
-                    let j = s.job.as_mut().expect("a job record");
+                    let j = &mut s.job;
                     j.reason = r.reason.clone();
                     let w = format!("{}: {}", r.node, r.reason);
                     if !j.warnings.contains(&w) && j.warnings.len() < 20 {

@@ -70,7 +70,7 @@ impl Cluster {
                     user: self
                         .jobs
                         .job(j.id)
-                        .and_then(|j| j.spec.as_ref())
+                        .map(|j| &j.spec)
                         .map(|s| s.user.clone())
                         .unwrap_or_default(),
                     total: b.total,

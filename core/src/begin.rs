@@ -2,7 +2,7 @@
 //! `BeginTime` (hold `"begin"`, which `release` does not lift) and let go by the first
 //! pass at or after that time. `Cluster::next_begin_ms` tells the shell when to run it.
 
-use gpuctl_proto::{self as pb, JobState};
+use crate::record::{Job, JobSpec, JobState};
 
 use crate::error::Refusal;
 use crate::jobs::job_of;
@@ -16,7 +16,7 @@ pub const BEGIN_REASON: &str = "BeginTime";
 const MAX_AHEAD_MS: i64 = 366 * 24 * 3600 * 1000;
 
 /// Checks a spec's begin time against `now`.
-pub(crate) fn check(spec: &pb::JobSpec, now: i64) -> Result<(), Refusal> {
+pub(crate) fn check(spec: &JobSpec, now: i64) -> Result<(), Refusal> {
     if spec.begin_ms < 0 || spec.begin_ms > now.saturating_add(MAX_AHEAD_MS) {
         return Err(Refusal::invalid_argument(
             "begin time must be within a year from now",
@@ -26,8 +26,8 @@ pub(crate) fn check(spec: &pb::JobSpec, now: i64) -> Result<(), Refusal> {
 }
 
 /// Holds a new job until its begin time, if that is still ahead.
-pub(crate) fn hold_new(job: &mut pb::Job, now: i64) {
-    let begin = job.spec.as_ref().map_or(0, |s| s.begin_ms);
+pub(crate) fn hold_new(job: &mut Job, now: i64) {
+    let begin = job.spec.begin_ms;
     if begin > now {
         job.hold = BEGIN_HOLD.into();
         job.reason = BEGIN_REASON.into();
@@ -35,9 +35,8 @@ pub(crate) fn hold_new(job: &mut pb::Job, now: i64) {
     }
 }
 
-fn begin_of(j: &pb::Job) -> Option<i64> {
-    (j.state() == JobState::Pending && j.hold == BEGIN_HOLD)
-        .then(|| j.spec.as_ref().map_or(0, |s| s.begin_ms))
+fn begin_of(j: &Job) -> Option<i64> {
+    (j.state == JobState::Pending && j.hold == BEGIN_HOLD).then_some(j.spec.begin_ms)
 }
 
 impl Cluster {
@@ -47,7 +46,7 @@ impl Cluster {
     }
 
     /// Notes a job that waits for its begin time (at submit, or when loaded).
-    pub(crate) fn note_begin(&mut self, j: &pb::Job) {
+    pub(crate) fn note_begin(&mut self, j: &Job) {
         if let Some(b) = begin_of(j) {
             self.next_begin_ms = Some(self.next_begin_ms.map_or(b, |n| n.min(b)));
         }

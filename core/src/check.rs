@@ -58,32 +58,31 @@ impl Cluster {
 
 #[cfg(test)]
 mod tests {
-    use gpuctl_proto::store::StoredJob;
-    use gpuctl_proto::{self as pb, JobState};
+    use crate::record::{Allocation, Job, JobSpec, JobState, Record, SlotUse};
 
     use crate::{Cluster, Config};
 
-    fn running(id: u64, node: &str, compute: u32, mib: u64) -> StoredJob {
-        StoredJob {
-            job: Some(pb::Job {
+    fn running(id: u64, node: &str, compute: u32, mib: u64) -> Record {
+        Record {
+            job: Job {
                 id,
-                state: JobState::Running as i32,
-                spec: Some(pb::JobSpec {
+                state: JobState::Running,
+                spec: JobSpec {
                     user: "ana".into(),
-                    ..pb::JobSpec::default()
-                }),
-                allocations: vec![pb::Allocation {
+                    ..JobSpec::default()
+                },
+                allocations: vec![Allocation {
                     node: node.into(),
-                    slots: vec![pb::SlotUse {
+                    slots: vec![SlotUse {
                         uuid: "GPU-0".into(),
                         compute_milli: compute,
                         memory_mib: mib,
                     }],
-                    ..pb::Allocation::default()
+                    ..Allocation::default()
                 }],
-                ..pb::Job::default()
-            }),
-            ..StoredJob::default()
+                ..Job::default()
+            },
+            ..Record::default()
         }
     }
 

@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use gpuctl_proto as pb;
+use crate::record::{GpuPart, GpuShare, Resources};
 use serde::Deserialize;
 
 use crate::efficiency::{Efficiency, MARGIN};
@@ -97,15 +97,15 @@ pub fn charge(
 
 /// Places `res` by the measured use of `runs` (reports of the last completed runs of the
 /// same job, latest first) as the module says; one note per decision.
-pub fn colocate(res: &mut pb::Resources, runs: &[Efficiency], cfg: &Colocation) -> Vec<String> {
+pub fn colocate(res: &mut Resources, runs: &[Efficiency], cfg: &Colocation) -> Vec<String> {
     if !cfg.enabled {
         return vec![
             "co-locate: off on this cluster ([colocation] enabled = false); placed as asked".into(),
         ];
     }
     let (nominal, own_memory) = match &res.gpu {
-        Some(pb::resources::Gpu::Gpus(1)) if res.nodes <= 1 => (1000, None),
-        Some(pb::resources::Gpu::Share(s)) if res.nodes <= 1 && s.compute_milli > 0 => {
+        Some(GpuPart::Gpus(1)) if res.nodes <= 1 => (1000, None),
+        Some(GpuPart::Share(s)) if res.nodes <= 1 && s.compute_milli > 0 => {
             (s.compute_milli, s.memory_mib)
         }
         _ => {
@@ -147,7 +147,7 @@ pub fn colocate(res: &mut pb::Resources, runs: &[Efficiency], cfg: &Colocation) 
             busy * 100.0
         )];
     };
-    res.gpu = Some(pb::resources::Gpu::Share(pb::GpuShare {
+    res.gpu = Some(GpuPart::Share(GpuShare {
         compute_milli: milli,
         memory_mib: Some(memory),
     }));

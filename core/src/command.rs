@@ -3,8 +3,7 @@
 //! protobuf command of the node's stream (`gpuctld/src/wire.rs`); the tests and the
 //! simulator read them as they are.
 
-use gpuctl_proto as pb;
-use gpuctl_sched::job::JobState;
+use crate::record::{JobSpec, JobState, SlotUse};
 
 /// One command for one node's agent.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,12 +19,12 @@ pub struct Start {
     /// Which start of the job this is (1 for the first; a requeue starts another).
     pub attempt: u32,
     /// The job as submitted (the job record's vocabulary).
-    pub spec: pb::JobSpec,
+    pub spec: JobSpec,
     pub time_limit_secs: u64,
     /// From a kill's TERM to its KILL.
     pub kill_grace_secs: u64,
     /// The GPU slots of this rank.
-    pub slots: Vec<pb::SlotUse>,
+    pub slots: Vec<SlotUse>,
     pub rank: u32,
     /// Every node of the job, in rank order, and where each is reached.
     pub nodelist: Vec<String>,

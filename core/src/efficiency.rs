@@ -2,7 +2,9 @@
 //! and advice written as the job-file lines to use next time. Pure: the job record (with
 //! its usage) and the time in, the report out.
 
-use gpuctl_proto as pb;
+use crate::record::{
+    GpuPart, GpuShare, Job, JobState, JobUsage, Resources, SlotUsage, Step, state_name,
+};
 use serde::Serialize;
 
 use crate::usage::{mem_peak, util_mean};
@@ -67,8 +69,8 @@ pub struct StepFigures {
 
 /// The steps' figures, and the share of `[start, end]` at least one of them ran (a step
 /// with no recorded end ran until `end`).
-pub fn step_figures(steps: &[pb::Step], start: i64, end: i64) -> (Vec<StepFigures>, Option<f64>) {
-    let span = |st: &pb::Step| {
+pub fn step_figures(steps: &[Step], start: i64, end: i64) -> (Vec<StepFigures>, Option<f64>) {
+    let span = |st: &Step| {
         let to = if st.end_ms > 0 { st.end_ms } else { end };
         (
             st.start_ms.max(start),
@@ -125,7 +127,7 @@ pub struct SlotFigures {
     pub energy_j: f64,
 }
 
-fn slot_figures(s: &pb::SlotUsage) -> SlotFigures {
+fn slot_figures(s: &SlotUsage) -> SlotFigures {
     let n = s.samples as f64;
     SlotFigures {
         node: s.node.clone(),
@@ -142,13 +144,9 @@ fn slot_figures(s: &pb::SlotUsage) -> SlotFigures {
 }
 
 /// The report for `job` at `now` (Unix ms; a running job's elapsed time runs to it).
-pub fn report(job: &pb::Job, now: i64) -> Efficiency {
-    let res = job
-        .spec
-        .as_ref()
-        .and_then(|s| s.resources.clone())
-        .unwrap_or_default();
-    let none = pb::JobUsage::default();
+pub fn report(job: &Job, now: i64) -> Efficiency {
+    let res = job.spec.resources.clone();
+    let none = JobUsage::default();
     let usage = job.usage.as_ref().unwrap_or(&none);
     let end = if job.end_time_ms > 0 {
         job.end_time_ms
@@ -184,7 +182,7 @@ pub fn report(job: &pb::Job, now: i64) -> Efficiency {
         .then_some(usage.host_mem_peak_bytes);
     let mut e = Efficiency {
         job_id: job.id,
-        state: job.state().as_str_name().to_string(),
+        state: state_name(job.state).to_string(),
         elapsed_secs: (elapsed_ms / 1000) as u64,
         time_limit_secs: job.time_limit_secs,
         gpu_slots: usage.slots.len(),
@@ -220,13 +218,13 @@ fn gib(mib: u64) -> String {
     format!("{:.1} GiB", mib as f64 / 1024.0)
 }
 
-fn rows(e: &Efficiency, res: &pb::Resources) -> Vec<Row> {
+fn rows(e: &Efficiency, res: &Resources) -> Vec<Row> {
     let gpu_asked = match &res.gpu {
-        Some(pb::resources::Gpu::Gpus(n)) => format!("{n} GPU(s)"),
-        Some(pb::resources::Gpu::Share(s)) => {
+        Some(GpuPart::Gpus(n)) => format!("{n} GPU(s)"),
+        Some(GpuPart::Share(s)) => {
             format!("{:.2} of a GPU", f64::from(s.compute_milli) / 1000.0)
         }
-        Some(pb::resources::Gpu::Mig(m)) => format!("{} x MIG {}", m.count.max(1), m.profile),
+        Some(GpuPart::Mig(m)) => format!("{} x MIG {}", m.count.max(1), m.profile),
         None => "none".to_string(),
     };
     let mut rows = vec![
@@ -342,14 +340,14 @@ fn cheaper(new: f64, old: f64) -> bool {
     new <= old * (1.0 - WORTH)
 }
 
-fn advice(e: &Efficiency, job: &pb::Job, res: &pb::Resources, usage: &pb::JobUsage) -> Vec<String> {
+fn advice(e: &Efficiency, job: &Job, res: &Resources, usage: &JobUsage) -> Vec<String> {
     let mut out = Vec::new();
     let mem_mib = e.gpu_memory_requested_mib as f64;
     // Below a few samples the figures say little.
     let sampled = e.gpu_samples >= 3;
     let peak = e.gpu_memory_peak_mib as f64;
     match &res.gpu {
-        Some(pb::resources::Gpu::Gpus(n)) if sampled => {
+        Some(GpuPart::Gpus(n)) if sampled => {
             let n = *n;
             // GPUs that did nothing: no compute and no memory to speak of.
             let idle = usage
@@ -378,7 +376,7 @@ fn advice(e: &Efficiency, job: &pb::Job, res: &pb::Resources, usage: &pb::JobUsa
                 ));
             }
         }
-        Some(pb::resources::Gpu::Share(s)) if sampled => {
+        Some(GpuPart::Share(s)) if sampled => {
             let had = f64::from(s.compute_milli) / 1000.0;
             let util = e.gpu_util_mean.unwrap_or(100.0);
             if (s.memory_mib.is_some() || cheaper(peak * MARGIN, mem_mib))
@@ -400,8 +398,8 @@ fn advice(e: &Efficiency, job: &pb::Job, res: &pb::Resources, usage: &pb::JobUsa
         }
         _ => {}
     }
-    let state = job.state();
-    if state == pb::JobState::Completed
+    let state = job.state;
+    if state == JobState::Completed
         && e.elapsed_secs > 0
         && e.time_limit_secs > 0
         && let Some(want) = time_limit_for(e.elapsed_secs as f64, e.time_limit_secs as f64)
@@ -446,7 +444,7 @@ pub const RIGHT_SIZE_RUNS: usize = 5;
 /// `limit` is the time limit the job would get. Returns one line per change (or why
 /// nothing changed). Several whole GPUs are left as asked: which GPUs a multi-GPU job
 /// can do without is the user's call, not a guess.
-pub fn right_size(res: &mut pb::Resources, limit: u64, runs: &[Efficiency]) -> Vec<String> {
+pub fn right_size(res: &mut Resources, limit: u64, runs: &[Efficiency]) -> Vec<String> {
     let mut notes = Vec::new();
     let sampled: Vec<&Efficiency> = runs.iter().filter(|e| e.gpu_samples >= 3).collect();
     let n = runs.len();
@@ -469,9 +467,9 @@ pub fn right_size(res: &mut pb::Resources, limit: u64, runs: &[Efficiency]) -> V
         })
         .unwrap_or(0.0);
         match res.gpu.clone() {
-            Some(pb::resources::Gpu::Gpus(1)) => {
+            Some(GpuPart::Gpus(1)) => {
                 if let Some(share) = share_for_whole(util / 100.0, mem_frac) {
-                    res.gpu = Some(pb::resources::Gpu::Share(pb::GpuShare {
+                    res.gpu = Some(GpuPart::Share(GpuShare {
                         compute_milli: (share * 1000.0).round() as u32,
                         memory_mib: None,
                     }));
@@ -482,7 +480,7 @@ pub fn right_size(res: &mut pb::Resources, limit: u64, runs: &[Efficiency]) -> V
                     ));
                 }
             }
-            Some(pb::resources::Gpu::Share(mut s)) => {
+            Some(GpuPart::Share(mut s)) => {
                 let had = f64::from(s.compute_milli) / 1000.0;
                 match s.memory_mib {
                     Some(m) => {
@@ -507,7 +505,7 @@ pub fn right_size(res: &mut pb::Resources, limit: u64, runs: &[Efficiency]) -> V
                         }
                     }
                 }
-                res.gpu = Some(pb::resources::Gpu::Share(s));
+                res.gpu = Some(GpuPart::Share(s));
             }
             _ => {}
         }

@@ -9,7 +9,7 @@ use gpuctl_sched::job::JobState;
 use crate::node::{Gpu, GpuMetrics};
 
 /// A job step as an agent reports it (kept with the job's record).
-pub use gpuctl_proto::Step;
+pub use crate::record::Step;
 
 /// An agent attaching (or attaching again after a disconnect or a controller restart).
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -4,7 +4,7 @@
 //! needs the nodes the job may use (its partition, node lists, constraint and GPU
 //! models) to be alike; where they are not, or none is known yet, it is refused with why.
 
-use gpuctl_proto::{self as pb, resources::Gpu as GpuPart};
+use crate::record::{GpuPart, Resources};
 use gpuctl_sched as sched;
 
 use crate::error::Refusal;
@@ -16,7 +16,7 @@ type Shape = (u32, u32, u64);
 /// Rewrites an exclusive `res` into the whole of the nodes it may use.
 pub(crate) fn resolve(
     c: &Cluster,
-    res: &mut pb::Resources,
+    res: &mut Resources,
     partition: Option<String>,
 ) -> Result<(), Refusal> {
     let mut req = sched::Request::from(&*res);

@@ -3,12 +3,11 @@
 //! inputs of a fresh read-only pass for the shell to run (`sched::explain`, which may
 //! take a while on a large queue) and `rendered` to put its finding in words.
 
+use gpuctl_sched::{self as sched, ClusterView, PendingJob};
 use std::time::{Duration, UNIX_EPOCH};
 
-use gpuctl_proto::JobState;
-use gpuctl_sched::{self as sched, ClusterView, PendingJob};
-
 use crate::error::Refusal;
+use crate::record::{JobState, state_name};
 use crate::state::Cluster;
 use crate::view::{Explanation, NodeExplain};
 
@@ -38,12 +37,10 @@ impl Cluster {
             .job(id)
             .map(crate::jobs::presented)
             .ok_or_else(|| Refusal::not_found(format!("no job {id}")))?;
-        // A record's state is always a known one (the store refuses others on load).
-        let state = gpuctl_sched::job::JobState::try_from(job.state())
-            .unwrap_or(gpuctl_sched::job::JobState::Pending);
+        let state = job.state;
         let mut out = Explanation::new(id, state, &job.reason);
-        if job.state() != JobState::Pending {
-            out.summary = match job.state() {
+        if job.state != JobState::Pending {
+            out.summary = match job.state {
                 // A borrower of a window's floor says so (its reason).
                 JobState::Running if job.reason.starts_with("Borrowing") => format!(
                     "running on {}; {}: its owner's jobs take it back (signal, requeue)",
@@ -51,7 +48,7 @@ impl Cluster {
                     job.reason.to_lowercase()
                 ),
                 JobState::Running => format!("running on {}", job.node),
-                s => format!("finished: {}", s.as_str_name()),
+                s => format!("finished: {}", state_name(s)),
             };
             return Ok(Explain::Done(out));
         }
@@ -68,7 +65,7 @@ impl Cluster {
         }
         let (view, queue, cfg) = self.pass_input_readonly(now);
         if !queue.iter().any(|p| p.id == id) {
-            let spec = job.spec.clone().unwrap_or_default();
+            let spec = job.spec.clone();
             let cfg = &self.config;
             let partition = cfg.partition_name(&spec.partition);
             let why = crate::partitions::blocked_by(cfg, &spec, job.time_limit_secs);
@@ -78,17 +75,10 @@ impl Cluster {
                 return Ok(Explain::Done(out));
             }
             // Left out of passes: it waits for other jobs.
-            let deps = job
-                .spec
-                .as_ref()
-                .map(|s| {
-                    s.dependencies
-                        .iter()
-                        .map(|d| format!("{:?} {}", d.kind(), d.job_id))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                })
-                .unwrap_or_default();
+            let deps = (job.spec.dependencies.iter())
+                .map(|d| format!("{:?} {}", d.kind, d.job_id))
+                .collect::<Vec<_>>()
+                .join(", ");
             out.reason = "Dependency".into();
             out.summary = format!("waits for its dependencies ({deps})");
             return Ok(Explain::Done(out));

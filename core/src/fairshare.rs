@@ -8,11 +8,9 @@
 
 use std::collections::HashMap;
 
-use gpuctl_proto as pb;
+use crate::record::{Allocation, Job, UsageEntry, UsageRecord};
 use gpuctl_sched as sched;
 use gpuctl_sched::fairshare::{FairShareTable, Shares, mig_fraction};
-
-use gpuctl_proto::store::{StoredUsage, UsageEntry};
 
 use crate::config::Config;
 use crate::jobs::owner;
@@ -48,7 +46,7 @@ impl Shares for ConfigShares<'_> {
 /// of every GPU in the cluster: at 80,000 GPUs building that table and looking each
 /// slot up in it took 50 ms of every pass, under the lock); a slot no node reports
 /// counts by its compute part.
-fn gpus_held<'a>(c: &Cluster, allocs: impl IntoIterator<Item = &'a pb::Allocation>) -> f64 {
+fn gpus_held<'a>(c: &Cluster, allocs: impl IntoIterator<Item = &'a Allocation>) -> f64 {
     let fs = &c.config.fairshare;
     let mut held = 0.0;
     for a in allocs {
@@ -156,12 +154,12 @@ struct Held {
 fn held(
     c: &Cluster,
     cache: &mut HeldCache,
-    j: &pb::Job,
+    j: &Job,
     start_ms: i64,
     live: usize,
     seen: u64,
 ) -> Held {
-    let account = j.spec.as_ref().map_or("", |x| x.account.as_str());
+    let account = j.spec.account.as_str();
     Held {
         start_ms,
         live,
@@ -288,8 +286,8 @@ impl Cluster {
     }
 
     /// The usage as the store keeps it.
-    pub fn usage_record(&self) -> StoredUsage {
-        StoredUsage {
+    pub fn usage_record(&self) -> UsageRecord {
+        UsageRecord {
             as_of_ms: self.fair.usage.as_of_ms,
             entries: self
                 .fair
@@ -306,7 +304,7 @@ impl Cluster {
     }
 
     /// Usage read back at start (entries that are not numbers >= 0 are dropped).
-    pub fn restore_usage(&mut self, r: &StoredUsage) {
+    pub fn restore_usage(&mut self, r: &UsageRecord) {
         self.fair.usage.as_of_ms = r.as_of_ms;
         self.fair.usage.by_user = r
             .entries

@@ -1,7 +1,6 @@
 //! Which jobs a listing shows (`gpuctl queue -u/-t/--name/-A/-p`, like squeue's filters).
 
-use gpuctl_proto as pb;
-use gpuctl_sched::job::JobState;
+use crate::record::{Job, JobState};
 
 use crate::error::{Actor, Refusal};
 use crate::jobs::owner;
@@ -50,36 +49,34 @@ impl JobFilter {
         Ok(self)
     }
 
-    pub fn matches(&self, j: &pb::Job) -> bool {
-        let spec = j.spec.as_ref();
+    pub fn matches(&self, j: &Job) -> bool {
+        let spec = &j.spec;
         let any = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
-        (self.all || !j.state().is_final())
-            && (self.states.is_empty()
-                || JobState::try_from(j.state()).is_ok_and(|s| self.states.contains(&s)))
+        (self.all || !j.state.is_final())
+            && (self.states.is_empty() || self.states.contains(&j.state))
             && any(&self.users, owner(j))
-            && any(&self.names, spec.map_or("", |s| s.name.as_str()))
-            && any(&self.accounts, spec.map_or("", |s| s.account.as_str()))
-            && any(&self.partitions, spec.map_or("", |s| s.partition.as_str()))
+            && any(&self.names, &spec.name)
+            && any(&self.accounts, &spec.account)
+            && any(&self.partitions, &spec.partition)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::JobSpec;
 
-    fn job(user: &str, name: &str, state: JobState) -> pb::Job {
-        let state = pb::JobState::from(state);
-        let mut j = pb::Job {
-            spec: Some(pb::JobSpec {
+    fn job(user: &str, name: &str, state: JobState) -> Job {
+        Job {
+            spec: JobSpec {
                 user: user.into(),
                 name: name.into(),
                 account: user.into(),
-                ..pb::JobSpec::default()
-            }),
-            ..pb::Job::default()
-        };
-        j.set_state(state);
-        j
+                ..JobSpec::default()
+            },
+            state,
+            ..Job::default()
+        }
     }
 
     #[test]

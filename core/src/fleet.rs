@@ -18,7 +18,7 @@ pub struct Conn {
     pub generation: u64,
     /// The session (the Attach nonce) and the request numbers seen on it.
     pub session: Vec<u8>,
-    pub window: gpuctl_proto::auth::ReplayWindow,
+    pub window: crate::replay::ReplayWindow,
     /// The identity the agent keeps in its state dir, and where it connected from.
     pub agent_id: String,
     pub peer: String,

@@ -4,9 +4,8 @@
 //! keeps the time of the latest handled (`xid_handled_ms`), so a restarted controller
 //! does not act again on what the agent still reports.
 
-use gpuctl_proto::JobState;
-
 use crate::jobs::Transition;
+use crate::record::JobState;
 use crate::state::{Cluster, Effects, live_allocs};
 
 /// What an XID is known as (NVIDIA's XID catalogue, the common ones).
@@ -59,7 +58,7 @@ impl Cluster {
                 let why = format!("{what}: an error of the job (the GPU is fine)");
                 for id in self.jobs_on_gpu(&req.node, gpu) {
                     self.jobs.edit(id, |s| {
-                        let j = s.job.as_mut().expect("a job record");
+                        let j = &mut s.job;
                         if j.warnings.len() < 20 {
                             j.warnings.push(why.clone());
                         }
@@ -118,7 +117,7 @@ impl Cluster {
         for id in self.jobs_on_gpu(node, gpu) {
             // Kept with the job whatever the queue's reason becomes.
             self.jobs.edit(id, |s| {
-                let j = s.job.as_mut().expect("a job record");
+                let j = &mut s.job;
                 if j.warnings.len() < 20 {
                     j.warnings.push(format!("{node}: {what}"));
                 }
@@ -126,7 +125,7 @@ impl Cluster {
             let requeue = self
                 .jobs
                 .job(id)
-                .and_then(|j| j.spec.as_ref())
+                .map(|j| &j.spec)
                 .is_some_and(|s| s.requeue);
             if requeue {
                 let e = self.request_requeue(id, &format!("requeued: {what}"), None, now);

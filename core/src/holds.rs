@@ -6,7 +6,7 @@
 //! with the same id, submit time and an attempt that grows at its next start (the
 //! GPUs are free only once the instances are gone).
 
-use gpuctl_proto::{self as pb, JobState};
+use crate::record::{Job, JobState, Record, state_name};
 
 use crate::error::{Actor, Refusal};
 use crate::jobs::{Transition, owner};
@@ -17,7 +17,7 @@ pub const HELD_ADMIN: &str = "JobHeldAdmin";
 
 /// A job submitted held (`sbatch -H`): held by its owner from the start, so that
 /// nothing can start it before `release`.
-pub fn held_at_submit(s: &mut pb::store::StoredJob) {
+pub fn held_at_submit(s: &mut Record) {
     let j = crate::jobs::job_mut(s);
     j.hold = "user".into();
     j.reason = HELD_USER.into();
@@ -25,7 +25,7 @@ pub fn held_at_submit(s: &mut pb::store::StoredJob) {
 
 impl Cluster {
     /// The job `id` if `actor` may act on it.
-    pub(crate) fn own_job(&self, actor: &Actor, id: u64, what: &str) -> Result<&pb::Job, Refusal> {
+    pub(crate) fn own_job(&self, actor: &Actor, id: u64, what: &str) -> Result<&Job, Refusal> {
         let j = self
             .jobs
             .job(id)
@@ -42,10 +42,10 @@ impl Cluster {
     /// Holds a pending job.
     pub fn hold(&mut self, actor: &Actor, id: u64) -> Result<Effects, Refusal> {
         let j = self.own_job(actor, id, "hold")?;
-        if j.state() != JobState::Pending {
+        if j.state != JobState::Pending {
             return Err(Refusal::failed_precondition(format!(
                 "job {id} is {}; only pending jobs are held",
-                j.state().as_str_name()
+                state_name(j.state)
             )));
         }
         if j.hold == crate::begin::BEGIN_HOLD {
@@ -103,10 +103,10 @@ impl Cluster {
         now: i64,
     ) -> Result<Effects, Refusal> {
         let j = self.own_job(actor, id, "requeue")?;
-        if j.state() != JobState::Running {
+        if j.state != JobState::Running {
             return Err(Refusal::failed_precondition(format!(
                 "job {id} is {}; only running jobs are requeued",
-                j.state().as_str_name()
+                state_name(j.state)
             )));
         }
         Ok(self.request_requeue(id, reason, None, now))

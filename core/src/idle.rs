@@ -3,13 +3,12 @@
 //! cancelled, from the agents' samples, with the reason on the job (and so in history).
 //! A job that gets busy again starts a new idle stretch.
 
+use serde::Deserialize;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use gpuctl_proto::JobState;
-use serde::Deserialize;
-
 use crate::jobs::job_of;
+use crate::record::JobState;
 use crate::state::{Cluster, Effects, live_allocs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
@@ -95,10 +94,10 @@ impl Cluster {
         };
         let after_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
         for id in ids {
-            let Some(j) = self.jobs.job(id).filter(|j| j.state() == JobState::Running) else {
+            let Some(j) = self.jobs.job(id).filter(|j| j.state == JobState::Running) else {
                 continue;
             };
-            let spec = j.spec.clone().unwrap_or_default();
+            let spec = j.spec.clone();
             if policy.exempt_qos.contains(&spec.qos)
                 || policy.exempt_partitions.contains(&spec.partition)
             {
@@ -125,7 +124,7 @@ impl Cluster {
             match policy.action {
                 IdleAction::Warn => {
                     self.jobs.edit(id, |s| {
-                        let j = s.job.as_mut().expect("a job record");
+                        let j = &mut s.job;
                         j.reason = why.clone();
                         if j.warnings.len() < 20 {
                             j.warnings.push(why.clone());
@@ -153,7 +152,7 @@ impl Cluster {
         let jobs = &self.jobs;
         self.idle.retain(|&id, _| {
             jobs.get(id)
-                .is_some_and(|s| job_of(s).state() == JobState::Running)
+                .is_some_and(|s| job_of(s).state == JobState::Running)
         });
     }
 }

@@ -2,7 +2,7 @@
 //! a job (`gpuctl run` with a job id): who may, where a step runs, and how an
 //! allocation ends when its owner is done with it.
 
-use gpuctl_proto::{self as pb, JobState};
+use crate::record::{Job, JobState, state_name};
 
 use crate::error::{Actor, Refusal};
 use crate::state::{Cluster, Effects, live_allocs};
@@ -15,8 +15,8 @@ pub struct StepTarget {
 }
 
 /// Whether `spec` is an allocation (it runs no program of its own).
-pub fn is_allocation(j: &pb::Job) -> bool {
-    j.spec.as_ref().is_some_and(|s| s.interactive)
+pub fn is_allocation(j: &Job) -> bool {
+    j.spec.interactive
 }
 
 impl Cluster {
@@ -26,10 +26,10 @@ impl Cluster {
     /// admin), with its nodes connected.
     pub fn step_target(&self, actor: &Actor, id: u64, nodes: u32) -> Result<StepTarget, Refusal> {
         let j = self.own_job(actor, id, "run a step in")?;
-        if j.state() != JobState::Running {
+        if j.state != JobState::Running {
             return Err(Refusal::failed_precondition(format!(
                 "job {id} is {}; steps run in running jobs only",
-                j.state().as_str_name()
+                state_name(j.state)
             )));
         }
         if self.jobs.get(id).is_some_and(|s| s.cancel_requested) {
@@ -86,7 +86,7 @@ impl Cluster {
                 "job {id} is not an interactive allocation (gpuctl alloc); gpuctl cancel ends other jobs"
             )));
         }
-        match j.state() {
+        match j.state {
             JobState::Running => {}
             JobState::Pending => {
                 return Err(Refusal::failed_precondition(format!(
@@ -96,7 +96,7 @@ impl Cluster {
             s => {
                 return Err(Refusal::failed_precondition(format!(
                     "job {id} already ended ({})",
-                    s.as_str_name()
+                    state_name(s)
                 )));
             }
         }
@@ -162,7 +162,7 @@ pub fn check_open(open: &OpenStep) -> Result<(), Refusal> {
     if !term_ok {
         return bad(format!(
             "TERM {:?} is not a terminal name",
-            gpuctl_proto::text::shown(&open.term, 80)
+            crate::text::shown(&open.term, 80)
         ));
     }
     if let Some((rows, cols)) = open.size

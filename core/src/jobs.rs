@@ -6,40 +6,37 @@
 //! tells an agent. Every index is kept exact by `transition`, `insert` and `remove`:
 //! `check` recomputes them from the jobs, and the tests run it after every step.
 
+use crate::record::{Allocation, Job, JobState, Record, Resources};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use gpuctl_proto::store::StoredJob;
-use gpuctl_proto::{self as pb, JobState};
-
 /// A job's owner, as its spec names it.
-pub fn owner(j: &pb::Job) -> &str {
-    j.spec.as_ref().map_or("", |s| s.user.as_str())
+pub fn owner(j: &Job) -> &str {
+    &j.spec.user
 }
 
 /// A job's (account, user), as fair share knows its owner.
-fn owner_key(j: &pb::Job) -> (String, String) {
-    let account = j.spec.as_ref().map_or("", |s| s.account.as_str());
-    (account.to_string(), owner(j).to_string())
+fn owner_key(j: &Job) -> (String, String) {
+    (j.spec.account.clone(), owner(j).to_string())
 }
 
-/// A job's name (its spec's; "" without one).
-fn name(j: &pb::Job) -> &str {
-    j.spec.as_ref().map_or("", |s| s.name.as_str())
+/// A job's name (its spec's).
+fn name(j: &Job) -> &str {
+    &j.spec.name
 }
 
-pub fn job_of(s: &StoredJob) -> &pb::Job {
-    s.job.as_ref().expect("stored job without a job record")
+pub fn job_of(s: &Record) -> &Job {
+    &s.job
 }
 
-pub(crate) fn job_mut(s: &mut StoredJob) -> &mut pb::Job {
-    s.job.get_or_insert_with(pb::Job::default)
+pub(crate) fn job_mut(s: &mut Record) -> &mut Job {
+    &mut s.job
 }
 
 /// A change of a job's state.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Transition {
     /// PENDING -> RUNNING: a new attempt on these allocations (rank order).
-    Start { allocations: Vec<pb::Allocation> },
+    Start { allocations: Vec<Allocation> },
     /// RUNNING -> PENDING: back to the queue. With `keep_for_readopt`, the running record
     /// is kept so that a returning node still running this very start can take it back
     /// (`Readopt`).
@@ -69,7 +66,7 @@ pub enum Transition {
 
 /// A job as users see it: its node list and GPUs derived from its allocations (the
 /// records keep the placement once, as allocations).
-pub fn presented(j: &pb::Job) -> pb::Job {
+pub fn presented(j: &Job) -> Job {
     let mut j = j.clone();
     let mut nodes: Vec<&str> = Vec::new();
     for a in &j.allocations {
@@ -89,11 +86,9 @@ pub fn presented(j: &pb::Job) -> pb::Job {
 /// Drops what a finished job no longer needs and may be large or secret: its env,
 /// script, command arguments and the copy kept for re-adoption. Returns whether
 /// anything changed.
-pub fn compact(stored: &mut StoredJob) -> bool {
+pub fn compact(stored: &mut Record) -> bool {
     let had_copy = stored.requeued_from.take().is_some();
-    let Some(spec) = stored.job.as_mut().and_then(|j| j.spec.as_mut()) else {
-        return had_copy;
-    };
+    let spec = &mut stored.job.spec;
     let big = !spec.env.is_empty() || !spec.script.is_empty() || spec.command.len() > 1;
     // New values, not `clear()`: a cleared String keeps its allocation.
     spec.env = Default::default();
@@ -133,9 +128,9 @@ impl Changes {
 pub struct Jobs {
     /// PENDING and RUNNING jobs, by id: passes walk these several times each, so they
     /// are a map of their own (walked in order, not looked up one by one).
-    live: BTreeMap<u64, StoredJob>,
+    live: BTreeMap<u64, Record>,
     /// Finished jobs (as retained), by id.
-    done: BTreeMap<u64, StoredJob>,
+    done: BTreeMap<u64, Record>,
     /// PENDING jobs with dependencies.
     with_deps: BTreeSet<u64>,
     /// RUNNING jobs by the nodes of their live allocations (an attaching or failed
@@ -180,15 +175,15 @@ pub struct EndedRun {
     pub user: String,
     pub start_ms: i64,
     pub end_ms: i64,
-    pub allocations: Vec<pb::Allocation>,
+    pub allocations: Vec<Allocation>,
 }
 
 /// Two walks of disjoint id-ordered maps as one, in the order `first` says.
 fn merge_by_id<'a>(
-    a: impl Iterator<Item = (&'a u64, &'a StoredJob)>,
-    b: impl Iterator<Item = (&'a u64, &'a StoredJob)>,
+    a: impl Iterator<Item = (&'a u64, &'a Record)>,
+    b: impl Iterator<Item = (&'a u64, &'a Record)>,
     first: impl Fn(u64, u64) -> bool,
-) -> impl Iterator<Item = &'a StoredJob> {
+) -> impl Iterator<Item = &'a Record> {
     let (mut a, mut b) = (a.peekable(), b.peekable());
     std::iter::from_fn(move || {
         let from_a = match (a.peek(), b.peek()) {
@@ -202,39 +197,39 @@ fn merge_by_id<'a>(
 }
 
 /// What a job asks for, as submitted (or edited since).
-fn requested(s: &StoredJob) -> Option<&pb::Resources> {
-    job_of(s).spec.as_ref()?.resources.as_ref()
+fn requested(s: &Record) -> &Resources {
+    &job_of(s).spec.resources
 }
 
-fn has_deps(j: &pb::Job) -> bool {
-    j.spec.as_ref().is_some_and(|s| !s.dependencies.is_empty())
+fn has_deps(j: &Job) -> bool {
+    !j.spec.dependencies.is_empty()
 }
 
 impl Jobs {
-    pub fn get(&self, id: u64) -> Option<&StoredJob> {
+    pub fn get(&self, id: u64) -> Option<&Record> {
         self.live.get(&id).or_else(|| self.done.get(&id))
     }
 
-    fn get_mut(&mut self, id: u64) -> Option<&mut StoredJob> {
+    fn get_mut(&mut self, id: u64) -> Option<&mut Record> {
         match self.live.get_mut(&id) {
             Some(s) => Some(s),
             None => self.done.get_mut(&id),
         }
     }
 
-    fn take(&mut self, id: u64) -> Option<StoredJob> {
+    fn take(&mut self, id: u64) -> Option<Record> {
         self.live.remove(&id).or_else(|| self.done.remove(&id))
     }
 
-    fn put(&mut self, id: u64, s: StoredJob) {
-        if job_of(&s).state().is_final() {
+    fn put(&mut self, id: u64, s: Record) {
+        if job_of(&s).state.is_final() {
             self.done.insert(id, s);
         } else {
             self.live.insert(id, s);
         }
     }
 
-    pub fn job(&self, id: u64) -> Option<&pb::Job> {
+    pub fn job(&self, id: u64) -> Option<&Job> {
         self.get(id).map(job_of)
     }
 
@@ -247,12 +242,12 @@ impl Jobs {
     }
 
     /// Every job, by id (the live and the finished merged as walked, nothing copied).
-    pub fn all(&self) -> impl Iterator<Item = &StoredJob> {
+    pub fn all(&self) -> impl Iterator<Item = &Record> {
         merge_by_id(self.live.iter(), self.done.iter(), |x, y| x < y)
     }
 
     /// Every job with an id in `lo..=hi`, by id.
-    pub fn in_range(&self, lo: u64, hi: u64) -> impl Iterator<Item = &StoredJob> {
+    pub fn in_range(&self, lo: u64, hi: u64) -> impl Iterator<Item = &Record> {
         merge_by_id(
             self.live.range(lo..=hi),
             self.done.range(lo..=hi),
@@ -261,7 +256,7 @@ impl Jobs {
     }
 
     /// Every job, newest (highest id) first.
-    pub fn newest(&self) -> impl Iterator<Item = &StoredJob> {
+    pub fn newest(&self) -> impl Iterator<Item = &Record> {
         merge_by_id(self.live.iter().rev(), self.done.iter().rev(), |x, y| x > y)
     }
 
@@ -276,12 +271,12 @@ impl Jobs {
     }
 
     /// PENDING and RUNNING jobs, by id.
-    pub fn active(&self) -> impl Iterator<Item = &StoredJob> {
+    pub fn active(&self) -> impl Iterator<Item = &Record> {
         self.live.values()
     }
 
     /// PENDING and RUNNING jobs with ids above `after`, by id.
-    pub fn active_after(&self, after: u64) -> impl Iterator<Item = &StoredJob> {
+    pub fn active_after(&self, after: u64) -> impl Iterator<Item = &Record> {
         self.live
             .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
             .map(|(_, s)| s)
@@ -316,20 +311,17 @@ impl Jobs {
     }
 
     /// `user`'s PENDING and RUNNING jobs, by id.
-    pub fn active_of(&self, user: &str) -> impl Iterator<Item = &StoredJob> {
+    pub fn active_of(&self, user: &str) -> impl Iterator<Item = &Record> {
         self.live_in(self.active_by_user.get(user))
     }
 
     /// PENDING and RUNNING jobs named `name`, by id.
-    pub fn active_named(&self, name: &str) -> impl Iterator<Item = &StoredJob> {
+    pub fn active_named(&self, name: &str) -> impl Iterator<Item = &Record> {
         self.live_in(self.active_by_name.get(name))
     }
 
     /// The live records of an index entry's ids.
-    fn live_in<'a>(
-        &'a self,
-        ids: Option<&'a BTreeSet<u64>>,
-    ) -> impl Iterator<Item = &'a StoredJob> {
+    fn live_in<'a>(&'a self, ids: Option<&'a BTreeSet<u64>>) -> impl Iterator<Item = &'a Record> {
         ids.into_iter().flatten().filter_map(|id| self.live.get(id))
     }
 
@@ -342,7 +334,7 @@ impl Jobs {
     }
 
     /// PENDING jobs with dependencies.
-    pub fn with_deps(&self) -> impl Iterator<Item = &pb::Job> {
+    pub fn with_deps(&self) -> impl Iterator<Item = &Job> {
         self.with_deps.iter().map(|id| job_of(&self.live[id]))
     }
 
@@ -359,7 +351,7 @@ impl Jobs {
     /// Adds a job in whatever state it is (a new submit, or one loaded from the store).
     /// Not recorded as a change: a new job is written with the next id, a loaded one is
     /// already on disk.
-    pub fn insert(&mut self, stored: StoredJob) {
+    pub fn insert(&mut self, stored: Record) {
         self.revision += 1;
         let j = job_of(&stored);
         let id = j.id;
@@ -370,9 +362,9 @@ impl Jobs {
         self.put(id, stored);
     }
 
-    fn index(&mut self, s: &StoredJob) {
+    fn index(&mut self, s: &Record) {
         let j = job_of(s);
-        if !j.state().is_final() {
+        if !j.state.is_final() {
             self.active_by_user
                 .entry(owner(j).to_string())
                 .or_default()
@@ -383,7 +375,7 @@ impl Jobs {
                 .insert(j.id);
             *self.active_owners.entry(owner_key(j)).or_default() += 1;
         }
-        match j.state() {
+        match j.state {
             JobState::Pending => {
                 *self
                     .pending_by_user
@@ -413,7 +405,7 @@ impl Jobs {
         }
     }
 
-    fn unindex(&mut self, s: &StoredJob) {
+    fn unindex(&mut self, s: &Record) {
         let j = job_of(s);
         self.with_deps.remove(&j.id);
         self.running.remove(&j.id);
@@ -446,7 +438,7 @@ impl Jobs {
             }
         }
         self.finished.remove(&(j.end_time_ms, j.id));
-        if j.state() == JobState::Pending
+        if j.state == JobState::Pending
             && let Some(n) = self.pending_by_user.get_mut(owner(j))
         {
             *n = n.saturating_sub(1);
@@ -475,17 +467,13 @@ impl Jobs {
     /// Changes what is not the job's state (flags, warnings, the reason a running job
     /// shows) and records the job as changed. The state must stay as it is: that is
     /// `transition`'s alone.
-    pub fn edit<R>(&mut self, id: u64, f: impl FnOnce(&mut StoredJob) -> R) -> Option<R> {
+    pub fn edit<R>(&mut self, id: u64, f: impl FnOnce(&mut Record) -> R) -> Option<R> {
         let s = self.get_mut(id)?;
-        let before = job_of(s).state();
-        let asked = requested(s).cloned();
+        let before = job_of(s).state;
+        let asked = requested(s).clone();
         let r = f(s);
-        assert_eq!(
-            job_of(s).state(),
-            before,
-            "job {id}: edit changed its state"
-        );
-        if requested(s) != asked.as_ref() {
+        assert_eq!(job_of(s).state, before, "job {id}: edit changed its state");
+        if *requested(s) != asked {
             self.revision += 1;
         }
         self.changes.put.insert(id);
@@ -494,12 +482,12 @@ impl Jobs {
 
     /// Sets what a pending job shows while it waits (its reason and expected start):
     /// kept in memory only, recomputed by every pass. Only for PENDING jobs.
-    pub fn annotate_pending(&mut self, id: u64, f: impl FnOnce(&mut pb::Job)) {
+    pub fn annotate_pending(&mut self, id: u64, f: impl FnOnce(&mut Job)) {
         if let Some(s) = self.live.get_mut(&id) {
             let j = job_mut(s);
-            if j.state() == JobState::Pending {
+            if j.state == JobState::Pending {
                 f(j);
-                debug_assert_eq!(j.state(), JobState::Pending);
+                debug_assert_eq!(j.state, JobState::Pending);
             }
         }
     }
@@ -508,7 +496,7 @@ impl Jobs {
     /// the job as changed.
     pub fn transition(&mut self, id: u64, t: Transition, now: i64) -> Result<(), Refused> {
         let s = self.get(id).ok_or(Refused::Unknown(id))?;
-        let from = job_of(s).state();
+        let from = job_of(s).state;
         let what = match &t {
             Transition::Start { .. } => "start",
             Transition::Requeue { .. } => "requeue",
@@ -537,10 +525,9 @@ impl Jobs {
         self.unindex(&s);
         let before = (from == JobState::Running).then(|| {
             let j = job_of(&s);
-            let spec = j.spec.as_ref();
             EndedRun {
                 job: id,
-                account: spec.map(|x| x.account.clone()).unwrap_or_default(),
+                account: j.spec.account.clone(),
                 user: owner(j).to_string(),
                 start_ms: j.start_time_ms,
                 end_ms: now,
@@ -548,7 +535,7 @@ impl Jobs {
             }
         });
         apply(&mut s, t, now);
-        if let Some(run) = before.filter(|_| job_of(&s).state() != JobState::Running) {
+        if let Some(run) = before.filter(|_| job_of(&s).state != JobState::Running) {
             self.ended_runs.push(run);
         }
         self.index(&s);
@@ -589,18 +576,18 @@ impl Jobs {
         for s in self.live.values().chain(self.done.values()) {
             fresh.index(s);
         }
-        if let Some(s) = self.live.values().find(|s| job_of(s).state().is_final()) {
+        if let Some(s) = self.live.values().find(|s| job_of(s).state.is_final()) {
             return Err(format!(
                 "job {} is live but {:?}",
                 job_of(s).id,
-                job_of(s).state()
+                job_of(s).state
             ));
         }
-        if let Some(s) = self.done.values().find(|s| !job_of(s).state().is_final()) {
+        if let Some(s) = self.done.values().find(|s| !job_of(s).state.is_final()) {
             return Err(format!(
                 "job {} is done but {:?}",
                 job_of(s).id,
-                job_of(s).state()
+                job_of(s).state
             ));
         }
         fn same<T: PartialEq + std::fmt::Debug>(what: &str, a: &T, b: &T) -> Result<(), String> {
@@ -637,12 +624,12 @@ impl Jobs {
 /// Whether a requeued job can be taken back by `node`, which still runs (or has just
 /// ended) the very start it was requeued from. Only single-node jobs: a gang job's
 /// other ranks were killed at requeue.
-fn readoptable(s: &StoredJob, node: &str, attempt: u32) -> bool {
+fn readoptable(s: &Record, node: &str, attempt: u32) -> bool {
     let Some(before) = &s.requeued_from else {
         return false;
     };
     let j = job_of(s);
-    j.state() == JobState::Pending
+    j.state == JobState::Pending
         && j.attempt == attempt
         && before.attempt == attempt
         && !before.allocations.is_empty()
@@ -651,13 +638,17 @@ fn readoptable(s: &StoredJob, node: &str, attempt: u32) -> bool {
 
 /// The final state of a job from the ends of its allocations: a rank's own failure
 /// (FAILED, TIMEOUT) wins over the ranks killed because of it, which win over success.
-fn final_state(allocs: &[pb::Allocation]) -> (JobState, Option<i32>, String) {
+fn final_state(allocs: &[Allocation]) -> (JobState, Option<i32>, String) {
     let bad = allocs
         .iter()
-        .find(|a| matches!(a.state(), JobState::Failed | JobState::Timeout))
-        .or_else(|| allocs.iter().find(|a| a.state() != JobState::Completed));
+        .find(|a| matches!(a.state, Some(JobState::Failed | JobState::Timeout)))
+        .or_else(|| allocs.iter().find(|a| a.state != Some(JobState::Completed)));
     match bad {
-        Some(a) => (a.state(), a.exit_code, a.reason.clone()),
+        Some(a) => (
+            a.state.unwrap_or(JobState::Failed),
+            a.exit_code,
+            a.reason.clone(),
+        ),
         None => (
             JobState::Completed,
             allocs.first().and_then(|a| a.exit_code),
@@ -666,11 +657,11 @@ fn final_state(allocs: &[pb::Allocation]) -> (JobState, Option<i32>, String) {
     }
 }
 
-fn apply(s: &mut StoredJob, t: Transition, now: i64) {
+fn apply(s: &mut Record, t: Transition, now: i64) {
     match t {
         Transition::Start { allocations } => {
             let j = job_mut(s);
-            j.set_state(JobState::Running);
+            j.state = JobState::Running;
             j.attempt += 1;
             // The record keeps the last run's steps.
             j.steps.clear();
@@ -694,7 +685,7 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
         } => {
             let before = job_of(s).clone();
             let j = job_mut(s);
-            j.set_state(JobState::Pending);
+            j.state = JobState::Pending;
             j.allocations.clear();
             j.node.clear();
             j.gpus.clear();
@@ -711,7 +702,7 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
             let mut before = s.requeued_from.take().expect("checked readoptable");
             before.reason = String::new();
             before.expected_start_ms = 0;
-            s.job = Some(before);
+            s.job = before;
             s.start_confirmed = true;
         }
         Transition::EndOn {
@@ -727,7 +718,7 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
                 .filter(|a| a.node == node && !a.ended)
             {
                 a.ended = true;
-                a.set_state(state);
+                a.state = Some(state);
                 a.exit_code = exit_code;
                 a.reason.clone_from(&reason);
             }
@@ -743,7 +734,7 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
         } => {
             for a in job_mut(s).allocations.iter_mut().filter(|a| !a.ended) {
                 a.ended = true;
-                a.set_state(state);
+                a.state = Some(state);
             }
             end(s, state, exit_code, reason, now);
         }
@@ -751,9 +742,9 @@ fn apply(s: &mut StoredJob, t: Transition, now: i64) {
 }
 
 /// A job's end: its final state, exit code and reason at `now`, then compacted.
-fn end(s: &mut StoredJob, state: JobState, exit_code: Option<i32>, reason: String, now: i64) {
+fn end(s: &mut Record, state: JobState, exit_code: Option<i32>, reason: String, now: i64) {
     let j = job_mut(s);
-    j.set_state(state);
+    j.state = state;
     j.exit_code = exit_code;
     j.reason = reason;
     j.end_time_ms = now;

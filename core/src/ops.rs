@@ -3,9 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use gpuctl_proto::convert;
-use gpuctl_proto::store::StoredJob;
-use gpuctl_proto::{self as pb, JobState};
+use crate::record::{Job, JobSpec, JobState, Record};
+use crate::request;
 use gpuctl_sched::{self as sched, ClusterView, PendingJob};
 
 use crate::command::{Command, Start};
@@ -22,10 +21,10 @@ pub enum Admission {
     /// The same (user, request id) was submitted before: this is its job.
     Repeat(u64),
     /// A new job, checked; the shell writes it, then `Cluster::commit_submit`s it.
-    New(Box<StoredJob>),
+    New(Box<Record>),
     /// A job array: one job per task, ids in a row from the array's id (its first);
     /// the shell writes them all at once, then commits each.
-    Array(Vec<StoredJob>),
+    Array(Vec<Record>),
 }
 
 /// The pending jobs a pass leaves out, as `pass_prepare` settled them: those waiting
@@ -51,7 +50,7 @@ impl Cluster {
     pub fn admit(
         &self,
         actor: &Actor,
-        mut spec: pb::JobSpec,
+        mut spec: JobSpec,
         request_id: &str,
         now: i64,
     ) -> Result<Admission, Refusal> {
@@ -109,19 +108,19 @@ impl Cluster {
         };
         if spec.colocate {
             let runs = self.last_runs(&spec, now, true);
-            let mut res = spec.resources.clone().unwrap_or_default();
+            let mut res = spec.resources.clone();
             notes.extend(crate::colocate::colocate(
                 &mut res,
                 &runs,
                 &self.config.colocation,
             ));
-            spec.resources = Some(res);
+            spec.resources = res;
         }
-        let mut res = spec.resources.clone().unwrap_or_default();
+        let mut res = spec.resources.clone();
         let partition = self.config.partition_filter(&spec.partition);
         if res.exclusive {
             crate::exclusive::resolve(self, &mut res, partition.clone())?;
-            spec.resources = Some(res.clone());
+            spec.resources = res.clone();
         }
         check_feasible(self, &res, partition)?;
         check_dependencies(self, &spec)?;
@@ -136,11 +135,10 @@ impl Cluster {
         }
         // Like the pass would say: it waits while a job it depends on has not ended
         // (those that can never be met were refused above).
-        let waits = spec.dependencies.iter().any(|d| {
-            self.jobs
-                .job(d.job_id)
-                .is_some_and(|j| !j.state().is_final())
-        });
+        let waits = spec
+            .dependencies
+            .iter()
+            .any(|d| self.jobs.job(d.job_id).is_some_and(|j| !j.state.is_final()));
         let time_limit_secs = if res.time_limit_secs > 0 {
             res.time_limit_secs
         } else {
@@ -154,22 +152,22 @@ impl Cluster {
                 .and_then(|q| q.max_time)
                 .map_or(u64::MAX, |m| m.as_secs().max(1)),
         );
-        let record = |id: u64, spec: pb::JobSpec, request_id: &str| {
-            let mut job = pb::Job {
+        let record = |id: u64, spec: JobSpec, request_id: &str| {
+            let mut job = Job {
                 id,
-                spec: Some(spec),
-                state: JobState::Pending as i32,
+                spec,
+                state: JobState::Pending,
                 reason: if waits { "Dependency" } else { "None" }.into(),
                 submit_time_ms: now,
                 time_limit_secs,
                 warnings: notes.clone(),
-                ..pb::Job::default()
+                ..Job::default()
             };
             crate::begin::hold_new(&mut job, now);
-            StoredJob {
-                job: Some(job),
+            Record {
+                job,
                 request_id: request_id.to_string(),
-                ..StoredJob::default()
+                ..Record::default()
             }
         };
         let Some(array) = array else {
@@ -197,21 +195,16 @@ impl Cluster {
 
     /// Right-sizing (`efficiency::right_size`) from the user's last completed runs of
     /// the same name; the lines say what changed.
-    fn right_size(
-        &self,
-        spec: &mut pb::JobSpec,
-        partition_time: Option<u64>,
-        now: i64,
-    ) -> Vec<String> {
+    fn right_size(&self, spec: &mut JobSpec, partition_time: Option<u64>, now: i64) -> Vec<String> {
         let reports = self.last_runs(spec, now, false);
-        let mut res = spec.resources.clone().unwrap_or_default();
+        let mut res = spec.resources.clone();
         let limit = if res.time_limit_secs > 0 {
             res.time_limit_secs
         } else {
             partition_time.unwrap_or(self.config.default_time_limit.as_secs())
         };
         let notes = crate::efficiency::right_size(&mut res, limit, &reports);
-        spec.resources = Some(res);
+        spec.resources = res;
         notes
     }
 
@@ -220,20 +213,19 @@ impl Cluster {
     /// ended however (a co-located run ended over its memory measured its peak too).
     fn last_runs(
         &self,
-        spec: &pb::JobSpec,
+        spec: &JobSpec,
         now: i64,
         any_end: bool,
     ) -> Vec<crate::efficiency::Efficiency> {
-        let mut runs: Vec<&pb::Job> = self
+        let mut runs: Vec<&Job> = self
             .jobs
             .all()
             .map(crate::jobs::job_of)
             .filter(|j| {
-                (j.state() == JobState::Completed || (any_end && j.state().is_final()))
+                (j.state == JobState::Completed || (any_end && j.state.is_final()))
                     && j.usage.is_some()
-                    && j.spec
-                        .as_ref()
-                        .is_some_and(|s| s.user == spec.user && s.name == spec.name)
+                    && j.spec.user == spec.user
+                    && j.spec.name == spec.name
             })
             .collect();
         runs.sort_by_key(|j| std::cmp::Reverse(j.end_time_ms));
@@ -244,7 +236,7 @@ impl Cluster {
     }
 
     /// Queues a job `admit` built, once the shell has written it (with the next id).
-    pub fn commit_submit(&mut self, stored: StoredJob) -> Effects {
+    pub fn commit_submit(&mut self, stored: Record) -> Effects {
         let id = crate::jobs::job_of(&stored).id;
         self.next_job_id = self.next_job_id.max(id + 1);
         self.note_begin(crate::jobs::job_of(&stored));
@@ -373,7 +365,7 @@ impl Cluster {
             let pending = self
                 .jobs
                 .job(start.job)
-                .is_some_and(|j| j.state() == JobState::Pending);
+                .is_some_and(|j| j.state == JobState::Pending);
             let connected = start
                 .allocs
                 .iter()
@@ -395,9 +387,7 @@ impl Cluster {
         // Jobs that borrow a window's floor say so while they run.
         for (id, why) in self.borrowing(&started, now) {
             self.jobs.edit(id, |s| {
-                if let Some(j) = s.job.as_mut() {
-                    j.reason = why;
-                }
+                s.job.reason = why;
             });
         }
         effects
@@ -428,7 +418,7 @@ impl Cluster {
             .allocs
             .iter()
             .enumerate()
-            .map(|(r, a)| convert::allocation(a, r as u32))
+            .map(|(r, a)| request::allocation(a, r as u32))
             .collect();
         self.jobs
             .transition(start.job, Transition::Start { allocations }, now)
@@ -448,7 +438,7 @@ impl Cluster {
         for a in &j.allocations {
             let cmd = Start {
                 job_id: j.id,
-                spec: j.spec.clone().unwrap_or_default(),
+                spec: j.spec.clone(),
                 time_limit_secs: j.time_limit_secs,
                 kill_grace_secs: self.config.kill_grace.as_secs(),
                 slots: a.slots.clone(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use gpuctl_proto::{self as pb, JobState};
+use crate::record::{JobSpec, JobState};
 use gpuctl_sched::hostlist::is_name_char;
 pub use gpuctl_sched::hostlist::{check_hostlist, hostlist_match};
 
@@ -263,7 +263,7 @@ impl Blocked {
 }
 
 /// Why a pending job of a partition may not be scheduled now (`None`: it may).
-pub fn blocked_by(cfg: &Config, spec: &pb::JobSpec, time_limit_secs: u64) -> Option<Blocked> {
+pub fn blocked_by(cfg: &Config, spec: &JobSpec, time_limit_secs: u64) -> Option<Blocked> {
     let Some(p) = cfg.partition(cfg.partition_name(&spec.partition)) else {
         return Some(Blocked::Gone);
     };
@@ -284,7 +284,7 @@ impl Cluster {
     pub(crate) fn admit_partition(
         &self,
         actor: &Actor,
-        spec: &mut pb::JobSpec,
+        spec: &mut JobSpec,
     ) -> Result<Option<u64>, Refusal> {
         let cfg = &self.config;
         let name = cfg.partition_name(&spec.partition).to_string();
@@ -313,7 +313,7 @@ impl Cluster {
                 spec.account
             )));
         }
-        let asked = spec.resources.as_ref().map_or(0, |r| r.time_limit_secs);
+        let asked = spec.resources.time_limit_secs;
         if let Some(max) = p.max_time
             && asked > max.as_secs()
         {
@@ -346,12 +346,10 @@ impl Cluster {
         let mut out = Vec::new();
         for s in self.jobs.active() {
             let j = job_of(s);
-            if j.state() != JobState::Pending || !j.hold.is_empty() {
+            if j.state != JobState::Pending || !j.hold.is_empty() {
                 continue;
             }
-            let Some(spec) = j.spec.as_ref() else {
-                continue;
-            };
+            let spec = &j.spec;
             let known = spec.partition.is_empty() || cfg.partition(&spec.partition).is_some();
             if !restrictive && known {
                 continue;
@@ -395,11 +393,9 @@ impl Cluster {
         }
         for s in self.jobs.active() {
             let j = job_of(s);
-            let Some(spec) = j.spec.as_ref() else {
-                continue;
-            };
+            let spec = &j.spec;
             if let Some((_, row)) = rows.get_mut(cfg.partition_name(&spec.partition)) {
-                match j.state() {
+                match j.state {
                     JobState::Pending => row.pending_jobs += 1,
                     JobState::Running => row.running_jobs += 1,
                     _ => {}

@@ -1,8 +1,8 @@
 //! QoS policy in the controller: the caps a pass checks (what each owner holds now
 //! under each capped QoS), and preemption (`sched::preempt` plans, this applies).
 
-use gpuctl_proto::convert;
-use gpuctl_proto::{self as pb, JobState};
+use crate::record::{Job, JobSpec, JobState};
+use crate::request;
 use gpuctl_sched::limits::{Caps, QosCaps, norm_milli};
 use gpuctl_sched::preempt::{PreemptConfig, RunningJob};
 use gpuctl_sched::{self as sched, Blocked, PendingJob, Request};
@@ -12,8 +12,8 @@ use crate::state::{Cluster, Effects, array_of, live_allocs, pending_job, resourc
 
 /// How long a job takes to give its GPUs back once asked (its signal's lead, else the
 /// kill grace), in seconds.
-pub fn lead_secs(spec: &pb::JobSpec, cfg: &crate::Config) -> u64 {
-    convert::parse_signal_spec(&spec.signal)
+pub fn lead_secs(spec: &JobSpec, cfg: &crate::Config) -> u64 {
+    request::parse_signal_spec(&spec.signal)
         .ok()
         .flatten()
         .and_then(|(_, t)| t)
@@ -23,9 +23,9 @@ pub fn lead_secs(spec: &pb::JobSpec, cfg: &crate::Config) -> u64 {
 /// Whether a job gives its GPUs back when asked, so that it may borrow a window's
 /// floor: it is requeued when stopped, checkpoints on a signal, and its signal's lead
 /// leaves the floor's owner time to start within `reclaim_within`.
-pub fn reclaimable(spec: &pb::JobSpec, cfg: &crate::Config) -> bool {
+pub fn reclaimable(spec: &JobSpec, cfg: &crate::Config) -> bool {
     let p = &cfg.preemption;
-    let signal = convert::parse_signal_spec(&spec.signal).ok().flatten();
+    let signal = request::parse_signal_spec(&spec.signal).ok().flatten();
     p.lend_floors
         && spec.requeue
         && signal.is_some()
@@ -58,15 +58,13 @@ impl Cluster {
         }
         for s in self.jobs.active() {
             let j = job_of(s);
-            let Some(spec) = j.spec.as_ref() else {
-                continue;
-            };
+            let spec = &j.spec;
             // Throttled arrays are tracked from their first task on.
             let array = array_of(spec).filter(|(_, max)| *max > 0);
             if let Some((a, _)) = array {
                 caps.arrays.entry(a).or_default();
             }
-            if j.state() != JobState::Running {
+            if j.state != JobState::Running {
                 continue;
             }
             caps.add_task(array);
@@ -129,7 +127,7 @@ impl Cluster {
         }
         // Few waiting jobs may preempt: find them before the fair-share table (the
         // table costs as much as the lookups of every waiting job).
-        let may: Vec<&pb::Job> = plan
+        let may: Vec<&Job> = plan
             .waiting
             .iter()
             .filter(|w| {
@@ -140,17 +138,16 @@ impl Cluster {
             })
             .filter_map(|w| self.jobs.job(w.job))
             .filter(|j| {
-                j.state() == JobState::Pending
-                    && j.spec.as_ref().is_some_and(|s| {
-                        let partition = self.config.partition_name(&s.partition);
-                        pc.preempts.contains_key(&s.qos)
-                            || pc.by_account.contains_key(&s.account)
-                            || pc.by_partition.contains_key(partition)
-                            || pc
-                                .lenders
-                                .iter()
-                                .any(|l| l.owner.owns(&s.account, partition))
-                    })
+                let s = &j.spec;
+                let partition = self.config.partition_name(&s.partition);
+                j.state == JobState::Pending
+                    && (pc.preempts.contains_key(&s.qos)
+                        || pc.by_account.contains_key(&s.account)
+                        || pc.by_partition.contains_key(partition)
+                        || pc
+                            .lenders
+                            .iter()
+                            .any(|l| l.owner.owns(&s.account, partition)))
             })
             .collect();
         if may.is_empty() {
@@ -167,11 +164,10 @@ impl Cluster {
         let running: Vec<RunningJob> = self
             .jobs
             .active()
-            .filter(|s| job_of(s).state() == JobState::Running)
+            .filter(|s| job_of(s).state == JobState::Running)
             .map(|s| {
                 let j = job_of(s);
-                let none = pb::JobSpec::default();
-                let spec = j.spec.as_ref().unwrap_or(&none);
+                let spec = &j.spec;
                 RunningJob {
                     id: j.id,
                     qos: spec.qos.clone(),
@@ -240,8 +236,8 @@ impl Cluster {
         let Some(j) = self.jobs.job(victim) else {
             return;
         };
-        let spec = j.spec.clone().unwrap_or_default();
-        let signal = convert::parse_signal_spec(&spec.signal).ok().flatten();
+        let spec = j.spec.clone();
+        let signal = request::parse_signal_spec(&spec.signal).ok().flatten();
         let lead = lead_secs(&spec, &self.config);
         let reason = format!("Preempted by job {by}");
         tracing::info!(job = victim, by, requeue = spec.requeue, "preempting job");
@@ -373,8 +369,8 @@ impl Cluster {
     /// The request of a new job whose pass may wait while its room is short: one that
     /// needs GPU compute (a share given only as memory gets its compute from the GPU it
     /// lands on: counted as not) and whose QoS preempts nobody. `None`: its pass runs.
-    pub fn deferrable(&self, j: &pb::Job) -> Option<Request> {
-        let qos = j.spec.as_ref().map_or("", |s| s.qos.as_str());
+    pub fn deferrable(&self, j: &Job) -> Option<Request> {
+        let qos = j.spec.qos.as_str();
         let preempts = self
             .config
             .qos

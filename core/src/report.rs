@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto as pb;
+use crate::record::Job;
 use serde::Serialize;
 
 /// A slot whose mean utilisation (against its share) is under this percent idled.
@@ -153,12 +153,13 @@ impl Report {
     }
 }
 
-fn group_of(j: &pb::Job, by: By) -> String {
-    let name = j.spec.as_ref().map_or("", |s| match by {
+fn group_of(j: &Job, by: By) -> String {
+    let s = &j.spec;
+    let name = match by {
         By::User => s.user.as_str(),
         By::Account => s.account.as_str(),
         By::Partition => s.partition.as_str(),
-    });
+    };
     if name.is_empty() {
         "-".into()
     } else {
@@ -168,7 +169,7 @@ fn group_of(j: &pb::Job, by: By) -> String {
 
 /// One job's figures over [since, until].
 fn job_figures(
-    j: &pb::Job,
+    j: &Job,
     since: i64,
     until: i64,
     now: i64,
@@ -242,7 +243,7 @@ fn spread_demand(demand: &mut [Vec<f64>], a: i64, b: i64, gpus: f64) {
 }
 
 /// The report over `jobs` for [since, until] at `now`.
-pub fn report(jobs: &[pb::Job], since: i64, until: i64, now: i64, by: By) -> Report {
+pub fn report(jobs: &[Job], since: i64, until: i64, now: i64, by: By) -> Report {
     let mut demand = vec![vec![0.0; 24]; 7];
     let mut total = Figures::default();
     let mut groups: BTreeMap<String, Figures> = BTreeMap::new();

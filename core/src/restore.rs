@@ -2,7 +2,7 @@
 //! at start and by the tests that restart a cluster. Pure: the records and the time of
 //! the start in, the cluster and the records to write back out.
 
-use gpuctl_proto::store::{StoredJob, StoredUsage};
+use crate::record::{Record, UsageRecord};
 
 use crate::config::Config;
 use crate::jobs::job_of;
@@ -11,10 +11,13 @@ use crate::state::Cluster;
 /// What a store holds.
 #[derive(Debug, Default, Clone)]
 pub struct Records {
-    pub jobs: Vec<StoredJob>,
+    pub jobs: Vec<Record>,
+    /// The ids of job records the store read in an older layout and upgraded on the way
+    /// in (`gpuctl_proto::record::upgrade_record`): written back in the new one.
+    pub upgraded: Vec<u64>,
     pub nodes: Vec<crate::node::Node>,
     /// Fair share's decayed usage, if any was written.
-    pub usage: Option<StoredUsage>,
+    pub usage: Option<UsageRecord>,
     /// The next job id to hand out, as written (ids start at 1).
     pub next_job_id: u64,
 }
@@ -22,33 +25,23 @@ pub struct Records {
 /// A restored cluster, and the job records it changed in the reading (to write back).
 pub struct Restored {
     pub cluster: Cluster,
-    pub rewrite: Vec<StoredJob>,
-}
-
-/// Upgrades a job record of an older version in place (the flat GPU fields before the
-/// `gpu` oneof); answers whether it changed.
-fn upgrade(s: &mut StoredJob) -> bool {
-    let jobs = s.job.iter_mut().chain(s.requeued_from.iter_mut());
-    let mut changed = false;
-    for r in jobs.filter_map(|j| j.spec.as_mut()?.resources.as_mut()) {
-        changed |= gpuctl_proto::convert::upgrade(r);
-    }
-    changed
+    pub rewrite: Vec<Record>,
 }
 
 /// The cluster `records` describe, started at `now`: every job (finished ones written
-/// before compaction existed compacted, older records upgraded), ids never handed out
-/// twice (the next id is past every stored one, whatever was written), fair share's
+/// before compaction existed compacted, upgraded ones written back), ids never handed
+/// out twice (the next id is past every stored one, whatever was written), fair share's
 /// usage, the begin times to wake for, and every node with a full timeout from `now`
 /// for its agent to come back.
 pub fn restore(config: Config, records: Records, now: i64) -> Restored {
     let mut cluster = Cluster::new(config);
     cluster.next_job_id = records.next_job_id.max(1);
+    let upgraded: std::collections::HashSet<u64> = records.upgraded.into_iter().collect();
     let mut rewrite = Vec::new();
     for mut j in records.jobs {
         let id = job_of(&j).id;
-        let compacted = job_of(&j).state().is_final() && crate::jobs::compact(&mut j);
-        if upgrade(&mut j) || compacted {
+        let compacted = job_of(&j).state.is_final() && crate::jobs::compact(&mut j);
+        if upgraded.contains(&id) || compacted {
             rewrite.push(j.clone());
         }
         cluster.next_job_id = cluster.next_job_id.max(id + 1);
@@ -67,23 +60,23 @@ pub fn restore(config: Config, records: Records, now: i64) -> Restored {
 
 #[cfg(test)]
 mod tests {
-    use gpuctl_proto::{self as pb, JobState};
+    use crate::record::{Job, JobSpec, JobState, Record};
 
     use super::*;
 
-    fn record(id: u64, state: JobState) -> StoredJob {
-        StoredJob {
-            job: Some(pb::Job {
+    fn record(id: u64, state: JobState) -> Record {
+        Record {
+            job: Job {
                 id,
-                state: state as i32,
-                spec: Some(pb::JobSpec {
+                state,
+                spec: JobSpec {
                     user: "ana".into(),
                     name: "train".into(),
-                    ..pb::JobSpec::default()
-                }),
-                ..pb::Job::default()
-            }),
-            ..StoredJob::default()
+                    ..JobSpec::default()
+                },
+                ..Job::default()
+            },
+            ..Record::default()
         }
     }
 

@@ -16,15 +16,14 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use crate::jobs::{compact, job_of};
-    use gpuctl_proto as pb;
-    use gpuctl_proto::store::StoredJob;
+    use crate::record::{GpuPart, Job, JobSpec, Record, Resources};
 
     #[test]
     fn compact_keeps_metadata_only() {
-        let mut s = StoredJob {
-            job: Some(pb::Job {
+        let mut s = Record {
+            job: Job {
                 id: 3,
-                spec: Some(pb::JobSpec {
+                spec: JobSpec {
                     name: "train".into(),
                     user: "alice".into(),
                     script: "a\nb\n".into(),
@@ -32,26 +31,23 @@ mod tests {
                     env: [("K".to_string(), "secret".to_string())]
                         .into_iter()
                         .collect(),
-                    resources: Some(pb::Resources {
-                        gpu: Some(pb::resources::Gpu::Gpus(2)),
+                    resources: Resources {
+                        gpu: Some(GpuPart::Gpus(2)),
                         ..Default::default()
-                    }),
+                    },
                     ..Default::default()
-                }),
+                },
                 ..Default::default()
-            }),
-            requeued_from: Some(pb::Job::default()),
+            },
+            requeued_from: Some(Job::default()),
             ..Default::default()
         };
         assert!(compact(&mut s));
-        let spec = job_of(&s).spec.as_ref().unwrap();
+        let spec = &job_of(&s).spec;
         assert!(spec.env.is_empty());
         assert!(spec.script.is_empty());
         assert_eq!(spec.name, "train");
-        assert_eq!(
-            spec.resources.as_ref().unwrap().gpu,
-            Some(pb::resources::Gpu::Gpus(2))
-        );
+        assert_eq!(spec.resources.gpu, Some(GpuPart::Gpus(2)));
         assert!(s.requeued_from.is_none());
         assert!(!compact(&mut s), "compacting twice changes nothing");
     }

@@ -4,7 +4,7 @@
 //! own, and the submits of a loop against a full cluster share one. Pure: the shell
 //! asks and keeps the timer.
 
-use gpuctl_proto as pb;
+use crate::record::Job;
 
 use crate::policy::GpuRoom;
 use crate::state::Cluster;
@@ -53,7 +53,7 @@ impl PassRoom {
     }
 
     /// Whether the submit of `j` leaves its pass to later (and notes what it asked for).
-    pub fn defers(&mut self, c: &Cluster, j: &pb::Job) -> bool {
+    pub fn defers(&mut self, c: &Cluster, j: &Job) -> bool {
         let room = self.room;
         let Some(req) = c
             .deferrable(j)

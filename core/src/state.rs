@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use gpuctl_proto::{self as pb, JobState};
+use crate::record::{Allocation, DependencyKind, Job, JobSpec, JobState, Resources, state_name};
 use gpuctl_sched::packing::Workload;
 use gpuctl_sched::{self as sched, ClusterView, Eligibility, NodeView, PendingJob, Request};
 
@@ -264,16 +264,13 @@ pub struct Usage {
     pub jobs: usize,
 }
 
-pub fn resources(j: &pb::Job) -> pb::Resources {
-    j.spec
-        .as_ref()
-        .and_then(|s| s.resources.clone())
-        .unwrap_or_default()
+pub fn resources(j: &Job) -> Resources {
+    j.spec.resources.clone()
 }
 
 /// Live allocations of running jobs.
-pub fn live_allocs(j: &pb::Job) -> impl Iterator<Item = &pb::Allocation> {
-    let running = j.state() == JobState::Running;
+pub fn live_allocs(j: &Job) -> impl Iterator<Item = &Allocation> {
+    let running = j.state == JobState::Running;
     j.allocations.iter().filter(move |a| running && !a.ended)
 }
 
@@ -473,7 +470,7 @@ impl Cluster {
         let mut out = Vec::new();
         for s in self.jobs.active_after(after) {
             let j = job_of(s);
-            if j.state() != JobState::Pending || !j.hold.is_empty() {
+            if j.state != JobState::Pending || !j.hold.is_empty() {
                 continue;
             }
             if out.len() == max {
@@ -492,11 +489,8 @@ impl Cluster {
         {
             return w.clone();
         }
-        let none = pb::Resources::default();
-        let reqs = self.jobs.newest().take(10_000).map(|s| {
-            let asked = job_of(s).spec.as_ref().and_then(|x| x.resources.as_ref());
-            Request::from(asked.unwrap_or(&none))
-        });
+        let reqs =
+            (self.jobs.newest().take(10_000)).map(|s| Request::from(&job_of(s).spec.resources));
         let w = Workload::from_requests(reqs);
         *self.workload.borrow_mut() = Some((rev, w.clone()));
         w
@@ -583,31 +577,28 @@ impl Cluster {
 
 /// The verdict on every pending job with dependencies (`sched::deps`).
 fn dependency_verdicts(c: &Cluster) -> BTreeMap<u64, sched::deps::Verdict> {
-    use pb::dependency::Kind;
     let mut namesakes: Option<Namesakes> = None;
     let with_deps: BTreeMap<u64, Vec<(sched::job::DepKind, u64)>> = c
         .jobs
         .with_deps()
-        .filter_map(|j| {
-            let d = &j.spec.as_ref()?.dependencies;
+        .map(|j| {
+            let d = &j.spec.dependencies;
             let mut deps: Vec<_> = d
                 .iter()
-                .filter(|x| x.kind() != Kind::Singleton)
-                .map(|x| (x.kind().into(), x.job_id))
+                .filter(|x| x.kind != DependencyKind::Singleton)
+                .map(|x| (x.kind.into(), x.job_id))
                 .collect();
-            if d.iter().any(|x| x.kind() == Kind::Singleton) {
+            if d.iter().any(|x| x.kind == DependencyKind::Singleton) {
                 let by_name = namesakes.get_or_insert_with(|| namesakes_of(c));
                 deps.extend(singleton_waits(j, by_name));
             }
-            Some((j.id, deps))
+            (j.id, deps)
         })
         .collect();
     if with_deps.is_empty() {
         return BTreeMap::new();
     }
-    sched::deps::evaluate(&with_deps, |id| {
-        c.jobs.job(id).and_then(|j| j.state().try_into().ok())
-    })
+    sched::deps::evaluate(&with_deps, |id| c.jobs.job(id).map(|j| j.state))
 }
 
 /// Unfinished jobs by (user, name): (id, running).
@@ -617,11 +608,9 @@ fn namesakes_of(c: &Cluster) -> Namesakes<'_> {
     let mut out = Namesakes::new();
     for s in c.jobs.active() {
         let j = job_of(s);
-        if let Some(spec) = j.spec.as_ref() {
-            out.entry((crate::jobs::owner(j), spec.name.as_str()))
-                .or_default()
-                .push((j.id, j.state() == JobState::Running));
-        }
+        out.entry((crate::jobs::owner(j), j.spec.name.as_str()))
+            .or_default()
+            .push((j.id, j.state == JobState::Running));
     }
     out
 }
@@ -629,8 +618,8 @@ fn namesakes_of(c: &Cluster) -> Namesakes<'_> {
 /// What a `singleton` job waits for (sbatch --dependency=singleton): every running
 /// job of its user and name, and every earlier one not yet ended. The earliest waiting
 /// one never waits for a later one, so a run of singletons goes one at a time, in order.
-fn singleton_waits(j: &pb::Job, namesakes: &Namesakes<'_>) -> Vec<(sched::job::DepKind, u64)> {
-    let name = j.spec.as_ref().map_or("", |s| s.name.as_str());
+fn singleton_waits(j: &Job, namesakes: &Namesakes<'_>) -> Vec<(sched::job::DepKind, u64)> {
+    let name = j.spec.name.as_str();
     namesakes
         .get(&(crate::jobs::owner(j), name))
         .into_iter()
@@ -666,7 +655,7 @@ pub fn settle_dependencies(c: &mut Cluster, now: i64) -> BTreeSet<u64> {
             }
             Verdict::Never { job, state } => {
                 let why = match state {
-                    Some(s) => format!("job {job} ended {}", JobState::from(s).as_str_name()),
+                    Some(s) => format!("job {job} ended {}", state_name(s)),
                     None => format!("job {job} is unknown"),
                 };
                 tracing::info!(
@@ -689,36 +678,31 @@ pub fn settle_dependencies(c: &mut Cluster, now: i64) -> BTreeSet<u64> {
 }
 
 /// A pending job as the scheduler sees it.
-pub fn pending_job(
-    j: &pb::Job,
-    shares: &sched::fairshare::FairShareTable,
-    cfg: &Config,
-) -> PendingJob {
-    let none = pb::Resources::default();
-    let spec = j.spec.as_ref();
-    let mut request = Request::from(spec.and_then(|s| s.resources.as_ref()).unwrap_or(&none));
-    let partition = spec.map_or_else(String::new, |s| cfg.partition_name(&s.partition).into());
-    request.partition = spec.and_then(|_| cfg.partition_filter(&partition));
-    let account = spec.map(|s| s.account.clone()).unwrap_or_default();
+pub fn pending_job(j: &Job, shares: &sched::fairshare::FairShareTable, cfg: &Config) -> PendingJob {
+    let spec = &j.spec;
+    let mut request = Request::from(&spec.resources);
+    let partition = cfg.partition_name(&spec.partition).to_string();
+    request.partition = cfg.partition_filter(&partition);
+    let account = spec.account.clone();
     let user = crate::jobs::owner(j).to_string();
     PendingJob {
         id: j.id,
-        priority: spec.map_or(0, |s| s.priority),
-        qos: spec.map(|s| s.qos.clone()).unwrap_or_default(),
+        priority: spec.priority,
+        qos: spec.qos.clone(),
         fair_share_milli: shares.factor(&account, &user),
         account,
         user,
         partition,
-        array: spec.and_then(array_of),
+        array: array_of(spec),
         submit_ms: j.submit_time_ms,
         request,
         duration_ms: limit_ms(j.time_limit_secs),
-        reclaimable: spec.is_some_and(|s| crate::policy::reclaimable(s, cfg)),
+        reclaimable: crate::policy::reclaimable(spec, cfg),
     }
 }
 
 /// A task's array and its throttle (`%N`; 0 = none), read from the spec's suffix only.
-pub fn array_of(spec: &pb::JobSpec) -> Option<(u64, u32)> {
+pub fn array_of(spec: &JobSpec) -> Option<(u64, u32)> {
     spec.array_task_id?;
     let max = spec
         .array

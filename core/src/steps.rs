@@ -2,12 +2,12 @@
 //! when their part of the job ends: merged into the job's record by step id, bounded,
 //! their names cleaned (they come from the job's user).
 
-use gpuctl_proto as pb;
+use crate::record::Step;
 
 /// Merges node `node`'s parts of steps into `steps` (kept in id order): the earliest
 /// start, the latest end (0 while any part has not ended), the worst exit code (none
 /// while any part has none), the tasks summed, the node listed once.
-pub fn merge(steps: &mut Vec<pb::Step>, node: &str, reported: &[pb::Step]) {
+pub fn merge(steps: &mut Vec<Step>, node: &str, reported: &[Step]) {
     for r in reported {
         // A node that took no part (srun -N below the job's nodes) recorded the step
         // only to keep the ids alike on every node.
@@ -16,17 +16,17 @@ pub fn merge(steps: &mut Vec<pb::Step>, node: &str, reported: &[pb::Step]) {
         }
         let at = match steps.binary_search_by_key(&r.id, |s| s.id) {
             Ok(at) => at,
-            Err(_) if steps.len() >= pb::Step::MAX_PER_JOB => continue,
+            Err(_) if steps.len() >= Step::MAX_PER_JOB => continue,
             Err(at) => {
                 steps.insert(
                     at,
-                    pb::Step {
+                    Step {
                         id: r.id,
-                        name: pb::Step::clean_name(&r.name),
+                        name: Step::clean_name(&r.name),
                         start_ms: r.start_ms,
                         end_ms: r.end_ms,
                         exit_code: r.exit_code,
-                        ..pb::Step::default()
+                        ..Step::default()
                     },
                 );
                 at
@@ -59,8 +59,8 @@ pub fn merge(steps: &mut Vec<pb::Step>, node: &str, reported: &[pb::Step]) {
 mod tests {
     use super::*;
 
-    fn part(id: u32, start: i64, end: i64, exit: Option<i32>, tasks: u32) -> pb::Step {
-        pb::Step {
+    fn part(id: u32, start: i64, end: i64, exit: Option<i32>, tasks: u32) -> Step {
+        Step {
             id,
             name: format!("python train.py\u{1b}[2J #{id}"),
             start_ms: start,
@@ -108,21 +108,21 @@ mod tests {
     #[test]
     fn steps_and_names_are_bounded() {
         let mut steps = Vec::new();
-        let max = pb::Step::MAX_PER_JOB;
-        let many: Vec<pb::Step> = (0..max as u32 + 5)
+        let max = Step::MAX_PER_JOB;
+        let many: Vec<Step> = (0..max as u32 + 5)
             .map(|i| part(i, 1, 2, Some(0), 1))
             .collect();
         merge(&mut steps, "n1", &many);
         assert_eq!(steps.len(), max);
         let long = "é".repeat(300);
-        let name = pb::Step::clean_name(&long);
-        let most = pb::Step::MAX_NAME;
+        let name = Step::clean_name(&long);
+        let most = Step::MAX_NAME;
         assert!(
             name.len() <= most && name.len() > most - 2,
             "{}",
             name.len()
         );
-        assert_eq!(pb::Step::clean_name("a\u{200b}b\nc"), "a b c");
+        assert_eq!(Step::clean_name("a\u{200b}b\nc"), "a b c");
     }
 
     /// A node's part with no tasks (its srun took no part) keeps ids alike but is not

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use gpuctl_proto as pb;
+use crate::record::{Job, JobUsage, SlotUsage, SlotUse, Step};
 
 use crate::jobs::job_of;
 use crate::state::{Cluster, live_allocs};
@@ -20,19 +20,19 @@ use crate::state::{Cluster, live_allocs};
 const MAX_SAMPLE_GAP_MS: i64 = 60_000;
 
 /// Live usage of running jobs, by job id.
-pub type LiveUsage = HashMap<u64, pb::JobUsage>;
+pub type LiveUsage = HashMap<u64, JobUsage>;
 
 /// Running ranks' (CPU time ms, peak memory bytes), by (job id, node).
 pub type LiveHost = HashMap<(u64, String), (u64, u64)>;
 
 /// Running ranks' steps running now, by job id, then node (a listing asks of every
 /// job whether it has any: one lookup).
-pub type LiveSteps = HashMap<u64, HashMap<String, Vec<pb::Step>>>;
+pub type LiveSteps = HashMap<u64, HashMap<String, Vec<Step>>>;
 
 /// One allocated slot of a job on a node: (job, its slot use, the GPU's uuid).
 struct Holder<'a> {
     job: u64,
-    slot: &'a pb::SlotUse,
+    slot: &'a SlotUse,
 }
 
 impl Cluster {
@@ -106,7 +106,7 @@ impl Cluster {
 
     /// The usage to show for a job: the live figures while it runs (with its running
     /// ranks' host figures so far), else the record's.
-    pub fn usage_of(&self, j: &pb::Job) -> Option<pb::JobUsage> {
+    pub fn usage_of(&self, j: &Job) -> Option<JobUsage> {
         let mut u = self.live_usage.get(&j.id).cloned();
         for ((id, _), &(cpu, mem)) in &self.live_host {
             if *id == j.id {
@@ -120,7 +120,7 @@ impl Cluster {
     }
 
     /// The steps to show for a job: its record's, with those its nodes say run now.
-    pub fn steps_of(&self, j: &pb::Job) -> Vec<pb::Step> {
+    pub fn steps_of(&self, j: &Job) -> Vec<Step> {
         let mut steps = j.steps.clone();
         for (node, live) in self.live_steps.get(&j.id).into_iter().flatten() {
             crate::steps::merge(&mut steps, node, live);
@@ -213,9 +213,7 @@ impl Cluster {
         }
         if let Some(u) = self.live_usage.remove(&id) {
             self.jobs.edit(id, |s| {
-                if let Some(j) = s.job.as_mut() {
-                    j.usage = Some(u);
-                }
+                s.job.usage = Some(u);
             });
         }
     }
@@ -243,7 +241,7 @@ impl Cluster {
 }
 
 /// The compute share of a slot use in milli (a MIG instance or a whole GPU: 1000).
-pub fn share_of(s: &pb::SlotUse) -> u32 {
+pub fn share_of(s: &SlotUse) -> u32 {
     match s.compute_milli {
         0 => 1000,
         c => c.min(1000),
@@ -253,9 +251,9 @@ pub fn share_of(s: &pb::SlotUse) -> u32 {
 /// Folds one sample of the GPU under `slot` into `usage`. `shares`: the compute shares
 /// of every job on the GPU, summed; `mem_used`: this job's GPU memory (MiB).
 pub fn fold_sample(
-    usage: &mut pb::JobUsage,
+    usage: &mut JobUsage,
     node: &str,
-    slot: &pb::SlotUse,
+    slot: &SlotUse,
     shares: u64,
     mem_used: u64,
     m: &crate::node::GpuMetrics,
@@ -267,7 +265,7 @@ pub fn fold_sample(
     {
         Some(i) => i,
         None => {
-            usage.slots.push(pb::SlotUsage {
+            usage.slots.push(SlotUsage {
                 node: node.to_string(),
                 uuid: slot.uuid.clone(),
                 share_milli: share_of(slot),
@@ -302,13 +300,13 @@ pub fn fold_sample(
 
 /// Mean utilisation against the share over every slot and sample, percent (`None`
 /// without samples).
-pub fn util_mean(u: &pb::JobUsage) -> Option<f64> {
+pub fn util_mean(u: &JobUsage) -> Option<f64> {
     let n: u64 = u.slots.iter().map(|s| s.samples).sum();
     (n > 0).then(|| u.slots.iter().map(|s| s.util_sum).sum::<f64>() / n as f64)
 }
 
 /// The highest GPU memory of one slot, MiB.
-pub fn mem_peak(u: &pb::JobUsage) -> u64 {
+pub fn mem_peak(u: &JobUsage) -> u64 {
     u.slots.iter().map(|s| s.mem_peak_mib).max().unwrap_or(0)
 }
 
@@ -336,12 +334,12 @@ mod tests {
 
     #[test]
     fn whole_gpu_figures_are_the_samples() {
-        let slot = pb::SlotUse {
+        let slot = SlotUse {
             uuid: "GPU-0".into(),
             compute_milli: 1000,
             memory_mib: 81920,
         };
-        let mut u = pb::JobUsage::default();
+        let mut u = JobUsage::default();
         for (k, (util, mem)) in [(20, 1000), (40, 3000), (90, 2000)].into_iter().enumerate() {
             let m = sample(util, 200.0, 10_000 * (k as i64 + 1), &[(7, mem)]);
             fold_sample(&mut u, "n1", &slot, 1000, mem, &m);
@@ -367,12 +365,12 @@ mod tests {
 
     #[test]
     fn a_share_is_measured_against_its_share() {
-        let quarter = pb::SlotUse {
+        let quarter = SlotUse {
             uuid: "GPU-0".into(),
             compute_milli: 250,
             memory_mib: 20480,
         };
-        let mut u = pb::JobUsage::default();
+        let mut u = JobUsage::default();
         // Alone on the GPU, 25% busy: all of its quarter.
         fold_sample(
             &mut u,

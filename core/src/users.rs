@@ -1,10 +1,9 @@
 //! What users do to the cluster state: cancel jobs, drain and resume nodes, list nodes.
 
-use gpuctl_proto::JobState;
-
 use crate::error::{Actor, Refusal};
 use crate::jobs::{Transition, owner};
 use crate::node::{NodeListing, NodeRow};
+use crate::record::{JobState, state_name};
 use crate::state::{Cluster, Effects};
 use crate::view::{CancelResult, TaskRef};
 
@@ -24,7 +23,7 @@ impl Cluster {
     /// The job id of task `task_id` of array `array_job_id`, when it exists.
     pub fn array_task_job(&self, array_job_id: u64, task_id: u32) -> Option<u64> {
         self.jobs.all().map(crate::jobs::job_of).find_map(|j| {
-            let s = j.spec.as_ref()?;
+            let s = &j.spec;
             (s.array_job_id == array_job_id && s.array_task_id == Some(task_id)).then_some(j.id)
         })
     }
@@ -35,7 +34,7 @@ impl Cluster {
             .filter(|&&id| {
                 self.jobs
                     .job(id)
-                    .and_then(|j| j.spec.as_ref())
+                    .map(|j| &j.spec)
                     .is_some_and(|s| s.array_job_id == id && s.array_task_id.is_some())
             })
             .copied()
@@ -48,7 +47,7 @@ impl Cluster {
             let mut seen: std::collections::HashSet<u64> = ids.iter().copied().collect();
             for s in self.jobs.active() {
                 let j = crate::jobs::job_of(s);
-                let a = j.spec.as_ref().map_or(0, |s| s.array_job_id);
+                let a = j.spec.array_job_id;
                 if arrays.contains(&a) && seen.insert(j.id) {
                     out.push(j.id);
                 }
@@ -86,7 +85,7 @@ impl Cluster {
                 .all()
                 .map(crate::jobs::job_of)
                 .filter_map(|j| {
-                    let s = j.spec.as_ref()?;
+                    let s = &j.spec;
                     Some(((s.array_job_id, s.array_task_id?), j.id))
                 })
                 .collect();
@@ -143,7 +142,7 @@ impl Cluster {
                 results.push(result(false, "no such job"));
                 continue;
             };
-            match j.state() {
+            match j.state {
                 JobState::Pending => {
                     let cancel = Transition::Finish {
                         state: JobState::Cancelled,
@@ -171,7 +170,7 @@ impl Cluster {
                 }
                 s => results.push(result(
                     false,
-                    &format!("already finished ({})", s.as_str_name()),
+                    &format!("already finished ({})", state_name(s)),
                 )),
             }
         }

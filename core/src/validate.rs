@@ -1,7 +1,7 @@
 //! What the controller checks of a job before it is queued: the spec's shape, paths,
 //! names and sizes, dependencies, and whether any node could ever run it.
 
-use gpuctl_proto::{self as pb, JobState};
+use crate::record::{DependencyKind, JobSpec, JobState, Resources, state_name};
 
 use crate::error::{Actor, Refusal};
 use crate::jobs::job_of;
@@ -28,14 +28,14 @@ pub fn valid_user_name(name: &str) -> bool {
 pub fn set_owner(
     actor: &Actor,
     creds: Option<(u32, u32)>,
-    spec: &mut pb::JobSpec,
+    spec: &mut JobSpec,
 ) -> Result<(), Refusal> {
     if spec.user.is_empty() || spec.user == actor.user {
         spec.user = actor.user.clone();
         (spec.uid, spec.gid) = creds.unwrap_or((0, 0));
         return Ok(());
     }
-    let named = gpuctl_proto::text::shown(&spec.user, 64);
+    let named = crate::text::shown(&spec.user, 64);
     if !actor.admin {
         return Err(actor.deny(&format!(
             "cannot submit a job as user {named:?} (only admins submit for others)"
@@ -60,7 +60,7 @@ const MAX_VALUE: usize = 32 * 1024;
 
 /// Text other users may see (names, QoS) or that reaches a process (env, argv): no
 /// control characters in names, env keys shell-like, nothing over its size.
-pub(crate) fn check_text(spec: &pb::JobSpec) -> Result<(), Refusal> {
+pub(crate) fn check_text(spec: &JobSpec) -> Result<(), Refusal> {
     let bad = |m: String| Err(Refusal::invalid_argument(m));
     let shown = |v: &str| {
         let mut s: String = v.chars().take(40).flat_map(char::escape_default).collect();
@@ -84,7 +84,7 @@ pub(crate) fn check_text(spec: &pb::JobSpec) -> Result<(), Refusal> {
                 shown(v)
             ));
         }
-        if let Some(c) = v.chars().find(|&c| gpuctl_proto::text::invisible(c)) {
+        if let Some(c) = v.chars().find(|&c| crate::text::invisible(c)) {
             return bad(format!(
                 "`{what}` \"{}\" holds an invisible character (U+{:04X}): names are seen by other users and must read as they are",
                 shown(v),
@@ -129,7 +129,7 @@ pub(crate) fn check_text(spec: &pb::JobSpec) -> Result<(), Refusal> {
 pub(crate) fn check_policy(
     cfg: &Config,
     caller: &Actor,
-    spec: &pb::JobSpec,
+    spec: &JobSpec,
     qos_given: bool,
 ) -> Result<(), Refusal> {
     if spec.priority > 0 && !caller.admin {
@@ -138,11 +138,11 @@ pub(crate) fn check_policy(
             spec.priority
         )));
     }
-    if spec.priority.unsigned_abs() > gpuctl_proto::convert::MAX_PRIORITY_ADJUST {
+    if spec.priority.unsigned_abs() > crate::request::MAX_PRIORITY_ADJUST {
         return Err(Refusal::invalid_argument(format!(
             "priority {} is out of range: a job's priority adjustment (nice) is -{max} to {max}",
             spec.priority,
-            max = gpuctl_proto::convert::MAX_PRIORITY_ADJUST
+            max = crate::request::MAX_PRIORITY_ADJUST
         )));
     }
     if !spec.qos.is_empty() {
@@ -166,7 +166,7 @@ pub(crate) fn check_policy(
                 spec.account, spec.qos, spec.qos
             )));
         }
-        let limit = spec.resources.as_ref().map_or(0, |r| r.time_limit_secs);
+        let limit = spec.resources.time_limit_secs;
         if let Some(max) = q.max_time
             && limit > max.as_secs()
         {
@@ -179,7 +179,7 @@ pub(crate) fn check_policy(
             )));
         }
     }
-    if let Err(why) = gpuctl_proto::convert::parse_signal_spec(&spec.signal) {
+    if let Err(why) = crate::request::parse_signal_spec(&spec.signal) {
         return Err(Refusal::invalid_argument(why));
     }
     if spec.max_restarts > MAX_RESTARTS {
@@ -206,7 +206,7 @@ pub(crate) fn check_policy(
             }
         )));
     }
-    let limit = spec.resources.as_ref().map_or(0, |r| r.time_limit_secs);
+    let limit = spec.resources.time_limit_secs;
     let max = cfg.limits.max_time_limit;
     if limit > max.as_secs() {
         return Err(Refusal::invalid_argument(format!(
@@ -238,7 +238,7 @@ fn check_patterns(what: &str, p: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(), Refusal> {
+pub(crate) fn validate_spec(spec: &JobSpec, max_list_len: usize) -> Result<(), Refusal> {
     let bad = |m: &str| Err(Refusal::invalid_argument(m.to_string()));
     if spec.interactive {
         if !spec.command.is_empty() || !spec.script.is_empty() {
@@ -255,7 +255,7 @@ pub(crate) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(
     if spec.command.first().is_some_and(String::is_empty) {
         return bad("`command` needs a program name");
     }
-    let models = spec.resources.as_ref().map_or(0, |r| r.gpu_models.len());
+    let models = spec.resources.gpu_models.len();
     for (what, n) in [
         ("command", spec.command.len()),
         ("env", spec.env.len()),
@@ -272,8 +272,8 @@ pub(crate) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(
     if spec.user.is_empty() {
         return bad("the job has no user");
     }
-    let r = spec.resources.clone().unwrap_or_default();
-    gpuctl_proto::convert::checked_request(&r)
+    let r = spec.resources.clone();
+    crate::request::checked_request(&r)
         .map(drop)
         .map_err(|e| Refusal::invalid_argument(e.0))
 }
@@ -281,7 +281,7 @@ pub(crate) fn validate_spec(spec: &pb::JobSpec, max_list_len: usize) -> Result<(
 /// Path rules: workdir is absolute and plain; stdout/stderr are absolute, or relative
 /// paths that stay inside the workdir (no `..`). No path holds a NUL byte. The agent
 /// opens output files as the job's user, so the kernel decides where they may go.
-pub fn check_paths(spec: &pb::JobSpec) -> Result<(), String> {
+pub fn check_paths(spec: &JobSpec) -> Result<(), String> {
     use std::path::{Component, Path};
     let wd = Path::new(&spec.workdir);
     if !wd.is_absolute() {
@@ -319,9 +319,9 @@ pub fn check_paths(spec: &pb::JobSpec) -> Result<(), String> {
 }
 
 /// Refuses dependencies on unknown jobs, and ones that can already never be met.
-pub(crate) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), Refusal> {
+pub(crate) fn check_dependencies(c: &Cluster, spec: &JobSpec) -> Result<(), Refusal> {
     for d in &spec.dependencies {
-        if d.kind() == pb::dependency::Kind::Singleton {
+        if d.kind == DependencyKind::Singleton {
             if d.job_id != 0 {
                 return Err(Refusal::invalid_argument(
                     "a singleton dependency names no job (job_id 0)",
@@ -335,20 +335,20 @@ pub(crate) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), 
                 d.job_id
             )));
         };
-        let state = job_of(s).state();
-        let kind = d.kind();
+        let state = job_of(s).state;
+        let kind = d.kind;
         let never = state.is_final()
             && match kind {
-                pb::dependency::Kind::AfterOk => state != JobState::Completed,
-                pb::dependency::Kind::AfterNotOk => state == JobState::Completed,
+                DependencyKind::AfterOk => state != JobState::Completed,
+                DependencyKind::AfterNotOk => state == JobState::Completed,
                 _ => false,
             };
         if never {
             return Err(Refusal::invalid_argument(format!(
                 "dependency {} on job {} can never be met: it ended {}",
-                kind.as_str_name().to_lowercase().replace('_', ""),
+                kind.slurm_name(),
                 d.job_id,
-                state.as_str_name()
+                state_name(state)
             )));
         }
     }
@@ -361,7 +361,7 @@ pub(crate) fn check_dependencies(c: &Cluster, spec: &pb::JobSpec) -> Result<(), 
 /// looks at them all, to say why.
 pub(crate) fn check_feasible(
     c: &crate::state::Cluster,
-    r: &pb::Resources,
+    r: &Resources,
     partition: Option<String>,
 ) -> Result<(), Refusal> {
     if c.fleet.nodes.is_empty() {
@@ -497,20 +497,20 @@ mod tests {
             user: "root".into(),
             admin: true,
         };
-        let mut own = pb::JobSpec::default();
+        let mut own = JobSpec::default();
         set_owner(&alice, Some((1000, 100)), &mut own).unwrap();
         assert_eq!((own.user.as_str(), own.uid, own.gid), ("alice", 1000, 100));
         // Over TCP the node resolves the name.
-        let mut named = pb::JobSpec {
+        let mut named = JobSpec {
             user: "alice".into(),
             uid: 7,
-            ..pb::JobSpec::default()
+            ..JobSpec::default()
         };
         set_owner(&alice, None, &mut named).unwrap();
         assert_eq!((named.uid, named.gid), (0, 0));
-        let mut bobs = pb::JobSpec {
+        let mut bobs = JobSpec {
             user: "bob".into(),
-            ..pb::JobSpec::default()
+            ..JobSpec::default()
         };
         let e = set_owner(&alice, Some((1000, 100)), &mut bobs).unwrap_err();
         assert_eq!(e.kind, crate::error::Kind::PermissionDenied);
@@ -521,9 +521,9 @@ mod tests {
         );
         set_owner(&root, Some((0, 0)), &mut bobs).unwrap();
         assert_eq!((bobs.user.as_str(), bobs.uid), ("bob", 0));
-        let mut bad = pb::JobSpec {
+        let mut bad = JobSpec {
             user: "-rf".into(),
-            ..pb::JobSpec::default()
+            ..JobSpec::default()
         };
         let e = set_owner(&root, None, &mut bad).unwrap_err();
         assert!(e.message.contains("not a valid user name"), "{}", e.message);

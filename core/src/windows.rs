@@ -22,6 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::record::JobState;
 use gpuctl_sched::floors::{Floor, FloorOwner, Floors};
 use gpuctl_sched::limits::norm_milli;
 use gpuctl_sched::preempt::Lender;
@@ -299,11 +300,12 @@ impl crate::state::Cluster {
         use crate::state::resources;
         let room = kept.saturating_sub(held_by(owner, running));
         self.jobs.active().map(job_of).any(|j| {
-            j.state() == gpuctl_proto::JobState::Pending
+            j.state == JobState::Pending
                 && j.hold.is_empty()
-                && j.spec.as_ref().is_some_and(|s| {
-                    owner.owns(&s.account, self.config.partition_name(&s.partition))
-                })
+                && owner.owns(
+                    &j.spec.account,
+                    self.config.partition_name(&j.spec.partition),
+                )
                 && norm_milli(&gpuctl_sched::Request::from(&resources(j))) <= room
         })
     }
@@ -342,11 +344,7 @@ impl crate::state::Cluster {
         let mine: BTreeSet<u64> = started
             .iter()
             .filter_map(|&id| self.jobs.get(id).map(job_of))
-            .filter(|j| {
-                j.spec
-                    .as_ref()
-                    .is_some_and(|s| crate::policy::reclaimable(s, &self.config))
-            })
+            .filter(|j| crate::policy::reclaimable(&j.spec, &self.config))
             .map(|j| j.id)
             .collect();
         if mine.is_empty() || self.config.windows.is_empty() {
@@ -361,9 +359,7 @@ impl crate::state::Cluster {
             let Some(j) = self.jobs.get(id).map(job_of) else {
                 continue;
             };
-            let Some(spec) = j.spec.as_ref() else {
-                continue;
-            };
+            let spec = &j.spec;
             let job = gpuctl_sched::PendingJob {
                 id: j.id,
                 qos: spec.qos.clone(),
@@ -406,15 +402,13 @@ impl crate::state::Cluster {
         use crate::state::{limit_ms, resources};
         self.jobs
             .active()
-            .filter(|s| job_of(s).state() == gpuctl_proto::JobState::Running)
+            .filter(|s| job_of(s).state == JobState::Running)
             .map(|s| {
                 let j = job_of(s);
-                let spec = j.spec.as_ref();
-                let account = spec.map(|x| x.account.clone()).unwrap_or_default();
-                let qos = spec.map(|x| x.qos.clone()).unwrap_or_default();
-                let partition = spec.map_or_else(String::new, |x| {
-                    self.config.partition_name(&x.partition).to_string()
-                });
+                let spec = &j.spec;
+                let account = spec.account.clone();
+                let qos = spec.qos.clone();
+                let partition = self.config.partition_name(&spec.partition).to_string();
                 let mut end = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
                 if s.vacate_by_ms > 0 {
                     end = end.min(s.vacate_by_ms);
@@ -427,7 +421,7 @@ impl crate::state::Cluster {
                     qos,
                     end,
                     milli: m,
-                    reclaimable: spec.is_some_and(|x| crate::policy::reclaimable(x, &self.config)),
+                    reclaimable: crate::policy::reclaimable(spec, &self.config),
                 }
             })
             .collect()

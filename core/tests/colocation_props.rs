@@ -10,7 +10,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::*;
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_core::record::{GpuPart, JobState};
 use proptest::prelude::*;
 
 const GPU_MIB: u64 = 81920;
@@ -95,14 +95,14 @@ proptest! {
         let mut shared = 0;
         for (id, name) in &ids {
             let j = c.jobs().job(*id).unwrap();
-            let asked = j.spec.as_ref().unwrap().resources.as_ref().unwrap();
-            if let Some(pb::resources::Gpu::Share(s)) = &asked.gpu {
+            let asked = &j.spec.resources;
+            if let Some(GpuPart::Share(s)) = &asked.gpu {
                 shared += 1;
                 let m = s.memory_mib.unwrap_or(0);
                 prop_assert!(m >= peak[name].min(GPU_MIB), "job {id}: {m} MiB for a peak of {}", peak[name]);
                 prop_assert!(m <= GPU_MIB && s.compute_milli <= 1000);
             }
-            if j.state() != JobState::Running {
+            if j.state != JobState::Running {
                 continue;
             }
             for a in &j.allocations {

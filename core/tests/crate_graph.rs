@@ -1,7 +1,7 @@
 //! The pure crates stay pure by their dependency trees, not by convention: neither the
 //! scheduler nor the controller's state machine may reach an async runtime, a gRPC or
-//! HTTP stack, or the store. (`gpuctl-proto` is in core's tree without its `rpc`
-//! feature: the messages and records only.)
+//! HTTP stack, the store or protobuf: core speaks its own types (`gpuctl_core::record`,
+//! `event`, `command`, `node`, `view`), and `gpuctl-proto` converts at the edges.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -56,8 +56,10 @@ fn impure_in(package: &str) -> Vec<String> {
 }
 
 #[test]
-fn the_state_machine_has_no_runtime_no_rpc_stack_and_no_store() {
+fn the_state_machine_has_no_runtime_no_rpc_stack_no_store_and_no_protobuf() {
     assert_eq!(impure_in("gpuctl-core"), Vec::<String>::new());
+    let t = tree("gpuctl-core");
+    assert!(!t.contains("prost") && !t.contains("gpuctl-proto"), "{t:?}");
 }
 
 #[test]
@@ -72,7 +74,7 @@ fn the_daemon_does_have_them() {
     // The check above can fail: the same query on the daemon finds the runtime.
     let t = tree("gpuctld");
     assert!(
-        t.contains("tokio") && t.contains("tonic") && t.contains("sled"),
+        t.contains("tokio") && t.contains("tonic") && t.contains("sled") && t.contains("prost"),
         "{t:?}"
     );
 }

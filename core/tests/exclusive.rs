@@ -4,15 +4,15 @@ mod common;
 
 use common::*;
 use gpuctl_core::ops::Admission;
-use gpuctl_proto::{self as pb, resources::Gpu as GpuPart};
+use gpuctl_core::record::{GpuPart, JobSpec};
 
-fn exclusive(gpus: u32) -> pb::JobSpec {
+fn exclusive(gpus: u32) -> JobSpec {
     let mut s = spec(gpus, false);
-    s.resources.get_or_insert_default().exclusive = true;
+    s.resources.exclusive = true;
     s
 }
 
-fn refusal(c: &gpuctl_core::Cluster, spec: pb::JobSpec) -> String {
+fn refusal(c: &gpuctl_core::Cluster, spec: JobSpec) -> String {
     match c.admit(&alice(), spec, "", T0) {
         Err(r) => r.to_string(),
         Ok(_) => panic!("admitted"),
@@ -26,15 +26,7 @@ fn an_exclusive_job_asks_for_the_whole_of_alike_nodes() {
     attach(&mut c, "n1", T0);
     attach(&mut c, "n2", T0);
     let id = submit_spec(&mut c, exclusive(1), T0);
-    let r = c
-        .jobs()
-        .job(id)
-        .unwrap()
-        .spec
-        .clone()
-        .unwrap()
-        .resources
-        .unwrap();
+    let r = c.jobs().job(id).unwrap().spec.resources.clone();
     assert_eq!(r.gpu, Some(GpuPart::Gpus(2)));
     assert_eq!((r.cpus, r.cpu_milli, r.memory_bytes), (16, 0, 64 << 30));
 
@@ -47,10 +39,10 @@ fn an_exclusive_job_asks_for_the_whole_of_alike_nodes() {
     );
     // Kept to the big node by its feature: the whole of it.
     let mut s = exclusive(0);
-    s.resources.get_or_insert_default().constraint = "big".into();
+    s.resources.constraint = "big".into();
     match c.admit(&alice(), s, "", T0).expect("admitted") {
         Admission::New(stored) => {
-            let r = stored.job.unwrap().spec.unwrap().resources.unwrap();
+            let r = stored.job.spec.resources;
             assert_eq!(r.gpu, Some(GpuPart::Gpus(4)));
             assert_eq!(r.cpus, 32);
         }

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use gpuctl_core::Cluster;
 use gpuctl_core::explain::{Explain, PassInput, rendered};
-use gpuctl_proto as pb;
+use gpuctl_core::record::{Dependency, DependencyKind};
 
 /// The answer as the daemon gives it: the state's, or the pass's in words.
 fn explain(c: &Cluster, id: u64, now: i64) -> gpuctl_core::view::Explanation {
@@ -77,8 +77,8 @@ fn a_job_behind_a_dependency_says_which() {
     attach(&mut c, "n1", T0);
     let first = submit(&mut c, 1, false, T0);
     let mut s = spec(1, false);
-    s.dependencies = vec![pb::Dependency {
-        kind: pb::dependency::Kind::AfterOk as i32,
+    s.dependencies = vec![Dependency {
+        kind: DependencyKind::AfterOk,
         job_id: first,
     }];
     let second = submit_spec(&mut c, s, T0 + 1);

@@ -5,15 +5,15 @@
 mod common;
 
 use common::*;
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_core::record::{JobSpec, JobState};
 
 fn attach_offering(c: &mut gpuctl_core::Cluster, node: &str, features: &[&str], now: i64) {
     attach_as(c, node, &[], features, now);
 }
 
-fn constrained(gpus: u32, constraint: &str) -> pb::JobSpec {
+fn constrained(gpus: u32, constraint: &str) -> JobSpec {
     let mut s = spec(gpus, false);
-    s.resources.as_mut().unwrap().constraint = constraint.into();
+    s.resources.constraint = constraint.into();
     s
 }
 

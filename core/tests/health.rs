@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use gpuctl_core::Cluster;
-use gpuctl_proto::JobState;
+use gpuctl_core::record::JobState;
 
 /// A heartbeat from n1 running `jobs`, with `xids` as (GPU index, XID, when).
 fn beat(c: &mut Cluster, jobs: &[u64], xids: &[(u32, u32, i64)], now: i64) -> gpuctl_core::Effects {

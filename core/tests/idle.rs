@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::*;
 use gpuctl_core::idle::{IdleAction, IdlePolicy};
+use gpuctl_core::record::{JobState, Step};
 use gpuctl_core::{Cluster, Config};
-use gpuctl_proto::{self as pb, JobState};
 
 fn cluster_with(action: IdleAction) -> Cluster {
     let config = Config {
@@ -116,7 +116,7 @@ fn an_idle_job_is_requeued_and_its_usage_kept() {
     };
     c.report(&end, T0 + 11 * MIN);
     let j = c.jobs().job(id).unwrap();
-    assert_eq!(j.state(), JobState::Pending);
+    assert_eq!(j.state, JobState::Pending);
     assert!(j.reason.contains("idle"), "{}", j.reason);
     let u = j.usage.as_ref().expect("the run's usage in the record");
     assert_eq!(u.slots[0].samples, 10);
@@ -143,7 +143,7 @@ fn running_ranks_host_figures_show_live_and_count_when_the_node_fails() {
             attempt,
             cpu_time_ms: Some(90_000),
             mem_peak_bytes: Some(3 << 30),
-            steps: vec![pb::Step {
+            steps: vec![Step {
                 id: 0,
                 name: "python train.py".into(),
                 start_ms: T0 + 1_000,
@@ -180,7 +180,7 @@ fn running_ranks_host_figures_show_live_and_count_when_the_node_fails() {
     // step runs any more.
     c.check_nodes(T0 + 10 * MIN);
     let j = c.jobs().job(id).unwrap();
-    assert_eq!(j.state(), JobState::NodeFail);
+    assert_eq!(j.state, JobState::NodeFail);
     assert!(c.steps_of(j).is_empty() && !c.has_live_steps(id));
     let u = j.usage.as_ref().expect("settled");
     assert_eq!(

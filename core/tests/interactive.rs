@@ -5,10 +5,10 @@ mod common;
 
 use common::*;
 use gpuctl_core::Actor;
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_core::record::{JobSpec, JobState};
 
-fn allocation(gpus: u32) -> pb::JobSpec {
-    pb::JobSpec {
+fn allocation(gpus: u32) -> JobSpec {
+    JobSpec {
         command: Vec::new(),
         interactive: true,
         name: "interactive".into(),
@@ -26,7 +26,7 @@ fn bob() -> Actor {
 #[test]
 fn an_allocation_runs_nothing_of_its_own_and_is_checked_as_such() {
     let c = cluster();
-    let with_command = pb::JobSpec {
+    let with_command = JobSpec {
         interactive: true,
         ..spec(1, false)
     };
@@ -36,12 +36,12 @@ fn an_allocation_runs_nothing_of_its_own_and_is_checked_as_such() {
         "{}",
         e.message
     );
-    let array = pb::JobSpec {
+    let array = JobSpec {
         array: "0-3".into(),
         ..allocation(1)
     };
     assert!(c.admit(&alice(), array, "", T0).is_err());
-    let no_command = pb::JobSpec {
+    let no_command = JobSpec {
         command: Vec::new(),
         ..spec(1, false)
     };

@@ -5,11 +5,11 @@
 mod common;
 
 use common::*;
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_core::record::{JobSpec, JobState};
 
-fn listed(gpus: u32, nodelist: &[&str], exclude: &[&str]) -> pb::JobSpec {
+fn listed(gpus: u32, nodelist: &[&str], exclude: &[&str]) -> JobSpec {
     let mut s = spec(gpus, false);
-    let r = s.resources.as_mut().unwrap();
+    let r = &mut s.resources;
     r.nodelist = nodelist.iter().map(|x| x.to_string()).collect();
     r.exclude = exclude.iter().map(|x| x.to_string()).collect();
     s

@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
+use gpuctl_core::record::{Dependency, DependencyKind, GpuPart, JobSpec, JobState};
 use gpuctl_core::{Actor, Cluster, Config, Kind};
-use gpuctl_proto::{self as pb, JobState};
 
 fn config(text: &str) -> Config {
     let mut c: Config = toml::from_str(text).expect("config");
@@ -29,13 +29,13 @@ default_qos = "high"
 default = true
 "#;
 
-fn in_partition(p: &str) -> pb::JobSpec {
+fn in_partition(p: &str) -> JobSpec {
     let mut s = spec(2, false);
     s.partition = p.into();
     s
 }
 
-fn admit_err(c: &Cluster, who: &Actor, spec: pb::JobSpec) -> gpuctl_core::Refusal {
+fn admit_err(c: &Cluster, who: &Actor, spec: JobSpec) -> gpuctl_core::Refusal {
     c.admit(who, spec, "", T0).expect_err("refused")
 }
 
@@ -50,25 +50,22 @@ fn a_partition_keeps_its_jobs_on_its_nodes_and_others_anywhere() {
     };
     // Two inference jobs: one fits inf1, the other must wait (train1 is not theirs).
     let mut s = in_partition("inference");
-    s.resources.as_mut().unwrap().time_limit_secs = 0;
+    s.resources.time_limit_secs = 0;
     let a = submit_spec_as(&mut c, &admin, s.clone(), T0);
     let b = submit_spec_as(&mut c, &admin, s, T0);
     let e = pass(&mut c, T0);
     assert_eq!(commands(&e), vec![to("inf1", &format!("start {a}"))]);
     let jb = c.jobs().job(b).unwrap();
-    assert_eq!(jb.state(), JobState::Pending);
+    assert_eq!(jb.state, JobState::Pending);
     assert_eq!(jb.reason, "Resources");
     // The partition's default time and QoS were given to it.
     assert_eq!(jb.time_limit_secs, 1800);
-    assert_eq!(jb.spec.as_ref().unwrap().qos, "high");
+    assert_eq!(jb.spec.qos, "high");
     // A job naming no partition goes to the default one (every node): train1.
     let d = submit(&mut c, 2, false, T0);
     let e = pass(&mut c, T0);
     assert_eq!(commands(&e), vec![to("train1", &format!("start {d}"))]);
-    assert_eq!(
-        c.jobs().job(d).unwrap().spec.as_ref().unwrap().partition,
-        "batch"
-    );
+    assert_eq!(c.jobs().job(d).unwrap().spec.partition, "batch");
 }
 
 #[test]
@@ -90,7 +87,7 @@ fn submits_are_checked_against_their_partition() {
         e.message
     );
     let mut s = in_partition("inference");
-    s.resources.as_mut().unwrap().time_limit_secs = 3 * 3600;
+    s.resources.time_limit_secs = 3 * 3600;
     let e = admit_err(&c, &alice(), s);
     assert!(
         e.message
@@ -106,8 +103,8 @@ fn submits_are_checked_against_their_partition() {
     );
     // Three GPUs fit no node of the partition (each has 2).
     let mut s = in_partition("inference");
-    s.resources.as_mut().unwrap().gpu = Some(pb::resources::Gpu::Gpus(3));
-    s.resources.as_mut().unwrap().time_limit_secs = 60;
+    s.resources.gpu = Some(GpuPart::Gpus(3));
+    s.resources.time_limit_secs = 60;
     let e = admit_err(&c, &alice(), s);
     assert!(
         e.message.contains("no node of partition inference"),
@@ -166,12 +163,12 @@ fn a_down_partition_holds_its_jobs_with_a_reason_and_a_draining_one_takes_none()
     );
 }
 
-fn named(name: &str, deps: &str) -> pb::JobSpec {
+fn named(name: &str, deps: &str) -> JobSpec {
     let mut s = spec(1, false);
     s.name = name.into();
     if deps == "singleton" {
-        s.dependencies = vec![pb::Dependency {
-            kind: pb::dependency::Kind::Singleton as i32,
+        s.dependencies = vec![Dependency {
+            kind: DependencyKind::Singleton,
             job_id: 0,
         }];
     }
@@ -217,7 +214,7 @@ fn singletons_of_one_user_and_name_run_one_at_a_time_in_order() {
     let c2 = submit_spec(&mut c, named("train", "singleton"), T0 + 3000);
     let e = pass(&mut c, T0 + 3000);
     assert!(commands(&e).is_empty(), "{:?}", commands(&e));
-    assert_eq!(c.jobs().job(c2).unwrap().state(), JobState::Pending);
+    assert_eq!(c.jobs().job(c2).unwrap().state, JobState::Pending);
     // A singleton names no job.
     let mut bad = named("x", "singleton");
     bad.dependencies[0].job_id = 7;

@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use gpuctl_core::command::{Command, Kill};
 use gpuctl_core::ops::Admission;
+use gpuctl_core::record::{JobSpec, JobState};
 use gpuctl_core::{Actor, Cluster, Config, Effects};
-use gpuctl_proto::{self as pb, JobState};
 
 fn actor(user: &str, admin: bool) -> Actor {
     Actor {
@@ -16,11 +16,11 @@ fn actor(user: &str, admin: bool) -> Actor {
     }
 }
 
-fn submit_as(c: &mut Cluster, who: &Actor, mut spec: pb::JobSpec, now: i64) -> u64 {
+fn submit_as(c: &mut Cluster, who: &Actor, mut spec: JobSpec, now: i64) -> u64 {
     spec.user = who.user.clone();
     match c.admit(who, spec, "", now).expect("admitted") {
         Admission::New(stored) => {
-            let id = stored.job.as_ref().unwrap().id;
+            let id = stored.job.id;
             c.commit_submit(*stored);
             id
         }
@@ -113,7 +113,7 @@ fn a_requeued_job_waits_for_its_instance_then_runs_again_as_the_same_job() {
     assert!(commands(&pass(&mut c, T0 + 11)).is_empty());
     report(&mut c, "n1", id, Some((JobState::Cancelled, -15)), T0 + 20);
     let j = c.jobs().job(id).unwrap();
-    assert_eq!(j.state(), JobState::Pending);
+    assert_eq!(j.state, JobState::Pending);
     assert_eq!(j.reason, "requeued by alice");
     assert_eq!(j.submit_time_ms, T0);
     let e = pass(&mut c, T0 + 21);
@@ -198,7 +198,7 @@ fn preemption_signals_the_victim_then_requeues_it_and_starts_the_preemptor() {
         T0 + 80_000,
     );
     let v = c.jobs().job(victim).unwrap();
-    assert_eq!(v.state(), JobState::Pending);
+    assert_eq!(v.state, JobState::Pending);
     assert_eq!(v.reason, format!("Preempted by job {u}"));
     assert_eq!(v.submit_time_ms, T0);
     let e = pass(&mut c, T0 + 80_001);
@@ -240,7 +240,7 @@ fn an_array_makes_one_job_per_task_and_its_throttle_holds() {
     let first = submit_spec(&mut c, s, T0);
     let tasks: Vec<u64> = (first..first + 6).collect();
     for (i, id) in tasks.iter().enumerate() {
-        let sp = c.jobs().job(*id).unwrap().spec.clone().unwrap();
+        let sp = c.jobs().job(*id).unwrap().spec.clone();
         assert_eq!((sp.array_job_id, sp.array_task_id), (first, Some(i as u32)));
     }
     // Four GPUs free, two tasks at once.
@@ -401,7 +401,7 @@ preemption = true
     let borrowing = "Borrowing the inference floor (window always), may be reclaimed";
     for &id in &ids {
         let j = c.jobs().job(id).unwrap();
-        assert_eq!(j.state(), JobState::Running, "{j:?}");
+        assert_eq!(j.state, JobState::Running, "{j:?}");
         assert_eq!(j.reason, borrowing);
     }
     // Inference asks for a GPU: just submitted, the borrowers keep their minimum run,

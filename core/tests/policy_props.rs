@@ -12,9 +12,9 @@ use gpuctl_core::command::Command;
 use gpuctl_core::config::QosConfig;
 use gpuctl_core::event::{Report, ReportKind};
 use gpuctl_core::ops::Admission;
+use gpuctl_core::record::{GpuPart, Job, JobState};
 use gpuctl_core::windows::Window;
 use gpuctl_core::{Actor, Cluster, Config, Effects};
-use gpuctl_proto::{self as pb, JobState};
 use gpuctl_sched::job::JobState as State;
 use proptest::prelude::*;
 
@@ -128,11 +128,11 @@ fn check(c: &Cluster) {
     let mut per_gpu: HashMap<String, u32> = HashMap::new();
     let mut others = 0u32;
     for s in c.jobs().active() {
-        let j = s.job.as_ref().unwrap();
-        if j.state() != JobState::Running {
+        let j = &s.job;
+        if j.state != JobState::Running {
             continue;
         }
-        let spec = j.spec.as_ref().unwrap();
+        let spec = &j.spec;
         for a in j.allocations.iter().filter(|a| !a.ended) {
             for sl in &a.slots {
                 *per_gpu.entry(sl.uuid.clone()).or_default() += sl.compute_milli;
@@ -169,7 +169,7 @@ proptest! {
                     let mut sp = spec(gpus, requeue);
                     sp.user = user.into();
                     sp.qos = ["scavenger", "normal", "urgent"][qos as usize].into();
-                    sp.resources.as_mut().unwrap().time_limit_secs = minutes * 60;
+                    sp.resources.time_limit_secs = minutes * 60;
                     if let Ok(Admission::New(j)) = c.admit(&actor, sp, "", now) {
                         c.commit_submit(*j);
                     }
@@ -186,8 +186,8 @@ proptest! {
                     let running: Vec<(u64, u32, String)> = c
                         .jobs()
                         .active()
-                        .filter_map(|s| s.job.as_ref())
-                        .filter(|j| j.state() == JobState::Running)
+                        .map(|s| &s.job)
+                        .filter(|j| j.state == JobState::Running)
                         .flat_map(|j| j.allocations.iter().filter(|a| !a.ended).map(|a| (j.id, j.attempt, a.node.clone())))
                         .collect();
                     if let Some((id, attempt, node)) = running.get(k % running.len().max(1)).cloned() {
@@ -217,17 +217,17 @@ fn owner_waits_past_the_bound(c: &Cluster, now: i64) -> Option<String> {
     for node in ["n1", "n2"] {
         free.insert(node.into(), 2000);
     }
-    let borrower = |j: &pb::Job| {
-        let s = j.spec.as_ref().unwrap();
+    let borrower = |j: &Job| {
+        let s = &j.spec;
         s.account != "alice" && s.requeue && !s.signal.is_empty()
     };
-    for j in c.jobs().active().filter_map(|s| s.job.as_ref()) {
-        if j.state() != JobState::Running {
+    for j in c.jobs().active().map(|s| &s.job) {
+        if j.state != JobState::Running {
             continue;
         }
         for a in j.allocations.iter().filter(|a| !a.ended) {
             let m: u32 = a.slots.iter().map(|s| s.compute_milli).sum();
-            if j.spec.as_ref().unwrap().account == "alice" {
+            if j.spec.account == "alice" {
                 alice_held += m;
             }
             // What a borrower holds is the owner's to take back.
@@ -236,13 +236,13 @@ fn owner_waits_past_the_bound(c: &Cluster, now: i64) -> Option<String> {
             }
         }
     }
-    for j in c.jobs().active().filter_map(|s| s.job.as_ref()) {
-        let spec = j.spec.as_ref().unwrap();
-        if j.state() != JobState::Pending || spec.account != "alice" {
+    for j in c.jobs().active().map(|s| &s.job) {
+        let spec = &j.spec;
+        if j.state != JobState::Pending || spec.account != "alice" {
             continue;
         }
-        let need = match spec.resources.as_ref().unwrap().gpu {
-            Some(pb::resources::Gpu::Gpus(n)) => n * 1000,
+        let need = match spec.resources.gpu {
+            Some(GpuPart::Gpus(n)) => n * 1000,
             _ => 0,
         };
         let waited = now - j.submit_time_ms;
@@ -273,7 +273,7 @@ proptest! {
             if bob && ckpt {
                 sp.signal = "USR1@10".into();
             }
-            sp.resources.as_mut().unwrap().time_limit_secs = minutes * 60;
+            sp.resources.time_limit_secs = minutes * 60;
             if let Ok(Admission::New(j)) = c.admit(&actor, sp, "", now) {
                 c.commit_submit(*j);
                 checked(&c);
@@ -301,8 +301,8 @@ proptest! {
             let over: Vec<(u64, u32, String)> = c
                 .jobs()
                 .active()
-                .filter_map(|s| s.job.as_ref())
-                .filter(|j| j.state() == JobState::Running)
+                .map(|s| &s.job)
+                .filter(|j| j.state == JobState::Running)
                 .filter(|j| now - j.start_time_ms >= j.time_limit_secs as i64 * 1000)
                 .flat_map(|j| j.allocations.iter().filter(|a| !a.ended).map(|a| (j.id, j.attempt, a.node.clone())))
                 .collect();

@@ -11,6 +11,7 @@ use gpuctl_core::command::Command;
 use gpuctl_core::event::{Heartbeat, Report, ReportKind, Running};
 use gpuctl_core::node::{GpuMetrics, JobGpuUse};
 use gpuctl_core::ops::Admission;
+use gpuctl_core::record::{GpuPart, GpuShare};
 use gpuctl_core::{Actor, Cluster, Config, Effects};
 use gpuctl_sched::job::JobState as State;
 use proptest::prelude::*;
@@ -76,8 +77,8 @@ fn running(c: &Cluster) -> Vec<(u64, u32, String)> {
     let mut out: Vec<(u64, u32, String)> = c
         .jobs()
         .active()
-        .filter_map(|s| s.job.as_ref())
-        .filter(|j| j.state() == gpuctl_proto::JobState::Running)
+        .map(|s| &s.job)
+        .filter(|j| j.state == State::Running)
         .flat_map(|j| {
             j.allocations
                 .iter()
@@ -106,15 +107,13 @@ fn apply(c: &mut Cluster, s: &Step, now: &mut i64) -> Vec<Effects> {
             };
             let mut sp = spec(gpus, user == 1);
             sp.user = name.into();
-            let r = sp.resources.as_mut().unwrap();
+            let r = &mut sp.resources;
             r.time_limit_secs = minutes * 60;
             if share {
-                r.gpu = Some(gpuctl_proto::resources::Gpu::Share(
-                    gpuctl_proto::GpuShare {
-                        compute_milli: 333 * gpus,
-                        memory_mib: None,
-                    },
-                ));
+                r.gpu = Some(GpuPart::Share(GpuShare {
+                    compute_milli: 333 * gpus,
+                    memory_mib: None,
+                }));
             }
             if let Ok(Admission::New(j)) = c.admit(&actor, sp, "", *now) {
                 c.commit_submit(*j);
@@ -153,15 +152,7 @@ fn apply(c: &mut Cluster, s: &Step, now: &mut i64) -> Vec<Effects> {
         Step::Cancel(k) => {
             let r = running(c);
             if let Some((id, ..)) = r.get(k % r.len().max(1)) {
-                let owner = c
-                    .jobs()
-                    .job(*id)
-                    .unwrap()
-                    .spec
-                    .as_ref()
-                    .unwrap()
-                    .user
-                    .clone();
+                let owner = c.jobs().job(*id).unwrap().spec.user.clone();
                 let actor = Actor {
                     user: owner,
                     admin: false,
@@ -303,11 +294,7 @@ fn a_fixed_history_starts_ends_and_cancels_jobs_alike_on_both() {
         sends += ea.iter().map(|e| e.sends.len()).sum::<usize>();
         assert_eq!(digest(&a), digest(&b), "state after {s:?}");
     }
-    let ended = a
-        .jobs()
-        .all()
-        .filter(|s| s.job.as_ref().unwrap().state().is_final())
-        .count();
+    let ended = a.jobs().all().filter(|s| s.job.state.is_final()).count();
     assert!(
         sends >= 5,
         "only {sends} commands: the history did not run jobs"

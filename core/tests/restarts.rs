@@ -5,10 +5,10 @@ mod common;
 
 use common::*;
 use gpuctl_core::Cluster;
-use gpuctl_proto::{self as pb, JobState};
+use gpuctl_core::record::{JobSpec, JobState};
 
-fn restarting(gpus: u32, max: u32) -> pb::JobSpec {
-    pb::JobSpec {
+fn restarting(gpus: u32, max: u32) -> JobSpec {
+    JobSpec {
         max_restarts: max,
         ..spec(gpus, false)
     }
@@ -35,7 +35,7 @@ fn a_failed_job_is_queued_again_up_to_its_max_restarts_then_fails() {
         assert_eq!(state(&c, id), JobState::Running);
         report(&mut c, "n1", id, Some((JobState::Failed, 3)), now + 1);
         let j = c.jobs().job(id).unwrap();
-        assert_eq!(j.state(), JobState::Pending, "restart {n}");
+        assert_eq!(j.state, JobState::Pending, "restart {n}");
         assert_eq!(j.restarts, n);
         assert_eq!(j.attempt, n, "attempt counts the starts so far");
         assert_eq!(
@@ -46,7 +46,7 @@ fn a_failed_job_is_queued_again_up_to_its_max_restarts_then_fails() {
     start(&mut c, T0 + 5000);
     report(&mut c, "n1", id, Some((JobState::Failed, 3)), T0 + 5001);
     let j = c.jobs().job(id).unwrap();
-    assert_eq!(j.state(), JobState::Failed, "no restart left");
+    assert_eq!(j.state, JobState::Failed, "no restart left");
     assert_eq!((j.restarts, j.exit_code), (2, Some(3)));
 }
 
@@ -75,7 +75,7 @@ fn completions_time_limits_and_cancels_are_not_restarted() {
         T0 + 4,
     );
     let j = c.jobs().job(cancelled).unwrap();
-    assert!(j.state().is_final(), "{:?}", j.state());
+    assert!(j.state.is_final(), "{:?}", j.state);
     assert_eq!(j.restarts, 0);
 }
 
@@ -85,7 +85,7 @@ fn a_gang_restarts_once_its_other_ranks_are_killed() {
     attach(&mut c, "n1", T0);
     attach(&mut c, "n2", T0);
     let mut s = restarting(2, 1);
-    s.resources.as_mut().unwrap().nodes = 2;
+    s.resources.nodes = 2;
     let id = submit_spec(&mut c, s, T0);
     start(&mut c, T0);
     assert_eq!(state(&c, id), JobState::Running);
@@ -99,7 +99,7 @@ fn a_gang_restarts_once_its_other_ranks_are_killed() {
     assert_eq!(state(&c, id), JobState::Running);
     report(&mut c, "n2", id, Some((JobState::Failed, 143)), T0 + 2);
     let j = c.jobs().job(id).unwrap();
-    assert_eq!(j.state(), JobState::Pending);
+    assert_eq!(j.state, JobState::Pending);
     assert_eq!(j.restarts, 1, "one failure, one restart");
     // Its second start fails too: no restart left.
     start(&mut c, T0 + 3);

@@ -10,9 +10,8 @@ use std::collections::BTreeMap;
 use common::*;
 use gpuctl_core::node::Node;
 use gpuctl_core::policy::{GpuRoom, gpu_room};
+use gpuctl_core::record::{Dependency, DependencyKind, GpuPart, GpuShare, Job, JobState, Record};
 use gpuctl_core::{Actor, Cluster, Config};
-use gpuctl_proto::store::StoredJob;
-use gpuctl_proto::{self as pb, JobState};
 
 #[test]
 fn submit_start_and_end() {
@@ -56,13 +55,10 @@ fn submit_start_and_end() {
     assert!(e.sends.is_empty() && e.wake);
     let j = c.jobs().job(id).unwrap();
     assert_eq!(
-        (j.state(), j.exit_code, j.end_time_ms),
+        (j.state, j.exit_code, j.end_time_ms),
         (JobState::Completed, Some(0), T0 + 5000)
     );
-    assert!(
-        j.spec.as_ref().unwrap().env.is_empty(),
-        "finished jobs keep no env"
-    );
+    assert!(j.spec.env.is_empty(), "finished jobs keep no env");
     // A pass with nothing left to run sends nothing.
     assert!(pass(&mut c, T0 + 6000).sends.is_empty());
 }
@@ -122,7 +118,7 @@ fn a_time_limit_reached_ends_the_job_timeout() {
         T0 + 3_600_000,
     );
     let j = c.jobs().job(id).unwrap();
-    assert_eq!(j.state(), JobState::Timeout);
+    assert_eq!(j.state, JobState::Timeout);
     assert_eq!(j.end_time_ms - j.start_time_ms, 3_600_000);
 }
 
@@ -142,7 +138,7 @@ fn node_loss_fails_its_jobs_or_requeues_those_that_ask() {
     assert!(e.wake);
     assert_eq!(state(&c, plain), JobState::NodeFail);
     let j = c.jobs().job(requeue).unwrap();
-    assert_eq!(j.state(), JobState::Pending);
+    assert_eq!(j.state, JobState::Pending);
     assert_eq!(j.reason, "requeued: node n1 failed");
     assert!(j.allocations.is_empty());
     // Nothing runs there while it is down.
@@ -163,7 +159,7 @@ fn a_returning_agent_still_running_a_requeued_job_takes_it_back() {
     assert!(commands(&e).is_empty(), "{:?}", commands(&e));
     let j = c.jobs().job(id).unwrap();
     assert_eq!(
-        (j.state(), j.attempt, j.start_time_ms),
+        (j.state, j.attempt, j.start_time_ms),
         (JobState::Running, 1, T0)
     );
 }
@@ -183,11 +179,11 @@ fn a_returning_agent_without_a_confirmed_job_fails_it_and_kills_strangers() {
     let e = attach_with(&mut c, "n1", &[(77, 1)], T0 + 5_000);
     assert_eq!(commands(&e), vec![to("n1", "kill 77")]);
     let j = c.jobs().job(confirmed).unwrap();
-    assert_eq!(j.state(), JobState::Failed);
+    assert_eq!(j.state, JobState::Failed);
     assert_eq!(j.reason, "agent restarted without the job (lost)");
     let j = c.jobs().job(unconfirmed).unwrap();
     assert_eq!(
-        j.state(),
+        j.state,
         JobState::Pending,
         "a start never delivered is requeued"
     );
@@ -197,7 +193,7 @@ fn a_returning_agent_without_a_confirmed_job_fails_it_and_kills_strangers() {
 /// What a store would hold after writing every change.
 #[derive(Default)]
 struct Disk {
-    jobs: BTreeMap<u64, StoredJob>,
+    jobs: BTreeMap<u64, Record>,
     nodes: BTreeMap<String, Node>,
 }
 
@@ -296,8 +292,8 @@ fn a_dependency_that_can_never_be_met_cancels_its_job_in_the_pass() {
     attach(&mut c, "n1", T0);
     let first = submit(&mut c, 2, false, T0);
     let mut s = spec(1, false);
-    s.dependencies = vec![pb::Dependency {
-        kind: pb::dependency::Kind::AfterOk as i32,
+    s.dependencies = vec![Dependency {
+        kind: DependencyKind::AfterOk,
         job_id: first,
     }];
     let after = submit_spec(&mut c, s, T0);
@@ -312,7 +308,7 @@ fn a_dependency_that_can_never_be_met_cancels_its_job_in_the_pass() {
     let e = pass(&mut c, T0 + 20);
     assert!(e.sends.is_empty());
     let j = c.jobs().job(after).unwrap();
-    assert_eq!(j.state(), JobState::Cancelled);
+    assert_eq!(j.state, JobState::Cancelled);
     assert_eq!(j.reason, "DependencyNeverSatisfied: job 1 ended FAILED");
 }
 
@@ -326,8 +322,8 @@ fn a_job_submitted_while_a_pass_takes_its_input_waits_for_the_next() {
     attach(&mut c, "n1", T0);
     let blocker = submit(&mut c, 2, false, T0);
     let mut s = spec(1, false);
-    s.dependencies = vec![pb::Dependency {
-        kind: pb::dependency::Kind::AfterOk as i32,
+    s.dependencies = vec![Dependency {
+        kind: DependencyKind::AfterOk,
         job_id: blocker,
     }];
     // The pass settles what it knows, then a submit gets in before the queue is read.
@@ -367,7 +363,7 @@ fn a_start_the_agent_handled_but_did_not_run_fails_its_job() {
     let (resp, e) = c.heartbeat(&hb, T0 + 1000);
     assert!(resp.known && e.wake);
     let j = c.jobs().job(id).unwrap();
-    assert_eq!(j.state(), JobState::Failed);
+    assert_eq!(j.state, JobState::Failed);
     assert!(j.reason.contains("did not run the start"), "{}", j.reason);
 }
 
@@ -390,13 +386,13 @@ fn a_second_agent_cannot_take_a_live_name() {
 }
 
 /// A job of `gpu` (one node, one CPU) as the state holds it, for `deferrable`.
-fn job_of_gpu(gpu: Option<pb::resources::Gpu>, qos: &str) -> pb::Job {
+fn job_of_gpu(gpu: Option<GpuPart>, qos: &str) -> Job {
     let mut s = spec(0, false);
     s.qos = qos.into();
-    s.resources.as_mut().unwrap().gpu = gpu;
-    pb::Job {
-        spec: Some(s),
-        ..pb::Job::default()
+    s.resources.gpu = gpu;
+    Job {
+        spec: s,
+        ..Job::default()
     }
 }
 
@@ -415,9 +411,9 @@ fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
     let whole = submit(&mut c, 1, false, T0);
     let share = |c: &mut Cluster, cpus: u32| {
         let mut s = spec(0, false);
-        let r = s.resources.as_mut().unwrap();
+        let r = &mut s.resources;
         r.cpus = cpus;
-        r.gpu = Some(pb::resources::Gpu::Share(pb::GpuShare {
+        r.gpu = Some(GpuPart::Share(GpuShare {
             compute_milli: 500,
             memory_mib: None,
         }));
@@ -441,9 +437,9 @@ fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
         memory_bytes: 64 << 30,
     };
     assert_eq!(room(&c), one_cpu_left, "half a GPU free, one CPU");
-    let two_cpus = pb::Job {
-        spec: Some(spec(1, false)),
-        ..pb::Job::default()
+    let two_cpus = Job {
+        spec: spec(1, false),
+        ..Job::default()
     };
     let mut req = c
         .deferrable(&two_cpus)
@@ -465,7 +461,7 @@ fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
 
     // What may wait for a pass: jobs that need GPU compute and preempt nobody (the
     // default config's `high` preempts `low`).
-    let gpus = Some(pb::resources::Gpu::Gpus(1));
+    let gpus = Some(GpuPart::Gpus(1));
     assert!(c.deferrable(&job_of_gpu(gpus.clone(), "normal")).is_some());
     assert!(
         c.deferrable(&job_of_gpu(gpus, "high")).is_none(),
@@ -475,7 +471,7 @@ fn a_gpu_jobs_room_is_what_nodes_with_a_free_gpu_have_free() {
         c.deferrable(&job_of_gpu(None, "normal")).is_none(),
         "CPUs only"
     );
-    let memory_only = pb::resources::Gpu::Share(pb::GpuShare {
+    let memory_only = GpuPart::Share(GpuShare {
         compute_milli: 0,
         memory_mib: Some(1024),
     });
@@ -513,11 +509,7 @@ fn the_view_in_parts_is_the_view() {
     let whole = c.view();
     assert_eq!(whole.nodes.len(), 5);
     assert!(whole.running.len() >= 5, "{:?}", whole.running.len());
-    assert!(
-        c.jobs()
-            .active()
-            .any(|s| s.job.as_ref().unwrap().state() == JobState::Pending)
-    );
+    assert!(c.jobs().active().any(|s| s.job.state == JobState::Pending));
     for size in [1, 2, 3, 7, usize::MAX] {
         let (mut parts, mut at) = (Default::default(), gpuctl_core::ViewCursor::default());
         let mut holds = 0;

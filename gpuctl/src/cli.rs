@@ -263,6 +263,19 @@ pub struct Failure {
     pub message: String,
 }
 
+impl From<gpuctl_proto::convert::UnknownState> for Failure {
+    /// A job the controller answered with in a state this `gpuctl` does not know (a
+    /// newer controller's).
+    fn from(e: gpuctl_proto::convert::UnknownState) -> Self {
+        Failure {
+            code: exit::FAILED,
+            message: format!(
+                "the controller answered with a job in an {e}: is gpuctl older than the controller?"
+            ),
+        }
+    }
+}
+
 impl From<tonic::Status> for Failure {
     fn from(s: tonic::Status) -> Self {
         use tonic::Code;

@@ -153,7 +153,7 @@ impl Shared {
     }
 
     /// Whether the submit of `j` defers its pass (and records that it did).
-    fn defers(&mut self, j: &pb::Job) -> bool {
+    fn defers(&mut self, j: &gpuctl_core::record::Job) -> bool {
         self.room.defers(&self.core, j)
     }
 }
@@ -262,6 +262,7 @@ impl Controller {
         );
         let records = gpuctl_core::restore::Records {
             jobs: loaded.jobs,
+            upgraded: loaded.upgraded,
             nodes: loaded.nodes.into_iter().map(crate::wire::node).collect(),
             usage: loaded.usage,
             next_job_id: loaded.next_job_id,
@@ -665,14 +666,12 @@ impl Controller {
         request_id: &str,
         hold: bool,
     ) -> Result<(u64, Vec<String>), Status> {
-        let mut spec = spec.ok_or_else(|| Status::invalid_argument("submit without a job spec"))?;
+        let spec = spec.ok_or_else(|| Status::invalid_argument("submit without a job spec"))?;
         if request_id.len() > 64 || request_id.chars().any(|c| !c.is_ascii_graphic()) {
             return Err(Status::invalid_argument(
                 "request_id must be at most 64 printable ASCII characters",
             ));
         }
-        let creds = caller.uid.map(|uid| (uid, caller.gid.unwrap_or(0)));
-        gpuctl_core::validate::set_owner(&caller.actor(), creds, &mut spec).map_err(status)?;
         let config = self.config();
         let limits = &config.limits;
         let size = spec.encoded_len() as u64;
@@ -683,6 +682,9 @@ impl Controller {
                 limits.max_job_bytes
             )));
         }
+        let mut spec = crate::wire::job_spec(spec)?;
+        let creds = caller.uid.map(|uid| (uid, caller.gid.unwrap_or(0)));
+        gpuctl_core::validate::set_owner(&caller.actor(), creds, &mut spec).map_err(status)?;
         if self.store.failed() {
             return Err(Status::resource_exhausted(
                 "the controller's state store failed (disk full?); it restarts from its durable state once space is back; nothing was queued",
@@ -803,10 +805,11 @@ impl Controller {
         let c = self.lock();
         c.jobs()
             .job(id)
-            .map(|j| pb::Job {
-                usage: c.usage_of(j),
-                steps: c.steps_of(j),
-                ..presented(j)
+            .map(|j| {
+                let mut p = presented(j);
+                p.usage = c.usage_of(j);
+                p.steps = c.steps_of(j);
+                pb::Job::from(&p)
             })
             .ok_or_else(|| Status::not_found(format!("no job {id}")))
     }

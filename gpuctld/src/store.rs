@@ -8,6 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use gpuctl_core::record::{Record, UsageRecord};
+use gpuctl_proto::record::{BadRecord, encode_record, upgrade_record};
 use gpuctl_proto::store::{
     StoredJob, StoredJoinToken, StoredNode, StoredNodeIdentity, StoredToken, StoredUsage,
 };
@@ -62,6 +64,13 @@ pub enum StoreError {
         #[source]
         source: prost::DecodeError,
     },
+    /// Not retryable: a job record decodes but is not a job this version knows.
+    #[error("bad job record {key} in state dir: {source}")]
+    BadJob {
+        key: String,
+        #[source]
+        source: BadRecord,
+    },
     /// Not retryable: the job id counter is not 8 bytes.
     #[error("corrupt job id counter in state dir")]
     CorruptCounter,
@@ -97,14 +106,16 @@ pub const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20
 /// Everything read back at start.
 #[derive(Debug, Default)]
 pub struct Loaded {
-    pub jobs: Vec<StoredJob>,
+    pub jobs: Vec<Record>,
+    /// The ids of job records read in an older layout (upgraded in the reading).
+    pub upgraded: Vec<u64>,
     pub nodes: Vec<StoredNode>,
     pub tokens: Vec<StoredToken>,
     pub join_tokens: Vec<StoredJoinToken>,
     /// Nodes' certificates and key epochs.
     pub identities: Vec<StoredNodeIdentity>,
     /// Fair share's decayed usage, if any was written.
-    pub usage: Option<StoredUsage>,
+    pub usage: Option<UsageRecord>,
     /// The next job id to hand out (ids start at 1).
     pub next_job_id: u64,
 }
@@ -216,7 +227,15 @@ impl Store {
                 .map_err(|_| StoreError::CorruptCounter)?;
             loaded.next_job_id = u64::from_be_bytes(bytes);
         }
-        loaded.jobs = self.scan(JOB_PREFIX)?;
+        for (key, mut stored) in self.scan_keyed::<StoredJob>(JOB_PREFIX)? {
+            let upgraded = upgrade_record(&mut stored);
+            let record =
+                Record::try_from(stored).map_err(|source| StoreError::BadJob { key, source })?;
+            if upgraded {
+                loaded.upgraded.push(record.job.id);
+            }
+            loaded.jobs.push(record);
+        }
         loaded.nodes = self.scan(NODE_PREFIX)?;
         loaded.tokens = self.scan(TOKEN_PREFIX)?;
         loaded.join_tokens = self.scan(JOIN_TOKEN_PREFIX)?;
@@ -226,16 +245,15 @@ impl Store {
                 key: String::from_utf8_lossy(USAGE_KEY).into_owned(),
                 source,
             })?;
-            loaded.usage = Some(u);
+            loaded.usage = Some(u.into());
         }
         Ok(loaded)
     }
 
     /// Writes a new job and the advanced id counter atomically. Durable after `flush`.
-    pub fn insert_new_job(&self, job: &StoredJob, next_job_id: u64) -> Result<(), StoreError> {
-        let id = job.job.as_ref().map_or(0, |j| j.id);
+    pub fn insert_new_job(&self, job: &Record, next_job_id: u64) -> Result<(), StoreError> {
         let mut batch = sled::Batch::default();
-        batch.insert(job_key(id), job.encode_to_vec());
+        batch.insert(job_key(job.job.id), encode_record(job));
         batch.insert(NEXT_ID_KEY, &next_job_id.to_be_bytes());
         self.check(self.db.apply_batch(batch).map_err(StoreError::from))?;
         self.wrote();
@@ -243,11 +261,10 @@ impl Store {
     }
 
     /// Writes the tasks of a job array and the advanced id counter atomically.
-    pub fn insert_new_jobs(&self, jobs: &[StoredJob], next_job_id: u64) -> Result<(), StoreError> {
+    pub fn insert_new_jobs(&self, jobs: &[Record], next_job_id: u64) -> Result<(), StoreError> {
         let mut batch = sled::Batch::default();
         for job in jobs {
-            let id = job.job.as_ref().map_or(0, |j| j.id);
-            batch.insert(job_key(id), job.encode_to_vec());
+            batch.insert(job_key(job.job.id), encode_record(job));
         }
         batch.insert(NEXT_ID_KEY, &next_job_id.to_be_bytes());
         self.check(self.db.apply_batch(batch).map_err(StoreError::from))?;
@@ -255,11 +272,17 @@ impl Store {
         Ok(())
     }
 
-    pub fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
-        let id = job.job.as_ref().map_or(0, |j| j.id);
+    pub fn put_job(&self, job: &Record) -> Result<(), StoreError> {
+        self.put_job_bytes(job.job.id, &encode_record(job))
+    }
+
+    /// Writes a job record's bytes as they are: for tests that write what an older
+    /// version wrote (the controller writes `Record`s with `put_job`).
+    pub fn put_job_bytes(&self, id: u64, bytes: &[u8]) -> Result<(), StoreError> {
         self.check(
             self.db
-                .insert(job_key(id), job.encode_to_vec())
+                .insert(job_key(id), bytes)
+                .map(|_| ())
                 .map_err(StoreError::from),
         )?;
         self.wrote();
@@ -279,10 +302,10 @@ impl Store {
     }
 
     /// Writes fair share's usage. Durable after `flush`.
-    pub fn put_usage(&self, usage: &StoredUsage) -> Result<(), StoreError> {
+    pub fn put_usage(&self, usage: &UsageRecord) -> Result<(), StoreError> {
         self.check(
             self.db
-                .insert(USAGE_KEY, usage.encode_to_vec())
+                .insert(USAGE_KEY, StoredUsage::from(usage).encode_to_vec())
                 .map(|_| ())
                 .map_err(StoreError::from),
         )?;
@@ -302,13 +325,26 @@ impl Store {
 
     /// Every record under `prefix`; one that does not decode is `Corrupt`, named.
     fn scan<T: Message + Default>(&self, prefix: &[u8]) -> Result<Vec<T>, StoreError> {
+        Ok(self
+            .scan_keyed(prefix)?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect())
+    }
+
+    /// The records under `prefix`, each with its key as shown in errors.
+    fn scan_keyed<T: Message + Default>(
+        &self,
+        prefix: &[u8],
+    ) -> Result<Vec<(String, T)>, StoreError> {
         let mut out = Vec::new();
         for kv in self.db.scan_prefix(prefix) {
             let (k, v) = kv?;
-            out.push(T::decode(v.as_ref()).map_err(|source| StoreError::Corrupt {
-                key: String::from_utf8_lossy(&k).into_owned(),
-                source,
-            })?);
+            let key = String::from_utf8_lossy(&k).into_owned();
+            match T::decode(v.as_ref()) {
+                Ok(t) => out.push((key, t)),
+                Err(source) => return Err(StoreError::Corrupt { key, source }),
+            }
         }
         Ok(out)
     }
@@ -421,15 +457,15 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::Job;
+    use gpuctl_core::record::Job;
 
-    fn job(id: u64) -> StoredJob {
-        StoredJob {
-            job: Some(Job {
+    fn job(id: u64) -> Record {
+        Record {
+            job: Job {
                 id,
                 ..Job::default()
-            }),
-            ..StoredJob::default()
+            },
+            ..Record::default()
         }
     }
 
@@ -451,7 +487,7 @@ mod tests {
         let s = Store::open(dir.path()).unwrap();
         let l = s.load().unwrap();
         assert_eq!(l.next_job_id, 3);
-        let ids: Vec<u64> = l.jobs.iter().map(|j| j.job.as_ref().unwrap().id).collect();
+        let ids: Vec<u64> = l.jobs.iter().map(|j| j.job.id).collect();
         assert_eq!(ids, vec![1, 2]);
         assert_eq!(l.nodes[0].name, "n1");
     }

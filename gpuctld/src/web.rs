@@ -130,24 +130,6 @@ fn point(snap: &Snapshot) -> Point {
 }
 
 /// What a job asked for, short: `2`, `0.25`, `1 x 3g.40gb`, `-`.
-fn gpus_text(spec: Option<&pb::JobSpec>) -> String {
-    let res = spec.and_then(|s| s.resources.as_ref());
-    let nodes = res.map_or(1, |r| r.nodes.max(1));
-    let per_node = match res.and_then(|r| r.gpu.as_ref()) {
-        Some(pb::resources::Gpu::Gpus(0)) | None => return "-".into(),
-        Some(pb::resources::Gpu::Gpus(n)) => n.to_string(),
-        Some(pb::resources::Gpu::Share(s)) => {
-            format!("{}", f64::from(s.compute_milli) / 1000.0)
-        }
-        Some(pb::resources::Gpu::Mig(m)) => format!("{} x {}", m.count.max(1), m.profile),
-    };
-    if nodes > 1 {
-        format!("{nodes} x {per_node}")
-    } else {
-        per_node
-    }
-}
-
 fn node_of(n: &pb::Node) -> Node {
     Node {
         name: n.name.clone(),
@@ -201,10 +183,10 @@ fn state_json(ctl: &Controller, history: &History) -> String {
             .iter()
             .map(|j| Job {
                 id: j.id,
-                name: j.spec.as_ref().map_or_else(String::new, |s| s.name.clone()),
+                name: j.spec.name.clone(),
                 user: owner(j).to_string(),
-                state: j.state().as_str_name().to_string(),
-                gpus: gpus_text(j.spec.as_ref()),
+                state: gpuctl_core::record::state_name(j.state).to_string(),
+                gpus: j.spec.resources.gpu_summary(),
                 node: j.node.clone(),
                 reason: j.reason.clone(),
                 submit_ms: j.submit_time_ms,
@@ -289,34 +271,6 @@ pub async fn serve(listener: crate::daemon::TcpGuarded, ctl: Arc<Controller>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn gpus_text_names_each_kind() {
-        let spec = |gpu, nodes| pb::JobSpec {
-            resources: Some(pb::Resources {
-                gpu,
-                nodes,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        assert_eq!(gpus_text(None), "-");
-        assert_eq!(gpus_text(Some(&spec(None, 0))), "-");
-        assert_eq!(
-            gpus_text(Some(&spec(Some(pb::resources::Gpu::Gpus(2)), 3))),
-            "3 x 2"
-        );
-        let share = pb::resources::Gpu::Share(pb::GpuShare {
-            compute_milli: 250,
-            ..Default::default()
-        });
-        assert_eq!(gpus_text(Some(&spec(Some(share), 1))), "0.25");
-        let mig = pb::resources::Gpu::Mig(pb::MigInstances {
-            profile: "3g.40gb".into(),
-            count: 1,
-        });
-        assert_eq!(gpus_text(Some(&spec(Some(mig), 1))), "1 x 3g.40gb");
-    }
 
     #[test]
     fn history_keeps_a_day() {

@@ -10,6 +10,7 @@ use gpuctl_core::filter::JobFilter;
 use gpuctl_core::node::{
     Gpu, GpuMetrics, GpuRow, JobGpuUse, MigInstance, Node, NodeListing, NodeRow, NodeState,
 };
+use gpuctl_core::record::JobSpec;
 use gpuctl_core::view::{
     CancelResult, Explanation, JobPriority, PartitionRow, Share, TaskRef, Windows,
 };
@@ -55,7 +56,7 @@ fn running(r: pb::RunningJob) -> Running {
         attempt: r.attempt,
         cpu_time_ms: r.cpu_time_ms,
         mem_peak_bytes: r.mem_peak_bytes,
-        steps: r.steps,
+        steps: r.steps.into_iter().map(Into::into).collect(),
     }
 }
 
@@ -65,7 +66,7 @@ fn running_pb(r: Running) -> pb::RunningJob {
         attempt: r.attempt,
         cpu_time_ms: r.cpu_time_ms,
         mem_peak_bytes: r.mem_peak_bytes,
-        steps: r.steps,
+        steps: r.steps.iter().map(Into::into).collect(),
     }
 }
 
@@ -187,8 +188,22 @@ pub fn report(r: pb::JobReport) -> Result<Report, Status> {
         time_ms: r.time_ms,
         cpu_time_ms: r.cpu_time_ms,
         mem_peak_bytes: r.mem_peak_bytes,
-        steps: r.steps,
+        steps: r.steps.into_iter().map(Into::into).collect(),
     })
+}
+
+/// A submitted job's spec in core's words; the flat GPU fields of before the `gpu`
+/// oneof are refused (a record's are upgraded instead, by the store).
+pub fn job_spec(s: pb::JobSpec) -> Result<JobSpec, Status> {
+    if s.resources
+        .as_ref()
+        .is_some_and(gpuctl_proto::record::legacy_fields)
+    {
+        return Err(Status::invalid_argument(
+            "the flat GPU share/MIG fields are gone: set the `gpu` oneof",
+        ));
+    }
+    Ok(s.into())
 }
 
 /// A node's record from its stored form.
@@ -307,10 +322,10 @@ pub fn command_pb(c: Command) -> pb::AgentCommand {
             let s = *s;
             pb::agent_command::Command::Start(pb::StartJob {
                 job_id: s.job_id,
-                spec: Some(s.spec),
+                spec: Some((&s.spec).into()),
                 time_limit_secs: s.time_limit_secs,
                 kill_grace_secs: s.kill_grace_secs,
-                slots: s.slots,
+                slots: s.slots.iter().map(Into::into).collect(),
                 rank: s.rank,
                 nodelist: s.nodelist,
                 attempt: s.attempt,
@@ -539,13 +554,13 @@ mod tests {
         let start = Start {
             job_id: 9,
             attempt: 2,
-            spec: pb::JobSpec {
+            spec: JobSpec {
                 user: "ana".into(),
-                ..pb::JobSpec::default()
+                ..JobSpec::default()
             },
             time_limit_secs: 60,
             kill_grace_secs: 10,
-            slots: vec![pb::SlotUse {
+            slots: vec![gpuctl_core::record::SlotUse {
                 uuid: "GPU-1".into(),
                 compute_milli: 500,
                 memory_mib: 0,
@@ -569,7 +584,9 @@ mod tests {
             ),
             (9, 2, "ana".to_string(), 60, 10)
         );
-        assert_eq!((s.slots, s.rank), (start.slots, 1));
+        let slots: Vec<gpuctl_core::record::SlotUse> =
+            s.slots.into_iter().map(Into::into).collect();
+        assert_eq!((slots, s.rank), (start.slots, 1));
         assert_eq!((s.nodelist, s.addresses), (start.nodelist, start.addresses));
         let kill = Kill {
             job_id: 9,

@@ -48,8 +48,10 @@ fn flat_gpu_fields_of_an_old_state_dir_are_upgraded() {
             r.legacy_mig_count = 2;
         });
         let whole = old_record(3, |r| r.gpu = Some(Gpu::Gpus(4)));
-        for (i, j) in [share, mig, whole].iter().enumerate() {
-            store.insert_new_job(j, i as u64 + 2).unwrap();
+        for j in [share, mig, whole] {
+            use prost::Message as _;
+            let id = j.job.as_ref().unwrap().id;
+            store.put_job_bytes(id, &j.encode_to_vec()).unwrap();
         }
         store.flush().await.unwrap();
     });
@@ -83,22 +85,16 @@ fn flat_gpu_fields_of_an_old_state_dir_are_upgraded() {
         .unwrap();
         expect(&c);
     });
-    // Rewritten: the raw records hold the oneof and no flat fields.
+    // Rewritten: read again, no record is in the older layout (the store upgrades and
+    // names those that are), and each keeps its request.
     let store = Store::open(dir.path()).unwrap();
     let loaded = store.load().unwrap();
-    for j in &loaded.jobs {
-        let r = j
-            .job
-            .as_ref()
-            .unwrap()
-            .spec
-            .as_ref()
-            .unwrap()
-            .resources
-            .as_ref()
-            .unwrap();
-        assert!(r.gpu.is_some());
-        assert_eq!((r.legacy_gpu_milli, r.legacy_mig_count), (0, 0));
-        assert!(r.legacy_mig_profile.is_empty());
-    }
+    assert_eq!(loaded.upgraded, Vec::<u64>::new());
+    assert_eq!(loaded.jobs.len(), 3);
+    assert!(
+        loaded
+            .jobs
+            .iter()
+            .all(|j| j.job.spec.resources.gpu.is_some())
+    );
 }

@@ -11,8 +11,8 @@
 use std::time::Instant;
 
 use gpuctl_core::ops::Admission;
+use gpuctl_core::record::{GpuPart, JobSpec, Resources};
 use gpuctl_core::{Actor, Cluster, Config};
-use gpuctl_proto as pb;
 
 const T0: i64 = 1_800_000_000_000;
 
@@ -53,17 +53,17 @@ fn cluster(nodes: usize, jobs: usize) -> Cluster {
         admin: false,
     };
     for i in 0..jobs {
-        let spec = pb::JobSpec {
+        let spec = JobSpec {
             user: "alice".into(),
             name: "j".into(),
             command: vec!["python".into(), "train.py".into(), format!("--seed={i}")],
             workdir: "/tmp".into(),
-            resources: Some(pb::Resources {
-                gpu: Some(pb::resources::Gpu::Gpus([1, 2, 4, 8][i % 4])),
+            resources: Resources {
+                gpu: Some(GpuPart::Gpus([1, 2, 4, 8][i % 4])),
                 cpus: 8,
                 time_limit_secs: 3600,
                 ..Default::default()
-            }),
+            },
             ..Default::default()
         };
         match c.admit(&actor, spec, "", T0).expect("admitted") {

@@ -22,8 +22,8 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 
 use gpuctl_core::ops::Admission;
+use gpuctl_core::record::{JobSpec, Resources};
 use gpuctl_core::{Actor, Cluster, Config};
-use gpuctl_proto as pb;
 use gpuctl_sched::packing::{Policy, Workload};
 use gpuctl_sched::priority::PriorityWeights;
 use gpuctl_sched::{self as sched, Millis, NodeView, SchedConfig};
@@ -177,9 +177,9 @@ fn controller(nodes: &[NodeView], config: &SchedConfig, base: &Config, t0: Milli
 }
 
 /// A trace job as a job file would ask for it.
-fn spec_of(j: &TraceJob) -> pb::JobSpec {
+fn spec_of(j: &TraceJob) -> JobSpec {
     let r = &j.request;
-    pb::JobSpec {
+    JobSpec {
         name: format!("trace-{}", j.id),
         command: vec!["/bin/true".into()],
         workdir: "/".into(),
@@ -194,17 +194,17 @@ fn spec_of(j: &TraceJob) -> pb::JobSpec {
         requeue: j.requeue,
         signal: j.signal.clone(),
         priority: j.priority,
-        resources: Some(pb::Resources {
-            gpu: gpuctl_proto::convert::gpu_part(&r.gpu),
+        resources: Resources {
+            gpu: gpuctl_core::request::gpu_part(&r.gpu),
             cpus: r.cpu_milli.div_ceil(1000).max(1),
             cpu_milli: r.cpu_milli,
             memory_bytes: r.memory_bytes,
             time_limit_secs: (j.time_limit.max(1000) as u64).div_ceil(1000),
             gpu_models: r.models.clone(),
             nodes: r.nodes,
-            ..pb::Resources::default()
-        }),
-        ..pb::JobSpec::default()
+            ..Resources::default()
+        },
+        ..JobSpec::default()
     }
 }
 
@@ -309,7 +309,7 @@ pub fn replay(
             next += 1;
             match c.admit(&actor, spec_of(j), "", now) {
                 Ok(Admission::New(stored)) => {
-                    by_id.insert(stored.job.as_ref().map_or(0, |x| x.id), j);
+                    by_id.insert(stored.job.id, j);
                     c.commit_submit(*stored);
                     pending += 1;
                 }

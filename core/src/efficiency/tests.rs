@@ -1,15 +1,16 @@
 use super::*;
+use crate::record::*;
 use crate::usage::fold_sample;
 
 /// A job that ran 20 minutes of its 8 hours on one whole 80 GiB GPU, 8 CPUs and 64 GiB
 /// asked, with the samples given (utilisation %, its GPU memory MiB), 10 s apart.
-fn job(samples: &[(u32, u64)], cpu_time_ms: u64, host_peak: u64) -> pb::Job {
-    let slot = pb::SlotUse {
+fn job(samples: &[(u32, u64)], cpu_time_ms: u64, host_peak: u64) -> Job {
+    let slot = SlotUse {
         uuid: "GPU-0".into(),
         compute_milli: 1000,
         memory_mib: 81920,
     };
-    let mut usage = pb::JobUsage {
+    let mut usage = JobUsage {
         cpu_time_ms,
         host_mem_peak_bytes: host_peak,
         host_reports: 1,
@@ -25,22 +26,22 @@ fn job(samples: &[(u32, u64)], cpu_time_ms: u64, host_peak: u64) -> pb::Job {
         };
         fold_sample(&mut usage, "n1", &slot, 1000, mem, &m);
     }
-    pb::Job {
+    Job {
         id: 42,
-        state: pb::JobState::Completed as i32,
+        state: JobState::Completed,
         start_time_ms: 1_000_000,
         end_time_ms: 1_000_000 + 20 * 60_000,
         time_limit_secs: 8 * 3600,
-        spec: Some(pb::JobSpec {
-            resources: Some(pb::Resources {
-                gpu: Some(pb::resources::Gpu::Gpus(1)),
+        spec: JobSpec {
+            resources: Resources {
+                gpu: Some(GpuPart::Gpus(1)),
                 cpus: 8,
                 memory_bytes: 64 << 30,
                 ..Default::default()
-            }),
+            },
             ..Default::default()
-        }),
-        allocations: vec![pb::Allocation {
+        },
+        allocations: vec![Allocation {
             node: "n1".into(),
             slots: vec![slot],
             ..Default::default()
@@ -126,14 +127,14 @@ fn too_few_samples_say_nothing_of_the_gpu() {
 #[test]
 fn an_idle_gpu_of_several_is_named() {
     let mut j = job(&[], 0, 0);
-    let slots: Vec<pb::SlotUse> = (0..4)
-        .map(|i| pb::SlotUse {
+    let slots: Vec<SlotUse> = (0..4)
+        .map(|i| SlotUse {
             uuid: format!("GPU-{i}"),
             compute_milli: 1000,
             memory_mib: 81920,
         })
         .collect();
-    let mut usage = pb::JobUsage::default();
+    let mut usage = JobUsage::default();
     for k in 0..3 {
         for (i, s) in slots.iter().enumerate() {
             let busy = i < 3;
@@ -148,9 +149,7 @@ fn an_idle_gpu_of_several_is_named() {
     }
     j.usage = Some(usage);
     j.allocations[0].slots = slots;
-    if let Some(r) = j.spec.as_mut().and_then(|s| s.resources.as_mut()) {
-        r.gpu = Some(pb::resources::Gpu::Gpus(4));
-    }
+    j.spec.resources.gpu = Some(GpuPart::Gpus(4));
     let e = report(&j, 0);
     assert!(
         e.advice
@@ -166,7 +165,7 @@ fn an_idle_gpu_of_several_is_named() {
 /// ran until the job's end.
 #[test]
 fn steps_busy_is_the_union_of_their_spans() {
-    let st = |id: u32, a: i64, b: i64| pb::Step {
+    let st = |id: u32, a: i64, b: i64| Step {
         id,
         name: format!("s{id}"),
         start_ms: a,

@@ -1,45 +1,46 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::record::*;
 
-fn pending(id: u64, user: &str, deps: bool, request: &str) -> StoredJob {
+fn pending(id: u64, user: &str, deps: bool, request: &str) -> Record {
     let dependencies = if deps {
-        vec![pb::Dependency {
-            kind: pb::dependency::Kind::AfterOk as i32,
+        vec![Dependency {
+            kind: DependencyKind::AfterOk,
             job_id: 1,
         }]
     } else {
         Vec::new()
     };
-    StoredJob {
-        job: Some(pb::Job {
+    Record {
+        job: Job {
             id,
-            state: JobState::Pending as i32,
+            state: JobState::Pending,
             submit_time_ms: 1,
-            spec: Some(pb::JobSpec {
+            spec: JobSpec {
                 user: user.into(),
                 // Two names, so that the by-name index has more than one entry.
                 name: format!("train-{}", id % 2),
                 env: [("SECRET".to_string(), "x".to_string())].into(),
                 dependencies,
-                ..pb::JobSpec::default()
-            }),
-            ..pb::Job::default()
-        }),
+                ..JobSpec::default()
+            },
+            ..Job::default()
+        },
         request_id: request.into(),
-        ..StoredJob::default()
+        ..Record::default()
     }
 }
 
-fn on(node: &str, gpu: &str) -> pb::Allocation {
-    pb::Allocation {
+fn on(node: &str, gpu: &str) -> Allocation {
+    Allocation {
         node: node.into(),
-        slots: vec![pb::SlotUse {
+        slots: vec![SlotUse {
             uuid: gpu.into(),
             compute_milli: 1000,
             memory_mib: 0,
         }],
-        ..pb::Allocation::default()
+        ..Allocation::default()
     }
 }
 
@@ -72,7 +73,7 @@ fn submit_start_end_keeps_every_index() {
     assert_eq!(named(&t, "train-1"), [1], "a running job is still active");
     let j = presented(t.job(1).unwrap());
     assert_eq!(
-        (j.state(), j.attempt, j.start_time_ms),
+        (j.state, j.attempt, j.start_time_ms),
         (JobState::Running, 1, 100)
     );
     assert_eq!(
@@ -89,16 +90,13 @@ fn submit_start_end_keeps_every_index() {
     t.transition(1, finish, 200).unwrap();
     t.check().unwrap();
     let j = t.job(1).unwrap();
-    assert_eq!((j.state(), j.end_time_ms), (JobState::Completed, 200));
+    assert_eq!((j.state, j.end_time_ms), (JobState::Completed, 200));
     assert!(
         j.allocations
             .iter()
-            .all(|a| a.ended && a.state() == JobState::Completed)
+            .all(|a| a.ended && a.state == Some(JobState::Completed))
     );
-    assert!(
-        j.spec.as_ref().unwrap().env.is_empty(),
-        "compacted at its end"
-    );
+    assert!(j.spec.env.is_empty(), "compacted at its end");
     assert_eq!(t.active_ids(), vec![2]);
     assert!(named(&t, "train-1").is_empty(), "an ended job is not");
     let changes = t.take_changes();
@@ -160,7 +158,7 @@ fn requeue_then_readopt_restores_the_running_record() {
     t.transition(1, requeue, 20).unwrap();
     t.check().unwrap();
     let j = t.job(1).unwrap();
-    assert_eq!((j.state(), j.attempt), (JobState::Pending, 1));
+    assert_eq!((j.state, j.attempt), (JobState::Pending, 1));
     assert!(j.allocations.is_empty() && j.node.is_empty());
     assert_eq!(t.pending_of("carol"), 1);
     // Another node, or another attempt, cannot take it back.
@@ -182,7 +180,7 @@ fn requeue_then_readopt_restores_the_running_record() {
     t.check().unwrap();
     let j = presented(t.job(1).unwrap());
     assert_eq!(
-        (j.state(), j.start_time_ms, j.node.as_str()),
+        (j.state, j.start_time_ms, j.node.as_str()),
         (JobState::Running, 10, "n1")
     );
     assert!(t.get(1).unwrap().start_confirmed);
@@ -196,7 +194,7 @@ fn edit_may_not_change_the_state() {
     t.edit(1, |s| s.cancel_requested = true).unwrap();
     assert_eq!(t.take_changes().put, [1].into());
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        t.edit(1, |s| s.job.as_mut().unwrap().set_state(JobState::Running))
+        t.edit(1, |s| s.job.state = JobState::Running)
     }));
     assert!(r.is_err());
 }
@@ -218,9 +216,8 @@ fn all_and_newest_walk_live_and_finished_jobs_in_id_order() {
     }
     start(&mut t, 4, "n1", 50);
     t.check().unwrap();
-    let ids = |it: &mut dyn Iterator<Item = &StoredJob>| -> Vec<u64> {
-        it.map(|s| job_of(s).id).collect()
-    };
+    let ids =
+        |it: &mut dyn Iterator<Item = &Record>| -> Vec<u64> { it.map(|s| job_of(s).id).collect() };
     assert_eq!(ids(&mut t.all()), vec![1, 2, 3, 4, 5, 6, 7]);
     assert_eq!(ids(&mut t.newest()), vec![7, 6, 5, 4, 3, 2, 1]);
     assert_eq!(ids(&mut t.active()), vec![3, 4, 6]);
@@ -280,7 +277,7 @@ proptest! {
         let mut next = 1u64;
         for (now, s) in steps.into_iter().enumerate() {
             let now = now as i64;
-            let before: Vec<StoredJob> = t.all().cloned().collect();
+            let before: Vec<Record> = t.all().cloned().collect();
             let r = match s {
                 Step::Submit { user, deps } => {
                     t.insert(pending(next, &format!("u{user}"), deps, &format!("q{next}")));
@@ -318,12 +315,12 @@ proptest! {
             };
             t.check().unwrap();
             if r.is_err() {
-                let after: Vec<StoredJob> = t.all().cloned().collect();
+                let after: Vec<Record> = t.all().cloned().collect();
                 prop_assert_eq!(before, after);
             }
             for s in t.all() {
                 let j = job_of(s);
-                prop_assert_eq!(j.state() == JobState::Running, !j.allocations.is_empty()
+                prop_assert_eq!(j.state == JobState::Running, !j.allocations.is_empty()
                     && j.allocations.iter().any(|a| !a.ended));
             }
         }

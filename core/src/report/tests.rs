@@ -1,11 +1,12 @@
 use super::*;
+use crate::record::*;
 
 /// Monday 2026-11-30 00:00 UTC.
 const MON: i64 = 1_796_083_200_000 - 86_400_000;
 const H: i64 = 3_600_000;
 
-fn slot(uuid: &str, milli: u32, mib: u64) -> pb::SlotUse {
-    pb::SlotUse {
+fn slot(uuid: &str, milli: u32, mib: u64) -> SlotUse {
+    SlotUse {
         uuid: uuid.into(),
         compute_milli: milli,
         memory_mib: mib,
@@ -13,11 +14,11 @@ fn slot(uuid: &str, milli: u32, mib: u64) -> pb::SlotUse {
 }
 
 /// (uuid, samples, utilisation sum, memory peak MiB)
-fn usage(slots: &[(&str, u64, f64, u64)]) -> pb::JobUsage {
-    pb::JobUsage {
+fn usage(slots: &[(&str, u64, f64, u64)]) -> JobUsage {
+    JobUsage {
         slots: slots
             .iter()
-            .map(|&(uuid, samples, util_sum, mem_peak_mib)| pb::SlotUsage {
+            .map(|&(uuid, samples, util_sum, mem_peak_mib)| SlotUsage {
                 node: "n1".into(),
                 uuid: uuid.into(),
                 samples,
@@ -38,21 +39,21 @@ fn job(
     start: i64,
     end: i64,
     limit_h: u64,
-    slots: Vec<pb::SlotUse>,
-    u: pb::JobUsage,
-) -> pb::Job {
-    pb::Job {
+    slots: Vec<SlotUse>,
+    u: JobUsage,
+) -> Job {
+    Job {
         id,
-        state: pb::JobState::Completed as i32,
+        state: JobState::Completed,
         start_time_ms: start,
         end_time_ms: end,
         time_limit_secs: limit_h * 3600,
-        spec: Some(pb::JobSpec {
+        spec: JobSpec {
             user: user.into(),
             account: account.into(),
             ..Default::default()
-        }),
-        allocations: vec![pb::Allocation {
+        },
+        allocations: vec![Allocation {
             node: "n1".into(),
             slots,
             ..Default::default()
@@ -162,9 +163,9 @@ fn jobs_outside_the_window_or_never_started_count_nothing() {
             vec![slot("A", 1000, 1)],
             usage(&[]),
         ),
-        pb::Job {
+        Job {
             id: 2,
-            state: pb::JobState::Pending as i32,
+            state: JobState::Pending,
             ..Default::default()
         },
     ];

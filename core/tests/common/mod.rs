@@ -6,8 +6,8 @@ use gpuctl_core::command::Command;
 use gpuctl_core::event::{Register, Report, ReportKind, Running};
 use gpuctl_core::node::Gpu;
 use gpuctl_core::ops::Admission;
+use gpuctl_core::record::{GpuPart, JobSpec, JobState, Resources};
 use gpuctl_core::{Actor, Cluster, Config, Effects};
-use gpuctl_proto::{self as pb, JobState};
 use gpuctl_sched::job::JobState as State;
 
 pub const T0: i64 = 1_700_000_000_000;
@@ -102,41 +102,41 @@ pub fn attach(c: &mut Cluster, node: &str, now: i64) -> Effects {
     attach_with(c, node, &[], now)
 }
 
-pub fn spec(gpus: u32, requeue: bool) -> pb::JobSpec {
-    pb::JobSpec {
+pub fn spec(gpus: u32, requeue: bool) -> JobSpec {
+    JobSpec {
         user: "alice".into(),
         name: "train".into(),
         command: vec!["python".into(), "train.py".into()],
         workdir: "/home/alice".into(),
         env: [("TOKEN".to_string(), "secret".to_string())].into(),
         requeue,
-        resources: Some(pb::Resources {
-            gpu: Some(pb::resources::Gpu::Gpus(gpus)),
+        resources: Resources {
+            gpu: Some(GpuPart::Gpus(gpus)),
             cpus: 1,
             time_limit_secs: 3600,
-            ..pb::Resources::default()
-        }),
-        ..pb::JobSpec::default()
+            ..Resources::default()
+        },
+        ..JobSpec::default()
     }
 }
 
-pub fn submit_spec(c: &mut Cluster, spec: pb::JobSpec, now: i64) -> u64 {
+pub fn submit_spec(c: &mut Cluster, spec: JobSpec, now: i64) -> u64 {
     submit_spec_as(c, &alice(), spec, now)
 }
 
 /// Submits `spec` for `who` (its `user` as given) and commits it; its id (an array's:
 /// its first task's).
-pub fn submit_spec_as(c: &mut Cluster, who: &Actor, spec: pb::JobSpec, now: i64) -> u64 {
+pub fn submit_spec_as(c: &mut Cluster, who: &Actor, spec: JobSpec, now: i64) -> u64 {
     match c.admit(who, spec, "", now).expect("admitted") {
         Admission::New(stored) => {
-            let id = stored.job.as_ref().unwrap().id;
+            let id = stored.job.id;
             let effects = c.commit_submit(*stored);
             assert!(effects.wake, "a submit asks for a pass");
             checked(c);
             id
         }
         Admission::Array(tasks) => {
-            let first = tasks[0].job.as_ref().unwrap().id;
+            let first = tasks[0].job.id;
             for t in tasks {
                 c.commit_submit(t);
             }
@@ -161,7 +161,7 @@ pub fn pass(c: &mut Cluster, now: i64) -> Effects {
 }
 
 pub fn state(c: &Cluster, id: u64) -> JobState {
-    c.jobs().job(id).unwrap().state()
+    c.jobs().job(id).unwrap().state
 }
 
 pub fn report(
@@ -193,7 +193,7 @@ pub fn job_report(
         ReportKind::Started
     };
     Report {
-        state: end.map_or(State::Failed, |e| State::try_from(e.0).unwrap()),
+        state: end.map_or(State::Failed, |e| e.0),
         exit_code: end.map(|e| e.1),
         time_ms: now,
         ..Report::new(node, id, attempt, kind)

@@ -75,5 +75,6 @@ pub async fn run(client: &mut Client, job_id: u64) -> Result<Efficiency, Failure
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
+    let job = gpuctl_core::record::Job::try_from(job)?;
     Ok(efficiency::report(&job, now))
 }

@@ -131,7 +131,8 @@ impl Row {
         let spec = j.spec.as_ref().unwrap_or(&none);
         let res = spec.resources.clone().unwrap_or_default();
         let elapsed = format::elapsed_ms(j, now);
-        let u = j.usage.as_ref();
+        let used = j.usage.clone().map(gpuctl_core::record::JobUsage::from);
+        let u = used.as_ref();
         let sampled = u.is_some_and(|u| u.slots.iter().any(|s| s.samples > 0));
         let cpus = if res.cpu_milli > 0 {
             f64::from(res.cpu_milli) / 1000.0

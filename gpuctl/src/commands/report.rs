@@ -250,6 +250,9 @@ pub async fn run(client: &mut Client, args: &ReportArgs) -> Result<ReportView, F
         .filter(|n| n.state() != pb::NodeState::Down)
         .map(|n| n.gpus.len() as u64)
         .sum();
+    let jobs = (jobs.into_iter())
+        .map(gpuctl_core::record::Job::try_from)
+        .collect::<Result<Vec<_>, _>>()?;
     let r = report::report(&jobs, since, until, now, by).with_capacity(gpus);
     if let Some(path) = &args.plot {
         plot(&r, path).map_err(|e| fail(format!("cannot draw {}: {e}", path.display())))?;

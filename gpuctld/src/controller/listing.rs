@@ -3,8 +3,9 @@
 
 use gpuctl_core::filter::JobFilter;
 use gpuctl_core::jobs::{job_of, presented};
+use gpuctl_core::record::{Job, JobUsage, Record};
 use gpuctl_proto as pb;
-use prost::Message as _;
+use gpuctl_proto::record::{encode_job, encode_usage_field, job_encoded_len, usage_field_len};
 
 use super::{Controller, Shared};
 use crate::auth::Caller;
@@ -16,7 +17,7 @@ impl Controller {
         let ids = job_ids(&c, filter);
         ids.iter()
             .filter_map(|&id| c.jobs().job(id))
-            .map(presented)
+            .map(|j| pb::Job::from(&presented(j)))
             .collect()
     }
 
@@ -40,7 +41,7 @@ impl Controller {
             }
             _ => false,
         };
-        let found: Box<dyn Iterator<Item = &pb::Job>> = if walk {
+        let found: Box<dyn Iterator<Item = &Job>> = if walk {
             let mut wanted = ids.iter().copied().peekable();
             Box::new(
                 c.jobs()
@@ -56,10 +57,10 @@ impl Controller {
         };
         let mut page = pb::ListJobsResponse::default();
         let mut encoded = Vec::new();
-        for j in found.filter(|j| all || !j.state().is_final()) {
+        for j in found.filter(|j| all || !j.state.is_final()) {
             // A running job's usage so far (history, report).
             let usage = c.live_usage().get(&j.id);
-            let whole = j.spec.as_ref().is_none_or(|s| sees_whole(caller, &s.user));
+            let whole = sees_whole(caller, &j.spec.user);
             // Steps running now are merged into the record's: such a job is copied.
             let steps = c.has_live_steps(j.id);
             if !(whole && !steps && push_presented(&mut encoded, j, usage)) {
@@ -70,6 +71,7 @@ impl Controller {
                 if steps {
                     p.steps = c.steps_of(j);
                 }
+                let mut p = pb::Job::from(&p);
                 redact(caller, &mut p);
                 page.jobs.push(p);
             }
@@ -82,12 +84,12 @@ impl Controller {
 /// The ids of the jobs a filter lets through, in id order.
 fn job_ids(c: &Shared, filter: &JobFilter) -> Vec<u64> {
     // The records walked in order, not looked up one id at a time.
-    let pick = |s: &gpuctl_proto::store::StoredJob| {
+    let pick = |s: &Record| {
         let j = job_of(s);
         filter.matches(j).then_some(j.id)
     };
     // From an index: the listed users' or names' jobs only, not a walk over everyone's.
-    let indexed = |jobs: &mut dyn Iterator<Item = &gpuctl_proto::store::StoredJob>| {
+    let indexed = |jobs: &mut dyn Iterator<Item = &Record>| {
         let mut ids: Vec<u64> = jobs.filter_map(pick).collect();
         ids.sort_unstable();
         ids.dedup();
@@ -115,8 +117,8 @@ const JOB_USAGE: u32 = 17;
 /// string), extends (a repeated field) or merges into (a message) what came before, so
 /// this decodes to that job only when the record has none of them itself: then it
 /// answers false and appends nothing (the caller copies the job instead).
-fn push_presented(out: &mut Vec<u8>, j: &pb::Job, usage: Option<&pb::JobUsage>) -> bool {
-    use prost::encoding::{message, string};
+fn push_presented(out: &mut Vec<u8>, j: &Job, usage: Option<&JobUsage>) -> bool {
+    use prost::encoding::string;
     if !j.node.is_empty() || !j.gpus.is_empty() || (usage.is_some() && j.usage.is_some()) {
         return false;
     }
@@ -132,7 +134,7 @@ fn push_presented(out: &mut Vec<u8>, j: &pb::Job, usage: Option<&pb::JobUsage>) 
         .iter()
         .flat_map(|a| a.slots.iter().map(|x| &x.uuid))
         .collect();
-    let mut len = j.encoded_len();
+    let mut len = job_encoded_len(j);
     if !node.is_empty() {
         len += string::encoded_len(JOB_NODE, &node);
     }
@@ -141,10 +143,10 @@ fn push_presented(out: &mut Vec<u8>, j: &pb::Job, usage: Option<&pb::JobUsage>) 
         .map(|g| string::encoded_len(JOB_GPUS, g))
         .sum::<usize>();
     if let Some(u) = usage {
-        len += message::encoded_len(JOB_USAGE, u);
+        len += usage_field_len(JOB_USAGE, u);
     }
     pb::ListJobsResponse::push_encoded(out, len, |out| {
-        j.encode_raw(out);
+        encode_job(j, out);
         if !node.is_empty() {
             string::encode(JOB_NODE, &node, out);
         }
@@ -152,7 +154,7 @@ fn push_presented(out: &mut Vec<u8>, j: &pb::Job, usage: Option<&pb::JobUsage>) 
             string::encode(JOB_GPUS, g, out);
         }
         if let Some(u) = usage {
-            message::encode(JOB_USAGE, u, out);
+            encode_usage_field(JOB_USAGE, u, out);
         }
     });
     true
@@ -164,24 +166,26 @@ mod tests {
 
     use super::*;
 
-    fn job(id: u64, nodes: &[&str]) -> pb::Job {
-        pb::Job {
+    use gpuctl_core::record::{Allocation, JobSpec, JobState, SlotUse};
+
+    fn job(id: u64, nodes: &[&str]) -> Job {
+        Job {
             id,
-            state: pb::JobState::Running as i32,
-            spec: Some(pb::JobSpec {
+            state: JobState::Running,
+            spec: JobSpec {
                 user: "alice".into(),
                 command: vec!["python3".into(), "train.py".into()],
                 env: [("K".to_string(), "v".to_string())].into(),
                 ..Default::default()
-            }),
+            },
             allocations: nodes
                 .iter()
                 .enumerate()
-                .map(|(rank, n)| pb::Allocation {
+                .map(|(rank, n)| Allocation {
                     node: n.to_string(),
                     rank: rank as u32,
                     slots: (0..2)
-                        .map(|g| pb::SlotUse {
+                        .map(|g| SlotUse {
                             uuid: format!("GPU-{n}-{g}"),
                             ..Default::default()
                         })
@@ -193,8 +197,8 @@ mod tests {
         }
     }
 
-    fn usage(cpu_time_ms: u64) -> pb::JobUsage {
-        pb::JobUsage {
+    fn usage(cpu_time_ms: u64) -> JobUsage {
+        JobUsage {
             cpu_time_ms,
             host_reports: 1,
             ..Default::default()
@@ -217,7 +221,7 @@ mod tests {
             assert!(push_presented(&mut encoded, j, u.as_ref()));
             let mut p = presented(j);
             p.usage = u.clone();
-            want.push(p);
+            want.push(pb::Job::from(&p));
         }
         let page = pb::ListJobsResponse {
             encoded: encoded.into(),
@@ -229,11 +233,11 @@ mod tests {
         assert_eq!(back.jobs[2].gpus.len(), 6);
 
         let mut out = Vec::new();
-        let with_node = pb::Job {
+        let with_node = Job {
             node: "old".into(),
             ..job(4, &["n1"])
         };
-        let with_usage = pb::Job {
+        let with_usage = Job {
             usage: Some(usage(1)),
             ..job(5, &["n1"])
         };

@@ -1,8 +1,9 @@
 //! Reading and changing jobs and nodes for users: explain, priorities, cancel, tokens,
 //! the node list and drains.
 
+use gpuctl_core::record::{Job, JobState, SlotUse, state_name};
+use gpuctl_proto as pb;
 use gpuctl_proto::store::StoredToken;
-use gpuctl_proto::{self as pb, JobState};
 use tonic::Status;
 
 use gpuctl_core::jobs::{job_of, owner, presented};
@@ -70,9 +71,9 @@ impl Controller {
             let mut shared = std::collections::BTreeSet::new();
             for s in c.jobs().all() {
                 let j = job_of(s);
-                let state = j.state().as_str_name().to_string();
+                let state = state_name(j.state).to_string();
                 *snap.jobs_by_state.entry(state).or_default() += 1;
-                match j.state() {
+                match j.state {
                     JobState::Pending => {
                         let reason = if j.reason.is_empty() {
                             "None"
@@ -106,7 +107,7 @@ impl Controller {
                             .entry(owner(j).to_string())
                             .or_default() += held;
                         snap.jobs_by_user.entry(owner(j).to_string()).or_default().0 += 1;
-                        let account = j.spec.as_ref().map_or("", |s| s.account.as_str());
+                        let account = j.spec.account.as_str();
                         *snap
                             .running_gpus_by_account
                             .entry(account.to_string())
@@ -217,7 +218,9 @@ impl Controller {
                 }
             }
             .map_err(status)?;
-            let job = c.jobs().job(id).map(presented).unwrap_or_default();
+            let job = (c.jobs().job(id))
+                .map(|j| pb::Job::from(&presented(j)))
+                .unwrap_or_default();
             (job, self.settle(c, effects).map_err(store_status)?)
         };
         self.deliver(out, true).await.map_err(store_status)?;
@@ -353,19 +356,14 @@ impl Controller {
     /// The jobs the web page shows, newest first: every running job, up to
     /// `max_pending` pending ones, and up to `max_done` that ended at or after
     /// `ended_since_ms`.
-    pub fn web_jobs(
-        &self,
-        ended_since_ms: i64,
-        max_pending: usize,
-        max_done: usize,
-    ) -> Vec<pb::Job> {
+    pub fn web_jobs(&self, ended_since_ms: i64, max_pending: usize, max_done: usize) -> Vec<Job> {
         let c = self.lock();
         let mut live = Vec::new();
         let mut pending = 0;
         let mut done = Vec::new();
         for s in c.jobs().newest() {
             let j = job_of(s);
-            match j.state() {
+            match j.state {
                 JobState::Running => live.push(presented(j)),
                 JobState::Pending if pending < max_pending => {
                     pending += 1;
@@ -387,7 +385,7 @@ impl Controller {
 /// user and per account running GPUs and the web page. A whole GPU is 1, a share its
 /// compute fraction, a MIG instance its compute slices of seven (3g.40gb: 3/7), as
 /// fair share charges them.
-fn slot_gpus(s: &pb::SlotUse, mig: &std::collections::HashMap<&str, &str>) -> f64 {
+fn slot_gpus(s: &SlotUse, mig: &std::collections::HashMap<&str, &str>) -> f64 {
     match mig.get(s.uuid.as_str()) {
         Some(profile) => gpuctl_sched::fairshare::mig_fraction(profile),
         None => f64::from(s.compute_milli.min(1000)) / 1000.0,

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use gpuctl_core::Cluster;
 use gpuctl_core::command::Command;
 use gpuctl_core::event::{Report, ReportKind};
-use gpuctl_proto::JobState;
+use gpuctl_core::record::JobState;
 use gpuctl_sched::Millis;
 use gpuctl_sched::job::JobState as State;
 
@@ -87,13 +87,13 @@ impl SimAgents {
             };
             c.report(&end, t);
             let Some(j) = c.jobs().job(id) else { continue };
-            let gone = j.state() != JobState::Running || j.attempt != attempt;
+            let gone = j.state != JobState::Running || j.attempt != attempt;
             if gone && let Some((start, milli)) = self.running.remove(&(id, attempt)) {
                 self.allocated_milli -= milli;
-                if j.state() == JobState::Pending {
+                if j.state == JobState::Pending {
                     self.requeued += 1;
                 }
-                let completed = j.state() == JobState::Completed;
+                let completed = j.state == JobState::Completed;
                 let trace = by_id[&id];
                 let mut saved_ms = 0;
                 if let Some(at) = self.signalled.remove(&(id, attempt))
