@@ -42,11 +42,35 @@ pub struct GpuShare {
     pub memory_mib: Option<u64>,
 }
 
+/// `GpuShare`'s fields with their protobuf numbers and kinds (see `job_spec_fields`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! gpu_share_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            compute_milli: u32 = 1,
+            memory_mib: opt_u64 = 2,
+        )
+    };
+}
+
 /// MIG instances of one profile (e.g. "3g.40gb").
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MigInstances {
     pub profile: String,
     pub count: u32,
+}
+
+/// `MigInstances`' fields with their protobuf numbers and kinds.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! mig_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            profile: string = 1,
+            count: u32 = 2,
+        )
+    };
 }
 
 /// What a job asks for on each node it runs on.
@@ -76,6 +100,27 @@ pub struct Resources {
     pub tasks_per_node: u32,
     /// The whole of each node (sbatch --exclusive), resolved at submit.
     pub exclusive: bool,
+}
+
+/// `Resources`' plain fields (all but the `gpu` oneof) with their protobuf numbers.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! resources_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            cpus: u32 = 2,
+            memory_bytes: u64 = 3,
+            time_limit_secs: u64 = 4,
+            gpu_models: strings = 7,
+            nodes: u32 = 10,
+            cpu_milli: u32 = 11,
+            nodelist: strings = 14,
+            exclude: strings = 15,
+            constraint: string = 16,
+            tasks_per_node: u32 = 17,
+            exclusive: bool = 18,
+        )
+    };
 }
 
 impl Resources {
@@ -128,6 +173,17 @@ pub struct Dependency {
     pub job_id: u64,
 }
 
+/// `Dependency`'s plain fields (all but its kind, 1).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! dependency_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            job_id: u64 = 2,
+        )
+    };
+}
+
 /// What a job asks: its program, who runs it, its resources and its rules.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobSpec {
@@ -167,12 +223,64 @@ pub struct JobSpec {
     pub interactive: bool,
 }
 
+/// `JobSpec`'s plain fields, each with its field number in `gpuctl.proto` and its kind
+/// (`string`, `strings`, `u32`, `u64`, `i32`, `i64`, `bool`, `f64`, `opt_u32`, ...), handed to
+/// the macro `$cb`: the one list from which `gpuctl-proto` converts the record to and
+/// from protobuf, encodes it and tests it (`proto/src/record.rs`), so that a plain
+/// field is this struct's line and this list's. The others (`env`, `resources`,
+/// `dependencies`) are converted by hand there. A field missing here fails to compile
+/// (the conversions name every field of both structs).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! job_spec_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            name: string = 1,
+            command: strings = 2,
+            script: string = 3,
+            workdir: string = 4,
+            stdout: string = 5,
+            stderr: string = 6,
+            priority: i32 = 8,
+            user: string = 10,
+            uid: u32 = 11,
+            gid: u32 = 12,
+            qos: string = 13,
+            requeue: bool = 14,
+            account: string = 16,
+            signal: string = 17,
+            array: string = 18,
+            array_job_id: u64 = 19,
+            array_task_id: opt_u32 = 20,
+            partition: string = 21,
+            right_size: bool = 22,
+            begin_ms: i64 = 23,
+            colocate: bool = 24,
+            max_restarts: u32 = 25,
+            interactive: bool = 26,
+        )
+    };
+}
+
 /// What a job holds on one slot (a GPU or a MIG instance).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlotUse {
     pub uuid: String,
     pub compute_milli: u32,
     pub memory_mib: u64,
+}
+
+/// `SlotUse`'s fields with their protobuf numbers and kinds.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! slot_use_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            uuid: string = 1,
+            compute_milli: u32 = 2,
+            memory_mib: u64 = 3,
+        )
+    };
 }
 
 /// What a job holds on one node, and how that part ended.
@@ -191,6 +299,23 @@ pub struct Allocation {
     pub reason: String,
 }
 
+/// `Allocation`'s plain fields (all but `slots`, 2, and `state`, 7).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! allocation_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            node: string = 1,
+            cpu_milli: u32 = 3,
+            memory_bytes: u64 = 4,
+            rank: u32 = 5,
+            ended: bool = 6,
+            exit_code: opt_i32 = 8,
+            reason: string = 9,
+        )
+    };
+}
+
 /// A job step: one `srun` (`gpuctl run`) of a job's script, over the nodes that ran it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Step {
@@ -205,6 +330,23 @@ pub struct Step {
     pub exit_code: Option<i32>,
     pub tasks: u32,
     pub nodes: Vec<String>,
+}
+
+/// `Step`'s fields with their protobuf numbers and kinds.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! step_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            id: u32 = 1,
+            name: string = 2,
+            start_ms: i64 = 3,
+            end_ms: i64 = 4,
+            exit_code: opt_i32 = 5,
+            tasks: u32 = 6,
+            nodes: strings = 7,
+        )
+    };
 }
 
 impl Step {
@@ -244,6 +386,19 @@ pub struct JobUsage {
     pub host_reports: u32,
 }
 
+/// `JobUsage`'s plain fields (all but `slots`, 1).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! job_usage_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            cpu_time_ms: u64 = 2,
+            host_mem_peak_bytes: u64 = 3,
+            host_reports: u32 = 4,
+        )
+    };
+}
+
 /// What a job used of one slot, from its node's samples.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SlotUsage {
@@ -258,6 +413,27 @@ pub struct SlotUsage {
     pub mem_sum_mib: f64,
     pub energy_j: f64,
     pub last_sample_ms: i64,
+}
+
+/// `SlotUsage`'s fields with their protobuf numbers and kinds.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! slot_usage_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            node: string = 1,
+            uuid: string = 2,
+            share_milli: u32 = 3,
+            memory_mib: u64 = 4,
+            samples: u64 = 5,
+            util_sum: f64 = 6,
+            util_max: f64 = 7,
+            mem_peak_mib: u64 = 8,
+            mem_sum_mib: f64 = 9,
+            energy_j: f64 = 10,
+            last_sample_ms: i64 = 11,
+        )
+    };
 }
 
 /// A job: its spec and its life so far.
@@ -293,6 +469,31 @@ pub struct Job {
     pub restarts: u32,
     /// Its steps as its nodes reported them; the last run's.
     pub steps: Vec<Step>,
+}
+
+/// `Job`'s plain fields (all but `spec`, 2, `state`, 3, `allocations`, 12, `usage`, 17, and `steps`, 20).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! job_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            id: u64 = 1,
+            node: string = 4,
+            gpus: strings = 5,
+            reason: string = 6,
+            exit_code: opt_i32 = 7,
+            submit_time_ms: i64 = 8,
+            start_time_ms: i64 = 9,
+            end_time_ms: i64 = 10,
+            time_limit_secs: u64 = 11,
+            expected_start_ms: i64 = 13,
+            attempt: u32 = 14,
+            warnings: strings = 15,
+            hold: string = 16,
+            launch_time_ms: i64 = 18,
+            restarts: u32 = 19,
+        )
+    };
 }
 
 impl Default for Job {
@@ -343,6 +544,22 @@ pub struct Record {
     /// be gone at the latest (Unix ms; 0: no stop asked).
     pub preempted_by: u64,
     pub vacate_by_ms: i64,
+}
+
+/// `Record`'s plain fields (all but `job`, 1, and `requeued_from`, 4), as `StoredJob` numbers them.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! record_fields {
+    ($cb:ident!($($args:tt)*)) => {
+        $cb!($($args)*;
+            cancel_requested: bool = 2,
+            start_confirmed: bool = 3,
+            request_id: string = 5,
+            requeue_requested: string = 6,
+            preempted_by: u64 = 7,
+            vacate_by_ms: i64 = 8,
+        )
+    };
 }
 
 /// One owner's decayed usage, as written.

@@ -55,18 +55,32 @@ pub fn upgrade_record(s: &mut StoredJob) -> bool {
     changed
 }
 
+/// `$ty` built from the protobuf message `$src`: its plain fields (core's list for it,
+/// `gpuctl_core::job_spec_fields` and the like) moved, the others as `special` gives them.
+macro_rules! from_pb {
+    ($src:ident => $($ty:ident)::+ { $($special:tt)* }; $($f:ident: $k:ident = $t:literal,)*) => {
+        $($ty)::+ { $($f: $src.$f,)* $($special)* }
+    };
+}
+
+/// The protobuf message `$ty` of core's `$src`: plain fields copied, the others as
+/// `special` gives them.
+macro_rules! to_pb {
+    ($src:ident => $($ty:ident)::+ { $($special:tt)* }; $($f:ident: $k:ident = $t:literal,)*) => {
+        $($ty)::+ { $($f: Clone::clone(&$src.$f),)* $($special)* }
+    };
+}
+
 impl From<PbGpu> for core::GpuPart {
     fn from(g: PbGpu) -> core::GpuPart {
         match g {
             PbGpu::Gpus(n) => core::GpuPart::Gpus(n),
-            PbGpu::Share(s) => core::GpuPart::Share(core::GpuShare {
-                compute_milli: s.compute_milli,
-                memory_mib: s.memory_mib,
-            }),
-            PbGpu::Mig(m) => core::GpuPart::Mig(core::MigInstances {
-                profile: m.profile,
-                count: m.count,
-            }),
+            PbGpu::Share(s) => core::GpuPart::Share(gpuctl_core::gpu_share_fields!(
+                from_pb!(s => core::GpuShare {})
+            )),
+            PbGpu::Mig(m) => core::GpuPart::Mig(gpuctl_core::mig_fields!(
+                from_pb!(m => core::MigInstances {})
+            )),
         }
     }
 }
@@ -75,14 +89,12 @@ impl From<&core::GpuPart> for PbGpu {
     fn from(g: &core::GpuPart) -> PbGpu {
         match g {
             core::GpuPart::Gpus(n) => PbGpu::Gpus(*n),
-            core::GpuPart::Share(s) => PbGpu::Share(GpuShare {
-                compute_milli: s.compute_milli,
-                memory_mib: s.memory_mib,
-            }),
-            core::GpuPart::Mig(m) => PbGpu::Mig(MigInstances {
-                profile: m.profile.clone(),
-                count: m.count,
-            }),
+            core::GpuPart::Share(s) => {
+                PbGpu::Share(gpuctl_core::gpu_share_fields!(to_pb!(s => GpuShare {})))
+            }
+            core::GpuPart::Mig(m) => {
+                PbGpu::Mig(gpuctl_core::mig_fields!(to_pb!(m => MigInstances {})))
+            }
         }
     }
 }
@@ -92,40 +104,18 @@ impl From<Resources> for core::Resources {
     /// before it got here).
     fn from(mut r: Resources) -> core::Resources {
         upgrade(&mut r);
-        core::Resources {
+        gpuctl_core::resources_fields!(from_pb!(r => core::Resources {
             gpu: r.gpu.map(core::GpuPart::from),
-            cpus: r.cpus,
-            memory_bytes: r.memory_bytes,
-            time_limit_secs: r.time_limit_secs,
-            gpu_models: r.gpu_models,
-            nodes: r.nodes,
-            cpu_milli: r.cpu_milli,
-            nodelist: r.nodelist,
-            exclude: r.exclude,
-            constraint: r.constraint,
-            tasks_per_node: r.tasks_per_node,
-            exclusive: r.exclusive,
-        }
+        }))
     }
 }
 
 impl From<&core::Resources> for Resources {
     fn from(r: &core::Resources) -> Resources {
-        Resources {
+        gpuctl_core::resources_fields!(to_pb!(r => Resources {
             gpu: r.gpu.as_ref().map(PbGpu::from),
-            cpus: r.cpus,
-            memory_bytes: r.memory_bytes,
-            time_limit_secs: r.time_limit_secs,
-            gpu_models: r.gpu_models.clone(),
-            nodes: r.nodes,
-            cpu_milli: r.cpu_milli,
-            nodelist: r.nodelist.clone(),
-            exclude: r.exclude.clone(),
-            constraint: r.constraint.clone(),
-            tasks_per_node: r.tasks_per_node,
-            exclusive: r.exclusive,
             ..Resources::default()
-        }
+        }))
     }
 }
 
@@ -150,99 +140,51 @@ fn dependency_number(k: core::DependencyKind) -> i32 {
     kind as i32
 }
 
+impl From<Dependency> for core::Dependency {
+    fn from(d: Dependency) -> core::Dependency {
+        gpuctl_core::dependency_fields!(from_pb!(d => core::Dependency {
+            kind: dependency_kind(d.kind),
+        }))
+    }
+}
+
+impl From<&core::Dependency> for Dependency {
+    fn from(d: &core::Dependency) -> Dependency {
+        gpuctl_core::dependency_fields!(to_pb!(d => Dependency {
+            kind: dependency_number(d.kind),
+        }))
+    }
+}
+
 impl From<JobSpec> for core::JobSpec {
     fn from(s: JobSpec) -> core::JobSpec {
-        core::JobSpec {
-            name: s.name,
-            command: s.command,
-            script: s.script,
-            workdir: s.workdir,
-            stdout: s.stdout,
-            stderr: s.stderr,
+        gpuctl_core::job_spec_fields!(from_pb!(s => core::JobSpec {
             env: s.env,
-            priority: s.priority,
             resources: s.resources.map(Into::into).unwrap_or_default(),
-            user: s.user,
-            uid: s.uid,
-            gid: s.gid,
-            qos: s.qos,
-            requeue: s.requeue,
-            dependencies: (s.dependencies.into_iter())
-                .map(|d| core::Dependency {
-                    kind: dependency_kind(d.kind),
-                    job_id: d.job_id,
-                })
-                .collect(),
-            account: s.account,
-            signal: s.signal,
-            array: s.array,
-            array_job_id: s.array_job_id,
-            array_task_id: s.array_task_id,
-            begin_ms: s.begin_ms,
-            partition: s.partition,
-            right_size: s.right_size,
-            colocate: s.colocate,
-            max_restarts: s.max_restarts,
-            interactive: s.interactive,
-        }
+            dependencies: s.dependencies.into_iter().map(Into::into).collect(),
+        }))
     }
 }
 
 impl From<&core::JobSpec> for JobSpec {
     fn from(s: &core::JobSpec) -> JobSpec {
-        JobSpec {
-            name: s.name.clone(),
-            command: s.command.clone(),
-            script: s.script.clone(),
-            workdir: s.workdir.clone(),
-            stdout: s.stdout.clone(),
-            stderr: s.stderr.clone(),
+        gpuctl_core::job_spec_fields!(to_pb!(s => JobSpec {
             env: s.env.clone(),
-            priority: s.priority,
             resources: Some((&s.resources).into()),
-            user: s.user.clone(),
-            uid: s.uid,
-            gid: s.gid,
-            qos: s.qos.clone(),
-            requeue: s.requeue,
-            dependencies: (s.dependencies.iter())
-                .map(|d| Dependency {
-                    kind: dependency_number(d.kind),
-                    job_id: d.job_id,
-                })
-                .collect(),
-            account: s.account.clone(),
-            signal: s.signal.clone(),
-            array: s.array.clone(),
-            array_job_id: s.array_job_id,
-            array_task_id: s.array_task_id,
-            begin_ms: s.begin_ms,
-            partition: s.partition.clone(),
-            right_size: s.right_size,
-            colocate: s.colocate,
-            max_restarts: s.max_restarts,
-            interactive: s.interactive,
-        }
+            dependencies: s.dependencies.iter().map(Into::into).collect(),
+        }))
     }
 }
 
 impl From<SlotUse> for core::SlotUse {
     fn from(s: SlotUse) -> core::SlotUse {
-        core::SlotUse {
-            uuid: s.uuid,
-            compute_milli: s.compute_milli,
-            memory_mib: s.memory_mib,
-        }
+        gpuctl_core::slot_use_fields!(from_pb!(s => core::SlotUse {}))
     }
 }
 
 impl From<&core::SlotUse> for SlotUse {
     fn from(s: &core::SlotUse) -> SlotUse {
-        SlotUse {
-            uuid: s.uuid.clone(),
-            compute_milli: s.compute_milli,
-            memory_mib: s.memory_mib,
-        }
+        gpuctl_core::slot_use_fields!(to_pb!(s => SlotUse {}))
     }
 }
 
@@ -250,119 +192,59 @@ impl From<Allocation> for core::Allocation {
     /// A part's end state is `None` while it runs (and for a number this version does
     /// not know).
     fn from(a: Allocation) -> core::Allocation {
-        core::Allocation {
-            node: a.node,
+        gpuctl_core::allocation_fields!(from_pb!(a => core::Allocation {
             slots: a.slots.into_iter().map(Into::into).collect(),
-            cpu_milli: a.cpu_milli,
-            memory_bytes: a.memory_bytes,
-            rank: a.rank,
-            ended: a.ended,
             state: state_of(a.state).ok(),
-            exit_code: a.exit_code,
-            reason: a.reason,
-        }
+        }))
     }
 }
 
 impl From<&core::Allocation> for Allocation {
     fn from(a: &core::Allocation) -> Allocation {
-        Allocation {
-            node: a.node.clone(),
+        gpuctl_core::allocation_fields!(to_pb!(a => Allocation {
             slots: a.slots.iter().map(Into::into).collect(),
-            cpu_milli: a.cpu_milli,
-            memory_bytes: a.memory_bytes,
-            rank: a.rank,
-            ended: a.ended,
             state: a.state.map_or(0, state_number),
-            exit_code: a.exit_code,
-            reason: a.reason.clone(),
-        }
+        }))
     }
 }
 
 impl From<Step> for core::Step {
     fn from(s: Step) -> core::Step {
-        core::Step {
-            id: s.id,
-            name: s.name,
-            start_ms: s.start_ms,
-            end_ms: s.end_ms,
-            exit_code: s.exit_code,
-            tasks: s.tasks,
-            nodes: s.nodes,
-        }
+        gpuctl_core::step_fields!(from_pb!(s => core::Step {}))
     }
 }
 
 impl From<&core::Step> for Step {
     fn from(s: &core::Step) -> Step {
-        Step {
-            id: s.id,
-            name: s.name.clone(),
-            start_ms: s.start_ms,
-            end_ms: s.end_ms,
-            exit_code: s.exit_code,
-            tasks: s.tasks,
-            nodes: s.nodes.clone(),
-        }
+        gpuctl_core::step_fields!(to_pb!(s => Step {}))
     }
 }
 
 impl From<SlotUsage> for core::SlotUsage {
     fn from(s: SlotUsage) -> core::SlotUsage {
-        core::SlotUsage {
-            node: s.node,
-            uuid: s.uuid,
-            share_milli: s.share_milli,
-            memory_mib: s.memory_mib,
-            samples: s.samples,
-            util_sum: s.util_sum,
-            util_max: s.util_max,
-            mem_peak_mib: s.mem_peak_mib,
-            mem_sum_mib: s.mem_sum_mib,
-            energy_j: s.energy_j,
-            last_sample_ms: s.last_sample_ms,
-        }
+        gpuctl_core::slot_usage_fields!(from_pb!(s => core::SlotUsage {}))
     }
 }
 
 impl From<&core::SlotUsage> for SlotUsage {
     fn from(s: &core::SlotUsage) -> SlotUsage {
-        SlotUsage {
-            node: s.node.clone(),
-            uuid: s.uuid.clone(),
-            share_milli: s.share_milli,
-            memory_mib: s.memory_mib,
-            samples: s.samples,
-            util_sum: s.util_sum,
-            util_max: s.util_max,
-            mem_peak_mib: s.mem_peak_mib,
-            mem_sum_mib: s.mem_sum_mib,
-            energy_j: s.energy_j,
-            last_sample_ms: s.last_sample_ms,
-        }
+        gpuctl_core::slot_usage_fields!(to_pb!(s => SlotUsage {}))
     }
 }
 
 impl From<JobUsage> for core::JobUsage {
     fn from(u: JobUsage) -> core::JobUsage {
-        core::JobUsage {
+        gpuctl_core::job_usage_fields!(from_pb!(u => core::JobUsage {
             slots: u.slots.into_iter().map(Into::into).collect(),
-            cpu_time_ms: u.cpu_time_ms,
-            host_mem_peak_bytes: u.host_mem_peak_bytes,
-            host_reports: u.host_reports,
-        }
+        }))
     }
 }
 
 impl From<&core::JobUsage> for JobUsage {
     fn from(u: &core::JobUsage) -> JobUsage {
-        JobUsage {
+        gpuctl_core::job_usage_fields!(to_pb!(u => JobUsage {
             slots: u.slots.iter().map(Into::into).collect(),
-            cpu_time_ms: u.cpu_time_ms,
-            host_mem_peak_bytes: u.host_mem_peak_bytes,
-            host_reports: u.host_reports,
-        }
+        }))
     }
 }
 
@@ -370,55 +252,26 @@ impl TryFrom<Job> for core::Job {
     type Error = UnknownState;
     /// Refused when its state is unknown (a job without a state is not one).
     fn try_from(j: Job) -> Result<core::Job, UnknownState> {
-        Ok(core::Job {
-            id: j.id,
-            state: state_of(j.state)?,
+        let state = state_of(j.state)?;
+        Ok(gpuctl_core::job_fields!(from_pb!(j => core::Job {
+            state,
             spec: j.spec.map(Into::into).unwrap_or_default(),
-            node: j.node,
-            gpus: j.gpus,
-            reason: j.reason,
-            exit_code: j.exit_code,
-            submit_time_ms: j.submit_time_ms,
-            start_time_ms: j.start_time_ms,
-            end_time_ms: j.end_time_ms,
-            time_limit_secs: j.time_limit_secs,
             allocations: j.allocations.into_iter().map(Into::into).collect(),
-            expected_start_ms: j.expected_start_ms,
-            attempt: j.attempt,
-            warnings: j.warnings,
-            hold: j.hold,
             usage: j.usage.map(Into::into),
-            launch_time_ms: j.launch_time_ms,
-            restarts: j.restarts,
             steps: j.steps.into_iter().map(Into::into).collect(),
-        })
+        })))
     }
 }
 
 impl From<&core::Job> for Job {
     fn from(j: &core::Job) -> Job {
-        Job {
-            id: j.id,
+        gpuctl_core::job_fields!(to_pb!(j => Job {
             spec: Some((&j.spec).into()),
             state: state_number(j.state),
-            node: j.node.clone(),
-            gpus: j.gpus.clone(),
-            reason: j.reason.clone(),
-            exit_code: j.exit_code,
-            submit_time_ms: j.submit_time_ms,
-            start_time_ms: j.start_time_ms,
-            end_time_ms: j.end_time_ms,
-            time_limit_secs: j.time_limit_secs,
             allocations: j.allocations.iter().map(Into::into).collect(),
-            expected_start_ms: j.expected_start_ms,
-            attempt: j.attempt,
-            warnings: j.warnings.clone(),
-            hold: j.hold.clone(),
             usage: j.usage.as_ref().map(Into::into),
-            launch_time_ms: j.launch_time_ms,
-            restarts: j.restarts,
             steps: j.steps.iter().map(Into::into).collect(),
-        }
+        }))
     }
 }
 
@@ -434,31 +287,21 @@ pub enum BadRecord {
 impl TryFrom<StoredJob> for core::Record {
     type Error = BadRecord;
     fn try_from(s: StoredJob) -> Result<core::Record, BadRecord> {
-        Ok(core::Record {
-            job: s.job.ok_or(BadRecord::NoJob)?.try_into()?,
-            cancel_requested: s.cancel_requested,
-            start_confirmed: s.start_confirmed,
-            requeued_from: s.requeued_from.map(TryInto::try_into).transpose()?,
-            request_id: s.request_id,
-            requeue_requested: s.requeue_requested,
-            preempted_by: s.preempted_by,
-            vacate_by_ms: s.vacate_by_ms,
-        })
+        let job = s.job.ok_or(BadRecord::NoJob)?.try_into()?;
+        let requeued_from = s.requeued_from.map(TryInto::try_into).transpose()?;
+        Ok(gpuctl_core::record_fields!(from_pb!(s => core::Record {
+            job,
+            requeued_from,
+        })))
     }
 }
 
 impl From<&core::Record> for StoredJob {
     fn from(s: &core::Record) -> StoredJob {
-        StoredJob {
+        gpuctl_core::record_fields!(to_pb!(s => StoredJob {
             job: Some((&s.job).into()),
-            cancel_requested: s.cancel_requested,
-            start_confirmed: s.start_confirmed,
             requeued_from: s.requeued_from.as_ref().map(Into::into),
-            request_id: s.request_id.clone(),
-            requeue_requested: s.requeue_requested.clone(),
-            preempted_by: s.preempted_by,
-            vacate_by_ms: s.vacate_by_ms,
-        }
+        }))
     }
 }
 

@@ -434,3 +434,99 @@ proptest! {
         round_trips(&j);
     }
 }
+
+/// A value of each kind a field list names, none of them the kind's default.
+macro_rules! sample {
+    (string) => {
+        "s".to_string()
+    };
+    (strings) => {
+        vec!["a".to_string(), "é".to_string()]
+    };
+    (u32) => {
+        7
+    };
+    (u64) => {
+        1 << 40
+    };
+    (i32) => {
+        -3
+    };
+    (i64) => {
+        -(1 << 40)
+    };
+    (bool) => {
+        true
+    };
+    (f64) => {
+        0.5
+    };
+    (opt_u32) => {
+        Some(0)
+    };
+    (opt_u64) => {
+        Some(0)
+    };
+    (opt_i32) => {
+        Some(-1)
+    };
+}
+
+/// Sets every plain field core's list names for `$v`'s type.
+macro_rules! fill {
+    ($v:ident; $($f:ident: $k:ident = $t:literal,)*) => {
+        $($v.$f = sample!($k);)*
+    };
+}
+
+/// Every field of every list set (a field added to a list is set here by itself), so
+/// that a wrong number or kind in a list shows as a job that does not come back.
+#[test]
+fn every_listed_field_round_trips_with_its_number() {
+    let mut share = core::GpuShare::default();
+    gpuctl_core::gpu_share_fields!(fill!(share));
+    let mut mig = core::MigInstances::default();
+    gpuctl_core::mig_fields!(fill!(mig));
+    let mut resources = core::Resources::default();
+    gpuctl_core::resources_fields!(fill!(resources));
+    let mut dependency = core::Dependency::default();
+    gpuctl_core::dependency_fields!(fill!(dependency));
+    let mut spec = core::JobSpec::default();
+    gpuctl_core::job_spec_fields!(fill!(spec));
+    let mut slot = core::SlotUse::default();
+    gpuctl_core::slot_use_fields!(fill!(slot));
+    let mut allocation = core::Allocation::default();
+    gpuctl_core::allocation_fields!(fill!(allocation));
+    let mut step = core::Step::default();
+    gpuctl_core::step_fields!(fill!(step));
+    let mut used = core::SlotUsage::default();
+    gpuctl_core::slot_usage_fields!(fill!(used));
+    let mut usage = core::JobUsage::default();
+    gpuctl_core::job_usage_fields!(fill!(usage));
+    let mut job = core::Job::default();
+    gpuctl_core::job_fields!(fill!(job));
+    let mut record = core::Record::default();
+    gpuctl_core::record_fields!(fill!(record));
+
+    usage.slots = vec![used];
+    allocation.slots = vec![slot];
+    spec.dependencies = vec![dependency];
+    for gpu in [core::GpuPart::Share(share), core::GpuPart::Mig(mig)] {
+        let mut job = job.clone();
+        job.spec = spec.clone();
+        job.spec.resources = core::Resources {
+            gpu: Some(gpu),
+            ..resources.clone()
+        };
+        job.allocations = vec![allocation.clone()];
+        job.steps = vec![step.clone()];
+        job.usage = Some(usage.clone());
+        round_trips(&job);
+        let r = core::Record {
+            job,
+            ..record.clone()
+        };
+        let back = StoredJob::decode(&encode_record(&r)[..]).unwrap();
+        assert_eq!(core::Record::try_from(back), Ok(r));
+    }
+}
