@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use gpuctl_proto as pb;
+use gpuctl_core::record::{
+    Dependency, DependencyKind, GpuPart, GpuShare, JobSpec, MigInstances, Resources,
+};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -128,91 +129,55 @@ pub enum JobFileError {
     Whole { file: String, message: String },
 }
 
-/// A validated job, before the client-side defaults (workdir, user) are filled in.
+/// A validated job: the request as the controller reads it (core's `JobSpec`, the one
+/// request type from the job file to the scheduler), and where it runs as written.
+/// `user`, `uid`, `gid` and the absolute `workdir` are filled in by `into_spec`.
 /// `Default` is a job of no program on one node with one CPU and no GPU: the job file
 /// and `#SBATCH` parsers start from it and set what they read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
-    pub name: String,
-    pub command: Vec<String>,
-    pub script: String,
+    pub spec: JobSpec,
+    /// The working directory as written (relative to where `gpuctl` runs); none: there.
     pub workdir: Option<PathBuf>,
-    pub stdout: Option<String>,
-    pub stderr: Option<String>,
-    pub env: BTreeMap<String, String>,
-    pub priority: i32,
-    pub qos: String,
-    pub account: String,
-    pub partition: String,
-    pub signal: String,
-    pub array: String,
-    pub requeue: bool,
-    pub right_size: bool,
-    pub colocate: bool,
-    pub max_restarts: u32,
-    pub dependencies: Vec<(pb::dependency::Kind, u64)>,
-    pub gpus: u32,
-    /// A share of one GPU, in milli-GPUs (0 = none).
-    pub gpu_milli: u32,
-    pub gpu_memory_mib: u64,
-    pub gpu_models: Vec<String>,
-    /// Only / never these nodes (patterns).
-    pub nodelist: Vec<String>,
-    pub exclude: Vec<String>,
-    /// Node features (`a&b|c`; empty: any node).
-    pub constraint: String,
-    /// Tasks on each node (1: one process a node).
-    pub tasks_per_node: u32,
-    /// The whole of each node it runs on.
-    pub exclusive: bool,
-    pub mig_profile: String,
-    pub mig_count: u32,
-    pub nodes: u32,
-    pub cpus: u32,
-    pub memory_bytes: u64,
-    pub time_limit: Option<Duration>,
-    /// Not before this time (Unix ms; 0: as soon as it can), from `--begin`.
-    pub begin_ms: i64,
 }
 
 impl Default for Job {
     fn default() -> Job {
         Job {
-            name: String::new(),
-            command: Vec::new(),
-            script: String::new(),
+            spec: JobSpec {
+                resources: Resources {
+                    cpus: 1,
+                    nodes: 1,
+                    tasks_per_node: 1,
+                    ..Resources::default()
+                },
+                ..JobSpec::default()
+            },
             workdir: None,
-            stdout: None,
-            stderr: None,
-            env: BTreeMap::new(),
-            priority: 0,
-            qos: String::new(),
-            account: String::new(),
-            partition: String::new(),
-            signal: String::new(),
-            array: String::new(),
-            requeue: false,
-            right_size: false,
-            colocate: false,
-            max_restarts: 0,
-            dependencies: Vec::new(),
-            gpus: 0,
-            gpu_milli: 0,
-            gpu_memory_mib: 0,
-            gpu_models: Vec::new(),
-            nodelist: Vec::new(),
-            exclude: Vec::new(),
-            constraint: String::new(),
-            tasks_per_node: 1,
-            exclusive: false,
-            mig_profile: String::new(),
-            mig_count: 0,
-            nodes: 1,
-            cpus: 1,
-            memory_bytes: 0,
-            time_limit: None,
-            begin_ms: 0,
         }
+    }
+}
+
+impl Job {
+    /// The whole GPUs asked for on each node (0 for a share, MIG or none).
+    pub fn whole_gpus(&self) -> u32 {
+        match self.spec.resources.gpu {
+            Some(GpuPart::Gpus(n)) => n,
+            _ => 0,
+        }
+    }
+}
+
+/// The GPU part of `gpus = N` or a share of `milli` milli-GPUs (and `memory_mib`, 0:
+/// none given): a share when it has a part, else whole GPUs, else none.
+pub fn gpu_request(gpus: u32, milli: u32, memory_mib: u64) -> Option<GpuPart> {
+    if milli > 0 || memory_mib > 0 {
+        Some(GpuPart::Share(GpuShare {
+            compute_milli: milli,
+            memory_mib: (memory_mib > 0).then_some(memory_mib),
+        }))
+    } else {
+        (gpus > 0).then_some(GpuPart::Gpus(gpus))
     }
 }
 
@@ -269,8 +234,8 @@ pub fn load_any(path: &Path) -> Result<(Job, crate::sbatch::Extra), JobFileError
     if crate::sbatch::is_batch_script(&text) {
         let (mut job, extra) = crate::sbatch::parse(&file, &text)?;
         // A script from standard input is named as sbatch names it.
-        if stdin && job.name == STDIN_LABEL {
-            job.name = "sbatch".into();
+        if stdin && job.spec.name == STDIN_LABEL {
+            job.spec.name = "sbatch".into();
         }
         return Ok((job, extra));
     }
@@ -379,66 +344,44 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
         Some(d) => parse_dependency(d.get_ref()).map_err(|m| at(d.span(), m))?,
         None => Vec::new(),
     };
-    Ok(Job {
-        dependencies,
-        name,
-        command,
-        script,
-        workdir: path_field(raw.workdir)?.map(PathBuf::from),
-        stdout: path_field(raw.stdout)?,
-        stderr: path_field(raw.stderr)?,
-        env: raw.env,
-        priority: raw.priority,
-        qos,
-        account,
-        partition,
-        signal,
-        array,
-        requeue: raw.requeue,
-        right_size: raw.right_size,
-        colocate: raw.colocate,
-        max_restarts: raw.max_restarts,
-        gpus: gpu.gpus,
-        gpu_milli: gpu.gpu_milli,
-        gpu_memory_mib: gpu.gpu_memory_mib,
+    let resources = Resources {
+        gpu: gpu.request(),
+        cpus,
+        memory_bytes,
+        time_limit_secs: time_limit.map_or(0, |d| d.as_secs()),
         gpu_models: gpu.gpu_models,
+        nodes: gpu.nodes,
         nodelist,
         exclude,
         constraint,
         tasks_per_node,
         exclusive,
-        mig_profile: gpu.mig_profile,
-        mig_count: gpu.mig_count,
-        nodes: gpu.nodes,
-        cpus,
-        memory_bytes,
-        time_limit,
-        begin_ms: 0,
+        ..Resources::default()
+    };
+    Ok(Job {
+        spec: JobSpec {
+            dependencies,
+            name,
+            command,
+            script,
+            stdout: path_field(raw.stdout)?.unwrap_or_default(),
+            stderr: path_field(raw.stderr)?.unwrap_or_default(),
+            env: raw.env.into_iter().collect(),
+            priority: raw.priority,
+            qos,
+            account,
+            partition,
+            signal,
+            array,
+            requeue: raw.requeue,
+            right_size: raw.right_size,
+            colocate: raw.colocate,
+            max_restarts: raw.max_restarts,
+            resources,
+            ..JobSpec::default()
+        },
+        workdir: path_field(raw.workdir)?.map(PathBuf::from),
     })
-}
-
-/// The wire's GPU part of a job: MIG instances, else a share, else whole GPUs.
-fn wire_gpu(
-    mig_profile: &str,
-    mig_count: u32,
-    gpu_milli: u32,
-    gpu_memory_mib: u64,
-    gpus: u32,
-) -> Option<pb::resources::Gpu> {
-    use pb::resources::Gpu;
-    if !mig_profile.is_empty() {
-        Some(Gpu::Mig(pb::MigInstances {
-            profile: mig_profile.to_string(),
-            count: mig_count.max(1),
-        }))
-    } else if gpu_milli > 0 || gpu_memory_mib > 0 {
-        Some(Gpu::Share(pb::GpuShare {
-            compute_milli: gpu_milli,
-            memory_mib: (gpu_memory_mib > 0).then_some(gpu_memory_mib),
-        }))
-    } else {
-        (gpus > 0).then_some(Gpu::Gpus(gpus))
-    }
 }
 
 /// What the job runs: exactly one of `command` (a program name at least) and a
@@ -478,7 +421,7 @@ fn command_part(
 fn tasks_part(
     src: &Src<'_>,
     tasks: Option<Spanned<u32>>,
-    gpu: &GpuPart,
+    gpu: &GpuFields,
     cpus: u32,
 ) -> Result<u32, JobFileError> {
     Ok(match tasks {
@@ -486,19 +429,13 @@ fn tasks_part(
             return Err(src.at(t.span(), "`tasks_per_node` must be at least 1".into()));
         }
         Some(t) => {
-            let wire = pb::Resources {
-                gpu: wire_gpu(
-                    &gpu.mig_profile,
-                    gpu.mig_count,
-                    gpu.gpu_milli,
-                    gpu.gpu_memory_mib,
-                    gpu.gpus,
-                ),
+            let asked = Resources {
+                gpu: gpu.request(),
                 cpus,
                 tasks_per_node: *t.get_ref(),
-                ..pb::Resources::default()
+                ..Resources::default()
             };
-            gpuctl_proto::convert::check_tasks(&wire).map_err(|m| src.at(t.span(), m))?;
+            gpuctl_core::request::check_tasks(&asked).map_err(|m| src.at(t.span(), m))?;
             *t.get_ref()
         }
         None => 1,
@@ -592,7 +529,7 @@ pub fn check_node_list(list: &[String], key: &str) -> Result<(), String> {
 }
 
 /// The GPU fields of `[resources]` (whole GPUs, a share, or MIG) and `nodes`.
-struct GpuPart {
+struct GpuFields {
     gpus: u32,
     gpu_milli: u32,
     gpu_memory_mib: u64,
@@ -602,7 +539,21 @@ struct GpuPart {
     nodes: u32,
 }
 
-fn gpu_part(src: &Src<'_>, res: ResourcesFile) -> Result<GpuPart, JobFileError> {
+impl GpuFields {
+    /// The request's GPU part: MIG instances, else a share, else whole GPUs.
+    fn request(&self) -> Option<GpuPart> {
+        if self.mig_profile.is_empty() {
+            gpu_request(self.gpus, self.gpu_milli, self.gpu_memory_mib)
+        } else {
+            Some(GpuPart::Mig(MigInstances {
+                profile: self.mig_profile.clone(),
+                count: self.mig_count.max(1),
+            }))
+        }
+    }
+}
+
+fn gpu_part(src: &Src<'_>, res: ResourcesFile) -> Result<GpuFields, JobFileError> {
     let at = |span: Range<usize>, message: String| src.at(span, message);
     let (gpus, mut gpu_milli) = match res.gpus {
         None => (0, 0),
@@ -724,7 +675,7 @@ fn gpu_part(src: &Src<'_>, res: ResourcesFile) -> Result<GpuPart, JobFileError> 
         }
         Some(n) => n.into_inner(),
     };
-    Ok(GpuPart {
+    Ok(GpuFields {
         gpus,
         gpu_milli,
         gpu_memory_mib,
@@ -737,13 +688,17 @@ fn gpu_part(src: &Src<'_>, res: ResourcesFile) -> Result<GpuPart, JobFileError> 
 
 /// `afterok:12:13,afterany:14` -> [(AfterOk, 12), (AfterOk, 13), (AfterAny, 14)];
 /// `singleton` -> (Singleton, 0).
-pub fn parse_dependency(text: &str) -> Result<Vec<(pb::dependency::Kind, u64)>, String> {
-    use pb::dependency::Kind;
+pub fn parse_dependency(text: &str) -> Result<Vec<Dependency>, String> {
+    use DependencyKind as Kind;
     let mut out = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         if part == "singleton" {
-            if !out.contains(&(Kind::Singleton, 0)) {
-                out.push((Kind::Singleton, 0));
+            let one = Dependency {
+                kind: Kind::Singleton,
+                job_id: 0,
+            };
+            if !out.contains(&one) {
+                out.push(one);
             }
             continue;
         }
@@ -766,7 +721,7 @@ pub fn parse_dependency(text: &str) -> Result<Vec<(pb::dependency::Kind, u64)>, 
                 .ok()
                 .filter(|&n| n > 0)
                 .ok_or_else(|| format!("`dependency`: {id:?} is not a job id"))?;
-            out.push((kind, id));
+            out.push(Dependency { kind, job_id: id });
             any = true;
         }
         if !any {
@@ -845,66 +800,20 @@ pub(crate) fn at_span(file: &str, text: &str, span: Range<usize>, message: Strin
 }
 
 impl Job {
-    /// The wire spec, with client-side defaults filled in.
-    pub fn into_spec(self, cwd: &Path, user: &str, uid: u32, gid: u32) -> pb::JobSpec {
+    /// The request to send, with the client-side defaults filled in: the absolute
+    /// working directory and who asks.
+    pub fn into_spec(self, cwd: &Path, user: &str, uid: u32, gid: u32) -> JobSpec {
         let workdir = match self.workdir {
             Some(w) if w.is_absolute() => w,
             Some(w) => cwd.join(w),
             None => cwd.to_path_buf(),
         };
-        pb::JobSpec {
-            name: self.name,
-            command: self.command,
-            script: self.script,
+        JobSpec {
             workdir: workdir.display().to_string(),
-            stdout: self.stdout.unwrap_or_default(),
-            stderr: self.stderr.unwrap_or_default(),
-            env: self.env.into_iter().collect(),
-            priority: self.priority,
-            resources: Some(pb::Resources {
-                gpu: wire_gpu(
-                    &self.mig_profile,
-                    self.mig_count,
-                    self.gpu_milli,
-                    self.gpu_memory_mib,
-                    self.gpus,
-                ),
-                cpus: self.cpus,
-                memory_bytes: self.memory_bytes,
-                time_limit_secs: self.time_limit.map_or(0, |d| d.as_secs()),
-                gpu_models: self.gpu_models,
-                nodes: self.nodes,
-                nodelist: self.nodelist,
-                exclude: self.exclude,
-                constraint: self.constraint,
-                tasks_per_node: self.tasks_per_node,
-                exclusive: self.exclusive,
-                ..pb::Resources::default()
-            }),
             user: user.to_string(),
             uid,
             gid,
-            qos: self.qos,
-            account: self.account,
-            partition: self.partition,
-            signal: self.signal,
-            array: self.array,
-            requeue: self.requeue,
-            right_size: self.right_size,
-            colocate: self.colocate,
-            max_restarts: self.max_restarts,
-            interactive: false,
-            dependencies: self
-                .dependencies
-                .iter()
-                .map(|&(kind, job_id)| pb::Dependency {
-                    kind: kind as i32,
-                    job_id,
-                })
-                .collect(),
-            array_job_id: 0,
-            array_task_id: None,
-            begin_ms: self.begin_ms,
+            ..self.spec
         }
     }
 }

@@ -8,6 +8,8 @@ use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use gpuctl_core::record::GpuPart;
+
 use crate::jobfile::{Job, JobFileError, at_span, parse_dependency};
 
 /// Whether `text` is a batch script rather than a TOML job file: it starts with `#!`
@@ -351,12 +353,10 @@ pub(crate) fn gpus_of(v: &str, gres: bool) -> Result<GpuAsk, String> {
 /// The job a batch script describes. Its whole text is the job's script.
 pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
     let at = |span: Range<usize>, message: String| at_span(file, text, span, message);
-    let mut job = Job {
-        name: default_name(file),
-        script: text.to_string(),
-        stdout: Some("slurm-%j.out".into()),
-        ..Job::default()
-    };
+    let mut job = Job::default();
+    job.spec.name = default_name(file);
+    job.spec.script = text.to_string();
+    job.spec.stdout = "slurm-%j.out".into();
     let mut extra = Extra {
         batch: true,
         ..Extra::default()
@@ -367,13 +367,15 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
             let v = o.value.as_str();
             let fail = |m: String| at(o.span.clone(), m);
             match o.name.as_str() {
-                "job-name" => job.name = v.to_string(),
-                "output" => job.stdout = Some(v.to_string()),
-                "error" => job.stderr = Some(v.to_string()),
-                "time" => job.time_limit = Some(slurm_time(v).map_err(fail)?),
+                "job-name" => job.spec.name = v.to_string(),
+                "output" => job.spec.stdout = v.to_string(),
+                "error" => job.spec.stderr = v.to_string(),
+                "time" => {
+                    job.spec.resources.time_limit_secs = slurm_time(v).map_err(fail)?.as_secs()
+                }
                 "nodes" => {
                     let min = v.split('-').next().unwrap_or(v);
-                    job.nodes = min
+                    job.spec.resources.nodes = min
                         .parse()
                         .map_err(|_| fail(format!("--nodes {v:?} is not N or N-M")))?;
                 }
@@ -388,11 +390,11 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                     pn.per_node = Some(n.map_err(|_| fail(why()))?);
                 }
                 "cpus-per-task" => {
-                    job.cpus = v
+                    job.spec.resources.cpus = v
                         .parse()
                         .map_err(|_| fail(format!("--cpus-per-task {v:?} is not a number")))?
                 }
-                "mem" => job.memory_bytes = slurm_memory(v).map_err(fail)?,
+                "mem" => job.spec.resources.memory_bytes = slurm_memory(v).map_err(fail)?,
                 "mem-per-cpu" => pn.mem_per_cpu = Some(slurm_memory(v).map_err(fail)?),
                 "mem-per-gpu" => pn.mem_per_gpu = Some(slurm_memory(v).map_err(fail)?),
                 // Per node, but for --gpus (the job's, split over its nodes at the
@@ -400,32 +402,31 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 "gres" | "gpus" | "gpus-per-node" | "gpus-per-task" => {
                     let (n, model, milli) = gpus_of(v, o.name == "gres").map_err(fail)?;
                     pn.gpus_per_task = o.name == "gpus-per-task" && milli == 0;
-                    job.gpus = n;
-                    job.gpu_milli = milli;
-                    job.gpu_models.extend(model);
+                    job.spec.resources.gpu = crate::jobfile::gpu_request(n, milli, 0);
+                    job.spec.resources.gpu_models.extend(model);
                     if o.name == "gpus" && n > 0 {
                         pn.total_gpus = Some((n, o.span.clone()));
                     } else {
                         pn.total_gpus = None;
                     }
                 }
-                "dependency" => job.dependencies = parse_dependency(v).map_err(fail)?,
-                "qos" => job.qos = v.to_string(),
-                "account" => job.account = v.to_string(),
+                "dependency" => job.spec.dependencies = parse_dependency(v).map_err(fail)?,
+                "qos" => job.spec.qos = v.to_string(),
+                "account" => job.spec.account = v.to_string(),
                 "signal" => {
                     // sbatch's B: (the batch shell only) is how gpuctl signals anyway.
                     let sig = v.strip_prefix("B:").unwrap_or(v);
                     gpuctl_proto::convert::parse_signal_spec(sig).map_err(fail)?;
-                    job.signal = sig.to_string();
+                    job.spec.signal = sig.to_string();
                 }
-                "requeue" => job.requeue = true,
+                "requeue" => job.spec.requeue = true,
                 // The whole node: sized by the controller to the nodes it may use.
-                "exclusive" => job.exclusive = true,
+                "exclusive" => job.spec.resources.exclusive = true,
                 // Slurm's "share the allocation with other jobs": co-location by use.
-                "oversubscribe" => job.colocate = true,
+                "oversubscribe" => job.spec.colocate = true,
                 "hold" => extra.hold = true,
-                "begin" => job.begin_ms = begin_time(v, &jiff::Zoned::now()).map_err(fail)?,
-                "no-requeue" => job.requeue = false,
+                "begin" => job.spec.begin_ms = begin_time(v, &jiff::Zoned::now()).map_err(fail)?,
+                "no-requeue" => job.spec.requeue = false,
                 "chdir" => job.workdir = Some(PathBuf::from(v)),
                 "export" => extra.export = Some(v.to_string()),
                 "nice" => {
@@ -443,18 +444,19 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                                 max = gpuctl_proto::convert::MAX_PRIORITY_ADJUST
                             ))
                         })?;
-                    job.priority = -n;
+                    job.spec.priority = -n;
                 }
                 n if IGNORED.contains(&n) => extra
                     .warnings
                     .push(format!("#SBATCH --{n} has no effect in gpuctl; ignored")),
                 "array" => {
                     gpuctl_sched::array::parse(v, usize::MAX).map_err(fail)?;
-                    job.array = v.to_string();
+                    job.spec.array = v.to_string();
                 }
-                "partition" => job.partition = v.to_string(),
+                "partition" => job.spec.partition = v.to_string(),
                 "constraint" => {
-                    job.constraint = gpuctl_sched::features::checked(v).map_err(fail)?
+                    job.spec.resources.constraint =
+                        gpuctl_sched::features::checked(v).map_err(fail)?
                 }
                 "nodelist" | "exclude" => {
                     let list = gpuctl_sched::hostlist::split_list(v);
@@ -463,9 +465,9 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                     }
                     crate::jobfile::check_node_list(&list, &o.name).map_err(fail)?;
                     if o.name == "nodelist" {
-                        job.nodelist = list;
+                        job.spec.resources.nodelist = list;
                     } else {
-                        job.exclude = list;
+                        job.spec.resources.exclude = list;
                     }
                 }
                 other => {
@@ -499,7 +501,7 @@ impl PerNode {
             file: file.to_string(),
             message,
         };
-        let nodes = job.nodes.max(1);
+        let nodes = job.spec.resources.nodes.max(1);
         let tasks_per_node = match (self.per_node, self.ntasks) {
             (Some(t), Some(n)) if n != t * nodes => {
                 return Err(whole(format!(
@@ -518,14 +520,14 @@ impl PerNode {
         if tasks_per_node == 0 {
             return Err(whole("--ntasks must be at least 1".into()));
         }
-        job.tasks_per_node = tasks_per_node;
+        job.spec.resources.tasks_per_node = tasks_per_node;
         // -c is per task: a node holds its tasks' CPUs.
-        job.cpus = job.cpus.saturating_mul(tasks_per_node);
-        if self.gpus_per_task {
-            job.gpus = job.gpus.saturating_mul(tasks_per_node);
+        job.spec.resources.cpus = job.spec.resources.cpus.saturating_mul(tasks_per_node);
+        if let (true, Some(GpuPart::Gpus(n))) = (self.gpus_per_task, &mut job.spec.resources.gpu) {
+            *n = n.saturating_mul(tasks_per_node);
         }
         if let Some((n, span)) = self.total_gpus {
-            let nodes = job.nodes.max(1);
+            let nodes = job.spec.resources.nodes.max(1);
             if !n.is_multiple_of(nodes) {
                 return Err(at_span(
                     file,
@@ -536,15 +538,18 @@ impl PerNode {
                     ),
                 ));
             }
-            job.gpus = n / nodes;
+            job.spec.resources.gpu = Some(GpuPart::Gpus(n / nodes));
         }
         if let Some(m) = self.mem_per_cpu {
-            job.memory_bytes = m.saturating_mul(u64::from(job.cpus));
+            job.spec.resources.memory_bytes = m.saturating_mul(u64::from(job.spec.resources.cpus));
         }
         if let Some(m) = self.mem_per_gpu {
             // Per node: its GPUs' worth (a share counts as one GPU).
-            let gpus = if job.gpu_milli > 0 { 1 } else { job.gpus };
-            job.memory_bytes = m.saturating_mul(u64::from(gpus.max(1)));
+            let gpus = match &job.spec.resources.gpu {
+                Some(GpuPart::Share(_)) => 1,
+                _ => job.whole_gpus(),
+            };
+            job.spec.resources.memory_bytes = m.saturating_mul(u64::from(gpus.max(1)));
         }
         Ok(())
     }

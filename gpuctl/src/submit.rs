@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gpuctl_core::record::{GpuPart, JobSpec};
 use gpuctl_proto as pb;
 
 use crate::jobfile::{self, Job};
@@ -163,7 +164,7 @@ impl SubmitArgs {
             let (job, extra) = match &self.wrap {
                 Some(cmd) => sbatch::parse("wrap", &format!("#!/bin/sh\n{cmd}\n"))
                     .map(|(mut j, e)| {
-                        j.name = "wrap".into();
+                        j.spec.name = "wrap".into();
                         (j, e)
                     })
                     .map_err(|e| e.to_string())?,
@@ -225,47 +226,53 @@ impl SubmitArgs {
         // The controller runs the job as the authenticated caller; naming a user
         // (admins only) asks for another.
         let mut spec = job.into_spec(cwd, self.user.as_deref().unwrap_or(""), 0, 0);
-        let res = spec.resources.clone().unwrap_or_default();
         Ok(self
             .export_env(&extra, &mut spec)
             // The controller's own rules for a request's shape, before anything is sent.
-            .and_then(|()| gpuctl_proto::convert::checked_request(&res).map_err(|e| e.to_string()))
-            .map(|_| spec)
+            .and_then(|()| {
+                gpuctl_core::request::checked_request(&spec.resources).map_err(|e| e.to_string())
+            })
+            .map(|_| pb::JobSpec::from(&spec))
             .map_err(|e| format!("{label}: {e}")))
     }
 
     /// The command line's options win over the file's.
     fn apply(&self, job: &mut Job) -> Result<(), String> {
         if let Some(n) = &self.sizes.name {
-            job.name = n.clone();
+            job.spec.name = n.clone();
         }
         if let Some(t) = &self.sizes.time {
-            job.time_limit = Some(time_limit(t)?);
+            job.spec.resources.time_limit_secs = time_limit(t)?.as_secs();
         }
         if let Some(g) = &self.sizes.gpus {
             let (n, model, milli) = sbatch::gpus_of(g, false)?;
-            job.gpus = n;
-            job.gpu_milli = milli;
-            job.gpu_memory_mib = 0;
-            job.mig_profile.clear();
-            job.gpu_models = model.into_iter().collect();
+            job.spec.resources.gpu = jobfile::gpu_request(n, milli, 0);
+            job.spec.resources.gpu_models = model.into_iter().collect();
         }
         if let Some(c) = self.sizes.cpus {
-            job.cpus = c;
+            job.spec.resources.cpus = c;
         }
         if let Some(b) = &self.begin {
-            job.begin_ms = sbatch::begin_time(b, &jiff::Zoned::now())?;
+            job.spec.begin_ms = sbatch::begin_time(b, &jiff::Zoned::now())?;
         }
         if let Some(a) = &self.array {
             gpuctl_sched::array::parse(a, usize::MAX).map_err(|e| format!("--array: {e}"))?;
-            job.array = a.clone();
+            job.spec.array = a.clone();
         }
         if let Some(p) = &self.sizes.partition {
-            job.partition = p.clone();
+            job.spec.partition = p.clone();
         }
         for (flag, v, to) in [
-            ("nodelist", &self.sizes.nodelist, &mut job.nodelist),
-            ("exclude", &self.sizes.exclude, &mut job.exclude),
+            (
+                "nodelist",
+                &self.sizes.nodelist,
+                &mut job.spec.resources.nodelist,
+            ),
+            (
+                "exclude",
+                &self.sizes.exclude,
+                &mut job.spec.resources.exclude,
+            ),
         ] {
             if let Some(v) = v {
                 let list = gpuctl_sched::hostlist::split_list(v);
@@ -275,46 +282,47 @@ impl SubmitArgs {
             }
         }
         if let Some(c) = &self.sizes.constraint {
-            job.constraint =
+            job.spec.resources.constraint =
                 gpuctl_sched::features::checked(c).map_err(|e| format!("--constraint: {e}"))?;
         }
-        job.exclusive |= self.exclusive;
+        job.spec.resources.exclusive |= self.exclusive;
         if let Some(q) = &self.sizes.qos {
-            job.qos = q.clone();
+            job.spec.qos = q.clone();
         }
         if let Some(a) = &self.sizes.account {
-            job.account = a.clone();
+            job.spec.account = a.clone();
         }
         if let Some(d) = &self.dependency {
-            job.dependencies = jobfile::parse_dependency(d)?;
+            job.spec.dependencies = jobfile::parse_dependency(d)?;
         }
         if let Some(m) = &self.sizes.mem {
-            job.memory_bytes = sbatch::slurm_memory(m)?;
+            job.spec.resources.memory_bytes = sbatch::slurm_memory(m)?;
         }
         if let Some(n) = self.nodes {
-            job.nodes = n;
+            job.spec.resources.nodes = n;
         }
-        if self.sizes.gpus.is_some() && job.gpus > 0 {
-            let nodes = job.nodes.max(1);
-            if !job.gpus.is_multiple_of(nodes) {
+        let nodes = job.spec.resources.nodes.max(1);
+        if let (Some(_), Some(GpuPart::Gpus(n))) = (&self.sizes.gpus, &mut job.spec.resources.gpu)
+            && *n > 0
+        {
+            if !n.is_multiple_of(nodes) {
                 return Err(format!(
-                    "-G {} over {nodes} nodes: every node of a job gets the same GPUs; give a multiple of {nodes}",
-                    job.gpus
+                    "-G {n} over {nodes} nodes: every node of a job gets the same GPUs; give a multiple of {nodes}"
                 ));
             }
-            job.gpus /= nodes;
+            *n /= nodes;
         }
         if let Some(o) = &self.output {
-            job.stdout = Some(o.clone());
+            job.spec.stdout = o.clone();
         }
-        job.right_size |= self.right_size;
-        job.colocate |= self.colocate;
+        job.spec.right_size |= self.right_size;
+        job.spec.colocate |= self.colocate;
         Ok(())
     }
 
     /// `--export` (the command line's wins over a script's; a batch script's default is
     /// ALL, as sbatch's, a TOML job file's NONE); the job's own env wins.
-    fn export_env(&self, extra: &Extra, spec: &mut pb::JobSpec) -> Result<(), String> {
+    fn export_env(&self, extra: &Extra, spec: &mut JobSpec) -> Result<(), String> {
         let asked = self.export.as_ref().or(extra.export.as_ref());
         let export = asked.map(String::as_str).or(extra.batch.then_some("ALL"));
         if let Some(e) = export {

@@ -1,5 +1,29 @@
 use super::*;
 
+/// The share's compute (milli-GPUs) a job asks for; 0 for none.
+fn milli(j: &Job) -> u32 {
+    match &j.spec.resources.gpu {
+        Some(GpuPart::Share(s)) => s.compute_milli,
+        _ => 0,
+    }
+}
+
+/// The share's memory (MiB) a job asks for; 0 for none.
+fn share_mib(j: &Job) -> u64 {
+    match &j.spec.resources.gpu {
+        Some(GpuPart::Share(s)) => s.memory_mib.unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The MIG profile and count a job asks for.
+fn mig(j: &Job) -> (&str, u32) {
+    match &j.spec.resources.gpu {
+        Some(GpuPart::Mig(m)) => (m.profile.as_str(), m.count),
+        _ => ("", 0),
+    }
+}
+
 fn err(text: &str) -> String {
     parse("job.toml", text).unwrap_err().to_string()
 }
@@ -23,33 +47,46 @@ time_limit = "30m"
 "#,
     )
     .unwrap();
-    assert_eq!(job.name, "hello");
-    assert_eq!(job.command, vec!["python", "train.py", "--epochs", "3"]);
+    assert_eq!(job.spec.name, "hello");
+    assert_eq!(
+        job.spec.command,
+        vec!["python", "train.py", "--epochs", "3"]
+    );
     assert_eq!(job.workdir.as_deref(), Some(Path::new("/data")));
-    assert_eq!(job.stdout.as_deref(), Some("hello-%j.out"));
-    assert_eq!(job.stderr, None);
-    assert_eq!(job.env.get("FOO").map(String::as_str), Some("bar"));
-    assert_eq!(job.priority, 10);
-    assert_eq!(job.gpus, 1);
-    assert_eq!(job.cpus, 2);
-    assert_eq!(job.memory_bytes, 8 * 1024 * 1024 * 1024);
-    assert_eq!(job.time_limit, Some(Duration::from_secs(1800)));
+    assert_eq!(
+        Some(job.spec.stdout.as_str()).filter(|s| !s.is_empty()),
+        Some("hello-%j.out")
+    );
+    assert_eq!(job.spec.stderr, "");
+    assert_eq!(job.spec.env.get("FOO").map(String::as_str), Some("bar"));
+    assert_eq!(job.spec.priority, 10);
+    assert_eq!(job.whole_gpus(), 1);
+    assert_eq!(job.spec.resources.cpus, 2);
+    assert_eq!(job.spec.resources.memory_bytes, 8 * 1024 * 1024 * 1024);
+    assert_eq!(job.spec.resources.time_limit_secs, 1800);
 }
 
 #[test]
 fn script_and_defaults() {
     let job = parse("x/train.toml", "script = \"\"\"\necho hi\n\"\"\"\n").unwrap();
-    assert_eq!(job.name, "train");
-    assert!(job.command.is_empty());
-    assert_eq!(job.script, "echo hi\n");
-    assert_eq!((job.gpus, job.cpus, job.memory_bytes), (0, 1, 0));
-    assert_eq!(job.time_limit, None);
+    assert_eq!(job.spec.name, "train");
+    assert!(job.spec.command.is_empty());
+    assert_eq!(job.spec.script, "echo hi\n");
+    assert_eq!(
+        (
+            job.whole_gpus(),
+            job.spec.resources.cpus,
+            job.spec.resources.memory_bytes
+        ),
+        (0, 1, 0)
+    );
+    assert_eq!(job.spec.resources.time_limit_secs, 0);
 }
 
 #[test]
 fn name_defaults_to_program() {
     let job = parse("j.toml", "command = [\"/usr/bin/env\", \"true\"]").unwrap();
-    assert_eq!(job.name, "env");
+    assert_eq!(job.spec.name, "env");
 }
 
 #[test]
@@ -109,23 +146,23 @@ fn command_and_script_conflict() {
 #[test]
 fn gpu_shares_mig_models_and_gangs() {
     let j = parse("j.toml", "command = [\"x\"]\n[resources]\ngpus = 0.25\n").unwrap();
-    assert_eq!((j.gpus, j.gpu_milli), (0, 250));
+    assert_eq!((j.whole_gpus(), milli(&j)), (0, 250));
     let j = parse("j.toml", "command = [\"x\"]\n[resources]\ngpus = 2.0\n").unwrap();
-    assert_eq!((j.gpus, j.gpu_milli), (2, 0));
+    assert_eq!((j.whole_gpus(), milli(&j)), (2, 0));
     let j = parse(
         "j.toml",
         "command = [\"x\"]\n[resources]\ngpu_memory = \"10GiB\"\ngpu_compute = 30\ngpu_model = [\"A100\", \"H100\"]\n",
     )
     .unwrap();
-    assert_eq!((j.gpu_milli, j.gpu_memory_mib), (300, 10240));
-    assert_eq!(j.gpu_models, vec!["A100", "H100"]);
+    assert_eq!((milli(&j), share_mib(&j)), (300, 10240));
+    assert_eq!(j.spec.resources.gpu_models, vec!["A100", "H100"]);
     let j = parse(
         "j.toml",
         "command = [\"x\"]\nqos = \"high\"\n[resources]\nmig = \"3g.40gb\"\nmig_count = 2\n",
     )
     .unwrap();
     assert_eq!(
-        (j.mig_profile.as_str(), j.mig_count, j.qos.as_str()),
+        (mig(&j).0, mig(&j).1, j.spec.qos.as_str()),
         ("3g.40gb", 2, "high")
     );
     let j = parse(
@@ -133,7 +170,14 @@ fn gpu_shares_mig_models_and_gangs() {
         "command = [\"x\"]\n[resources]\ngpus = 8\nnodes = 2\ngpu_model = \"A100\"\n",
     )
     .unwrap();
-    assert_eq!((j.gpus, j.nodes, j.gpu_models.len()), (8, 2, 1));
+    assert_eq!(
+        (
+            j.whole_gpus(),
+            j.spec.resources.nodes,
+            j.spec.resources.gpu_models.len()
+        ),
+        (8, 2, 1)
+    );
 
     let e = err("command = [\"x\"]\n[resources]\ngpus = 1.5\n");
     assert!(
@@ -212,7 +256,7 @@ fn spec_resolves_relative_workdir() {
     let job = parse("j.toml", "command = [\"true\"]\n").unwrap();
     let spec = job.into_spec(Path::new("/home/u"), "u", 1000, 1000);
     assert_eq!(spec.workdir, "/home/u");
-    assert_eq!(spec.resources.unwrap().time_limit_secs, 0);
+    assert_eq!(spec.resources.time_limit_secs, 0);
 }
 
 proptest::proptest! {
@@ -238,7 +282,7 @@ fn a_huge_bad_line_is_not_echoed_whole() {
 #[test]
 fn max_restarts_reaches_the_spec_and_a_negative_count_is_placed() {
     let job = parse("job.toml", "command = [\"true\"]\nmax_restarts = 3\n").unwrap();
-    assert_eq!(job.max_restarts, 3);
+    assert_eq!(job.spec.max_restarts, 3);
     let spec = job.into_spec(Path::new("/tmp"), "ana", 1000, 1000);
     assert_eq!(spec.max_restarts, 3);
     let e = err("command = [\"true\"]\nmax_restarts = -1\n");
@@ -252,10 +296,13 @@ fn nodelist_and_exclude_take_a_string_or_a_list_and_are_checked_where_they_stand
         "command = [\"true\"]\n[resources]\nnodelist = \"n[1-4],m1\"\nexclude = [\"n3\"]\n",
     )
     .unwrap();
-    assert_eq!(job.nodelist, vec!["n[1-4]".to_string(), "m1".to_string()]);
-    assert_eq!(job.exclude, vec!["n3".to_string()]);
+    assert_eq!(
+        job.spec.resources.nodelist,
+        vec!["n[1-4]".to_string(), "m1".to_string()]
+    );
+    assert_eq!(job.spec.resources.exclude, vec!["n3".to_string()]);
     let spec = job.into_spec(Path::new("/tmp"), "ana", 1000, 1000);
-    let r = spec.resources.unwrap();
+    let r = spec.resources;
     assert_eq!((r.nodelist.len(), r.exclude.len()), (2, 1));
     let e = err("command = [\"true\"]\n[resources]\nexclude = \"n[1-\"\n");
     assert!(e.starts_with("job.toml:3:11:"), "{e}");
@@ -270,9 +317,9 @@ fn a_constraint_is_read_and_checked_where_it_stands() {
         "command = [\"true\"]\n[resources]\nconstraint = \"a100 & nvlink|h100\"\n",
     )
     .unwrap();
-    assert_eq!(job.constraint, "a100 & nvlink|h100");
+    assert_eq!(job.spec.resources.constraint, "a100 & nvlink|h100");
     let spec = job.into_spec(Path::new("/tmp"), "ana", 1000, 1000);
-    assert_eq!(spec.resources.unwrap().constraint, "a100 & nvlink|h100");
+    assert_eq!(spec.resources.constraint, "a100 & nvlink|h100");
     let e = err("command = [\"true\"]\n[resources]\nconstraint = \"[a|b]\"\n");
     assert!(e.starts_with("job.toml:3:14:"), "{e}");
     assert!(e.contains("not supported"), "{e}");

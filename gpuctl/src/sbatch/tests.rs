@@ -1,5 +1,13 @@
 use super::*;
 
+/// The share's compute (milli-GPUs) a job asks for; 0 for none.
+fn milli(j: &Job) -> u32 {
+    match &j.spec.resources.gpu {
+        Some(GpuPart::Share(s)) => s.compute_milli,
+        _ => 0,
+    }
+}
+
 fn job(text: &str) -> Job {
     parse("train.sbatch", text).unwrap().0
 }
@@ -28,18 +36,21 @@ fn directives_up_to_the_first_command() {
     let j = job(
         "#!/bin/bash\n#SBATCH -J ddp\n#SBATCH --gres=gpu:a100:4 -c 8\n# plain comment\n#SBATCH --mem=64G --time=1-0\nsrun hostname\n#SBATCH --nodes=9\n",
     );
-    assert_eq!(j.name, "ddp");
-    assert_eq!(j.gpus, 4);
-    assert_eq!(j.gpu_models, vec!["a100".to_string()]);
-    assert_eq!(j.cpus, 8);
-    assert_eq!(j.memory_bytes, 64 << 30);
-    assert_eq!(j.time_limit, Some(Duration::from_secs(86400)));
+    assert_eq!(j.spec.name, "ddp");
+    assert_eq!(j.whole_gpus(), 4);
+    assert_eq!(j.spec.resources.gpu_models, vec!["a100".to_string()]);
+    assert_eq!(j.spec.resources.cpus, 8);
+    assert_eq!(j.spec.resources.memory_bytes, 64 << 30);
+    assert_eq!(j.spec.resources.time_limit_secs, 86400);
     assert_eq!(
-        j.nodes, 1,
+        j.spec.resources.nodes, 1,
         "directives after the first command are not read"
     );
-    assert!(j.script.starts_with("#!/bin/bash\n"));
-    assert_eq!(j.stdout.as_deref(), Some("slurm-%j.out"));
+    assert!(j.spec.script.starts_with("#!/bin/bash\n"));
+    assert_eq!(
+        Some(j.spec.stdout.as_str()).filter(|s| !s.is_empty()),
+        Some("slurm-%j.out")
+    );
 }
 
 #[test]
@@ -47,16 +58,22 @@ fn option_spellings() {
     let j = job(
         "#!/bin/sh\n#SBATCH --job-name train --output=logs/%x-%j.out -e err.txt\n#SBATCH -N2 --ntasks-per-node=1 --gpus-per-node=8\n#SBATCH --dependency=afterok:12:13 --qos normal --requeue --nice=10 --mem-per-cpu=2000\n#SBATCH -c 4 --chdir=/tmp --export=ALL # trailing comment\n",
     );
-    assert_eq!(j.name, "train");
-    assert_eq!(j.stdout.as_deref(), Some("logs/%x-%j.out"));
-    assert_eq!(j.stderr.as_deref(), Some("err.txt"));
-    assert_eq!(j.nodes, 2);
-    assert_eq!(j.gpus, 8);
-    assert_eq!(j.dependencies.len(), 2);
-    assert_eq!(j.qos, "normal");
-    assert!(j.requeue);
-    assert_eq!(j.priority, -10);
-    assert_eq!(j.memory_bytes, (4 * 2000) << 20);
+    assert_eq!(j.spec.name, "train");
+    assert_eq!(
+        Some(j.spec.stdout.as_str()).filter(|s| !s.is_empty()),
+        Some("logs/%x-%j.out")
+    );
+    assert_eq!(
+        Some(j.spec.stderr.as_str()).filter(|s| !s.is_empty()),
+        Some("err.txt")
+    );
+    assert_eq!(j.spec.resources.nodes, 2);
+    assert_eq!(j.whole_gpus(), 8);
+    assert_eq!(j.spec.dependencies.len(), 2);
+    assert_eq!(j.spec.qos, "normal");
+    assert!(j.spec.requeue);
+    assert_eq!(j.spec.priority, -10);
+    assert_eq!(j.spec.resources.memory_bytes, (4 * 2000) << 20);
     assert_eq!(j.workdir, Some(PathBuf::from("/tmp")));
     let (_, extra) = parse(
         "x",
@@ -77,13 +94,13 @@ fn unsupported_options_are_refused_by_name_with_their_place() {
     .to_string();
     assert!(e.starts_with("t.sbatch:3:9: #SBATCH --licenses"), "{e}");
     let (j, _) = parse("t.sbatch", "#!/bin/sh\n#SBATCH --exclusive -N 2\n").unwrap();
-    assert!(j.exclusive);
+    assert!(j.spec.resources.exclusive);
     // Partitions are read.
     let (j, _) = parse("t.sbatch", "#!/bin/sh\n#SBATCH -p inference\n").unwrap();
-    assert_eq!(j.partition, "inference");
+    assert_eq!(j.spec.partition, "inference");
     // Arrays are read (and a bad one refused in place).
     let (j, _) = parse("t.sbatch", "#!/bin/sh\n#SBATCH --array=1-10%2\n").unwrap();
-    assert_eq!(j.array, "1-10%2");
+    assert_eq!(j.spec.array, "1-10%2");
     let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --array=9-1\n")
         .unwrap_err()
         .to_string();
@@ -169,16 +186,20 @@ fn begin_times_as_sbatch_takes_them() {
         assert!(begin_time(bad, &now).is_err(), "{bad}");
     }
     let (job, _) = parse("b.sh", "#!/bin/sh\n#SBATCH --begin=now+1hour\ntrue\n").unwrap();
-    assert!(job.begin_ms > 0);
+    assert!(job.spec.begin_ms > 0);
 }
 
 #[test]
 fn oversubscribe_asks_for_colocation_by_use() {
-    assert!(!job("#!/bin/sh\n#SBATCH -G 1\nrun\n").colocate);
-    assert!(job("#!/bin/sh\n#SBATCH -G 1 --oversubscribe\nrun\n").colocate);
+    assert!(!job("#!/bin/sh\n#SBATCH -G 1\nrun\n").spec.colocate);
+    assert!(
+        job("#!/bin/sh\n#SBATCH -G 1 --oversubscribe\nrun\n")
+            .spec
+            .colocate
+    );
     let j = job("#!/bin/sh\n#SBATCH -s -G 0.5\nrun\n");
-    assert!(j.colocate, "-s is --oversubscribe");
-    assert_eq!(j.gpu_milli, 500);
+    assert!(j.spec.colocate, "-s is --oversubscribe");
+    assert_eq!(milli(&j), 500);
     let err = parse("a.sbatch", "#!/bin/sh\n#SBATCH --oversubscribe=yes\nrun\n").unwrap_err();
     assert!(err.to_string().contains("oversubscribe"), "{err}");
 }
@@ -187,32 +208,54 @@ fn oversubscribe_asks_for_colocation_by_use() {
 fn gpus_is_the_jobs_total_and_per_task_and_per_gpu_forms_are_read() {
     // Slurm's -G is the job's total: split over its nodes.
     let j = job("#!/bin/sh\n#SBATCH -N 2 -G a100:8\nrun\n");
-    assert_eq!((j.nodes, j.gpus), (2, 4));
-    assert_eq!(j.gpu_models, vec!["a100".to_string()]);
+    assert_eq!((j.spec.resources.nodes, j.whole_gpus()), (2, 4));
+    assert_eq!(j.spec.resources.gpu_models, vec!["a100".to_string()]);
     let j = job("#!/bin/sh\n#SBATCH --gpus=4\n#SBATCH --nodes=2\nrun\n");
-    assert_eq!(j.gpus, 2, "the node count may come after");
+    assert_eq!(j.whole_gpus(), 2, "the node count may come after");
     // Per node stays per node.
     assert_eq!(
-        job("#!/bin/sh\n#SBATCH -N 2 --gpus-per-node=4\nrun\n").gpus,
+        job("#!/bin/sh\n#SBATCH -N 2 --gpus-per-node=4\nrun\n").whole_gpus(),
         4
     );
     // One task per node: a task's GPUs are its node's.
     let j = job("#!/bin/sh\n#SBATCH -N 2 --ntasks-per-node=1 --gpus-per-task=2\nrun\n");
-    assert_eq!((j.nodes, j.gpus, j.tasks_per_node), (2, 2, 1));
+    assert_eq!(
+        (
+            j.spec.resources.nodes,
+            j.whole_gpus(),
+            j.spec.resources.tasks_per_node
+        ),
+        (2, 2, 1)
+    );
     // Tasks: a node holds its tasks' GPUs and CPUs, whichever order the lines come in.
     for text in [
         "#!/bin/sh\n#SBATCH -N 2 --ntasks-per-node=2 --gpus-per-task=1 -c 3\nsrun run\n",
         "#!/bin/sh\n#SBATCH -c 3 --gpus-per-task=1\n#SBATCH -n 4 -N 2\nsrun run\n",
     ] {
         let j = job(text);
-        assert_eq!((j.nodes, j.tasks_per_node, j.gpus, j.cpus), (2, 2, 2, 6));
+        assert_eq!(
+            (
+                j.spec.resources.nodes,
+                j.spec.resources.tasks_per_node,
+                j.whole_gpus(),
+                j.spec.resources.cpus
+            ),
+            (2, 2, 2, 6)
+        );
     }
     // --gpus-per-node stays the node's, split over its tasks.
     let j = job("#!/bin/sh\n#SBATCH --ntasks-per-node=4 --gpus-per-node=8\nrun\n");
-    assert_eq!((j.tasks_per_node, j.gpus, j.cpus), (4, 8, 4));
+    assert_eq!(
+        (
+            j.spec.resources.tasks_per_node,
+            j.whole_gpus(),
+            j.spec.resources.cpus
+        ),
+        (4, 8, 4)
+    );
     // Memory per GPU: the node's GPUs' worth.
     let j = job("#!/bin/sh\n#SBATCH --gpus-per-node=2 --mem-per-gpu=16G\nrun\n");
-    assert_eq!(j.memory_bytes, 32 << 30);
+    assert_eq!(j.spec.resources.memory_bytes, 32 << 30);
     // A total that does not split evenly is refused where it stands.
     let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -N 2 -G 3\nrun\n").unwrap_err();
     let e = e.to_string();
@@ -223,10 +266,13 @@ fn gpus_is_the_jobs_total_and_per_task_and_per_gpu_forms_are_read() {
 #[test]
 fn nodelist_and_exclude_are_hostlists() {
     let j = job("#!/bin/sh\n#SBATCH -w gpu[01-03,07] -x gpu02\nrun\n");
-    assert_eq!(j.nodelist, vec!["gpu[01-03,07]".to_string()]);
-    assert_eq!(j.exclude, vec!["gpu02".to_string()]);
+    assert_eq!(j.spec.resources.nodelist, vec!["gpu[01-03,07]".to_string()]);
+    assert_eq!(j.spec.resources.exclude, vec!["gpu02".to_string()]);
     let j = job("#!/bin/sh\n#SBATCH --nodelist=a1,b[2-3]\nrun\n");
-    assert_eq!(j.nodelist, vec!["a1".to_string(), "b[2-3]".to_string()]);
+    assert_eq!(
+        j.spec.resources.nodelist,
+        vec!["a1".to_string(), "b[2-3]".to_string()]
+    );
     let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --exclude=gpu[5-1]\nrun\n").unwrap_err();
     let e = e.to_string();
     assert!(e.starts_with("t.sbatch:2:"), "{e}");
@@ -238,11 +284,11 @@ fn nodelist_and_exclude_are_hostlists() {
 #[test]
 fn constraint_is_read_and_slurms_other_forms_refused_where_they_stand() {
     let j = job("#!/bin/sh\n#SBATCH -C a100&nvlink\nrun\n");
-    assert_eq!(j.constraint, "a100&nvlink");
+    assert_eq!(j.spec.resources.constraint, "a100&nvlink");
     let j = job("#!/bin/sh\n#SBATCH --constraint=\"h100|a100\"\nrun\n");
-    assert_eq!(j.constraint, "h100|a100");
+    assert_eq!(j.spec.resources.constraint, "h100|a100");
     let j = job("#!/bin/sh\n#SBATCH -C \"a100&nvlink\"\nrun\n");
-    assert_eq!(j.constraint, "a100&nvlink");
+    assert_eq!(j.spec.resources.constraint, "a100&nvlink");
     let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --constraint=a100*2\nrun\n").unwrap_err();
     let e = e.to_string();
     assert!(e.starts_with("t.sbatch:2:"), "{e}");
