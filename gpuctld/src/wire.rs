@@ -322,7 +322,7 @@ pub fn command_pb(c: Command) -> pb::AgentCommand {
             let s = *s;
             pb::agent_command::Command::Start(pb::StartJob {
                 job_id: s.job_id,
-                spec: Some((&s.spec).into()),
+                spec: Some(s.spec.into()),
                 time_limit_secs: s.time_limit_secs,
                 kill_grace_secs: s.kill_grace_secs,
                 slots: s.slots.iter().map(Into::into).collect(),

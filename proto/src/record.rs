@@ -71,6 +71,13 @@ macro_rules! to_pb {
     };
 }
 
+/// The protobuf message `$ty` of core's `$src`, taken by value: plain fields moved.
+macro_rules! into_pb {
+    ($src:ident => $($ty:ident)::+ { $($special:tt)* }; $($f:ident: $k:ident = $t:literal,)*) => {
+        $($ty)::+ { $($f: $src.$f,)* $($special)* }
+    };
+}
+
 impl From<PbGpu> for core::GpuPart {
     fn from(g: PbGpu) -> core::GpuPart {
         match g {
@@ -162,6 +169,19 @@ impl From<JobSpec> for core::JobSpec {
             env: s.env,
             resources: s.resources.map(Into::into).unwrap_or_default(),
             dependencies: s.dependencies.into_iter().map(Into::into).collect(),
+        }))
+    }
+}
+
+impl From<core::JobSpec> for JobSpec {
+    /// A spec the controller sends on (a start's): moved, not copied.
+    fn from(s: core::JobSpec) -> JobSpec {
+        let resources = Some((&s.resources).into());
+        let dependencies = s.dependencies.iter().map(Into::into).collect();
+        gpuctl_core::job_spec_fields!(into_pb!(s => JobSpec {
+            env: s.env,
+            resources,
+            dependencies,
         }))
     }
 }

@@ -138,6 +138,11 @@ fn full() -> core::Job {
 fn round_trips(j: &core::Job) {
     let pb = Job::from(j);
     assert_eq!(core::Job::try_from(pb.clone()).as_ref(), Ok(j));
+    assert_eq!(
+        JobSpec::from(j.spec.clone()),
+        JobSpec::from(&j.spec),
+        "by value, by reference"
+    );
     let mut hand = Vec::new();
     encode_job(j, &mut hand);
     assert_eq!(hand.len(), job_encoded_len(j), "the length it announced");
