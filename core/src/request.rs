@@ -214,17 +214,29 @@ impl From<&Allocation> for Alloc {
     fn from(a: &Allocation) -> Alloc {
         Alloc {
             node: a.node.clone(),
-            slots: a
-                .slots
-                .iter()
-                .map(|s| SchedSlotUse {
-                    uuid: s.uuid.clone(),
-                    compute_milli: s.compute_milli,
-                    memory_mib: s.memory_mib,
-                })
-                .collect(),
+            slots: a.slots.iter().map(Into::into).collect(),
             cpu_milli: a.cpu_milli,
             memory_bytes: a.memory_bytes,
+        }
+    }
+}
+
+impl From<&SlotUse> for SchedSlotUse {
+    fn from(s: &SlotUse) -> SchedSlotUse {
+        SchedSlotUse {
+            uuid: s.uuid.clone(),
+            compute_milli: s.compute_milli,
+            memory_mib: s.memory_mib,
+        }
+    }
+}
+
+impl From<&SchedSlotUse> for SlotUse {
+    fn from(s: &SchedSlotUse) -> SlotUse {
+        SlotUse {
+            uuid: s.uuid.clone(),
+            compute_milli: s.compute_milli,
+            memory_mib: s.memory_mib,
         }
     }
 }
@@ -233,15 +245,7 @@ impl From<&Allocation> for Alloc {
 pub fn allocation(a: &Alloc, rank: u32) -> Allocation {
     Allocation {
         node: a.node.clone(),
-        slots: a
-            .slots
-            .iter()
-            .map(|s| SlotUse {
-                uuid: s.uuid.clone(),
-                compute_milli: s.compute_milli,
-                memory_mib: s.memory_mib,
-            })
-            .collect(),
+        slots: a.slots.iter().map(Into::into).collect(),
         cpu_milli: a.cpu_milli,
         memory_bytes: a.memory_bytes,
         rank,
