@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use crate::error::Refusal;
 use crate::event::{Heartbeat, HeartbeatAnswer, Register, Report, ReportKind};
 use crate::fleet::Conn;
-use crate::jobs::{Transition, job_of};
+use crate::jobs::Transition;
 use crate::node::Node;
 use crate::state::{Cluster, Effects, live_allocs};
 
@@ -221,7 +221,7 @@ impl Cluster {
         // Fencing: an instance is kept only if it is the job's current start here.
         for &(id, attempt) in &running {
             let keep = self.jobs.get(id).is_some_and(|s| {
-                let j = job_of(s);
+                let j = &s.job;
                 j.attempt == attempt
                     && live_allocs(j).any(|a| a.node == req.node)
                     && !s.cancel_requested
@@ -270,7 +270,7 @@ impl Cluster {
             let Some(stored) = c.jobs.get(id) else {
                 continue;
             };
-            let j = job_of(stored);
+            let j = &stored.job;
             let here = live_allocs(j).any(|a| a.node == node);
             if !here || running.contains(&(id, j.attempt)) {
                 continue;
@@ -452,7 +452,7 @@ impl Cluster {
             let Some(stored) = c.jobs.get(id) else {
                 continue;
             };
-            if stored.start_confirmed || job_of(stored).attempt != attempt {
+            if stored.start_confirmed || stored.job.attempt != attempt {
                 continue;
             }
             let (state, why) = if stored.cancel_requested {
@@ -502,7 +502,7 @@ impl Cluster {
             .iter()
             .filter(|r| {
                 c.jobs.get(r.job_id).is_none_or(|s| {
-                    let j = job_of(s);
+                    let j = &s.job;
                     r.attempt < j.attempt || (r.attempt == j.attempt && j.state.is_final())
                 })
             })
@@ -515,7 +515,7 @@ impl Cluster {
     fn holds(&self, node: &str, job: u64, attempt: u32) -> bool {
         let c = self;
         c.jobs.get(job).is_some_and(|s| {
-            let j = job_of(s);
+            let j = &s.job;
             j.attempt == attempt
                 && !j.state.is_final()
                 && !s.cancel_requested
@@ -563,7 +563,7 @@ impl Cluster {
         let cancel_requested = stored.cancel_requested;
         let requeue_reason = (!cancel_requested && !stored.requeue_requested.is_empty())
             .then(|| stored.requeue_requested.clone());
-        let j = job_of(stored);
+        let j = &stored.job;
         if r.attempt != j.attempt {
             tracing::info!(job = r.job_id, node = %r.node, attempt = r.attempt, current = j.attempt, "report from an earlier start ignored");
             return Vec::new();

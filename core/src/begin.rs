@@ -5,7 +5,6 @@
 use crate::record::{Job, JobSpec, JobState};
 
 use crate::error::Refusal;
-use crate::jobs::job_of;
 use crate::state::Cluster;
 
 /// The hold of a job waiting for its begin time.
@@ -54,7 +53,7 @@ impl Cluster {
 
     /// Finds the jobs waiting for a begin time again (after loading the state).
     pub fn recompute_begins(&mut self) {
-        self.next_begin_ms = self.jobs.active().filter_map(|s| begin_of(job_of(s))).min();
+        self.next_begin_ms = self.jobs.active().filter_map(|s| begin_of(&s.job)).min();
     }
 
     /// Lets go of the jobs whose begin time has come (a pass's first step); answers
@@ -66,7 +65,7 @@ impl Cluster {
         let due: Vec<u64> = self
             .jobs
             .active()
-            .map(job_of)
+            .map(|s| &s.job)
             .filter(|j| begin_of(j).is_some_and(|b| b <= now))
             .map(|j| j.id)
             .collect();

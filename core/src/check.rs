@@ -4,10 +4,8 @@
 //! between them: job ids below the next one, a running job's allocations on known
 //! nodes, and no GPU given more than all of its compute or memory.
 
-use std::collections::HashMap;
-
-use crate::jobs::job_of;
 use crate::state::{Cluster, live_allocs};
+use std::collections::HashMap;
 
 impl Cluster {
     /// The first invariant that does not hold, if any.
@@ -15,11 +13,10 @@ impl Cluster {
         self.jobs.check()?;
         self.fleet.check()?;
         self.fair.check()?;
-        if let Some(s) = self.jobs.all().find(|s| job_of(s).id >= self.next_job_id) {
+        if let Some(s) = self.jobs.all().find(|s| s.job.id >= self.next_job_id) {
             return Err(format!(
                 "job {} is not below the next id {}",
-                job_of(s).id,
-                self.next_job_id
+                s.job.id, self.next_job_id
             ));
         }
         let memory: HashMap<&str, u64> = self
@@ -30,7 +27,7 @@ impl Cluster {
             .map(|g| (g.uuid.as_str(), g.memory_mib))
             .collect();
         for s in self.jobs.active() {
-            let j = job_of(s);
+            let j = &s.job;
             if let Some(a) = live_allocs(j).find(|a| !self.fleet.nodes.contains_key(&a.node)) {
                 return Err(format!("job {} runs on unknown node {}", j.id, a.node));
             }

@@ -18,7 +18,7 @@ pub const HELD_ADMIN: &str = "JobHeldAdmin";
 /// A job submitted held (`sbatch -H`): held by its owner from the start, so that
 /// nothing can start it before `release`.
 pub fn held_at_submit(s: &mut Record) {
-    let j = crate::jobs::job_mut(s);
+    let j = &mut s.job;
     j.hold = "user".into();
     j.reason = HELD_USER.into();
 }

@@ -3,13 +3,11 @@
 //! cancelled, from the agents' samples, with the reason on the job (and so in history).
 //! A job that gets busy again starts a new idle stretch.
 
+use crate::record::JobState;
+use crate::state::{Cluster, Effects, live_allocs};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::time::Duration;
-
-use crate::jobs::job_of;
-use crate::record::JobState;
-use crate::state::{Cluster, Effects, live_allocs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -152,7 +150,7 @@ impl Cluster {
         let jobs = &self.jobs;
         self.idle.retain(|&id, _| {
             jobs.get(id)
-                .is_some_and(|s| job_of(s).state == JobState::Running)
+                .is_some_and(|s| s.job.state == JobState::Running)
         });
     }
 }

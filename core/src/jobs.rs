@@ -24,14 +24,6 @@ fn name(j: &Job) -> &str {
     &j.spec.name
 }
 
-pub fn job_of(s: &Record) -> &Job {
-    &s.job
-}
-
-pub(crate) fn job_mut(s: &mut Record) -> &mut Job {
-    &mut s.job
-}
-
 /// A change of a job's state.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Transition {
@@ -198,7 +190,7 @@ fn merge_by_id<'a>(
 
 /// What a job asks for, as submitted (or edited since).
 fn requested(s: &Record) -> &Resources {
-    &job_of(s).spec.resources
+    &s.job.spec.resources
 }
 
 fn has_deps(j: &Job) -> bool {
@@ -222,7 +214,7 @@ impl Jobs {
     }
 
     fn put(&mut self, id: u64, s: Record) {
-        if job_of(&s).state.is_final() {
+        if s.job.state.is_final() {
             self.done.insert(id, s);
         } else {
             self.live.insert(id, s);
@@ -230,7 +222,7 @@ impl Jobs {
     }
 
     pub fn job(&self, id: u64) -> Option<&Job> {
-        self.get(id).map(job_of)
+        self.get(id).map(|s| &s.job)
     }
 
     pub fn len(&self) -> usize {
@@ -261,7 +253,7 @@ impl Jobs {
     }
 
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
-        self.all().map(|s| job_of(s).id)
+        self.all().map(|s| s.job.id)
     }
 
     /// Changes whenever a job was added or removed, or what it asks for was edited
@@ -335,7 +327,7 @@ impl Jobs {
 
     /// PENDING jobs with dependencies.
     pub fn with_deps(&self) -> impl Iterator<Item = &Job> {
-        self.with_deps.iter().map(|id| job_of(&self.live[id]))
+        self.with_deps.iter().map(|id| &self.live[id].job)
     }
 
     pub fn pending_of(&self, user: &str) -> usize {
@@ -353,7 +345,7 @@ impl Jobs {
     /// already on disk.
     pub fn insert(&mut self, stored: Record) {
         self.revision += 1;
-        let j = job_of(&stored);
+        let j = &stored.job;
         let id = j.id;
         if let Some(old) = self.take(id) {
             self.unindex(&old);
@@ -363,7 +355,7 @@ impl Jobs {
     }
 
     fn index(&mut self, s: &Record) {
-        let j = job_of(s);
+        let j = &s.job;
         if !j.state.is_final() {
             self.active_by_user
                 .entry(owner(j).to_string())
@@ -406,7 +398,7 @@ impl Jobs {
     }
 
     fn unindex(&mut self, s: &Record) {
-        let j = job_of(s);
+        let j = &s.job;
         self.with_deps.remove(&j.id);
         self.running.remove(&j.id);
         if let Some(ids) = self.active_by_name.get_mut(name(j))
@@ -469,10 +461,10 @@ impl Jobs {
     /// `transition`'s alone.
     pub fn edit<R>(&mut self, id: u64, f: impl FnOnce(&mut Record) -> R) -> Option<R> {
         let s = self.get_mut(id)?;
-        let before = job_of(s).state;
+        let before = s.job.state;
         let asked = requested(s).clone();
         let r = f(s);
-        assert_eq!(job_of(s).state, before, "job {id}: edit changed its state");
+        assert_eq!(s.job.state, before, "job {id}: edit changed its state");
         if *requested(s) != asked {
             self.revision += 1;
         }
@@ -484,7 +476,7 @@ impl Jobs {
     /// kept in memory only, recomputed by every pass. Only for PENDING jobs.
     pub fn annotate_pending(&mut self, id: u64, f: impl FnOnce(&mut Job)) {
         if let Some(s) = self.live.get_mut(&id) {
-            let j = job_mut(s);
+            let j = &mut s.job;
             if j.state == JobState::Pending {
                 f(j);
                 debug_assert_eq!(j.state, JobState::Pending);
@@ -496,7 +488,7 @@ impl Jobs {
     /// the job as changed.
     pub fn transition(&mut self, id: u64, t: Transition, now: i64) -> Result<(), Refused> {
         let s = self.get(id).ok_or(Refused::Unknown(id))?;
-        let from = job_of(s).state;
+        let from = s.job.state;
         let what = match &t {
             Transition::Start { .. } => "start",
             Transition::Requeue { .. } => "requeue",
@@ -511,7 +503,7 @@ impl Jobs {
             Transition::EndOn { node, state, .. } => {
                 from == JobState::Running
                     && state.is_final()
-                    && job_of(s)
+                    && s.job
                         .allocations
                         .iter()
                         .any(|a| !a.ended && a.node == *node)
@@ -524,7 +516,7 @@ impl Jobs {
         let mut s = self.take(id).expect("looked up above");
         self.unindex(&s);
         let before = (from == JobState::Running).then(|| {
-            let j = job_of(&s);
+            let j = &s.job;
             EndedRun {
                 job: id,
                 account: j.spec.account.clone(),
@@ -535,7 +527,7 @@ impl Jobs {
             }
         });
         apply(&mut s, t, now);
-        if let Some(run) = before.filter(|_| job_of(&s).state != JobState::Running) {
+        if let Some(run) = before.filter(|_| s.job.state != JobState::Running) {
             self.ended_runs.push(run);
         }
         self.index(&s);
@@ -576,19 +568,11 @@ impl Jobs {
         for s in self.live.values().chain(self.done.values()) {
             fresh.index(s);
         }
-        if let Some(s) = self.live.values().find(|s| job_of(s).state.is_final()) {
-            return Err(format!(
-                "job {} is live but {:?}",
-                job_of(s).id,
-                job_of(s).state
-            ));
+        if let Some(s) = self.live.values().find(|s| s.job.state.is_final()) {
+            return Err(format!("job {} is live but {:?}", s.job.id, s.job.state));
         }
-        if let Some(s) = self.done.values().find(|s| !job_of(s).state.is_final()) {
-            return Err(format!(
-                "job {} is done but {:?}",
-                job_of(s).id,
-                job_of(s).state
-            ));
+        if let Some(s) = self.done.values().find(|s| !s.job.state.is_final()) {
+            return Err(format!("job {} is done but {:?}", s.job.id, s.job.state));
         }
         fn same<T: PartialEq + std::fmt::Debug>(what: &str, a: &T, b: &T) -> Result<(), String> {
             if a == b {
@@ -628,7 +612,7 @@ fn readoptable(s: &Record, node: &str, attempt: u32) -> bool {
     let Some(before) = &s.requeued_from else {
         return false;
     };
-    let j = job_of(s);
+    let j = &s.job;
     j.state == JobState::Pending
         && j.attempt == attempt
         && before.attempt == attempt
@@ -660,7 +644,7 @@ fn final_state(allocs: &[Allocation]) -> (JobState, Option<i32>, String) {
 fn apply(s: &mut Record, t: Transition, now: i64) {
     match t {
         Transition::Start { allocations } => {
-            let j = job_mut(s);
+            let j = &mut s.job;
             j.state = JobState::Running;
             j.attempt += 1;
             // The record keeps the last run's steps.
@@ -683,8 +667,8 @@ fn apply(s: &mut Record, t: Transition, now: i64) {
             reason,
             keep_for_readopt,
         } => {
-            let before = job_of(s).clone();
-            let j = job_mut(s);
+            let before = s.job.clone();
+            let j = &mut s.job;
             j.state = JobState::Pending;
             j.allocations.clear();
             j.node.clear();
@@ -711,7 +695,7 @@ fn apply(s: &mut Record, t: Transition, now: i64) {
             exit_code,
             reason,
         } => {
-            let j = job_mut(s);
+            let j = &mut s.job;
             for a in j
                 .allocations
                 .iter_mut()
@@ -732,7 +716,7 @@ fn apply(s: &mut Record, t: Transition, now: i64) {
             exit_code,
             reason,
         } => {
-            for a in job_mut(s).allocations.iter_mut().filter(|a| !a.ended) {
+            for a in s.job.allocations.iter_mut().filter(|a| !a.ended) {
                 a.ended = true;
                 a.state = Some(state);
             }
@@ -743,7 +727,7 @@ fn apply(s: &mut Record, t: Transition, now: i64) {
 
 /// A job's end: its final state, exit code and reason at `now`, then compacted.
 fn end(s: &mut Record, state: JobState, exit_code: Option<i32>, reason: String, now: i64) {
-    let j = job_mut(s);
+    let j = &mut s.job;
     j.state = state;
     j.exit_code = exit_code;
     j.reason = reason;

@@ -220,7 +220,7 @@ impl Cluster {
         let mut runs: Vec<&Job> = self
             .jobs
             .all()
-            .map(crate::jobs::job_of)
+            .map(|s| &s.job)
             .filter(|j| {
                 (j.state == JobState::Completed || (any_end && j.state.is_final()))
                     && j.usage.is_some()
@@ -237,14 +237,10 @@ impl Cluster {
 
     /// Queues a job `admit` built, once the shell has written it (with the next id).
     pub fn commit_submit(&mut self, stored: Record) -> Effects {
-        let id = crate::jobs::job_of(&stored).id;
+        let id = stored.job.id;
         self.next_job_id = self.next_job_id.max(id + 1);
-        self.note_begin(crate::jobs::job_of(&stored));
-        tracing::info!(
-            job = id,
-            user = owner(crate::jobs::job_of(&stored)),
-            "job submitted"
-        );
+        self.note_begin(&stored.job);
+        tracing::info!(job = id, user = owner(&stored.job), "job submitted");
         self.jobs.insert(stored);
         Effects::wake()
     }

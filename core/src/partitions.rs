@@ -17,7 +17,6 @@ pub use gpuctl_sched::hostlist::{check_hostlist, hostlist_match};
 
 use crate::config::Config;
 use crate::error::{Actor, Refusal};
-use crate::jobs::job_of;
 use crate::state::Cluster;
 use crate::view::PartitionRow;
 
@@ -345,7 +344,7 @@ impl Cluster {
             .any(|p| p.state == PartitionState::Down || p.max_time.is_some());
         let mut out = Vec::new();
         for s in self.jobs.active() {
-            let j = job_of(s);
+            let j = &s.job;
             if j.state != JobState::Pending || !j.hold.is_empty() {
                 continue;
             }
@@ -392,7 +391,7 @@ impl Cluster {
             }
         }
         for s in self.jobs.active() {
-            let j = job_of(s);
+            let j = &s.job;
             let spec = &j.spec;
             if let Some((_, row)) = rows.get_mut(cfg.partition_name(&spec.partition)) {
                 match j.state {

@@ -7,7 +7,7 @@ use gpuctl_sched::limits::{Caps, QosCaps, norm_milli};
 use gpuctl_sched::preempt::{PreemptConfig, RunningJob};
 use gpuctl_sched::{self as sched, Blocked, PendingJob, Request};
 
-use crate::jobs::{job_of, owner};
+use crate::jobs::owner;
 use crate::state::{Cluster, Effects, array_of, live_allocs, pending_job, resources};
 
 /// How long a job takes to give its GPUs back once asked (its signal's lead, else the
@@ -57,7 +57,7 @@ impl Cluster {
             }
         }
         for s in self.jobs.active() {
-            let j = job_of(s);
+            let j = &s.job;
             let spec = &j.spec;
             // Throttled arrays are tracked from their first task on.
             let array = array_of(spec).filter(|(_, max)| *max > 0);
@@ -164,9 +164,9 @@ impl Cluster {
         let running: Vec<RunningJob> = self
             .jobs
             .active()
-            .filter(|s| job_of(s).state == JobState::Running)
+            .filter(|s| s.job.state == JobState::Running)
             .map(|s| {
-                let j = job_of(s);
+                let j = &s.job;
                 let spec = &j.spec;
                 RunningJob {
                     id: j.id,

@@ -5,7 +5,6 @@
 use crate::record::{Record, UsageRecord};
 
 use crate::config::Config;
-use crate::jobs::job_of;
 use crate::state::Cluster;
 
 /// What a store holds.
@@ -39,8 +38,8 @@ pub fn restore(config: Config, records: Records, now: i64) -> Restored {
     let upgraded: std::collections::HashSet<u64> = records.upgraded.into_iter().collect();
     let mut rewrite = Vec::new();
     for mut j in records.jobs {
-        let id = job_of(&j).id;
-        let compacted = job_of(&j).state.is_final() && crate::jobs::compact(&mut j);
+        let id = j.job.id;
+        let compacted = j.job.state.is_final() && crate::jobs::compact(&mut j);
         if upgraded.contains(&id) || compacted {
             rewrite.push(j.clone());
         }

@@ -15,7 +15,7 @@ impl Cluster {
 
 #[cfg(test)]
 mod tests {
-    use crate::jobs::{compact, job_of};
+    use crate::jobs::compact;
     use crate::record::{GpuPart, Job, JobSpec, Record, Resources};
 
     #[test]
@@ -43,7 +43,7 @@ mod tests {
             ..Default::default()
         };
         assert!(compact(&mut s));
-        let spec = &job_of(&s).spec;
+        let spec = &s.job.spec;
         assert!(spec.env.is_empty());
         assert!(spec.script.is_empty());
         assert_eq!(spec.name, "train");

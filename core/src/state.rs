@@ -11,7 +11,7 @@ use gpuctl_sched::{self as sched, ClusterView, Eligibility, NodeView, PendingJob
 use crate::command::{Command, Kill};
 use crate::config::Config;
 use crate::fleet::Fleet;
-use crate::jobs::{Jobs, Transition, job_of};
+use crate::jobs::{Jobs, Transition};
 use crate::node::{GpuRow, Node, NodeRow, NodeState};
 
 /// A time limit in ms, saturating (a stored limit is capped at submit, but records of
@@ -278,7 +278,7 @@ impl Cluster {
     pub fn usage(&self) -> HashMap<&str, Usage> {
         let mut u: HashMap<&str, Usage> = HashMap::new();
         for s in self.jobs.active() {
-            let j = job_of(s);
+            let j = &s.job;
             for a in live_allocs(j) {
                 let e = u.entry(a.node.as_str()).or_default();
                 for sl in &a.slots {
@@ -435,7 +435,7 @@ impl Cluster {
         let mut jobs = self.jobs.active_after(after);
         let mut last = None;
         for s in jobs.by_ref().take(max) {
-            let j = job_of(s);
+            let j = &s.job;
             last = Some(j.id);
             let mut end_ms = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
             if s.vacate_by_ms > 0 {
@@ -469,7 +469,7 @@ impl Cluster {
     ) -> (Vec<PendingJob>, Option<u64>) {
         let mut out = Vec::new();
         for s in self.jobs.active_after(after) {
-            let j = job_of(s);
+            let j = &s.job;
             if j.state != JobState::Pending || !j.hold.is_empty() {
                 continue;
             }
@@ -489,8 +489,7 @@ impl Cluster {
         {
             return w.clone();
         }
-        let reqs =
-            (self.jobs.newest().take(10_000)).map(|s| Request::from(&job_of(s).spec.resources));
+        let reqs = (self.jobs.newest().take(10_000)).map(|s| Request::from(&s.job.spec.resources));
         let w = Workload::from_requests(reqs);
         *self.workload.borrow_mut() = Some((rev, w.clone()));
         w
@@ -607,7 +606,7 @@ type Namesakes<'a> = HashMap<(&'a str, &'a str), Vec<(u64, bool)>>;
 fn namesakes_of(c: &Cluster) -> Namesakes<'_> {
     let mut out = Namesakes::new();
     for s in c.jobs.active() {
-        let j = job_of(s);
+        let j = &s.job;
         out.entry((crate::jobs::owner(j), j.spec.name.as_str()))
             .or_default()
             .push((j.id, j.state == JobState::Running));

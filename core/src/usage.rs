@@ -11,8 +11,6 @@
 use std::collections::HashMap;
 
 use crate::record::{Job, JobUsage, SlotUsage, SlotUse, Step};
-
-use crate::jobs::job_of;
 use crate::state::{Cluster, live_allocs};
 
 /// A gap between two samples longer than this is not charged energy in full: the agent
@@ -226,7 +224,7 @@ impl Cluster {
             .chain(self.live_host.keys().map(|k| k.0))
             .filter(|&id| {
                 jobs.get(id)
-                    .is_none_or(|s| live_allocs(job_of(s)).next().is_none())
+                    .is_none_or(|s| live_allocs(&s.job).next().is_none())
             })
             .collect();
         gone.sort_unstable();

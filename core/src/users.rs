@@ -14,7 +14,7 @@ impl Cluster {
     pub fn active_matching(&self, f: &crate::filter::JobFilter) -> Vec<u64> {
         self.jobs
             .active()
-            .map(crate::jobs::job_of)
+            .map(|s| &s.job)
             .filter(|j| f.matches(j))
             .map(|j| j.id)
             .collect()
@@ -22,7 +22,7 @@ impl Cluster {
 
     /// The job id of task `task_id` of array `array_job_id`, when it exists.
     pub fn array_task_job(&self, array_job_id: u64, task_id: u32) -> Option<u64> {
-        self.jobs.all().map(crate::jobs::job_of).find_map(|j| {
+        self.jobs.all().map(|s| &s.job).find_map(|j| {
             let s = &j.spec;
             (s.array_job_id == array_job_id && s.array_task_id == Some(task_id)).then_some(j.id)
         })
@@ -46,7 +46,7 @@ impl Cluster {
             // 100,000).
             let mut seen: std::collections::HashSet<u64> = ids.iter().copied().collect();
             for s in self.jobs.active() {
-                let j = crate::jobs::job_of(s);
+                let j = &s.job;
                 let a = j.spec.array_job_id;
                 if arrays.contains(&a) && seen.insert(j.id) {
                     out.push(j.id);
@@ -83,7 +83,7 @@ impl Cluster {
             let index: std::collections::HashMap<(u64, u32), u64> = self
                 .jobs
                 .all()
-                .map(crate::jobs::job_of)
+                .map(|s| &s.job)
                 .filter_map(|j| {
                     let s = &j.spec;
                     Some(((s.array_job_id, s.array_task_id?), j.id))

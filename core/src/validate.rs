@@ -4,7 +4,6 @@
 use crate::record::{DependencyKind, JobSpec, JobState, Resources, state_name};
 
 use crate::error::{Actor, Refusal};
-use crate::jobs::job_of;
 use crate::state::Cluster;
 
 use crate::config::Config;
@@ -335,7 +334,7 @@ pub(crate) fn check_dependencies(c: &Cluster, spec: &JobSpec) -> Result<(), Refu
                 d.job_id
             )));
         };
-        let state = job_of(s).state;
+        let state = s.job.state;
         let kind = d.kind;
         let never = state.is_final()
             && match kind {

@@ -296,10 +296,9 @@ impl crate::state::Cluster {
     /// Whether a pending job of `owner` (not held) fits in what its floor `kept` leaves
     /// it beside its running jobs.
     fn owner_waits(&self, owner: &FloorOwner, running: &[RunningView], kept: u64) -> bool {
-        use crate::jobs::job_of;
         use crate::state::resources;
         let room = kept.saturating_sub(held_by(owner, running));
-        self.jobs.active().map(job_of).any(|j| {
+        self.jobs.active().map(|s| &s.job).any(|j| {
             j.state == JobState::Pending
                 && j.hold.is_empty()
                 && owner.owns(
@@ -339,11 +338,10 @@ impl crate::state::Cluster {
     /// The jobs among `started` (just started) that borrow a window's floor, each with
     /// what `queue` says of it.
     pub(crate) fn borrowing(&self, started: &[u64], now: i64) -> Vec<(u64, String)> {
-        use crate::jobs::job_of;
         use crate::state::{limit_ms, resources};
         let mine: BTreeSet<u64> = started
             .iter()
-            .filter_map(|&id| self.jobs.get(id).map(job_of))
+            .filter_map(|&id| self.jobs.get(id).map(|s| &s.job))
             .filter(|j| crate::policy::reclaimable(&j.spec, &self.config))
             .map(|j| j.id)
             .collect();
@@ -356,7 +354,7 @@ impl crate::state::Cluster {
         let mut floors = self.floors(now, true, &skip);
         let mut out = Vec::new();
         for &id in started {
-            let Some(j) = self.jobs.get(id).map(job_of) else {
+            let Some(j) = self.jobs.get(id).map(|s| &s.job) else {
                 continue;
             };
             let spec = &j.spec;
@@ -398,13 +396,12 @@ impl crate::state::Cluster {
 
     /// Running jobs as the floors see them.
     fn running_views_by_job(&self) -> Vec<RunningView> {
-        use crate::jobs::job_of;
         use crate::state::{limit_ms, resources};
         self.jobs
             .active()
-            .filter(|s| job_of(s).state == JobState::Running)
+            .filter(|s| s.job.state == JobState::Running)
             .map(|s| {
-                let j = job_of(s);
+                let j = &s.job;
                 let spec = &j.spec;
                 let account = spec.account.clone();
                 let qos = spec.qos.clone();

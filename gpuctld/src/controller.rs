@@ -26,7 +26,7 @@ use tonic::Status;
 use crate::auth::{Caller, Tokens};
 use crate::store::{Store, StoreError};
 use gpuctl_core::Config;
-use gpuctl_core::jobs::{job_of, presented};
+use gpuctl_core::jobs::presented;
 use gpuctl_sched as sched;
 
 mod agents;
@@ -713,13 +713,13 @@ impl Controller {
                     if hold {
                         gpuctl_core::holds::held_at_submit(&mut stored);
                     }
-                    let id = job_of(&stored).id;
+                    let id = stored.job.id;
                     // The job and the next id in one batch: ids are never reused.
                     self.store
                         .insert_new_job(&stored, id + 1)
                         .map_err(store_status)?;
-                    defer = c.defers(job_of(&stored));
-                    let notes = job_of(&stored).warnings.clone();
+                    defer = c.defers(&stored.job);
+                    let notes = stored.job.warnings.clone();
                     c.commit_submit(*stored);
                     Ok((id, notes))
                 }
@@ -729,15 +729,15 @@ impl Controller {
                             .iter_mut()
                             .for_each(gpuctl_core::holds::held_at_submit);
                     }
-                    let first = tasks.first().map_or(0, |s| job_of(s).id);
-                    let next = tasks.last().map_or(first, |s| job_of(s).id) + 1;
+                    let first = tasks.first().map_or(0, |s| s.job.id);
+                    let next = tasks.last().map_or(first, |s| s.job.id) + 1;
                     self.store
                         .insert_new_jobs(&tasks, next)
                         .map_err(store_status)?;
-                    defer = tasks.first().is_some_and(|t| c.defers(job_of(t)));
+                    defer = tasks.first().is_some_and(|t| c.defers(&t.job));
                     let notes = tasks
                         .first()
-                        .map(|t| job_of(t).warnings.clone())
+                        .map(|t| t.job.warnings.clone())
                         .unwrap_or_default();
                     for t in tasks {
                         c.commit_submit(t);

@@ -65,7 +65,7 @@ fn submit_start_end_keeps_every_index() {
     );
 
     let named =
-        |t: &Jobs, name: &str| -> Vec<u64> { t.active_named(name).map(|s| job_of(s).id).collect() };
+        |t: &Jobs, name: &str| -> Vec<u64> { t.active_named(name).map(|s| s.job.id).collect() };
     assert_eq!(named(&t, "train-1"), [1]);
     assert_eq!(named(&t, "train-0"), [2]);
     start(&mut t, 1, "n1", 100);
@@ -217,7 +217,7 @@ fn all_and_newest_walk_live_and_finished_jobs_in_id_order() {
     start(&mut t, 4, "n1", 50);
     t.check().unwrap();
     let ids =
-        |it: &mut dyn Iterator<Item = &Record>| -> Vec<u64> { it.map(|s| job_of(s).id).collect() };
+        |it: &mut dyn Iterator<Item = &Record>| -> Vec<u64> { it.map(|s| s.job.id).collect() };
     assert_eq!(ids(&mut t.all()), vec![1, 2, 3, 4, 5, 6, 7]);
     assert_eq!(ids(&mut t.newest()), vec![7, 6, 5, 4, 3, 2, 1]);
     assert_eq!(ids(&mut t.active()), vec![3, 4, 6]);
@@ -319,7 +319,7 @@ proptest! {
                 prop_assert_eq!(before, after);
             }
             for s in t.all() {
-                let j = job_of(s);
+                let j = &s.job;
                 prop_assert_eq!(j.state == JobState::Running, !j.allocations.is_empty()
                     && j.allocations.iter().any(|a| !a.ended));
             }

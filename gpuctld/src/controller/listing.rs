@@ -2,7 +2,7 @@
 //! from the records without copying them where the caller may see them whole.
 
 use gpuctl_core::filter::JobFilter;
-use gpuctl_core::jobs::{job_of, presented};
+use gpuctl_core::jobs::presented;
 use gpuctl_core::record::{Job, JobUsage, Record};
 use gpuctl_proto as pb;
 use gpuctl_proto::record::{encode_job, encode_usage_field, job_encoded_len, usage_field_len};
@@ -46,7 +46,7 @@ impl Controller {
             Box::new(
                 c.jobs()
                     .in_range(lo.unwrap_or(0), hi.unwrap_or(0))
-                    .map(job_of)
+                    .map(|s| &s.job)
                     .filter(move |j| {
                         while wanted.next_if(|&w| w < j.id).is_some() {}
                         wanted.next_if_eq(&j.id).is_some()
@@ -85,7 +85,7 @@ impl Controller {
 fn job_ids(c: &Shared, filter: &JobFilter) -> Vec<u64> {
     // The records walked in order, not looked up one id at a time.
     let pick = |s: &Record| {
-        let j = job_of(s);
+        let j = &s.job;
         filter.matches(j).then_some(j.id)
     };
     // From an index: the listed users' or names' jobs only, not a walk over everyone's.

@@ -6,7 +6,7 @@ use gpuctl_proto as pb;
 use gpuctl_proto::store::StoredToken;
 use tonic::Status;
 
-use gpuctl_core::jobs::{job_of, owner, presented};
+use gpuctl_core::jobs::{owner, presented};
 use gpuctl_core::state::live_allocs;
 use gpuctl_sched as sched;
 
@@ -70,7 +70,7 @@ impl Controller {
             let c = self.lock();
             let mut shared = std::collections::BTreeSet::new();
             for s in c.jobs().all() {
-                let j = job_of(s);
+                let j = &s.job;
                 let state = state_name(j.state).to_string();
                 *snap.jobs_by_state.entry(state).or_default() += 1;
                 match j.state {
@@ -362,7 +362,7 @@ impl Controller {
         let mut pending = 0;
         let mut done = Vec::new();
         for s in c.jobs().newest() {
-            let j = job_of(s);
+            let j = &s.job;
             match j.state {
                 JobState::Running => live.push(presented(j)),
                 JobState::Pending if pending < max_pending => {
