@@ -148,6 +148,15 @@ struct GroupCommit {
     failed: std::sync::atomic::AtomicBool,
 }
 
+/// A key as errors show it: a job's as `job/ID` (its id is 8 binary bytes), others as
+/// text.
+fn key_text(k: &[u8]) -> String {
+    match k.strip_prefix(JOB_PREFIX).map(<[u8; 8]>::try_from) {
+        Some(Ok(id)) => format!("job/{}", u64::from_be_bytes(id)),
+        _ => String::from_utf8_lossy(k).into_owned(),
+    }
+}
+
 fn job_key(id: u64) -> Vec<u8> {
     [JOB_PREFIX, &id.to_be_bytes()].concat()
 }
@@ -340,7 +349,7 @@ impl Store {
         let mut out = Vec::new();
         for kv in self.db.scan_prefix(prefix) {
             let (k, v) = kv?;
-            let key = String::from_utf8_lossy(&k).into_owned();
+            let key = key_text(&k);
             match T::decode(v.as_ref()) {
                 Ok(t) => out.push((key, t)),
                 Err(source) => return Err(StoreError::Corrupt { key, source }),
@@ -535,5 +544,33 @@ mod tests {
             err.contains("incompatible version (gpuctld-store-v999)"),
             "{err}"
         );
+    }
+
+    /// A job record in a state this version does not know (a newer controller's, or
+    /// none) stops the load with its key: it is not read as some other state.
+    #[test]
+    fn a_job_record_in_an_unknown_state_is_refused_with_its_key() {
+        use gpuctl_proto::Job as PbJob;
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        s.insert_new_job(&job(1), 2).unwrap();
+        let newer = StoredJob {
+            job: Some(PbJob {
+                id: 2,
+                state: 99,
+                ..PbJob::default()
+            }),
+            ..StoredJob::default()
+        };
+        s.put_job_bytes(2, &newer.encode_to_vec()).unwrap();
+        let err = s.load().err().unwrap();
+        assert!(matches!(err, StoreError::BadJob { .. }), "{err}");
+        let text = err.to_string();
+        assert_eq!(
+            text,
+            "bad job record job/2 in state dir: unknown job state 99"
+        );
+        s.delete_job(2).unwrap();
+        assert_eq!(s.load().unwrap().jobs.len(), 1, "the others read as ever");
     }
 }
