@@ -1,6 +1,9 @@
-//! A job record between core's words (`gpuctl_core::record`) and protobuf: the one
-//! place each field meets its wire number. The controller's store and gRPC server and
-//! the CLI convert here; the store's bytes are what they always were.
+//! A job record between core's words (`gpuctl_core::record`) and protobuf. A plain
+//! field's wire number is written once, in core's list beside its struct
+//! (`gpuctl_core::job_spec_fields!` and the like), and the conversions and the encoder
+//! here are made from those lists; the other fields (messages, maps, enums) meet their
+//! numbers here. The controller's store and gRPC server and the CLI convert here; the
+//! store's bytes are what they always were.
 //!
 //! Conversions are `From` (and `TryFrom` where a state must be known) both ways. A
 //! record's older layouts are upgraded on the way in (`upgrade_record`); a request's
