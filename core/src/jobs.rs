@@ -59,20 +59,29 @@ pub enum Transition {
 /// A job as users see it: its node list and GPUs derived from its allocations (the
 /// records keep the placement once, as allocations).
 pub fn presented(j: &Job) -> Job {
-    let mut j = j.clone();
+    let (node, gpus) = placement(j);
+    let gpus = gpus.cloned().collect();
+    Job {
+        node,
+        gpus,
+        ..j.clone()
+    }
+}
+
+/// Where a job is placed, as users see it: its nodes (each once, in rank order, joined
+/// with commas) and its slots' UUIDs.
+pub fn placement(j: &Job) -> (String, impl Iterator<Item = &String>) {
     let mut nodes: Vec<&str> = Vec::new();
     for a in &j.allocations {
         if !nodes.contains(&a.node.as_str()) {
             nodes.push(&a.node);
         }
     }
-    j.node = nodes.join(",");
-    j.gpus = j
+    let gpus = j
         .allocations
         .iter()
-        .flat_map(|a| a.slots.iter().map(|x| x.uuid.clone()))
-        .collect();
-    j
+        .flat_map(|a| a.slots.iter().map(|x| &x.uuid));
+    (nodes.join(","), gpus)
 }
 
 /// Drops what a finished job no longer needs and may be large or secret: its env,

@@ -26,7 +26,6 @@ use tonic::Status;
 use crate::auth::{Caller, Tokens};
 use crate::store::{Store, StoreError};
 use gpuctl_core::Config;
-use gpuctl_core::jobs::presented;
 use gpuctl_sched as sched;
 
 mod agents;
@@ -806,10 +805,10 @@ impl Controller {
         c.jobs()
             .job(id)
             .map(|j| {
-                let mut p = presented(j);
-                p.usage = c.usage_of(j);
-                p.steps = c.steps_of(j);
-                pb::Job::from(&p)
+                let mut p = listing::presented_pb(j);
+                p.usage = c.usage_of(j).as_ref().map(Into::into);
+                p.steps = c.steps_of(j).iter().map(Into::into).collect();
+                p
             })
             .ok_or_else(|| Status::not_found(format!("no job {id}")))
     }

@@ -2,7 +2,7 @@
 //! from the records without copying them where the caller may see them whole.
 
 use gpuctl_core::filter::JobFilter;
-use gpuctl_core::jobs::presented;
+use gpuctl_core::jobs::placement;
 use gpuctl_core::record::{Job, JobUsage, Record};
 use gpuctl_proto as pb;
 use gpuctl_proto::record::{encode_job, encode_usage_field, job_encoded_len, usage_field_len};
@@ -17,7 +17,7 @@ impl Controller {
         let ids = job_ids(&c, filter);
         ids.iter()
             .filter_map(|&id| c.jobs().job(id))
-            .map(|j| pb::Job::from(&presented(j)))
+            .map(presented_pb)
             .collect()
     }
 
@@ -64,14 +64,13 @@ impl Controller {
             // Steps running now are merged into the record's: such a job is copied.
             let steps = c.has_live_steps(j.id);
             if !(whole && !steps && push_presented(&mut encoded, j, usage)) {
-                let mut p = presented(j);
+                let mut p = presented_pb(j);
                 if let Some(u) = usage {
-                    p.usage = Some(u.clone());
+                    p.usage = Some(u.into());
                 }
                 if steps {
-                    p.steps = c.steps_of(j);
+                    p.steps = c.steps_of(j).iter().map(Into::into).collect();
                 }
-                let mut p = pb::Job::from(&p);
                 redact(caller, &mut p);
                 page.jobs.push(p);
             }
@@ -79,6 +78,14 @@ impl Controller {
         page.encoded = encoded.into();
         page
     }
+}
+
+/// `presented(j)` as the message users get, copied once (straight into it).
+pub(crate) fn presented_pb(j: &Job) -> pb::Job {
+    let mut p = pb::Job::from(j);
+    let (node, gpus) = placement(j);
+    (p.node, p.gpus) = (node, gpus.cloned().collect());
+    p
 }
 
 /// The ids of the jobs a filter lets through, in id order.
@@ -122,18 +129,8 @@ fn push_presented(out: &mut Vec<u8>, j: &Job, usage: Option<&JobUsage>) -> bool 
     if !j.node.is_empty() || !j.gpus.is_empty() || (usage.is_some() && j.usage.is_some()) {
         return false;
     }
-    let mut nodes: Vec<&str> = Vec::new();
-    for a in &j.allocations {
-        if !nodes.contains(&a.node.as_str()) {
-            nodes.push(&a.node);
-        }
-    }
-    let node = nodes.join(",");
-    let gpus: Vec<&String> = j
-        .allocations
-        .iter()
-        .flat_map(|a| a.slots.iter().map(|x| &x.uuid))
-        .collect();
+    let (node, gpus) = placement(j);
+    let gpus: Vec<&String> = gpus.collect();
     let mut len = job_encoded_len(j);
     if !node.is_empty() {
         len += string::encoded_len(JOB_NODE, &node);
@@ -166,6 +163,7 @@ mod tests {
 
     use super::*;
 
+    use gpuctl_core::jobs::presented;
     use gpuctl_core::record::{Allocation, JobSpec, JobState, SlotUse};
 
     fn job(id: u64, nodes: &[&str]) -> Job {
@@ -219,6 +217,11 @@ mod tests {
         let mut want = Vec::new();
         for (j, u) in &cases {
             assert!(push_presented(&mut encoded, j, u.as_ref()));
+            assert_eq!(
+                presented_pb(j),
+                pb::Job::from(&presented(j)),
+                "one copy, same job"
+            );
             let mut p = presented(j);
             p.usage = u.clone();
             want.push(pb::Job::from(&p));

@@ -219,7 +219,7 @@ impl Controller {
             }
             .map_err(status)?;
             let job = (c.jobs().job(id))
-                .map(|j| pb::Job::from(&presented(j)))
+                .map(super::listing::presented_pb)
                 .unwrap_or_default();
             (job, self.settle(c, effects).map_err(store_status)?)
         };
