@@ -186,14 +186,10 @@ struct DepJson {
     job_id: u64,
 }
 
-/// `afterok`, `afterany`, `afternotok` (the job file's words).
-pub fn dependency_kind(k: pb::dependency::Kind) -> &'static str {
-    match k {
-        pb::dependency::Kind::AfterOk => "afterok",
-        pb::dependency::Kind::AfterNotOk => "afternotok",
-        pb::dependency::Kind::AfterAny | pb::dependency::Kind::Unspecified => "afterany",
-        pb::dependency::Kind::Singleton => "singleton",
-    }
+/// `afterok`, `afterany`, `afternotok`, `singleton` (the job file's words) for a
+/// dependency kind's wire number.
+pub fn dependency_kind(kind: i32) -> &'static str {
+    gpuctl_proto::record::dependency_kind(kind).slurm_name()
 }
 
 struct SlotJson<'a>(&'a pb::SlotUse);
@@ -290,7 +286,7 @@ impl serde::Serialize for JobJson<'_> {
             &spec
                 .dependencies
                 .iter()
-                .map(|d| (dependency_kind(d.kind()), d.job_id))
+                .map(|d| (dependency_kind(d.kind), d.job_id))
                 .map(|(kind, job_id)| DepJson { kind, job_id })
                 .collect::<Vec<_>>(),
         )?;
@@ -863,7 +859,7 @@ pub fn show_job(j: &pb::Job) -> String {
             "Dependency",
             spec.dependencies
                 .iter()
-                .map(|d| format!("{}:{}", dependency_kind(d.kind()), d.job_id))
+                .map(|d| format!("{}:{}", dependency_kind(d.kind), d.job_id))
                 .collect::<Vec<_>>()
                 .join(","),
         );

@@ -4,7 +4,7 @@
 //! `gpuctl_core::request`). The job record's conversions are in `record`.
 
 use gpuctl_sched::Request;
-use gpuctl_sched::job::{DepKind, JobState as State};
+use gpuctl_sched::job::JobState as State;
 
 pub use gpuctl_core::request::{
     BadRequest, MAX_NODE_PATTERNS, MAX_PRIORITY_ADJUST, MAX_TASKS_PER_NODE, SIGNALS,
@@ -12,7 +12,7 @@ pub use gpuctl_core::request::{
 };
 
 use crate::resources::Gpu as GpuPart;
-use crate::{GpuShare, JobState, MigInstances, Resources, dependency};
+use crate::{GpuShare, JobState, MigInstances, Resources};
 
 /// A stored or received job state the domain does not know (`JOB_STATE_UNSPECIFIED` or
 /// a number from a newer version).
@@ -48,21 +48,6 @@ impl From<State> for JobState {
             State::Timeout => JobState::Timeout,
             State::NodeFail => JobState::NodeFail,
             State::Preempted => JobState::Preempted,
-        }
-    }
-}
-
-impl From<dependency::Kind> for DepKind {
-    /// An unspecified kind means "after the job ended, however", as `--dependency=JOBID`
-    /// does in Slurm. A singleton names no job: the controller turns it into "after any"
-    /// on each job it waits for.
-    fn from(k: dependency::Kind) -> DepKind {
-        match k {
-            dependency::Kind::AfterOk => DepKind::AfterOk,
-            dependency::Kind::AfterNotOk => DepKind::AfterNotOk,
-            dependency::Kind::AfterAny
-            | dependency::Kind::Unspecified
-            | dependency::Kind::Singleton => DepKind::AfterAny,
         }
     }
 }

@@ -131,7 +131,7 @@ impl From<&core::Resources> for Resources {
 
 /// A dependency kind's wire number as core's kind: unspecified (and a number of a newer
 /// version) means "after the job ended, however", as `--dependency=JOBID` does.
-fn dependency_kind(n: i32) -> core::DependencyKind {
+pub fn dependency_kind(n: i32) -> core::DependencyKind {
     match dependency::Kind::try_from(n) {
         Ok(dependency::Kind::AfterOk) => core::DependencyKind::AfterOk,
         Ok(dependency::Kind::AfterNotOk) => core::DependencyKind::AfterNotOk,
