@@ -1,7 +1,7 @@
 //! Where protobuf meets the domain model (`gpuctl-sched`, `gpuctl-core`): job states,
-//! dependency kinds, the upgrade of an older record's request, and a request checked as
-//! it is about to be sent or was received (the rules themselves are core's:
-//! `gpuctl_core::request`). The job record's conversions are in `record`.
+//! the upgrade of an older record's request, and a request checked as it is about to be
+//! sent or was received (the rules themselves are core's: `gpuctl_core::request`). The
+//! job record's conversions (dependency kinds among them) are in `record`.
 
 use gpuctl_sched::Request;
 use gpuctl_sched::job::JobState as State;
