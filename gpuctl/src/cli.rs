@@ -30,8 +30,8 @@ pub mod exit {
 pub struct Cli {
     /// Controller: unix:PATH (the controller's socket; you are who your uid is) or
     /// https://HOST:PORT (TLS, the cluster CA pinned with --ca; needs an API token).
-    /// Default: unix:/run/gpuctl/gpuctld.sock when that exists, else
-    /// https://127.0.0.1:7817.
+    /// Several, comma-separated, are tried in order until one answers. Default:
+    /// unix:/run/gpuctl/gpuctld.sock when that exists, else https://127.0.0.1:7817.
     #[arg(long, global = true, env = "GPUCTL_CONTROLLER")]
     pub controller: Option<String>,
     /// The cluster CA (the controller's <state-dir>/ca.pem): the only certificate an
@@ -460,9 +460,52 @@ fn chain(e: &dyn std::error::Error) -> String {
     msg
 }
 
+/// The controllers to try, in order: `--controller` (or `GPUCTL_CONTROLLER`) split at
+/// its commas, each a URL of a known scheme.
+fn controller_urls(cli: &Cli) -> Result<Vec<String>, Failure> {
+    let all = controller_url(cli);
+    let urls: Vec<String> = all.split(',').map(|u| u.trim().to_string()).collect();
+    if urls.iter().any(String::is_empty) {
+        return Err(Failure {
+            code: exit::USAGE,
+            message: format!("bad controller list {all:?}: an empty address between commas"),
+        });
+    }
+    for u in &urls {
+        check_scheme(u)?;
+    }
+    Ok(urls)
+}
+
+/// A client of the first of the controllers that answers (`--controller a,b,c`): a
+/// controller that cannot be reached is passed over; any other failure (a bad CA, a
+/// token that cannot be sent) stops at once.
 pub(crate) async fn connect(cli: &Cli) -> Result<Client, Failure> {
-    let url = controller_url(cli);
-    check_scheme(&url)?;
+    const HINT: &str = "is gpuctld running? set --controller or GPUCTL_CONTROLLER";
+    let urls = controller_urls(cli)?;
+    let mut missed = Vec::new();
+    for url in &urls {
+        match connect_to(cli, url).await {
+            Err(f) if f.code == exit::UNREACHABLE => missed.push(f.message),
+            done => return done,
+        }
+    }
+    let message = match missed.as_slice() {
+        [one] => format!("{one} ({HINT})"),
+        all => format!(
+            "no controller of {} answered: {} ({HINT})",
+            urls.join(","),
+            all.join("; ")
+        ),
+    };
+    Err(Failure {
+        code: exit::UNREACHABLE,
+        message,
+    })
+}
+
+async fn connect_to(cli: &Cli, url: &str) -> Result<Client, Failure> {
+    let url = url.to_string();
     // On the socket the caller is their uid: no token is read (nor required readable).
     let token = if url.starts_with("unix:") {
         None
@@ -514,9 +557,7 @@ async fn channel(
 ) -> Result<Channel, Failure> {
     let unreachable = |e: String| Failure {
         code: exit::UNREACHABLE,
-        message: format!(
-            "cannot reach the controller at {url}: {e} (is gpuctld running? set --controller or GPUCTL_CONTROLLER)"
-        ),
+        message: format!("cannot reach the controller at {url}: {e}"),
     };
     let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
         .map_err(|e| Failure {
