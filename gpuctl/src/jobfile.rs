@@ -417,7 +417,7 @@ fn command_part(
 }
 
 /// `tasks_per_node`: at least 1, and what the node's GPUs and CPUs split evenly into
-/// (`convert::check_tasks`); 1 when not given.
+/// (`gpuctl_core::request::check_tasks`); 1 when not given.
 fn tasks_part(
     src: &Src<'_>,
     tasks: Option<Spanned<u32>>,

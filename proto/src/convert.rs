@@ -1,9 +1,8 @@
 //! Where protobuf meets the domain model (`gpuctl-sched`, `gpuctl-core`): job states,
-//! the upgrade of an older record's request, and a request checked as it is about to be
-//! sent or was received (the rules themselves are core's: `gpuctl_core::request`). The
-//! job record's conversions (dependency kinds among them) are in `record`.
+//! the upgrade of an older record's request, and a request on the wire read as the
+//! scheduler does (the rules of a request's shape are core's: `gpuctl_core::request`;
+//! re-exported here). The job record's conversions are in `record`.
 
-use gpuctl_sched::Request;
 use gpuctl_sched::job::JobState as State;
 
 pub use gpuctl_core::request::{
@@ -81,17 +80,6 @@ pub fn upgrade(r: &mut Resources) -> bool {
     }
 }
 
-/// A request on the wire checked (`gpuctl_core::request::checked_request`), then as the
-/// scheduler sees it: the flat fields of before the `gpu` oneof are refused.
-pub fn checked_request(r: &Resources) -> Result<Request, BadRequest> {
-    if crate::record::legacy_fields(r) {
-        return Err(BadRequest(
-            "the flat GPU share/MIG fields are gone: set the `gpu` oneof".into(),
-        ));
-    }
-    gpuctl_core::request::checked_request(&r.clone().into())
-}
-
 /// The GPU part of a request on the wire as the scheduler sees it.
 pub fn gpu_request(g: Option<&GpuPart>) -> gpuctl_sched::GpuRequest {
     gpuctl_core::request::gpu_request(g.cloned().map(Into::into).as_ref())
@@ -105,11 +93,6 @@ pub fn cpu_milli(r: &Resources) -> u32 {
     } else {
         r.cpus.saturating_mul(1000)
     }
-}
-
-/// A request's tasks per node checked (`gpuctl_core::request::check_tasks`).
-pub fn check_tasks(r: &Resources) -> Result<(), String> {
-    gpuctl_core::request::check_tasks(&r.clone().into())
 }
 
 #[cfg(test)]
@@ -142,7 +125,7 @@ mod tests {
             legacy_gpu_memory_mib: 2048,
             ..Resources::default()
         };
-        assert!(checked_request(&r).is_err(), "refused on the API");
+        assert!(crate::record::legacy_fields(&r), "refused on the API");
         assert!(upgrade(&mut r));
         assert_eq!(
             r.gpu,
