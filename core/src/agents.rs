@@ -161,18 +161,27 @@ impl Cluster {
         peer: Option<std::net::SocketAddr>,
         now: i64,
     ) -> Result<(u64, Effects), Refusal> {
-        if req.node.is_empty()
-            || req.node.len() > 255
-            || req.node.contains('/')
-            || req.node.contains(',')
-        {
-            return Err(Refusal::invalid_argument(
-                "node name must be 1 to 255 characters without '/' or ','",
-            ));
-        }
-        gpuctl_sched::features::check_offered(&req.features).map_err(Refusal::invalid_argument)?;
+        self.check_attach(req, now)?;
+        self.attach_checked(req, peer, now)
+    }
+
+    /// What only the controller an agent attaches to checks: the request's shape, the
+    /// challenge nonce it answers (taken: single use), and that no other agent holds
+    /// the name. Then `attach_checked` (an `Attach` entry of the log) attaches it.
+    pub fn check_attach(&mut self, req: &Register, now: i64) -> Result<(), Refusal> {
+        check_register(req)?;
         self.take_nonce(&req.node, &req.nonce, now)?;
-        self.check_identity(req, now)?;
+        self.check_identity(req, now)
+    }
+
+    /// `attach` once `check_attach` has passed.
+    pub fn attach_checked(
+        &mut self,
+        req: &Register,
+        peer: Option<std::net::SocketAddr>,
+        now: i64,
+    ) -> Result<(u64, Effects), Refusal> {
+        check_register(req)?;
         self.fleet.generation += 1;
         let generation = self.fleet.generation;
         let address = if req.address.is_empty() {
@@ -675,4 +684,19 @@ impl Cluster {
 /// same identity to be refused: a quarter of the node timeout, at most 15 s.
 fn same_identity_window(node_timeout_ms: i64) -> i64 {
     (node_timeout_ms / 4).min(15_000)
+}
+
+/// An attach's name and features: what any replica can check.
+fn check_register(req: &Register) -> Result<(), Refusal> {
+    if req.node.is_empty()
+        || req.node.len() > 255
+        || req.node.contains('/')
+        || req.node.contains(',')
+    {
+        return Err(Refusal::invalid_argument(
+            "node name must be 1 to 255 characters without '/' or ','",
+        ));
+    }
+    gpuctl_sched::features::check_offered(&req.features).map_err(Refusal::invalid_argument)?;
+    Ok(())
 }

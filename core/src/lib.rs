@@ -15,7 +15,8 @@
 //! fair-share factor), `policy` (QoS caps), `holds` (hold,
 //! release, requeue), `interactive` (allocations and steps opened from outside a
 //! job), `filter` (listings' filters), `partitions` (node sets and their limits),
-//! `windows` (time-of-day windows), `reconfig` (a new config taken while running),
+//! `windows` (time-of-day windows), `log` (the entries that change the state, and
+//! `Cluster::apply`), `reconfig` (a new config taken while running),
 //! `retention`, `config`, `error`; `node` (a node's record, its GPUs, their samples)
 //! `event` (what agents tell the controller) and `command`
 //! (what the controller tells them); `view` (what the state answers users) are the state's own words for them.
@@ -40,6 +41,7 @@ pub mod holds;
 pub mod idle;
 pub mod interactive;
 pub mod jobs;
+pub mod log;
 pub mod node;
 pub mod ops;
 pub mod partitions;

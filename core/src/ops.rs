@@ -32,7 +32,7 @@ pub enum Admission {
 /// `first_new` on). The daemon takes the queue in later holds of its lock: a job
 /// submitted between them has not had its dependencies looked at, so it waits for the
 /// next pass (its submit asks for one).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Waiting {
     pub ids: BTreeSet<u64>,
     pub first_new: u64,

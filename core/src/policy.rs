@@ -120,6 +120,11 @@ impl Cluster {
     /// kill; it is requeued (keeping its id and submit time) when its job file says
     /// `requeue`, and otherwise ends PREEMPTED.
     pub fn preempt(&mut self, plan: &sched::Plan, now: i64, effects: &mut Effects) {
+        self.preempt_for(&preempt_candidates(plan), now, effects);
+    }
+
+    /// `preempt` for the waiting jobs `preempt_candidates` found in a plan.
+    pub fn preempt_for(&mut self, candidates: &[u64], now: i64, effects: &mut Effects) {
         let pc = self.preempt_config(now);
         self.next_reclaim_ms = None;
         if pc.is_empty() {
@@ -127,16 +132,9 @@ impl Cluster {
         }
         // Few waiting jobs may preempt: find them before the fair-share table (the
         // table costs as much as the lookups of every waiting job).
-        let may: Vec<&Job> = plan
-            .waiting
+        let may: Vec<&Job> = candidates
             .iter()
-            .filter(|w| {
-                matches!(
-                    w.reason,
-                    Blocked::Resources | Blocked::Priority { .. } | Blocked::BeyondDepth
-                )
-            })
-            .filter_map(|w| self.jobs.job(w.job))
+            .filter_map(|&id| self.jobs.job(id))
             .filter(|j| {
                 let s = &j.spec;
                 let partition = self.config.partition_name(&s.partition);
@@ -453,4 +451,20 @@ fn preemption_time(
     moments
         .into_iter()
         .find(|&t| !sched::preempt::plan_preemptions(view, running, one, cfg, pc, t).is_empty())
+}
+
+/// The waiting jobs of a plan that may take running jobs' places: those that wait for
+/// GPUs (resources, a higher job's reservation, or past the backfill depth), in the
+/// plan's rank order.
+pub fn preempt_candidates(plan: &sched::Plan) -> Vec<u64> {
+    plan.waiting
+        .iter()
+        .filter(|w| {
+            matches!(
+                w.reason,
+                Blocked::Resources | Blocked::Priority { .. } | Blocked::BeyondDepth
+            )
+        })
+        .map(|w| w.job)
+        .collect()
 }

@@ -1,18 +1,21 @@
-//! The same events applied to two fresh clusters give the same effects, in the same
-//! order, and the same state: nothing in the state machine may depend on what differs
-//! between two processes (hash seeds, addresses, the clock). What replicated
-//! controllers would rely on (issue 40), and what makes the simulator's replays
-//! repeatable.
+//! A leader's log applied to fresh clusters gives them the leader's effects, in the
+//! same order, and its state: the leader decides (admission, an agent's identity, a
+//! pass's plan) and applies each entry as it logs it; a replica only applies. Nothing
+//! in the state machine may depend on what differs between two processes (hash seeds,
+//! addresses, the clock), nor on what only the leader holds (challenges, sessions'
+//! replay windows). What replicated controllers rely on (issue 40), and what makes the
+//! simulator's replays repeatable.
 
 mod common;
 
 use common::*;
 use gpuctl_core::command::Command;
-use gpuctl_core::event::{Heartbeat, Report, ReportKind, Running};
+use gpuctl_core::event::{Heartbeat, Register, Report, ReportKind, Running};
+use gpuctl_core::log::{Applied, Change, Entry, plan_entries};
 use gpuctl_core::node::{GpuMetrics, JobGpuUse};
 use gpuctl_core::ops::Admission;
 use gpuctl_core::record::{GpuPart, GpuShare};
-use gpuctl_core::{Actor, Cluster, Config, Effects};
+use gpuctl_core::{Actor, Cluster, Config, Effects, Refusal};
 use gpuctl_sched::job::JobState as State;
 use proptest::prelude::*;
 
@@ -90,156 +93,244 @@ fn running(c: &Cluster) -> Vec<(u64, u32, String)> {
     out
 }
 
-/// One step on one cluster; answers its effects (what the shell would send).
-fn apply(c: &mut Cluster, s: &Step, now: &mut i64) -> Vec<Effects> {
-    let mut out = Vec::new();
-    match *s {
-        Step::Submit {
-            user,
-            gpus,
-            share,
-            minutes,
-        } => {
-            let name = USERS[user as usize];
-            let actor = Actor {
-                user: name.into(),
-                admin: false,
-            };
-            let mut sp = spec(gpus, user == 1);
-            sp.user = name.into();
-            let r = &mut sp.resources;
-            r.time_limit_secs = minutes * 60;
-            if share {
-                r.gpu = Some(GpuPart::Share(GpuShare {
-                    compute_milli: 333 * gpus,
-                    memory_mib: None,
-                }));
-            }
-            if let Ok(Admission::New(j)) = c.admit(&actor, sp, "", *now) {
-                c.commit_submit(*j);
-            }
-        }
-        Step::Pass => {
-            let e = pass(c, *now);
-            // The agents say the starts ran.
-            for (node, cmd) in &e.sends {
-                if let Command::Start(st) = cmd {
-                    let r = Report {
-                        time_ms: *now,
-                        ..Report::new(node, st.job_id, st.attempt, ReportKind::Started)
-                    };
-                    out.push(c.report(&r, *now).1);
-                }
-            }
-            out.insert(0, e);
-        }
-        Step::Advance(secs) => {
-            *now += secs * 1000;
-            out.push(c.check_nodes(*now));
-        }
-        Step::End(k, ok) => {
-            let r = running(c);
-            if let Some((id, attempt, node)) = r.get(k % r.len().max(1)).cloned() {
-                let end = Report {
-                    state: if ok { State::Completed } else { State::Failed },
-                    exit_code: Some(if ok { 0 } else { 1 }),
-                    time_ms: *now,
-                    ..Report::new(&node, id, attempt, ReportKind::Ended)
-                };
-                out.push(c.report(&end, *now).1);
-            }
-        }
-        Step::Cancel(k) => {
-            let r = running(c);
-            if let Some((id, ..)) = r.get(k % r.len().max(1)) {
-                let owner = c.jobs().job(*id).unwrap().spec.user.clone();
-                let actor = Actor {
-                    user: owner,
-                    admin: false,
-                };
-                if let Ok((_, e)) = c.cancel(&actor, &[*id], *now) {
-                    out.push(e);
-                }
-            }
-        }
-        Step::Heartbeat(n, util) => {
-            let node = NODES[n as usize];
-            let mine: Vec<(u64, u32)> = running(c)
-                .into_iter()
-                .filter(|r| r.2 == node)
-                .map(|r| (r.0, r.1))
-                .collect();
-            let metrics = (0..2)
-                .map(|i| GpuMetrics {
-                    uuid: format!("GPU-{node}-{i}"),
-                    util_pct: util,
-                    temp_c: 50,
-                    time_ms: *now,
-                    jobs: mine
-                        .iter()
-                        .map(|&(job_id, _)| JobGpuUse {
-                            job_id,
-                            mem_used_mib: 1024,
-                            processes: 1,
-                        })
-                        .collect(),
-                    ..GpuMetrics::default()
-                })
-                .collect();
-            let hb = Heartbeat {
-                node: node.into(),
-                running: mine.iter().map(|&(j, a)| Running::new(j, a)).collect(),
-                metrics,
-                ..Heartbeat::default()
-            };
-            out.push(c.heartbeat(&hb, *now).1);
-        }
-        Step::Drain(n) => {
-            let node = NODES[n as usize];
-            let drained = c
-                .fleet()
-                .node(node)
-                .is_some_and(|x| x.drain_reason.is_some());
-            let why = (!drained).then(|| "maintenance".to_string());
-            if let Ok((_, e)) = c.set_drain(node, why) {
-                out.push(e);
-            }
-        }
-    }
-    checked(c);
-    out
+/// A controller that leads: it decides each step as the daemon does (admission, the
+/// agent's identity and a pass's plan on its own state), applies each entry it decides
+/// at once, and keeps them: its log.
+struct Leader {
+    c: Cluster,
+    now: i64,
+    log: Vec<Entry>,
 }
 
-fn cluster_of(now: i64) -> Cluster {
-    let mut c = Cluster::new(Config::default());
-    for n in NODES {
-        attach(&mut c, n, now);
+impl Leader {
+    /// A cluster of `NODES`, each attached through the log.
+    fn new(now: i64) -> Leader {
+        let mut l = Leader {
+            c: Cluster::new(Config::default()),
+            now,
+            log: Vec::new(),
+        };
+        for n in NODES {
+            let register = register(n, now);
+            l.c.challenge(n, register.nonce.clone(), now);
+            l.c.check_attach(&register, now).expect("identity checked");
+            let (attached, _) = l.apply(Change::Attach {
+                register,
+                peer: None,
+            });
+            assert!(matches!(attached, Ok(Applied::Attached(_))), "{attached:?}");
+        }
+        l.c.take_changes();
+        l
     }
-    c.take_changes();
-    c
+
+    /// Applies a change the leader decided now, and logs it.
+    fn apply(&mut self, change: Change) -> (Result<Applied, Refusal>, Effects) {
+        let entry = Entry::new(self.now, change);
+        self.log.push(entry.clone());
+        let out = self.c.apply(entry);
+        checked(&self.c);
+        out
+    }
+
+    /// One step; answers its effects (what the shell would send).
+    fn step(&mut self, s: &Step) -> Vec<Effects> {
+        let mut out = Vec::new();
+        match *s {
+            Step::Submit {
+                user,
+                gpus,
+                share,
+                minutes,
+            } => out.extend(self.submit(user, gpus, share, minutes)),
+            Step::Pass => {
+                let e = self.pass();
+                // The agents say the starts ran.
+                let reports: Vec<Report> = (e.iter().flat_map(|e| &e.sends))
+                    .filter_map(|(node, cmd)| match cmd {
+                        Command::Start(st) => Some(Report {
+                            time_ms: self.now,
+                            ..Report::new(node, st.job_id, st.attempt, ReportKind::Started)
+                        }),
+                        _ => None,
+                    })
+                    .collect();
+                out.extend(e);
+                out.push(self.apply(Change::Reports(reports)).1);
+            }
+            Step::Advance(secs) => {
+                self.now += secs * 1000;
+                out.push(self.apply(Change::CheckNodes).1);
+            }
+            Step::End(k, ok) => {
+                let r = running(&self.c);
+                if let Some((id, attempt, node)) = r.get(k % r.len().max(1)).cloned() {
+                    let end = Report {
+                        state: if ok { State::Completed } else { State::Failed },
+                        exit_code: Some(if ok { 0 } else { 1 }),
+                        time_ms: self.now,
+                        ..Report::new(&node, id, attempt, ReportKind::Ended)
+                    };
+                    out.push(self.apply(Change::Reports(vec![end])).1);
+                }
+            }
+            Step::Cancel(k) => {
+                let r = running(&self.c);
+                if let Some((id, ..)) = r.get(k % r.len().max(1)) {
+                    let owner = self.c.jobs().job(*id).unwrap().spec.user.clone();
+                    let actor = Actor {
+                        user: owner,
+                        admin: false,
+                    };
+                    let ids = vec![*id];
+                    let tasks = Vec::new();
+                    out.push(self.apply(Change::Cancel { actor, ids, tasks }).1);
+                }
+            }
+            Step::Heartbeat(n, util) => {
+                let hb = heartbeat(&self.c, NODES[n as usize], util, self.now);
+                out.push(self.apply(Change::Heartbeat(hb)).1);
+            }
+            Step::Drain(n) => {
+                let node = NODES[n as usize].to_string();
+                let drained =
+                    (self.c.fleet().node(&node)).is_some_and(|x| x.drain_reason.is_some());
+                let reason = (!drained).then(|| "maintenance".to_string());
+                out.push(self.apply(Change::Drain { node, reason }).1);
+            }
+        }
+        out
+    }
+
+    fn submit(&mut self, user: u8, gpus: u32, share: bool, minutes: u64) -> Option<Effects> {
+        let name = USERS[user as usize];
+        let actor = Actor {
+            user: name.into(),
+            admin: false,
+        };
+        let mut sp = spec(gpus, user == 1);
+        sp.user = name.into();
+        let r = &mut sp.resources;
+        r.time_limit_secs = minutes * 60;
+        if share {
+            r.gpu = Some(GpuPart::Share(GpuShare {
+                compute_milli: 333 * gpus,
+                memory_mib: None,
+            }));
+        }
+        match self.c.admit(&actor, sp, "", self.now) {
+            Ok(Admission::New(j)) => Some(self.apply(Change::Submit(vec![*j])).1),
+            _ => None,
+        }
+    }
+
+    /// A pass as the daemon runs it: its changing start, a plan on the state then, and
+    /// the plan's entries (in parts of two, as the daemon's parts of thousands).
+    fn pass(&mut self) -> Vec<Effects> {
+        let Ok(Applied::Prepared(waiting)) = self.apply(Change::Prepare).0 else {
+            panic!("a pass's start answers the jobs it leaves out");
+        };
+        let (c, now) = (&self.c, self.now);
+        let plan = gpuctl_sched::schedule(&c.view(), &c.queue(&waiting), &c.pass_config(now), now);
+        let mut out = Vec::new();
+        for entry in plan_entries(&plan, 2, now) {
+            out.push(self.apply(entry.change).1);
+        }
+        out
+    }
+}
+
+/// The agent of `node` attaching with two GPUs and nothing running.
+fn register(node: &str, now: i64) -> Register {
+    Register {
+        node: node.into(),
+        gpus: gpus(node, 2),
+        cpus: 16,
+        memory_bytes: 64 << 30,
+        gpu_backend: "fake".into(),
+        nonce: format!("nonce-{node}-{now}").into_bytes(),
+        agent_id: format!("agent-{node}"),
+        ..Register::default()
+    }
+}
+
+/// `node`'s heartbeat: the instances it runs by the state, at `util` percent.
+fn heartbeat(c: &Cluster, node: &str, util: u32, now: i64) -> Heartbeat {
+    let mine: Vec<(u64, u32)> = running(c)
+        .into_iter()
+        .filter(|r| r.2 == node)
+        .map(|r| (r.0, r.1))
+        .collect();
+    let metrics = (0..2)
+        .map(|i| GpuMetrics {
+            uuid: format!("GPU-{node}-{i}"),
+            util_pct: util,
+            temp_c: 50,
+            time_ms: now,
+            jobs: mine
+                .iter()
+                .map(|&(job_id, _)| JobGpuUse {
+                    job_id,
+                    mem_used_mib: 1024,
+                    processes: 1,
+                })
+                .collect(),
+            ..GpuMetrics::default()
+        })
+        .collect();
+    Heartbeat {
+        node: node.into(),
+        running: mine.iter().map(|&(j, a)| Running::new(j, a)).collect(),
+        metrics,
+        ..Heartbeat::default()
+    }
+}
+
+/// A replica: a fresh cluster that applies a leader's log.
+fn replica(log: &[Entry]) -> (Cluster, Vec<Effects>) {
+    let mut c = Cluster::new(Config::default());
+    let effects = log.iter().map(|e| c.apply(e.clone()).1).collect();
+    checked(&c);
+    (c, effects)
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
-    fn the_same_events_give_two_clusters_the_same_effects_and_state(
+    fn the_same_log_gives_replicas_the_leaders_effects_and_state(
         steps in prop::collection::vec(step(), 1..100)
     ) {
-        let (mut now_a, mut now_b) = (T0, T0);
-        let (mut a, mut b) = (cluster_of(T0), cluster_of(T0));
-        for s in &steps {
-            let ea = apply(&mut a, s, &mut now_a);
-            let eb = apply(&mut b, s, &mut now_b);
-            prop_assert_eq!(format!("{ea:?}"), format!("{eb:?}"), "effects of {:?}", s);
-            let (ca, cb) = (a.take_changes(), b.take_changes());
-            prop_assert_eq!(format!("{ca:?}"), format!("{cb:?}"), "changes of {:?}", s);
-            prop_assert_eq!(digest(&a), digest(&b), "state after {:?}", s);
+        let mut leader = Leader::new(T0);
+        let mut follower = Cluster::new(Config::default());
+        for e in &leader.log {
+            prop_assert!(follower.apply(e.clone()).0.is_ok());
         }
+        let mut applied = leader.log.len();
+        follower.take_changes();
+        for s in &steps {
+            let ea = leader.step(s);
+            let new = &leader.log[applied..];
+            let eb: Vec<Effects> = new.iter().map(|e| follower.apply(e.clone()).1).collect();
+            applied = leader.log.len();
+            checked(&follower);
+            let ea: Vec<&Effects> = ea.iter().filter(|e| **e != Effects::default()).collect();
+            let eb: Vec<&Effects> = eb.iter().filter(|e| **e != Effects::default()).collect();
+            prop_assert_eq!(format!("{ea:?}"), format!("{eb:?}"), "effects of {:?}", s);
+            let (ca, cb) = (leader.c.take_changes(), follower.take_changes());
+            prop_assert_eq!(format!("{ca:?}"), format!("{cb:?}"), "changes of {:?}", s);
+            prop_assert_eq!(digest(&leader.c), digest(&follower), "state after {:?}", s);
+        }
+        // Two fresh replicas of the whole log: alike, and like the leader.
+        let (b, eb) = replica(&leader.log);
+        let (c, ec) = replica(&leader.log);
+        prop_assert_eq!(format!("{eb:?}"), format!("{ec:?}"));
+        prop_assert_eq!(digest(&b), digest(&c));
+        prop_assert_eq!(digest(&b), digest(&leader.c));
     }
 }
 
 #[test]
-fn a_fixed_history_starts_ends_and_cancels_jobs_alike_on_both() {
+fn a_fixed_history_starts_ends_and_cancels_jobs_alike_on_the_leader_and_a_replica() {
     use Step::*;
     let steps = [
         Submit {
@@ -284,16 +375,15 @@ fn a_fixed_history_starts_ends_and_cancels_jobs_alike_on_both() {
         // Silent past the node timeout: the nodes fail, their jobs with them.
         Advance(600),
     ];
-    let (mut now_a, mut now_b) = (T0, T0);
-    let (mut a, mut b) = (cluster_of(T0), cluster_of(T0));
+    let mut leader = Leader::new(T0);
     let mut sends = 0;
     for s in &steps {
-        let ea = apply(&mut a, s, &mut now_a);
-        let eb = apply(&mut b, s, &mut now_b);
-        assert_eq!(format!("{ea:?}"), format!("{eb:?}"), "effects of {s:?}");
-        sends += ea.iter().map(|e| e.sends.len()).sum::<usize>();
-        assert_eq!(digest(&a), digest(&b), "state after {s:?}");
+        let e = leader.step(s);
+        sends += e.iter().map(|e| e.sends.len()).sum::<usize>();
+        let (b, _) = replica(&leader.log);
+        assert_eq!(digest(&leader.c), digest(&b), "state after {s:?}");
     }
+    let a = &leader.c;
     let ended = a.jobs().all().filter(|s| s.job.state.is_final()).count();
     assert!(
         sends >= 5,

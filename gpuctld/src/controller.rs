@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use gpuctl_core::log::{Applied, Change, Entry};
 use gpuctl_core::ops::Admission;
 use gpuctl_core::policy::{GpuRoom, gpu_room};
 use gpuctl_core::room::{Deferred, PassRoom};
@@ -149,6 +150,20 @@ impl Shared {
             })
             .collect();
         (sends, effects.wake)
+    }
+
+    /// Applies a change decided now (`gpuctl_core::log`): the one way the shell
+    /// changes the cluster's durable state.
+    fn apply(&mut self, now: i64, change: Change) -> (Result<Applied, Refusal>, Effects) {
+        self.core.apply(Entry::new(now, change))
+    }
+
+    /// `apply` for a change that is never refused (admitted jobs, a pass's parts, a
+    /// closed stream): its effects.
+    fn apply_sure(&mut self, now: i64, change: Change) -> Effects {
+        let (answer, effects) = self.apply(now, change);
+        debug_assert!(answer.is_ok(), "{answer:?}");
+        effects
     }
 
     /// Whether the submit of `j` defers its pass (and records that it did).
@@ -418,7 +433,10 @@ impl Controller {
         let new = Config::load(path).map_err(|e| e.to_string())?;
         let done = {
             let mut c = self.lock();
-            let done = c.reconfigure(new);
+            let done = match c.apply(now_ms(), Change::Reconfigure(Box::new(new))).0 {
+                Ok(Applied::Reconfigured(done)) => done,
+                other => unreachable!("a reconfigure answers what it did, not {other:?}"),
+            };
             *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(c.config().clone());
             done
         };
@@ -596,7 +614,10 @@ impl Controller {
     > {
         let (waiting, changed) = self.step(inline, |c| {
             c.room.pass_started();
-            let waiting = c.pass_prepare(now);
+            let waiting = match c.apply(now, Change::Prepare).0 {
+                Ok(Applied::Prepared(waiting)) => waiting,
+                other => unreachable!("a pass's start answers its waiting jobs, not {other:?}"),
+            };
             self.persist(c).map(|changed| (waiting, changed))
         })?;
         let (mut view, mut at) = (sched::ClusterView::default(), ViewCursor::default());
@@ -627,13 +648,16 @@ impl Controller {
     ) -> Result<Out, StoreError> {
         let mut effects = Effects::default();
         for part in plan.starts.chunks(START_PART) {
-            effects.merge(self.step(inline, |c| c.apply_starts(part, now)));
+            let starts = Change::Starts(part.to_vec());
+            effects.merge(self.step(inline, |c| c.apply_sure(now, starts)));
         }
         for part in plan.waiting.chunks(PART) {
-            self.step(inline, |c| c.annotate_waiting(part));
+            let waiting = Change::Waiting(part.to_vec());
+            self.step(inline, |c| c.apply_sure(now, waiting));
         }
+        let candidates = gpuctl_core::policy::preempt_candidates(plan);
         let mut c = self.lock();
-        c.preempt(plan, now, &mut effects);
+        effects.merge(c.apply_sure(now, Change::Preempt(candidates)));
         // Before `settle`: effects that wake the scheduler leave the room at `Any`.
         let wake = self.settle_room(&mut c, !plan.waiting.is_empty(), room, now);
         let mut out = self.settle(c, effects)?;
@@ -703,10 +727,8 @@ impl Controller {
         let mut defer = false;
         let admitted = {
             let mut c = self.lock();
-            match c
-                .admit(&actor, spec, request_id, now_ms())
-                .map_err(status)?
-            {
+            let now = now_ms();
+            match c.admit(&actor, spec, request_id, now).map_err(status)? {
                 Admission::Repeat(id) => Err(id),
                 Admission::New(mut stored) => {
                     if hold {
@@ -719,7 +741,7 @@ impl Controller {
                         .map_err(store_status)?;
                     defer = c.defers(&stored.job);
                     let notes = stored.job.warnings.clone();
-                    c.commit_submit(*stored);
+                    c.apply_sure(now, Change::Submit(vec![*stored]));
                     Ok((id, notes))
                 }
                 Admission::Array(mut tasks) => {
@@ -738,9 +760,7 @@ impl Controller {
                         .first()
                         .map(|t| t.job.warnings.clone())
                         .unwrap_or_default();
-                    for t in tasks {
-                        c.commit_submit(t);
-                    }
+                    c.apply_sure(now, Change::Submit(tasks));
                     Ok((first, notes))
                 }
             }

@@ -13,6 +13,7 @@ use tonic::Status;
 
 use super::{Controller, Link, now_ms, status, store_status};
 use crate::store::StoreError;
+use gpuctl_core::log::{Applied, Change};
 
 impl Controller {
     /// Encodes and signs the `seq`th command of `session` for the agent of `node`, or
@@ -139,7 +140,14 @@ impl Controller {
         let (tx, rx) = mpsc::channel(1024);
         let (generation, out) = {
             let mut c = self.lock();
-            let (generation, effects) = c.attach(&req, peer, now_ms()).map_err(status)?;
+            let now = now_ms();
+            c.check_attach(&req, now).map_err(status)?;
+            let register = req.clone();
+            let (generation, effects) = c.apply(now, Change::Attach { register, peer });
+            let generation = match generation.map_err(status)? {
+                Applied::Attached(generation) => generation,
+                other => unreachable!("an attach answers its generation, not {other:?}"),
+            };
             c.links.insert(req.node.clone(), Link { generation, tx });
             (generation, self.settle(c, effects).map_err(store_status)?)
         };
@@ -151,7 +159,7 @@ impl Controller {
     pub async fn check_nodes(&self) -> Result<(), StoreError> {
         let out = {
             let mut c = self.lock();
-            let effects = c.check_nodes(now_ms());
+            let effects = c.apply_sure(now_ms(), Change::CheckNodes);
             self.settle(c, effects)?
         };
         self.deliver(out, false).await
@@ -174,7 +182,14 @@ impl Controller {
     /// The agent's command stream closed.
     pub fn disconnected(&self, node: &str, generation: u64) {
         let mut c = self.lock();
-        c.disconnected(node, generation);
+        let node_name = node.to_string();
+        c.apply_sure(
+            now_ms(),
+            Change::Disconnected {
+                node: node_name,
+                generation,
+            },
+        );
         if c.links
             .get(node)
             .is_some_and(|l| l.generation == generation)
@@ -191,7 +206,11 @@ impl Controller {
         let hb = crate::wire::heartbeat(req);
         let (resp, out) = {
             let mut c = self.lock();
-            let (resp, effects) = c.heartbeat(&hb, now_ms());
+            let (resp, effects) = c.apply(now_ms(), Change::Heartbeat(hb));
+            let resp = match resp {
+                Ok(Applied::Heartbeat(resp)) => resp,
+                other => unreachable!("a heartbeat answers, not {other:?}"),
+            };
             (resp, self.settle(c, effects).map_err(store_status)?)
         };
         self.deliver(out, false).await.map_err(store_status)?;
@@ -200,18 +219,8 @@ impl Controller {
 
     /// Applies an agent's report; answers whether a started instance is stale.
     pub async fn report(self: &Arc<Self>, r: pb::JobReport) -> Result<pb::JobReportAck, Status> {
-        let r = crate::wire::report(r)?;
-        let (stale, mut out) = {
-            let mut c = self.lock();
-            let (stale, effects) = c.report(&r, now_ms());
-            (stale, self.settle(c, effects).map_err(store_status)?)
-        };
-        // A job's end frees its GPUs: the next start goes out with this answer's flush.
-        if out.wake && self.pass_now().await {
-            out.wake = false;
-        }
-        self.deliver(out, true).await.map_err(store_status)?;
-        Ok(pb::JobReportAck { stale })
+        let mut acks = self.reports(vec![r]).await?;
+        Ok(acks.pop().unwrap_or_default())
     }
 
     /// Applies one node's reports in order under one lock and one write; answers each
@@ -226,16 +235,18 @@ impl Controller {
             .collect::<Result<Vec<_>, Status>>()?;
         let (acks, mut out) = {
             let mut c = self.lock();
-            let now = now_ms();
-            let mut all = gpuctl_core::Effects::default();
-            let mut acks = Vec::with_capacity(reports.len());
-            for r in &reports {
-                let (stale, effects) = c.report(r, now);
-                acks.push(pb::JobReportAck { stale });
-                all.merge(effects);
-            }
-            (acks, self.settle(c, all).map_err(store_status)?)
+            let (stale, effects) = c.apply(now_ms(), Change::Reports(reports));
+            let acks = match stale {
+                Ok(Applied::Reports(stale)) => stale,
+                other => unreachable!("reports answer their acks, not {other:?}"),
+            };
+            let acks = acks.into_iter().map(|stale| pb::JobReportAck { stale });
+            (
+                acks.collect(),
+                self.settle(c, effects).map_err(store_status)?,
+            )
         };
+        // A job's end frees its GPUs: the next start goes out with this answer's flush.
         if out.wake && self.pass_now().await {
             out.wake = false;
         }

@@ -10,6 +10,7 @@ use tonic::Status;
 use super::{Controller, now_ms, store_status};
 use crate::auth::Caller;
 use crate::pki::Via;
+use gpuctl_core::log::Change;
 
 impl Controller {
     pub fn pki(&self) -> &crate::pki::Pki {
@@ -91,8 +92,8 @@ impl Controller {
         self.store.joined(None, &identity).map_err(store_status)?;
         let out = {
             let mut c = self.lock();
-            let mut effects = gpuctl_core::Effects::default();
-            c.fail_node(&req.node, "node revoked", now_ms(), &mut effects);
+            let (node, why) = (req.node.clone(), "node revoked".to_string());
+            let effects = c.apply_sure(now_ms(), Change::FailNode { node, why });
             c.links.remove(&req.node);
             self.settle(c, effects).map_err(store_status)?
         };

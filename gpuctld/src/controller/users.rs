@@ -12,6 +12,7 @@ use gpuctl_sched as sched;
 
 use super::{Controller, now_ms, status, store_status};
 use crate::auth::Caller;
+use gpuctl_core::log::{Applied, Change};
 
 impl Controller {
     /// The metrics' exposition text, from the state now.
@@ -170,10 +171,13 @@ impl Controller {
             if let Some(f) = &filter {
                 ids.extend(c.active_matching(f));
             }
-            let tasks: Vec<_> = tasks.iter().map(crate::wire::task_ref).collect();
-            let (results, effects) = c
-                .cancel_tasks(&caller.actor(), &ids, &tasks, now_ms())
-                .map_err(status)?;
+            let tasks = tasks.iter().map(crate::wire::task_ref).collect();
+            let actor = caller.actor();
+            let (results, effects) = c.apply(now_ms(), Change::Cancel { actor, ids, tasks });
+            let results = match results.map_err(status)? {
+                Applied::Cancelled(results) => results,
+                other => unreachable!("a cancel answers its results, not {other:?}"),
+            };
             (results, self.settle(c, effects).map_err(store_status)?)
         };
         self.deliver(out, true).await.map_err(store_status)?;
@@ -208,16 +212,8 @@ impl Controller {
         let (job, out) = {
             let mut c = self.lock();
             let actor = caller.actor();
-            let now = now_ms();
-            let effects = match action {
-                JobAction::Hold => c.hold(&actor, id),
-                JobAction::Release => c.release(&actor, id),
-                JobAction::ReleaseAllocation(code) => c.release_allocation(&actor, id, code),
-                JobAction::Requeue => {
-                    c.requeue(&actor, id, &format!("requeued by {}", actor.user), now)
-                }
-            }
-            .map_err(status)?;
+            let (done, effects) = c.apply(now_ms(), Change::Job { actor, id, action });
+            done.map_err(status)?;
             let job = (c.jobs().job(id))
                 .map(super::listing::presented_pb)
                 .unwrap_or_default();
@@ -333,7 +329,18 @@ impl Controller {
     pub async fn set_drain(&self, name: &str, drain: Option<String>) -> Result<pb::Node, Status> {
         let (node, out) = {
             let mut c = self.lock();
-            let (node, effects) = c.set_drain(name, drain).map_err(status)?;
+            let node = name.to_string();
+            let (row, effects) = c.apply(
+                now_ms(),
+                Change::Drain {
+                    node,
+                    reason: drain,
+                },
+            );
+            let node = match row.map_err(status)? {
+                Applied::Node(row) => row,
+                other => unreachable!("a drain answers its node, not {other:?}"),
+            };
             (node, self.settle(c, effects).map_err(store_status)?)
         };
         self.deliver(out, true).await.map_err(store_status)?;
@@ -342,15 +349,7 @@ impl Controller {
 }
 
 /// What `job_action` does.
-#[derive(Debug, Clone, Copy)]
-pub enum JobAction {
-    Hold,
-    Release,
-    Requeue,
-    /// The end of an interactive allocation (`gpuctl alloc`'s shell ended).
-    /// With how its shell ended.
-    ReleaseAllocation(Option<i32>),
-}
+pub use gpuctl_core::log::JobAction;
 
 impl Controller {
     /// The jobs the web page shows, newest first: every running job, up to

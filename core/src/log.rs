@@ -1,0 +1,234 @@
+//! The cluster's log: every change to the state that must outlive the process, as an
+//! entry, and `Cluster::apply`, the one way an entry changes the state.
+//!
+//! An entry says what happened and when (`Entry::at`, the time the controller that
+//! decided it read from its clock): applying it reads no clock, does no I/O and draws
+//! no random number, so the same entries applied in the same order to two clusters
+//! that started alike leave them alike (`core/tests/log.rs`). That is what replicated
+//! controllers rely on (issue 40): the leader decides, the log carries its decisions,
+//! every replica applies them.
+//!
+//! What the leader decides before an entry exists, and keeps to itself:
+//! - admission: a submit is checked (`Cluster::admit`, which only reads the state) and
+//!   the entry carries the records it built, ids included;
+//! - an agent's proof of identity: the challenge nonce it answers and whether another
+//!   agent holds its name (`Cluster::check_attach`); the entry is the attach itself;
+//! - a session's replay window and the numbers of the commands sent on it
+//!   (`check_session`, `command_sent`): sessions live on the controller an agent is
+//!   connected to, and an agent attaches again to a new one;
+//! - a scheduling pass's plan: the entries are its starts, its waiting jobs' reasons
+//!   and the jobs that may preempt, checked again against the state as they apply.
+//!
+//! A refusal an entry meets as it applies (a cancel of someone else's job) is the same
+//! on every replica: it changes nothing anywhere.
+
+use crate::config::Config;
+use crate::error::{Actor, Refusal};
+use crate::event::{Heartbeat, HeartbeatAnswer, Register, Report};
+use crate::node::NodeRow;
+use crate::ops::Waiting;
+use crate::reconfig::Reconfigured;
+use crate::record::Record;
+use crate::state::{Cluster, Effects};
+use crate::view::{CancelResult, TaskRef};
+use gpuctl_sched as sched;
+
+/// One change to the cluster, and when it was decided (ms since the epoch).
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub at: i64,
+    pub change: Change,
+}
+
+impl Entry {
+    pub fn new(at: i64, change: Change) -> Entry {
+        Entry { at, change }
+    }
+}
+
+/// What changes. Each variant is one operation of the state machine.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Jobs admitted (`Cluster::admit`): one, or the tasks of an array, with their ids.
+    Submit(Vec<Record>),
+    /// A cancel of jobs by id and of arrays' tasks by index (a filter's jobs are
+    /// resolved to ids before).
+    Cancel {
+        actor: Actor,
+        ids: Vec<u64>,
+        tasks: Vec<TaskRef>,
+    },
+    /// A hold, release, requeue or the end of an allocation, of one job.
+    Job {
+        actor: Actor,
+        id: u64,
+        action: JobAction,
+    },
+    /// A node drained (with why) or resumed (`None`).
+    Drain {
+        node: String,
+        reason: Option<String>,
+    },
+    /// An agent attached (its identity checked by `Cluster::check_attach`).
+    Attach {
+        register: Register,
+        peer: Option<std::net::SocketAddr>,
+    },
+    /// An agent's command stream closed.
+    Disconnected {
+        node: String,
+        generation: u64,
+    },
+    Heartbeat(Heartbeat),
+    /// One node's reports, in order.
+    Reports(Vec<Report>),
+    /// The watchdog's round: nodes silent past the node timeout fail.
+    CheckNodes,
+    /// A node failed for a reason of the controller's (its identity revoked).
+    FailNode {
+        node: String,
+        why: String,
+    },
+    /// The changing start of a scheduling pass (`Cluster::pass_prepare`).
+    Prepare,
+    /// Starts of a pass's plan.
+    Starts(Vec<sched::Start>),
+    /// Why jobs of a pass's plan wait.
+    Waiting(Vec<sched::Waiting>),
+    /// After a pass: the waiting jobs that may take running jobs' places.
+    Preempt(Vec<u64>),
+    /// A new configuration (`gpuctl admin reconfigure`).
+    Reconfigure(Box<Config>),
+}
+
+/// What a hold, release or requeue does to its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobAction {
+    Hold,
+    Release,
+    Requeue,
+    /// The end of an interactive allocation, with how its shell ended.
+    ReleaseAllocation(Option<i32>),
+}
+
+/// What an entry answers the one who asked for it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied {
+    /// Nothing to answer.
+    Done,
+    Cancelled(Vec<CancelResult>),
+    Node(NodeRow),
+    /// An attach's session generation.
+    Attached(u64),
+    Heartbeat(HeartbeatAnswer),
+    /// For each report, whether the instance it names is stale.
+    Reports(Vec<bool>),
+    /// The pending jobs a pass leaves out (they wait for others, or a partition).
+    Prepared(Waiting),
+    Reconfigured(Reconfigured),
+}
+
+impl Cluster {
+    /// Applies one entry: its answer (or the refusal it met, which changed nothing)
+    /// and its effects. What changed is taken with `take_changes` as after any
+    /// operation.
+    pub fn apply(&mut self, entry: Entry) -> (Result<Applied, Refusal>, Effects) {
+        let now = entry.at;
+        let mut effects = Effects::default();
+        let answer = match entry.change {
+            Change::Submit(records) => {
+                for r in records {
+                    effects.merge(self.commit_submit(r));
+                }
+                Ok(Applied::Done)
+            }
+            Change::Cancel { actor, ids, tasks } => self
+                .cancel_tasks(&actor, &ids, &tasks, now)
+                .map(|(results, e)| {
+                    effects = e;
+                    Applied::Cancelled(results)
+                }),
+            Change::Job { actor, id, action } => {
+                let done = match action {
+                    JobAction::Hold => self.hold(&actor, id),
+                    JobAction::Release => self.release(&actor, id),
+                    JobAction::Requeue => {
+                        self.requeue(&actor, id, &format!("requeued by {}", actor.user), now)
+                    }
+                    JobAction::ReleaseAllocation(code) => self.release_allocation(&actor, id, code),
+                };
+                done.map(|e| {
+                    effects = e;
+                    Applied::Done
+                })
+            }
+            Change::Drain { node, reason } => self.set_drain(&node, reason).map(|(row, e)| {
+                effects = e;
+                Applied::Node(row)
+            }),
+            Change::Attach { register, peer } => {
+                self.attach_checked(&register, peer, now)
+                    .map(|(generation, e)| {
+                        effects = e;
+                        Applied::Attached(generation)
+                    })
+            }
+            Change::Disconnected { node, generation } => {
+                self.disconnected(&node, generation);
+                Ok(Applied::Done)
+            }
+            Change::Heartbeat(hb) => {
+                let (answer, e) = self.heartbeat(&hb, now);
+                effects = e;
+                Ok(Applied::Heartbeat(answer))
+            }
+            Change::Reports(reports) => {
+                let mut stale = Vec::with_capacity(reports.len());
+                for r in &reports {
+                    let (s, e) = self.report(r, now);
+                    stale.push(s);
+                    effects.merge(e);
+                }
+                Ok(Applied::Reports(stale))
+            }
+            Change::CheckNodes => {
+                effects = self.check_nodes(now);
+                Ok(Applied::Done)
+            }
+            Change::FailNode { node, why } => {
+                self.fail_node(&node, &why, now, &mut effects);
+                Ok(Applied::Done)
+            }
+            Change::Prepare => Ok(Applied::Prepared(self.pass_prepare(now))),
+            Change::Starts(starts) => {
+                effects = self.apply_starts(&starts, now);
+                Ok(Applied::Done)
+            }
+            Change::Waiting(waiting) => {
+                self.annotate_waiting(&waiting);
+                Ok(Applied::Done)
+            }
+            Change::Preempt(candidates) => {
+                self.preempt_for(&candidates, now, &mut effects);
+                Ok(Applied::Done)
+            }
+            Change::Reconfigure(config) => Ok(Applied::Reconfigured(self.reconfigure(*config))),
+        };
+        (answer, effects)
+    }
+}
+
+/// The entries that apply a pass's plan as `Cluster::apply_plan` does: its starts in
+/// parts of `part`, its waiting jobs' reasons likewise, then preemption.
+pub fn plan_entries(plan: &sched::Plan, part: usize, at: i64) -> Vec<Entry> {
+    let part = part.max(1);
+    let starts = (plan.starts.chunks(part)).map(|p| Entry::new(at, Change::Starts(p.to_vec())));
+    let waiting = (plan.waiting.chunks(part)).map(|p| Entry::new(at, Change::Waiting(p.to_vec())));
+    starts
+        .chain(waiting)
+        .chain(std::iter::once(Entry::new(
+            at,
+            Change::Preempt(crate::policy::preempt_candidates(plan)),
+        )))
+        .collect()
+}
