@@ -492,6 +492,13 @@ impl Config {
         toml::to_string(self).expect("a config serialises to TOML")
     }
 
+    /// A configuration from `to_toml`'s text (a reconfigure in the log).
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        let mut config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+        config.resolve_qos();
+        Ok(config)
+    }
+
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),

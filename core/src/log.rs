@@ -32,6 +32,7 @@ use crate::record::Record;
 use crate::state::{Cluster, Effects};
 use crate::view::{CancelResult, TaskRef};
 use gpuctl_sched as sched;
+use std::borrow::Cow;
 
 /// One change to the cluster, and when it was decided (ms since the epoch).
 #[derive(Debug, Clone)]
@@ -94,11 +95,30 @@ pub enum Change {
     /// Starts of a pass's plan.
     Starts(Vec<sched::Start>),
     /// Why jobs of a pass's plan wait.
-    Waiting(Vec<sched::Waiting>),
+    Waiting(Vec<Wait>),
     /// After a pass: the waiting jobs that may take running jobs' places.
     Preempt(Vec<u64>),
     /// A new configuration (`gpuctl admin reconfigure`).
     Reconfigure(Box<Config>),
+}
+
+/// Why a job of a pass's plan waits (the queue's REASON), and when it is expected to
+/// start (Unix ms; 0: not known).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wait {
+    pub job: u64,
+    pub reason: Cow<'static, str>,
+    pub expected_start_ms: i64,
+}
+
+impl Wait {
+    pub fn of(w: &sched::Waiting) -> Wait {
+        Wait {
+            job: w.job,
+            reason: Cow::Borrowed(w.reason.name()),
+            expected_start_ms: w.reservation.as_ref().map_or(0, |r| r.start),
+        }
+    }
 }
 
 /// What a hold, release or requeue does to its job.
@@ -117,7 +137,7 @@ pub enum Applied {
     /// Nothing to answer.
     Done,
     Cancelled(Vec<CancelResult>),
-    Node(NodeRow),
+    Node(Box<NodeRow>),
     /// An attach's session generation.
     Attached(u64),
     Heartbeat(HeartbeatAnswer),
@@ -164,7 +184,7 @@ impl Cluster {
             }
             Change::Drain { node, reason } => self.set_drain(&node, reason).map(|(row, e)| {
                 effects = e;
-                Applied::Node(row)
+                Applied::Node(Box::new(row))
             }),
             Change::Attach { register, peer } => {
                 self.attach_checked(&register, peer, now)
@@ -223,7 +243,8 @@ impl Cluster {
 pub fn plan_entries(plan: &sched::Plan, part: usize, at: i64) -> Vec<Entry> {
     let part = part.max(1);
     let starts = (plan.starts.chunks(part)).map(|p| Entry::new(at, Change::Starts(p.to_vec())));
-    let waiting = (plan.waiting.chunks(part)).map(|p| Entry::new(at, Change::Waiting(p.to_vec())));
+    let waiting = (plan.waiting.chunks(part))
+        .map(|p| Entry::new(at, Change::Waiting(p.iter().map(Wait::of).collect())));
     starts
         .chain(waiting)
         .chain(std::iter::once(Entry::new(

@@ -338,7 +338,8 @@ impl Cluster {
     /// reason and expected start.
     pub fn apply_plan(&mut self, plan: &sched::Plan, now: i64) -> Effects {
         let mut effects = self.apply_starts(&plan.starts, now);
-        self.annotate_waiting(&plan.waiting);
+        let waits: Vec<crate::log::Wait> = plan.waiting.iter().map(crate::log::Wait::of).collect();
+        self.annotate_waiting(&waits);
         self.preempt(plan, now, &mut effects);
         effects
     }
@@ -391,19 +392,15 @@ impl Cluster {
 
     /// Waiting jobs show their reason and expected start (in memory only); a part of a
     /// plan's `waiting` at a time is fine.
-    pub fn annotate_waiting(&mut self, waiting: &[sched::Waiting]) {
-        let mut reason = String::new();
+    pub fn annotate_waiting(&mut self, waiting: &[crate::log::Wait]) {
         for w in waiting {
-            use std::fmt::Write as _;
-            reason.clear();
-            let _ = write!(reason, "{}", w.reason);
             let preempted = self.jobs.get(w.job).is_some_and(|s| s.preempted_by != 0);
             self.jobs.annotate_pending(w.job, |j| {
                 // A preempted job says so until it runs again.
-                if j.reason != reason && !preempted {
-                    j.reason.clone_from(&reason);
+                if j.reason != w.reason && !preempted {
+                    j.reason = w.reason.to_string();
                 }
-                j.expected_start_ms = w.reservation.as_ref().map_or(0, |r| r.start);
+                j.expected_start_ms = w.expected_start_ms;
             });
         }
     }

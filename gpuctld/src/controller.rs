@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gpuctl_core::log::{Applied, Change, Entry};
+use gpuctl_core::log::{Applied, Change, Entry, Wait};
 use gpuctl_core::ops::Admission;
 use gpuctl_core::policy::{GpuRoom, gpu_room};
 use gpuctl_core::room::{Deferred, PassRoom};
@@ -652,7 +652,7 @@ impl Controller {
             effects.merge(self.step(inline, |c| c.apply_sure(now, starts)));
         }
         for part in plan.waiting.chunks(PART) {
-            let waiting = Change::Waiting(part.to_vec());
+            let waiting = Change::Waiting(part.iter().map(Wait::of).collect());
             self.step(inline, |c| c.apply_sure(now, waiting));
         }
         let candidates = gpuctl_core::policy::preempt_candidates(plan);

@@ -19,6 +19,9 @@ use gpuctl_proto::{self as pb, job_report};
 use gpuctl_sched::job::JobState as State;
 use tonic::Status;
 
+mod log;
+pub use log::{BadEntry, entry, entry_pb};
+
 /// An agent's attach. Unacknowledged reports of no known kind (none a released agent
 /// sends) are left out, with a line in the log.
 pub fn register(r: pb::RegisterRequest) -> Register {

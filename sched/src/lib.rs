@@ -143,9 +143,10 @@ pub enum Blocked {
     WindowFloor { window: String },
 }
 
-impl std::fmt::Display for Blocked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl Blocked {
+    /// The queue's REASON for it (Slurm's names where Slurm has one).
+    pub fn name(&self) -> &'static str {
+        match self {
             Blocked::Resources => "Resources",
             Blocked::Priority { .. } => "Priority",
             Blocked::NodesUnavailable => "Nodes_Unavailable",
@@ -155,7 +156,13 @@ impl std::fmt::Display for Blocked {
             Blocked::Cap(limits::Over::Account { .. }) => "QOSMaxGpusPerAccount",
             Blocked::Cap(limits::Over::Array { .. }) => "JobArrayTaskLimit",
             Blocked::WindowFloor { .. } => "WindowFloor",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for Blocked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -134,7 +134,8 @@ fn main() {
         }
         for part in plan.waiting.chunks(20_000) {
             let t = Instant::now();
-            c.annotate_waiting(part);
+            let part: Vec<_> = part.iter().map(gpuctl_core::log::Wait::of).collect();
+            c.annotate_waiting(&part);
             holds.push(ms(t));
         }
         let t = Instant::now();

@@ -12,6 +12,7 @@
 
 pub mod agents;
 mod input;
+mod logged;
 mod report;
 
 use std::collections::BTreeMap;
@@ -21,12 +22,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde::Serialize;
 
+use gpuctl_core::log::{Applied, Change};
 use gpuctl_core::ops::Admission;
 use gpuctl_core::record::{JobSpec, Resources};
-use gpuctl_core::{Actor, Cluster, Config};
+use gpuctl_core::{Actor, Cluster, Config, Effects};
 use gpuctl_sched::packing::{Policy, Workload};
 use gpuctl_sched::priority::PriorityWeights;
 use gpuctl_sched::{self as sched, Millis, NodeView, SchedConfig};
+use logged::Logged;
+pub use logged::Observer;
 
 use input::gpus_of;
 pub use input::{TraceJob, parse_cluster, read_jobs};
@@ -119,7 +123,7 @@ pub struct Sample {
 
 /// The scheduler's configuration for a replay policy; FGD measures fragmentation against
 /// the shapes of the replayed jobs (as the controller does with the jobs it knows).
-fn config_for(
+pub fn config_for(
     policy: &str,
     packing: Policy,
     depth: Option<usize>,
@@ -148,18 +152,17 @@ fn config_for(
 /// The replay's controller: the controller's own cluster state machine
 /// (`gpuctl-core`) with this policy's scheduler configuration, and an agent attached for
 /// every node. Time limits and queue lengths are the trace's: the site limits are off.
-fn controller(nodes: &[NodeView], config: &SchedConfig, base: &Config, t0: Millis) -> Cluster {
-    let mut cfg = base.clone();
-    cfg.limits.max_time_limit = Duration::from_secs(u64::from(u32::MAX));
-    cfg.limits.max_pending_per_user = usize::MAX;
-    cfg.retention.max_age = Duration::from_secs(u64::from(u32::MAX));
-    cfg.retention.max_jobs = usize::MAX;
-    let mut c = Cluster::new(cfg);
-    c.set_sched_config(config.clone());
+fn controller<'a>(
+    nodes: &[NodeView],
+    config: &SchedConfig,
+    base: &Config,
+    t0: Millis,
+    observer: Option<logged::Observer<'a>>,
+) -> Logged<'a> {
+    let mut c = Logged::new(empty(config, base), observer);
     for (i, n) in nodes.iter().enumerate() {
         let nonce = i.to_le_bytes().to_vec();
-        c.challenge(&n.name, nonce.clone(), t0);
-        let req = gpuctl_core::event::Register {
+        let register = gpuctl_core::event::Register {
             node: n.name.clone(),
             gpus: gpus_of(n),
             cpus: n.cpu_milli / 1000,
@@ -169,11 +172,44 @@ fn controller(nodes: &[NodeView], config: &SchedConfig, base: &Config, t0: Milli
             agent_id: format!("sim-{i}"),
             ..Default::default()
         };
-        c.attach(&req, None, t0)
-            .expect("a simulated agent attaches");
+        let (attached, _) = c.apply(
+            t0,
+            Change::Attach {
+                register,
+                peer: None,
+            },
+        );
+        attached.expect("a simulated agent attaches");
     }
     c.take_changes();
     c
+}
+
+/// The replay's controller before its agents attach: what a replica of its log starts
+/// from.
+pub fn empty(config: &SchedConfig, base: &Config) -> Cluster {
+    let mut cfg = base.clone();
+    cfg.limits.max_time_limit = Duration::from_secs(u64::from(u32::MAX));
+    cfg.limits.max_pending_per_user = usize::MAX;
+    cfg.retention.max_age = Duration::from_secs(u64::from(u32::MAX));
+    cfg.retention.max_jobs = usize::MAX;
+    let mut c = Cluster::new(cfg);
+    c.set_sched_config(config.clone());
+    c
+}
+
+/// A pass, as the daemon runs it: its changing start, a plan on the state then, and the
+/// plan's entries (starts, waiting jobs' reasons, preemption).
+fn pass(c: &mut Logged, now: Millis) -> Effects {
+    let Ok(Applied::Prepared(waiting)) = c.apply(now, Change::Prepare).0 else {
+        unreachable!("a pass's start answers the jobs it leaves out");
+    };
+    let plan = sched::schedule(&c.view(), &c.queue(&waiting), &c.pass_config(now), now);
+    let mut effects = Effects::default();
+    for entry in gpuctl_core::log::plan_entries(&plan, usize::MAX, now) {
+        effects.merge(c.apply(now, entry.change).1);
+    }
+    effects
 }
 
 /// A trace job as a job file would ask for it.
@@ -256,6 +292,21 @@ pub fn replay(
     policy: &str,
     epoch_ms: Millis,
 ) -> Outcome {
+    replay_observed(nodes, jobs, config, base, policy, epoch_ms, None).0
+}
+
+/// `replay`, `observer` seeing every change it makes to its controller, in order, with
+/// the state each leaves: the replay's log, which applied to `empty(config, base)`
+/// passes through the same states. Answers the state it ends in, too.
+pub fn replay_observed(
+    nodes: &[NodeView],
+    jobs: &[TraceJob],
+    config: &SchedConfig,
+    base: &Config,
+    policy: &str,
+    epoch_ms: Millis,
+    observer: Option<Observer<'_>>,
+) -> (Outcome, Cluster) {
     let capacity: u64 = nodes.iter().map(|n| n.slots.len() as u64 * 1000).sum();
     let feasible: Vec<TraceJob> = jobs
         .iter()
@@ -273,7 +324,7 @@ pub fn replay(
         .collect();
     let infeasible = jobs.len() - feasible.len();
     let mut now: Millis = feasible.first().map_or(epoch_ms, |j| j.submit);
-    let mut c = controller(nodes, config, base, now);
+    let mut c = controller(nodes, config, base, now, observer);
     let actor = Actor {
         user: "sim".into(),
         admin: true,
@@ -310,7 +361,7 @@ pub fn replay(
             match c.admit(&actor, spec_of(j), "", now) {
                 Ok(Admission::New(stored)) => {
                     by_id.insert(stored.job.id, j);
-                    c.commit_submit(*stored);
+                    c.apply_sure(now, Change::Submit(vec![*stored]));
                     pending += 1;
                 }
                 Ok(Admission::Repeat(_) | Admission::Array(_)) => {
@@ -321,9 +372,7 @@ pub fn replay(
         }
         if pending > 0 {
             let t0 = Instant::now();
-            let (view, queue, cfg) = c.pass_input(now);
-            let plan = sched::schedule(&view, &queue, &cfg, now);
-            let effects = c.apply_plan(&plan, now);
+            let effects = pass(&mut c, now);
             tally.pass_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
             for j in sim.deliver(&mut c, effects.sends, &by_id, now) {
                 pending -= 1;
@@ -349,7 +398,6 @@ pub fn replay(
                 });
             }
         }
-        // What a store would write; the replay keeps nothing.
         c.take_changes();
         tally.samples.push(Sample {
             t: now - epoch_ms,
@@ -385,13 +433,14 @@ pub fn replay(
         infeasible,
     };
     let (summary, samples, users) = summarize(tally, &span, policy, &config.policy.to_string());
-    Outcome {
+    let outcome = Outcome {
         summary,
         samples,
         users,
         jobs: records,
         runs: sim.runs,
-    }
+    };
+    (outcome, c.into_inner())
 }
 
 /// The replay's time and area totals.

@@ -338,7 +338,7 @@ impl Controller {
                 },
             );
             let node = match row.map_err(status)? {
-                Applied::Node(row) => row,
+                Applied::Node(row) => *row,
                 other => unreachable!("a drain answers its node, not {other:?}"),
             };
             (node, self.settle(c, effects).map_err(store_status)?)

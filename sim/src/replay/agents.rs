@@ -9,9 +9,10 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
-use gpuctl_core::Cluster;
+use super::logged::Logged;
 use gpuctl_core::command::Command;
 use gpuctl_core::event::{Report, ReportKind};
+use gpuctl_core::log::Change;
 use gpuctl_core::record::JobState;
 use gpuctl_sched::Millis;
 use gpuctl_sched::job::JobState as State;
@@ -65,7 +66,7 @@ impl SimAgents {
     /// Reports every end due by `now`. Returns the last end time.
     pub fn report_due(
         &mut self,
-        c: &mut Cluster,
+        c: &mut Logged,
         by_id: &BTreeMap<u64, &TraceJob>,
         now: Millis,
     ) -> Option<Millis> {
@@ -85,7 +86,7 @@ impl SimAgents {
                 time_ms: t,
                 ..Report::new(&node, id, attempt, ReportKind::Ended)
             };
-            c.report(&end, t);
+            c.apply_sure(t, Change::Reports(vec![end]));
             let Some(j) = c.jobs().job(id) else { continue };
             let gone = j.state != JobState::Running || j.attempt != attempt;
             if gone && let Some((start, milli)) = self.running.remove(&(id, attempt)) {
@@ -123,7 +124,7 @@ impl SimAgents {
     /// Runs the commands a pass sent. Returns the jobs started (rank 0 of each).
     pub fn deliver<'a>(
         &mut self,
-        c: &mut Cluster,
+        c: &mut Logged,
         sends: Vec<(String, Command)>,
         by_id: &BTreeMap<u64, &'a TraceJob>,
         now: Millis,
@@ -137,7 +138,7 @@ impl SimAgents {
                         time_ms: now,
                         ..Report::new(&node, s.job_id, s.attempt, ReportKind::Started)
                     };
-                    c.report(&report, now);
+                    c.apply_sure(now, Change::Reports(vec![report]));
                     let done = State::Completed;
                     let saved = self.saved.get(&s.job_id).copied().unwrap_or(0);
                     let left = (j.duration - saved).max(1000);
