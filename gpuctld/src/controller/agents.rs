@@ -142,13 +142,14 @@ impl Controller {
             let mut c = self.lock();
             let now = now_ms();
             c.check_attach(&req, now).map_err(status)?;
-            let register = req.clone();
+            let node = req.node.clone();
+            let register = req;
             let (generation, effects) = c.apply(now, Change::Attach { register, peer });
             let generation = match generation.map_err(status)? {
                 Applied::Attached(generation) => generation,
                 other => unreachable!("an attach answers its generation, not {other:?}"),
             };
-            c.links.insert(req.node.clone(), Link { generation, tx });
+            c.links.insert(node, Link { generation, tx });
             (generation, self.settle(c, effects).map_err(store_status)?)
         };
         self.deliver(out, true).await.map_err(store_status)?;
