@@ -324,21 +324,31 @@ impl Cluster {
     /// reconciled), and its jobs end NODE_FAIL, or go back to the queue if their job
     /// file asks.
     pub fn check_nodes(&mut self, now: i64) -> Effects {
+        let silent = self.silent_nodes(now);
+        self.fail_silent(&silent, now)
+    }
+
+    /// The nodes whose agent has been silent for `node_timeout`, by when this
+    /// controller last heard from them (every signed request counts, so this is the
+    /// leader's own knowledge: the watchdog's entry carries its answer).
+    pub fn silent_nodes(&self, now: i64) -> Vec<String> {
         let timeout = self.config.node_timeout.as_millis() as i64;
-        let mut effects = Effects::default();
-        let silent: Vec<String> = self
-            .fleet
-            .nodes
-            .keys()
+        (self.fleet.nodes.keys())
             .filter(|n| {
                 let heard = self.fleet.last_heard.get(*n).copied().unwrap_or(0);
                 now - heard > timeout
             })
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// The watchdog's round: `silent` nodes (`silent_nodes`) fail; usage and idle
+    /// records of jobs gone are swept.
+    pub fn fail_silent(&mut self, silent: &[String], now: i64) -> Effects {
+        let mut effects = Effects::default();
         for node in silent {
             let why = format!("agent silent for {:?}", self.config.node_timeout);
-            self.fail_node(&node, &why, now, &mut effects);
+            self.fail_node(node, &why, now, &mut effects);
         }
         self.sweep_usage();
         self.sweep_idle();
@@ -420,7 +430,19 @@ impl Cluster {
     /// that never happened. Answers with the instances the agent runs that the
     /// cluster holds as ended or replaced.
     pub fn heartbeat(&mut self, req: &Heartbeat, now: i64) -> (HeartbeatAnswer, Effects) {
-        let mut changed = self.starts_not_run(req, now);
+        let not_run = self.starts_not_run(req);
+        self.heartbeat_checked(req, &not_run, now)
+    }
+
+    /// `heartbeat`, the starts the agent handled without running them found
+    /// (`starts_not_run`, from what this controller sent on the session).
+    pub fn heartbeat_checked(
+        &mut self,
+        req: &Heartbeat,
+        not_run: &[(u64, u32)],
+        now: i64,
+    ) -> (HeartbeatAnswer, Effects) {
+        let mut changed = self.end_not_run(&req.node, not_run, now);
         changed |= self.check_health(req);
         let resp = self.heartbeat_answer(req, now);
         let mut effects = Effects {
@@ -434,11 +456,12 @@ impl Cluster {
         (resp, effects)
     }
 
-    /// Ends the jobs whose starts the agent handled without running them.
-    fn starts_not_run(&mut self, req: &Heartbeat, now: i64) -> bool {
-        let c = self;
-        let Some(conn) = c.fleet.conns.get_mut(&req.node) else {
-            return false;
+    /// The starts sent on the node's session that its agent, by this heartbeat, has
+    /// handled without running them: (job, attempt). Forgets the starts it handled.
+    /// The session's commands are the leader's own: a heartbeat's entry carries this.
+    pub fn starts_not_run(&mut self, req: &Heartbeat) -> Vec<(u64, u32)> {
+        let Some(conn) = self.fleet.conns.get_mut(&req.node) else {
+            return Vec::new();
         };
         let seen = |job: u64, attempt: u32| {
             req.running
@@ -456,8 +479,14 @@ impl Cluster {
             }
             false
         });
+        not_run
+    }
+
+    /// Ends the jobs whose starts the agent on `node` handled without running them.
+    fn end_not_run(&mut self, node: &str, not_run: &[(u64, u32)], now: i64) -> bool {
+        let c = self;
         let mut changed = false;
-        for (id, attempt) in not_run {
+        for &(id, attempt) in not_run {
             let Some(stored) = c.jobs.get(id) else {
                 continue;
             };
@@ -473,19 +502,18 @@ impl Cluster {
                 (
                     JobState::Failed,
                     format!(
-                        "the agent on {} did not run the start (its command was refused: see that agent's log)",
-                        req.node
+                        "the agent on {node} did not run the start (its command was refused: see that agent's log)"
                     ),
                 )
             };
             let end = Transition::EndOn {
-                node: req.node.clone(),
+                node: node.to_string(),
                 state,
                 exit_code: None,
                 reason: why.clone(),
             };
             if c.jobs.transition(id, end, now).is_ok() {
-                tracing::error!(job = id, attempt, node = %req.node, "{why}");
+                tracing::error!(job = id, attempt, node, "{why}");
                 changed = true;
             }
         }

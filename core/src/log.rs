@@ -13,9 +13,12 @@
 //!   the entry carries the records it built, ids included;
 //! - an agent's proof of identity: the challenge nonce it answers and whether another
 //!   agent holds its name (`Cluster::check_attach`); the entry is the attach itself;
-//! - a session's replay window and the numbers of the commands sent on it
-//!   (`check_session`, `command_sent`): sessions live on the controller an agent is
-//!   connected to, and an agent attaches again to a new one;
+//! - a session's replay window, when the agent was last heard from and the numbers of
+//!   the commands sent on it (`check_session`, `command_sent`): sessions live on the
+//!   controller an agent is connected to, and an agent attaches again to a new one.
+//!   What depends on them is decided first and carried by the entry: the nodes silent
+//!   too long (`silent_nodes`), the starts an agent handled without running them
+//!   (`starts_not_run`);
 //! - a scheduling pass's plan: the entries are its starts, its waiting jobs' reasons
 //!   and the jobs that may preempt, checked again against the state as they apply.
 //!
@@ -76,20 +79,20 @@ pub enum Change {
         peer: Option<std::net::SocketAddr>,
     },
     /// An agent's command stream closed.
-    Disconnected {
-        node: String,
-        generation: u64,
+    Disconnected { node: String, generation: u64 },
+    /// A heartbeat, with the starts its agent handled without running them
+    /// (`Cluster::starts_not_run`: the session's commands are the leader's).
+    Heartbeat {
+        heartbeat: Heartbeat,
+        not_run: Vec<(u64, u32)>,
     },
-    Heartbeat(Heartbeat),
     /// One node's reports, in order.
     Reports(Vec<Report>),
-    /// The watchdog's round: nodes silent past the node timeout fail.
-    CheckNodes,
+    /// The watchdog's round: the nodes silent past the node timeout (by when the
+    /// leader last heard from them: `Cluster::silent_nodes`) fail.
+    CheckNodes { silent: Vec<String> },
     /// A node failed for a reason of the controller's (its identity revoked).
-    FailNode {
-        node: String,
-        why: String,
-    },
+    FailNode { node: String, why: String },
     /// The changing start of a scheduling pass (`Cluster::pass_prepare`).
     Prepare,
     /// Starts of a pass's plan.
@@ -197,8 +200,8 @@ impl Cluster {
                 self.disconnected(&node, generation);
                 Ok(Applied::Done)
             }
-            Change::Heartbeat(hb) => {
-                let (answer, e) = self.heartbeat(&hb, now);
+            Change::Heartbeat { heartbeat, not_run } => {
+                let (answer, e) = self.heartbeat_checked(&heartbeat, &not_run, now);
                 effects = e;
                 Ok(Applied::Heartbeat(answer))
             }
@@ -211,8 +214,8 @@ impl Cluster {
                 }
                 Ok(Applied::Reports(stale))
             }
-            Change::CheckNodes => {
-                effects = self.check_nodes(now);
+            Change::CheckNodes { silent } => {
+                effects = self.fail_silent(&silent, now);
                 Ok(Applied::Done)
             }
             Change::FailNode { node, why } => {

@@ -15,9 +15,11 @@ use gpuctl_core::log::{Applied, Change, Entry, plan_entries};
 use gpuctl_core::node::{GpuMetrics, JobGpuUse};
 use gpuctl_core::ops::Admission;
 use gpuctl_core::record::{GpuPart, GpuShare};
+use gpuctl_core::replay::Signed;
 use gpuctl_core::{Actor, Cluster, Config, Effects, Refusal};
 use gpuctl_sched::job::JobState as State;
 use proptest::prelude::*;
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone)]
 enum Step {
@@ -32,6 +34,9 @@ enum Step {
     End(usize, bool),
     Cancel(usize),
     Heartbeat(u8, u32),
+    /// A signed request of the node's agent that changes nothing durable (a step's
+    /// output, say): only the leader hears it.
+    Ping(u8),
     Drain(u8),
 }
 
@@ -50,6 +55,7 @@ fn step() -> impl Strategy<Value = Step> {
         (0usize..8, any::<bool>()).prop_map(|(k, ok)| Step::End(k, ok)),
         (0usize..8).prop_map(Step::Cancel),
         (0u8..3, 0u32..=100).prop_map(|(n, util)| Step::Heartbeat(n, util)),
+        (0u8..3).prop_map(Step::Ping),
         (0u8..3).prop_map(Step::Drain),
     ]
 }
@@ -100,6 +106,17 @@ struct Leader {
     c: Cluster,
     now: i64,
     log: Vec<Entry>,
+    /// Per node: its session (the attach's nonce and generation), the number of the
+    /// last request its agent signed and of the last command sent to it.
+    sessions: BTreeMap<String, Session>,
+}
+
+#[derive(Default)]
+struct Session {
+    nonce: Vec<u8>,
+    generation: u64,
+    requests: u64,
+    commands: u64,
 }
 
 impl Leader {
@@ -109,16 +126,26 @@ impl Leader {
             c: Cluster::new(Config::default()),
             now,
             log: Vec::new(),
+            sessions: BTreeMap::new(),
         };
         for n in NODES {
             let register = register(n, now);
-            l.c.challenge(n, register.nonce.clone(), now);
+            let nonce = register.nonce.clone();
+            l.c.challenge(n, nonce.clone(), now);
             l.c.check_attach(&register, now).expect("identity checked");
             let (attached, _) = l.apply(Change::Attach {
                 register,
                 peer: None,
             });
-            assert!(matches!(attached, Ok(Applied::Attached(_))), "{attached:?}");
+            let Ok(Applied::Attached(generation)) = attached else {
+                panic!("{attached:?}");
+            };
+            let session = Session {
+                nonce,
+                generation,
+                ..Session::default()
+            };
+            l.sessions.insert(n.to_string(), session);
         }
         l.c.take_changes();
         l
@@ -145,22 +172,31 @@ impl Leader {
             } => out.extend(self.submit(user, gpus, share, minutes)),
             Step::Pass => {
                 let e = self.pass();
-                // The agents say the starts ran.
-                let reports: Vec<Report> = (e.iter().flat_map(|e| &e.sends))
-                    .filter_map(|(node, cmd)| match cmd {
-                        Command::Start(st) => Some(Report {
+                // The starts go out on their sessions; the agents say most of them ran
+                // (one job in three never does: its agent handles the start without
+                // running it, which a later heartbeat shows).
+                let mut reports = Vec::new();
+                for (node, cmd) in e.iter().flat_map(|e| &e.sends) {
+                    let Command::Start(st) = cmd else { continue };
+                    let s = self.sessions.get_mut(node).expect("a node's session");
+                    s.commands += 1;
+                    let start = Some((st.job_id, st.attempt));
+                    self.c.command_sent(node, s.generation, s.commands, start);
+                    if st.job_id % 3 != 0 {
+                        let r = Report::new(node, st.job_id, st.attempt, ReportKind::Started);
+                        reports.push(Report {
                             time_ms: self.now,
-                            ..Report::new(node, st.job_id, st.attempt, ReportKind::Started)
-                        }),
-                        _ => None,
-                    })
-                    .collect();
+                            ..r
+                        });
+                    }
+                }
                 out.extend(e);
                 out.push(self.apply(Change::Reports(reports)).1);
             }
             Step::Advance(secs) => {
                 self.now += secs * 1000;
-                out.push(self.apply(Change::CheckNodes).1);
+                let silent = self.c.silent_nodes(self.now);
+                out.push(self.apply(Change::CheckNodes { silent }).1);
             }
             Step::End(k, ok) => {
                 let r = running(&self.c);
@@ -188,8 +224,17 @@ impl Leader {
                 }
             }
             Step::Heartbeat(n, util) => {
-                let hb = heartbeat(&self.c, NODES[n as usize], util, self.now);
-                out.push(self.apply(Change::Heartbeat(hb)).1);
+                let node = NODES[n as usize];
+                if self.signed(node) {
+                    let mut hb = heartbeat(&self.c, node, util, self.now);
+                    hb.commands_handled = self.sessions[node].commands;
+                    let not_run = self.c.starts_not_run(&hb);
+                    let heartbeat = hb;
+                    out.push(self.apply(Change::Heartbeat { heartbeat, not_run }).1);
+                }
+            }
+            Step::Ping(n) => {
+                self.signed(NODES[n as usize]);
             }
             Step::Drain(n) => {
                 let node = NODES[n as usize].to_string();
@@ -200,6 +245,18 @@ impl Leader {
             }
         }
         out
+    }
+
+    /// A signed request of `node`'s agent as the shell checks it (`check_session`: the
+    /// leader's alone). Answers whether it belongs to a live session.
+    fn signed(&mut self, node: &str) -> bool {
+        let s = self.sessions.get_mut(node).expect("a node's session");
+        s.requests += 1;
+        let signed = Signed {
+            session: s.nonce.clone(),
+            seq: s.requests,
+        };
+        self.c.check_session(node, &signed, self.now).is_ok()
     }
 
     fn submit(&mut self, user: u8, gpus: u32, share: bool, minutes: u64) -> Option<Effects> {
@@ -254,11 +311,13 @@ fn register(node: &str, now: i64) -> Register {
     }
 }
 
-/// `node`'s heartbeat: the instances it runs by the state, at `util` percent.
+/// `node`'s heartbeat: the instances it runs by the state (those whose start it ran:
+/// confirmed), at `util` percent.
 fn heartbeat(c: &Cluster, node: &str, util: u32, now: i64) -> Heartbeat {
     let mine: Vec<(u64, u32)> = running(c)
         .into_iter()
         .filter(|r| r.2 == node)
+        .filter(|r| c.jobs().get(r.0).is_some_and(|s| s.start_confirmed))
         .map(|r| (r.0, r.1))
         .collect();
     let metrics = (0..2)
@@ -390,4 +449,12 @@ fn a_fixed_history_starts_ends_and_cancels_jobs_alike_on_the_leader_and_a_replic
         "only {sends} commands: the history did not run jobs"
     );
     assert!(ended >= 2, "only {ended} jobs ended");
+    // A start its agent handled without running it ended the job, on the leader's
+    // knowledge of what it sent (carried by the heartbeat's entry).
+    let not_run = a
+        .jobs()
+        .all()
+        .filter(|s| s.job.reason.contains("did not run the start"))
+        .count();
+    assert!(not_run >= 1, "no start went unrun");
 }

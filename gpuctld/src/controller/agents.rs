@@ -160,7 +160,9 @@ impl Controller {
     pub async fn check_nodes(&self) -> Result<(), StoreError> {
         let out = {
             let mut c = self.lock();
-            let effects = c.apply_sure(now_ms(), Change::CheckNodes);
+            let now = now_ms();
+            let silent = c.silent_nodes(now);
+            let effects = c.apply_sure(now, Change::CheckNodes { silent });
             self.settle(c, effects)?
         };
         self.deliver(out, false).await
@@ -207,7 +209,9 @@ impl Controller {
         let hb = crate::wire::heartbeat(req);
         let (resp, out) = {
             let mut c = self.lock();
-            let (resp, effects) = c.apply(now_ms(), Change::Heartbeat(hb));
+            let not_run = c.starts_not_run(&hb);
+            let heartbeat = hb;
+            let (resp, effects) = c.apply(now_ms(), Change::Heartbeat { heartbeat, not_run });
             let resp = match resp {
                 Ok(Applied::Heartbeat(resp)) => resp,
                 other => unreachable!("a heartbeat answers, not {other:?}"),

@@ -61,11 +61,18 @@ pub fn entry_pb(e: &Entry) -> st::LogEntry {
             node: node.clone(),
             generation: *generation,
         }),
-        Change::Heartbeat(hb) => Pb::Heartbeat(heartbeat_pb(hb.clone())),
+        Change::Heartbeat { heartbeat, not_run } => Pb::Heartbeat(st::LogHeartbeat {
+            heartbeat: Some(heartbeat_pb(heartbeat.clone())),
+            not_run: (not_run.iter())
+                .map(|&(job, attempt)| st::LogInstance { job, attempt })
+                .collect(),
+        }),
         Change::Reports(reports) => Pb::Reports(st::LogReports {
             reports: reports.iter().cloned().map(report_pb).collect(),
         }),
-        Change::CheckNodes => Pb::CheckNodes(st::LogNothing {}),
+        Change::CheckNodes { silent } => Pb::CheckNodes(st::LogCheckNodes {
+            silent: silent.clone(),
+        }),
         Change::FailNode { node, why } => Pb::FailNode(st::LogFailNode {
             node: node.clone(),
             why: why.clone(),
@@ -144,13 +151,16 @@ pub fn entry(e: st::LogEntry) -> Result<Entry, BadEntry> {
             node: d.node,
             generation: d.generation,
         },
-        Pb::Heartbeat(h) => Change::Heartbeat(super::heartbeat(h)),
+        Pb::Heartbeat(h) => Change::Heartbeat {
+            heartbeat: super::heartbeat(h.heartbeat.unwrap_or_default()),
+            not_run: h.not_run.iter().map(|i| (i.job, i.attempt)).collect(),
+        },
         Pb::Reports(r) => Change::Reports(
             (r.reports.into_iter())
                 .map(|r| super::report(r).map_err(|s| bad(s.message().to_string())))
                 .collect::<Result<_, _>>()?,
         ),
-        Pb::CheckNodes(_) => Change::CheckNodes,
+        Pb::CheckNodes(c) => Change::CheckNodes { silent: c.silent },
         Pb::FailNode(f) => Change::FailNode {
             node: f.node,
             why: f.why,

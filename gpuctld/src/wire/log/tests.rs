@@ -199,13 +199,18 @@ fn every_change() -> Vec<Change> {
             node: "n1".into(),
             generation: 17,
         },
-        Change::Heartbeat(heartbeat()),
+        Change::Heartbeat {
+            heartbeat: heartbeat(),
+            not_run: vec![(7, 1), (9, 3)],
+        },
         Change::Reports(vec![
             report(ReportKind::Started),
             report(ReportKind::Ended),
             report(ReportKind::Warning),
         ]),
-        Change::CheckNodes,
+        Change::CheckNodes {
+            silent: vec!["n1".into(), "n3".into()],
+        },
         Change::FailNode {
             node: "n2".into(),
             why: "node revoked".into(),
