@@ -560,6 +560,16 @@ impl Jobs {
     }
 
     /// Runs that stopped since the last call.
+    /// The runs stopped since the last charge, not yet charged.
+    pub fn ended_runs(&self) -> &[EndedRun] {
+        &self.ended_runs
+    }
+
+    /// Sets the runs stopped and not yet charged (a snapshot's).
+    pub(crate) fn set_ended_runs(&mut self, runs: Vec<EndedRun>) {
+        self.ended_runs = runs;
+    }
+
     pub fn take_ended_runs(&mut self) -> Vec<EndedRun> {
         std::mem::take(&mut self.ended_runs)
     }

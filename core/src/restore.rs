@@ -19,6 +19,97 @@ pub struct Records {
     pub usage: Option<UsageRecord>,
     /// The next job id to hand out, as written (ids start at 1).
     pub next_job_id: u64,
+    /// Agents' sessions: none in a store (a restarted controller's agents attach
+    /// again); a replica's snapshot holds them (`Cluster::records`), as entries that
+    /// follow it act on the nodes attached.
+    pub sessions: Vec<Session>,
+    /// The last session generation handed out.
+    pub generation: u64,
+    /// What running jobs used so far, kept in memory until their runs end: none in a
+    /// store (a restart re-learns it from the next samples); a snapshot holds it, as
+    /// the entries that follow add to it and write it into records at a run's end.
+    pub live: Live,
+}
+
+/// Running jobs' figures that live in memory until their runs end, in a fixed order.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Live {
+    /// GPU usage so far, by job.
+    pub usage: Vec<(u64, crate::record::JobUsage)>,
+    /// (job, node, CPU time ms, peak memory bytes) of each running rank.
+    pub host: Vec<(u64, String, u64, u64)>,
+    /// (job, node, its steps running now).
+    pub steps: Vec<(u64, String, Vec<crate::record::Step>)>,
+    /// (job, when a sample last showed it busy, whether the idle policy acted since).
+    pub idle: Vec<(u64, i64, bool)>,
+    /// Each node's last GPU samples.
+    pub metrics: Vec<(String, Vec<crate::node::GpuMetrics>)>,
+    /// Runs that stopped since fair share's last charge (it charges them next).
+    pub ended_runs: Vec<crate::jobs::EndedRun>,
+    /// When fair share's usage was last marked for writing.
+    pub usage_marked_ms: i64,
+}
+
+/// An agent's session as a snapshot holds it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Session {
+    pub node: String,
+    pub generation: u64,
+    /// The Attach nonce that names the session.
+    pub session: Vec<u8>,
+    pub agent_id: String,
+    pub peer: String,
+}
+
+impl Cluster {
+    /// What a snapshot of this cluster holds: every job's record, the nodes, fair
+    /// share's usage, the next id, and the agents' sessions.
+    pub fn records(&self) -> Records {
+        let mut sessions: Vec<Session> = (self.fleet.conns.iter())
+            .map(|(node, c)| Session {
+                node: node.clone(),
+                generation: c.generation,
+                session: c.session.clone(),
+                agent_id: c.agent_id.clone(),
+                peer: c.peer.clone(),
+            })
+            .collect();
+        sessions.sort_by(|a, b| a.node.cmp(&b.node));
+        let mut live = Live {
+            usage: (self.live_usage.iter())
+                .map(|(&j, u)| (j, u.clone()))
+                .collect(),
+            host: (self.live_host.iter())
+                .map(|((j, n), &(cpu, mem))| (*j, n.clone(), cpu, mem))
+                .collect(),
+            steps: (self.live_steps.iter())
+                .flat_map(|(&j, by)| by.iter().map(move |(n, s)| (j, n.clone(), s.clone())))
+                .collect(),
+            idle: (self.idle.iter())
+                .map(|(&j, t)| (j, t.busy_ms, t.acted))
+                .collect(),
+            metrics: (self.fleet.metrics.iter())
+                .map(|(n, m)| (n.clone(), m.clone()))
+                .collect(),
+            ended_runs: self.jobs.ended_runs().to_vec(),
+            usage_marked_ms: self.fair.marked_ms,
+        };
+        live.usage.sort_by_key(|x| x.0);
+        live.host.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        live.steps.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        live.idle.sort_by_key(|x| x.0);
+        live.metrics.sort_by(|a, b| a.0.cmp(&b.0));
+        Records {
+            jobs: self.jobs.all().cloned().collect(),
+            upgraded: Vec::new(),
+            nodes: self.fleet.nodes.values().cloned().collect(),
+            usage: Some(self.usage_record()),
+            next_job_id: self.next_job_id,
+            sessions,
+            generation: self.fleet.generation,
+            live,
+        }
+    }
 }
 
 /// A restored cluster, and the job records it changed in the reading (to write back).
@@ -54,6 +145,33 @@ pub fn restore(config: Config, records: Records, now: i64) -> Restored {
         cluster.fleet.last_heard.insert(n.name.clone(), now);
         cluster.fleet.nodes.insert(n.name.clone(), n);
     }
+    cluster.fleet.generation = records.generation;
+    for s in records.sessions {
+        cluster.fleet.generation = cluster.fleet.generation.max(s.generation);
+        let conn = crate::fleet::Conn {
+            generation: s.generation,
+            session: s.session,
+            window: crate::replay::ReplayWindow::default(),
+            agent_id: s.agent_id,
+            peer: s.peer,
+            starts: Vec::new(),
+        };
+        cluster.fleet.conns.insert(s.node, conn);
+    }
+    let live = records.live;
+    cluster.live_usage = live.usage.into_iter().collect();
+    cluster.live_host = (live.host.into_iter())
+        .map(|(j, n, cpu, mem)| ((j, n), (cpu, mem)))
+        .collect();
+    for (j, n, steps) in live.steps {
+        cluster.live_steps.entry(j).or_default().insert(n, steps);
+    }
+    cluster.idle = (live.idle.into_iter())
+        .map(|(j, busy_ms, acted)| (j, crate::idle::IdleTrack { busy_ms, acted }))
+        .collect();
+    cluster.fleet.metrics = live.metrics.into_iter().collect();
+    cluster.jobs.set_ended_runs(live.ended_runs);
+    cluster.fair.marked_ms = live.usage_marked_ms;
     Restored { cluster, rewrite }
 }
 

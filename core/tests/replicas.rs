@@ -81,6 +81,14 @@ fn digest(c: &Cluster) -> String {
     )
 }
 
+/// Where two digests first differ, with some context.
+fn difference(a: &str, b: &str) -> String {
+    let at = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    let from = a[..at].rfind("Record {").unwrap_or(at.saturating_sub(200));
+    let show = |s: &str| s[from..(at + 120).min(s.len())].to_string();
+    format!("\n  one:   {}\n  other: {}", show(a), show(b))
+}
+
 /// The running instances, by job id: (job, attempt, node).
 fn running(c: &Cluster) -> Vec<(u64, u32, String)> {
     let mut out: Vec<(u64, u32, String)> = c
@@ -385,6 +393,33 @@ proptest! {
         prop_assert_eq!(format!("{eb:?}"), format!("{ec:?}"));
         prop_assert_eq!(digest(&b), digest(&c));
         prop_assert_eq!(digest(&b), digest(&leader.c));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// A replica that joins late installs a snapshot (`Cluster::records`, restored as a
+    /// store's records are) taken at any point of the log, then applies the rest: it
+    /// ends like the leader.
+    #[test]
+    fn a_replica_from_a_snapshot_ends_like_the_leader(
+        steps in prop::collection::vec(step(), 1..100),
+        cut in 0.0f64..1.0,
+    ) {
+        let mut leader = Leader::new(T0);
+        for s in &steps {
+            leader.step(s);
+        }
+        let k = ((leader.log.len() as f64) * cut) as usize;
+        let (early, _) = replica(&leader.log[..k]);
+        let at = leader.log[..k].last().map_or(T0, |e| e.at);
+        let mut late = gpuctl_core::restore::restore(Config::default(), early.records(), at).cluster;
+        for e in &leader.log[k..] {
+            let _ = late.apply(e.clone());
+        }
+        checked(&late);
+        let (mine, theirs) = (digest(&late), digest(&leader.c));
+        prop_assert!(mine == theirs, "after a snapshot at entry {}: {}", k, difference(&mine, &theirs));
     }
 }
 

@@ -280,6 +280,8 @@ impl Controller {
             nodes: loaded.nodes.into_iter().map(crate::wire::node).collect(),
             usage: loaded.usage,
             next_job_id: loaded.next_job_id,
+            // No sessions: after a restart every agent attaches again.
+            ..Default::default()
         };
         // Agents get a full timeout from the controller's start to come back.
         let restored = gpuctl_core::restore::restore(config.clone(), records, now_ms());

@@ -84,10 +84,16 @@ fn replicas_follow_the_replay(jobs: &[TraceJob], cluster: &str, policy: &str) {
     let config = replay::config_for(policy, Policy::Fgd, None, jobs, &base).unwrap();
     let mut log: Vec<Entry> = Vec::new();
     let mut states: Vec<(usize, String)> = Vec::new();
+    // A snapshot midway (the replay's length is not known before: at entry 1,000).
+    const SNAPSHOT_AT: usize = 1_000;
+    let mut snapshot = None;
     let mut observe = |e: &Entry, c: &Cluster| {
         log.push(e.clone());
         if log.len().is_multiple_of(EVERY) {
             states.push((log.len(), digest(c)));
+        }
+        if log.len() == SNAPSHOT_AT {
+            snapshot = Some((c.records(), e.at));
         }
     };
     let (out, end) = replay::replay_observed(
@@ -133,6 +139,20 @@ fn replicas_follow_the_replay(jobs: &[TraceJob], cluster: &str, policy: &str) {
         );
     }
     assert_eq!(a, b, "two replicas of one log differ");
+    // A replica that joins late: the snapshot, then the rest of the log.
+    let (records, at) = snapshot.expect("the replay logged 1,000 entries");
+    let replay_config = replay::empty(&config, &base).config().clone();
+    let mut late = gpuctl_core::restore::restore(replay_config, records, at).cluster;
+    late.set_sched_config(config.clone());
+    for e in &log[SNAPSHOT_AT..] {
+        let _ = late.apply(e.clone());
+    }
+    late.check().expect("a late replica's invariants hold");
+    let end = &states.last().expect("the end's state").1;
+    assert!(
+        &digest(&late) == end,
+        "a replica from a snapshot differs from the replay"
+    );
 }
 
 #[test]
