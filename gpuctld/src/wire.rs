@@ -20,7 +20,9 @@ use gpuctl_sched::job::JobState as State;
 use tonic::Status;
 
 mod log;
+mod snapshot;
 pub use log::{BadEntry, entry, entry_pb};
+pub use snapshot::{BadSnapshot, cluster, snapshot_pb};
 
 /// An agent's attach. Unacknowledged reports of no known kind (none a released agent
 /// sends) are left out, with a line in the log.
