@@ -21,6 +21,7 @@ pub mod controller;
 pub mod daemon;
 pub mod metrics;
 pub mod pki;
+pub mod raft;
 pub mod server;
 pub mod store;
 pub mod web;

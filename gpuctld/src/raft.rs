@@ -1,0 +1,62 @@
+//! Replicated controllers (issue 40): the cluster's log (`gpuctl_core::log`) kept by
+//! openraft. `TypeConfig` names the types; `log_store.rs` keeps the log and the vote in
+//! sled; `machine.rs` applies committed entries to a `Cluster` and builds and installs
+//! snapshots (`wire::snapshot`). Not yet started by the daemon: see docs/replication.md.
+
+// openraft's storage traits return its `StorageError` (224 bytes); the helpers here
+// return what the traits do.
+#![allow(clippy::result_large_err)]
+
+use std::io::Cursor;
+
+use serde::{Deserialize, Serialize};
+
+mod log_store;
+mod machine;
+
+pub use log_store::LogStore;
+pub use machine::{Machine, Replica};
+
+openraft::declare_raft_types!(
+    /// gpuctl's Raft: nodes are controllers numbered by `--id`, entries carry log
+    /// entries in their stored form.
+    pub TypeConfig:
+        D = Proposal,
+        R = Reply,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// An entry proposed to the log: its stored form (`LogEntry`, protobuf), and the
+/// controller that proposed it (which alone keeps what applying it answered).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub from: u64,
+    #[serde(with = "bytes_b64")]
+    pub entry: Vec<u8>,
+}
+
+/// What applying an entry answers through Raft: nothing but that it applied. The
+/// answer itself (`Applied`, the commands to send) stays on the controller that
+/// proposed the entry (`Replica::take_answer`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply {}
+
+/// Bytes as base64 text in serde's formats (the log's JSON records).
+mod bytes_b64 {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&STANDARD.encode(b))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        STANDARD.decode(text).map_err(serde::de::Error::custom)
+    }
+}

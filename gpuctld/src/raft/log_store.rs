@@ -1,0 +1,165 @@
+//! The Raft log and vote in sled: one tree of entries by index (big-endian, so sled's
+//! order is the log's), one of the vote, the committed id and the last purged id. An
+//! append is acknowledged to openraft only once sled has flushed it (a vote likewise
+//! before it is answered): what a quorum acknowledged survives a crash of any of them.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{
+    Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::TypeConfig;
+
+type Error = StorageError<u64>;
+
+/// The log and vote of one controller (cheap to clone: sled's trees are shared).
+#[derive(Clone)]
+pub struct LogStore {
+    db: sled::Db,
+    log: sled::Tree,
+    meta: sled::Tree,
+}
+
+impl LogStore {
+    pub fn open(db: &sled::Db) -> sled::Result<LogStore> {
+        Ok(LogStore {
+            db: db.clone(),
+            log: db.open_tree("raft_log")?,
+            meta: db.open_tree("raft_meta")?,
+        })
+    }
+
+    fn get_meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, Error> {
+        let Some(v) = self.meta.get(key).map_err(|e| StorageIOError::read(&e))? else {
+            return Ok(None);
+        };
+        let t = serde_json::from_slice(&v).map_err(|e| StorageIOError::read(&e))?;
+        Ok(Some(t))
+    }
+
+    async fn put_meta<T: Serialize>(&self, key: &str, value: &T) -> Result<(), Error> {
+        let v = serde_json::to_vec(value).map_err(|e| StorageIOError::write(&e))?;
+        self.meta
+            .insert(key, v)
+            .map_err(|e| StorageIOError::write(&e))?;
+        self.db
+            .flush_async()
+            .await
+            .map_err(|e| StorageIOError::write(&e))?;
+        Ok(())
+    }
+
+    fn last_entry_id(&self) -> Result<Option<LogId<u64>>, Error> {
+        let Some((_, v)) = self.log.last().map_err(|e| StorageIOError::read_logs(&e))? else {
+            return Ok(None);
+        };
+        Ok(Some(decode(&v)?.log_id))
+    }
+}
+
+fn key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn decode(v: &[u8]) -> Result<Entry<TypeConfig>, Error> {
+    serde_json::from_slice(v).map_err(|e| StorageIOError::read_logs(&e).into())
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, Error> {
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i + 1,
+            Bound::Unbounded => 0,
+        };
+        let iter = match range.end_bound() {
+            Bound::Included(&i) => self.log.range(key(start)..=key(i)),
+            Bound::Excluded(&i) => self.log.range(key(start)..key(i)),
+            Bound::Unbounded => self.log.range(key(start)..),
+        };
+        iter.map(|kv| decode(&kv.map_err(|e| StorageIOError::read_logs(&e))?.1))
+            .collect()
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, Error> {
+        let last_purged_log_id: Option<LogId<u64>> = self.get_meta("purged")?;
+        let last_log_id = self.last_entry_id()?.or(last_purged_log_id);
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), Error> {
+        self.put_meta("vote", vote).await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, Error> {
+        self.get_meta("vote")
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), Error> {
+        self.put_meta("committed", &committed).await
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, Error> {
+        Ok(self.get_meta::<Option<LogId<u64>>>("committed")?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), Error>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut batch = sled::Batch::default();
+        for e in entries {
+            let v = serde_json::to_vec(&e).map_err(|x| StorageIOError::write_logs(&x))?;
+            batch.insert(&key(e.log_id.index), v);
+        }
+        self.log
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        let flushed = self.db.flush_async().await.map(|_| ());
+        callback.log_io_completed(flushed.map_err(std::io::Error::other));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), Error> {
+        let mut batch = sled::Batch::default();
+        for kv in self.log.range(key(log_id.index)..) {
+            batch.remove(kv.map_err(|e| StorageIOError::write_logs(&e))?.0);
+        }
+        self.log
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), Error> {
+        self.put_meta("purged", &log_id).await?;
+        let mut batch = sled::Batch::default();
+        for kv in self.log.range(..=key(log_id.index)) {
+            batch.remove(kv.map_err(|e| StorageIOError::write_logs(&e))?.0);
+        }
+        self.log
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,244 @@
+//! The replicated state machine: committed entries applied to a `Cluster`
+//! (`Cluster::apply`, alike on every controller), snapshots built from it and installed
+//! into it (`wire::snapshot`), the last snapshot kept in sled so that a controller that
+//! restarts starts from it and re-applies only the log after it.
+
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::sync::Arc;
+
+use gpuctl_core::log::Applied;
+use gpuctl_core::{Cluster, Config, Effects, Refusal};
+use gpuctl_proto::store as st;
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership,
+};
+use parking_lot::Mutex;
+use prost::Message as _;
+
+use super::{Reply, TypeConfig};
+
+type Error = StorageError<u64>;
+type Answer = (Result<Applied, Refusal>, Effects);
+type Meta = SnapshotMeta<u64, openraft::BasicNode>;
+
+/// The answers a controller keeps for the entries it proposed, at most: a proposer
+/// takes its answer as soon as the entry applies, so only answers nobody waits for
+/// (the proposer's request gone) are ever dropped.
+const MAX_ANSWERS: usize = 10_000;
+
+/// One controller's replica of the cluster, shared by the state machine openraft drives
+/// and the controller that reads it.
+pub struct Replica {
+    cluster: Cluster,
+    last_applied: Option<LogId<u64>>,
+    /// The time of the last entry applied (a snapshot's restore time).
+    last_at: i64,
+    membership: StoredMembership<u64, openraft::BasicNode>,
+    /// What the entries this controller proposed answered, by log index.
+    answers: BTreeMap<u64, Answer>,
+}
+
+impl Replica {
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    pub fn last_applied(&self) -> Option<LogId<u64>> {
+        self.last_applied
+    }
+
+    /// The answer of the entry at `index`, which this controller proposed.
+    pub fn take_answer(&mut self, index: u64) -> Option<Answer> {
+        self.answers.remove(&index)
+    }
+}
+
+/// The state machine openraft drives (cheap to clone).
+#[derive(Clone)]
+pub struct Machine {
+    me: u64,
+    replica: Arc<Mutex<Replica>>,
+    /// The last snapshot: "meta" (JSON) and "data" (a `Snapshot`, protobuf).
+    snapshots: sled::Tree,
+}
+
+impl Machine {
+    /// The state machine of controller `me`: its last snapshot's cluster, or an empty
+    /// one on `config`.
+    pub fn open(me: u64, db: &sled::Db, config: Config) -> Result<Machine, String> {
+        let snapshots = db.open_tree("raft_snapshot").map_err(|e| e.to_string())?;
+        let replica = Replica {
+            cluster: Cluster::new(config),
+            last_applied: None,
+            last_at: 0,
+            membership: StoredMembership::default(),
+            answers: BTreeMap::new(),
+        };
+        let m = Machine {
+            me,
+            replica: Arc::new(Mutex::new(replica)),
+            snapshots,
+        };
+        if let Some((meta, data)) = m.stored().map_err(|e| e.to_string())? {
+            m.install(&meta, data).map_err(|e| e.to_string())?;
+        }
+        Ok(m)
+    }
+
+    /// The replica, for the controller to read (and to take its answers from).
+    pub fn replica(&self) -> Arc<Mutex<Replica>> {
+        self.replica.clone()
+    }
+
+    fn stored(&self) -> Result<Option<(Meta, Vec<u8>)>, Error> {
+        let read = |k: &str| {
+            self.snapshots
+                .get(k)
+                .map_err(|e| StorageIOError::read_snapshot(None, &e))
+        };
+        let (Some(meta), Some(data)) = (read("meta")?, read("data")?) else {
+            return Ok(None);
+        };
+        let meta =
+            serde_json::from_slice(&meta).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        Ok(Some((meta, data.to_vec())))
+    }
+
+    fn store(&self, meta: &Meta, data: &[u8]) -> Result<(), Error> {
+        let fail = |e: &dyn std::error::Error| {
+            StorageIOError::write_snapshot(Some(meta.signature()), openraft::AnyError::error(e))
+        };
+        let meta_json = serde_json::to_vec(meta).map_err(|e| fail(&e))?;
+        let mut batch = sled::Batch::default();
+        batch.insert("meta", meta_json);
+        batch.insert("data", data);
+        self.snapshots.apply_batch(batch).map_err(|e| fail(&e))?;
+        self.snapshots.flush().map_err(|e| fail(&e))?;
+        Ok(())
+    }
+
+    /// Replaces the replica's state with a snapshot's.
+    fn install(&self, meta: &Meta, data: Vec<u8>) -> Result<(), Error> {
+        let bad = |why: String| {
+            StorageIOError::read_snapshot(Some(meta.signature()), openraft::AnyError::error(why))
+        };
+        let pb = st::Snapshot::decode(data.as_slice()).map_err(|e| bad(e.to_string()))?;
+        let at = pb.at;
+        let cluster = crate::wire::cluster(pb).map_err(|e| bad(e.to_string()))?;
+        let mut r = self.replica.lock();
+        r.cluster = cluster;
+        r.last_applied = meta.last_log_id;
+        r.last_at = at;
+        r.membership = meta.last_membership.clone();
+        r.answers.clear();
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for Machine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, Error> {
+        let (data, meta) = {
+            let r = self.replica.lock();
+            let data = crate::wire::snapshot_pb(&r.cluster, r.last_at).encode_to_vec();
+            let id = match r.last_applied {
+                Some(l) => format!("{}-{}-{}", l.leader_id.term, l.leader_id.node_id, l.index),
+                None => "empty".to_string(),
+            };
+            let meta = SnapshotMeta {
+                last_log_id: r.last_applied,
+                last_membership: r.membership.clone(),
+                snapshot_id: id,
+            };
+            (data, meta)
+        };
+        self.store(&meta, &data)?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for Machine {
+    type SnapshotBuilder = Machine;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<
+        (
+            Option<LogId<u64>>,
+            StoredMembership<u64, openraft::BasicNode>,
+        ),
+        Error,
+    > {
+        let r = self.replica.lock();
+        Ok((r.last_applied, r.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Reply>, Error>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut replies = Vec::new();
+        let mut r = self.replica.lock();
+        for e in entries {
+            r.last_applied = Some(e.log_id);
+            match e.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Membership(m) => {
+                    r.membership = StoredMembership::new(Some(e.log_id), m);
+                }
+                EntryPayload::Normal(p) => {
+                    let bad = |why: String| {
+                        StorageIOError::apply(e.log_id, openraft::AnyError::error(why))
+                    };
+                    let pb =
+                        st::LogEntry::decode(p.entry.as_slice()).map_err(|x| bad(x.to_string()))?;
+                    let entry = crate::wire::entry(pb).map_err(|x| bad(x.to_string()))?;
+                    r.last_at = entry.at;
+                    let answer = r.cluster.apply(entry);
+                    // What a store would write: a replica's durable state is its log
+                    // and its snapshots.
+                    r.cluster.take_changes();
+                    if p.from == self.me {
+                        r.answers.insert(e.log_id.index, answer);
+                        while r.answers.len() > MAX_ANSWERS {
+                            r.answers.pop_first();
+                        }
+                    }
+                }
+            }
+            replies.push(Reply {});
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, Error> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &Meta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), Error> {
+        let data = snapshot.into_inner();
+        self.install(meta, data.clone())?;
+        self.store(meta, &data)
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, Error> {
+        Ok(self.stored()?.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}
