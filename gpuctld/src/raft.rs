@@ -1,7 +1,8 @@
 //! Replicated controllers (issue 40): the cluster's log (`gpuctl_core::log`) kept by
 //! openraft. `TypeConfig` names the types; `log_store.rs` keeps the log and the vote in
 //! sled; `machine.rs` applies committed entries to a `Cluster` and builds and installs
-//! snapshots (`wire::snapshot`). Not yet started by the daemon: see docs/replication.md.
+//! snapshots (`wire::snapshot`); `net.rs` carries Raft between controllers over gRPC.
+//! Not yet started by the daemon: see docs/replication.md.
 
 // openraft's storage traits return its `StorageError` (224 bytes); the helpers here
 // return what the traits do.
@@ -13,9 +14,11 @@ use serde::{Deserialize, Serialize};
 
 mod log_store;
 mod machine;
+mod net;
 
 pub use log_store::LogStore;
 pub use machine::{Machine, Replica};
+pub use net::{GrpcNet, PeerService};
 
 openraft::declare_raft_types!(
     /// gpuctl's Raft: nodes are controllers numbered by `--id`, entries carry log

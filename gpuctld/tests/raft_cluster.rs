@@ -1,5 +1,5 @@
-//! Three controllers' replicas of the cluster kept by openraft (`gpuctld::raft`) over an
-//! in-process network: the leader decides as the daemon does (admission on its own
+//! Three controllers' replicas of the cluster kept by openraft (`gpuctld::raft`), over
+//! an in-process network and over gRPC on loopback TCP (`RaftPeer`): the leader decides as the daemon does (admission on its own
 //! replica, a pass's plan), proposes entries and takes their answers; followers apply.
 //! The leader is then stopped: another is elected, nothing acknowledged is lost, no job
 //! starts twice; the stopped one restarts from its disk and catches up, and a fourth
@@ -16,7 +16,7 @@ use gpuctl_core::node::Gpu;
 use gpuctl_core::ops::Admission;
 use gpuctl_core::record::{GpuPart, JobSpec, Resources};
 use gpuctl_core::{Actor, Config, Effects, Refusal};
-use gpuctld::raft::{LogStore, Machine, Proposal, Replica, TypeConfig};
+use gpuctld::raft::{GrpcNet, LogStore, Machine, PeerService, Proposal, Replica, TypeConfig};
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -110,15 +110,67 @@ fn raft_config() -> Arc<openraft::Config> {
     Arc::new(c.validate().expect("a valid Raft config"))
 }
 
-async fn start(router: &Arc<Router>, id: u64, dir: &std::path::Path) -> Controller {
+/// How the controllers reach each other: in process, or over gRPC on loopback TCP
+/// (each serving `PeerService` on its own port, kept across its restarts).
+enum Transport {
+    Local(Arc<Router>),
+    Grpc(Mutex<BTreeMap<u64, (std::net::SocketAddr, tokio::task::JoinHandle<()>)>>),
+}
+
+impl Transport {
+    /// Where controller `id` is reached (its membership record's address).
+    fn address(&self, id: u64) -> String {
+        match self {
+            Transport::Local(_) => format!("c{id}"),
+            Transport::Grpc(servers) => servers.lock()[&id].0.to_string(),
+        }
+    }
+
+    /// Stops what reaches controller `id`.
+    fn stop(&self, id: u64) {
+        match self {
+            Transport::Local(router) => {
+                router.rafts.lock().remove(&id);
+            }
+            Transport::Grpc(servers) => {
+                if let Some((_, server)) = servers.lock().get(&id) {
+                    server.abort();
+                }
+            }
+        }
+    }
+}
+
+async fn start(t: &Transport, id: u64, dir: &std::path::Path) -> Controller {
     let db = sled::open(dir).expect("a sled database");
     let log = LogStore::open(&db).expect("the log's trees");
     let machine = Machine::open(id, &db, Config::default()).expect("the state machine");
     let replica = machine.replica();
-    let raft = Raft::new(id, raft_config(), Net(router.clone()), log, machine)
-        .await
-        .expect("a Raft node");
-    router.rafts.lock().insert(id, raft.clone());
+    let raft = match t {
+        Transport::Local(router) => {
+            let raft = Raft::new(id, raft_config(), Net(router.clone()), log, machine).await;
+            let raft = raft.expect("a Raft node");
+            router.rafts.lock().insert(id, raft.clone());
+            raft
+        }
+        Transport::Grpc(servers) => {
+            let raft = Raft::new(id, raft_config(), GrpcNet, log, machine).await;
+            let raft = raft.expect("a Raft node");
+            let at = servers.lock().get(&id).map(|s| s.0);
+            let listener = tokio::net::TcpListener::bind(at.unwrap_or(([127, 0, 0, 1], 0).into()))
+                .await
+                .expect("a port for the controller");
+            let addr = listener.local_addr().unwrap();
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let service = PeerService::new(raft.clone());
+            let server = tokio::spawn(async move {
+                let serve = tonic::transport::Server::builder().add_service(service);
+                let _ = serve.serve_with_incoming(incoming).await;
+            });
+            servers.lock().insert(id, (addr, server));
+            raft
+        }
+    };
     Controller {
         id,
         dir: dir.to_path_buf(),
@@ -267,16 +319,23 @@ async fn settled(leader: &Controller, cs: &[&Controller]) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_controllers_survive_the_loss_of_their_leader() {
+async fn three_controllers_in_one_process_survive_the_loss_of_their_leader() {
+    the_loss_of_a_leader(Transport::Local(Arc::default())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_controllers_over_grpc_survive_the_loss_of_their_leader() {
+    the_loss_of_a_leader(Transport::Grpc(Mutex::default())).await;
+}
+
+async fn the_loss_of_a_leader(t: Transport) {
     let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
-    let router = Arc::new(Router::default());
     let mut cs = Vec::new();
     for id in 1..=3 {
-        cs.push(start(&router, id, dirs[id as usize - 1].path()).await);
+        cs.push(start(&t, id, dirs[id as usize - 1].path()).await);
     }
-    let members: BTreeMap<u64, BasicNode> = (1..=3)
-        .map(|i| (i, BasicNode::new(format!("c{i}"))))
-        .collect();
+    let members: BTreeMap<u64, BasicNode> =
+        (1..=3).map(|i| (i, BasicNode::new(t.address(i)))).collect();
     cs[0].raft.initialize(members).await.expect("initialized");
     let t0 = 1_700_000_000_000;
 
@@ -308,7 +367,7 @@ async fn three_controllers_survive_the_loss_of_their_leader() {
     );
 
     // The leader stops (its process gone: the network no longer reaches it).
-    router.rafts.lock().remove(&first);
+    t.stop(first);
     l.raft.shutdown().await.expect("stopped");
     let rest: Vec<&Controller> = cs.iter().filter(|c| c.id != first).collect();
     let lost_at = std::time::Instant::now();
@@ -359,12 +418,12 @@ async fn three_controllers_survive_the_loss_of_their_leader() {
     // with an empty disk, after snapshots purged the log's start.
     let old = cs.iter().position(|c| c.id == first).unwrap();
     let dir = cs[old].dir.clone();
-    cs[old] = start(&router, first, &dir).await;
-    let fourth = start(&router, 4, dirs[3].path()).await;
+    cs[old] = start(&t, first, &dir).await;
+    let fourth = start(&t, 4, dirs[3].path()).await;
     let l2 = cs.iter().find(|c| c.id == second).unwrap();
     l2.raft.trigger().snapshot().await.expect("a snapshot");
     l2.raft
-        .add_learner(4, BasicNode::new("c4"), true)
+        .add_learner(4, BasicNode::new(t.address(4)), true)
         .await
         .expect("learner added");
     let mut all: Vec<&Controller> = cs.iter().collect();
@@ -397,5 +456,6 @@ async fn three_controllers_survive_the_loss_of_their_leader() {
     eprintln!("a new leader in {elected_in:?}");
     for c in cs.iter().chain([&fourth]) {
         let _ = c.raft.shutdown().await;
+        t.stop(c.id);
     }
 }
