@@ -48,6 +48,21 @@ pub struct Proposal {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reply {}
 
+/// Opens controller `id`'s Raft on its sled database: the log, the state machine (from
+/// its last snapshot, else an empty cluster on `config`), and its peers over gRPC.
+/// Serve its peers with `PeerService::new(raft)`.
+pub async fn open(
+    id: u64,
+    db: &sled::Db,
+    config: gpuctl_core::Config,
+    raft: std::sync::Arc<openraft::Config>,
+) -> anyhow::Result<(openraft::Raft<TypeConfig>, Machine)> {
+    let log = LogStore::open(db)?;
+    let machine = Machine::open(id, db, config).map_err(anyhow::Error::msg)?;
+    let node = openraft::Raft::new(id, raft, GrpcNet, log, machine.clone()).await?;
+    Ok((node, machine))
+}
+
 /// Bytes as base64 text in serde's formats (the log's JSON records).
 mod bytes_b64 {
     use base64::Engine as _;

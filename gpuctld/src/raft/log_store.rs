@@ -47,11 +47,20 @@ impl LogStore {
         self.meta
             .insert(key, v)
             .map_err(|e| StorageIOError::write(&e))?;
-        self.db
-            .flush_async()
-            .await
-            .map_err(|e| StorageIOError::write(&e))?;
+        self.flush().await.map_err(|e| StorageIOError::write(&e))?;
         Ok(())
+    }
+
+    /// Makes every write so far durable, on a blocking thread: sled's `flush_async`
+    /// waits on its own flusher (hundreds of ms a call on the development VM), as the
+    /// store found (`Store::flush`).
+    async fn flush(&self) -> std::io::Result<()> {
+        let db = self.db.clone();
+        match tokio::task::spawn_blocking(move || db.flush()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(std::io::Error::other(e)),
+            Err(e) => Err(std::io::Error::other(e)),
+        }
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId<u64>>, Error> {
@@ -135,8 +144,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.log
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        let flushed = self.db.flush_async().await.map(|_| ());
-        callback.log_io_completed(flushed.map_err(std::io::Error::other));
+        callback.log_io_completed(self.flush().await);
         Ok(())
     }
 
