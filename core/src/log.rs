@@ -159,12 +159,12 @@ impl Cluster {
         let now = entry.at;
         let mut effects = Effects::default();
         let answer = match entry.change {
-            Change::Submit(records) => {
+            Change::Submit(records) => self.check_submit(&records).map(|()| {
                 for r in records {
                     effects.merge(self.commit_submit(r));
                 }
-                Ok(Applied::Done)
-            }
+                Applied::Done
+            }),
             Change::Cancel { actor, ids, tasks } => self
                 .cancel_tasks(&actor, &ids, &tasks, now)
                 .map(|(results, e)| {
@@ -238,6 +238,34 @@ impl Cluster {
             Change::Reconfigure(config) => Ok(Applied::Reconfigured(self.reconfigure(*config))),
         };
         (answer, effects)
+    }
+}
+
+impl Cluster {
+    /// Whether admitted `records` may be queued as they are: their ids are free and
+    /// their request id names no queued job. Admissions decided on a state that had
+    /// not applied everything before them (a new leader's, or a leader's with earlier
+    /// submits still in the log) can collide; the later one is refused, alike on every
+    /// replica, and its submit admitted again.
+    fn check_submit(&self, records: &[Record]) -> Result<(), Refusal> {
+        for r in records {
+            if self.jobs.get(r.job.id).is_some() {
+                return Err(Refusal::already_exists(format!(
+                    "job id {} was taken meanwhile; admit the submit again",
+                    r.job.id
+                )));
+            }
+            let (user, request) = (&r.job.spec.user, &r.request_id);
+            if let Some(id) = (!request.is_empty())
+                .then(|| self.jobs.by_request(user, request))
+                .flatten()
+            {
+                return Err(Refusal::already_exists(format!(
+                    "request {request:?} of {user} was queued meanwhile as job {id}"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -50,10 +50,25 @@ impl Cluster {
     pub fn admit(
         &self,
         actor: &Actor,
-        mut spec: JobSpec,
+        spec: JobSpec,
         request_id: &str,
         now: i64,
     ) -> Result<Admission, Refusal> {
+        self.admit_from(actor, spec, request_id, now, self.next_job_id)
+    }
+
+    /// `admit`, the job's id (an array's first task's) `first_id` or later: a leader
+    /// whose earlier admissions are still on their way through the log hands out ids
+    /// past them (`Cluster::next_job_id` counts only those applied).
+    pub fn admit_from(
+        &self,
+        actor: &Actor,
+        mut spec: JobSpec,
+        request_id: &str,
+        now: i64,
+        first_id: u64,
+    ) -> Result<Admission, Refusal> {
+        let first_id = first_id.max(self.next_job_id);
         let limits = &self.config.limits;
         if spec.account.is_empty() {
             spec.account = self.config.default_account(&spec.user);
@@ -171,13 +186,9 @@ impl Cluster {
             }
         };
         let Some(array) = array else {
-            return Ok(Admission::New(Box::new(record(
-                self.next_job_id,
-                spec,
-                request_id,
-            ))));
+            return Ok(Admission::New(Box::new(record(first_id, spec, request_id))));
         };
-        let first = self.next_job_id;
+        let first = first_id;
         let tasks = array
             .tasks
             .iter()
