@@ -112,27 +112,29 @@ async fn three(dirs: &[tempfile::TempDir]) -> Vec<Raft<TypeConfig>> {
     panic!("controller 1 did not lead");
 }
 
-/// One durable write of `bytes` with id `id`: committed by a quorum, or written and
-/// flushed to one sled database.
+/// Where a durable write goes: committed by a quorum of three controllers, or written
+/// and flushed by one controller's store.
 #[derive(Clone)]
 enum Target {
     Raft(Raft<TypeConfig>),
-    Sled(sled::Db),
+    Store(gpuctld::store::Store),
 }
 
 impl Target {
-    async fn write(&self, id: u64, bytes: Vec<u8>) {
+    async fn write(&self, template: &Record, id: u64) {
         match self {
             Target::Raft(r) => {
                 let p = Proposal {
                     from: 1,
-                    entry: bytes,
+                    entry: entry(template, id),
                 };
                 r.client_write(p).await.expect("committed");
             }
-            Target::Sled(db) => {
-                db.insert(id.to_be_bytes(), bytes).expect("written");
-                db.flush_async().await.expect("flushed");
+            Target::Store(s) => {
+                let mut r = template.clone();
+                r.job.id = id;
+                s.insert_new_job(&r, id + 1).expect("written");
+                s.flush().await.expect("flushed");
             }
         }
     }
@@ -142,9 +144,8 @@ impl Target {
 async fn measure(t: &Target, template: &Record, first: u64) -> (f64, f64, f64) {
     let mut lat = Vec::with_capacity(SEQUENTIAL);
     for k in 0..SEQUENTIAL as u64 {
-        let bytes = entry(template, first + k);
         let s = Instant::now();
-        t.write(first + k, bytes).await;
+        t.write(template, first + k).await;
         lat.push(s.elapsed().as_secs_f64() * 1000.0);
     }
     let base = first + SEQUENTIAL as u64;
@@ -155,7 +156,7 @@ async fn measure(t: &Target, template: &Record, first: u64) -> (f64, f64, f64) {
             tokio::spawn(async move {
                 for k in 0..EACH as u64 {
                     let id = base + w * EACH as u64 + k;
-                    t.write(id, entry(&template, id)).await;
+                    t.write(&template, id).await;
                 }
             })
         })
@@ -171,21 +172,18 @@ async fn measure(t: &Target, template: &Record, first: u64) -> (f64, f64, f64) {
 async fn main() {
     let template = record();
     let size = entry(&template, 1).len();
-    let dir = tempfile::tempdir().unwrap();
-    let one = Target::Sled(sled::open(dir.path()).unwrap());
-    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let rafts = three(&dirs).await;
-    let replicated = Target::Raft(rafts[0].clone());
     println!("durable writes of a submit entry ({size} bytes), sled on disk:");
     println!("| | one at a time: p50 ms | p99 ms | {WRITERS} writers: writes/s |");
     println!("|---|---|---|---|");
-    for (name, t) in [
-        ("one sled database (one controller)", &one),
-        ("three controllers on Raft", &replicated),
-    ] {
-        let (p50, p99, rate) = measure(t, &template, 1).await;
-        println!("| {name} | {p50:.2} | {p99:.2} | {rate:.0} |");
-    }
+    let dir = tempfile::tempdir().unwrap();
+    let one = Target::Store(gpuctld::store::Store::open(dir.path()).unwrap());
+    let (p50, p99, rate) = measure(&one, &template, 1).await;
+    println!("| one controller (its store) | {p50:.2} | {p99:.2} | {rate:.0} |");
+    drop(one);
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let rafts = three(&dirs).await;
+    let (p50, p99, rate) = measure(&Target::Raft(rafts[0].clone()), &template, 1).await;
+    println!("| three controllers on Raft | {p50:.2} | {p99:.2} | {rate:.0} |");
     for r in rafts {
         let _ = r.shutdown().await;
     }
