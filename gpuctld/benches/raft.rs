@@ -22,7 +22,7 @@ use prost::Message as _;
 const T0: i64 = 1_700_000_000_000;
 const SEQUENTIAL: usize = 400;
 const WRITERS: usize = 64;
-const EACH: usize = 40;
+const EACH: usize = 150;
 
 fn raft_config() -> Arc<openraft::Config> {
     let c = openraft::Config {

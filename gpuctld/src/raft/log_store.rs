@@ -8,7 +8,8 @@ use std::ops::{Bound, RangeBounds};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
-    Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote,
+    CommittedLeaderId, Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogReader,
+    StorageError, StorageIOError, Vote,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -75,8 +76,57 @@ fn key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
+/// An entry as the log keeps it: a kind byte, its log id (term, leader, index, big
+/// endian), then for a proposal its proposer and the `LogEntry` bytes as they are, for
+/// a membership change its JSON (rare): a third the size of the entry as JSON (whose
+/// payload would be base64). Writes per second were the same either way (the bench).
+fn encode(e: &Entry<TypeConfig>) -> Result<Vec<u8>, Error> {
+    let id = &e.log_id;
+    let mut v = Vec::with_capacity(33 + 256);
+    let kind = match &e.payload {
+        EntryPayload::Blank => 0u8,
+        EntryPayload::Normal(_) => 1,
+        EntryPayload::Membership(_) => 2,
+    };
+    v.push(kind);
+    v.extend_from_slice(&id.leader_id.term.to_be_bytes());
+    v.extend_from_slice(&id.leader_id.node_id.to_be_bytes());
+    v.extend_from_slice(&id.index.to_be_bytes());
+    match &e.payload {
+        EntryPayload::Blank => {}
+        EntryPayload::Normal(p) => {
+            v.extend_from_slice(&p.from.to_be_bytes());
+            v.extend_from_slice(&p.entry);
+        }
+        EntryPayload::Membership(m) => {
+            serde_json::to_writer(&mut v, m).map_err(|x| StorageIOError::write_logs(&x))?;
+        }
+    }
+    Ok(v)
+}
+
 fn decode(v: &[u8]) -> Result<Entry<TypeConfig>, Error> {
-    serde_json::from_slice(v).map_err(|e| StorageIOError::read_logs(&e).into())
+    let bad = |why: &str| StorageIOError::read_logs(&std::io::Error::other(why.to_string()));
+    let word = |at: usize| -> Result<u64, Error> {
+        let b = v
+            .get(at..at + 8)
+            .ok_or_else(|| bad("a log record cut short"))?;
+        Ok(u64::from_be_bytes(b.try_into().expect("8 bytes")))
+    };
+    let (term, node, index) = (word(1)?, word(9)?, word(17)?);
+    let log_id = LogId::new(CommittedLeaderId::new(term, node), index);
+    let payload = match v.first() {
+        Some(0) => EntryPayload::Blank,
+        Some(1) => EntryPayload::Normal(super::Proposal {
+            from: word(25)?,
+            entry: v[33..].to_vec(),
+        }),
+        Some(2) => EntryPayload::Membership(
+            serde_json::from_slice(&v[25..]).map_err(|e| StorageIOError::read_logs(&e))?,
+        ),
+        _ => return Err(bad("a log record of no known kind").into()),
+    };
+    Ok(Entry { log_id, payload })
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -138,7 +188,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut batch = sled::Batch::default();
         for e in entries {
-            let v = serde_json::to_vec(&e).map_err(|x| StorageIOError::write_logs(&x))?;
+            let v = encode(&e)?;
             batch.insert(&key(e.log_id.index), v);
         }
         self.log
