@@ -173,8 +173,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.get_meta("vote")
     }
 
+    /// Kept without a flush of its own: it reaches the disk with the next append or
+    /// vote, and a committed id lost in a crash only means that a restarted controller
+    /// re-applies less of its log before the leader tells it the rest (openraft's
+    /// contract: an older committed id is always safe).
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), Error> {
-        self.put_meta("committed", &committed).await
+        let v = serde_json::to_vec(&committed).map_err(|e| StorageIOError::write(&e))?;
+        self.meta
+            .insert("committed", v)
+            .map_err(|e| StorageIOError::write(&e))?;
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, Error> {
