@@ -343,15 +343,16 @@ impl Cluster {
         cfg
     }
 
-    /// Applies a plan made at `now` from an earlier `pass_input`: each start is checked
-    /// again against the cluster as it is now (things may have moved while planning),
-    /// its job starts, and its `StartJob`s go to its nodes; waiting jobs show their
-    /// reason and expected start.
+    /// Applies a plan made at `now` from an earlier `pass_input`, as its log entries
+    /// (`log::plan_entries`, in one part): each start is checked again against the
+    /// cluster as it is now (things may have moved while planning), its job starts,
+    /// and its `StartJob`s go to its nodes; waiting jobs show their reason and expected
+    /// start; then preemption.
     pub fn apply_plan(&mut self, plan: &sched::Plan, now: i64) -> Effects {
-        let mut effects = self.apply_starts(&plan.starts, now);
-        let waits: Vec<crate::log::Wait> = plan.waiting.iter().map(crate::log::Wait::of).collect();
-        self.annotate_waiting(&waits);
-        self.preempt(plan, now, &mut effects);
+        let mut effects = Effects::default();
+        for entry in crate::log::plan_entries(plan, usize::MAX, now) {
+            effects.merge(self.apply(entry).1);
+        }
         effects
     }
 
