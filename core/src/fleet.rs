@@ -68,6 +68,19 @@ impl Fleet {
         self.conns.clear();
     }
 
+    /// Counts every node as heard from at `now` (none goes silent before a full node
+    /// timeout from now).
+    pub fn hear_all(&mut self, now: i64) {
+        for name in self.nodes.keys() {
+            // A failed node's (far in the future) stays: it is heard from again only
+            // when it re-attaches.
+            let heard = self.last_heard.entry(name.clone()).or_insert(now);
+            if *heard < now {
+                *heard = now;
+            }
+        }
+    }
+
     /// The first of the fleet's own invariants that does not hold, if any: each record
     /// is filed under its name; sessions, hearing times and samples are of known nodes;
     /// sessions have distinct generations, none newer than the newest; no node holds

@@ -117,6 +117,13 @@ impl Cluster {
         self.fleet.end_sessions();
     }
 
+    /// Counts every node as heard from at `now`: a controller that becomes the leader
+    /// heard from no agent yet, and gives each a full node timeout to attach to it.
+    /// (Leader-local: the watchdog's decision travels in its entry, `silent_nodes`.)
+    pub fn hear_all(&mut self, now: i64) {
+        self.fleet.hear_all(now);
+    }
+
     /// How many running jobs fair share's charge cache holds.
     pub fn charged_jobs(&self) -> usize {
         self.fair.held.len()

@@ -199,6 +199,29 @@ pub enum AdminAction {
         #[command(subcommand)]
         action: AdminNodeAction,
     },
+    /// Replicated controllers (gpuctld --id N --peers ...): members, leader, terms.
+    Controllers {
+        #[command(subcommand)]
+        action: Option<ControllersAction>,
+        /// A list of `{"id", "address", "leader", "term", "commit_index", "state", "voter"}`.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ControllersAction {
+    /// The members as the leader knows them (the default).
+    List,
+    /// Add a controller: it catches up as a learner, then votes. Start it first with
+    /// its own --id and the new --peers list.
+    Add {
+        id: u64,
+        /// Its gRPC HOST:PORT.
+        address: String,
+    },
+    /// Remove a controller from the membership (stop it afterwards).
+    Remove { id: u64 },
 }
 
 #[derive(Subcommand)]
@@ -483,26 +506,65 @@ fn controller_urls(cli: &Cli) -> Result<Vec<String>, Failure> {
 pub(crate) async fn connect(cli: &Cli) -> Result<Client, Failure> {
     const HINT: &str = "is gpuctld running? set --controller or GPUCTL_CONTROLLER";
     let urls = controller_urls(cli)?;
-    let mut missed = Vec::new();
-    for url in &urls {
-        match connect_to(cli, url).await {
-            Err(f) if f.code == exit::UNREACHABLE => missed.push(f.message),
-            done => return done,
+    // Replicated controllers: the leader, found by asking each (one controller is
+    // taken as it answers, with no question asked).
+    let find_leader = urls.len() > 1;
+    let deadline = std::time::Instant::now() + LEADER_WAIT;
+    loop {
+        let mut missed = Vec::new();
+        let mut followers = Vec::new();
+        for url in &urls {
+            let mut client = match connect_to(cli, url).await {
+                Err(f) if f.code == exit::UNREACHABLE => {
+                    missed.push(f.message);
+                    continue;
+                }
+                Err(f) => return Err(f),
+                Ok(c) if !find_leader => return Ok(c),
+                Ok(c) => c,
+            };
+            match client.controllers(gpuctl_proto::ControllersRequest {}).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    if !r.replicated || r.members.iter().any(|m| m.leader && m.id == r.id) {
+                        return Ok(client);
+                    }
+                    followers.push(url.clone());
+                }
+                // A controller older than replication leads itself.
+                Err(s) if s.code() == tonic::Code::Unimplemented => return Ok(client),
+                Err(s) if s.code() == tonic::Code::Unavailable => {
+                    missed.push(format!("{url}: {}", s.message()));
+                }
+                Err(s) => return Err(Failure::from(s)),
+            }
         }
+        if followers.is_empty() || std::time::Instant::now() >= deadline {
+            let message = match (missed.as_slice(), followers.is_empty()) {
+                ([one], true) => format!("{one} ({HINT})"),
+                (all, true) => format!(
+                    "no controller of {} answered: {} ({HINT})",
+                    urls.join(","),
+                    all.join("; ")
+                ),
+                _ => format!(
+                    "no controller of {} leads (followers: {}) within {LEADER_WAIT:?}: has a quorum of them stopped?",
+                    urls.join(","),
+                    followers.join(", ")
+                ),
+            };
+            return Err(Failure {
+                code: exit::UNREACHABLE,
+                message,
+            });
+        }
+        // An election is under way.
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
     }
-    let message = match missed.as_slice() {
-        [one] => format!("{one} ({HINT})"),
-        all => format!(
-            "no controller of {} answered: {} ({HINT})",
-            urls.join(","),
-            all.join("; ")
-        ),
-    };
-    Err(Failure {
-        code: exit::UNREACHABLE,
-        message,
-    })
 }
+
+/// How long the CLI waits for replicated controllers to elect a leader.
+const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn connect_to(cli: &Cli, url: &str) -> Result<Client, Failure> {
     let url = url.to_string();
@@ -685,6 +747,20 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                     action: AdminNodeAction::Revoke { name },
                 },
         } => emit(&commands::join::revoke(c, name.clone()).await?, false),
+        Command::Admin {
+            action: AdminAction::Controllers { action, json },
+        } => {
+            let view = match action {
+                None | Some(ControllersAction::List) => commands::controllers::list(c).await?,
+                Some(ControllersAction::Add { id, address }) => {
+                    commands::controllers::add(c, *id, address.clone()).await?
+                }
+                Some(ControllersAction::Remove { id }) => {
+                    commands::controllers::remove(c, *id).await?
+                }
+            };
+            emit(&view, *json);
+        }
     }
     Ok(())
 }

@@ -86,7 +86,7 @@ async fn three(dirs: &[tempfile::TempDir]) -> Vec<Raft<TypeConfig>> {
     for (i, dir) in dirs.iter().enumerate() {
         let id = i as u64 + 1;
         let db = sled::open(dir.path()).expect("a sled database");
-        let (raft, _) = gpuctld::raft::open(id, &db, Config::default(), raft_config())
+        let (raft, _) = gpuctld::raft::open(id, &db, Config::default(), raft_config(), key(), None)
             .await
             .expect("a Raft node");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -95,7 +95,7 @@ async fn three(dirs: &[tempfile::TempDir]) -> Vec<Raft<TypeConfig>> {
             BasicNode::new(listener.local_addr().unwrap().to_string()),
         );
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let service = PeerService::new(raft.clone());
+        let service = PeerService::new(raft.clone(), key());
         tokio::spawn(async move {
             let serve = tonic::transport::Server::builder().add_service(service);
             let _ = serve.serve_with_incoming(incoming).await;
@@ -187,4 +187,8 @@ async fn main() {
     for r in rafts {
         let _ = r.shutdown().await;
     }
+}
+
+fn key() -> gpuctl_proto::auth::ClusterKey {
+    gpuctl_proto::auth::ClusterKey::from_bytes([7; 32])
 }

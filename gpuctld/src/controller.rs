@@ -32,7 +32,9 @@ use gpuctl_sched as sched;
 mod agents;
 mod identity;
 mod listing;
+mod replicated;
 mod steps;
+pub use replicated::{Repl, Shell};
 pub use agents::check_node_name;
 pub use steps::ClientStream;
 pub mod users;
@@ -105,6 +107,9 @@ struct Shared {
     /// a job that needs a GPU and does not fit the room the last pass left defers its
     /// pass (`DEFERRED_PASS`).
     room: PassRoom,
+    /// On Raft: the id past the last submit this controller proposed (ids are handed
+    /// out past submits still in the log; `Cluster::admit_from`).
+    next_id: u64,
 }
 
 impl std::ops::Deref for Shared {
@@ -225,6 +230,8 @@ pub struct Controller {
     pass_lock: Arc<tokio::sync::Mutex<()>>,
     /// Steps opened from outside their jobs, waiting for their agents.
     steps: steps::Relay,
+    /// On Raft (`--peers`): this controller's part; unset with one controller.
+    repl: std::sync::OnceLock<Repl>,
 }
 
 /// A store failure as the caller sees it: the controller is up (so not UNAVAILABLE,
@@ -303,6 +310,7 @@ impl Controller {
                 links: HashMap::new(),
                 tokens: Tokens::new(loaded.tokens),
                 room: PassRoom::default(),
+                next_id: 0,
             }),
             store,
             pki,
@@ -315,6 +323,7 @@ impl Controller {
             last_pass_us: AtomicU64::new(u64::MAX),
             pass_lock: Arc::new(tokio::sync::Mutex::new(())),
             steps: steps::Relay::default(),
+            repl: std::sync::OnceLock::new(),
         }))
     }
 
@@ -389,7 +398,8 @@ impl Controller {
         if wake {
             self.wake_scheduler();
         }
-        let flush = out.wrote || always;
+        // On Raft what a change wrote is durable in the log before it applied.
+        let flush = (out.wrote || always) && self.repl().is_none();
         if !flush && sends.is_empty() {
             return Ok(());
         }
@@ -415,6 +425,13 @@ impl Controller {
         .expect("delivery panicked")
     }
 
+    /// Takes the configuration the cluster holds as the one in effect (on Raft, a
+    /// reconfigure reaches every member through the log).
+    pub(crate) fn take_config(&self) {
+        let config = Arc::new(self.lock().config().clone());
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = config;
+    }
+
     pub fn config(&self) -> Arc<Config> {
         self.config
             .read()
@@ -433,14 +450,26 @@ impl Controller {
             );
         };
         let new = Config::load(path).map_err(|e| e.to_string())?;
-        let done = {
-            let mut c = self.lock();
-            let done = match c.apply(now_ms(), Change::Reconfigure(Box::new(new))).0 {
-                Ok(Applied::Reconfigured(done)) => done,
-                other => unreachable!("a reconfigure answers what it did, not {other:?}"),
-            };
-            *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(c.config().clone());
-            done
+        let change = Change::Reconfigure(Box::new(new));
+        let answer = match self.repl() {
+            None => {
+                let mut c = self.lock();
+                let (answer, _) = c.apply(now_ms(), change);
+                *self.config.write().unwrap_or_else(|p| p.into_inner()) =
+                    Arc::new(c.config().clone());
+                answer
+            }
+            // Called on a blocking thread (SIGHUP, the RPC): it may wait for the log.
+            Some(_) => {
+                let proposed = tokio::runtime::Handle::current().block_on(self.propose(now_ms(), change));
+                let (answer, _) = proposed.map_err(|s| s.message().to_string())?;
+                self.take_config();
+                answer
+            }
+        };
+        let done = match answer {
+            Ok(Applied::Reconfigured(done)) => done,
+            other => unreachable!("a reconfigure answers what it did, not {other:?}"),
         };
         self.wake.notify_one();
         tracing::info!(
@@ -529,6 +558,12 @@ impl Controller {
     /// parts of `PART` jobs.) The steps under the lock run on a blocking thread, never
     /// on the async workers, with a gap after each (see `step`).
     pub async fn schedule_pass(self: &Arc<Self>) -> Result<(), StoreError> {
+        if self.repl().is_some() {
+            if let Err(e) = self.replicated_pass().await {
+                tracing::warn!("scheduling pass not applied: {}", e.message());
+            }
+            return Ok(());
+        }
         // A small pass (the last took under `INLINE_PASS`, and few jobs are active now:
         // a burst of submits makes the next pass large) runs on this async worker: a
         // hop to the blocking pool and back costs a thread wake-up each, about 1 ms of
@@ -622,13 +657,29 @@ impl Controller {
             };
             self.persist(c).map(|changed| (waiting, changed))
         })?;
+        let (queue, view, cfg) = self.pass_read(&waiting, now, inline);
+        Ok((queue, view, cfg, changed, !waiting.ids.is_empty()))
+    }
+
+    /// What a pass plans from, after its start (`waiting`: its answer): the view of the
+    /// nodes, the queue and the configuration, in short holds of the lock.
+    fn pass_read(
+        &self,
+        waiting: &gpuctl_core::ops::Waiting,
+        now: i64,
+        inline: bool,
+    ) -> (
+        Vec<sched::PendingJob>,
+        sched::ClusterView,
+        sched::SchedConfig,
+    ) {
         let (mut view, mut at) = (sched::ClusterView::default(), ViewCursor::default());
         while self.step(inline, |c| c.view_part(&mut at, &mut view, NODE_PART, PART)) {}
         let shares = self.step(inline, |c| c.fair_share_table());
         let mut queue = Vec::new();
         let mut after = 0;
         loop {
-            let (part, next) = self.step(inline, |c| c.queue_part(&waiting, &shares, after, PART));
+            let (part, next) = self.step(inline, |c| c.queue_part(waiting, &shares, after, PART));
             queue.extend(part);
             match next {
                 Some(n) => after = n,
@@ -636,7 +687,7 @@ impl Controller {
             }
         }
         let cfg = self.step(inline, |c| c.pass_config(now));
-        Ok((queue, view, cfg, changed, !waiting.ids.is_empty()))
+        (queue, view, cfg)
     }
 
     /// A plan applied as `Cluster::apply_plan` does, in parts: the starts, the waiting
@@ -727,7 +778,10 @@ impl Controller {
         }
         let actor = caller.actor();
         let mut defer = false;
-        let admitted = {
+        let admitted = if self.repl().is_some() {
+            self.admit_replicated(&actor, spec, request_id, hold, &mut defer)
+                .await?
+        } else {
             let mut c = self.lock();
             let now = now_ms();
             match c.admit(&actor, spec, request_id, now).map_err(status)? {
@@ -771,7 +825,9 @@ impl Controller {
             Ok(admitted) => admitted,
             Err(id) => {
                 // The first submit may still be on its way to the disk.
-                self.store.flush().await.map_err(store_status)?;
+                if self.repl().is_none() {
+                    self.store.flush().await.map_err(store_status)?;
+                }
                 tracing::info!(
                     job = id,
                     request_id,
@@ -787,7 +843,9 @@ impl Controller {
             // The pass may start it while this flush runs (see `deliver`).
             self.wake_scheduler();
         }
-        self.store.flush().await.map_err(store_status)?;
+        if self.repl().is_none() {
+            self.store.flush().await.map_err(store_status)?;
+        }
         self.metrics.submits.inc();
         Ok((id, notes))
     }

@@ -31,6 +31,50 @@ pub struct Options {
     /// Serve the read-only web page here.
     pub web_listen: Option<SocketAddr>,
     pub tls: TlsOptions,
+    /// Replicated controllers (`--id`, `--peers`); `None`: one controller.
+    pub raft: Option<RaftOptions>,
+}
+
+/// This controller's place among replicated controllers.
+#[derive(Debug, Clone)]
+pub struct RaftOptions {
+    pub id: u64,
+    /// Every member's id and the address its gRPC listener is reached at.
+    pub peers: std::collections::BTreeMap<u64, String>,
+    /// Leader heartbeats, and the election timeout's range (a follower that hears no
+    /// leader for a random time in it stands for election).
+    pub heartbeat: std::time::Duration,
+    pub election: (std::time::Duration, std::time::Duration),
+}
+
+impl RaftOptions {
+    /// Parses `--peers 1=host:port,2=host:port,...`.
+    pub fn parse_peers(text: &str) -> Result<std::collections::BTreeMap<u64, String>, String> {
+        let mut peers = std::collections::BTreeMap::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (id, addr) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?}: a member is ID=HOST:PORT"))?;
+            let id: u64 = id
+                .trim()
+                .parse()
+                .map_err(|_| format!("{part:?}: a member's id is a number"))?;
+            if id == 0 {
+                return Err(format!("{part:?}: member ids start at 1"));
+            }
+            let addr = addr.trim();
+            if addr.is_empty() || addr.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(format!("{part:?}: a member's address is HOST:PORT or a URL"));
+            }
+            if peers.insert(id, addr.to_string()).is_some() {
+                return Err(format!("member {id} is named twice"));
+            }
+        }
+        if peers.is_empty() {
+            return Err("--peers names no member".into());
+        }
+        Ok(peers)
+    }
 }
 
 /// TLS and node identity.
@@ -117,7 +161,12 @@ pub async fn run(
     let min_free = opts.config.limits.min_free_disk.as_u64();
     let (pki, tls) = pki_setup(&opts, key)?;
     let secure = pki.secure;
+    let raft_config = opts.config.clone();
     let ctl = Controller::open(store.clone(), opts.config, opts.config_path.clone(), pki)?;
+    let peer_service = match &opts.raft {
+        Some(r) => Some(start_raft(&ctl, &store, r, raft_config, &key_path, secure).await?),
+        None => None,
+    };
     let guarded = |name: &'static str| {
         let stats = guard::Stats::new(name, conn_limits);
         ctl.watch_listener(stats.clone());
@@ -194,6 +243,7 @@ pub async fn run(
             .add_service(
                 AgentLinkServer::new(AgentApi(ctl.clone())).max_decoding_message_size(max_message),
             )
+            .add_optional_service(peer_service.clone())
     };
     // The guard sets TCP_NODELAY: without it a small reply or command (a StartJob, a
     // heartbeat's answer) written after another can sit in Nagle's buffer until the
@@ -232,6 +282,92 @@ pub async fn run(
     }
     tracing::info!("state flushed; bye");
     Ok(())
+}
+
+/// Starts this controller's Raft (`--id`, `--peers`): the log in the store's sled
+/// database, committed entries applied to the controller's state, and the peers'
+/// service to serve. A pristine member waits to hear from a leader; if none is heard
+/// (a new cluster), the member of the lowest id initializes the membership.
+async fn start_raft(
+    ctl: &std::sync::Arc<Controller>,
+    store: &Store,
+    r: &RaftOptions,
+    config: Config,
+    key_path: &std::path::Path,
+    secure: bool,
+) -> anyhow::Result<gpuctl_proto::raft_peer_server::RaftPeerServer<crate::raft::PeerService>> {
+    anyhow::ensure!(
+        !secure,
+        "replicated controllers (--peers) run with --insecure-shared-key for now: node identities and join tokens are not replicated yet (docs/replication.md)"
+    );
+    anyhow::ensure!(
+        r.peers.contains_key(&r.id),
+        "--id {} is not among --peers {:?}",
+        r.id,
+        r.peers.keys().collect::<Vec<_>>()
+    );
+    if !ctl.jobs_loaded_empty() {
+        anyhow::bail!(
+            "this state dir holds a single controller's jobs; a replicated cluster starts from its own log (docs/operations.md: turning one controller into three)"
+        );
+    }
+    let key = ClusterKey::load(key_path)?;
+    let raft_config = openraft::Config {
+        cluster_name: "gpuctl".into(),
+        heartbeat_interval: r.heartbeat.as_millis() as u64,
+        election_timeout_min: r.election.0.as_millis() as u64,
+        election_timeout_max: r.election.1.as_millis() as u64,
+        // A snapshot every 20,000 entries; the log before it is purged.
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20_000),
+        max_in_snapshot_log_to_keep: 1_000,
+        ..Default::default()
+    }
+    .validate()?;
+    let target: std::sync::Arc<dyn crate::raft::Target> =
+        std::sync::Arc::new(crate::controller::Shell(std::sync::Arc::downgrade(ctl)));
+    let (raft, machine) = crate::raft::open(
+        r.id,
+        store.db(),
+        config,
+        std::sync::Arc::new(raft_config),
+        key.clone(),
+        Some(target),
+    )
+    .await?;
+    let service = crate::raft::PeerService::new(raft.clone(), key);
+    ctl.set_replicated(crate::controller::Repl {
+        me: r.id,
+        raft: raft.clone(),
+        machine,
+    });
+    tokio::spawn(ctl.clone().follow_leadership());
+    let members: std::collections::BTreeMap<u64, openraft::BasicNode> = (r.peers.iter())
+        .map(|(id, addr)| (*id, openraft::BasicNode::new(addr.clone())))
+        .collect();
+    let lowest = r.peers.keys().next() == Some(&r.id);
+    let wait = r.election.1 * 3;
+    tokio::spawn(async move {
+        if raft.is_initialized().await.unwrap_or(true) {
+            return;
+        }
+        let mut metrics = raft.metrics();
+        let heard = tokio::time::timeout(wait, async {
+            while metrics.borrow().current_leader.is_none() {
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        if heard.is_err() && lowest && !raft.is_initialized().await.unwrap_or(true) {
+            match raft.initialize(members).await {
+                Ok(()) => tracing::info!("initialized the replicated cluster's membership"),
+                Err(e) => tracing::warn!("membership not initialized: {e}"),
+            }
+        }
+    });
+    tracing::info!(id = r.id, peers = ?r.peers, "replicated controller: Raft started");
+    Ok(service)
 }
 
 /// The cluster CA (made on first start), and with TLS (the default) the server's own

@@ -66,6 +66,21 @@ struct Args {
     /// agents reach it by; clients verify the name `gpuctld`, which it always has).
     #[arg(long, value_delimiter = ',')]
     tls_name: Vec<String>,
+    /// This controller's id among replicated controllers (with --peers).
+    #[arg(long, requires = "peers")]
+    id: Option<u64>,
+    /// Replicated controllers (Raft): every member as ID=HOST:PORT (its gRPC address),
+    /// comma-separated, this one's included: `--id 1 --peers 1=a:7817,2=b:7817,3=c:7817`.
+    /// Every member's state dir holds the same cluster.key (docs/operations.md).
+    #[arg(long, requires = "id", value_parser = gpuctld::daemon::RaftOptions::parse_peers)]
+    peers: Option<std::collections::BTreeMap<u64, String>>,
+    /// How often a leader reaches its followers.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    raft_heartbeat: std::time::Duration,
+    /// A follower that hears no leader for a random time between this and twice it
+    /// stands for election (a lost leader is replaced within about twice this).
+    #[arg(long, default_value = "600ms", value_parser = humantime::parse_duration)]
+    raft_election_timeout: std::time::Duration,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -113,7 +128,11 @@ async fn run(args: Args) -> std::process::ExitCode {
     // A simulation drives the controller's state machine through thousands of jobs:
     // its per-job log lines would cost more than the simulation (GPUCTL_LOG=info shows them).
     let quiet = matches!(args.command, Some(Command::Simulate { .. }));
-    init_logging(args.log_format, if quiet { "warn" } else { "info" });
+    // openraft logs each vote and election at info: its warnings are enough.
+    init_logging(
+        args.log_format,
+        if quiet { "warn" } else { "info,openraft=warn" },
+    );
     let result = match args.command {
         Some(Command::Simulate { mode }) => gpuctl_sim::run(mode),
         Some(Command::Config { file }) => match file.as_ref().or(args.config.as_ref()) {
@@ -156,6 +175,18 @@ async fn run(args: Args) -> std::process::ExitCode {
                             clear_tokens: args.insecure,
                             node_lifetime: args.node_certificate_lifetime,
                             names: args.tls_name,
+                        },
+                        raft: match (args.id, args.peers) {
+                            (Some(id), Some(peers)) => Some(gpuctld::daemon::RaftOptions {
+                                id,
+                                peers,
+                                heartbeat: args.raft_heartbeat,
+                                election: (
+                                    args.raft_election_timeout,
+                                    args.raft_election_timeout * 2,
+                                ),
+                            }),
+                            _ => None,
                         },
                     },
                     gpuctld::daemon::signal(),

@@ -36,6 +36,11 @@ struct AccountLabel {
 
 type GaugeF = Gauge<f64, std::sync::atomic::AtomicU64>;
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberLabel {
+    pub member: String,
+}
+
 /// What the controller's state says at one moment (computed under its lock).
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Snapshot {
@@ -99,6 +104,12 @@ pub struct Metrics {
     pub submits_deferred: Counter,
     pub pass_seconds: Histogram,
     pub commit_seconds: Histogram,
+    /// Raft (replicated controllers; one controller: leader, term 0).
+    pub raft_leader: Gauge,
+    pub raft_term: Gauge,
+    pub raft_commit_index: Gauge,
+    pub raft_commit_seconds: Histogram,
+    pub raft_lag: Family<MemberLabel, Gauge>,
     conns: gpuctl_proto::guard_metrics::Connections,
 }
 
@@ -198,6 +209,37 @@ impl Metrics {
             "How long a durable commit (group flush) took",
             commit_seconds.clone(),
         );
+        let raft_leader = Gauge::default();
+        raft_leader.set(1);
+        r.register(
+            "gpuctl_raft_is_leader",
+            "1 while this controller leads (decides) its cluster; one controller always does",
+            raft_leader.clone(),
+        );
+        let raft_term = Gauge::default();
+        r.register(
+            "gpuctl_raft_term",
+            "The Raft term this controller is in (0: one controller, no Raft)",
+            raft_term.clone(),
+        );
+        let raft_commit_index = Gauge::default();
+        r.register(
+            "gpuctl_raft_applied_index",
+            "The last log index this controller applied",
+            raft_commit_index.clone(),
+        );
+        let raft_commit_seconds = Histogram::new(exponential_buckets(0.0002, 2.0, 16));
+        r.register(
+            "gpuctl_raft_commit_seconds",
+            "From a change's proposal to its apply here, once a quorum holds it (the leader's)",
+            raft_commit_seconds.clone(),
+        );
+        let raft_lag = Family::<MemberLabel, Gauge>::default();
+        r.register(
+            "gpuctl_raft_member_lag_entries",
+            "On the leader: how many log entries each other member is behind (-1: not heard from)",
+            raft_lag.clone(),
+        );
         let conns = gpuctl_proto::guard_metrics::Connections::default();
         conns.register(&mut r);
         Arc::new(Metrics {
@@ -221,6 +263,11 @@ impl Metrics {
             submits_deferred,
             pass_seconds,
             commit_seconds,
+            raft_leader,
+            raft_term,
+            raft_commit_index,
+            raft_commit_seconds,
+            raft_lag,
         })
     }
 

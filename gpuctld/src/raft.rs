@@ -17,7 +17,7 @@ mod machine;
 mod net;
 
 pub use log_store::LogStore;
-pub use machine::{Machine, Replica};
+pub use machine::{Machine, Replica, Target};
 pub use net::{GrpcNet, PeerService};
 
 openraft::declare_raft_types!(
@@ -49,17 +49,19 @@ pub struct Proposal {
 pub struct Reply {}
 
 /// Opens controller `id`'s Raft on its sled database: the log, the state machine (from
-/// its last snapshot, else an empty cluster on `config`), and its peers over gRPC.
-/// Serve its peers with `PeerService::new(raft)`.
+/// its last snapshot, else an empty cluster on `config`; in `target` when given), and
+/// its peers over gRPC, signed with `key`. Serve its peers with `PeerService::new`.
 pub async fn open(
     id: u64,
     db: &sled::Db,
     config: gpuctl_core::Config,
     raft: std::sync::Arc<openraft::Config>,
+    key: gpuctl_proto::auth::ClusterKey,
+    target: Option<std::sync::Arc<dyn Target>>,
 ) -> anyhow::Result<(openraft::Raft<TypeConfig>, Machine)> {
     let log = LogStore::open(db)?;
-    let machine = Machine::open(id, db, config).map_err(anyhow::Error::msg)?;
-    let node = openraft::Raft::new(id, raft, GrpcNet, log, machine.clone()).await?;
+    let machine = Machine::open_on(id, db, config, target).map_err(anyhow::Error::msg)?;
+    let node = openraft::Raft::new(id, raft, GrpcNet { key }, log, machine.clone()).await?;
     Ok((node, machine))
 }
 

@@ -46,8 +46,15 @@ impl UserApi {
         crate::wire::job_filter(r)
     }
 
-    /// Who sent `req`: the peer's uid on the Unix socket, else the API token's user.
+    /// Who sent `req`, at the leader: a follower of replicated controllers answers
+    /// UNAVAILABLE with where the leader is (clients go there).
     async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        self.0.require_leader()?;
+        self.identify(req).await
+    }
+
+    /// Who sent `req`: the peer's uid on the Unix socket, else the API token's user.
+    async fn identify<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
         if let Some(info) = req.extensions().get::<UdsConnectInfo>() {
             let cred = info.peer_cred.ok_or_else(|| {
                 Status::unauthenticated("cannot read the caller's credentials from the socket")
@@ -347,11 +354,30 @@ impl controller_server::Controller for UserApi {
         ))
     }
 
+    async fn controllers(
+        &self,
+        req: Request<pb::ControllersRequest>,
+    ) -> Result<Response<pb::ControllersResponse>, Status> {
+        self.identify(&req).await?;
+        Ok(Response::new(self.0.controllers()))
+    }
+
+    async fn change_controllers(
+        &self,
+        req: Request<pb::ChangeControllersRequest>,
+    ) -> Result<Response<pb::ControllersResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        caller.require_admin("change the controllers")?;
+        Ok(Response::new(
+            self.0.change_controllers(req.into_inner()).await?,
+        ))
+    }
+
     async fn who_am_i(
         &self,
         req: Request<pb::WhoAmIRequest>,
     ) -> Result<Response<pb::WhoAmIResponse>, Status> {
-        let c = self.caller(&req).await?;
+        let c = self.identify(&req).await?;
         Ok(Response::new(pb::WhoAmIResponse {
             user: c.user,
             admin: c.admin,
@@ -484,6 +510,7 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::ChallengeRequest>,
     ) -> Result<Response<pb::ChallengeResponse>, Status> {
+        self.0.require_leader()?;
         let (meta, ext, req) = req.into_parts();
         self.0.verify_agent(
             &Via::of(&ext),
@@ -503,6 +530,7 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<tonic::Streaming<pb::StepOutput>>,
     ) -> Result<Response<Self::StepIoStream>, Status> {
+        self.0.require_leader()?;
         let (meta, ext, inbound) = req.into_parts();
         let stream = self.0.step_io(&Via::of(&ext), &meta, inbound).await?;
         Ok(Response::new(Box::pin(stream)))
@@ -512,6 +540,7 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<Self::AttachStream>, Status> {
+        self.0.require_leader()?;
         let (meta, ext, req) = req.into_parts();
         let peer = ext.get::<TcpPeer>().and_then(|p| p.addr);
         // The nonce in the (signed) body is the session; Attach itself names none.
@@ -537,6 +566,7 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        self.0.require_leader()?;
         let (meta, ext, req) = req.into_parts();
         let signed = self.0.verify_agent(
             &Via::of(&ext),
@@ -554,6 +584,7 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<tonic::Streaming<pb::SignedHeartbeat>>,
     ) -> Result<Response<Self::HeartbeatsStream>, Status> {
+        self.0.require_leader()?;
         let (_, ext, inbound) = req.into_parts();
         let state = (inbound, self.0.clone(), false);
         let out = futures::stream::unfold(state, move |(mut inbound, ctl, failed)| {
@@ -576,6 +607,7 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::JobReport>,
     ) -> Result<Response<pb::JobReportAck>, Status> {
+        self.0.require_leader()?;
         let (meta, ext, req) = req.into_parts();
         let signed = self.0.verify_agent(
             &Via::of(&ext),
@@ -592,6 +624,7 @@ impl agent_link_server::AgentLink for AgentApi {
         &self,
         req: Request<pb::JobReports>,
     ) -> Result<Response<pb::JobReportAcks>, Status> {
+        self.0.require_leader()?;
         let (meta, ext, req) = req.into_parts();
         let signed = self.0.verify_agent(
             &Via::of(&ext),

@@ -166,6 +166,11 @@ fn node_key(name: &str) -> Vec<u8> {
 }
 
 impl Store {
+    /// The sled database (replicated controllers keep their Raft log in it too).
+    pub fn db(&self) -> &sled::Db {
+        &self.db
+    }
+
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
         let shown = dir.display().to_string();
         let db = sled::Config::new()

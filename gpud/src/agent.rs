@@ -122,8 +122,48 @@ struct Agent {
     health: Arc<Mutex<String>>,
     /// The directory put first on jobs' PATH, holding `srun` (`launch::job_tools`).
     tools: Option<PathBuf>,
-    /// The channel to the controller (for the streams steps open: `remote`).
-    channel: std::sync::OnceLock<Channel>,
+    /// A channel to each controller of `--controller a,b,c` (replicated controllers),
+    /// and which one the agent attaches to now (the leader, once found).
+    channels: std::sync::OnceLock<Vec<Channel>>,
+    current: std::sync::atomic::AtomicUsize,
+    /// The newest Raft term a controller answered with (0: one controller): commands
+    /// of an older term, a deposed leader's, are not run.
+    term: std::sync::atomic::AtomicU64,
+}
+
+impl Agent {
+    /// The channel to the controller attached to now.
+    fn channel(&self) -> Channel {
+        let all = self.channels.get().expect("channels are set before use");
+        all[self.current.load(std::sync::atomic::Ordering::SeqCst) % all.len()].clone()
+    }
+
+    /// Which controller of the list is the current one, and how many there are.
+    fn controller_index(&self) -> (usize, usize) {
+        let n = self.channels.get().map_or(1, Vec::len);
+        (self.current.load(std::sync::atomic::Ordering::SeqCst) % n, n)
+    }
+
+    /// Moves on to the next controller of the list.
+    fn next_controller(&self) {
+        let n = self.channels.get().map_or(1, Vec::len);
+        let at = self.current.load(std::sync::atomic::Ordering::SeqCst);
+        self.current
+            .store((at + 1) % n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// A challenge's answer from a controller whose term is not older than one this
+    /// agent has seen (a deposed leader is refused); its term is remembered.
+    fn check_term(&self, ch: pb::ChallengeResponse) -> Result<pb::ChallengeResponse, tonic::Status> {
+        let seen = self.term.fetch_max(ch.term, std::sync::atomic::Ordering::SeqCst);
+        if ch.term < seen {
+            return Err(tonic::Status::unavailable(format!(
+                "the controller answers in term {}, older than term {seen}: a deposed leader",
+                ch.term
+            )));
+        }
+        Ok(ch)
+    }
 }
 
 /// The next number of `session` (`None`: Challenge and Attach, which belong to none yet
@@ -177,7 +217,9 @@ impl Agent {
             session_ready: Notify::new(),
             health: Arc::default(),
             tools: crate::launch::job_tools(&opts.state_dir),
-            channel: std::sync::OnceLock::new(),
+            channels: std::sync::OnceLock::new(),
+            current: std::sync::atomic::AtomicUsize::new(0),
+            term: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -359,32 +401,41 @@ pub async fn run(
         "discovered GPUs: {}",
         gpus.iter().map(|g| format!("{} {}", g.model, g.uuid)).collect::<Vec<_>>().join(", ")
     );
-    let endpoint = Endpoint::from_shared(opts.controller.clone())
-        .with_context(|| format!("bad --controller URL {:?}", opts.controller))?
-        .connect_timeout(Duration::from_secs(3))
-        // Reports and heartbeats go out at once, not after the controller's delayed ACK.
-        .tcp_nodelay(true);
-    let channel = match opts.tls.take() {
-        Some(tls) => {
-            let channel = tls.client.channel(endpoint);
-            tokio::spawn(crate::identity::renew_loop(
-                opts.state_dir.clone(),
-                opts.name.clone(),
-                opts.controller.clone(),
-                opts.key.clone(),
-                tls,
-                channel.clone(),
-            ));
-            channel
-        }
-        None if opts.controller.starts_with("https://") => {
-            anyhow::bail!(
-                "--controller {}: https needs the node's identity (join with --join)",
-                opts.controller
-            )
-        }
-        None => endpoint.connect_lazy(),
-    };
+    let urls: Vec<String> = (opts.controller.split(','))
+        .map(|u| u.trim().to_string())
+        .collect();
+    anyhow::ensure!(
+        urls.iter().all(|u| !u.is_empty()),
+        "bad --controller list {:?}: an empty address between commas",
+        opts.controller
+    );
+    let tls = opts.tls.take();
+    let mut channels = Vec::new();
+    for url in &urls {
+        let endpoint = Endpoint::from_shared(url.clone())
+            .with_context(|| format!("bad --controller URL {url:?}"))?
+            .connect_timeout(Duration::from_secs(3))
+            // Reports and heartbeats go out at once, not after the controller's delayed ACK.
+            .tcp_nodelay(true);
+        channels.push(match &tls {
+            Some(tls) => tls.client.channel(endpoint),
+            None if url.starts_with("https://") => {
+                anyhow::bail!("--controller {url}: https needs the node's identity (join with --join)")
+            }
+            None => endpoint.connect_lazy(),
+        });
+    }
+    let channel = channels[0].clone();
+    if let Some(tls) = tls {
+        tokio::spawn(crate::identity::renew_loop(
+            opts.state_dir.clone(),
+            opts.name.clone(),
+            urls[0].clone(),
+            opts.key.clone(),
+            tls,
+            channel.clone(),
+        ));
+    }
     let (cgroups, confine_devices) = setup::job_cgroups(&opts, &cgroup_parent);
     let cgroups_for_adoption = cgroups.clone();
     let launcher = Box::new(JobLauncher {
@@ -396,12 +447,9 @@ pub async fn run(
     let mps = crate::mps::Mps::find(opts.mps_control.clone(), &opts.state_dir.join("mps"));
     let agent = Arc::new(Agent::new(&opts, launcher, mps, id.clone(), gpus.clone())?);
 
-    let _ = agent.channel.set(channel.clone());
+    let _ = agent.channels.set(channels);
     adopt_jobs(&agent, &cgroups_for_adoption, &cgroup_parent);
-    let reporter = tokio::spawn(reporter(
-        agent.clone(),
-        AgentLinkClient::new(channel.clone()),
-    ));
+    let reporter = tokio::spawn(reporter(agent.clone()));
     let exporter = Arc::new(Exporter::new());
     if let Some(addr) = opts.metrics_listen {
         setup::serve_metrics(addr, exporter.clone()).await?;
@@ -422,7 +470,7 @@ pub async fn run(
     // command stream is then read on the worker whose I/O driver saw its bytes, not
     // handed to the main thread (a thread switch on every launch, 0.1-0.6 ms on the
     // 2-core host; docs/benchmarks.md, "Fast paths, third round").
-    let mut link = tokio::spawn(attach_loop(agent.clone(), channel, opts));
+    let mut link = tokio::spawn(attach_loop(agent.clone(), opts));
     tokio::select! {
         r = &mut link => r.context("the controller link panicked")??,
         _ = shutdown => tracing::info!("shutting down; running jobs keep running"),
@@ -558,7 +606,7 @@ const REPORT_BATCH: usize = 512;
 
 /// Sends queued reports in order, as many as are queued in one request (the ends of a
 /// cancel's jobs travel together), retrying until the controller acknowledges them.
-async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
+async fn reporter(agent: Arc<Agent>) {
     loop {
         let mut pending = agent.reports.snapshot();
         if pending.is_empty() {
@@ -577,6 +625,8 @@ async fn reporter(agent: Arc<Agent>, mut client: AgentLinkClient<Channel>) {
                 reports: pending.clone(),
             };
             let req = agent.signed("reports", Some(&session), batch);
+            // The controller attached to now (after a leader's change, the new one).
+            let mut client = AgentLinkClient::new(agent.channel());
             match client.report_jobs(req).await {
                 Ok(acks) => {
                     if agent.reports.ack(&pending) {
@@ -629,27 +679,27 @@ fn fatal_attach(e: &tonic::Status) -> bool {
     )
 }
 
-async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyhow::Result<()> {
-    let mut client = AgentLinkClient::new(channel);
+async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Result<()> {
     let mut backoff = Duration::from_millis(100);
     let id = agent.id.clone();
     let address = opts
         .address
         .clone()
-        .or_else(|| local_address(&opts.controller))
+        .or_else(|| local_address(opts.controller.split(',').next().unwrap_or_default()))
         .unwrap_or_default();
     tracing::info!(agent_id = %id, %address, "agent identity");
     loop {
         *agent.session.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let mut client = AgentLinkClient::new(agent.channel());
         let challenge = pb::ChallengeRequest {
             node: agent.name.clone(),
         };
-        let attached = match client
+        let answered = client
             .challenge(agent.signed("challenge", None, challenge))
             .await
-        {
+            .and_then(|ch| agent.check_term(ch.into_inner()));
+        let attached = match answered {
             Ok(ch) => {
-                let ch = ch.into_inner();
                 let unacked = agent.reports.snapshot();
                 let req = pb::RegisterRequest {
                     node: agent.name.clone(),
@@ -684,11 +734,20 @@ async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyh
                 if fatal_attach(&e) {
                     anyhow::bail!("controller refused registration: {}", e.message());
                 }
+                let (at, n) = agent.controller_index();
                 tracing::warn!(
                     "cannot attach to the controller at {}: {}; retrying",
-                    opts.controller,
+                    opts.controller.split(',').nth(at).unwrap_or_default(),
                     e.message()
                 );
+                if n > 1 {
+                    // Replicated controllers: the next one (a follower names the leader
+                    // in its refusal; trying each in turn finds it within one round).
+                    agent.next_controller();
+                    if at + 1 < n {
+                        continue;
+                    }
+                }
                 // Jittered: after a controller restart, thousands of agents must not
                 // come back in lockstep (the scale harness, docs/benchmarks.md).
                 let jitter = rand::random_range(0.5..1.5);
@@ -712,7 +771,11 @@ async fn attach_loop(agent: Arc<Agent>, channel: Channel, opts: Options) -> anyh
         // One waiter (the reporter); a permit is kept if it is not waiting yet.
         agent.session_ready.notify_one();
         backoff = Duration::from_millis(100);
-        tracing::info!("registered with controller {}", opts.controller);
+        tracing::info!(
+            term = agent.term.load(std::sync::atomic::Ordering::SeqCst),
+            "registered with controller {}",
+            opts.controller.split(',').nth(agent.controller_index().0).unwrap_or_default()
+        );
 
         let hb = tokio::spawn(heartbeats(
             agent.clone(),
@@ -910,6 +973,15 @@ fn run_command(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand)
     if cmd.session != session.id {
         tracing::error!("dropping a command of another session (replayed?)");
         return 0;
+    }
+    let term = agent.term.load(Ordering::SeqCst);
+    if cmd.term < term {
+        tracing::error!(
+            command_term = cmd.term,
+            term,
+            "dropping a command of a deposed leader (its term is older than one seen)"
+        );
+        return next;
     }
     if cmd.seq <= session.last_cmd.fetch_max(cmd.seq, Ordering::SeqCst) {
         tracing::error!(seq = cmd.seq, "dropping a command seen before (replayed?)");

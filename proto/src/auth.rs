@@ -193,6 +193,26 @@ impl ClusterKey {
         HmacSha256::new_from_slice(&self.0).expect("HMAC takes keys of any length")
     }
 
+    /// The MAC of a message between controllers (`RaftMessage`): the method and the body.
+    pub fn peer_mac(&self, method: &str, body: &[u8]) -> Vec<u8> {
+        let mut m = self.mac();
+        m.update(b"gpuctl-raft-v1\n");
+        m.update(method.as_bytes());
+        m.update(b"\n");
+        m.update(body);
+        m.finalize().into_bytes().to_vec()
+    }
+
+    /// Checks `peer_mac` in constant time.
+    pub fn verify_peer(&self, method: &str, body: &[u8], mac: &[u8]) -> bool {
+        let mut m = self.mac();
+        m.update(b"gpuctl-raft-v1\n");
+        m.update(method.as_bytes());
+        m.update(b"\n");
+        m.update(body);
+        m.verify_slice(mac).is_ok()
+    }
+
     fn request_mac(
         &self,
         method: &str,

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod cancel;
+pub mod controllers;
 pub mod efficiency;
 pub mod explain;
 pub mod history;

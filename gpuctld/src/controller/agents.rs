@@ -12,7 +12,6 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::{Controller, Link, now_ms, status, store_status};
-use crate::store::StoreError;
 use gpuctl_core::log::{Applied, Change};
 
 impl Controller {
@@ -34,6 +33,7 @@ impl Controller {
         let cmd = pb::AgentCommand {
             session,
             seq,
+            term: self.term(),
             ..cmd
         };
         Some(self.pki.command_key(node)?.sign_command(node, &cmd))
@@ -126,6 +126,7 @@ impl Controller {
         pb::ChallengeResponse {
             nonce,
             node_timeout_ms,
+            term: self.term(),
         }
     }
 
@@ -138,66 +139,94 @@ impl Controller {
     ) -> Result<(mpsc::Receiver<Result<Box<pb::AgentCommand>, Status>>, u64), Status> {
         let req = crate::wire::register(req);
         let (tx, rx) = mpsc::channel(1024);
-        let (generation, out) = {
-            let mut c = self.lock();
-            let now = now_ms();
-            c.check_attach(&req, now).map_err(status)?;
-            let node = req.node.clone();
-            let register = req;
-            let (generation, effects) = c.apply(now, Change::Attach { register, peer });
-            let generation = match generation.map_err(status)? {
-                Applied::Attached(generation) => generation,
-                other => unreachable!("an attach answers its generation, not {other:?}"),
-            };
-            c.links.insert(node, Link { generation, tx });
-            (generation, self.settle(c, effects).map_err(store_status)?)
-        };
+        let (generation, out) = self
+            .commit(
+                |c, now| {
+                    c.check_attach(&req, now).map_err(status)?;
+                    let node = req.node.clone();
+                    Ok((Change::Attach { register: req, peer }, node))
+                },
+                |c, node, answer| {
+                    let generation = match answer.map_err(status)? {
+                        Applied::Attached(generation) => generation,
+                        other => unreachable!("an attach answers its generation, not {other:?}"),
+                    };
+                    c.links.insert(node, Link { generation, tx });
+                    Ok(generation)
+                },
+            )
+            .await?;
         self.deliver(out, true).await.map_err(store_status)?;
         Ok((rx, generation))
     }
 
-    /// Declares failed every node whose agent has been silent for `node_timeout`.
-    pub async fn check_nodes(&self) -> Result<(), StoreError> {
-        let out = {
-            let mut c = self.lock();
-            let now = now_ms();
-            let silent = c.silent_nodes(now);
-            let effects = c.apply_sure(now, Change::CheckNodes { silent });
-            self.settle(c, effects)?
-        };
-        self.deliver(out, false).await
+    /// Declares failed every node whose agent has been silent for `node_timeout`
+    /// (`sweep`: also when none is, to sweep what jobs that ended left behind).
+    pub async fn check_nodes(&self, sweep: bool) -> Result<(), Status> {
+        if !self.is_leader() {
+            return Ok(());
+        }
+        let ((), out) = self
+            .commit(
+                |c, now| {
+                    let silent = c.silent_nodes(now);
+                    if silent.is_empty() && !sweep {
+                        return Err(Status::cancelled("nothing to do"));
+                    }
+                    Ok((Change::CheckNodes { silent }, ()))
+                },
+                |_, (), _| Ok(()),
+            )
+            .await?;
+        self.deliver(out, false).await.map_err(store_status)
     }
 
     /// Runs `check_nodes` every second until `shutdown` fires.
     pub async fn watchdog_loop(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut round = 0u64;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => break,
             }
-            if let Err(e) = self.check_nodes().await {
-                tracing::error!("node check failed: {e}");
+            // On Raft a round is an entry: the sweep alone goes every 30 s.
+            round += 1;
+            let sweep = self.repl().is_none() || round % 30 == 0;
+            match self.check_nodes(sweep).await {
+                Err(e) if e.code() != tonic::Code::Cancelled => {
+                    tracing::error!("node check failed: {}", e.message());
+                }
+                _ => {}
             }
         }
     }
 
     /// The agent's command stream closed.
-    pub fn disconnected(&self, node: &str, generation: u64) {
+    pub fn disconnected(self: &Arc<Self>, node: &str, generation: u64) {
+        let change = Change::Disconnected {
+            node: node.to_string(),
+            generation,
+        };
         let mut c = self.lock();
-        let node_name = node.to_string();
-        c.apply_sure(
-            now_ms(),
-            Change::Disconnected {
-                node: node_name,
-                generation,
-            },
-        );
         if c.links
             .get(node)
             .is_some_and(|l| l.generation == generation)
         {
             c.links.remove(node);
+        }
+        if self.repl().is_none() {
+            c.apply_sure(now_ms(), change);
+            return;
+        }
+        drop(c);
+        if self.is_leader() {
+            // Through the log, not waited for (a deposed leader's is refused: the new
+            // one hands out new sessions anyway).
+            let ctl = self.clone();
+            tokio::spawn(async move {
+                let _ = ctl.propose(now_ms(), change).await;
+            });
         }
     }
 
@@ -207,17 +236,19 @@ impl Controller {
         req: pb::HeartbeatRequest,
     ) -> Result<pb::HeartbeatResponse, Status> {
         let hb = crate::wire::heartbeat(req);
-        let (resp, out) = {
-            let mut c = self.lock();
-            let not_run = c.starts_not_run(&hb);
-            let heartbeat = hb;
-            let (resp, effects) = c.apply(now_ms(), Change::Heartbeat { heartbeat, not_run });
-            let resp = match resp {
-                Ok(Applied::Heartbeat(resp)) => resp,
-                other => unreachable!("a heartbeat answers, not {other:?}"),
-            };
-            (resp, self.settle(c, effects).map_err(store_status)?)
-        };
+        let (resp, out) = self
+            .commit(
+                |c, _| {
+                    let not_run = c.starts_not_run(&hb);
+                    let heartbeat = hb;
+                    Ok((Change::Heartbeat { heartbeat, not_run }, ()))
+                },
+                |_, (), answer| match answer {
+                    Ok(Applied::Heartbeat(resp)) => Ok(resp),
+                    other => unreachable!("a heartbeat answers, not {other:?}"),
+                },
+            )
+            .await?;
         self.deliver(out, false).await.map_err(store_status)?;
         Ok(crate::wire::heartbeat_answer(resp))
     }
@@ -238,19 +269,18 @@ impl Controller {
             .into_iter()
             .map(crate::wire::report)
             .collect::<Result<Vec<_>, Status>>()?;
-        let (acks, mut out) = {
-            let mut c = self.lock();
-            let (stale, effects) = c.apply(now_ms(), Change::Reports(reports));
-            let acks = match stale {
-                Ok(Applied::Reports(stale)) => stale,
-                other => unreachable!("reports answer their acks, not {other:?}"),
-            };
-            let acks = acks.into_iter().map(|stale| pb::JobReportAck { stale });
-            (
-                acks.collect(),
-                self.settle(c, effects).map_err(store_status)?,
+        let (acks, mut out) = self
+            .commit(
+                |_, _| Ok((Change::Reports(reports), ())),
+                |_, (), answer| match answer {
+                    Ok(Applied::Reports(stale)) => Ok(stale
+                        .into_iter()
+                        .map(|stale| pb::JobReportAck { stale })
+                        .collect::<Vec<_>>()),
+                    other => unreachable!("reports answer their acks, not {other:?}"),
+                },
             )
-        };
+            .await?;
         // A job's end frees its GPUs: the next start goes out with this answer's flush.
         if out.wake && self.pass_now().await {
             out.wake = false;
@@ -264,7 +294,11 @@ impl Controller {
         {
             let mut c = self.lock();
             c.links.clear();
-            c.end_sessions();
+            // On Raft the sessions are replicated state: the agents attach to the
+            // next leader, which hands out new ones.
+            if self.repl().is_none() {
+                c.end_sessions();
+            }
         }
         self.steps.close();
     }

@@ -90,13 +90,18 @@ impl Controller {
         caller.require_admin("revoke nodes")?;
         let (identity, certificates) = self.pki.revoke(&req.node, now_ms())?;
         self.store.joined(None, &identity).map_err(store_status)?;
-        let out = {
-            let mut c = self.lock();
-            let (node, why) = (req.node.clone(), "node revoked".to_string());
-            let effects = c.apply_sure(now_ms(), Change::FailNode { node, why });
-            c.links.remove(&req.node);
-            self.settle(c, effects).map_err(store_status)?
-        };
+        let ((), out) = self
+            .commit(
+                |_, _| {
+                    let (node, why) = (req.node.clone(), "node revoked".to_string());
+                    Ok((Change::FailNode { node, why }, ()))
+                },
+                |c, (), _| {
+                    c.links.remove(&req.node);
+                    Ok(())
+                },
+            )
+            .await?;
         self.deliver(out, true).await.map_err(store_status)?;
         tracing::warn!(by = %caller.user, node = %req.node, "node revoked");
         Ok(pb::RevokeNodeResponse {

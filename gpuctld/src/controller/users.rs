@@ -22,6 +22,7 @@ impl Controller {
     }
 
     pub fn metrics_text(&self) -> String {
+        self.raft_metrics();
         let snap = self.snapshot(&self.list_nodes(&[]));
         self.metrics.render(&snap, now_ms())
     }
@@ -165,21 +166,23 @@ impl Controller {
                 f.for_cancel(&caller.actor()).map_err(status)
             })
             .transpose()?;
-        let (results, out) = {
-            let mut c = self.lock();
-            let mut ids = ids.to_vec();
-            if let Some(f) = &filter {
-                ids.extend(c.active_matching(f));
-            }
-            let tasks = tasks.iter().map(crate::wire::task_ref).collect();
-            let actor = caller.actor();
-            let (results, effects) = c.apply(now_ms(), Change::Cancel { actor, ids, tasks });
-            let results = match results.map_err(status)? {
-                Applied::Cancelled(results) => results,
-                other => unreachable!("a cancel answers its results, not {other:?}"),
-            };
-            (results, self.settle(c, effects).map_err(store_status)?)
-        };
+        let (results, out) = self
+            .commit(
+                |c, _| {
+                    let mut ids = ids.to_vec();
+                    if let Some(f) = &filter {
+                        ids.extend(c.active_matching(f));
+                    }
+                    let tasks = tasks.iter().map(crate::wire::task_ref).collect();
+                    let actor = caller.actor();
+                    Ok((Change::Cancel { actor, ids, tasks }, ()))
+                },
+                |_, (), answer| match answer.map_err(status)? {
+                    Applied::Cancelled(results) => Ok(results),
+                    other => unreachable!("a cancel answers its results, not {other:?}"),
+                },
+            )
+            .await?;
         self.deliver(out, true).await.map_err(store_status)?;
         Ok(results
             .into_iter()
@@ -209,16 +212,20 @@ impl Controller {
         id: u64,
         action: JobAction,
     ) -> Result<pb::Job, Status> {
-        let (job, out) = {
-            let mut c = self.lock();
-            let actor = caller.actor();
-            let (done, effects) = c.apply(now_ms(), Change::Job { actor, id, action });
-            done.map_err(status)?;
-            let job = (c.jobs().job(id))
-                .map(super::listing::presented_pb)
-                .unwrap_or_default();
-            (job, self.settle(c, effects).map_err(store_status)?)
-        };
+        let (job, out) = self
+            .commit(
+                |_, _| {
+                    let actor = caller.actor();
+                    Ok((Change::Job { actor, id, action }, ()))
+                },
+                |c, (), done| {
+                    done.map_err(status)?;
+                    Ok((c.jobs().job(id))
+                        .map(super::listing::presented_pb)
+                        .unwrap_or_default())
+                },
+            )
+            .await?;
         self.deliver(out, true).await.map_err(store_status)?;
         Ok(job)
     }
@@ -327,22 +334,24 @@ impl Controller {
     }
 
     pub async fn set_drain(&self, name: &str, drain: Option<String>) -> Result<pb::Node, Status> {
-        let (node, out) = {
-            let mut c = self.lock();
-            let node = name.to_string();
-            let (row, effects) = c.apply(
-                now_ms(),
-                Change::Drain {
-                    node,
-                    reason: drain,
+        let (node, out) = self
+            .commit(
+                |_, _| {
+                    let node = name.to_string();
+                    Ok((
+                        Change::Drain {
+                            node,
+                            reason: drain,
+                        },
+                        (),
+                    ))
                 },
-            );
-            let node = match row.map_err(status)? {
-                Applied::Node(row) => *row,
-                other => unreachable!("a drain answers its node, not {other:?}"),
-            };
-            (node, self.settle(c, effects).map_err(store_status)?)
-        };
+                |_, (), row| match row.map_err(status)? {
+                    Applied::Node(row) => Ok(*row),
+                    other => unreachable!("a drain answers its node, not {other:?}"),
+                },
+            )
+            .await?;
         self.deliver(out, true).await.map_err(store_status)?;
         Ok(crate::wire::node_pb(node))
     }

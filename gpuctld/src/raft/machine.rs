@@ -29,9 +29,18 @@ type Meta = SnapshotMeta<u64, openraft::BasicNode>;
 /// (the proposer's request gone) are ever dropped.
 const MAX_ANSWERS: usize = 10_000;
 
+/// Where a replica's cluster lives when it is not in the `Replica` itself: in the
+/// controller's shell, under its one lock (the daemon: requests read the cluster the
+/// log applies to).
+pub trait Target: Send + Sync + 'static {
+    /// Runs `f` on the cluster under its lock.
+    fn with_cluster(&self, f: &mut dyn FnMut(&mut Cluster));
+}
+
 /// One controller's replica of the cluster, shared by the state machine openraft drives
 /// and the controller that reads it.
 pub struct Replica {
+    /// The cluster, unless a `Target` holds it (then this one stays empty).
     cluster: Cluster,
     last_applied: Option<LogId<u64>>,
     /// The time of the last entry applied (a snapshot's restore time).
@@ -61,6 +70,7 @@ impl Replica {
 pub struct Machine {
     me: u64,
     replica: Arc<Mutex<Replica>>,
+    target: Option<Arc<dyn Target>>,
     /// The last snapshot: "meta" (JSON) and "data" (a `Snapshot`, protobuf).
     snapshots: sled::Tree,
 }
@@ -69,6 +79,16 @@ impl Machine {
     /// The state machine of controller `me`: its last snapshot's cluster, or an empty
     /// one on `config`.
     pub fn open(me: u64, db: &sled::Db, config: Config) -> Result<Machine, String> {
+        Machine::open_on(me, db, config, None)
+    }
+
+    /// `open`, with the cluster in `target` (the controller's shell) when given.
+    pub fn open_on(
+        me: u64,
+        db: &sled::Db,
+        config: Config,
+        target: Option<Arc<dyn Target>>,
+    ) -> Result<Machine, String> {
         let snapshots = db.open_tree("raft_snapshot").map_err(|e| e.to_string())?;
         let replica = Replica {
             cluster: Cluster::new(config),
@@ -80,6 +100,7 @@ impl Machine {
         let m = Machine {
             me,
             replica: Arc::new(Mutex::new(replica)),
+            target,
             snapshots,
         };
         if let Some((meta, data)) = m.stored().map_err(|e| e.to_string())? {
@@ -91,6 +112,16 @@ impl Machine {
     /// The replica, for the controller to read (and to take its answers from).
     pub fn replica(&self) -> Arc<Mutex<Replica>> {
         self.replica.clone()
+    }
+
+    /// Runs `f` on the replicated cluster: the replica's, or the target's.
+    fn on_cluster<R>(&self, r: &mut Replica, f: impl FnOnce(&mut Cluster) -> R) -> R {
+        let Some(t) = &self.target else {
+            return f(&mut r.cluster);
+        };
+        let (mut f, mut out) = (Some(f), None);
+        t.with_cluster(&mut |c| out = f.take().map(|f| f(c)));
+        out.expect("the target ran the closure")
     }
 
     fn stored(&self) -> Result<Option<(Meta, Vec<u8>)>, Error> {
@@ -129,7 +160,7 @@ impl Machine {
         let at = pb.at;
         let cluster = crate::wire::cluster(pb).map_err(|e| bad(e.to_string()))?;
         let mut r = self.replica.lock();
-        r.cluster = cluster;
+        self.on_cluster(&mut r, |c| *c = cluster);
         r.last_applied = meta.last_log_id;
         r.last_at = at;
         r.membership = meta.last_membership.clone();
@@ -141,8 +172,9 @@ impl Machine {
 impl RaftSnapshotBuilder<TypeConfig> for Machine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, Error> {
         let (data, meta) = {
-            let r = self.replica.lock();
-            let data = crate::wire::snapshot_pb(&r.cluster, r.last_at).encode_to_vec();
+            let mut r = self.replica.lock();
+            let at = r.last_at;
+            let data = self.on_cluster(&mut r, |c| crate::wire::snapshot_pb(c, at).encode_to_vec());
             let id = match r.last_applied {
                 Some(l) => format!("{}-{}-{}", l.leader_id.term, l.leader_id.node_id, l.index),
                 None => "empty".to_string(),
@@ -200,10 +232,13 @@ impl RaftStateMachine<TypeConfig> for Machine {
                         st::LogEntry::decode(p.entry.as_slice()).map_err(|x| bad(x.to_string()))?;
                     let entry = crate::wire::entry(pb).map_err(|x| bad(x.to_string()))?;
                     r.last_at = entry.at;
-                    let answer = r.cluster.apply(entry);
-                    // What a store would write: a replica's durable state is its log
-                    // and its snapshots.
-                    r.cluster.take_changes();
+                    // What a store would write is dropped: a replica's durable state
+                    // is its log and its snapshots.
+                    let answer = self.on_cluster(&mut r, |c| {
+                        let answer = c.apply(entry);
+                        c.take_changes();
+                        answer
+                    });
                     if p.from == self.me {
                         r.answers.insert(e.log_id.index, answer);
                         while r.answers.len() > MAX_ANSWERS {

@@ -2,10 +2,13 @@
 //! messages and its answers (a result: what the peer's Raft answered, or why it
 //! refused) as JSON. `PeerService` serves a controller's Raft; `GrpcNet` reaches the
 //! others. A peer that cannot be reached is `Unreachable` to openraft, which retries.
+//! Every message carries an HMAC with the cluster key (`ClusterKey::peer_mac`): a
+//! controller answers only holders of the key, the cluster's members.
 
 use std::time::Duration;
 
 use gpuctl_proto as pb;
+use gpuctl_proto::auth::ClusterKey;
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -23,13 +26,24 @@ use super::TypeConfig;
 /// How long a peer has to answer one message (a snapshot's included).
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn encode<T: Serialize>(t: &T) -> pb::RaftMessage {
+fn encode<T: Serialize>(key: &ClusterKey, method: &str, t: &T) -> pb::RaftMessage {
+    let json = serde_json::to_vec(t).expect("openraft's messages serialise");
     pb::RaftMessage {
-        json: serde_json::to_vec(t).expect("openraft's messages serialise"),
+        mac: key.peer_mac(method, &json),
+        json,
     }
 }
 
-fn decode<T: DeserializeOwned>(m: &pb::RaftMessage) -> Result<T, Status> {
+fn decode<T: DeserializeOwned>(
+    key: &ClusterKey,
+    method: &str,
+    m: &pb::RaftMessage,
+) -> Result<T, Status> {
+    if !key.verify_peer(method, &m.json, &m.mac) {
+        return Err(Status::unauthenticated(
+            "a Raft message not signed with this cluster's key: only its controllers take part",
+        ));
+    }
     serde_json::from_slice(&m.json)
         .map_err(|e| Status::invalid_argument(format!("not a Raft message of this kind: {e}")))
 }
@@ -37,11 +51,15 @@ fn decode<T: DeserializeOwned>(m: &pb::RaftMessage) -> Result<T, Status> {
 /// A controller's Raft, served to its peers.
 pub struct PeerService {
     raft: Raft<TypeConfig>,
+    key: ClusterKey,
 }
 
 impl PeerService {
-    pub fn new(raft: Raft<TypeConfig>) -> pb::raft_peer_server::RaftPeerServer<PeerService> {
-        pb::raft_peer_server::RaftPeerServer::new(PeerService { raft })
+    pub fn new(
+        raft: Raft<TypeConfig>,
+        key: ClusterKey,
+    ) -> pb::raft_peer_server::RaftPeerServer<PeerService> {
+        pb::raft_peer_server::RaftPeerServer::new(PeerService { raft, key })
             .max_decoding_message_size(256 << 20)
     }
 }
@@ -52,37 +70,40 @@ impl pb::raft_peer_server::RaftPeer for PeerService {
         &self,
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
-        let rpc: AppendEntriesRequest<TypeConfig> = decode(req.get_ref())?;
-        Ok(Response::new(encode(&self.raft.append_entries(rpc).await)))
+        let rpc: AppendEntriesRequest<TypeConfig> = decode(&self.key, "append", req.get_ref())?;
+        let answer = self.raft.append_entries(rpc).await;
+        Ok(Response::new(encode(&self.key, "append-answer", &answer)))
     }
 
     async fn vote(
         &self,
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
-        let rpc: VoteRequest<u64> = decode(req.get_ref())?;
-        Ok(Response::new(encode(&self.raft.vote(rpc).await)))
+        let rpc: VoteRequest<u64> = decode(&self.key, "vote", req.get_ref())?;
+        let answer = self.raft.vote(rpc).await;
+        Ok(Response::new(encode(&self.key, "vote-answer", &answer)))
     }
 
     async fn snapshot(
         &self,
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
-        let rpc: InstallSnapshotRequest<TypeConfig> = decode(req.get_ref())?;
-        Ok(Response::new(encode(
-            &self.raft.install_snapshot(rpc).await,
-        )))
+        let rpc: InstallSnapshotRequest<TypeConfig> = decode(&self.key, "snapshot", req.get_ref())?;
+        let answer = self.raft.install_snapshot(rpc).await;
+        Ok(Response::new(encode(&self.key, "snapshot-answer", &answer)))
     }
 }
 
 /// Reaches peers at the addresses their membership records (`BasicNode::addr`, a URL
-/// or `host:port`).
-#[derive(Default)]
-pub struct GrpcNet;
+/// or `host:port`), signing with the cluster key.
+pub struct GrpcNet {
+    pub key: ClusterKey,
+}
 
 /// One peer.
 pub struct Peer {
     target: u64,
+    key: ClusterKey,
     client: Result<pb::raft_peer_client::RaftPeerClient<Channel>, String>,
 }
 
@@ -105,7 +126,11 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNet {
                     .max_decoding_message_size(256 << 20)
             })
             .map_err(|e| format!("controller {target}'s address {:?}: {e}", node.addr));
-        Peer { target, client }
+        Peer {
+            target,
+            key: self.key.clone(),
+            client,
+        }
     }
 }
 
@@ -123,7 +148,12 @@ impl Peer {
         let client = self.client.as_mut().map_err(|why| {
             RPCError::Unreachable(Unreachable::new(&std::io::Error::other(why.clone())))
         })?;
-        let msg = encode(req);
+        let method = match kind {
+            Kind::Append => "append",
+            Kind::Vote => "vote",
+            Kind::Snapshot => "snapshot",
+        };
+        let msg = encode(&self.key, method, req);
         let answer = match kind {
             Kind::Append => client.append(msg).await,
             Kind::Vote => client.vote(msg).await,
@@ -131,7 +161,7 @@ impl Peer {
         }
         .map_err(|s| RPCError::Unreachable(Unreachable::new(&s)))?;
         let result: Result<T, RaftError<u64, E>> =
-            serde_json::from_slice(&answer.get_ref().json)
+            decode(&self.key, &format!("{method}-answer"), answer.get_ref())
                 .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }

@@ -175,7 +175,7 @@ pub async fn start(t: &Transport, id: u64, dir: &std::path::Path) -> Controller 
             raft
         }
         Transport::Grpc(servers) => {
-            let raft = Raft::new(id, raft_config(), GrpcNet, log, machine).await;
+            let raft = Raft::new(id, raft_config(), GrpcNet { key: key() }, log, machine).await;
             let raft = raft.expect("a Raft node");
             let at = servers.lock().get(&id).map(|s| s.0);
             let listener = tokio::net::TcpListener::bind(at.unwrap_or(([127, 0, 0, 1], 0).into()))
@@ -183,7 +183,7 @@ pub async fn start(t: &Transport, id: u64, dir: &std::path::Path) -> Controller 
                 .expect("a port for the controller");
             let addr = listener.local_addr().unwrap();
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let service = PeerService::new(raft.clone());
+            let service = PeerService::new(raft.clone(), key());
             let server = tokio::spawn(async move {
                 let serve = tonic::transport::Server::builder().add_service(service);
                 let _ = serve.serve_with_incoming(incoming).await;
@@ -357,4 +357,9 @@ pub async fn settled(leader: &Controller, cs: &[&Controller]) -> Vec<String> {
         out.push(format!("{:?}", r.cluster().records()));
     }
     out
+}
+
+/// The cluster key the controllers of a test share.
+pub fn key() -> gpuctl_proto::auth::ClusterKey {
+    gpuctl_proto::auth::ClusterKey::from_bytes([7; 32])
 }

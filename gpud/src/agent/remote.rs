@@ -55,11 +55,7 @@ fn output(o: Output) -> pb::StepOutput {
 }
 
 async fn serve(agent: &Arc<Agent>, s: pb::StepSession) -> anyhow::Result<()> {
-    let channel = agent
-        .channel
-        .get()
-        .cloned()
-        .context("no controller channel")?;
+    let channel = agent.channel();
     let session = agent.current_session().context("not attached")?;
     let hello = pb::StepHello {
         node: agent.name.clone(),

@@ -1,0 +1,536 @@
+//! The controller on Raft (issue 40, `gpuctld --id N --peers ...`): what changes the
+//! cluster is proposed to the log instead of applied here, and applied on every member
+//! once a quorum holds it (`raft::Machine`, into this controller's `Shared`). Only the
+//! leader decides; a follower answers users and agents with where the leader is.
+//!
+//! One controller (no `--peers`) never reaches this file: its changes apply at once
+//! under the lock, as before Raft.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use gpuctl_core::log::{Applied, Change, Entry, Wait};
+use gpuctl_core::policy::{GpuRoom, gpu_room};
+use gpuctl_sched as sched;
+use gpuctl_core::ops::Admission;
+use gpuctl_core::{Cluster, Effects, Refusal};
+use gpuctl_proto as pb;
+use openraft::error::ClientWriteError;
+use openraft::{BasicNode, Raft, ServerState};
+use prost::Message as _;
+use tonic::Status;
+
+use super::{Controller, Out, Shared, now_ms};
+use crate::raft::{Machine, Proposal, Target, TypeConfig};
+
+/// How long a proposal may wait for a quorum before the caller is told it was not
+/// acknowledged (it may still commit: a submit's request id makes its retry safe).
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A proposal on its way: what openraft answers once it applied (or could not).
+pub(crate) type Pending =
+    tokio::sync::oneshot::Receiver<openraft::raft::ClientWriteResult<TypeConfig>>;
+
+/// A change's answer and effects, as applying it answered.
+pub type Answer = (Result<Applied, Refusal>, Effects);
+
+/// This controller's part in a replicated cluster.
+pub struct Repl {
+    pub me: u64,
+    pub raft: Raft<TypeConfig>,
+    pub machine: Machine,
+}
+
+/// The controller's shell as the state machine's `Target`: committed entries apply to
+/// `Shared::core` under the controller's lock.
+pub struct Shell(pub Weak<Controller>);
+
+impl Target for Shell {
+    fn with_cluster(&self, f: &mut dyn FnMut(&mut Cluster)) {
+        let ctl = self.0.upgrade().expect("the controller outlives its Raft");
+        let mut c = ctl.lock();
+        f(&mut c.core);
+    }
+}
+
+impl Controller {
+    pub(crate) fn repl(&self) -> Option<&Repl> {
+        self.repl.get()
+    }
+
+    /// Starts this controller's part in a replicated cluster (once, at start).
+    pub fn set_replicated(&self, repl: Repl) {
+        if self.repl.set(repl).is_err() {
+            panic!("the controller's Raft is set once");
+        }
+    }
+
+    /// Whether the state holds no job and no node (a replicated controller starts from
+    /// its log, never from a single controller's records).
+    pub fn jobs_loaded_empty(&self) -> bool {
+        let c = self.lock();
+        c.jobs().len() == 0 && c.fleet().nodes().is_empty()
+    }
+
+    /// Whether this controller decides: always with one controller; on Raft, while it
+    /// is the leader.
+    pub fn is_leader(&self) -> bool {
+        self.repl().is_none_or(|r| {
+            let m = r.raft.metrics();
+            let m = m.borrow();
+            m.current_leader == Some(r.me) && m.state == ServerState::Leader
+        })
+    }
+
+    /// The current term (0: one controller).
+    pub fn term(&self) -> u64 {
+        self.repl()
+            .map_or(0, |r| r.raft.metrics().borrow().current_term)
+    }
+
+    /// Refuses a request a follower must not answer: UNAVAILABLE, naming the leader
+    /// (clients and agents try the next controller of their list).
+    pub fn require_leader(&self) -> Result<(), Status> {
+        let Some(r) = self.repl() else {
+            return Ok(());
+        };
+        if self.is_leader() {
+            return Ok(());
+        }
+        let m = r.raft.metrics().borrow().clone();
+        Err(not_leader(r.me, m.current_leader, &m))
+    }
+
+    /// Proposes `change`, decided at `now`, and waits until it applied here: its answer
+    /// (kept by the state machine for the entries this controller proposed).
+    pub(crate) async fn propose(&self, now: i64, change: Change) -> Result<Answer, Status> {
+        let started = std::time::Instant::now();
+        let rx = self.send_proposal(now, change).await?;
+        let answer = self.answer_of(rx).await;
+        (self.metrics.raft_commit_seconds).observe(started.elapsed().as_secs_f64());
+        answer
+    }
+
+    /// Hands `change` to the log without waiting for it: proposals sent one after the
+    /// other apply in that order.
+    pub(crate) async fn send_proposal(&self, now: i64, change: Change) -> Result<Pending, Status> {
+        let r = self.repl().expect("propose is for replicated controllers");
+        let entry = crate::wire::entry_pb(&Entry::new(now, change)).encode_to_vec();
+        r.raft
+            .client_write_ff(Proposal { from: r.me, entry })
+            .await
+            .map_err(|e| Status::unavailable(format!("this controller's Raft stopped: {e}")))
+    }
+
+    /// Sets the metrics' Raft figures as this controller sees them now.
+    pub(crate) fn raft_metrics(&self) {
+        let Some(r) = self.repl() else { return };
+        let m = r.raft.metrics().borrow().clone();
+        self.metrics.raft_leader.set(i64::from(self.is_leader()));
+        self.metrics.raft_term.set(m.current_term as i64);
+        let applied = m.last_applied.map_or(0, |l| l.index);
+        self.metrics.raft_commit_index.set(applied as i64);
+        self.metrics.raft_lag.clear();
+        for (id, matched) in m.replication.iter().flatten() {
+            if *id == r.me {
+                continue;
+            }
+            let lag = matched.map_or(-1, |l| applied.saturating_sub(l.index) as i64);
+            let member = crate::metrics::MemberLabel {
+                member: id.to_string(),
+            };
+            self.metrics.raft_lag.get_or_create(&member).set(lag);
+        }
+    }
+
+    /// Waits for a proposal sent with `client_write_ff` to apply: its answer.
+    pub(crate) async fn answer_of(&self, rx: Pending) -> Result<Answer, Status> {
+        let r = self.repl().expect("answers are for replicated controllers");
+        let done = match tokio::time::timeout(COMMIT_TIMEOUT, rx).await {
+            Err(_) => {
+                return Err(Status::unavailable(format!(
+                    "controller {} heard from no quorum within {COMMIT_TIMEOUT:?}: the change was not acknowledged (it may still apply; a submit's request id makes a retry safe)",
+                    r.me
+                )));
+            }
+            Ok(Err(_)) => {
+                return Err(Status::unavailable(
+                    "this controller's Raft stopped; nothing was acknowledged",
+                ));
+            }
+            Ok(Ok(Err(e))) => return Err(write_failed(r.me, e)),
+            Ok(Ok(Ok(done))) => done,
+        };
+        r.machine
+            .replica()
+            .lock()
+            .take_answer(done.log_id.index)
+            .ok_or_else(|| {
+                Status::unavailable(
+                    "the change applied, but a snapshot replaced its answer here: retry (a submit's request id makes it safe)",
+                )
+            })
+    }
+
+    /// A submit's admission on Raft: the records built here (ids past the submits still
+    /// in the log), acknowledged once they applied. `Err(id)`: a repeated request's job.
+    pub(crate) async fn admit_replicated(
+        &self,
+        actor: &gpuctl_core::Actor,
+        spec: gpuctl_core::record::JobSpec,
+        request_id: &str,
+        hold: bool,
+        defer: &mut bool,
+    ) -> Result<Result<(u64, Vec<String>), u64>, Status> {
+        let (now, records, first, notes) = {
+            let mut c = self.lock();
+            let now = now_ms();
+            let from = c.next_id;
+            let admitted = c.admit_from(actor, spec, request_id, now, from);
+            let mut records = match admitted.map_err(super::status)? {
+                Admission::Repeat(id) => return Ok(Err(id)),
+                Admission::New(stored) => vec![*stored],
+                Admission::Array(tasks) => tasks,
+            };
+            if hold {
+                records
+                    .iter_mut()
+                    .for_each(gpuctl_core::holds::held_at_submit);
+            }
+            let (Some(head), Some(last)) = (records.first(), records.last()) else {
+                return Err(Status::invalid_argument("an array of no tasks"));
+            };
+            let (first, next) = (head.job.id, last.job.id + 1);
+            let notes = head.job.warnings.clone();
+            *defer = c.defers(&head.job);
+            c.next_id = c.next_id.max(next);
+            (now, records, first, notes)
+        };
+        let (answer, effects) = self.propose(now, Change::Submit(records)).await?;
+        answer.map_err(super::status)?;
+        let (sends, wake) = self.lock().route(effects);
+        let out = Out {
+            sends,
+            wake,
+            wrote: false,
+        };
+        self.deliver(out, false)
+            .await
+            .map_err(super::store_status)?;
+        Ok(Ok((first, notes)))
+    }
+
+    /// One scheduling pass on Raft (the leader's): its start through the log, a plan
+    /// from the state it left, and the plan's entries proposed one after the other and
+    /// waited for together (they apply in that order; the starts are checked again as
+    /// they apply, as with one controller).
+    pub(crate) async fn replicated_pass(self: &Arc<Self>) -> Result<(), Status> {
+        if !self.is_leader() {
+            return Ok(());
+        }
+        let now = now_ms();
+        self.lock().room.pass_started();
+        let waiting = match self.propose(now, Change::Prepare).await?.0 {
+            Ok(Applied::Prepared(waiting)) => waiting,
+            other => unreachable!("a pass's start answers its waiting jobs, not {other:?}"),
+        };
+        let ctl = self.clone();
+        let (queue, view, cfg, waiting) = tokio::task::spawn_blocking(move || {
+            let (queue, view, cfg) = ctl.pass_read(&waiting, now, false);
+            (queue, view, cfg, waiting)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("a pass's input panicked: {e}")))?;
+        if queue.is_empty() {
+            let left_out = !waiting.ids.is_empty();
+            let room = if left_out {
+                gpu_room(&view, &sched::Plan::default())
+            } else {
+                GpuRoom::Any
+            };
+            let wake = {
+                let mut c = self.lock();
+                self.settle_room(&mut c, left_out, room, now)
+            };
+            if wake {
+                self.wake_scheduler();
+            }
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let (plan, room) = tokio::task::spawn_blocking(move || {
+            let plan = sched::schedule(&view, &queue, &cfg, now);
+            let room = if plan.waiting.is_empty() {
+                GpuRoom::Any
+            } else {
+                gpu_room(&view, &plan)
+            };
+            (plan, room)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("a pass panicked: {e}")))?;
+        self.metrics
+            .pass_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let mut pending = Vec::new();
+        for part in plan.starts.chunks(super::START_PART) {
+            pending.push(self.send_proposal(now, Change::Starts(part.to_vec())).await?);
+        }
+        for part in plan.waiting.chunks(super::PART) {
+            let waiting = Change::Waiting(part.iter().map(Wait::of).collect());
+            pending.push(self.send_proposal(now, waiting).await?);
+        }
+        let candidates = gpuctl_core::policy::preempt_candidates(&plan);
+        pending.push(self.send_proposal(now, Change::Preempt(candidates)).await?);
+        let mut effects = Effects::default();
+        for rx in pending {
+            effects.merge(self.answer_of(rx).await?.1);
+        }
+        let out = {
+            let mut c = self.lock();
+            let wake = self.settle_room(&mut c, !plan.waiting.is_empty(), room, now);
+            let (sends, woken) = c.route(effects);
+            Out {
+                sends,
+                wake: wake || woken,
+                wrote: false,
+            }
+        };
+        self.deliver(out, false)
+            .await
+            .map_err(super::store_status)
+    }
+
+    /// Applies what `decide` decided under the lock: here at once with one controller
+    /// (the decision and its apply under one hold of the lock), through the log on
+    /// Raft (the decision under the lock, the apply once a quorum holds the entry).
+    /// `then` reads the answer under the lock; what is left to do is returned.
+    pub(super) async fn commit<T, R>(
+        &self,
+        decide: impl FnOnce(&mut Shared, i64) -> Result<(Change, T), Status>,
+        then: impl FnOnce(&mut Shared, T, Result<Applied, Refusal>) -> Result<R, Status>,
+    ) -> Result<(R, Out), Status> {
+        if self.repl().is_none() {
+            let mut c = self.lock();
+            let now = now_ms();
+            let (change, t) = decide(&mut c, now)?;
+            let (answer, effects) = c.apply(now, change);
+            let r = then(&mut c, t, answer);
+            let out = self.settle(c, effects).map_err(super::store_status)?;
+            return Ok((r?, out));
+        }
+        let (now, change, t) = {
+            let mut c = self.lock();
+            let now = now_ms();
+            let (change, t) = decide(&mut c, now)?;
+            (now, change, t)
+        };
+        let (answer, effects) = self.propose(now, change).await?;
+        let mut c = self.lock();
+        let r = then(&mut c, t, answer);
+        let (sends, wake) = c.route(effects);
+        let out = Out {
+            sends,
+            wake,
+            wrote: false,
+        };
+        Ok((r?, out))
+    }
+
+    /// Adds or removes a member (`gpuctl admin controllers add|remove`), at the leader:
+    /// a new member first catches up as a learner (the log, or a snapshot), then votes.
+    pub async fn change_controllers(
+        &self,
+        req: pb::ChangeControllersRequest,
+    ) -> Result<pb::ControllersResponse, Status> {
+        let Some(r) = self.repl() else {
+            return Err(Status::failed_precondition(
+                "this controller runs alone (no --peers): start the members with --id and --peers (docs/operations.md)",
+            ));
+        };
+        self.require_leader()?;
+        let failed = |e: openraft::error::RaftError<u64, ClientWriteError<u64, BasicNode>>| {
+            Status::failed_precondition(format!("the membership was not changed: {e}"))
+        };
+        match (req.add_id, req.remove_id) {
+            (0, 0) | (1.., 1..) => {
+                return Err(Status::invalid_argument(
+                    "name one controller to add (an id and address) or one to remove",
+                ));
+            }
+            (id @ 1.., 0) => {
+                let addr = req.add_address.trim();
+                if addr.is_empty() || addr.len() > 256 || addr.chars().any(char::is_control) {
+                    return Err(Status::invalid_argument(
+                        "a controller's address is its gRPC HOST:PORT (at most 256 printable bytes)",
+                    ));
+                }
+                tracing::info!(id, addr, "adding a controller: catching up as a learner");
+                let node = BasicNode::new(addr);
+                r.raft.add_learner(id, node, true).await.map_err(failed)?;
+                let voters = openraft::ChangeMembers::AddVoterIds([id].into());
+                r.raft.change_membership(voters, false).await.map_err(failed)?;
+                tracing::info!(id, addr, "controller added");
+            }
+            (0, id) => {
+                if id == r.me {
+                    return Err(Status::failed_precondition(
+                        "the leader does not remove itself: remove it at another member once a new leader is elected (stop it first)",
+                    ));
+                }
+                let voters = openraft::ChangeMembers::RemoveVoters([id].into());
+                r.raft.change_membership(voters, false).await.map_err(failed)?;
+                tracing::info!(id, "controller removed");
+            }
+        }
+        Ok(self.controllers())
+    }
+
+    /// The cluster's controllers as this one knows them (`gpuctl admin controllers`).
+    pub fn controllers(&self) -> pb::ControllersResponse {
+        let Some(r) = self.repl() else {
+            return pb::ControllersResponse {
+                id: 0,
+                replicated: false,
+                members: vec![pb::ControllerMember {
+                    id: 0,
+                    address: String::new(),
+                    leader: true,
+                    term: 0,
+                    commit_index: 0,
+                    state: "leader".into(),
+                    voter: true,
+                }],
+            };
+        };
+        let m = r.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        let nodes: BTreeMap<u64, BasicNode> = membership
+            .nodes()
+            .map(|(id, n)| (*id, n.clone()))
+            .collect();
+        let replication = m.replication.clone().unwrap_or_default();
+        let commit = m.last_applied.map_or(0, |l| l.index);
+        let members = nodes
+            .into_iter()
+            .map(|(id, node)| {
+                let leader = m.current_leader == Some(id);
+                let (state, commit_index) = if id == r.me {
+                    (state_name(m.state), commit)
+                } else if leader {
+                    ("leader".to_string(), commit)
+                } else if m.state == ServerState::Leader {
+                    match replication.get(&id) {
+                        Some(Some(l)) => ("follower".to_string(), l.index),
+                        _ => ("unreachable".to_string(), 0),
+                    }
+                } else {
+                    let role = if voters.contains(&id) { "follower" } else { "learner" };
+                    (role.to_string(), 0)
+                };
+                pb::ControllerMember {
+                    id,
+                    address: node.addr,
+                    leader,
+                    term: m.current_term,
+                    commit_index,
+                    state,
+                    voter: voters.contains(&id),
+                }
+            })
+            .collect();
+        pb::ControllersResponse {
+            id: r.me,
+            replicated: true,
+            members,
+        }
+    }
+
+    /// Follows this controller's part: on becoming leader, agents get a full node
+    /// timeout to attach to it (it heard from none of them) and a pass runs; on losing
+    /// it, the agents' streams close so that they find the new leader.
+    pub async fn follow_leadership(self: Arc<Self>) {
+        let Some(r) = self.repl() else { return };
+        let mut metrics = r.raft.metrics();
+        let mut leading = false;
+        loop {
+            let now_leading = self.is_leader();
+            if now_leading != leading {
+                leading = now_leading;
+                let term = self.term();
+                if leading {
+                    tracing::info!(id = r.me, term, "this controller leads");
+                    self.take_config();
+                    self.lock().hear_all(now_ms());
+                    self.wake_scheduler();
+                } else {
+                    tracing::info!(id = r.me, term, "this controller follows");
+                    self.lock().links.clear();
+                }
+                self.metrics.raft_leader.set(i64::from(leading));
+            }
+            self.metrics.raft_term.set(self.term() as i64);
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn state_name(s: ServerState) -> String {
+    match s {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    }
+    .to_string()
+}
+
+/// A follower's refusal: where the leader is, if it knows.
+fn not_leader(
+    me: u64,
+    leader: Option<u64>,
+    m: &openraft::RaftMetrics<u64, BasicNode>,
+) -> Status {
+    let addr = leader.and_then(|l| {
+        m.membership_config
+            .membership()
+            .get_node(&l)
+            .map(|n| n.addr.clone())
+    });
+    let mut status = match (leader, &addr) {
+        (Some(l), Some(a)) => Status::unavailable(format!(
+            "controller {me} is not the leader: controller {l} at {a} is (clients with --controller a,b,c go there themselves)"
+        )),
+        _ => Status::unavailable(format!(
+            "controller {me} is not the leader and no leader is elected yet: retry shortly"
+        )),
+    };
+    if let Some(a) = addr.and_then(|a| a.parse().ok()) {
+        status.metadata_mut().insert("gpuctl-leader", a);
+    }
+    status
+}
+
+/// A proposal that did not apply: UNAVAILABLE (the caller retries, at the leader).
+fn write_failed(me: u64, e: ClientWriteError<u64, BasicNode>) -> Status {
+    match e {
+        ClientWriteError::ForwardToLeader(f) => match f.leader_node {
+            Some(n) => Status::unavailable(format!(
+                "controller {me} is no longer the leader: controller {} at {} is; nothing was acknowledged",
+                f.leader_id.unwrap_or_default(),
+                n.addr
+            )),
+            None => Status::unavailable(format!(
+                "controller {me} is no longer the leader, and no leader is elected yet; nothing was acknowledged"
+            )),
+        },
+        other => Status::unavailable(format!(
+            "controller {me} could not commit the change ({other}); nothing was acknowledged"
+        )),
+    }
+}
