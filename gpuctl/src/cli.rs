@@ -523,7 +523,13 @@ pub(crate) async fn connect(cli: &Cli) -> Result<Client, Failure> {
                 Ok(c) if !find_leader => return Ok(c),
                 Ok(c) => c,
             };
-            match client.controllers(gpuctl_proto::ControllersRequest {}).await {
+            // A controller that accepts but does not answer (frozen, overloaded) is
+            // passed over after a while, not waited for to the request timeout.
+            let asked = client.controllers(gpuctl_proto::ControllersRequest {});
+            let answer = tokio::time::timeout(ASK_TIMEOUT, asked)
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::unavailable("no answer within 2 s")));
+            match answer {
                 Ok(r) => {
                     let r = r.into_inner();
                     if !r.replicated || r.members.iter().any(|m| m.leader && m.id == r.id) {
@@ -562,6 +568,9 @@ pub(crate) async fn connect(cli: &Cli) -> Result<Client, Failure> {
         tokio::time::sleep(std::time::Duration::from_millis(150)).await;
     }
 }
+
+/// How long one controller has to say whether it leads.
+const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long the CLI waits for replicated controllers to elect a leader.
 const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);

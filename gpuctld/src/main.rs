@@ -79,7 +79,7 @@ struct Args {
     raft_heartbeat: std::time::Duration,
     /// A follower that hears no leader for a random time between this and twice it
     /// stands for election (a lost leader is replaced within about twice this).
-    #[arg(long, default_value = "600ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     raft_election_timeout: std::time::Duration,
     #[command(subcommand)]
     command: Option<Command>,

@@ -601,6 +601,13 @@ async fn sampler(
     }
 }
 
+/// How long a controller has to answer a challenge or an attach.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a controller has to acknowledge reports before they are sent again (to
+/// the controller attached to by then).
+const REPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The most reports sent in one request.
 const REPORT_BATCH: usize = 512;
 
@@ -627,7 +634,8 @@ async fn reporter(agent: Arc<Agent>) {
             let req = agent.signed("reports", Some(&session), batch);
             // The controller attached to now (after a leader's change, the new one).
             let mut client = AgentLinkClient::new(agent.channel());
-            match client.report_jobs(req).await {
+            let sent = tokio::time::timeout(REPORT_TIMEOUT, client.report_jobs(req)).await;
+            match sent.unwrap_or_else(|_| Err(tonic::Status::unavailable("no answer to the reports"))) {
                 Ok(acks) => {
                     if agent.reports.ack(&pending) {
                         drop(agent.persist_reports());
@@ -694,9 +702,12 @@ async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Result<()> {
         let challenge = pb::ChallengeRequest {
             node: agent.name.clone(),
         };
-        let answered = client
-            .challenge(agent.signed("challenge", None, challenge))
+        // A controller that accepts connections but does not answer (frozen) is left
+        // for the next one of the list, not waited for.
+        let asked = client.challenge(agent.signed("challenge", None, challenge));
+        let answered = tokio::time::timeout(ATTACH_TIMEOUT, asked)
             .await
+            .unwrap_or_else(|_| Err(tonic::Status::unavailable("no answer to the challenge")))
             .and_then(|ch| agent.check_term(ch.into_inner()));
         let attached = match answered {
             Ok(ch) => {
@@ -721,9 +732,10 @@ async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Result<()> {
                     allow_root_jobs: agent.allow_root_jobs,
                     features: opts.features.clone(),
                 };
-                client
-                    .attach(agent.signed("attach", None, req))
+                let attach = client.attach(agent.signed("attach", None, req));
+                tokio::time::timeout(ATTACH_TIMEOUT, attach)
                     .await
+                    .unwrap_or_else(|_| Err(tonic::Status::unavailable("no answer to the attach")))
                     .map(|r| (r.into_inner(), ch, unacked))
             }
             Err(e) => Err(e),

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod replicated;
+
 static BUILD: Once = Once::new();
 
 /// Directory holding the built binaries.
@@ -524,7 +526,7 @@ impl Drop for Cluster {
 pub const CGROUP_HIERARCHIES: [&str; 5] = ["", "cpu", "memory", "pids", "unified"];
 
 /// Kills every process in the job cgroups under `dir`, then removes them and `dir`.
-fn remove_cgroup_tree(dir: &Path) {
+pub(crate) fn remove_cgroup_tree(dir: &Path) {
     let Ok(jobs) = std::fs::read_dir(dir) else {
         return;
     };
