@@ -58,6 +58,13 @@ impl Fleet {
         self.conns.get(node)
     }
 
+    /// Every attached node's session: (node, generation).
+    pub fn sessions(&self) -> Vec<(String, u64)> {
+        (self.conns.iter())
+            .map(|(n, c)| (n.clone(), c.generation))
+            .collect()
+    }
+
     /// When `node`'s agent was last heard from (Unix ms).
     pub fn last_heard(&self, node: &str) -> Option<i64> {
         self.last_heard.get(node).copied()

@@ -339,6 +339,10 @@ async fn start_raft(
         me: r.id,
         raft: raft.clone(),
         machine,
+        confirmed_ms: std::sync::atomic::AtomicI64::new(0),
+        // A cut-off leader stops answering as one about when the others elect another
+        // (routing only: a write needs a quorum whatever this says).
+        lease_ms: r.election.1.as_millis() as i64,
     });
     tokio::spawn(ctl.clone().follow_leadership());
     let members: std::collections::BTreeMap<u64, openraft::BasicNode> = (r.peers.iter())

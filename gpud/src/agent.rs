@@ -795,10 +795,24 @@ async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Result<()> {
             opts.heartbeat,
             session.clone(),
         ));
+        // With several controllers, one that stops answering heartbeats (frozen, cut
+        // off, deposed) is left for the next: the leader may be elsewhere now.
+        let several = agent.controller_index().1 > 1;
+        let lost_after = (opts.heartbeat * 3).max(Duration::from_secs(3));
+        let mut check = tokio::time::interval(Duration::from_secs(1));
         loop {
             let msg = tokio::select! {
                 m = stream.message() => m,
                 _ = agent.gpus_changed.notified() => break,
+                _ = check.tick(), if several => {
+                    let quiet = session.confirmed.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
+                    if quiet > lost_after {
+                        tracing::warn!(?quiet, "the controller answers no heartbeat; trying the next");
+                        agent.next_controller();
+                        break;
+                    }
+                    continue;
+                }
             };
             match msg {
                 Ok(Some(cmd)) => handle(&agent, &session, cmd),

@@ -19,6 +19,84 @@ pub struct Replicated {
     agents: Vec<(String, Child)>,
     /// The gpud binary's directory (debug for tests, release for the bench).
     bins: PathBuf,
+    /// Each controller in a network namespace of its own (`start_in_namespaces`).
+    net: Option<Net>,
+}
+
+/// Network namespaces on a bridge: member `id` at 10.77.`subnet`.(10 + id), behind the
+/// veth pair `g<tag>h<id>` (on the bridge, in this namespace) / `g<tag>n<id>`; the
+/// bridge `g<tag>br` holds 10.77.`subnet`.1 (agents and the tests live here).
+struct Net {
+    tag: String,
+    subnet: u8,
+}
+
+impl Net {
+    fn create(n: usize) -> Result<Net, String> {
+        static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let subnet = (std::process::id() as u8).wrapping_mul(7).wrapping_add(k.wrapping_mul(31));
+        let net = Net {
+            tag: format!("{:x}{k}", std::process::id() % 0xfff),
+            subnet,
+        };
+        let br = net.bridge();
+        ip(&["link", "add", &br, "type", "bridge"])?;
+        ip(&["addr", "add", &format!("10.77.{subnet}.1/24"), "dev", &br])?;
+        ip(&["link", "set", &br, "up"])?;
+        for id in 1..=n as u64 {
+            let (ns, host, inner) = (net.ns(id), net.host_end(id), net.inner_end(id));
+            ip(&["netns", "add", &ns])?;
+            ip(&["link", "add", &host, "type", "veth", "peer", "name", &inner])?;
+            ip(&["link", "set", &inner, "netns", &ns])?;
+            ip(&["link", "set", &host, "master", &br])?;
+            ip(&["link", "set", &host, "up"])?;
+            let addr = format!("{}/24", net.addr(id));
+            ip(&["-n", &ns, "addr", "add", &addr, "dev", &inner])?;
+            ip(&["-n", &ns, "link", "set", &inner, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(net)
+    }
+
+    fn bridge(&self) -> String {
+        format!("g{}br", self.tag)
+    }
+    fn ns(&self, id: u64) -> String {
+        format!("gpuctl-{}-{id}", self.tag)
+    }
+    fn host_end(&self, id: u64) -> String {
+        format!("g{}h{id}", self.tag)
+    }
+    fn inner_end(&self, id: u64) -> String {
+        format!("g{}n{id}", self.tag)
+    }
+    fn addr(&self, id: u64) -> String {
+        format!("10.77.{}.{}", self.subnet, 10 + id)
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {args:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Whether this machine lets tests make network namespaces (root, iproute2); `Err`
+/// says why not.
+pub fn namespaces_available() -> Result<(), String> {
+    let name = format!("gpuctl-probe-{}", std::process::id());
+    ip(&["netns", "add", &name])?;
+    ip(&["netns", "del", &name])
 }
 
 impl Replicated {
@@ -29,6 +107,21 @@ impl Replicated {
 
     /// `start`, with the binaries of `bins`.
     pub fn start_with(n: usize, bins: PathBuf) -> Replicated {
+        Replicated::build(n, bins, None)
+    }
+
+    /// `start`, each controller in a network namespace of its own on a bridge, so that
+    /// one can be cut off (`partition`) and joined again (`heal`).
+    pub fn start_in_namespaces(n: usize) -> Result<Replicated, String> {
+        let net = Net::create(n)?;
+        Ok(Replicated::build(
+            n,
+            bin("gpuctld").parent().unwrap().to_path_buf(),
+            Some(net),
+        ))
+    }
+
+    fn build(n: usize, bins: PathBuf, net: Option<Net>) -> Replicated {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("gpuctld.toml"), TEST_CONFIG).unwrap();
         let key: String = (0..32)
@@ -42,6 +135,7 @@ impl Replicated {
             ctlds: std::sync::Mutex::new((0..n).map(|_| None).collect()),
             agents: Vec::new(),
             bins,
+            net,
         };
         for id in 1..=n as u64 {
             r.start_member(id);
@@ -61,7 +155,7 @@ impl Replicated {
     /// `--peers` for every member.
     fn peers(&self) -> String {
         (self.ports.iter().enumerate())
-            .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+            .map(|(i, p)| format!("{}={}:{p}", i + 1, self.host(i as u64 + 1)))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -84,9 +178,18 @@ impl Replicated {
             .append(true)
             .open(self.path(&format!("gpuctld-{id}.log")))
             .unwrap();
-        let child = Command::new(self.bins.join("gpuctld"))
+        let mut cmd = match &self.net {
+            Some(net) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &net.ns(id)])
+                    .arg(self.bins.join("gpuctld"));
+                c
+            }
+            None => Command::new(self.bins.join("gpuctld")),
+        };
+        let child = cmd
             .arg("--listen")
-            .arg(format!("127.0.0.1:{}", self.ports[i]))
+            .arg(format!("{}:{}", self.host(id), self.ports[i]))
             .arg("--state-dir")
             .arg(&state)
             .arg("--socket")
@@ -100,6 +203,25 @@ impl Replicated {
             .spawn()
             .expect("start gpuctld");
         ctlds[i] = Some(child);
+    }
+
+    /// Where member `id` listens: loopback, or its namespace's address.
+    fn host(&self, id: u64) -> String {
+        self.net
+            .as_ref()
+            .map_or_else(|| "127.0.0.1".to_string(), |n| n.addr(id))
+    }
+
+    /// Cuts member `id` off from every other (controllers and agents alike).
+    pub fn partition(&self, id: u64) {
+        let net = self.net.as_ref().expect("started in namespaces");
+        ip(&["link", "set", &net.host_end(id), "down"]).unwrap();
+    }
+
+    /// Joins member `id` again.
+    pub fn heal(&self, id: u64) {
+        let net = self.net.as_ref().expect("started in namespaces");
+        ip(&["link", "set", &net.host_end(id), "up"]).unwrap();
     }
 
     fn socket(&self, id: u64) -> PathBuf {
@@ -135,8 +257,8 @@ impl Replicated {
 
     /// Every controller, for agents (TCP).
     pub fn agent_controllers(&self) -> String {
-        (self.ports.iter())
-            .map(|p| format!("http://127.0.0.1:{p}"))
+        (self.ports.iter().enumerate())
+            .map(|(i, p)| format!("http://{}:{p}", self.host(i as u64 + 1)))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -151,13 +273,19 @@ impl Replicated {
             .arg(self.path("cluster.key"))
             .args(["--fake-gpus", spec, "--cpus", "64", "--memory", "64GiB"])
             .arg("--cgroup-parent")
-            .arg(format!("gpuctl-raft-test/{name}-{}", std::process::id()))
+            .arg(self.cgroup_parent(name))
             .arg("--state-dir")
             .arg(self.path(&format!("gpud-{name}")))
             .stderr(log)
             .spawn()
             .expect("start gpud");
         self.agents.push((name.to_string(), child));
+    }
+
+    /// Agent `name`'s cgroup parent: this cluster's own (tests run side by side).
+    fn cgroup_parent(&self, name: &str) -> String {
+        let dir = self.dir.path().file_name().unwrap_or_default();
+        format!("gpuctl-raft-test/{name}-{}", dir.to_string_lossy().trim_start_matches('.'))
     }
 
     /// gpuctl against every controller; its output whatever the exit code.
@@ -231,6 +359,20 @@ impl Replicated {
 
 impl Drop for Replicated {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The logs outlive a failed test (the temp dir does not).
+            let keep = std::env::temp_dir().join(format!(
+                "gpuctl-replicated-failed-{}",
+                self.dir.path().file_name().unwrap_or_default().to_string_lossy()
+            ));
+            let _ = std::fs::create_dir_all(&keep);
+            for e in std::fs::read_dir(self.dir.path()).into_iter().flatten().flatten() {
+                if e.path().extension().is_some_and(|x| x == "log") {
+                    let _ = std::fs::copy(e.path(), keep.join(e.file_name()));
+                }
+            }
+            eprintln!("logs kept in {}", keep.display());
+        }
         for (_, a) in &mut self.agents {
             let _ = a.kill();
             let _ = a.wait();
@@ -239,12 +381,18 @@ impl Drop for Replicated {
             let _ = c.kill();
             let _ = c.wait();
         }
+        if let Some(net) = &self.net {
+            for id in 1..=self.ports.len() as u64 {
+                let _ = ip(&["netns", "del", &net.ns(id)]);
+            }
+            let _ = ip(&["link", "del", &net.bridge()]);
+        }
         // The jobs' processes (fake GPUs run real processes): their cgroups' members.
         for hierarchy in crate::CGROUP_HIERARCHIES {
             for (name, _) in &self.agents {
                 let dir = std::path::Path::new("/sys/fs/cgroup")
                     .join(hierarchy)
-                    .join(format!("gpuctl-raft-test/{name}-{}", std::process::id()));
+                    .join(self.cgroup_parent(name));
                 crate::remove_cgroup_tree(&dir);
             }
         }

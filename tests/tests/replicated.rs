@@ -106,6 +106,15 @@ fn check(r: &Replicated, acked: &[u64], running: &BTreeMap<u64, (u64, String)>) 
         .filter(|(_, (_, attempt, _))| *attempt > 1)
         .collect();
     assert!(twice.is_empty(), "jobs started more than once: {twice:?}");
+    // The agents follow the leader there is now: a new job starts and ends.
+    let out = r.gpuctl(&["submit", "short.toml", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = v["job_id"].as_u64().unwrap();
+    let done = gpuctl_tests::wait_for(Duration::from_secs(30), || {
+        (r.jobs().unwrap_or_default().iter()).any(|j| j.0 == id && j.1 == "COMPLETED")
+    });
+    assert!(done, "job {id} did not run after the faults: {:?}", r.jobs());
     // Each agent started each job at most once.
     for name in ["a", "b"] {
         let log = r.agent_log(name);
@@ -214,5 +223,77 @@ fn a_follower_with_a_wiped_disk_rejoins_and_can_lead() {
     r.kill9(leader);
     let new = r.wait_leader(Duration::from_secs(20)).expect("a new leader");
     assert_ne!(new, leader);
+    check(&r, &acked, &running);
+}
+
+#[test]
+fn a_leader_cut_off_by_a_partition_is_replaced_and_follows_once_healed() {
+    if let Err(why) = gpuctl_tests::replicated::namespaces_available() {
+        assert!(
+            std::env::var_os("GPUCTL_REQUIRE_NETNS").is_none(),
+            "network namespaces required (GPUCTL_REQUIRE_NETNS) but not available: {why}"
+        );
+        eprintln!("SKIPPED: no network namespaces here: {why}");
+        return;
+    }
+    let mut r = Replicated::start_in_namespaces(3).expect("namespaces");
+    r.add_agent("a", "4xA100-80GB");
+    r.add_agent("b", "4xA100-80GB");
+    std::fs::write(r.dir.path().join("long.toml"), LONG).unwrap();
+    std::fs::write(r.dir.path().join("short.toml"), SHORT).unwrap();
+    let up = gpuctl_tests::wait_for(Duration::from_secs(20), || {
+        r.json(&["nodes"]).is_some_and(|v| {
+            v.as_array()
+                .is_some_and(|ns| ns.iter().filter(|n| n["state"] == "IDLE").count() == 2)
+        })
+    });
+    assert!(up, "agents did not attach: {}", r.agent_log("a"));
+    for _ in 0..6 {
+        assert!(r.gpuctl(&["submit", "long.toml"]).status.success());
+    }
+    let mut running = BTreeMap::new();
+    let all = gpuctl_tests::wait_for(Duration::from_secs(20), || {
+        running = (r.jobs().unwrap_or_default().into_iter())
+            .filter(|j| j.1 == "RUNNING")
+            .map(|(id, _, attempt, node)| (id, (attempt, node)))
+            .collect();
+        running.len() == 6
+    });
+    assert!(all, "six long jobs did not start: {running:?}");
+    let r = Arc::new(r);
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads = clients(&r, &stop);
+    std::thread::sleep(Duration::from_millis(1500));
+    let leader = r.wait_leader(Duration::from_secs(20)).expect("a leader");
+    let cut = Instant::now();
+    r.partition(leader);
+    // The cut-off leader still answers on its Unix socket but leads nothing: the
+    // clients' writes go to the new leader of the majority side.
+    let new = {
+        let mut new = None;
+        gpuctl_tests::wait_for(Duration::from_secs(20), || {
+            new = r.wait_leader(Duration::from_secs(1)).filter(|l| *l != leader);
+            new.is_some()
+        });
+        new.expect("a new leader on the majority side")
+    };
+    let took = serving_again(&r, cut);
+    std::thread::sleep(Duration::from_millis(1500));
+    r.heal(leader);
+    let settled = gpuctl_tests::wait_for(Duration::from_secs(20), || {
+        r.members().is_some_and(|ms| {
+            ms.iter().filter(|m| m["leader"] == true).count() == 1
+                && ms.iter().all(|m| m["state"] != "unreachable")
+        })
+    });
+    assert!(settled, "members: {:?}", r.members());
+    assert!(r.log(leader).contains("this controller follows"));
+    std::thread::sleep(Duration::from_millis(1000));
+    stop.store(true, Ordering::SeqCst);
+    let acked: Vec<u64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    eprintln!(
+        "partitioned leader {leader} replaced by {new} in {took:?}; {} submits acknowledged",
+        acked.len()
+    );
     check(&r, &acked, &running);
 }

@@ -40,6 +40,11 @@ pub struct Repl {
     pub me: u64,
     pub raft: Raft<TypeConfig>,
     pub machine: Machine,
+    /// When a quorum last confirmed this controller's leadership (Unix ms;
+    /// `confirm_loop`): a leader cut off from the others stops answering as one within
+    /// `lease_ms`, before the majority has elected another.
+    pub confirmed_ms: std::sync::atomic::AtomicI64,
+    pub lease_ms: i64,
 }
 
 /// The controller's shell as the state machine's `Target`: committed entries apply to
@@ -77,9 +82,13 @@ impl Controller {
     /// is the leader.
     pub fn is_leader(&self) -> bool {
         self.repl().is_none_or(|r| {
-            let m = r.raft.metrics();
-            let m = m.borrow();
-            m.current_leader == Some(r.me) && m.state == ServerState::Leader
+            let leads = {
+                let m = r.raft.metrics();
+                let m = m.borrow();
+                m.current_leader == Some(r.me) && m.state == ServerState::Leader
+            };
+            let confirmed = r.confirmed_ms.load(std::sync::atomic::Ordering::SeqCst);
+            leads && now_ms() - confirmed < r.lease_ms
         })
     }
 
@@ -413,12 +422,19 @@ impl Controller {
             .collect();
         let replication = m.replication.clone().unwrap_or_default();
         let commit = m.last_applied.map_or(0, |l| l.index);
+        // This controller leads only while a quorum confirms it (its lease): a leader
+        // cut off from the others says so before it learns of a newer term.
+        let confirmed = self.is_leader();
         let members = nodes
             .into_iter()
             .map(|(id, node)| {
-                let leader = m.current_leader == Some(id);
+                let leader = m.current_leader == Some(id) && (id != r.me || confirmed);
                 let (state, commit_index) = if id == r.me {
-                    (state_name(m.state), commit)
+                    let state = match m.state {
+                        ServerState::Leader if !confirmed => "unconfirmed".to_string(),
+                        s => state_name(s),
+                    };
+                    (state, commit)
                 } else if leader {
                     ("leader".to_string(), commit)
                 } else if m.state == ServerState::Leader {
@@ -453,7 +469,9 @@ impl Controller {
     /// it, the agents' streams close so that they find the new leader.
     pub async fn follow_leadership(self: Arc<Self>) {
         let Some(r) = self.repl() else { return };
+        tokio::spawn(self.clone().confirm_loop());
         let mut metrics = r.raft.metrics();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
         let mut leading = false;
         loop {
             let now_leading = self.is_leader();
@@ -463,7 +481,16 @@ impl Controller {
                 if leading {
                     tracing::info!(id = r.me, term, "this controller leads");
                     self.take_config();
-                    self.lock().hear_all(now_ms());
+                    let sessions = {
+                        let mut c = self.lock();
+                        c.hear_all(now_ms());
+                        c.fleet().sessions()
+                    };
+                    // The sessions held now were opened with earlier leaders, whose
+                    // streams are gone: they end (through the log), so that the agents
+                    // attach here without waiting out their old session.
+                    let ctl = self.clone();
+                    tokio::spawn(async move { ctl.end_old_sessions(sessions).await });
                     self.wake_scheduler();
                 } else {
                     tracing::info!(id = r.me, term, "this controller follows");
@@ -472,8 +499,53 @@ impl Controller {
                 self.metrics.raft_leader.set(i64::from(leading));
             }
             self.metrics.raft_term.set(self.term() as i64);
-            if metrics.changed().await.is_err() {
+            // A change of role, or a lease that ran out (no metrics change then).
+            tokio::select! {
+                changed = metrics.changed() => if changed.is_err() { return },
+                _ = tick.tick() => {}
+            }
+        }
+    }
+}
+
+impl Controller {
+    /// Ends the sessions opened with earlier leaders (`Disconnected` entries, one a
+    /// session; a session attached here meanwhile has a newer generation and stays).
+    async fn end_old_sessions(&self, sessions: Vec<(String, u64)>) {
+        let now = now_ms();
+        let mut pending = Vec::new();
+        for (node, generation) in sessions {
+            match self
+                .send_proposal(now, Change::Disconnected { node, generation })
+                .await
+            {
+                Ok(rx) => pending.push(rx),
+                Err(_) => return,
+            }
+        }
+        for rx in pending {
+            if self.answer_of(rx).await.is_err() {
                 return;
+            }
+        }
+    }
+
+    /// While this controller is the leader, has a quorum confirm it (a round of
+    /// heartbeats) every 100 ms, renewing its lease (`Repl::confirmed_ms`).
+    async fn confirm_loop(self: Arc<Self>) {
+        let Some(r) = self.repl() else { return };
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if r.raft.metrics().borrow().state != ServerState::Leader {
+                continue;
+            }
+            let asked = now_ms();
+            let wait = Duration::from_millis(r.lease_ms as u64);
+            if let Ok(Ok(_)) = tokio::time::timeout(wait, r.raft.ensure_linearizable()).await {
+                // The lease runs from when the confirmation was asked for.
+                (r.confirmed_ms).fetch_max(asked, std::sync::atomic::Ordering::SeqCst);
             }
         }
     }
