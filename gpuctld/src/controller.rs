@@ -34,8 +34,8 @@ mod identity;
 mod listing;
 mod replicated;
 mod steps;
-pub use replicated::{Repl, Shell};
 pub use agents::check_node_name;
+pub use replicated::{Repl, Shell};
 pub use steps::ClientStream;
 pub mod users;
 
@@ -461,7 +461,8 @@ impl Controller {
             }
             // Called on a blocking thread (SIGHUP, the RPC): it may wait for the log.
             Some(_) => {
-                let proposed = tokio::runtime::Handle::current().block_on(self.propose(now_ms(), change));
+                let proposed =
+                    tokio::runtime::Handle::current().block_on(self.propose(now_ms(), change));
                 let (answer, _) = proposed.map_err(|s| s.message().to_string())?;
                 self.take_config();
                 answer

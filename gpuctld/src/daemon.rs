@@ -64,7 +64,9 @@ impl RaftOptions {
             }
             let addr = addr.trim();
             if addr.is_empty() || addr.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(format!("{part:?}: a member's address is HOST:PORT or a URL"));
+                return Err(format!(
+                    "{part:?}: a member's address is HOST:PORT or a URL"
+                ));
             }
             if peers.insert(id, addr.to_string()).is_some() {
                 return Err(format!("member {id} is named twice"));

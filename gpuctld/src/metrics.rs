@@ -36,6 +36,58 @@ struct AccountLabel {
 
 type GaugeF = Gauge<f64, std::sync::atomic::AtomicU64>;
 
+/// The Raft figures (replicated controllers; one controller: leader, term 0).
+pub struct RaftGauges {
+    pub leader: Gauge,
+    pub term: Gauge,
+    pub applied: Gauge,
+    pub commit_seconds: Histogram,
+    pub lag: Family<MemberLabel, Gauge>,
+}
+
+impl RaftGauges {
+    fn register(r: &mut Registry) -> RaftGauges {
+        let leader = Gauge::default();
+        leader.set(1);
+        r.register(
+            "gpuctl_raft_is_leader",
+            "1 while this controller leads (decides) its cluster; one controller always does",
+            leader.clone(),
+        );
+        let term = Gauge::default();
+        r.register(
+            "gpuctl_term",
+            "The Raft term this controller is in (0: one controller, no Raft)",
+            term.clone(),
+        );
+        let applied = Gauge::default();
+        r.register(
+            "gpuctl_raft_applied_index",
+            "The last log index this controller applied",
+            applied.clone(),
+        );
+        let commit_seconds = Histogram::new(exponential_buckets(0.0002, 2.0, 16));
+        r.register(
+            "gpuctl_commit_seconds",
+            "From a change's proposal to its apply here, once a quorum holds it (the leader's)",
+            commit_seconds.clone(),
+        );
+        let lag = Family::<MemberLabel, Gauge>::default();
+        r.register(
+            "gpuctl_raft_member_lag_entries",
+            "On the leader: how many log entries each other member is behind (-1: not heard from)",
+            lag.clone(),
+        );
+        RaftGauges {
+            leader,
+            term,
+            applied,
+            commit_seconds,
+            lag,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MemberLabel {
     pub member: String,
@@ -105,11 +157,7 @@ pub struct Metrics {
     pub pass_seconds: Histogram,
     pub commit_seconds: Histogram,
     /// Raft (replicated controllers; one controller: leader, term 0).
-    pub raft_leader: Gauge,
-    pub raft_term: Gauge,
-    pub raft_commit_index: Gauge,
-    pub raft_commit_seconds: Histogram,
-    pub raft_lag: Family<MemberLabel, Gauge>,
+    pub raft: RaftGauges,
     conns: gpuctl_proto::guard_metrics::Connections,
 }
 
@@ -209,37 +257,7 @@ impl Metrics {
             "How long a durable commit (group flush) took",
             commit_seconds.clone(),
         );
-        let raft_leader = Gauge::default();
-        raft_leader.set(1);
-        r.register(
-            "gpuctl_raft_is_leader",
-            "1 while this controller leads (decides) its cluster; one controller always does",
-            raft_leader.clone(),
-        );
-        let raft_term = Gauge::default();
-        r.register(
-            "gpuctl_raft_term",
-            "The Raft term this controller is in (0: one controller, no Raft)",
-            raft_term.clone(),
-        );
-        let raft_commit_index = Gauge::default();
-        r.register(
-            "gpuctl_raft_applied_index",
-            "The last log index this controller applied",
-            raft_commit_index.clone(),
-        );
-        let raft_commit_seconds = Histogram::new(exponential_buckets(0.0002, 2.0, 16));
-        r.register(
-            "gpuctl_raft_commit_seconds",
-            "From a change's proposal to its apply here, once a quorum holds it (the leader's)",
-            raft_commit_seconds.clone(),
-        );
-        let raft_lag = Family::<MemberLabel, Gauge>::default();
-        r.register(
-            "gpuctl_raft_member_lag_entries",
-            "On the leader: how many log entries each other member is behind (-1: not heard from)",
-            raft_lag.clone(),
-        );
+        let raft = RaftGauges::register(&mut r);
         let conns = gpuctl_proto::guard_metrics::Connections::default();
         conns.register(&mut r);
         Arc::new(Metrics {
@@ -263,11 +281,7 @@ impl Metrics {
             submits_deferred,
             pass_seconds,
             commit_seconds,
-            raft_leader,
-            raft_term,
-            raft_commit_index,
-            raft_commit_seconds,
-            raft_lag,
+            raft,
         })
     }
 

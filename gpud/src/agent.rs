@@ -141,7 +141,10 @@ impl Agent {
     /// Which controller of the list is the current one, and how many there are.
     fn controller_index(&self) -> (usize, usize) {
         let n = self.channels.get().map_or(1, Vec::len);
-        (self.current.load(std::sync::atomic::Ordering::SeqCst) % n, n)
+        (
+            self.current.load(std::sync::atomic::Ordering::SeqCst) % n,
+            n,
+        )
     }
 
     /// Moves on to the next controller of the list.
@@ -154,8 +157,13 @@ impl Agent {
 
     /// A challenge's answer from a controller whose term is not older than one this
     /// agent has seen (a deposed leader is refused); its term is remembered.
-    fn check_term(&self, ch: pb::ChallengeResponse) -> Result<pb::ChallengeResponse, tonic::Status> {
-        let seen = self.term.fetch_max(ch.term, std::sync::atomic::Ordering::SeqCst);
+    fn check_term(
+        &self,
+        ch: pb::ChallengeResponse,
+    ) -> Result<pb::ChallengeResponse, tonic::Status> {
+        let seen = self
+            .term
+            .fetch_max(ch.term, std::sync::atomic::Ordering::SeqCst);
         if ch.term < seen {
             return Err(tonic::Status::unavailable(format!(
                 "the controller answers in term {}, older than term {seen}: a deposed leader",
@@ -420,7 +428,9 @@ pub async fn run(
         channels.push(match &tls {
             Some(tls) => tls.client.channel(endpoint),
             None if url.starts_with("https://") => {
-                anyhow::bail!("--controller {url}: https needs the node's identity (join with --join)")
+                anyhow::bail!(
+                    "--controller {url}: https needs the node's identity (join with --join)"
+                )
             }
             None => endpoint.connect_lazy(),
         });
@@ -635,7 +645,9 @@ async fn reporter(agent: Arc<Agent>) {
             // The controller attached to now (after a leader's change, the new one).
             let mut client = AgentLinkClient::new(agent.channel());
             let sent = tokio::time::timeout(REPORT_TIMEOUT, client.report_jobs(req)).await;
-            match sent.unwrap_or_else(|_| Err(tonic::Status::unavailable("no answer to the reports"))) {
+            match sent
+                .unwrap_or_else(|_| Err(tonic::Status::unavailable("no answer to the reports")))
+            {
                 Ok(acks) => {
                     if agent.reports.ack(&pending) {
                         drop(agent.persist_reports());
@@ -786,7 +798,10 @@ async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Result<()> {
         tracing::info!(
             term = agent.term.load(std::sync::atomic::Ordering::SeqCst),
             "registered with controller {}",
-            opts.controller.split(',').nth(agent.controller_index().0).unwrap_or_default()
+            opts.controller
+                .split(',')
+                .nth(agent.controller_index().0)
+                .unwrap_or_default()
         );
 
         let hb = tokio::spawn(heartbeats(

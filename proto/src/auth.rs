@@ -651,6 +651,7 @@ mod tests {
     fn commands_are_bound_to_their_node_and_content() {
         let k = key(7);
         let cmd = AgentCommand {
+            term: 0,
             command: Some(Command::Kill(KillJob {
                 job_id: 4,
                 ..KillJob::default()
@@ -677,6 +678,7 @@ mod tests {
         for n in 0..40 {
             let env = (0..n).map(|i| (format!("K{i}"), format!("v{i}"))).collect();
             let cmd = AgentCommand {
+                term: 0,
                 command: Some(Command::Start(StartJob {
                     job_id: n,
                     spec: Some(JobSpec {

@@ -35,7 +35,9 @@ impl Net {
     fn create(n: usize) -> Result<Net, String> {
         static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
         let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let subnet = (std::process::id() as u8).wrapping_mul(7).wrapping_add(k.wrapping_mul(31));
+        let subnet = (std::process::id() as u8)
+            .wrapping_mul(7)
+            .wrapping_add(k.wrapping_mul(31));
         let net = Net {
             tag: format!("{:x}{k}", std::process::id() % 0xfff),
             subnet,
@@ -243,7 +245,10 @@ impl Replicated {
 
     /// Member `id`'s state dir, removed (it must be stopped): a lost disk.
     pub fn wipe(&self, id: u64) {
-        assert!(self.ctlds.lock().unwrap()[id as usize - 1].is_none(), "stop {id} first");
+        assert!(
+            self.ctlds.lock().unwrap()[id as usize - 1].is_none(),
+            "stop {id} first"
+        );
         std::fs::remove_dir_all(self.path(&format!("ctld-{id}"))).unwrap();
     }
 
@@ -285,7 +290,10 @@ impl Replicated {
     /// Agent `name`'s cgroup parent: this cluster's own (tests run side by side).
     fn cgroup_parent(&self, name: &str) -> String {
         let dir = self.dir.path().file_name().unwrap_or_default();
-        format!("gpuctl-raft-test/{name}-{}", dir.to_string_lossy().trim_start_matches('.'))
+        format!(
+            "gpuctl-raft-test/{name}-{}",
+            dir.to_string_lossy().trim_start_matches('.')
+        )
     }
 
     /// gpuctl against every controller; its output whatever the exit code.
@@ -363,10 +371,18 @@ impl Drop for Replicated {
             // The logs outlive a failed test (the temp dir does not).
             let keep = std::env::temp_dir().join(format!(
                 "gpuctl-replicated-failed-{}",
-                self.dir.path().file_name().unwrap_or_default().to_string_lossy()
+                self.dir
+                    .path()
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
             ));
             let _ = std::fs::create_dir_all(&keep);
-            for e in std::fs::read_dir(self.dir.path()).into_iter().flatten().flatten() {
+            for e in std::fs::read_dir(self.dir.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 if e.path().extension().is_some_and(|x| x == "log") {
                     let _ = std::fs::copy(e.path(), keep.join(e.file_name()));
                 }
@@ -400,8 +416,8 @@ impl Drop for Replicated {
 }
 
 fn write_private(path: &std::path::Path, text: &str) {
-    use std::os::unix::fs::OpenOptionsExt;
     use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

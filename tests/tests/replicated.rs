@@ -5,8 +5,8 @@
 //! starts twice, no running job is killed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use gpuctl_tests::replicated::Replicated;
@@ -23,15 +23,18 @@ fn loaded() -> (Replicated, BTreeMap<u64, (u64, String)>) {
     std::fs::write(r.dir.path().join("short.toml"), SHORT).unwrap();
     let up = gpuctl_tests::wait_for(Duration::from_secs(20), || {
         r.json(&["nodes"]).is_some_and(|v| {
-            v.as_array().is_some_and(|ns| {
-                ns.iter().filter(|n| n["state"] == "IDLE").count() == 2
-            })
+            v.as_array()
+                .is_some_and(|ns| ns.iter().filter(|n| n["state"] == "IDLE").count() == 2)
         })
     });
     assert!(up, "agents did not attach: {}", r.agent_log("a"));
     for _ in 0..6 {
         let out = r.gpuctl(&["submit", "long.toml"]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let mut running = BTreeMap::new();
     let all = gpuctl_tests::wait_for(Duration::from_secs(20), || {
@@ -86,7 +89,8 @@ fn check(r: &Replicated, acked: &[u64], running: &BTreeMap<u64, (u64, String)>) 
     let mut seen = BTreeMap::new();
     for (id, state, attempt, node) in &jobs {
         assert!(
-            seen.insert(*id, (state.clone(), *attempt, node.clone())).is_none(),
+            seen.insert(*id, (state.clone(), *attempt, node.clone()))
+                .is_none(),
             "job {id} listed twice"
         );
     }
@@ -108,20 +112,35 @@ fn check(r: &Replicated, acked: &[u64], running: &BTreeMap<u64, (u64, String)>) 
     assert!(twice.is_empty(), "jobs started more than once: {twice:?}");
     // The agents follow the leader there is now: a new job starts and ends.
     let out = r.gpuctl(&["submit", "short.toml", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let id = v["job_id"].as_u64().unwrap();
     let done = gpuctl_tests::wait_for(Duration::from_secs(30), || {
         (r.jobs().unwrap_or_default().iter()).any(|j| j.0 == id && j.1 == "COMPLETED")
     });
-    assert!(done, "job {id} did not run after the faults: {:?}", r.jobs());
+    assert!(
+        done,
+        "job {id} did not run after the faults: {:?}",
+        r.jobs()
+    );
     // Each agent started each job at most once.
     for name in ["a", "b"] {
         let log = r.agent_log(name);
         let mut starts = BTreeSet::new();
         for line in log.lines().filter(|l| l.contains("job started")) {
-            if let Some(id) = line.split("job=").nth(1).and_then(|t| t.split_whitespace().next()) {
-                assert!(starts.insert(id.to_string()), "agent {name} started job {id} twice");
+            if let Some(id) = line
+                .split("job=")
+                .nth(1)
+                .and_then(|t| t.split_whitespace().next())
+            {
+                assert!(
+                    starts.insert(id.to_string()),
+                    "agent {name} started job {id} twice"
+                );
             }
         }
     }
@@ -136,19 +155,29 @@ fn kill9_of_the_leader_under_load_loses_and_repeats_nothing() {
     let mut took = Vec::new();
     for _ in 0..3 {
         std::thread::sleep(Duration::from_millis(1500));
-        let leader = shared.wait_leader(Duration::from_secs(20)).expect("a leader");
+        let leader = shared
+            .wait_leader(Duration::from_secs(20))
+            .expect("a leader");
         let killed = Instant::now();
         shared.kill9(leader);
         took.push(serving_again(&shared, killed));
-        let new = shared.wait_leader(Duration::from_secs(20)).expect("a new leader");
+        let new = shared
+            .wait_leader(Duration::from_secs(20))
+            .expect("a new leader");
         assert_ne!(new, leader, "the killed controller cannot lead");
         shared.start_member(leader);
     }
     std::thread::sleep(Duration::from_millis(1000));
     stop.store(true, Ordering::SeqCst);
-    let acked: Vec<u64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let acked: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
     assert!(acked.len() > 10, "the clients were served: {}", acked.len());
-    eprintln!("failover (kill -9 to a listing served): {took:?}; {} submits acknowledged", acked.len());
+    eprintln!(
+        "failover (kill -9 to a listing served): {took:?}; {} submits acknowledged",
+        acked.len()
+    );
     for t in &took {
         assert!(*t < Duration::from_secs(10), "failover took {t:?}");
     }
@@ -170,7 +199,9 @@ fn a_frozen_leader_is_replaced_and_deposed_when_it_wakes() {
     // nothing: clients pass over it once their connect times out... so the listing
     // waits on the others, which elect a new leader.
     let took = serving_again(&r, frozen);
-    let new = r.wait_leader(Duration::from_secs(20)).expect("a new leader");
+    let new = r
+        .wait_leader(Duration::from_secs(20))
+        .expect("a new leader");
     assert_ne!(new, leader);
     std::thread::sleep(Duration::from_millis(1500));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
@@ -188,8 +219,14 @@ fn a_frozen_leader_is_replaced_and_deposed_when_it_wakes() {
     );
     std::thread::sleep(Duration::from_millis(1000));
     stop.store(true, Ordering::SeqCst);
-    let acked: Vec<u64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
-    eprintln!("frozen leader replaced in {took:?}; {} submits acknowledged", acked.len());
+    let acked: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    eprintln!(
+        "frozen leader replaced in {took:?}; {} submits acknowledged",
+        acked.len()
+    );
     check(&r, &acked, &running);
 }
 
@@ -221,7 +258,9 @@ fn a_follower_with_a_wiped_disk_rejoins_and_can_lead() {
     // Now the leader is lost: the wiped member and the other elect one, and the jobs
     // are all there.
     r.kill9(leader);
-    let new = r.wait_leader(Duration::from_secs(20)).expect("a new leader");
+    let new = r
+        .wait_leader(Duration::from_secs(20))
+        .expect("a new leader");
     assert_ne!(new, leader);
     check(&r, &acked, &running);
 }
@@ -272,7 +311,9 @@ fn a_leader_cut_off_by_a_partition_is_replaced_and_follows_once_healed() {
     let new = {
         let mut new = None;
         gpuctl_tests::wait_for(Duration::from_secs(20), || {
-            new = r.wait_leader(Duration::from_secs(1)).filter(|l| *l != leader);
+            new = r
+                .wait_leader(Duration::from_secs(1))
+                .filter(|l| *l != leader);
             new.is_some()
         });
         new.expect("a new leader on the majority side")
@@ -290,7 +331,10 @@ fn a_leader_cut_off_by_a_partition_is_replaced_and_follows_once_healed() {
     assert!(r.log(leader).contains("this controller follows"));
     std::thread::sleep(Duration::from_millis(1000));
     stop.store(true, Ordering::SeqCst);
-    let acked: Vec<u64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let acked: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
     eprintln!(
         "partitioned leader {leader} replaced by {new} in {took:?}; {} submits acknowledged",
         acked.len()

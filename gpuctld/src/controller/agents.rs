@@ -144,7 +144,13 @@ impl Controller {
                 |c, now| {
                     c.check_attach(&req, now).map_err(status)?;
                     let node = req.node.clone();
-                    Ok((Change::Attach { register: req, peer }, node))
+                    Ok((
+                        Change::Attach {
+                            register: req,
+                            peer,
+                        },
+                        node,
+                    ))
                 },
                 |c, node, answer| {
                     let generation = match answer.map_err(status)? {
@@ -192,7 +198,7 @@ impl Controller {
             }
             // On Raft a round is an entry: the sweep alone goes every 30 s.
             round += 1;
-            let sweep = self.repl().is_none() || round % 30 == 0;
+            let sweep = self.repl().is_none() || round.is_multiple_of(30);
             match self.check_nodes(sweep).await {
                 Err(e) if e.code() != tonic::Code::Cancelled => {
                     tracing::error!("node check failed: {}", e.message());

@@ -11,11 +11,11 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use gpuctl_core::log::{Applied, Change, Entry, Wait};
-use gpuctl_core::policy::{GpuRoom, gpu_room};
-use gpuctl_sched as sched;
 use gpuctl_core::ops::Admission;
+use gpuctl_core::policy::{GpuRoom, gpu_room};
 use gpuctl_core::{Cluster, Effects, Refusal};
 use gpuctl_proto as pb;
+use gpuctl_sched as sched;
 use openraft::error::ClientWriteError;
 use openraft::{BasicNode, Raft, ServerState};
 use prost::Message as _;
@@ -75,7 +75,7 @@ impl Controller {
     /// its log, never from a single controller's records).
     pub fn jobs_loaded_empty(&self) -> bool {
         let c = self.lock();
-        c.jobs().len() == 0 && c.fleet().nodes().is_empty()
+        c.jobs().is_empty() && c.fleet().nodes().is_empty()
     }
 
     /// Whether this controller decides: always with one controller; on Raft, while it
@@ -117,7 +117,7 @@ impl Controller {
         let started = std::time::Instant::now();
         let rx = self.send_proposal(now, change).await?;
         let answer = self.answer_of(rx).await;
-        (self.metrics.raft_commit_seconds).observe(started.elapsed().as_secs_f64());
+        (self.metrics.raft.commit_seconds).observe(started.elapsed().as_secs_f64());
         answer
     }
 
@@ -136,11 +136,11 @@ impl Controller {
     pub(crate) fn raft_metrics(&self) {
         let Some(r) = self.repl() else { return };
         let m = r.raft.metrics().borrow().clone();
-        self.metrics.raft_leader.set(i64::from(self.is_leader()));
-        self.metrics.raft_term.set(m.current_term as i64);
+        self.metrics.raft.leader.set(i64::from(self.is_leader()));
+        self.metrics.raft.term.set(m.current_term as i64);
         let applied = m.last_applied.map_or(0, |l| l.index);
-        self.metrics.raft_commit_index.set(applied as i64);
-        self.metrics.raft_lag.clear();
+        self.metrics.raft.applied.set(applied as i64);
+        self.metrics.raft.lag.clear();
         for (id, matched) in m.replication.iter().flatten() {
             if *id == r.me {
                 continue;
@@ -149,7 +149,7 @@ impl Controller {
             let member = crate::metrics::MemberLabel {
                 member: id.to_string(),
             };
-            self.metrics.raft_lag.get_or_create(&member).set(lag);
+            self.metrics.raft.lag.get_or_create(&member).set(lag);
         }
     }
 
@@ -284,7 +284,10 @@ impl Controller {
             .observe(started.elapsed().as_secs_f64());
         let mut pending = Vec::new();
         for part in plan.starts.chunks(super::START_PART) {
-            pending.push(self.send_proposal(now, Change::Starts(part.to_vec())).await?);
+            pending.push(
+                self.send_proposal(now, Change::Starts(part.to_vec()))
+                    .await?,
+            );
         }
         for part in plan.waiting.chunks(super::PART) {
             let waiting = Change::Waiting(part.iter().map(Wait::of).collect());
@@ -306,9 +309,7 @@ impl Controller {
                 wrote: false,
             }
         };
-        self.deliver(out, false)
-            .await
-            .map_err(super::store_status)
+        self.deliver(out, false).await.map_err(super::store_status)
     }
 
     /// Applies what `decide` decided under the lock: here at once with one controller
@@ -379,7 +380,10 @@ impl Controller {
                 let node = BasicNode::new(addr);
                 r.raft.add_learner(id, node, true).await.map_err(failed)?;
                 let voters = openraft::ChangeMembers::AddVoterIds([id].into());
-                r.raft.change_membership(voters, false).await.map_err(failed)?;
+                r.raft
+                    .change_membership(voters, false)
+                    .await
+                    .map_err(failed)?;
                 tracing::info!(id, addr, "controller added");
             }
             (0, id) => {
@@ -389,7 +393,10 @@ impl Controller {
                     ));
                 }
                 let voters = openraft::ChangeMembers::RemoveVoters([id].into());
-                r.raft.change_membership(voters, false).await.map_err(failed)?;
+                r.raft
+                    .change_membership(voters, false)
+                    .await
+                    .map_err(failed)?;
                 tracing::info!(id, "controller removed");
             }
         }
@@ -416,10 +423,8 @@ impl Controller {
         let m = r.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
-        let nodes: BTreeMap<u64, BasicNode> = membership
-            .nodes()
-            .map(|(id, n)| (*id, n.clone()))
-            .collect();
+        let nodes: BTreeMap<u64, BasicNode> =
+            membership.nodes().map(|(id, n)| (*id, n.clone())).collect();
         let replication = m.replication.clone().unwrap_or_default();
         let commit = m.last_applied.map_or(0, |l| l.index);
         // This controller leads only while a quorum confirms it (its lease): a leader
@@ -443,7 +448,11 @@ impl Controller {
                         _ => ("unreachable".to_string(), 0),
                     }
                 } else {
-                    let role = if voters.contains(&id) { "follower" } else { "learner" };
+                    let role = if voters.contains(&id) {
+                        "follower"
+                    } else {
+                        "learner"
+                    };
                     (role.to_string(), 0)
                 };
                 pb::ControllerMember {
@@ -496,9 +505,9 @@ impl Controller {
                     tracing::info!(id = r.me, term, "this controller follows");
                     self.lock().links.clear();
                 }
-                self.metrics.raft_leader.set(i64::from(leading));
+                self.metrics.raft.leader.set(i64::from(leading));
             }
-            self.metrics.raft_term.set(self.term() as i64);
+            self.metrics.raft.term.set(self.term() as i64);
             // A change of role, or a lease that ran out (no metrics change then).
             tokio::select! {
                 changed = metrics.changed() => if changed.is_err() { return },
@@ -563,11 +572,7 @@ fn state_name(s: ServerState) -> String {
 }
 
 /// A follower's refusal: where the leader is, if it knows.
-fn not_leader(
-    me: u64,
-    leader: Option<u64>,
-    m: &openraft::RaftMetrics<u64, BasicNode>,
-) -> Status {
+fn not_leader(me: u64, leader: Option<u64>, m: &openraft::RaftMetrics<u64, BasicNode>) -> Status {
     let addr = leader.and_then(|l| {
         m.membership_config
             .membership()

@@ -114,6 +114,7 @@ impl Harness {
             command: Some(command),
             session: self.session.id.clone(),
             seq,
+            term: 0,
         }
     }
 
@@ -238,6 +239,47 @@ async fn replays_other_sessions_and_forgeries_launch_nothing() {
             .kill(1, 0, JobState::Cancelled, Duration::ZERO, "test over")
     );
     h.until_ended(1).await;
+}
+
+#[tokio::test]
+async fn commands_of_a_deposed_leader_launch_nothing() {
+    let h = harness(FakeLauncher {
+        script: "sleep 30".into(),
+        ..FakeLauncher::default()
+    });
+    // A controller answered a challenge in term 5: that is the newest leader seen.
+    let answer = pb::ChallengeResponse {
+        term: 5,
+        ..Default::default()
+    };
+    assert!(h.agent.check_term(answer).is_ok());
+    // An older term's controller is refused as a controller to attach to...
+    let older = pb::ChallengeResponse {
+        term: 4,
+        ..Default::default()
+    };
+    let refused = h.agent.check_term(older).unwrap_err();
+    assert!(refused.message().contains("deposed"), "{refused:?}");
+    // ... and a command of term 4 (a deposed leader's, signed and numbered alright)
+    // is dropped; term 5's runs.
+    let stale = pb::AgentCommand {
+        term: 4,
+        ..h.unsigned(1, h.start_job(1, 1))
+    };
+    handle(&h.agent, &h.session, h.key.sign_command("n1", &stale));
+    let current = pb::AgentCommand {
+        term: 5,
+        ..h.unsigned(2, h.start_job(2, 1))
+    };
+    handle(&h.agent, &h.session, h.key.sign_command("n1", &current));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let launched: Vec<_> = h.launches().iter().map(|s| s.job_id).collect();
+    assert_eq!(launched, vec![2], "only the current term's start");
+    assert!(
+        h.agent
+            .kill(2, 0, JobState::Cancelled, Duration::ZERO, "test over")
+    );
+    h.until_ended(2).await;
 }
 
 #[tokio::test]
