@@ -95,6 +95,11 @@ pub enum Change {
     FailNode { node: String, why: String },
     /// The changing start of a scheduling pass (`Cluster::pass_prepare`).
     Prepare,
+    /// A whole scheduling pass that every replica runs alike (`Cluster::whole_pass`:
+    /// its start, the plan of the pure scheduler from the state it left, and the plan
+    /// applied): one entry instead of a start, a plan's parts and their round trips,
+    /// for passes small enough to run under the lock.
+    Pass,
     /// Starts of a pass's plan.
     Starts(Vec<sched::Start>),
     /// Why jobs of a pass's plan wait.
@@ -148,6 +153,7 @@ pub enum Applied {
     Reports(Vec<bool>),
     /// The pending jobs a pass leaves out (they wait for others, or a partition).
     Prepared(Waiting),
+    Passed(crate::ops::Passed),
     Reconfigured(Reconfigured),
 }
 
@@ -223,6 +229,11 @@ impl Cluster {
                 Ok(Applied::Done)
             }
             Change::Prepare => Ok(Applied::Prepared(self.pass_prepare(now))),
+            Change::Pass => {
+                let (passed, e) = self.whole_pass(now);
+                effects = e;
+                Ok(Applied::Passed(passed))
+            }
             Change::Starts(starts) => {
                 effects = self.apply_starts(&starts, now);
                 Ok(Applied::Done)

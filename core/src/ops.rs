@@ -27,6 +27,15 @@ pub enum Admission {
     Array(Vec<Record>),
 }
 
+/// What a whole pass (`Cluster::whole_pass`) answers the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Passed {
+    /// Whether jobs still wait after it.
+    pub waiting: bool,
+    /// The room its plan left for a job that needs a GPU (`policy::gpu_room`).
+    pub room: crate::policy::GpuRoom,
+}
+
 /// The pending jobs a pass leaves out, as `pass_prepare` settled them: those waiting
 /// for other jobs or for their partition, and every job submitted after it (ids from
 /// `first_new` on). The daemon takes the queue in later holds of its lock: a job
@@ -291,6 +300,41 @@ impl Cluster {
             });
         }
         waiting
+    }
+
+    /// A whole pass: its start, the plan of the pure scheduler from the state that left
+    /// (outside no lock: the caller holds the state), the plan applied. What a pass
+    /// entry (`Change::Pass`) does on every replica alike.
+    pub fn whole_pass(&mut self, now: i64) -> (Passed, Effects) {
+        use crate::policy::{GpuRoom, gpu_room};
+        let waiting = self.pass_prepare(now);
+        let view = self.view();
+        let queue = self.queue(&waiting);
+        if queue.is_empty() {
+            let left_out = !waiting.ids.is_empty();
+            let room = if left_out {
+                gpu_room(&view, &sched::Plan::default())
+            } else {
+                GpuRoom::Any
+            };
+            let passed = Passed {
+                waiting: left_out,
+                room,
+            };
+            return (passed, Effects::default());
+        }
+        let plan = sched::schedule(&view, &queue, &self.pass_config(now), now);
+        let room = if plan.waiting.is_empty() {
+            GpuRoom::Any
+        } else {
+            gpu_room(&view, &plan)
+        };
+        let effects = self.apply_plan(&plan, now);
+        let passed = Passed {
+            waiting: !plan.waiting.is_empty(),
+            room,
+        };
+        (passed, effects)
     }
 
     /// The same input without changing anything (for `explain` and `priorities`): jobs

@@ -30,6 +30,9 @@ enum Step {
         minutes: u64,
     },
     Pass,
+    /// A small pass as the replicated daemon runs it: one entry, planned by every
+    /// replica (`Change::Pass`).
+    WholePass,
     Advance(i64),
     End(usize, bool),
     Cancel(usize),
@@ -51,6 +54,7 @@ fn step() -> impl Strategy<Value = Step> {
             }
         }),
         Just(Step::Pass),
+        Just(Step::WholePass),
         (1i64..90).prop_map(Step::Advance),
         (0usize..8, any::<bool>()).prop_map(|(k, ok)| Step::End(k, ok)),
         (0usize..8).prop_map(Step::Cancel),
@@ -178,8 +182,12 @@ impl Leader {
                 share,
                 minutes,
             } => out.extend(self.submit(user, gpus, share, minutes)),
-            Step::Pass => {
-                let e = self.pass();
+            Step::Pass | Step::WholePass => {
+                let e = if matches!(s, Step::WholePass) {
+                    vec![self.apply(Change::Pass).1]
+                } else {
+                    self.pass()
+                };
                 // The starts go out on their sessions; the agents say most of them ran
                 // (one job in three never does: its agent handles the start without
                 // running it, which a later heartbeat shows).

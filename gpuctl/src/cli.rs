@@ -30,7 +30,8 @@ pub mod exit {
 pub struct Cli {
     /// Controller: unix:PATH (the controller's socket; you are who your uid is) or
     /// https://HOST:PORT (TLS, the cluster CA pinned with --ca; needs an API token).
-    /// Several, comma-separated, are tried in order until one answers. Default:
+    /// Several, comma-separated (replicated controllers): the one that leads is found and
+    /// used (one of an unreplicated kind: the first that answers). Default:
     /// unix:/run/gpuctl/gpuctld.sock when that exists, else https://127.0.0.1:7817.
     #[arg(long, global = true, env = "GPUCTL_CONTROLLER")]
     pub controller: Option<String>,

@@ -21,6 +21,8 @@ pub struct Replicated {
     bins: PathBuf,
     /// Each controller in a network namespace of its own (`start_in_namespaces`).
     net: Option<Net>,
+    /// `false`: one controller without `--peers` (the default mode, for comparisons).
+    raft: bool,
 }
 
 /// Network namespaces on a bridge: member `id` at 10.77.`subnet`.(10 + id), behind the
@@ -104,12 +106,18 @@ pub fn namespaces_available() -> Result<(), String> {
 impl Replicated {
     /// `n` controllers (ids 1..=n), started and waited for until one leads.
     pub fn start(n: usize) -> Replicated {
-        Replicated::start_with(n, bin("gpuctld").parent().unwrap().to_path_buf())
+        Replicated::start_with(n, bin("gpuctld").parent().unwrap().to_path_buf(), "")
     }
 
-    /// `start`, with the binaries of `bins`.
-    pub fn start_with(n: usize, bins: PathBuf) -> Replicated {
-        Replicated::build(n, bins, None)
+    /// `start`, with the binaries of `bins` and `extra` configuration (TOML).
+    pub fn start_with(n: usize, bins: PathBuf, extra: &str) -> Replicated {
+        Replicated::build(n, bins, None, true, extra)
+    }
+
+    /// One controller without Raft (no `--id`, `--peers`), driven the same way: the
+    /// baseline the bench compares replicas with.
+    pub fn single_with(bins: PathBuf, extra: &str) -> Replicated {
+        Replicated::build(1, bins, None, false, extra)
     }
 
     /// `start`, each controller in a network namespace of its own on a bridge, so that
@@ -120,12 +128,14 @@ impl Replicated {
             n,
             bin("gpuctld").parent().unwrap().to_path_buf(),
             Some(net),
+            true,
+            "",
         ))
     }
 
-    fn build(n: usize, bins: PathBuf, net: Option<Net>) -> Replicated {
+    fn build(n: usize, bins: PathBuf, net: Option<Net>, raft: bool, extra: &str) -> Replicated {
         let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("gpuctld.toml"), TEST_CONFIG).unwrap();
+        std::fs::write(dir.path().join("gpuctld.toml"), format!("{TEST_CONFIG}{extra}\n")).unwrap();
         let key: String = (0..32)
             .map(|i| format!("{:02x}", (i * 37 + 11) as u8 ^ std::process::id() as u8))
             .collect();
@@ -138,6 +148,7 @@ impl Replicated {
             agents: Vec::new(),
             bins,
             net,
+            raft,
         };
         for id in 1..=n as u64 {
             r.start_member(id);
@@ -199,7 +210,12 @@ impl Replicated {
             .arg("--config")
             .arg(self.path("gpuctld.toml"))
             .args(["--insecure-shared-key", "--insecure"])
-            .args(["--id", &id.to_string(), "--peers", &self.peers()])
+            .args(if self.raft {
+                vec!["--id".to_string(), id.to_string(), "--peers".into(), self.peers()]
+            } else {
+                Vec::new()
+            })
+            .env("GPUCTL_LOG", std::env::var("GPUCTL_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -226,7 +242,8 @@ impl Replicated {
         ip(&["link", "set", &net.host_end(id), "up"]).unwrap();
     }
 
-    fn socket(&self, id: u64) -> PathBuf {
+    /// Member `id`'s Unix socket.
+    pub fn socket(&self, id: u64) -> PathBuf {
         self.path(&format!("gpuctld-{id}.sock"))
     }
 
@@ -270,6 +287,11 @@ impl Replicated {
 
     /// Starts an agent `name` on fake GPUs `spec`, knowing every controller.
     pub fn add_agent(&mut self, name: &str, spec: &str) {
+        self.add_agent_with(name, spec, &[]);
+    }
+
+    /// `add_agent` with more gpud flags.
+    pub fn add_agent_with(&mut self, name: &str, spec: &str, extra: &[&str]) {
         let log = std::fs::File::create(self.path(&format!("gpud-{name}.log"))).unwrap();
         let child = Command::new(self.bins.join("gpud"))
             .args(["--controller", &self.agent_controllers(), "--name", name])
@@ -281,6 +303,7 @@ impl Replicated {
             .arg(self.cgroup_parent(name))
             .arg("--state-dir")
             .arg(self.path(&format!("gpud-{name}")))
+            .args(extra)
             .stderr(log)
             .spawn()
             .expect("start gpud");

@@ -239,7 +239,14 @@ impl Controller {
             return Ok(());
         }
         let now = now_ms();
-        self.lock().room.pass_started();
+        let small = {
+            let mut c = self.lock();
+            c.room.pass_started();
+            c.jobs().active_len() < super::INLINE_JOBS
+        };
+        if small {
+            return self.whole_pass(now).await;
+        }
         let waiting = match self.propose(now, Change::Prepare).await?.0 {
             Ok(Applied::Prepared(waiting)) => waiting,
             other => unreachable!("a pass's start answers its waiting jobs, not {other:?}"),
@@ -310,6 +317,33 @@ impl Controller {
             }
         };
         self.deliver(out, false).await.map_err(super::store_status)
+    }
+
+    /// A small pass as one entry that every member runs (`Change::Pass`): one round
+    /// trip between a submit's entry and its start's.
+    async fn whole_pass(self: &Arc<Self>, now: i64) -> Result<(), Status> {
+        let started = std::time::Instant::now();
+        let (answer, effects) = self.propose(now, Change::Pass).await?;
+        let passed = match answer {
+            Ok(Applied::Passed(passed)) => passed,
+            other => unreachable!("a pass answers what it left, not {other:?}"),
+        };
+        self.metrics
+            .pass_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let out = {
+            let mut c = self.lock();
+            let wake = self.settle_room(&mut c, passed.waiting, passed.room, now);
+            let (sends, woken) = c.route(effects);
+            Out {
+                sends,
+                wake: wake || woken,
+                wrote: false,
+            }
+        };
+        self.deliver(out, false)
+            .await
+            .map_err(super::store_status)
     }
 
     /// Applies what `decide` decided under the lock: here at once with one controller

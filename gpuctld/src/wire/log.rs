@@ -78,6 +78,7 @@ pub fn entry_pb(e: &Entry) -> st::LogEntry {
             why: why.clone(),
         }),
         Change::Prepare => Pb::Prepare(st::LogNothing {}),
+        Change::Pass => Pb::Pass(st::LogNothing {}),
         Change::Starts(starts) => Pb::Starts(st::LogStarts {
             starts: starts.iter().map(start_pb).collect(),
         }),
@@ -166,6 +167,7 @@ pub fn entry(e: st::LogEntry) -> Result<Entry, BadEntry> {
             why: f.why,
         },
         Pb::Prepare(_) => Change::Prepare,
+        Pb::Pass(_) => Change::Pass,
         Pb::Starts(s) => Change::Starts(s.starts.into_iter().map(start).collect()),
         Pb::Waiting(w) => Change::Waiting(
             (w.waits.into_iter())

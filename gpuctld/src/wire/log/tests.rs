@@ -216,6 +216,7 @@ fn every_change() -> Vec<Change> {
             why: "node revoked".into(),
         },
         Change::Prepare,
+        Change::Pass,
         Change::Starts(vec![sched::Start {
             job: 42,
             allocs: vec![alloc.clone(), alloc],

@@ -1,0 +1,270 @@
+//! Replicated controllers (issue 40) against one controller, on release binaries (not a
+//! test). Prints:
+//! - cost, one controller and three on Raft in the same run: durable submits/s from
+//!   `--writers` concurrent gRPC clients over the leader's Unix socket for `--seconds`
+//!   (jobs stay queued: the node is drained), and submit -> launch of `--samples` jobs one
+//!   at a time on an idle node (the job's own `submit_time` and `launch_time`);
+//! - failover: three controllers, four agents of eight fake GPUs, `--running` long jobs
+//!   (quarter GPUs) and three `gpuctl` clients submitting and cancelling; the leader
+//!   `kill -9`ed `--kills` times (restarted as a follower each time): from the kill to a
+//!   listing served, and to `gpuctl admin controllers` naming a new leader; then the
+//!   checks of the end-to-end test (every acknowledged submit once, no job past its
+//!   first attempt, the long jobs running on where they started, a new job runs).
+//!
+//! ```text
+//! cargo bench -p gpuctl-tests --bench replicated [-- --phases cost,failover
+//!     --modes one,three --seconds 5 --writers 64 --samples 40 --kills 20 --running 100]
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use gpuctl_proto as pb;
+use gpuctl_tests::replicated::Replicated;
+use gpuctl_tests::{bench_arg, bench_text_arg, release_bins, unix_ms, wait_for};
+
+/// Room for the storm's queued jobs.
+const ROOMY: &str = "[limits]\nmax_pending_per_user = 1000000\n";
+
+fn main() {
+    let bins = release_bins(&["gpuctl", "gpuctld", "gpud"]);
+    let phases = bench_text_arg("--phases").unwrap_or_else(|| "cost,failover".into());
+    if phases.contains("cost") {
+        let seconds = bench_arg("--seconds", 5);
+        let writers = bench_arg("--writers", 64) as usize;
+        let samples = bench_arg("--samples", 40) as usize;
+        let modes = bench_text_arg("--modes").unwrap_or_else(|| "one,three".into());
+        if modes.contains("one") {
+            let r = Replicated::single_with(bins.clone(), ROOMY);
+            cost("one controller", r, seconds, writers, samples);
+        }
+        if modes.contains("three") {
+            let r = Replicated::start_with(3, bins.clone(), ROOMY);
+            cost("three on Raft", r, seconds, writers, samples);
+        }
+    }
+    if phases.contains("failover") {
+        failover(
+            bins,
+            bench_arg("--kills", 20) as usize,
+            bench_arg("--running", 100) as usize,
+        );
+    }
+}
+
+fn spread(mut v: Vec<f64>) -> String {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "p50 {:.2}  p90 {:.2}  max {:.2}  (n={})",
+        at(0.5),
+        at(0.9),
+        at(1.0),
+        v.len()
+    )
+}
+
+fn ok(r: &Replicated, args: &[&str]) -> String {
+    let out = r.gpuctl(args);
+    assert!(
+        out.status.success(),
+        "gpuctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn nodes_idle(r: &Replicated, n: usize) {
+    let up = wait_for(Duration::from_secs(30), || {
+        r.json(&["nodes"]).is_some_and(|v| {
+            v.as_array()
+                .is_some_and(|ns| ns.iter().filter(|n| n["state"] == "IDLE").count() == n)
+        })
+    });
+    assert!(up, "agents did not attach");
+}
+
+fn cost(name: &str, mut r: Replicated, seconds: u64, writers: usize, samples: usize) {
+    r.add_agent("a", "8xA100-80GB");
+    nodes_idle(&r, 1);
+    std::fs::write(
+        r.dir.path().join("date.toml"),
+        "name = \"date\"\nscript = \"true\"\n[resources]\ngpus = 1\n",
+    )
+    .unwrap();
+    // Submit -> launch, one job at a time.
+    let mut launch = Vec::new();
+    for i in 0..samples + 3 {
+        let out = ok(&r, &["submit", "date.toml", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let id = v["job_id"].as_u64().unwrap().to_string();
+        let mut job = serde_json::Value::Null;
+        let ended = wait_for(Duration::from_secs(30), || {
+            job = r.json(&["show", &id]).unwrap_or_default();
+            job["end_time"].is_string()
+        });
+        assert!(ended, "job {id}: {job}");
+        if i >= 3 {
+            launch.push((unix_ms(&job["launch_time"]) - unix_ms(&job["submit_time"])) as f64);
+        }
+    }
+    // Durable submits/s: the node drained, so that the jobs stay queued.
+    ok(&r, &["node", "drain", "a", "--reason", "bench"]);
+    let leader = r.wait_leader(Duration::from_secs(10)).unwrap_or(0).max(1);
+    let socket = r.socket(leader);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (done, took) = rt.block_on(submit_storm(socket, writers, Duration::from_secs(seconds)));
+    println!("{name}:");
+    println!(
+        "  durable submits/s, {writers} concurrent clients over {seconds} s: {:.0} ({done} in {:.1} s)",
+        done as f64 / took.as_secs_f64(),
+        took.as_secs_f64()
+    );
+    println!("  submit_time -> launch_time, one job at a time (ms): {}", spread(launch));
+}
+
+async fn submit_storm(
+    socket: std::path::PathBuf,
+    writers: usize,
+    run: Duration,
+) -> (u64, Duration) {
+    let channel = tonic::transport::Endpoint::from_static("http://local")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("the leader's socket");
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..writers)
+        .map(|_| {
+            let mut client = pb::controller_client::ControllerClient::new(channel.clone());
+            let done = done.clone();
+            tokio::spawn(async move {
+                while started.elapsed() < run {
+                    let spec = pb::JobSpec {
+                        script: "true".into(),
+                        workdir: "/tmp".into(),
+                        resources: Some(pb::Resources {
+                            cpus: 1,
+                            gpu: Some(pb::resources::Gpu::Gpus(1)),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    };
+                    let req = pb::SubmitRequest {
+                        spec: Some(spec),
+                        ..Default::default()
+                    };
+                    client.submit(req).await.expect("a durable submit");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (done.load(Ordering::Relaxed), started.elapsed())
+}
+
+fn failover(bins: std::path::PathBuf, kills: usize, running: usize) {
+    let mut r = Replicated::start_with(3, bins, ROOMY);
+    for name in ["a", "b", "c", "d"] {
+        r.add_agent(name, "8xA100-80GB");
+    }
+    nodes_idle(&r, 4);
+    std::fs::write(
+        r.dir.path().join("long.toml"),
+        "name = \"long\"\nscript = \"sleep 3600\"\n[resources]\ngpus = 0.25\n",
+    )
+    .unwrap();
+    std::fs::write(
+        r.dir.path().join("short.toml"),
+        "name = \"short\"\nscript = \"sleep 0.3\"\n[resources]\ngpus = 0.25\n",
+    )
+    .unwrap();
+    let out = ok(&r, &["submit", "long.toml", "--array", &format!("0-{}", running - 1)]);
+    assert!(!out.is_empty());
+    let mut long = BTreeMap::new();
+    let all = wait_for(Duration::from_secs(60), || {
+        long = (r.jobs().unwrap_or_default().into_iter())
+            .filter(|j| j.1 == "RUNNING")
+            .map(|(id, _, attempt, node)| (id, (attempt, node)))
+            .collect();
+        long.len() == running
+    });
+    assert!(all, "{} of {running} long jobs running", long.len());
+    let r = Arc::new(r);
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let (r, stop) = (r.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let out = r.gpuctl(&["submit", "short.toml", "--json"]);
+                    if !out.status.success() {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                    let id = v["job_id"].as_u64().unwrap();
+                    acked.push(id);
+                    if acked.len() % 3 == 0 {
+                        let _ = r.gpuctl(&["cancel", &id.to_string()]);
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    let (mut served, mut elected) = (Vec::new(), Vec::new());
+    for _ in 0..kills {
+        std::thread::sleep(Duration::from_secs(2));
+        let leader = r.wait_leader(Duration::from_secs(20)).expect("a leader");
+        let killed = Instant::now();
+        r.kill9(leader);
+        let back = wait_for(Duration::from_secs(30), || r.jobs().is_some());
+        assert!(back, "no listing within 30 s of a kill");
+        served.push(killed.elapsed().as_secs_f64() * 1000.0);
+        let new = r.wait_leader(Duration::from_secs(20)).expect("a new leader");
+        assert_ne!(new, leader);
+        elected.push(killed.elapsed().as_secs_f64() * 1000.0);
+        r.start_member(leader);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::SeqCst);
+    let acked: Vec<u64> = clients.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let jobs = r.jobs().expect("a listing");
+    let seen: BTreeMap<u64, (String, u64, String)> = (jobs.into_iter())
+        .map(|(id, s, a, n)| (id, (s, a, n)))
+        .collect();
+    let lost = acked.iter().filter(|id| !seen.contains_key(id)).count();
+    let twice = seen.values().filter(|(_, a, _)| *a > 1).count();
+    let disturbed = (long.iter())
+        .filter(|(id, (a, n))| {
+            seen.get(id)
+                .is_none_or(|(s, sa, sn)| s != "RUNNING" || sa != a || sn != n)
+        })
+        .count();
+    println!("failover: 3 controllers, 4 agents, {running} long jobs running, 3 clients; {kills} x kill -9 of the leader:");
+    println!("  kill -> a listing served (ms): {}", spread(served));
+    println!("  kill -> admin controllers names the new leader (ms): {}", spread(elected));
+    println!(
+        "  acknowledged submits: {}; lost: {lost}; jobs started more than once: {twice}; long jobs killed or moved: {disturbed}",
+        acked.len()
+    );
+    assert_eq!((lost, twice, disturbed), (0, 0, 0));
+}
