@@ -3,6 +3,7 @@
 //! and Unix socket, sharing one cluster key; agents that know every controller; `gpuctl`
 //! given every socket (it finds the leader itself).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -135,7 +136,11 @@ impl Replicated {
 
     fn build(n: usize, bins: PathBuf, net: Option<Net>, raft: bool, extra: &str) -> Replicated {
         let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("gpuctld.toml"), format!("{TEST_CONFIG}{extra}\n")).unwrap();
+        std::fs::write(
+            dir.path().join("gpuctld.toml"),
+            format!("{TEST_CONFIG}{extra}\n"),
+        )
+        .unwrap();
         let key: String = (0..32)
             .map(|i| format!("{:02x}", (i * 37 + 11) as u8 ^ std::process::id() as u8))
             .collect();
@@ -211,11 +216,19 @@ impl Replicated {
             .arg(self.path("gpuctld.toml"))
             .args(["--insecure-shared-key", "--insecure"])
             .args(if self.raft {
-                vec!["--id".to_string(), id.to_string(), "--peers".into(), self.peers()]
+                vec![
+                    "--id".to_string(),
+                    id.to_string(),
+                    "--peers".into(),
+                    self.peers(),
+                ]
             } else {
                 Vec::new()
             })
-            .env("GPUCTL_LOG", std::env::var("GPUCTL_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "GPUCTL_LOG",
+                std::env::var("GPUCTL_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -380,6 +393,28 @@ impl Replicated {
     /// The text member `id` logged.
     pub fn log(&self, id: u64) -> String {
         std::fs::read_to_string(self.path(&format!("gpuctld-{id}.log"))).unwrap_or_default()
+    }
+
+    /// How many times the agents launched each job (their "job started" lines; an
+    /// adopted instance after an agent's restart is not a launch).
+    pub fn launches(&self) -> BTreeMap<u64, usize> {
+        let mut n = BTreeMap::new();
+        for (name, _) in &self.agents {
+            let log = self.agent_log(name);
+            for line in log
+                .lines()
+                .filter(|l| l.contains("job started") && !l.contains("adopted=true"))
+            {
+                let id = line
+                    .split(" job=")
+                    .nth(1)
+                    .and_then(|t| t.split_whitespace().next());
+                if let Some(id) = id.and_then(|i| i.parse().ok()) {
+                    *n.entry(id).or_default() += 1;
+                }
+            }
+        }
+        n
     }
 
     /// The text agent `name` logged.

@@ -4,7 +4,7 @@
 //! rejoining. Every time: a new leader serves, no acknowledged submit is lost, no job
 //! starts twice, no running job is killed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -83,7 +83,8 @@ fn serving_again(r: &Replicated, since: Instant) -> Duration {
 }
 
 /// The checks after faults: every acknowledged job exactly once, the long jobs still
-/// running their first attempt where they started, no job past its first attempt.
+/// running their first attempt where they started, no job launched twice, and a new
+/// job runs.
 fn check(r: &Replicated, acked: &[u64], running: &BTreeMap<u64, (u64, String)>) {
     let jobs = r.jobs().expect("a listing");
     let mut seen = BTreeMap::new();
@@ -106,10 +107,11 @@ fn check(r: &Replicated, acked: &[u64], running: &BTreeMap<u64, (u64, String)>) 
             "long job {id} was disturbed"
         );
     }
-    let twice: Vec<_> = (seen.iter())
-        .filter(|(_, (_, attempt, _))| *attempt > 1)
-        .collect();
-    assert!(twice.is_empty(), "jobs started more than once: {twice:?}");
+    // No job ran twice: each was launched by at most one agent, once. (A job may have
+    // a second attempt: a start committed whose command never left a killed leader is
+    // requeued when its agent attaches without it; it never ran.)
+    let twice: Vec<_> = (r.launches().into_iter()).filter(|(_, n)| *n > 1).collect();
+    assert!(twice.is_empty(), "jobs launched more than once: {twice:?}");
     // The agents follow the leader there is now: a new job starts and ends.
     let out = r.gpuctl(&["submit", "short.toml", "--json"]);
     assert!(
@@ -127,23 +129,6 @@ fn check(r: &Replicated, acked: &[u64], running: &BTreeMap<u64, (u64, String)>) 
         "job {id} did not run after the faults: {:?}",
         r.jobs()
     );
-    // Each agent started each job at most once.
-    for name in ["a", "b"] {
-        let log = r.agent_log(name);
-        let mut starts = BTreeSet::new();
-        for line in log.lines().filter(|l| l.contains("job started")) {
-            if let Some(id) = line
-                .split("job=")
-                .nth(1)
-                .and_then(|t| t.split_whitespace().next())
-            {
-                assert!(
-                    starts.insert(id.to_string()),
-                    "agent {name} started job {id} twice"
-                );
-            }
-        }
-    }
 }
 
 #[test]

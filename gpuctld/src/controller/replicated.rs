@@ -341,9 +341,7 @@ impl Controller {
                 wrote: false,
             }
         };
-        self.deliver(out, false)
-            .await
-            .map_err(super::store_status)
+        self.deliver(out, false).await.map_err(super::store_status)
     }
 
     /// Applies what `decide` decided under the lock: here at once with one controller

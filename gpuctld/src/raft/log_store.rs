@@ -2,11 +2,6 @@
 //! order is the log's), one of the vote, the committed id and the last purged id. An
 //! append is acknowledged to openraft only once sled has flushed it (a vote likewise
 //! before it is answered): what a quorum acknowledged survives a crash of any of them.
-//! Appends are flushed by a task of their own (`flusher`), not in `append`: openraft
-//! runs its log I/O on its core's task, and an append that waited for its flush held
-//! every other request (and the next append) behind it; the flusher makes one flush
-//! for every append written before it began (group commit) and acknowledges them in
-//! order.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -29,23 +24,14 @@ pub struct LogStore {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
-    /// Appends written and waiting for their flush (`None` outside a runtime: each
-    /// append flushes itself).
-    flushes: Option<tokio::sync::mpsc::UnboundedSender<LogFlushed<TypeConfig>>>,
 }
 
 impl LogStore {
     pub fn open(db: &sled::Db) -> sled::Result<LogStore> {
-        let flushes = tokio::runtime::Handle::try_current().ok().map(|rt| {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            rt.spawn(flusher(db.clone(), rx));
-            tx
-        });
         Ok(LogStore {
             db: db.clone(),
             log: db.open_tree("raft_log")?,
             meta: db.open_tree("raft_meta")?,
-            flushes,
         })
     }
 
@@ -216,14 +202,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.log
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        match &self.flushes {
-            Some(tx) => {
-                if let Err(unsent) = tx.send(callback) {
-                    unsent.0.log_io_completed(self.flush().await);
-                }
-            }
-            None => callback.log_io_completed(self.flush().await),
-        }
+        callback.log_io_completed(self.flush().await);
         Ok(())
     }
 
@@ -248,28 +227,5 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
-    }
-}
-
-/// Flushes what appends wrote, once for all those waiting when it begins, and
-/// acknowledges them in the order they came.
-async fn flusher(
-    db: sled::Db,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<LogFlushed<TypeConfig>>,
-) {
-    while let Some(first) = rx.recv().await {
-        let mut waiting = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            waiting.push(more);
-        }
-        let db = db.clone();
-        let done = match tokio::task::spawn_blocking(move || db.flush()).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        for w in waiting {
-            w.log_io_completed(done.clone().map_err(std::io::Error::other));
-        }
     }
 }
