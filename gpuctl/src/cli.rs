@@ -205,7 +205,7 @@ pub enum AdminAction {
         #[command(subcommand)]
         action: Option<ControllersAction>,
         /// A list of `{"id", "address", "leader", "term", "commit_index", "state", "voter"}`.
-        #[arg(long)]
+        #[arg(long, global = true)]
         json: bool,
     },
 }

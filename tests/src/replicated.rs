@@ -178,6 +178,18 @@ impl Replicated {
             .join(",")
     }
 
+    /// A new member's id and address (started: `start_member`), for `gpuctl admin
+    /// controllers add`: every member's `--peers` from now on names it too.
+    pub fn new_member(&mut self) -> (u64, String) {
+        self.ports.push(free_port());
+        self.ctlds.get_mut().unwrap().push(None);
+        let id = self.ports.len() as u64;
+        (
+            id,
+            format!("{}:{}", self.host(id), self.ports[id as usize - 1]),
+        )
+    }
+
     /// Starts member `id` (again, after a kill: from its state dir).
     pub fn start_member(&self, id: u64) {
         let i = id as usize - 1;

@@ -69,7 +69,7 @@ fn alert_rules_load_and_fire_in_promtool() {
         "{text}{}",
         String::from_utf8_lossy(&check.stderr)
     );
-    assert!(text.contains("SUCCESS: 9 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 11 rules found"), "{text}");
     let test = run(&["test", "rules", "alerts_test.yml"]).unwrap();
     assert!(
         test.status.success(),

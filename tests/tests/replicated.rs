@@ -326,3 +326,60 @@ fn a_leader_cut_off_by_a_partition_is_replaced_and_follows_once_healed() {
     );
     check(&r, &acked, &running);
 }
+
+#[test]
+fn a_member_is_added_and_removed_with_admin_controllers() {
+    let mut r = Replicated::start(3);
+    let before = r.members().expect("members");
+    assert_eq!(before.len(), 3, "{before:?}");
+    let (id, addr) = r.new_member();
+    r.start_member(id);
+    // Only an admin may change the membership (the test runs as root: admin), and only
+    // with one member named.
+    let bad = r.gpuctl(&["admin", "controllers", "add", "0", &addr]);
+    assert!(!bad.status.success());
+    let out = r.gpuctl(&[
+        "admin",
+        "controllers",
+        "add",
+        &id.to_string(),
+        &addr,
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ms: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let new = ms
+        .iter()
+        .find(|m| m["id"] == id)
+        .expect("the new member listed");
+    assert_eq!(new["voter"], true, "{ms:?}");
+    assert_eq!(new["address"], addr.as_str());
+    // It holds the log: it catches up, and it answers as a follower.
+    let caught_up = gpuctl_tests::wait_for(Duration::from_secs(20), || {
+        r.members().is_some_and(|ms| {
+            ms.iter().any(|m| {
+                m["id"] == id && m["state"] == "follower" && m["commit_index"].as_u64() > Some(0)
+            })
+        })
+    });
+    assert!(caught_up, "{:?}", r.members());
+    // Removed again: three voters; the removed one no longer listed.
+    let out = r.gpuctl(&["admin", "controllers", "remove", &id.to_string(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ms: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(ms.iter().all(|m| m["id"] != id), "{ms:?}");
+    assert_eq!(ms.len(), 3);
+    // The leader does not remove itself.
+    let leader = r.wait_leader(Duration::from_secs(10)).unwrap();
+    let out = r.gpuctl(&["admin", "controllers", "remove", &leader.to_string()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not remove itself"));
+}
