@@ -306,29 +306,20 @@ impl Cluster {
     /// (outside no lock: the caller holds the state), the plan applied. What a pass
     /// entry (`Change::Pass`) does on every replica alike.
     pub fn whole_pass(&mut self, now: i64) -> (Passed, Effects) {
-        use crate::policy::{GpuRoom, gpu_room};
+        use crate::policy::room_after;
         let waiting = self.pass_prepare(now);
         let view = self.view();
         let queue = self.queue(&waiting);
         if queue.is_empty() {
             let left_out = !waiting.ids.is_empty();
-            let room = if left_out {
-                gpu_room(&view, &sched::Plan::default())
-            } else {
-                GpuRoom::Any
-            };
             let passed = Passed {
                 waiting: left_out,
-                room,
+                room: room_after(&view, None, left_out),
             };
             return (passed, Effects::default());
         }
         let plan = sched::schedule(&view, &queue, &self.pass_config(now), now);
-        let room = if plan.waiting.is_empty() {
-            GpuRoom::Any
-        } else {
-            gpu_room(&view, &plan)
-        };
+        let room = room_after(&view, Some(&plan), !plan.waiting.is_empty());
         let effects = self.apply_plan(&plan, now);
         let passed = Passed {
             waiting: !plan.waiting.is_empty(),

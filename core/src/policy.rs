@@ -298,6 +298,16 @@ impl GpuRoom {
     }
 }
 
+/// The room a pass leaves for a job that needs a GPU: `Any` when nothing waits after
+/// it, else what its `plan` (none: its queue was empty) left on `view`.
+pub fn room_after(view: &sched::ClusterView, plan: Option<&sched::Plan>, waiting: bool) -> GpuRoom {
+    match (waiting, plan) {
+        (false, _) => GpuRoom::Any,
+        (true, Some(plan)) => gpu_room(view, plan),
+        (true, None) => gpu_room(view, &sched::Plan::default()),
+    }
+}
+
 /// The room a job that needs a GPU has after `plan`, made on `view`: per node that takes
 /// jobs, whether any GPU slot has compute free (a slot held below a whole GPU counts,
 /// even where no request could use the rest), and then its free CPU and memory. The

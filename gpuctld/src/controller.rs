@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuctl_core::log::{Applied, Change, Entry, Wait};
 use gpuctl_core::ops::Admission;
-use gpuctl_core::policy::{GpuRoom, gpu_room};
+use gpuctl_core::policy::{GpuRoom, room_after};
 use gpuctl_core::room::{Deferred, PassRoom};
 use gpuctl_core::{Cluster, Effects, Kind, Refusal, ViewCursor};
 use gpuctl_proto::auth::ClusterKey;
@@ -588,11 +588,7 @@ impl Controller {
         if queue.is_empty() {
             // Jobs left out of the plan (their partition has no node up, they wait for
             // others) still wait; with none, the room is not needed.
-            let room = if left_out {
-                gpu_room(&view, &sched::Plan::default())
-            } else {
-                GpuRoom::Any
-            };
+            let room = room_after(&view, None, left_out);
             let wake = self.step(inline, |c| self.settle_room(c, left_out, room, now));
             if wake {
                 self.wake_scheduler();
@@ -608,11 +604,7 @@ impl Controller {
             ctl.metrics
                 .pass_seconds
                 .observe(started.elapsed().as_secs_f64());
-            let room = if plan.waiting.is_empty() {
-                GpuRoom::Any
-            } else {
-                gpu_room(&view, &plan)
-            };
+            let room = room_after(&view, Some(&plan), !plan.waiting.is_empty());
             ctl.apply_plan(&plan, room, now, inline)
         };
         let out = if inline {

@@ -220,28 +220,7 @@ fn failover(bins: std::path::PathBuf, kills: usize, running: usize) {
     assert!(all, "{} of {running} long jobs running", long.len());
     let r = Arc::new(r);
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..3)
-        .map(|_| {
-            let (r, stop) = (r.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut acked = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    let out = r.gpuctl(&["submit", "short.toml", "--json"]);
-                    if !out.status.success() {
-                        std::thread::sleep(Duration::from_millis(50));
-                        continue;
-                    }
-                    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-                    let id = v["job_id"].as_u64().unwrap();
-                    acked.push(id);
-                    if acked.len() % 3 == 0 {
-                        let _ = r.gpuctl(&["cancel", &id.to_string()]);
-                    }
-                }
-                acked
-            })
-        })
-        .collect();
+    let clients = gpuctl_tests::replicated::clients(&r, &stop, "short.toml");
     let (mut served, mut elected) = (Vec::new(), Vec::new());
     for _ in 0..kills {
         // Each kill with all three members up and caught up (the one restarted last

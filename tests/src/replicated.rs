@@ -497,3 +497,35 @@ fn write_private(path: &std::path::Path, text: &str) {
         .unwrap();
     writeln!(f, "{text}").unwrap();
 }
+
+/// Three clients submitting `job` (a file in the cluster's dir) and cancelling every
+/// third of their own, until `stop`; each answers the ids whose submit was acknowledged.
+pub fn clients(
+    r: &std::sync::Arc<Replicated>,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    job: &str,
+) -> Vec<std::thread::JoinHandle<Vec<u64>>> {
+    use std::sync::atomic::Ordering;
+    (0..3)
+        .map(|_| {
+            let (r, stop, job) = (r.clone(), stop.clone(), job.to_string());
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let out = r.gpuctl(&["submit", &job, "--json"]);
+                    if !out.status.success() {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                    let v: Value = serde_json::from_slice(&out.stdout).expect("submit's JSON");
+                    let id = v["job_id"].as_u64().expect("an acknowledged id");
+                    acked.push(id);
+                    if acked.len() % 3 == 0 {
+                        let _ = r.gpuctl(&["cancel", &id.to_string()]);
+                    }
+                }
+                acked
+            })
+        })
+        .collect()
+}

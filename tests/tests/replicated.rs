@@ -16,7 +16,11 @@ const SHORT: &str = "name = \"short\"\nscript = \"sleep 0.3\"\n[resources]\ngpus
 
 /// Three controllers, two agents of four GPUs, six long jobs running.
 fn loaded() -> (Replicated, BTreeMap<u64, (u64, String)>) {
-    let mut r = Replicated::start(3);
+    loaded_on(Replicated::start(3))
+}
+
+/// `loaded`, on the controllers of `r`.
+fn loaded_on(mut r: Replicated) -> (Replicated, BTreeMap<u64, (u64, String)>) {
     r.add_agent("a", "4xA100-80GB");
     r.add_agent("b", "4xA100-80GB");
     std::fs::write(r.dir.path().join("long.toml"), LONG).unwrap();
@@ -48,31 +52,8 @@ fn loaded() -> (Replicated, BTreeMap<u64, (u64, String)>) {
     (r, running)
 }
 
-/// Submits (and cancels every third of its own) until stopped; answers the ids whose
-/// submit was acknowledged.
 fn clients(r: &Arc<Replicated>, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<Vec<u64>>> {
-    (0..3)
-        .map(|_| {
-            let (r, stop) = (r.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut acked = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    let out = r.gpuctl(&["submit", "short.toml", "--json"]);
-                    if !out.status.success() {
-                        std::thread::sleep(Duration::from_millis(50));
-                        continue;
-                    }
-                    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-                    let id = v["job_id"].as_u64().expect("an acknowledged id");
-                    acked.push(id);
-                    if acked.len() % 3 == 0 {
-                        let _ = r.gpuctl(&["cancel", &id.to_string()]);
-                    }
-                }
-                acked
-            })
-        })
-        .collect()
+    gpuctl_tests::replicated::clients(r, stop, "short.toml")
 }
 
 /// Waits until a controller leads again and serves a listing; how long from `since`.
@@ -260,30 +241,7 @@ fn a_leader_cut_off_by_a_partition_is_replaced_and_follows_once_healed() {
         eprintln!("SKIPPED: no network namespaces here: {why}");
         return;
     }
-    let mut r = Replicated::start_in_namespaces(3).expect("namespaces");
-    r.add_agent("a", "4xA100-80GB");
-    r.add_agent("b", "4xA100-80GB");
-    std::fs::write(r.dir.path().join("long.toml"), LONG).unwrap();
-    std::fs::write(r.dir.path().join("short.toml"), SHORT).unwrap();
-    let up = gpuctl_tests::wait_for(Duration::from_secs(20), || {
-        r.json(&["nodes"]).is_some_and(|v| {
-            v.as_array()
-                .is_some_and(|ns| ns.iter().filter(|n| n["state"] == "IDLE").count() == 2)
-        })
-    });
-    assert!(up, "agents did not attach: {}", r.agent_log("a"));
-    for _ in 0..6 {
-        assert!(r.gpuctl(&["submit", "long.toml"]).status.success());
-    }
-    let mut running = BTreeMap::new();
-    let all = gpuctl_tests::wait_for(Duration::from_secs(20), || {
-        running = (r.jobs().unwrap_or_default().into_iter())
-            .filter(|j| j.1 == "RUNNING")
-            .map(|(id, _, attempt, node)| (id, (attempt, node)))
-            .collect();
-        running.len() == 6
-    });
-    assert!(all, "six long jobs did not start: {running:?}");
+    let (r, running) = loaded_on(Replicated::start_in_namespaces(3).expect("namespaces"));
     let r = Arc::new(r);
     let stop = Arc::new(AtomicBool::new(false));
     let threads = clients(&r, &stop);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gpuctl_core::log::{Applied, Change, Entry, Wait};
 use gpuctl_core::ops::Admission;
-use gpuctl_core::policy::{GpuRoom, gpu_room};
+use gpuctl_core::policy::{GpuRoom, room_after};
 use gpuctl_core::{Cluster, Effects, Refusal};
 use gpuctl_proto as pb;
 use gpuctl_sched as sched;
@@ -260,11 +260,7 @@ impl Controller {
         .map_err(|e| Status::internal(format!("a pass's input panicked: {e}")))?;
         if queue.is_empty() {
             let left_out = !waiting.ids.is_empty();
-            let room = if left_out {
-                gpu_room(&view, &sched::Plan::default())
-            } else {
-                GpuRoom::Any
-            };
+            let room = room_after(&view, None, left_out);
             let wake = {
                 let mut c = self.lock();
                 self.settle_room(&mut c, left_out, room, now)
@@ -277,11 +273,7 @@ impl Controller {
         let started = std::time::Instant::now();
         let (plan, room) = tokio::task::spawn_blocking(move || {
             let plan = sched::schedule(&view, &queue, &cfg, now);
-            let room = if plan.waiting.is_empty() {
-                GpuRoom::Any
-            } else {
-                gpu_room(&view, &plan)
-            };
+            let room = room_after(&view, Some(&plan), !plan.waiting.is_empty());
             (plan, room)
         })
         .await
@@ -306,9 +298,21 @@ impl Controller {
         for rx in pending {
             effects.merge(self.answer_of(rx).await?.1);
         }
+        self.passed(!plan.waiting.is_empty(), room, effects, now)
+            .await
+    }
+
+    /// After a pass on Raft: the room it left settled, its commands sent.
+    async fn passed(
+        &self,
+        waiting: bool,
+        room: GpuRoom,
+        effects: Effects,
+        now: i64,
+    ) -> Result<(), Status> {
         let out = {
             let mut c = self.lock();
-            let wake = self.settle_room(&mut c, !plan.waiting.is_empty(), room, now);
+            let wake = self.settle_room(&mut c, waiting, room, now);
             let (sends, woken) = c.route(effects);
             Out {
                 sends,
@@ -331,17 +335,7 @@ impl Controller {
         self.metrics
             .pass_seconds
             .observe(started.elapsed().as_secs_f64());
-        let out = {
-            let mut c = self.lock();
-            let wake = self.settle_room(&mut c, passed.waiting, passed.room, now);
-            let (sends, woken) = c.route(effects);
-            Out {
-                sends,
-                wake: wake || woken,
-                wrote: false,
-            }
-        };
-        self.deliver(out, false).await.map_err(super::store_status)
+        self.passed(passed.waiting, passed.room, effects, now).await
     }
 
     /// Applies what `decide` decided under the lock: here at once with one controller
