@@ -1,7 +1,8 @@
 //! The read-only web page (`gpuctld --web-listen ADDR`): one HTML file with its script
 //! inline (no build step, nothing fetched from elsewhere) and one JSON document it polls,
 //! `GET /api/state`: the cluster's totals, every node's GPUs (the heat map), jobs, users,
-//! and the cluster over time (a point every [`SAMPLE_EVERY`], kept for a day).
+//! the replicated controllers (if any), and the cluster over time (a point every
+//! [`SAMPLE_EVERY`], kept for a day).
 //!
 //! Everything users control (job names, users, reasons) reaches the page as JSON and is
 //! put into the document as text, never as markup.
@@ -78,6 +79,17 @@ struct Job {
     end_ms: i64,
 }
 
+/// A replicated controller as this one knows it (none listed with one controller).
+#[derive(Debug, Serialize)]
+struct Member {
+    id: u64,
+    address: String,
+    state: String,
+    leader: bool,
+    term: u64,
+    commit_index: u64,
+}
+
 #[derive(Debug, Serialize)]
 struct User {
     user: String,
@@ -94,6 +106,7 @@ struct State<'a> {
     nodes: Vec<Node>,
     jobs: Vec<Job>,
     users: Vec<User>,
+    controllers: Vec<Member>,
     history: &'a [Point],
 }
 
@@ -155,6 +168,24 @@ fn node_of(n: &pb::Node) -> Node {
     }
 }
 
+/// The members of replicated controllers (none with one controller).
+fn controllers(ctl: &Controller) -> Vec<Member> {
+    let c = ctl.controllers();
+    if !c.replicated {
+        return Vec::new();
+    }
+    (c.members.into_iter())
+        .map(|m| Member {
+            id: m.id,
+            address: m.address,
+            state: m.state,
+            leader: m.leader,
+            term: m.term,
+            commit_index: m.commit_index,
+        })
+        .collect()
+}
+
 fn state_json(ctl: &Controller, history: &History) -> String {
     let list = ctl.list_nodes(&[]);
     let snap = ctl.snapshot(&list);
@@ -195,6 +226,7 @@ fn state_json(ctl: &Controller, history: &History) -> String {
             })
             .collect(),
         users,
+        controllers: controllers(ctl),
         history: &history,
     };
     serde_json::to_string(&state).expect("the state serialises")
