@@ -56,7 +56,7 @@ impl RaftGauges {
         );
         let term = Gauge::default();
         r.register(
-            "gpuctl_term",
+            "gpuctl_raft_term",
             "The Raft term this controller is in (0: one controller, no Raft)",
             term.clone(),
         );
@@ -68,7 +68,7 @@ impl RaftGauges {
         );
         let commit_seconds = Histogram::new(exponential_buckets(0.0002, 2.0, 16));
         r.register(
-            "gpuctl_commit_seconds",
+            "gpuctl_raft_commit_seconds",
             "From a change's proposal to its apply here, once a quorum holds it (the leader's)",
             commit_seconds.clone(),
         );

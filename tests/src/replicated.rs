@@ -16,6 +16,8 @@ pub struct Replicated {
     pub dir: tempfile::TempDir,
     /// Each member's gRPC port, by id (index id - 1).
     pub ports: Vec<u16>,
+    /// Each member's metrics and web page ports (`--metrics-listen`, `--web-listen`).
+    http_ports: Vec<(u16, u16)>,
     ctlds: std::sync::Mutex<Vec<Option<Child>>>,
     agents: Vec<(String, Child)>,
     /// The gpud binary's directory (debug for tests, release for the bench).
@@ -148,6 +150,7 @@ impl Replicated {
         write_private(&key_file, &key);
         let r = Replicated {
             ports: (0..n).map(|_| free_port()).collect(),
+            http_ports: (0..n).map(|_| (free_port(), free_port())).collect(),
             dir,
             ctlds: std::sync::Mutex::new((0..n).map(|_| None).collect()),
             agents: Vec::new(),
@@ -182,6 +185,7 @@ impl Replicated {
     /// controllers add`: every member's `--peers` from now on names it too.
     pub fn new_member(&mut self) -> (u64, String) {
         self.ports.push(free_port());
+        self.http_ports.push((free_port(), free_port()));
         self.ctlds.get_mut().unwrap().push(None);
         let id = self.ports.len() as u64;
         (
@@ -227,6 +231,10 @@ impl Replicated {
             .arg("--config")
             .arg(self.path("gpuctld.toml"))
             .args(["--insecure-shared-key", "--insecure"])
+            .arg("--metrics-listen")
+            .arg(format!("{}:{}", self.host(id), self.http_ports[i].0))
+            .arg("--web-listen")
+            .arg(format!("{}:{}", self.host(id), self.http_ports[i].1))
             .args(if self.raft {
                 vec![
                     "--id".to_string(),
@@ -400,6 +408,21 @@ impl Replicated {
             )
         });
         Some(jobs.collect())
+    }
+
+    /// Member `id`'s metrics (`web`: false) or web page (`web`: true) at `path`: the
+    /// body of a 200 answer.
+    pub fn http_get(&self, id: u64, web: bool, path: &str) -> Option<String> {
+        use std::io::{Read as _, Write as _};
+        let (metrics, page) = self.http_ports[id as usize - 1];
+        let port = if web { page } else { metrics };
+        let mut s = std::net::TcpStream::connect((self.host(id).as_str(), port)).ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        let (head, body) = out.split_once("\r\n\r\n")?;
+        head.starts_with("HTTP/1.1 200").then(|| body.to_string())
     }
 
     /// The text member `id` logged.

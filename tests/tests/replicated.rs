@@ -290,6 +290,31 @@ fn a_member_is_added_and_removed_with_admin_controllers() {
     let mut r = Replicated::start(3);
     let before = r.members().expect("members");
     assert_eq!(before.len(), 3, "{before:?}");
+    // Seen from outside: the leader's metrics say it leads, the others' that they do
+    // not, all in one term; the web page lists the members.
+    let leader = r.wait_leader(Duration::from_secs(10)).unwrap();
+    let seen = gpuctl_tests::wait_for(Duration::from_secs(10), || {
+        (1..=3).all(|id| {
+            let m = r.http_get(id, false, "/metrics").unwrap_or_default();
+            let want = format!("gpuctl_raft_is_leader {}", u8::from(id == leader));
+            m.lines().any(|l| l == want)
+                && m.contains("gpuctl_raft_commit_seconds_bucket")
+                && m.lines()
+                    .any(|l| l.starts_with("gpuctl_raft_term ") && l != "gpuctl_raft_term 0")
+        })
+    });
+    assert!(seen, "{:?}", r.http_get(leader, false, "/metrics"));
+    let state = r
+        .http_get(leader, true, "/api/state")
+        .expect("the web page's state");
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let listed = state["controllers"].as_array().expect("controllers listed");
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert!(
+        listed
+            .iter()
+            .any(|m| m["id"] == leader && m["leader"] == true)
+    );
     let (id, addr) = r.new_member();
     r.start_member(id);
     // Only an admin may change the membership (the test runs as root: admin), and only
