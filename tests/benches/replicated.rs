@@ -19,11 +19,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpuctl_proto as pb;
-use gpuctl_tests::replicated::Replicated;
+use gpuctl_tests::replicated::{Clients, Replicated};
 use gpuctl_tests::{bench_arg, bench_text_arg, release_bins, unix_ms, wait_for};
 
 /// Room for the storm's queued jobs.
@@ -77,19 +77,12 @@ fn ok(r: &Replicated, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn nodes_idle(r: &Replicated, n: usize) {
-    let up = wait_for(Duration::from_secs(30), || {
-        r.json(&["nodes"]).is_some_and(|v| {
-            v.as_array()
-                .is_some_and(|ns| ns.iter().filter(|n| n["state"] == "IDLE").count() == n)
-        })
-    });
-    assert!(up, "agents did not attach");
-}
-
 fn cost(name: &str, mut r: Replicated, seconds: u64, writers: usize, samples: usize) {
     r.add_agent("a", "8xA100-80GB");
-    nodes_idle(&r, 1);
+    assert!(
+        r.wait_nodes_idle(1, Duration::from_secs(30)),
+        "the agent did not attach"
+    );
     std::fs::write(
         r.dir.path().join("date.toml"),
         "name = \"date\"\nscript = \"true\"\n[resources]\ngpus = 1\n",
@@ -188,7 +181,10 @@ fn failover(bins: std::path::PathBuf, kills: usize, running: usize) {
     for name in ["a", "b", "c", "d"] {
         r.add_agent(name, "8xA100-80GB");
     }
-    nodes_idle(&r, 4);
+    assert!(
+        r.wait_nodes_idle(4, Duration::from_secs(30)),
+        "agents did not attach"
+    );
     std::fs::write(
         r.dir.path().join("long.toml"),
         "name = \"long\"\nscript = \"sleep 3600\"\n[resources]\ngpus = 0.25\n",
@@ -219,8 +215,7 @@ fn failover(bins: std::path::PathBuf, kills: usize, running: usize) {
     });
     assert!(all, "{} of {running} long jobs running", long.len());
     let r = Arc::new(r);
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients = gpuctl_tests::replicated::clients(&r, &stop, "short.toml");
+    let clients = Clients::start(&r, "short.toml");
     let (mut served, mut elected) = (Vec::new(), Vec::new());
     for _ in 0..kills {
         // Each kill with all three members up and caught up (the one restarted last
@@ -257,12 +252,7 @@ fn failover(bins: std::path::PathBuf, kills: usize, running: usize) {
         served.push(killed.elapsed().as_secs_f64() * 1000.0);
         r.start_member(leader);
     }
-    std::thread::sleep(Duration::from_secs(1));
-    stop.store(true, Ordering::SeqCst);
-    let acked: Vec<u64> = clients
-        .into_iter()
-        .flat_map(|t| t.join().unwrap())
-        .collect();
+    let acked = clients.finish();
     let jobs = r.jobs().expect("a listing");
     let seen: BTreeMap<u64, (String, u64, String)> = (jobs.into_iter())
         .map(|(id, s, a, n)| (id, (s, a, n)))

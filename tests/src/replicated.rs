@@ -410,6 +410,27 @@ impl Replicated {
         Some(jobs.collect())
     }
 
+    /// Waits until `n` agents are attached and idle (within `timeout`).
+    pub fn wait_nodes_idle(&self, n: usize, timeout: Duration) -> bool {
+        crate::wait_for(timeout, || {
+            self.json(&["nodes"]).is_some_and(|v| {
+                v.as_array()
+                    .is_some_and(|ns| ns.iter().filter(|n| n["state"] == "IDLE").count() == n)
+            })
+        })
+    }
+
+    /// Waits until one member leads and every member is reachable from it (after a
+    /// fault heals).
+    pub fn wait_settled(&self, timeout: Duration) -> bool {
+        crate::wait_for(timeout, || {
+            self.members().is_some_and(|ms| {
+                ms.iter().filter(|m| m["leader"] == true).count() == 1
+                    && ms.iter().all(|m| m["state"] != "unreachable")
+            })
+        })
+    }
+
     /// Member `id`'s metrics (`web`: false) or web page (`web`: true) at `path`: the
     /// body of a 200 answer.
     pub fn http_get(&self, id: u64, web: bool, path: &str) -> Option<String> {
@@ -521,34 +542,50 @@ fn write_private(path: &std::path::Path, text: &str) {
     writeln!(f, "{text}").unwrap();
 }
 
-/// Three clients submitting `job` (a file in the cluster's dir) and cancelling every
-/// third of their own, until `stop`; each answers the ids whose submit was acknowledged.
-pub fn clients(
-    r: &std::sync::Arc<Replicated>,
-    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
-    job: &str,
-) -> Vec<std::thread::JoinHandle<Vec<u64>>> {
-    use std::sync::atomic::Ordering;
-    (0..3)
-        .map(|_| {
-            let (r, stop, job) = (r.clone(), stop.clone(), job.to_string());
-            std::thread::spawn(move || {
-                let mut acked = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    let out = r.gpuctl(&["submit", &job, "--json"]);
-                    if !out.status.success() {
-                        std::thread::sleep(Duration::from_millis(50));
-                        continue;
+/// Three clients submitting a job file and cancelling every third of their own, until
+/// `finish`.
+pub struct Clients {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<Vec<u64>>>,
+}
+
+impl Clients {
+    /// Starts them on `job` (a file in the cluster's dir).
+    pub fn start(r: &std::sync::Arc<Replicated>, job: &str) -> Clients {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..3)
+            .map(|_| {
+                let (r, stop, job) = (r.clone(), stop.clone(), job.to_string());
+                std::thread::spawn(move || {
+                    let mut acked = Vec::new();
+                    while !stop.load(Ordering::SeqCst) {
+                        let out = r.gpuctl(&["submit", &job, "--json"]);
+                        if !out.status.success() {
+                            std::thread::sleep(Duration::from_millis(50));
+                            continue;
+                        }
+                        let v: Value = serde_json::from_slice(&out.stdout).expect("submit's JSON");
+                        let id = v["job_id"].as_u64().expect("an acknowledged id");
+                        acked.push(id);
+                        if acked.len() % 3 == 0 {
+                            let _ = r.gpuctl(&["cancel", &id.to_string()]);
+                        }
                     }
-                    let v: Value = serde_json::from_slice(&out.stdout).expect("submit's JSON");
-                    let id = v["job_id"].as_u64().expect("an acknowledged id");
-                    acked.push(id);
-                    if acked.len() % 3 == 0 {
-                        let _ = r.gpuctl(&["cancel", &id.to_string()]);
-                    }
-                }
-                acked
+                    acked
+                })
             })
-        })
-        .collect()
+            .collect();
+        Clients { stop, threads }
+    }
+
+    /// Lets them run a second more, stops them, and answers the ids whose submit was
+    /// acknowledged.
+    pub fn finish(self) -> Vec<u64> {
+        std::thread::sleep(Duration::from_secs(1));
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        (self.threads.into_iter())
+            .flat_map(|t| t.join().expect("a client"))
+            .collect()
+    }
 }

@@ -6,10 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gpuctl_tests::replicated::Replicated;
+use gpuctl_tests::replicated::{Clients, Replicated};
 
 const LONG: &str = "name = \"long\"\nscript = \"sleep 600\"\n[resources]\ngpus = 1\n";
 const SHORT: &str = "name = \"short\"\nscript = \"sleep 0.3\"\n[resources]\ngpus = 0.25\n";
@@ -25,13 +24,11 @@ fn loaded_on(mut r: Replicated) -> (Replicated, BTreeMap<u64, (u64, String)>) {
     r.add_agent("b", "4xA100-80GB");
     std::fs::write(r.dir.path().join("long.toml"), LONG).unwrap();
     std::fs::write(r.dir.path().join("short.toml"), SHORT).unwrap();
-    let up = gpuctl_tests::wait_for(Duration::from_secs(20), || {
-        r.json(&["nodes"]).is_some_and(|v| {
-            v.as_array()
-                .is_some_and(|ns| ns.iter().filter(|n| n["state"] == "IDLE").count() == 2)
-        })
-    });
-    assert!(up, "agents did not attach: {}", r.agent_log("a"));
+    assert!(
+        r.wait_nodes_idle(2, Duration::from_secs(20)),
+        "agents did not attach: {}",
+        r.agent_log("a")
+    );
     for _ in 0..6 {
         let out = r.gpuctl(&["submit", "long.toml"]);
         assert!(
@@ -50,10 +47,6 @@ fn loaded_on(mut r: Replicated) -> (Replicated, BTreeMap<u64, (u64, String)>) {
     });
     assert!(all, "six long jobs did not start: {running:?}");
     (r, running)
-}
-
-fn clients(r: &Arc<Replicated>, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<Vec<u64>>> {
-    gpuctl_tests::replicated::clients(r, stop, "short.toml")
 }
 
 /// Waits until a controller leads again and serves a listing; how long from `since`.
@@ -116,8 +109,7 @@ fn check(r: &Replicated, acked: &[u64], running: &BTreeMap<u64, (u64, String)>) 
 fn kill9_of_the_leader_under_load_loses_and_repeats_nothing() {
     let (r, running) = loaded();
     let shared = Arc::new(r);
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads = clients(&shared, &stop);
+    let clients = Clients::start(&shared, "short.toml");
     let mut took = Vec::new();
     for _ in 0..3 {
         std::thread::sleep(Duration::from_millis(1500));
@@ -133,12 +125,7 @@ fn kill9_of_the_leader_under_load_loses_and_repeats_nothing() {
         assert_ne!(new, leader, "the killed controller cannot lead");
         shared.start_member(leader);
     }
-    std::thread::sleep(Duration::from_millis(1000));
-    stop.store(true, Ordering::SeqCst);
-    let acked: Vec<u64> = threads
-        .into_iter()
-        .flat_map(|t| t.join().unwrap())
-        .collect();
+    let acked = clients.finish();
     assert!(acked.len() > 10, "the clients were served: {}", acked.len());
     eprintln!(
         "failover (kill -9 to a listing served): {took:?}; {} submits acknowledged",
@@ -154,8 +141,7 @@ fn kill9_of_the_leader_under_load_loses_and_repeats_nothing() {
 fn a_frozen_leader_is_replaced_and_deposed_when_it_wakes() {
     let (r, running) = loaded();
     let r = Arc::new(r);
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads = clients(&r, &stop);
+    let clients = Clients::start(&r, "short.toml");
     std::thread::sleep(Duration::from_millis(1500));
     let leader = r.wait_leader(Duration::from_secs(20)).expect("a leader");
     let pid = nix::unistd::Pid::from_raw(r.pid(leader).expect("its pid"));
@@ -172,23 +158,16 @@ fn a_frozen_leader_is_replaced_and_deposed_when_it_wakes() {
     std::thread::sleep(Duration::from_millis(1500));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     // Awake, it learns of the newer term and follows: one leader, not two.
-    let settled = gpuctl_tests::wait_for(Duration::from_secs(20), || {
-        r.members().is_some_and(|ms| {
-            ms.iter().filter(|m| m["leader"] == true).count() == 1
-                && ms.iter().all(|m| m["state"] != "unreachable")
-        })
-    });
-    assert!(settled, "members: {:?}", r.members());
+    assert!(
+        r.wait_settled(Duration::from_secs(20)),
+        "members: {:?}",
+        r.members()
+    );
     assert!(
         r.log(leader).contains("this controller follows"),
         "the old leader did not step down"
     );
-    std::thread::sleep(Duration::from_millis(1000));
-    stop.store(true, Ordering::SeqCst);
-    let acked: Vec<u64> = threads
-        .into_iter()
-        .flat_map(|t| t.join().unwrap())
-        .collect();
+    let acked = clients.finish();
     eprintln!(
         "frozen leader replaced in {took:?}; {} submits acknowledged",
         acked.len()
@@ -243,8 +222,7 @@ fn a_leader_cut_off_by_a_partition_is_replaced_and_follows_once_healed() {
     }
     let (r, running) = loaded_on(Replicated::start_in_namespaces(3).expect("namespaces"));
     let r = Arc::new(r);
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads = clients(&r, &stop);
+    let clients = Clients::start(&r, "short.toml");
     std::thread::sleep(Duration::from_millis(1500));
     let leader = r.wait_leader(Duration::from_secs(20)).expect("a leader");
     let cut = Instant::now();
@@ -264,20 +242,13 @@ fn a_leader_cut_off_by_a_partition_is_replaced_and_follows_once_healed() {
     let took = serving_again(&r, cut);
     std::thread::sleep(Duration::from_millis(1500));
     r.heal(leader);
-    let settled = gpuctl_tests::wait_for(Duration::from_secs(20), || {
-        r.members().is_some_and(|ms| {
-            ms.iter().filter(|m| m["leader"] == true).count() == 1
-                && ms.iter().all(|m| m["state"] != "unreachable")
-        })
-    });
-    assert!(settled, "members: {:?}", r.members());
+    assert!(
+        r.wait_settled(Duration::from_secs(20)),
+        "members: {:?}",
+        r.members()
+    );
     assert!(r.log(leader).contains("this controller follows"));
-    std::thread::sleep(Duration::from_millis(1000));
-    stop.store(true, Ordering::SeqCst);
-    let acked: Vec<u64> = threads
-        .into_iter()
-        .flat_map(|t| t.join().unwrap())
-        .collect();
+    let acked = clients.finish();
     eprintln!(
         "partitioned leader {leader} replaced by {new} in {took:?}; {} submits acknowledged",
         acked.len()
