@@ -30,6 +30,7 @@ use gpuctl_core::Config;
 use gpuctl_sched as sched;
 
 mod agents;
+mod batching;
 mod identity;
 mod listing;
 mod replicated;

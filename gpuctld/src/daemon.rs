@@ -345,6 +345,7 @@ async fn start_raft(
         // A cut-off leader stops answering as one about when the others elect another
         // (routing only: a write needs a quorum whatever this says).
         lease_ms: r.election.1.as_millis() as i64,
+        proposals: Default::default(),
     });
     tokio::spawn(ctl.clone().follow_leadership());
     let members: std::collections::BTreeMap<u64, openraft::BasicNode> = (r.peers.iter())

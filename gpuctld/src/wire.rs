@@ -21,7 +21,7 @@ use tonic::Status;
 
 mod log;
 mod snapshot;
-pub use log::{BadEntry, entry, entry_pb};
+pub use log::{BadEntry, batch_pb, entry, entry_parts, entry_pb};
 pub use snapshot::{BadSnapshot, cluster, snapshot_pb};
 
 /// An agent's attach. Unacknowledged reports of no known kind (none a released agent

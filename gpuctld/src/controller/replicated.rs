@@ -45,6 +45,8 @@ pub struct Repl {
     /// `lease_ms`, before the majority has elected another.
     pub confirmed_ms: std::sync::atomic::AtomicI64,
     pub lease_ms: i64,
+    /// The proposals waiting to go to the log together (`batch_loop`).
+    pub proposals: super::batching::Proposals,
 }
 
 /// The controller's shell as the state machine's `Target`: committed entries apply to
@@ -111,16 +113,6 @@ impl Controller {
         Err(not_leader(r.me, m.current_leader, &m))
     }
 
-    /// Proposes `change`, decided at `now`, and waits until it applied here: its answer
-    /// (kept by the state machine for the entries this controller proposed).
-    pub(crate) async fn propose(&self, now: i64, change: Change) -> Result<Answer, Status> {
-        let started = std::time::Instant::now();
-        let rx = self.send_proposal(now, change).await?;
-        let answer = self.answer_of(rx).await;
-        (self.metrics.raft.commit_seconds).observe(started.elapsed().as_secs_f64());
-        answer
-    }
-
     /// Hands `change` to the log without waiting for it: proposals sent one after the
     /// other apply in that order.
     pub(crate) async fn send_proposal(&self, now: i64, change: Change) -> Result<Pending, Status> {
@@ -155,6 +147,17 @@ impl Controller {
 
     /// Waits for a proposal sent with `client_write_ff` to apply: its answer.
     pub(crate) async fn answer_of(&self, rx: Pending) -> Result<Answer, Status> {
+        let answer = self.answers_of(rx, 1).await?.pop();
+        Ok(answer.expect("one answer for an entry alone"))
+    }
+
+    /// Waits for an entry of `parts` parts, sent with `client_write_ff`, to apply: its
+    /// parts' answers, in order.
+    pub(crate) async fn answers_of(
+        &self,
+        rx: Pending,
+        parts: usize,
+    ) -> Result<Vec<Answer>, Status> {
         let r = self.repl().expect("answers are for replicated controllers");
         let done = match tokio::time::timeout(COMMIT_TIMEOUT, rx).await {
             Err(_) => {
@@ -171,15 +174,17 @@ impl Controller {
             Ok(Ok(Err(e))) => return Err(write_failed(r.me, e)),
             Ok(Ok(Ok(done))) => done,
         };
-        r.machine
-            .replica()
-            .lock()
-            .take_answer(done.log_id.index)
-            .ok_or_else(|| {
-                Status::unavailable(
-                    "the change applied, but a snapshot replaced its answer here: retry (a submit's request id makes it safe)",
-                )
+        let replica = r.machine.replica();
+        let mut replica = replica.lock();
+        (0..parts)
+            .map(|part| {
+                replica.take_answer(done.log_id.index, part).ok_or_else(|| {
+                    Status::unavailable(
+                        "the change applied, but a snapshot replaced its answer here: retry (a submit's request id makes it safe)",
+                    )
+                })
             })
+            .collect()
     }
 
     /// A submit's admission on Raft: the records built here (ids past the submits still
@@ -505,6 +510,7 @@ impl Controller {
     pub async fn follow_leadership(self: Arc<Self>) {
         let Some(r) = self.repl() else { return };
         tokio::spawn(self.clone().confirm_loop());
+        tokio::spawn(self.clone().batch_loop());
         let mut metrics = r.raft.metrics();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let mut leading = false;

@@ -46,8 +46,9 @@ pub struct Replica {
     /// The time of the last entry applied (a snapshot's restore time).
     last_at: i64,
     membership: StoredMembership<u64, openraft::BasicNode>,
-    /// What the entries this controller proposed answered, by log index.
-    answers: BTreeMap<u64, Answer>,
+    /// What the entries this controller proposed answered, by log index and part (a
+    /// batch's parts answer one by one; an entry alone is part 0).
+    answers: BTreeMap<(u64, usize), Answer>,
 }
 
 impl Replica {
@@ -59,9 +60,10 @@ impl Replica {
         self.last_applied
     }
 
-    /// The answer of the entry at `index`, which this controller proposed.
-    pub fn take_answer(&mut self, index: u64) -> Option<Answer> {
-        self.answers.remove(&index)
+    /// The answer of part `part` of the entry at `index`, which this controller
+    /// proposed (part 0: an entry alone, or a batch's first).
+    pub fn take_answer(&mut self, index: u64, part: usize) -> Option<Answer> {
+        self.answers.remove(&(index, part))
     }
 }
 
@@ -230,20 +232,26 @@ impl RaftStateMachine<TypeConfig> for Machine {
                     };
                     let pb =
                         st::LogEntry::decode(p.entry.as_slice()).map_err(|x| bad(x.to_string()))?;
-                    let entry = crate::wire::entry(pb).map_err(|x| bad(x.to_string()))?;
-                    r.last_at = entry.at;
-                    // What a store would write is dropped: a replica's durable state
-                    // is its log and its snapshots.
-                    let answer = self.on_cluster(&mut r, |c| {
-                        let answer = c.apply(entry);
-                        c.take_changes();
-                        answer
-                    });
-                    if p.from == self.me {
-                        r.answers.insert(e.log_id.index, answer);
-                        while r.answers.len() > MAX_ANSWERS {
-                            r.answers.pop_first();
+                    // Every part read before any applies: an entry applies whole or not.
+                    let parts = (crate::wire::entry_parts(pb).map_err(|x| bad(x.to_string()))?)
+                        .into_iter()
+                        .map(|part| crate::wire::entry(part).map_err(|x| bad(x.to_string())))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    for (i, entry) in parts.into_iter().enumerate() {
+                        r.last_at = entry.at;
+                        // What a store would write is dropped: a replica's durable
+                        // state is its log and its snapshots.
+                        let answer = self.on_cluster(&mut r, |c| {
+                            let answer = c.apply(entry);
+                            c.take_changes();
+                            answer
+                        });
+                        if p.from == self.me {
+                            r.answers.insert((e.log_id.index, i), answer);
                         }
+                    }
+                    while r.answers.len() > MAX_ANSWERS {
+                        r.answers.pop_first();
                     }
                 }
             }

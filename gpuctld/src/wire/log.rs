@@ -19,6 +19,31 @@ pub struct BadEntry {
     pub why: String,
 }
 
+/// The entries a stored entry holds, in order: a batch's parts (`batch`), else itself.
+/// A batch inside a batch is refused.
+pub fn entry_parts(e: st::LogEntry) -> Result<Vec<st::LogEntry>, BadEntry> {
+    match e.change {
+        Some(Pb::Batch(b)) => {
+            if let Some(p) = (b.parts.iter()).find(|p| matches!(p.change, Some(Pb::Batch(_)))) {
+                return Err(BadEntry {
+                    at: p.at,
+                    why: "a batch inside a batch".into(),
+                });
+            }
+            Ok(b.parts)
+        }
+        _ => Ok(vec![e]),
+    }
+}
+
+/// Entries proposed together, stored as one (`entry_parts` splits them again).
+pub fn batch_pb(parts: Vec<st::LogEntry>) -> st::LogEntry {
+    st::LogEntry {
+        at: parts.first().map_or(0, |p| p.at),
+        change: Some(Pb::Batch(st::LogBatch { parts })),
+    }
+}
+
 /// An entry in its stored form.
 pub fn entry_pb(e: &Entry) -> st::LogEntry {
     let change = match &e.change {
@@ -168,6 +193,11 @@ pub fn entry(e: st::LogEntry) -> Result<Entry, BadEntry> {
         },
         Pb::Prepare(_) => Change::Prepare,
         Pb::Pass(_) => Change::Pass,
+        Pb::Batch(_) => {
+            return Err(bad(
+                "a batch where one entry belongs (batches are split before)".into(),
+            ));
+        }
         Pb::Starts(s) => Change::Starts(s.starts.into_iter().map(start).collect()),
         Pb::Waiting(w) => Change::Waiting(
             (w.waits.into_iter())

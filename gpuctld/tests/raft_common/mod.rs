@@ -215,7 +215,7 @@ pub async fn propose(
     leader
         .replica
         .lock()
-        .take_answer(done.log_id.index)
+        .take_answer(done.log_id.index, 0)
         .expect("the proposer keeps its answer")
 }
 
@@ -231,7 +231,7 @@ pub async fn try_propose(
     let proposal = Proposal { from: c.id, entry };
     let done = tokio::time::timeout(within, c.raft.client_write(proposal)).await;
     let done = done.ok()?.ok()?;
-    c.replica.lock().take_answer(done.log_id.index)
+    c.replica.lock().take_answer(done.log_id.index, 0)
 }
 
 /// The leader among `cs`, once one is elected.
