@@ -342,9 +342,12 @@ async fn start_raft(
         raft: raft.clone(),
         machine,
         confirmed_ms: std::sync::atomic::AtomicI64::new(0),
-        // A cut-off leader stops answering as one about when the others elect another
-        // (routing only: a write needs a quorum whatever this says).
-        lease_ms: r.election.1.as_millis() as i64,
+        // A cut-off leader stops answering as one before the others can elect another:
+        // the members that confirmed it reset their election timers after it asked, so
+        // none starts an election within the shortest election timeout of that (a
+        // tenth kept for clocks that run at different rates). Reads at the leader are
+        // current while the lease holds; a write needs a quorum whatever this says.
+        lease_ms: (r.election.0.as_millis() * 9 / 10) as i64,
         proposals: Default::default(),
     });
     tokio::spawn(ctl.clone().follow_leadership());

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod faults;
 pub mod replicated;
 
 static BUILD: Once = Once::new();

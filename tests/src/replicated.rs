@@ -126,14 +126,14 @@ impl Replicated {
     /// `start`, each controller in a network namespace of its own on a bridge, so that
     /// one can be cut off (`partition`) and joined again (`heal`).
     pub fn start_in_namespaces(n: usize) -> Result<Replicated, String> {
+        Replicated::start_in_namespaces_with(n, None)
+    }
+
+    /// `start_in_namespaces`, on the binaries in `bins` (default: the tests' build).
+    pub fn start_in_namespaces_with(n: usize, bins: Option<PathBuf>) -> Result<Replicated, String> {
         let net = Net::create(n)?;
-        Ok(Replicated::build(
-            n,
-            bin("gpuctld").parent().unwrap().to_path_buf(),
-            Some(net),
-            true,
-            "",
-        ))
+        let bins = bins.unwrap_or_else(|| bin("gpuctld").parent().unwrap().to_path_buf());
+        Ok(Replicated::build(n, bins, Some(net), true, ""))
     }
 
     fn build(n: usize, bins: PathBuf, net: Option<Net>, raft: bool, extra: &str) -> Replicated {
@@ -543,34 +543,44 @@ fn write_private(path: &std::path::Path, text: &str) {
 }
 
 /// Three clients submitting a job file and cancelling every third of their own, until
-/// `finish`.
+/// `finish`. Each submit has a name of its own (`c<client>-<n>`, `-J`), so that a
+/// submit queued twice shows.
 pub struct Clients {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<Vec<u64>>>,
+    threads: Vec<std::thread::JoinHandle<Vec<(u64, String)>>>,
 }
 
 impl Clients {
-    /// Starts them on `job` (a file in the cluster's dir).
+    /// Starts them on `job` (a file in the cluster's dir), submitting without pause.
     pub fn start(r: &std::sync::Arc<Replicated>, job: &str) -> Clients {
+        Clients::start_paced(r, job, Duration::ZERO)
+    }
+
+    /// `start`, each client pausing `pause` after each of its submits.
+    pub fn start_paced(r: &std::sync::Arc<Replicated>, job: &str, pause: Duration) -> Clients {
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let threads = (0..3)
-            .map(|_| {
+            .map(|client| {
                 let (r, stop, job) = (r.clone(), stop.clone(), job.to_string());
                 std::thread::spawn(move || {
                     let mut acked = Vec::new();
+                    let mut n = 0;
                     while !stop.load(Ordering::SeqCst) {
-                        let out = r.gpuctl(&["submit", &job, "--json"]);
+                        n += 1;
+                        let name = format!("c{client}-{n}");
+                        let out = r.gpuctl(&["submit", &job, "-J", &name, "--json"]);
                         if !out.status.success() {
                             std::thread::sleep(Duration::from_millis(50));
                             continue;
                         }
                         let v: Value = serde_json::from_slice(&out.stdout).expect("submit's JSON");
                         let id = v["job_id"].as_u64().expect("an acknowledged id");
-                        acked.push(id);
+                        acked.push((id, name));
                         if acked.len() % 3 == 0 {
                             let _ = r.gpuctl(&["cancel", &id.to_string()]);
                         }
+                        std::thread::sleep(pause);
                     }
                     acked
                 })
@@ -582,6 +592,11 @@ impl Clients {
     /// Lets them run a second more, stops them, and answers the ids whose submit was
     /// acknowledged.
     pub fn finish(self) -> Vec<u64> {
+        self.finish_named().into_iter().map(|(id, _)| id).collect()
+    }
+
+    /// `finish`: each acknowledged id with its submit's name.
+    pub fn finish_named(self) -> Vec<(u64, String)> {
         std::thread::sleep(Duration::from_secs(1));
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         (self.threads.into_iter())
