@@ -411,12 +411,46 @@ fn start_gpuctld(bin: &Path, dir: &Path, metrics: u16, tls: bool) -> Daemon {
 /// Starts gpuctld on `port` (0: any), TLS or the old mode, answers once it said where
 /// it listens.
 fn start_gpuctld_on(bin: &Path, dir: &Path, metrics: u16, port: u16, tls: bool) -> Daemon {
+    start_member(bin, dir, metrics, port, tls, None)
+}
+
+/// `start_gpuctld_on`, as member `id` of replicated controllers on `peers` when given
+/// (its state in `state-ID`, member 1's in `state`, the key shared).
+fn start_member(
+    bin: &Path,
+    dir: &Path,
+    metrics: u16,
+    port: u16,
+    tls: bool,
+    raft: Option<(u64, &str)>,
+) -> Daemon {
     use std::io::BufRead;
-    let socket = dir.join("gpuctld.sock");
+    let (state, socket, log) = match raft {
+        None => ("state".into(), "gpuctld.sock".into(), "gpuctld.log".into()),
+        Some((id, _)) => (
+            if id == 1 {
+                "state".into()
+            } else {
+                format!("state-{id}")
+            },
+            format!("gpuctld-{id}.sock"),
+            format!("gpuctld-{id}.log"),
+        ),
+    };
+    let socket = dir.join::<String>(socket);
+    let raft_args: Vec<String> = match raft {
+        Some((id, peers)) => vec![
+            "--id".into(),
+            id.to_string(),
+            "--peers".into(),
+            peers.into(),
+        ],
+        None => Vec::new(),
+    };
     let _ = std::fs::remove_file(&socket);
     let mut child = Command::new(bin.join("gpuctld"))
         .args(["--listen", &format!("127.0.0.1:{port}"), "--state-dir"])
-        .arg(dir.join("state"))
+        .arg(dir.join::<String>(state))
         .arg("--socket")
         .arg(&socket)
         .arg("--config")
@@ -427,13 +461,14 @@ fn start_gpuctld_on(bin: &Path, dir: &Path, metrics: u16, port: u16, tls: bool) 
         } else {
             &["--insecure-shared-key", "--insecure"][..]
         })
+        .args(&raft_args)
         .env("GPUCTL_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
-                .open(dir.join("gpuctld.log"))
+                .open(dir.join::<String>(log))
                 .unwrap(),
         )
         .spawn()
@@ -672,28 +707,94 @@ fn start_agents(
     stats
 }
 
-/// The controller's CPU over `window` while only heartbeats arrive.
-fn heartbeat_phase(o: Opts, pid: u32, stats: &Stats) {
+/// The controllers' CPU over `window` while only heartbeats arrive (`pids`: each
+/// controller's, named).
+fn heartbeat_phase(o: Opts, pids: &[(String, u32)], stats: &Stats) {
     // Let the attach burst settle, then measure.
     std::thread::sleep(o.heartbeat * 2);
     stats.heartbeat_ms.lock().unwrap().clear();
-    let (c0, _, _) = proc_usage(pid);
+    let before: Vec<f64> = pids.iter().map(|(_, p)| proc_usage(*p).0).collect();
     let t = Instant::now();
     std::thread::sleep(o.window);
-    let (c1, rss, _) = proc_usage(pid);
+    let after: Vec<(f64, f64)> = (pids.iter())
+        .map(|(_, p)| {
+            let (cpu, rss, _) = proc_usage(*p);
+            (cpu, rss)
+        })
+        .collect();
     let secs = t.elapsed().as_secs_f64();
     let mut lat = std::mem::take(&mut *stats.heartbeat_ms.lock().unwrap());
     let n = lat.len();
+    let cpu: Vec<String> = (pids.iter().zip(before.iter().zip(&after)))
+        .map(|((name, _), (c0, (c1, rss)))| {
+            format!(
+                "{name} {:.1}% of one core (RSS {rss:.0} MiB)",
+                100.0 * (c1 - c0) / secs
+            )
+        })
+        .collect();
     println!(
-        "heartbeats only: {n} in {secs:.0} s ({:.0}/s); controller CPU {:.1}% of one core; \
-         heartbeat RPC p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; errors {}; RSS {rss:.0} MiB",
+        "heartbeats only: {n} in {secs:.0} s ({:.0}/s); controller CPU: {}; \
+         heartbeat RPC p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; errors {}",
         n as f64 / secs,
-        100.0 * (c1 - c0) / secs,
+        cpu.join(", "),
         pct(&mut lat, 0.5),
         pct(&mut lat, 0.99),
         pct(&mut lat, 1.0),
         stats.heartbeat_errors.load(Ordering::Relaxed),
     );
+}
+
+/// Three (`n`) controllers on Raft sharing one cluster key (old mode): every member,
+/// and the index of the leader once one is elected.
+fn start_replicas(bin: &Path, dir: &Path, n: u64) -> (Vec<Daemon>, usize) {
+    use std::os::unix::fs::PermissionsExt;
+    let key: String = (0..32)
+        .map(|i| format!("{:02x}", (i * 53 + 7) as u8))
+        .collect();
+    for id in 1..=n {
+        let state = dir.join(if id == 1 {
+            "state".into()
+        } else {
+            format!("state-{id}")
+        });
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let file = state.join("cluster.key");
+        std::fs::write(&file, format!("{key}\n")).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let peers = (ports.iter().enumerate())
+        .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let members: Vec<Daemon> = (1..=n)
+        .map(|id| {
+            let port = ports[id as usize - 1];
+            start_member(bin, dir, free_port(), port, false, Some((id, &peers)))
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    loop {
+        for (i, m) in members.iter().enumerate() {
+            let leads = rt.block_on(async {
+                let mut c = user_client(&m.socket).await;
+                let r = c.controllers(pb::ControllersRequest {}).await.ok()?;
+                let r = r.into_inner();
+                Some(r.members.iter().any(|x| x.id == r.id && x.leader))
+            });
+            if leads == Some(true) {
+                return (members, i);
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "no leader elected");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// The queue filled to `pending`, then a window with a steady submit stream.
@@ -918,11 +1019,25 @@ fn main() {
         ),
     )
     .unwrap();
-    let metrics = free_port();
-    let d = start_gpuctld(&bin, dir.path(), metrics, o.tls);
+    let replicas = bench_arg("--replicas", 1);
+    let (mut members, leader) = if replicas > 1 {
+        assert!(
+            !o.tls && bench_arg("--heartbeats-only", 0) == 1,
+            "--replicas runs with --tls 0 --heartbeats-only 1"
+        );
+        start_replicas(&bin, dir.path(), replicas)
+    } else {
+        (vec![start_gpuctld(&bin, dir.path(), free_port(), o.tls)], 0)
+    };
+    let d = &members[leader];
     println!(
-        "gpuctld (release) pid {}, {}, {} simulated agents x {} GPUs ({} to a connection), heartbeats every {:?}, jobs of about {} s",
+        "gpuctld (release) pid {}{}, {}, {} simulated agents x {} GPUs ({} to a connection), heartbeats every {:?}, jobs of about {} s",
         d.child.id(),
+        if replicas > 1 {
+            format!(" (leader of {replicas} on Raft)")
+        } else {
+            String::new()
+        },
         if o.tls {
             "TLS, nodes joined (the default)"
         } else {
@@ -939,20 +1054,32 @@ fn main() {
         .build()
         .unwrap();
     let (_, rss_before, _) = proc_usage(d.child.id());
-    let creds = credentials(&rt, o, &d, dir.path());
+    let creds = credentials(&rt, o, d, dir.path());
     let stats = start_agents(&rt, o, creds);
     let (_, rss_after, _) = proc_usage(d.child.id());
     println!(
         "controller RSS {rss_before:.0} MiB before the agents joined and attached, {rss_after:.0} MiB after: {:.1} KiB per agent",
         (rss_after - rss_before) * 1024.0 / o.nodes as f64
     );
-    heartbeat_phase(o, d.child.id(), &stats);
+    let pids: Vec<(String, u32)> = (members.iter().enumerate())
+        .map(|(i, m)| {
+            let name = match (replicas, i == leader) {
+                (1, _) => "controller".to_string(),
+                (_, true) => format!("leader ({})", i + 1),
+                (_, false) => format!("follower ({})", i + 1),
+            };
+            (name, m.child.id())
+        })
+        .collect();
+    heartbeat_phase(o, &pids, &stats);
     if bench_arg("--heartbeats-only", 0) == 1 {
-        let mut d = d;
-        let _ = d.child.kill();
-        let _ = d.child.wait();
+        for m in &mut members {
+            let _ = m.child.kill();
+            let _ = m.child.wait();
+        }
         return;
     }
+    let d = members.remove(0);
     load_phase(&rt, o, &d, d.child.id(), &stats);
     let mut d = recovery_phase(&rt, o, &bin, dir.path(), d, &stats);
     let _ = d.child.kill();
