@@ -308,11 +308,9 @@ async fn start_raft(
         r.id,
         r.peers.keys().collect::<Vec<_>>()
     );
-    if !ctl.jobs_loaded_empty() {
-        anyhow::bail!(
-            "this state dir holds a single controller's jobs; a replicated cluster starts from its own log (docs/operations.md: turning one controller into three)"
-        );
-    }
+    // A single controller's records in this state dir: adopted by a new cluster (the
+    // member of the lowest id, on its first start with --peers), else left alone.
+    let adopt = (!ctl.jobs_loaded_empty()).then(|| ctl.state_to_adopt());
     let key = ClusterKey::load(key_path)?;
     let raft_config = openraft::Config {
         cluster_name: "gpuctl".into(),
@@ -343,19 +341,46 @@ async fn start_raft(
         machine,
         confirmed_ms: std::sync::atomic::AtomicI64::new(0),
         // A cut-off leader stops answering as one before the others can elect another:
-        // the members that confirmed it reset their election timers after it asked, so
-        // none starts an election within the shortest election timeout of that (a
-        // tenth kept for clocks that run at different rates). Reads at the leader are
-        // current while the lease holds; a write needs a quorum whatever this says.
-        lease_ms: (r.election.0.as_millis() * 9 / 10) as i64,
+        // a member that confirmed it (after it asked) refuses every vote for the
+        // longest election timeout since (openraft's leader lease on voters), and no
+        // new leader is elected without one of them. A tenth is kept for clocks that
+        // run at different rates. Reads at the leader are current while the lease
+        // holds; a write needs a quorum whatever this says.
+        lease_ms: (r.election.1.as_millis() * 9 / 10) as i64,
         proposals: Default::default(),
+        importing: std::sync::atomic::AtomicBool::new(false),
     });
+    let lowest = r.peers.keys().next() == Some(&r.id);
+    let initialized = raft.is_initialized().await?;
+    let adopt = match adopt {
+        Some(_) if initialized => {
+            tracing::warn!(
+                "this state dir also holds a single controller's records: the replicated state comes from the log (adopted into it when the cluster was formed, or left over)"
+            );
+            None
+        }
+        Some(_) if !lowest => anyhow::bail!(
+            "this state dir holds a single controller's jobs: only the member of the lowest id adopts them into a new cluster (start it with this state dir, the others empty; docs/operations.md)"
+        ),
+        adopt => adopt,
+    };
+    if adopt.is_some() {
+        (ctl.repl().expect("set above").importing).store(true, std::sync::atomic::Ordering::SeqCst);
+    }
     tokio::spawn(ctl.clone().follow_leadership());
     let members: std::collections::BTreeMap<u64, openraft::BasicNode> = (r.peers.iter())
         .map(|(id, addr)| (*id, openraft::BasicNode::new(addr.clone())))
         .collect();
-    let lowest = r.peers.keys().next() == Some(&r.id);
     let wait = r.election.1 * 3;
+    if let Some(state) = adopt {
+        // A new cluster from a single controller's state: this member forms it at once
+        // and proposes the state as its first entry.
+        tracing::info!("forming a replicated cluster from this single controller's state");
+        raft.initialize(members).await?;
+        tokio::spawn(ctl.clone().adopt(state));
+        tracing::info!(id = r.id, peers = ?r.peers, "replicated controller: Raft started");
+        return Ok(service);
+    }
     tokio::spawn(async move {
         if raft.is_initialized().await.unwrap_or(true) {
             return;

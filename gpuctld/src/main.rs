@@ -77,9 +77,10 @@ struct Args {
     /// How often a leader reaches its followers.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     raft_heartbeat: std::time::Duration,
-    /// A follower that hears no leader for a random time between this and twice it
-    /// stands for election (a lost leader is replaced within about twice this).
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    /// Election timeouts are drawn between this and twice it: a follower that hears no
+    /// leader for twice this (the leader's lease) plus its draw stands for election, so
+    /// a lost leader is replaced after 3-4 times this.
+    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     raft_election_timeout: std::time::Duration,
     #[command(subcommand)]
     command: Option<Command>,

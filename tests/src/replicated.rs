@@ -194,6 +194,26 @@ impl Replicated {
         )
     }
 
+    /// Turns the one controller of `single_with` into `n` on Raft: it is killed (`-9`),
+    /// and started again with `--id 1 --peers` on its state dir, with `n - 1` new
+    /// members on empty ones (docs/operations.md: turning one controller into three).
+    pub fn become_replicated(&mut self, n: usize) {
+        assert!(
+            !self.raft && self.ports.len() == 1,
+            "one controller without Raft"
+        );
+        self.kill9(1);
+        self.raft = true;
+        for _ in 1..n {
+            self.ports.push(free_port());
+            self.http_ports.push((free_port(), free_port()));
+            self.ctlds.get_mut().unwrap().push(None);
+        }
+        for id in 1..=n as u64 {
+            self.start_member(id);
+        }
+    }
+
     /// Starts member `id` (again, after a kill: from its state dir).
     pub fn start_member(&self, id: u64) {
         let i = id as usize - 1;

@@ -337,3 +337,103 @@ fn a_member_is_added_and_removed_with_admin_controllers() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not remove itself"));
 }
+
+/// docs/operations.md, "Turning one controller into three": a single controller's state
+/// dir, started as member 1 of three, is adopted by the new cluster (its first entry):
+/// every member holds its jobs, so they survive the loss of member 1, and member 1
+/// restarted from that dir (its old records still there) follows the log.
+#[test]
+fn one_controller_becomes_three_and_every_member_holds_its_jobs() {
+    let bins = gpuctl_tests::bin("gpuctld").parent().unwrap().to_path_buf();
+    let mut r = Replicated::single_with(bins, "");
+    r.add_agent("a", "2xA100-80GB");
+    std::fs::write(r.dir.path().join("short.toml"), SHORT).unwrap();
+    assert!(r.wait_nodes_idle(1, Duration::from_secs(20)));
+    let submit = |r: &Replicated, args: &[&str]| {
+        let out = r.gpuctl(&[&["submit", "short.toml", "--json"], args].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["job_id"].as_u64().unwrap()
+    };
+    let (a, b) = (submit(&r, &[]), submit(&r, &[]));
+    let held = submit(&r, &["-H"]);
+    let cancelled = submit(&r, &["-H"]);
+    assert!(
+        r.gpuctl(&["cancel", &cancelled.to_string()])
+            .status
+            .success()
+    );
+    let ended = gpuctl_tests::wait_for(Duration::from_secs(30), || {
+        let jobs = r.jobs().unwrap_or_default();
+        [a, b]
+            .iter()
+            .all(|id| jobs.iter().any(|j| j.0 == *id && j.1 == "COMPLETED"))
+    });
+    assert!(ended, "{:?}", r.jobs());
+    let before = r.jobs().expect("a listing");
+    let states = |jobs: &[(u64, String, u64, String)]| -> Vec<(u64, String)> {
+        jobs.iter().map(|j| (j.0, j.1.clone())).collect()
+    };
+    assert_eq!(
+        states(&before),
+        vec![
+            (a, "COMPLETED".into()),
+            (b, "COMPLETED".into()),
+            (held, "PENDING".into()),
+            (cancelled, "CANCELLED".into())
+        ]
+    );
+    r.become_replicated(3);
+    assert_eq!(
+        r.wait_leader(Duration::from_secs(30)),
+        Some(1),
+        "member 1 forms the cluster"
+    );
+    let adopted = gpuctl_tests::wait_for(Duration::from_secs(20), || {
+        r.jobs().is_some_and(|j| states(&j) == states(&before))
+    });
+    assert!(adopted, "member 1 serves the adopted jobs: {:?}", r.jobs());
+    assert!(
+        r.log(1).contains("adopted the single controller's state"),
+        "{}",
+        r.log(1)
+    );
+    // Every member holds them: member 1 lost, another leads with the same jobs.
+    r.kill9(1);
+    let other = r
+        .wait_leader(Duration::from_secs(20))
+        .expect("a new leader");
+    assert_ne!(other, 1);
+    let kept = gpuctl_tests::wait_for(Duration::from_secs(20), || {
+        r.jobs().is_some_and(|j| states(&j) == states(&before))
+    });
+    assert!(
+        kept,
+        "controller {other} holds the adopted jobs: {:?}",
+        r.jobs()
+    );
+    let next = submit(&r, &["-H"]);
+    assert!(next > cancelled, "new ids follow the adopted ones: {next}");
+    // Member 1 again from its dir (the single controller's records still in it): it
+    // follows the log, adopting nothing twice.
+    r.start_member(1);
+    assert!(r.wait_settled(Duration::from_secs(20)), "{:?}", r.members());
+    r.kill9(other);
+    assert!(r.wait_leader(Duration::from_secs(20)).is_some());
+    let after = gpuctl_tests::wait_for(Duration::from_secs(20), || {
+        r.jobs()
+            .is_some_and(|j| j.len() == before.len() + 1 && j.iter().any(|x| x.0 == next))
+    });
+    assert!(after, "{:?}", r.jobs());
+    assert_eq!(
+        (r.log(1)
+            .matches("adopted the single controller's state")
+            .count()),
+        1,
+        "adopted once"
+    );
+}

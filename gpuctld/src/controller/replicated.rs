@@ -47,6 +47,9 @@ pub struct Repl {
     pub lease_ms: i64,
     /// The proposals waiting to go to the log together (`batch_loop`).
     pub proposals: super::batching::Proposals,
+    /// While a single controller's state is being adopted (the first entry of a new
+    /// cluster, `adopt`): this member does not serve as leader before it applied.
+    pub importing: std::sync::atomic::AtomicBool,
 }
 
 /// The controller's shell as the state machine's `Target`: committed entries apply to
@@ -73,6 +76,59 @@ impl Controller {
         }
     }
 
+    /// This controller's whole state in its stored form (a snapshot's), for a new
+    /// replicated cluster to adopt.
+    pub fn state_to_adopt(&self) -> Vec<u8> {
+        let c = self.lock();
+        crate::wire::snapshot_pb(&c.core, now_ms()).encode_to_vec()
+    }
+
+    /// Proposes `state` (`state_to_adopt`) as a new cluster's first entry once this
+    /// member leads, and serves as leader once it applied.
+    pub async fn adopt(self: Arc<Self>, state: Vec<u8>) {
+        let Some(r) = self.repl() else { return };
+        let snapshot = match gpuctl_proto::store::Snapshot::decode(state.as_slice()) {
+            Ok(s) => s,
+            Err(e) => return tracing::error!("the state to adopt does not decode: {e}"),
+        };
+        let entry = gpuctl_proto::store::LogEntry {
+            at: snapshot.at,
+            change: Some(gpuctl_proto::store::log_entry::Change::Import(snapshot)),
+        }
+        .encode_to_vec();
+        loop {
+            let mut metrics = r.raft.metrics();
+            while metrics.borrow().current_leader != Some(r.me) {
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+            let proposal = Proposal {
+                from: r.me,
+                entry: entry.clone(),
+            };
+            match r.raft.client_write(proposal).await {
+                Ok(_) => {
+                    r.importing
+                        .store(false, std::sync::atomic::Ordering::SeqCst);
+                    let jobs = self.lock().jobs().len();
+                    tracing::info!(
+                        jobs,
+                        "adopted the single controller's state: every member holds it"
+                    );
+                    self.wake_scheduler();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "adopting the single controller's state: {e}; again once this member leads"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
     /// Whether the state holds no job and no node (a replicated controller starts from
     /// its log, never from a single controller's records).
     pub fn jobs_loaded_empty(&self) -> bool {
@@ -90,7 +146,8 @@ impl Controller {
                 m.current_leader == Some(r.me) && m.state == ServerState::Leader
             };
             let confirmed = r.confirmed_ms.load(std::sync::atomic::Ordering::SeqCst);
-            leads && now_ms() - confirmed < r.lease_ms
+            let importing = r.importing.load(std::sync::atomic::Ordering::SeqCst);
+            leads && !importing && now_ms() - confirmed < r.lease_ms
         })
     }
 

@@ -232,6 +232,20 @@ impl RaftStateMachine<TypeConfig> for Machine {
                     };
                     let pb =
                         st::LogEntry::decode(p.entry.as_slice()).map_err(|x| bad(x.to_string()))?;
+                    if let Some(st::log_entry::Change::Import(snapshot)) = pb.change {
+                        // A single controller's state adopted: it replaces this replica's.
+                        let at = snapshot.at;
+                        let cluster =
+                            crate::wire::cluster(snapshot).map_err(|x| bad(x.to_string()))?;
+                        self.on_cluster(&mut r, |c| *c = cluster);
+                        r.last_at = at;
+                        if p.from == self.me {
+                            let done = (Ok(Applied::Done), Effects::default());
+                            r.answers.insert((e.log_id.index, 0), done);
+                        }
+                        replies.push(Reply {});
+                        continue;
+                    }
                     // Every part read before any applies: an entry applies whole or not.
                     let parts = (crate::wire::entry_parts(pb).map_err(|x| bad(x.to_string()))?)
                         .into_iter()

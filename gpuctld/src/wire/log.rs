@@ -24,10 +24,11 @@ pub struct BadEntry {
 pub fn entry_parts(e: st::LogEntry) -> Result<Vec<st::LogEntry>, BadEntry> {
     match e.change {
         Some(Pb::Batch(b)) => {
-            if let Some(p) = (b.parts.iter()).find(|p| matches!(p.change, Some(Pb::Batch(_)))) {
+            let whole = |p: &&st::LogEntry| matches!(p.change, Some(Pb::Batch(_) | Pb::Import(_)));
+            if let Some(p) = b.parts.iter().find(whole) {
                 return Err(BadEntry {
                     at: p.at,
-                    why: "a batch inside a batch".into(),
+                    why: "a batch inside a batch, or an import".into(),
                 });
             }
             Ok(b.parts)
@@ -196,6 +197,11 @@ pub fn entry(e: st::LogEntry) -> Result<Entry, BadEntry> {
         Pb::Batch(_) => {
             return Err(bad(
                 "a batch where one entry belongs (batches are split before)".into(),
+            ));
+        }
+        Pb::Import(_) => {
+            return Err(bad(
+                "an import where a change belongs (the state machine applies it whole)".into(),
             ));
         }
         Pb::Starts(s) => Change::Starts(s.starts.into_iter().map(start).collect()),
