@@ -440,6 +440,44 @@ impl Replicated {
         })
     }
 
+    /// Waits until the leader sees member `id` holding at least what the leader had
+    /// applied when asked (docs/operations.md: a rolling upgrade's "caught up").
+    pub fn wait_caught_up(&self, id: u64, timeout: Duration) -> bool {
+        let leader_index = |ms: &[Value]| {
+            (ms.iter().find(|m| m["leader"] == true)).and_then(|m| m["commit_index"].as_u64())
+        };
+        let mut target = None;
+        crate::wait_for(timeout, || {
+            let Some(ms) = self.members() else {
+                return false;
+            };
+            let Some(want) = target.or_else(|| leader_index(&ms)) else {
+                return false;
+            };
+            target = Some(want);
+            (ms.iter().find(|m| m["id"] == id))
+                .and_then(|m| m["commit_index"].as_u64())
+                .is_some_and(|i| i >= want)
+        })
+    }
+
+    /// Stops member `id` as an operator does (SIGTERM), and waits for it to exit (a
+    /// `kill -9` after 20 s).
+    pub fn stop(&self, id: u64) {
+        let Some(mut c) = self.ctlds.lock().unwrap()[id as usize - 1].take() else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let exited = crate::wait_for(Duration::from_secs(20), || {
+            c.try_wait().ok().flatten().is_some()
+        });
+        if !exited {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     /// Waits until one member leads and every member is reachable from it (after a
     /// fault heals).
     pub fn wait_settled(&self, timeout: Duration) -> bool {
@@ -570,6 +608,14 @@ pub struct Clients {
     threads: Vec<std::thread::JoinHandle<Vec<(u64, String)>>>,
 }
 
+impl Drop for Clients {
+    /// A test that fails with clients running stops them (they hold the cluster, which
+    /// is stopped when the last of them lets go).
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl Clients {
     /// Starts them on `job` (a file in the cluster's dir), submitting without pause.
     pub fn start(r: &std::sync::Arc<Replicated>, job: &str) -> Clients {
@@ -616,10 +662,10 @@ impl Clients {
     }
 
     /// `finish`: each acknowledged id with its submit's name.
-    pub fn finish_named(self) -> Vec<(u64, String)> {
+    pub fn finish_named(mut self) -> Vec<(u64, String)> {
         std::thread::sleep(Duration::from_secs(1));
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        (self.threads.into_iter())
+        (std::mem::take(&mut self.threads).into_iter())
             .flat_map(|t| t.join().expect("a client"))
             .collect()
     }
