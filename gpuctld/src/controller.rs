@@ -24,7 +24,7 @@ use prost::Message as _;
 use tokio::sync::{Notify, mpsc};
 use tonic::Status;
 
-use crate::auth::{Caller, Tokens};
+use crate::auth::Caller;
 use crate::store::{Store, StoreError};
 use gpuctl_core::Config;
 use gpuctl_sched as sched;
@@ -103,7 +103,6 @@ struct Shared {
     core: Cluster,
     /// Command streams by node (the state knows the sessions).
     links: HashMap<String, Link>,
-    tokens: Tokens,
     /// Whether a submit may leave its pass to later (`gpuctl_core::room`): a submit of
     /// a job that needs a GPU and does not fit the room the last pass left defers its
     /// pass (`DEFERRED_PASS`).
@@ -279,8 +278,11 @@ impl Controller {
             pki.secure,
             pki.clear_tokens,
             pki.node_lifetime_s,
-            loaded.join_tokens,
-            loaded.identities,
+            crate::credentials::Credentials::new(
+                loaded.tokens,
+                loaded.join_tokens,
+                loaded.identities,
+            ),
         );
         let records = gpuctl_core::restore::Records {
             jobs: loaded.jobs,
@@ -309,7 +311,6 @@ impl Controller {
             shared: Mutex::new(Shared {
                 core,
                 links: HashMap::new(),
-                tokens: Tokens::new(loaded.tokens),
                 room: PassRoom::default(),
                 next_id: 0,
             }),

@@ -299,10 +299,6 @@ async fn start_raft(
     secure: bool,
 ) -> anyhow::Result<gpuctl_proto::raft_peer_server::RaftPeerServer<crate::raft::PeerService>> {
     anyhow::ensure!(
-        !secure,
-        "replicated controllers (--peers) run with --insecure-shared-key for now: node identities and join tokens are not replicated yet (docs/replication.md)"
-    );
-    anyhow::ensure!(
         r.peers.contains_key(&r.id),
         "--id {} is not among --peers {:?}",
         r.id,
@@ -330,7 +326,14 @@ async fn start_raft(
         store.db(),
         config,
         std::sync::Arc::new(raft_config),
-        key.clone(),
+        crate::raft::GrpcNet {
+            key: key.clone(),
+            // With TLS (the default) members reach each other under the cluster CA,
+            // which they share (docs/operations.md); their messages are MACed besides.
+            tls: secure
+                .then(|| gpuctl_proto::tls::ClientTls::new(&ctl.pki().ca().pem(), None))
+                .transpose()?,
+        },
         Some(target),
     )
     .await?;
@@ -360,7 +363,7 @@ async fn start_raft(
             None
         }
         Some(_) if !lowest => anyhow::bail!(
-            "this state dir holds a single controller's jobs: only the member of the lowest id adopts them into a new cluster (start it with this state dir, the others empty; docs/operations.md)"
+            "this state dir holds a single controller's jobs, nodes or tokens: only the member of the lowest id adopts them into a new cluster (start it with this state dir, the others empty; docs/operations.md)"
         ),
         adopt => adopt,
     };

@@ -18,6 +18,7 @@
 pub mod auth;
 pub use gpuctl_core::config;
 pub mod controller;
+pub mod credentials;
 pub mod daemon;
 pub mod metrics;
 pub mod pki;

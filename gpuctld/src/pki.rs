@@ -9,12 +9,12 @@
 //! name joined again elsewhere) is refused at once. With `--insecure-shared-key` none of
 //! this applies: agents sign with the cluster key itself, over plain TCP, as before.
 
-use std::collections::HashMap;
-
 use gpuctl_proto as pb;
 use gpuctl_proto::auth::ClusterKey;
 use gpuctl_proto::guard::TcpPeer;
 use gpuctl_proto::store::{StoredCertificate, StoredJoinToken, StoredNodeIdentity};
+
+use crate::credentials::{Credentials, MAX_JOIN_TOKENS};
 use gpuctl_proto::text::shown;
 use gpuctl_proto::tls::Ca;
 use parking_lot::Mutex;
@@ -25,9 +25,6 @@ use tonic::Status;
 pub const DEFAULT_TOKEN_TTL_S: i64 = 3600;
 /// The longest a join token may live.
 pub const MAX_TOKEN_TTL_S: i64 = 7 * 86_400;
-/// Join tokens waiting to be used, at most.
-const MAX_TOKENS: usize = 10_000;
-
 /// How the request arrived, as far as identity goes.
 pub enum Via<'a> {
     Tcp(&'a TcpPeer),
@@ -57,14 +54,8 @@ pub struct Pki {
     clear_tokens: bool,
     /// How long a node certificate is valid (seconds).
     node_lifetime_s: i64,
-    state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    /// By the hash of their secret.
-    tokens: HashMap<String, StoredJoinToken>,
-    nodes: HashMap<String, StoredNodeIdentity>,
+    /// API tokens, join tokens and node identities.
+    state: Mutex<Credentials>,
 }
 
 fn token_hash(secret: &str) -> String {
@@ -90,8 +81,7 @@ impl Pki {
         secure: bool,
         clear_tokens: bool,
         node_lifetime_s: i64,
-        tokens: Vec<StoredJoinToken>,
-        nodes: Vec<StoredNodeIdentity>,
+        credentials: Credentials,
     ) -> Pki {
         Pki {
             ca,
@@ -99,11 +89,18 @@ impl Pki {
             secure,
             clear_tokens,
             node_lifetime_s: node_lifetime_s.max(60),
-            state: Mutex::new(State {
-                tokens: tokens.into_iter().map(|t| (t.hash.clone(), t)).collect(),
-                nodes: nodes.into_iter().map(|n| (n.node.clone(), n)).collect(),
-            }),
+            state: Mutex::new(credentials),
         }
+    }
+
+    /// Runs `f` on the credentials, under their lock.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Credentials) -> R) -> R {
+        f(&mut self.state.lock())
+    }
+
+    /// The user an API token's secret belongs to.
+    pub fn token_user(&self, secret: &str) -> Option<String> {
+        self.state.lock().api.user_of(secret).map(str::to_string)
     }
 
     pub fn secure(&self) -> bool {
@@ -179,7 +176,7 @@ impl Pki {
         Some(self.cluster.for_node(node, id.epoch))
     }
 
-    /// A new join token: its secret (shown once) and its record.
+    /// A new join token: its secret (shown once) and its record, to apply.
     pub fn create_token(
         &self,
         node: &str,
@@ -206,11 +203,9 @@ impl Pki {
         if !node.is_empty() {
             crate::controller::check_node_name(node)?;
         }
-        let mut st = self.state.lock();
-        st.tokens.retain(|_, t| t.expires_ms > now_ms);
-        if st.tokens.len() >= MAX_TOKENS {
+        if self.state.lock().live_joins(now_ms) >= MAX_JOIN_TOKENS {
             return Err(Status::resource_exhausted(format!(
-                "{MAX_TOKENS} join tokens are waiting to be used; use or let some expire first"
+                "{MAX_JOIN_TOKENS} join tokens are waiting to be used; use or let some expire first"
             )));
         }
         use rand::RngCore;
@@ -224,12 +219,11 @@ impl Pki {
             created_ms: now_ms,
             created_by: by.to_string(),
         };
-        st.tokens.insert(t.hash.clone(), t.clone());
         Ok((secret, t))
     }
 
-    /// A node joining: the token is used up (whatever happens next), the node's
-    /// certificate signed, its key epoch advanced.
+    /// A node joining: its certificate signed, its key epoch advanced; applying the
+    /// change uses the token up.
     pub fn join(&self, req: &pb::JoinRequest, now_ms: i64) -> Result<Joined, Status> {
         if !self.secure {
             return Err(Status::failed_precondition(
@@ -238,8 +232,8 @@ impl Pki {
         }
         crate::controller::check_node_name(&req.node)?;
         let hash = token_hash(&req.token);
-        let mut st = self.state.lock();
-        let t = st.tokens.remove(&hash).ok_or_else(|| {
+        let st = self.state.lock();
+        let t = st.joins.get(&hash).cloned().ok_or_else(|| {
             Status::unauthenticated("unknown or already used join token (create another with `gpuctl admin join-token create`)")
         })?;
         if t.expires_ms <= now_ms {
@@ -263,6 +257,7 @@ impl Pki {
             )));
         }
         let epoch = st.nodes.get(&req.node).map_or(0, |i| i.epoch) + 1;
+        drop(st);
         let (answer, cert) = self.sign(&req.node, &req.csr, epoch, now_ms)?;
         let identity = StoredNodeIdentity {
             node: req.node.clone(),
@@ -272,7 +267,6 @@ impl Pki {
             joined_ms: now_ms,
             revoked_ms: 0,
         };
-        st.nodes.insert(req.node.clone(), identity.clone());
         Ok(Joined {
             answer,
             identity,
@@ -283,8 +277,8 @@ impl Pki {
     /// A new certificate for a joined node (the caller has verified the request came
     /// from it); the one it connected with stays valid until it expires.
     pub fn renew(&self, node: &str, csr: &[u8], now_ms: i64) -> Result<Joined, Status> {
-        let mut st = self.state.lock();
-        let Some(id) = st.nodes.get(node).filter(|i| !i.revoked).cloned() else {
+        let id = self.state.lock().nodes.get(node).filter(|i| !i.revoked).cloned();
+        let Some(id) = id else {
             return Err(unauthenticated(node, "has not joined or was revoked"));
         };
         let (answer, cert) = self.sign(node, csr, id.epoch, now_ms)?;
@@ -293,7 +287,6 @@ impl Pki {
         let keep = identity.certificates.len().saturating_sub(1);
         identity.certificates.drain(..keep);
         identity.certificates.push(cert);
-        st.nodes.insert(node.to_string(), identity.clone());
         Ok(Joined {
             answer,
             identity,
@@ -327,23 +320,20 @@ impl Pki {
         Ok((answer, cert))
     }
 
-    /// Revokes every certificate of `node`, and its key.
+    /// `node`'s identity with every certificate and its key revoked, to apply; how many
+    /// certificates that revokes.
     pub fn revoke(&self, node: &str, now_ms: i64) -> Result<(StoredNodeIdentity, u32), Status> {
-        let mut st = self.state.lock();
-        let id = st
-            .nodes
-            .get_mut(node)
-            .filter(|i| !i.revoked)
-            .ok_or_else(|| {
-                Status::not_found(format!(
-                    "node {} has no certificate to revoke",
-                    shown(node, 64)
-                ))
-            })?;
+        let id = self.state.lock().nodes.get(node).filter(|i| !i.revoked).cloned();
+        let mut id = id.ok_or_else(|| {
+            Status::not_found(format!(
+                "node {} has no certificate to revoke",
+                shown(node, 64)
+            ))
+        })?;
         let n = id.certificates.len() as u32;
         id.revoked = true;
         id.revoked_ms = now_ms;
         id.certificates.clear();
-        Ok((id.clone(), n))
+        Ok((id, n))
     }
 }

@@ -56,12 +56,12 @@ pub async fn open(
     db: &sled::Db,
     config: gpuctl_core::Config,
     raft: std::sync::Arc<openraft::Config>,
-    key: gpuctl_proto::auth::ClusterKey,
+    net: GrpcNet,
     target: Option<std::sync::Arc<dyn Target>>,
 ) -> anyhow::Result<(openraft::Raft<TypeConfig>, Machine)> {
     let log = LogStore::open(db)?;
     let machine = Machine::open_on(id, db, config, target).map_err(anyhow::Error::msg)?;
-    let node = openraft::Raft::new(id, raft, GrpcNet { key }, log, machine.clone()).await?;
+    let node = openraft::Raft::new(id, raft, net, log, machine.clone()).await?;
     Ok((node, machine))
 }
 

@@ -437,15 +437,13 @@ pub async fn run(
             None => endpoint.connect_lazy(),
         });
     }
-    let channel = channels[0].clone();
     if let Some(tls) = tls {
         tokio::spawn(crate::identity::renew_loop(
             opts.state_dir.clone(),
             opts.name.clone(),
-            urls[0].clone(),
             opts.key.clone(),
             tls,
-            channel.clone(),
+            urls.iter().cloned().zip(channels.iter().cloned()).collect(),
         ));
     }
     let (cgroups, confine_devices) = setup::job_cgroups(&opts, &cgroup_parent);

@@ -134,22 +134,65 @@ fn endpoint(url: &str) -> anyhow::Result<tonic::transport::Endpoint> {
         .timeout(Duration::from_secs(30)))
 }
 
-/// Joins: the CA fetched against its fingerprint, a certificate request for a new key,
-/// the token sent over a connection that verifies the controller under that CA.
+/// How long a join goes on trying a list of controllers none of which leads yet.
+const JOIN_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Joins at the controller that leads among `urls` (a comma-separated list): one that
+/// cannot be reached, or answers that it does not lead, passes the join to the next;
+/// any other refusal ends it.
 async fn join(
+    state_dir: &Path,
+    node: &str,
+    urls: &str,
+    token: &str,
+    fingerprint: &str,
+) -> anyhow::Result<()> {
+    let urls: Vec<&str> = urls.split(',').map(str::trim).collect();
+    let until = std::time::Instant::now() + JOIN_PATIENCE;
+    loop {
+        let mut last = None;
+        for url in &urls {
+            match join_at(state_dir, node, url, token, fingerprint).await {
+                Ok(()) => return Ok(()),
+                Err(Failed::Elsewhere(e)) => last = Some(e.context(format!("at {url}"))),
+                Err(Failed::Refused(e)) => return Err(e),
+            }
+        }
+        let last = last.expect("at least one controller");
+        if urls.len() == 1 || std::time::Instant::now() > until {
+            return Err(last);
+        }
+        tracing::warn!("no controller took the join yet: {last:#}; trying again");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+enum Failed {
+    /// Not here: unreachable, or not the leader.
+    Elsewhere(anyhow::Error),
+    Refused(anyhow::Error),
+}
+
+/// Joins at `url`: the CA fetched against its fingerprint, a certificate request for a
+/// new key, the token sent over a connection that verifies the controller under that CA.
+async fn join_at(
     state_dir: &Path,
     node: &str,
     url: &str,
     token: &str,
     fingerprint: &str,
-) -> anyhow::Result<()> {
-    let ca = tls::fetch_ca(&authority(url)?, fingerprint).await?;
-    let req = NodeRequest::new(node)?;
-    let client = ClientTls::new(&ca, None)?;
-    let channel = client
-        .connect(endpoint(url)?)
+) -> Result<(), Failed> {
+    let ca = tls::fetch_ca(&authority(url).map_err(Failed::Refused)?, fingerprint)
         .await
-        .context("cannot reach the controller")?;
+        .map_err(|e| Failed::Elsewhere(e.into()))?;
+    let refused = |e: anyhow::Error| Failed::Refused(e);
+    let req = NodeRequest::new(node).map_err(|e| refused(e.into()))?;
+    let client = ClientTls::new(&ca, None).map_err(|e| refused(e.into()))?;
+    let channel = client
+        .connect(endpoint(url).map_err(refused)?)
+        .await
+        .context("cannot reach the controller")
+        .map_err(Failed::Elsewhere)?;
     let answer = AgentLinkClient::new(channel)
         .join(pb::JoinRequest {
             token: token.trim().to_string(),
@@ -157,9 +200,16 @@ async fn join(
             csr: req.csr_der,
         })
         .await
-        .map_err(|s| anyhow::anyhow!("the controller refused to join this node: {}", s.message()))?
+        .map_err(|s| {
+            let e = anyhow::anyhow!("the controller refused to join this node: {}", s.message());
+            if s.code() == tonic::Code::Unavailable {
+                Failed::Elsewhere(e)
+            } else {
+                Failed::Refused(e)
+            }
+        })?
         .into_inner();
-    save(state_dir, node, &answer, &req.key_pem)?;
+    save(state_dir, node, &answer, &req.key_pem).map_err(refused)?;
     tracing::info!(
         node,
         not_after_ms = answer.not_after_ms,
@@ -211,15 +261,15 @@ fn save(
 }
 
 /// Renews the node's certificate whenever a third of its life is left (its life
-/// counted from this start, or from the last renewal), until the process ends. A
-/// renewed certificate is used from the next connection on.
+/// counted from this start, or from the last renewal), until the process ends, at
+/// whichever controller of the list leads. A renewed certificate is used from the next
+/// connection on.
 pub async fn renew_loop(
     state_dir: PathBuf,
     node: String,
-    url: String,
     key: ClusterKey,
     tls: Tls,
-    channel: tonic::transport::Channel,
+    controllers: Vec<(String, tonic::transport::Channel)>,
 ) {
     let mut not_after = tls.not_after_ms;
     let mut since = now_ms();
@@ -228,7 +278,16 @@ pub async fn renew_loop(
         let at = since + left * 2 / 3;
         let wait = (at - now_ms()).max(1_000);
         tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-        match renew(&state_dir, &node, &key, &tls, channel.clone()).await {
+        let mut renewed = Err(anyhow::anyhow!("no controller"));
+        for (url, channel) in &controllers {
+            renewed = renew(&state_dir, &node, &key, &tls, channel.clone())
+                .await
+                .with_context(|| format!("at {url}"));
+            if renewed.is_ok() {
+                break;
+            }
+        }
+        match renewed {
             Ok(n) => {
                 tracing::info!(node, not_after_ms = n, "node certificate renewed");
                 not_after = n;
@@ -237,7 +296,6 @@ pub async fn renew_loop(
             Err(e) => {
                 tracing::warn!(
                     node,
-                    url,
                     "cannot renew the node certificate (trying again in a minute): {e:#}"
                 );
                 since = now_ms();

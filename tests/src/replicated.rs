@@ -26,6 +26,9 @@ pub struct Replicated {
     net: Option<Net>,
     /// `false`: one controller without `--peers` (the default mode, for comparisons).
     raft: bool,
+    /// TLS, joined nodes and API tokens (the default mode, `start_secure`), instead of
+    /// `--insecure-shared-key --insecure`.
+    secure: bool,
 }
 
 /// Network namespaces on a bridge: member `id` at 10.77.`subnet`.(10 + id), behind the
@@ -136,7 +139,26 @@ impl Replicated {
         Ok(Replicated::build(n, bins, Some(net), true, ""))
     }
 
+    /// `start` in the default mode: the members serve TLS under one cluster CA (made
+    /// here and copied into each state dir with the cluster key, as an operator does),
+    /// and agents join with tokens.
+    pub fn start_secure(n: usize) -> Replicated {
+        let bins = bin("gpuctld").parent().unwrap().to_path_buf();
+        Replicated::build_as(n, bins, None, true, "", true)
+    }
+
     fn build(n: usize, bins: PathBuf, net: Option<Net>, raft: bool, extra: &str) -> Replicated {
+        Replicated::build_as(n, bins, net, raft, extra, false)
+    }
+
+    fn build_as(
+        n: usize,
+        bins: PathBuf,
+        net: Option<Net>,
+        raft: bool,
+        extra: &str,
+        secure: bool,
+    ) -> Replicated {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(
             dir.path().join("gpuctld.toml"),
@@ -157,6 +179,7 @@ impl Replicated {
             bins,
             net,
             raft,
+            secure,
         };
         for id in 1..=n as u64 {
             r.start_member(id);
@@ -226,6 +249,9 @@ impl Replicated {
             std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
             let key = std::fs::read_to_string(self.path("cluster.key")).unwrap();
             write_private(&state.join("cluster.key"), key.trim());
+            if self.secure {
+                self.copy_ca(id, &state);
+            }
         }
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -250,7 +276,11 @@ impl Replicated {
             .arg(self.socket(id))
             .arg("--config")
             .arg(self.path("gpuctld.toml"))
-            .args(["--insecure-shared-key", "--insecure"])
+            .args(if self.secure {
+                &[][..]
+            } else {
+                &["--insecure-shared-key", "--insecure"][..]
+            })
             .arg("--metrics-listen")
             .arg(format!("{}:{}", self.host(id), self.http_ports[i].0))
             .arg("--web-listen")
@@ -274,6 +304,28 @@ impl Replicated {
             .spawn()
             .expect("start gpuctld");
         ctlds[i] = Some(child);
+    }
+
+    /// Copies the cluster CA (`ca.pem`, `ca.key`) into member `id`'s new state dir
+    /// from a member that has it, as an operator does (docs/operations.md); the first
+    /// member makes it. Waits for the first member to have made it.
+    fn copy_ca(&self, id: u64, state: &std::path::Path) {
+        let from = |m: u64| self.path(&format!("ctld-{m}"));
+        let others: Vec<u64> = (1..=self.ports.len() as u64).filter(|m| *m != id).collect();
+        let mut found = None;
+        crate::wait_for(Duration::from_secs(if id == 1 { 0 } else { 20 }), || {
+            found = (others.iter()).find(|m| from(**m).join("ca.key").exists()).copied();
+            found.is_some()
+        });
+        let Some(m) = found else {
+            assert_eq!(id, 1, "no member made the cluster CA");
+            return;
+        };
+        for f in ["ca.pem", "ca.key"] {
+            let text = std::fs::read_to_string(from(m).join(f)).unwrap();
+            let text = text.trim_end();
+            write_private(&state.join(f), text);
+        }
     }
 
     /// Where member `id` listens: loopback, or its namespace's address.
@@ -330,10 +382,11 @@ impl Replicated {
             .join(",")
     }
 
-    /// Every controller, for agents (TCP).
+    /// Every controller, for agents (TCP; TLS in the default mode).
     pub fn agent_controllers(&self) -> String {
+        let scheme = if self.secure { "https" } else { "http" };
         (self.ports.iter().enumerate())
-            .map(|(i, p)| format!("http://{}:{p}", self.host(i as u64 + 1)))
+            .map(|(i, p)| format!("{scheme}://{}:{p}", self.host(i as u64 + 1)))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -346,11 +399,19 @@ impl Replicated {
     /// `add_agent` with more gpud flags.
     pub fn add_agent_with(&mut self, name: &str, spec: &str, extra: &[&str]) {
         let log = std::fs::File::create(self.path(&format!("gpud-{name}.log"))).unwrap();
+        let identity = if self.secure && extra.contains(&"--join") {
+            Vec::new()
+        } else if self.secure {
+            let (token, fingerprint) = self.join_token(name);
+            vec!["--join".to_string(), token, "--ca-fingerprint".into(), fingerprint]
+        } else {
+            let key = self.path("cluster.key").display().to_string();
+            vec!["--key-file".to_string(), key]
+        };
         let child = Command::new(self.bins.join("gpud"))
             .args(["--controller", &self.agent_controllers(), "--name", name])
             .args(["--heartbeat-interval", "1s", "--allow-root-jobs"])
-            .arg("--key-file")
-            .arg(self.path("cluster.key"))
+            .args(identity)
             .args(["--fake-gpus", spec, "--cpus", "64", "--memory", "64GiB"])
             .arg("--cgroup-parent")
             .arg(self.cgroup_parent(name))
@@ -361,6 +422,18 @@ impl Replicated {
             .spawn()
             .expect("start gpud");
         self.agents.push((name.to_string(), child));
+    }
+
+    /// A join token for node `name` (made at the leader, wherever it is) and the CA's
+    /// fingerprint.
+    pub fn join_token(&self, name: &str) -> (String, String) {
+        let t = self
+            .json(&["admin", "join-token", "create", "--node", name])
+            .expect("a join token");
+        (
+            t["token"].as_str().unwrap().to_string(),
+            t["ca_fingerprint"].as_str().unwrap().to_string(),
+        )
     }
 
     /// Agent `name`'s cgroup parent: this cluster's own (tests run side by side).
@@ -380,6 +453,24 @@ impl Replicated {
             .current_dir(self.dir.path())
             .output()
             .expect("run gpuctl")
+    }
+
+    /// gpuctl over TCP (TLS under the cluster CA, `start_secure`) with the API token
+    /// `token`, against every controller.
+    pub fn gpuctl_tcp(&self, token: &str, args: &[&str]) -> Output {
+        Command::new(self.bins.join("gpuctl"))
+            .args(args)
+            .env("GPUCTL_CONTROLLER", self.agent_controllers())
+            .env("GPUCTL_CA", self.path("ctld-1/ca.pem"))
+            .env("GPUCTL_TOKEN", token)
+            .current_dir(self.dir.path())
+            .output()
+            .expect("run gpuctl")
+    }
+
+    /// The agents' binary (to run one by hand).
+    pub fn gpud(&self) -> Command {
+        Command::new(self.bins.join("gpud"))
     }
 
     /// `gpuctl ARGS --json`, when it succeeds.

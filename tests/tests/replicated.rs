@@ -469,3 +469,86 @@ fn a_rolling_restart_one_member_at_a_time_loses_and_repeats_nothing() {
     assert!(acked.len() > 10, "the clients were served: {}", acked.len());
     check(&r, &acked, &running);
 }
+
+/// The default mode on Raft: the members serve TLS under one cluster CA and reach each
+/// other over it; nodes join with tokens and users bring API tokens, at whichever
+/// member leads. A failover keeps all of it: the joined node attaches to the new
+/// leader (its running job undisturbed), an API token made before is honoured after, a
+/// join token made before joins a node after, and a used one stays used.
+#[test]
+fn secure_members_keep_joined_nodes_and_tokens_across_a_failover() {
+    let mut r = Replicated::start_secure(3);
+    r.add_agent("a", "4xA100-80GB");
+    std::fs::write(r.dir.path().join("long.toml"), LONG).unwrap();
+    std::fs::write(r.dir.path().join("short.toml"), SHORT).unwrap();
+    assert!(
+        r.wait_nodes_idle(1, Duration::from_secs(30)),
+        "node a did not join and attach: {}",
+        r.agent_log("a")
+    );
+    let api = r
+        .json(&["admin", "token", "create", "--user", "root"])
+        .expect("an API token");
+    let (token, token_id) = (api["token"].as_str().unwrap(), api["id"].as_str().unwrap());
+    let whoami = |r: &Replicated| {
+        let out = r.gpuctl_tcp(token, &["whoami", "--json"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        (out.status.success(), text + &String::from_utf8_lossy(&out.stderr))
+    };
+    let (ok, text) = whoami(&r);
+    assert!(ok && text.contains("\"token\""), "{text}");
+    // A join token made now, used after the failover.
+    let (join_b, fingerprint) = r.join_token("b");
+    let out = r.gpuctl(&["submit", "long.toml", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let long: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let long = long["job_id"].as_u64().unwrap();
+    let mut running = BTreeMap::new();
+    let started = gpuctl_tests::wait_for(Duration::from_secs(20), || {
+        running = (r.jobs().unwrap_or_default().into_iter())
+            .filter(|j| j.0 == long && j.1 == "RUNNING")
+            .map(|(id, _, attempt, node)| (id, (attempt, node)))
+            .collect();
+        !running.is_empty()
+    });
+    assert!(started, "the long job did not start: {:?}", r.jobs());
+
+    let leader = r.wait_leader(Duration::from_secs(20)).expect("a leader");
+    let killed = Instant::now();
+    r.kill9(leader);
+    let took = serving_again(&r, killed);
+    eprintln!("leader {leader} killed: served again after {took:?}");
+    // The job runs on, node a follows the new leader (its identity is replicated),
+    // and a new job runs there.
+    check(&r, &[long], &running);
+    let (ok, text) = whoami(&r);
+    assert!(ok, "the API token was not honoured after the failover: {text}");
+
+    r.add_agent_with("b", "2xA100-80GB", &["--join", &join_b, "--ca-fingerprint", &fingerprint]);
+    assert!(
+        r.wait_nodes_idle(1, Duration::from_secs(30))
+            && (r.json(&["nodes"]).unwrap_or_default().to_string()).contains("\"b\""),
+        "node b did not join with a token made before the failover: {}",
+        r.agent_log("b")
+    );
+    // The token b used is used up on every member.
+    let again = r
+        .gpud()
+        .args(["--controller", &r.agent_controllers(), "--name", "b"])
+        .args(["--join", &join_b, "--ca-fingerprint", &fingerprint])
+        .args(["--fake-gpus", "1xA100-80GB", "--allow-root-jobs"])
+        .arg("--state-dir")
+        .arg(r.dir.path().join("gpud-b-again"))
+        .output()
+        .expect("run gpud");
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && said.contains("already used"),
+        "a used join token joined again: {said}"
+    );
+    // Revoked at this leader: refused from now on.
+    let out = r.gpuctl(&["admin", "token", "revoke", token_id]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, text) = whoami(&r);
+    assert!(!ok, "a revoked API token was honoured: {text}");
+}

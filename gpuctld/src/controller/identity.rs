@@ -1,13 +1,15 @@
-//! Nodes joining, renewing their certificates and being revoked: the shell around
-//! `crate::pki` (which decides) and the store (which makes each change durable before
-//! it is answered).
+//! Nodes joining, renewing their certificates and being revoked, and API tokens: the
+//! shell around `crate::pki` (which decides) and `crate::credentials` (which applies),
+//! with the store (one controller: each change durable before it is answered) or the
+//! log (replicated controllers: each change applied by a quorum first).
 
 use gpuctl_proto as pb;
+use gpuctl_proto::store::{self as st, log_credential::Change as Credential};
 use gpuctl_proto::text::shown;
 use prost::Message as _;
 use tonic::Status;
 
-use super::{Controller, now_ms, store_status};
+use super::{Controller, now_ms, status, store_status};
 use crate::auth::Caller;
 use crate::pki::Via;
 use gpuctl_core::log::Change;
@@ -17,6 +19,42 @@ impl Controller {
         &self.pki
     }
 
+    /// Applies a credential change decided at `now`: one controller applies it and
+    /// makes it durable before it answers; a replicated one proposes it and answers once
+    /// it applied (a follower refuses, naming the leader).
+    pub(crate) async fn record(&self, now: i64, change: Credential) -> Result<(), Status> {
+        let change = st::LogCredential {
+            change: Some(change),
+        };
+        if let Some(r) = self.repl() {
+            self.require_leader()?;
+            let entry = st::LogEntry {
+                at: now,
+                change: Some(st::log_entry::Change::Credential(change)),
+            }
+            .encode_to_vec();
+            let proposal = crate::raft::Proposal { from: r.me, entry };
+            let pending = (r.raft.client_write_ff(proposal).await).map_err(|e| {
+                Status::unavailable(format!("this controller's Raft stopped: {e}"))
+            })?;
+            let (answer, _) = self.answer_of(pending).await?;
+            return answer.map(|_| ()).map_err(status);
+        }
+        self.pki.with(|c| c.apply(now, &change)).map_err(status)?;
+        let written = match change.change.expect("set above") {
+            Credential::ApiToken(t) => self.store.put_token(&t),
+            Credential::ApiTokenRevoked(id) => self.store.delete_token(&id),
+            Credential::JoinToken(t) => self.store.put_join_token(&t),
+            Credential::Joined(j) => match &j.identity {
+                Some(id) => self.store.joined(Some(&j.token_hash), id),
+                None => Ok(()),
+            },
+            Credential::Renewed(id) | Credential::Revoked(id) => self.store.joined(None, &id),
+        };
+        written.map_err(store_status)?;
+        self.store.flush().await.map_err(store_status)
+    }
+
     /// A single-use join token (admins only).
     pub async fn create_join_token(
         &self,
@@ -24,11 +62,11 @@ impl Controller {
         req: &pb::CreateJoinTokenRequest,
     ) -> Result<pb::CreateJoinTokenResponse, Status> {
         caller.require_admin("create join tokens")?;
-        let (token, t) =
-            self.pki
-                .create_token(&req.node, req.ttl_seconds, &caller.user, now_ms())?;
-        self.store.put_join_token(&t).map_err(store_status)?;
-        self.store.flush().await.map_err(store_status)?;
+        let now = now_ms();
+        let (token, t) = self
+            .pki
+            .create_token(&req.node, req.ttl_seconds, &caller.user, now)?;
+        self.record(now, Credential::JoinToken(t.clone())).await?;
         tracing::info!(by = %caller.user, node = %t.node, expires_ms = t.expires_ms, "join token created");
         Ok(pb::CreateJoinTokenResponse {
             token,
@@ -49,16 +87,20 @@ impl Controller {
         {
             return Err(Status::failed_precondition("a node joins over TLS only"));
         }
-        let joined = self.pki.join(req, now_ms()).inspect_err(|e| {
+        let now = now_ms();
+        let refused = |e: &Status| {
             let why = shown(e.message(), 200);
             REFUSED.note(|n, secs| {
                 tracing::warn!("join refused: {why} ({n} in the last {secs} s, this one included)");
             });
-        })?;
-        self.store
-            .joined(joined.used.as_deref(), &joined.identity)
-            .map_err(store_status)?;
-        self.store.flush().await.map_err(store_status)?;
+        };
+        self.require_leader()?;
+        let joined = self.pki.join(req, now).inspect_err(refused)?;
+        let change = Credential::Joined(st::LogJoined {
+            token_hash: joined.used.clone().unwrap_or_default(),
+            identity: Some(joined.identity.clone()),
+        });
+        self.record(now, change).await.inspect_err(refused)?;
         tracing::info!(node = %req.node, epoch = joined.identity.epoch, "node joined");
         Ok(joined.answer)
     }
@@ -71,11 +113,10 @@ impl Controller {
         req: &pb::RenewRequest,
     ) -> Result<pb::JoinResponse, Status> {
         self.verify_agent(via, meta, "renew", &req.node, &req.encode_to_vec())?;
-        let renewed = self.pki.renew(&req.node, &req.csr, now_ms())?;
-        self.store
-            .joined(None, &renewed.identity)
-            .map_err(store_status)?;
-        self.store.flush().await.map_err(store_status)?;
+        let now = now_ms();
+        let renewed = self.pki.renew(&req.node, &req.csr, now)?;
+        self.record(now, Credential::Renewed(renewed.identity))
+            .await?;
         tracing::info!(node = %req.node, "node certificate renewed");
         Ok(renewed.answer)
     }
@@ -88,8 +129,9 @@ impl Controller {
         req: &pb::RevokeNodeRequest,
     ) -> Result<pb::RevokeNodeResponse, Status> {
         caller.require_admin("revoke nodes")?;
-        let (identity, certificates) = self.pki.revoke(&req.node, now_ms())?;
-        self.store.joined(None, &identity).map_err(store_status)?;
+        let now = now_ms();
+        let (identity, certificates) = self.pki.revoke(&req.node, now)?;
+        self.record(now, Credential::Revoked(identity)).await?;
         let ((), out) = self
             .commit(
                 |_, _| {

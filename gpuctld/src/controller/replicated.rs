@@ -62,6 +62,11 @@ impl Target for Shell {
         let mut c = ctl.lock();
         f(&mut c.core);
     }
+
+    fn with_credentials(&self, f: &mut dyn FnMut(&mut crate::credentials::Credentials)) {
+        let ctl = self.0.upgrade().expect("the controller outlives its Raft");
+        ctl.pki.with(f);
+    }
 }
 
 impl Controller {
@@ -79,8 +84,9 @@ impl Controller {
     /// This controller's whole state in its stored form (a snapshot's), for a new
     /// replicated cluster to adopt.
     pub fn state_to_adopt(&self) -> Vec<u8> {
-        let c = self.lock();
-        crate::wire::snapshot_pb(&c.core, now_ms()).encode_to_vec()
+        let mut pb = crate::wire::snapshot_pb(&self.lock().core, now_ms());
+        pb.credentials = Some(self.pki.with(|c| c.records()));
+        pb.encode_to_vec()
     }
 
     /// Proposes `state` (`state_to_adopt`) as a new cluster's first entry once this
@@ -129,11 +135,14 @@ impl Controller {
         }
     }
 
-    /// Whether the state holds no job and no node (a replicated controller starts from
-    /// its log, never from a single controller's records).
+    /// Whether the state holds no job, no node and no credential (a replicated
+    /// controller starts from its log, never from a single controller's records).
     pub fn jobs_loaded_empty(&self) -> bool {
-        let c = self.lock();
-        c.jobs().is_empty() && c.fleet().nodes().is_empty()
+        let empty = {
+            let c = self.lock();
+            c.jobs().is_empty() && c.fleet().nodes().is_empty()
+        };
+        empty && self.pki.with(|c| c.is_empty())
     }
 
     /// Whether this controller decides: always with one controller; on Raft, while it

@@ -258,7 +258,7 @@ impl Controller {
 
     /// The user a token secret belongs to.
     pub fn token_user(&self, secret: &str) -> Option<String> {
-        self.lock().tokens.user_of(secret).map(str::to_string)
+        self.pki.token_user(secret)
     }
 
     pub async fn create_token(
@@ -280,16 +280,16 @@ impl Controller {
             )));
         }
         let (id, secret) = crate::auth::new_token();
+        let now = now_ms();
         let t = StoredToken {
             id: id.clone(),
             user: user.to_string(),
             hash: crate::auth::token_hash(&secret),
-            created_ms: now_ms(),
+            created_ms: now,
             note: note.chars().take(200).collect(),
         };
-        self.store.put_token(&t).map_err(store_status)?;
-        self.lock().tokens.insert(t);
-        self.store.flush().await.map_err(store_status)?;
+        use gpuctl_proto::store::log_credential::Change as Credential;
+        self.record(now, Credential::ApiToken(t)).await?;
         tracing::info!(by = %caller.user, user, id, "token created");
         Ok(pb::CreateTokenResponse {
             token: secret,
@@ -300,10 +300,7 @@ impl Controller {
 
     pub fn list_tokens(&self, caller: &Caller) -> Result<Vec<pb::TokenInfo>, Status> {
         caller.require_admin("list tokens")?;
-        Ok(self
-            .lock()
-            .tokens
-            .list()
+        Ok((self.pki.with(|c| c.api.list()))
             .into_iter()
             .map(|t| pb::TokenInfo {
                 id: t.id,
@@ -316,12 +313,8 @@ impl Controller {
 
     pub async fn revoke_token(&self, caller: &Caller, id: &str) -> Result<(), Status> {
         caller.require_admin("revoke tokens")?;
-        let removed = self.lock().tokens.remove(id);
-        if removed.is_none() {
-            return Err(Status::not_found(format!("no token with id {id:?}")));
-        }
-        self.store.delete_token(id).map_err(store_status)?;
-        self.store.flush().await.map_err(store_status)?;
+        use gpuctl_proto::store::log_credential::Change as Credential;
+        (self.record(now_ms(), Credential::ApiTokenRevoked(id.to_string()))).await?;
         tracing::info!(by = %caller.user, id, "token revoked");
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! The replicated state machine: committed entries applied to a `Cluster`
-//! (`Cluster::apply`, alike on every controller), snapshots built from it and installed
-//! into it (`wire::snapshot`), the last snapshot kept in sled so that a controller that
-//! restarts starts from it and re-applies only the log after it.
+//! (`Cluster::apply`, alike on every controller) and to the controller's `Credentials`
+//! (API tokens, join tokens, node identities), snapshots built from both and installed
+//! into both (`wire::snapshot`), the last snapshot kept in sled so that a controller
+//! that restarts starts from it and re-applies only the log after it.
 
 use std::collections::BTreeMap;
 use std::io::Cursor;
@@ -19,6 +20,7 @@ use parking_lot::Mutex;
 use prost::Message as _;
 
 use super::{Reply, TypeConfig};
+use crate::credentials::Credentials;
 
 type Error = StorageError<u64>;
 type Answer = (Result<Applied, Refusal>, Effects);
@@ -35,6 +37,8 @@ const MAX_ANSWERS: usize = 10_000;
 pub trait Target: Send + Sync + 'static {
     /// Runs `f` on the cluster under its lock.
     fn with_cluster(&self, f: &mut dyn FnMut(&mut Cluster));
+    /// Runs `f` on the credentials under their lock.
+    fn with_credentials(&self, f: &mut dyn FnMut(&mut Credentials));
 }
 
 /// One controller's replica of the cluster, shared by the state machine openraft drives
@@ -42,6 +46,8 @@ pub trait Target: Send + Sync + 'static {
 pub struct Replica {
     /// The cluster, unless a `Target` holds it (then this one stays empty).
     cluster: Cluster,
+    /// The credentials, likewise.
+    credentials: Credentials,
     last_applied: Option<LogId<u64>>,
     /// The time of the last entry applied (a snapshot's restore time).
     last_at: i64,
@@ -94,6 +100,7 @@ impl Machine {
         let snapshots = db.open_tree("raft_snapshot").map_err(|e| e.to_string())?;
         let replica = Replica {
             cluster: Cluster::new(config),
+            credentials: Credentials::default(),
             last_applied: None,
             last_at: 0,
             membership: StoredMembership::default(),
@@ -124,6 +131,25 @@ impl Machine {
         let (mut f, mut out) = (Some(f), None);
         t.with_cluster(&mut |c| out = f.take().map(|f| f(c)));
         out.expect("the target ran the closure")
+    }
+
+    /// Runs `f` on the replicated credentials: the replica's, or the target's.
+    fn on_credentials<R>(&self, r: &mut Replica, f: impl FnOnce(&mut Credentials) -> R) -> R {
+        let Some(t) = &self.target else {
+            return f(&mut r.credentials);
+        };
+        let (mut f, mut out) = (Some(f), None);
+        t.with_credentials(&mut |c| out = f.take().map(|f| f(c)));
+        out.expect("the target ran the closure")
+    }
+
+    /// Replaces the cluster and the credentials with a snapshot's (or an import's).
+    fn replace(&self, r: &mut Replica, mut pb: st::Snapshot) -> Result<(), String> {
+        let credentials = Credentials::from_records(pb.credentials.take().unwrap_or_default());
+        let cluster = crate::wire::cluster(pb).map_err(|e| e.to_string())?;
+        self.on_cluster(r, |c| *c = cluster);
+        self.on_credentials(r, |c| *c = credentials);
+        Ok(())
     }
 
     fn stored(&self) -> Result<Option<(Meta, Vec<u8>)>, Error> {
@@ -160,9 +186,8 @@ impl Machine {
         };
         let pb = st::Snapshot::decode(data.as_slice()).map_err(|e| bad(e.to_string()))?;
         let at = pb.at;
-        let cluster = crate::wire::cluster(pb).map_err(|e| bad(e.to_string()))?;
         let mut r = self.replica.lock();
-        self.on_cluster(&mut r, |c| *c = cluster);
+        self.replace(&mut r, pb).map_err(bad)?;
         r.last_applied = meta.last_log_id;
         r.last_at = at;
         r.membership = meta.last_membership.clone();
@@ -176,7 +201,9 @@ impl RaftSnapshotBuilder<TypeConfig> for Machine {
         let (data, meta) = {
             let mut r = self.replica.lock();
             let at = r.last_at;
-            let data = self.on_cluster(&mut r, |c| crate::wire::snapshot_pb(c, at).encode_to_vec());
+            let mut pb = self.on_cluster(&mut r, |c| crate::wire::snapshot_pb(c, at));
+            pb.credentials = Some(self.on_credentials(&mut r, |c| c.records()));
+            let data = pb.encode_to_vec();
             let id = match r.last_applied {
                 Some(l) => format!("{}-{}-{}", l.leader_id.term, l.leader_id.node_id, l.index),
                 None => "empty".to_string(),
@@ -232,19 +259,32 @@ impl RaftStateMachine<TypeConfig> for Machine {
                     };
                     let pb =
                         st::LogEntry::decode(p.entry.as_slice()).map_err(|x| bad(x.to_string()))?;
-                    if let Some(st::log_entry::Change::Import(snapshot)) = pb.change {
-                        // A single controller's state adopted: it replaces this replica's.
-                        let at = snapshot.at;
-                        let cluster =
-                            crate::wire::cluster(snapshot).map_err(|x| bad(x.to_string()))?;
-                        self.on_cluster(&mut r, |c| *c = cluster);
-                        r.last_at = at;
-                        if p.from == self.me {
-                            let done = (Ok(Applied::Done), Effects::default());
-                            r.answers.insert((e.log_id.index, 0), done);
+                    match pb.change {
+                        Some(st::log_entry::Change::Import(snapshot)) => {
+                            // A single controller's state adopted: it replaces this
+                            // replica's.
+                            let at = snapshot.at;
+                            self.replace(&mut r, snapshot).map_err(bad)?;
+                            r.last_at = at;
+                            if p.from == self.me {
+                                let done = (Ok(Applied::Done), Effects::default());
+                                r.answers.insert((e.log_id.index, 0), done);
+                            }
+                            replies.push(Reply {});
+                            continue;
                         }
-                        replies.push(Reply {});
-                        continue;
+                        Some(st::log_entry::Change::Credential(change)) => {
+                            let at = pb.at;
+                            let answer = self.on_credentials(&mut r, |c| c.apply(at, &change));
+                            r.last_at = at;
+                            if p.from == self.me {
+                                let answer = (answer.map(|()| Applied::Done), Effects::default());
+                                r.answers.insert((e.log_id.index, 0), answer);
+                            }
+                            replies.push(Reply {});
+                            continue;
+                        }
+                        _ => {}
                     }
                     // Every part read before any applies: an entry applies whole or not.
                     let parts = (crate::wire::entry_parts(pb).map_err(|x| bad(x.to_string()))?)

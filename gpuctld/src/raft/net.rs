@@ -95,9 +95,11 @@ impl pb::raft_peer_server::RaftPeer for PeerService {
 }
 
 /// Reaches peers at the addresses their membership records (`BasicNode::addr`, a URL
-/// or `host:port`), signing with the cluster key.
+/// or `host:port`), signing with the cluster key; over TLS under the cluster CA when
+/// `tls` is given (the default mode), else plain TCP (`--insecure-shared-key`).
 pub struct GrpcNet {
     pub key: ClusterKey,
+    pub tls: Option<gpuctl_proto::tls::ClientTls>,
 }
 
 /// One peer.
@@ -111,18 +113,24 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNet {
     type Network = Peer;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         let url = if node.addr.contains("://") {
             node.addr.clone()
         } else {
-            format!("http://{}", node.addr)
+            format!("{scheme}://{}", node.addr)
         };
+        let tls = self.tls.clone();
         let client = Endpoint::from_shared(url)
             .map(|e| {
                 e.connect_timeout(Duration::from_secs(2))
                     .timeout(RPC_TIMEOUT)
             })
             .map(|e| {
-                pb::raft_peer_client::RaftPeerClient::new(e.connect_lazy())
+                let channel = match &tls {
+                    Some(tls) => tls.channel(e),
+                    None => e.connect_lazy(),
+                };
+                pb::raft_peer_client::RaftPeerClient::new(channel)
                     .max_decoding_message_size(256 << 20)
             })
             .map_err(|e| format!("controller {target}'s address {:?}: {e}", node.addr));

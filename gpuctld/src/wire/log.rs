@@ -24,11 +24,16 @@ pub struct BadEntry {
 pub fn entry_parts(e: st::LogEntry) -> Result<Vec<st::LogEntry>, BadEntry> {
     match e.change {
         Some(Pb::Batch(b)) => {
-            let whole = |p: &&st::LogEntry| matches!(p.change, Some(Pb::Batch(_) | Pb::Import(_)));
+            let whole = |p: &&st::LogEntry| {
+                matches!(
+                    p.change,
+                    Some(Pb::Batch(_) | Pb::Import(_) | Pb::Credential(_))
+                )
+            };
             if let Some(p) = b.parts.iter().find(whole) {
                 return Err(BadEntry {
                     at: p.at,
-                    why: "a batch inside a batch, or an import".into(),
+                    why: "a batch inside a batch, an import or a credential".into(),
                 });
             }
             Ok(b.parts)
@@ -199,9 +204,9 @@ pub fn entry(e: st::LogEntry) -> Result<Entry, BadEntry> {
                 "a batch where one entry belongs (batches are split before)".into(),
             ));
         }
-        Pb::Import(_) => {
+        Pb::Import(_) | Pb::Credential(_) => {
             return Err(bad(
-                "an import where a change belongs (the state machine applies it whole)".into(),
+                "an import or a credential where a change of the cluster belongs (the state machine applies them itself)".into(),
             ));
         }
         Pb::Starts(s) => Change::Starts(s.starts.into_iter().map(start).collect()),

@@ -82,6 +82,8 @@ pub fn snapshot_pb(c: &Cluster, at: i64) -> st::Snapshot {
             })
             .collect(),
         usage_marked_ms: live.usage_marked_ms,
+        // The shell's, added by who needs them (`raft::Machine`).
+        credentials: None,
     }
 }
 
