@@ -86,9 +86,19 @@ async fn three(dirs: &[tempfile::TempDir]) -> Vec<Raft<TypeConfig>> {
     for (i, dir) in dirs.iter().enumerate() {
         let id = i as u64 + 1;
         let db = sled::open(dir.path()).expect("a sled database");
-        let (raft, _) = gpuctld::raft::open(id, &db, Config::default(), raft_config(), gpuctld::raft::GrpcNet { key: key(), tls: None }, None)
-            .await
-            .expect("a Raft node");
+        let (raft, _) = gpuctld::raft::open(
+            id,
+            &db,
+            Config::default(),
+            raft_config(),
+            gpuctld::raft::GrpcNet {
+                key: key(),
+                tls: None,
+            },
+            None,
+        )
+        .await
+        .expect("a Raft node");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         members.insert(
             id,

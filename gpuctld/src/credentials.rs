@@ -193,7 +193,10 @@ mod tests {
             ..identity("n1", 3)
         };
         c.apply(5, &change(Change::Revoked(revoked))).unwrap();
-        assert!(c.apply(6, &change(Change::Renewed(identity("n1", 3)))).is_err());
+        assert!(
+            c.apply(6, &change(Change::Renewed(identity("n1", 3))))
+                .is_err()
+        );
         assert!(c.nodes["n1"].revoked);
     }
 
@@ -209,7 +212,10 @@ mod tests {
         c.apply(1, &change(Change::ApiToken(t))).unwrap();
         let again = Credentials::from_records(c.records());
         assert_eq!(again.records(), c.records());
-        assert!(c.apply(2, &change(Change::ApiTokenRevoked("zz".into()))).is_err());
+        assert!(
+            c.apply(2, &change(Change::ApiTokenRevoked("zz".into())))
+                .is_err()
+        );
         c.apply(2, &change(Change::ApiTokenRevoked("a1".into())))
             .unwrap();
         assert!(c.is_empty());

@@ -149,6 +149,9 @@ pub async fn run(
         tracing::warn!("{w}");
     }
     let opts = Options { state_dir, ..opts };
+    if let Some(r) = &opts.raft {
+        members_share_secrets(&opts.state_dir, r, !opts.tls.insecure_shared_key)?;
+    }
     let store = Store::open(&opts.state_dir)?;
     let key_path = opts.state_dir.join("cluster.key");
     let (key, created) = ClusterKey::load_or_create(&key_path)?;
@@ -283,6 +286,44 @@ pub async fn run(
         let _ = std::fs::remove_file(p);
     }
     tracing::info!("state flushed; bye");
+    Ok(())
+}
+
+/// The members of a replicated cluster share its secrets: the cluster key (Raft's
+/// messages are MACed with it, node keys derive from it) and, with TLS, the cluster CA
+/// (members verify each other under it, and nodes verify any member). The member of
+/// the lowest id makes them on its first start; another refuses to start without a
+/// copy (docs/operations.md), rather than make secrets of its own that no peer trusts.
+fn members_share_secrets(
+    dir: &std::path::Path,
+    r: &RaftOptions,
+    secure: bool,
+) -> anyhow::Result<()> {
+    let lowest = r.peers.keys().next() == Some(&r.id);
+    let needed: &[&str] = if secure {
+        &["cluster.key", "ca.pem", "ca.key"]
+    } else {
+        &["cluster.key"]
+    };
+    let missing: Vec<&str> = (needed.iter().copied())
+        .filter(|f| !dir.join(f).exists())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let first = r.peers.keys().next().copied().unwrap_or(r.id);
+    anyhow::ensure!(
+        lowest,
+        "controller {} has no {} in {}: the members of a replicated cluster share them; copy them (mode 0600) from member {first}'s state dir before this member's first start (docs/operations.md)",
+        r.id,
+        missing.join(", "),
+        dir.display()
+    );
+    tracing::info!(
+        "this member makes the cluster's {} in {}: copy them (mode 0600) into every other member's state dir before its first start",
+        needed.join(", "),
+        dir.display()
+    );
     Ok(())
 }
 

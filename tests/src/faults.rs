@@ -317,7 +317,7 @@ fn inject(r: &Replicated, fault: Fault, rng: &mut Rng) -> String {
     let member = |rng: &mut Rng| 1 + rng.below(3);
     let other = |rng: &mut Rng, not: u64| (not + rng.below(2)) % 3 + 1;
     let hold = rng.millis(300, 3_000);
-    let what = match fault {
+    match fault {
         Fault::KillLeader | Fault::KillOne | Fault::KillTwo => {
             let first = match (fault, leader) {
                 (Fault::KillLeader, Some(l)) => l,
@@ -350,8 +350,7 @@ fn inject(r: &Replicated, fault: Fault, rng: &mut Rng) -> String {
             r.heal(id);
             format!("partition {id} (leader {leader:?}) for {hold:?}")
         }
-    };
-    what
+    }
 }
 
 /// The checks after healing (see the module's doc).

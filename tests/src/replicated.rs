@@ -314,7 +314,9 @@ impl Replicated {
         let others: Vec<u64> = (1..=self.ports.len() as u64).filter(|m| *m != id).collect();
         let mut found = None;
         crate::wait_for(Duration::from_secs(if id == 1 { 0 } else { 20 }), || {
-            found = (others.iter()).find(|m| from(**m).join("ca.key").exists()).copied();
+            found = (others.iter())
+                .find(|m| from(**m).join("ca.key").exists())
+                .copied();
             found.is_some()
         });
         let Some(m) = found else {
@@ -403,7 +405,12 @@ impl Replicated {
             Vec::new()
         } else if self.secure {
             let (token, fingerprint) = self.join_token(name);
-            vec!["--join".to_string(), token, "--ca-fingerprint".into(), fingerprint]
+            vec![
+                "--join".to_string(),
+                token,
+                "--ca-fingerprint".into(),
+                fingerprint,
+            ]
         } else {
             let key = self.path("cluster.key").display().to_string();
             vec!["--key-file".to_string(), key]

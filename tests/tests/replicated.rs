@@ -493,14 +493,21 @@ fn secure_members_keep_joined_nodes_and_tokens_across_a_failover() {
     let whoami = |r: &Replicated| {
         let out = r.gpuctl_tcp(token, &["whoami", "--json"]);
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        (out.status.success(), text + &String::from_utf8_lossy(&out.stderr))
+        (
+            out.status.success(),
+            text + &String::from_utf8_lossy(&out.stderr),
+        )
     };
     let (ok, text) = whoami(&r);
     assert!(ok && text.contains("\"token\""), "{text}");
     // A join token made now, used after the failover.
     let (join_b, fingerprint) = r.join_token("b");
     let out = r.gpuctl(&["submit", "long.toml", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let long: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let long = long["job_id"].as_u64().unwrap();
     let mut running = BTreeMap::new();
@@ -522,9 +529,16 @@ fn secure_members_keep_joined_nodes_and_tokens_across_a_failover() {
     // and a new job runs there.
     check(&r, &[long], &running);
     let (ok, text) = whoami(&r);
-    assert!(ok, "the API token was not honoured after the failover: {text}");
+    assert!(
+        ok,
+        "the API token was not honoured after the failover: {text}"
+    );
 
-    r.add_agent_with("b", "2xA100-80GB", &["--join", &join_b, "--ca-fingerprint", &fingerprint]);
+    r.add_agent_with(
+        "b",
+        "2xA100-80GB",
+        &["--join", &join_b, "--ca-fingerprint", &fingerprint],
+    );
     assert!(
         r.wait_nodes_idle(1, Duration::from_secs(30))
             && (r.json(&["nodes"]).unwrap_or_default().to_string()).contains("\"b\""),
@@ -548,7 +562,11 @@ fn secure_members_keep_joined_nodes_and_tokens_across_a_failover() {
     );
     // Revoked at this leader: refused from now on.
     let out = r.gpuctl(&["admin", "token", "revoke", token_id]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (ok, text) = whoami(&r);
     assert!(!ok, "a revoked API token was honoured: {text}");
 }

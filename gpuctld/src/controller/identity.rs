@@ -34,9 +34,8 @@ impl Controller {
             }
             .encode_to_vec();
             let proposal = crate::raft::Proposal { from: r.me, entry };
-            let pending = (r.raft.client_write_ff(proposal).await).map_err(|e| {
-                Status::unavailable(format!("this controller's Raft stopped: {e}"))
-            })?;
+            let pending = (r.raft.client_write_ff(proposal).await)
+                .map_err(|e| Status::unavailable(format!("this controller's Raft stopped: {e}")))?;
             let (answer, _) = self.answer_of(pending).await?;
             return answer.map(|_| ()).map_err(status);
         }
