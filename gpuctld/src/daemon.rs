@@ -45,6 +45,9 @@ pub struct RaftOptions {
     /// leader for a random time in it stands for election).
     pub heartbeat: std::time::Duration,
     pub election: (std::time::Duration, std::time::Duration),
+    /// A snapshot every this many entries; the log before it is purged (up to a
+    /// margin), and a member that needs what was purged gets the snapshot.
+    pub snapshot_entries: u64,
 }
 
 impl RaftOptions {
@@ -354,9 +357,8 @@ async fn start_raft(
         heartbeat_interval: r.heartbeat.as_millis() as u64,
         election_timeout_min: r.election.0.as_millis() as u64,
         election_timeout_max: r.election.1.as_millis() as u64,
-        // A snapshot every 20,000 entries; the log before it is purged.
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20_000),
-        max_in_snapshot_log_to_keep: 1_000,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(r.snapshot_entries),
+        max_in_snapshot_log_to_keep: (r.snapshot_entries / 2).min(1_000),
         ..Default::default()
     }
     .validate()?;

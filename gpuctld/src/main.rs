@@ -71,7 +71,8 @@ struct Args {
     id: Option<u64>,
     /// Replicated controllers (Raft): every member as ID=HOST:PORT (its gRPC address),
     /// comma-separated, this one's included: `--id 1 --peers 1=a:7817,2=b:7817,3=c:7817`.
-    /// Every member's state dir holds the same cluster.key (docs/operations.md).
+    /// Every member's state dir holds the same cluster.key, and with TLS the same ca.pem
+    /// and ca.key (docs/operations.md).
     #[arg(long, requires = "id", value_parser = gpuctld::daemon::RaftOptions::parse_peers)]
     peers: Option<std::collections::BTreeMap<u64, String>>,
     /// How often a leader reaches its followers.
@@ -82,6 +83,10 @@ struct Args {
     /// a lost leader is replaced after 3-4 times this.
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     raft_election_timeout: std::time::Duration,
+    /// A Raft snapshot every this many log entries; the log before it is purged, and a
+    /// member that needs what was purged (a wiped disk, a new member) gets the snapshot.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(10..))]
+    raft_snapshot_entries: u64,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -186,6 +191,7 @@ async fn run(args: Args) -> std::process::ExitCode {
                                     args.raft_election_timeout,
                                     args.raft_election_timeout * 2,
                                 ),
+                                snapshot_entries: args.raft_snapshot_entries,
                             }),
                             _ => None,
                         },

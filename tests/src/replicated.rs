@@ -29,6 +29,8 @@ pub struct Replicated {
     /// TLS, joined nodes and API tokens (the default mode, `start_secure`), instead of
     /// `--insecure-shared-key --insecure`.
     secure: bool,
+    /// More flags for every member (`start_args`).
+    member_args: Vec<String>,
 }
 
 /// Network namespaces on a bridge: member `id` at 10.77.`subnet`.(10 + id), behind the
@@ -144,11 +146,17 @@ impl Replicated {
     /// and agents join with tokens.
     pub fn start_secure(n: usize) -> Replicated {
         let bins = bin("gpuctld").parent().unwrap().to_path_buf();
-        Replicated::build_as(n, bins, None, true, "", true)
+        Replicated::build_as(n, bins, None, true, "", true, &[])
+    }
+
+    /// `start`, with more gpuctld flags for every member.
+    pub fn start_args(n: usize, args: &[&str]) -> Replicated {
+        let bins = bin("gpuctld").parent().unwrap().to_path_buf();
+        Replicated::build_as(n, bins, None, true, "", false, args)
     }
 
     fn build(n: usize, bins: PathBuf, net: Option<Net>, raft: bool, extra: &str) -> Replicated {
-        Replicated::build_as(n, bins, net, raft, extra, false)
+        Replicated::build_as(n, bins, net, raft, extra, false, &[])
     }
 
     fn build_as(
@@ -158,6 +166,7 @@ impl Replicated {
         raft: bool,
         extra: &str,
         secure: bool,
+        args: &[&str],
     ) -> Replicated {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(
@@ -180,6 +189,7 @@ impl Replicated {
             net,
             raft,
             secure,
+            member_args: args.iter().map(|a| a.to_string()).collect(),
         };
         for id in 1..=n as u64 {
             r.start_member(id);
@@ -281,6 +291,7 @@ impl Replicated {
             } else {
                 &["--insecure-shared-key", "--insecure"][..]
             })
+            .args(&self.member_args)
             .arg("--metrics-listen")
             .arg(format!("{}:{}", self.host(id), self.http_ports[i].0))
             .arg("--web-listen")

@@ -176,9 +176,14 @@ fn a_frozen_leader_is_replaced_and_deposed_when_it_wakes() {
 }
 
 #[test]
-fn a_follower_with_a_wiped_disk_rejoins_and_can_lead() {
-    let (r, running) = loaded();
-    for _ in 0..20 {
+fn a_follower_with_a_wiped_disk_rejoins_from_a_snapshot_and_can_lead() {
+    // A snapshot every 50 entries, the log before it purged: the wiped member needs
+    // entries the leader no longer has, so it gets the snapshot.
+    let (r, running) = loaded_on(Replicated::start_args(
+        3,
+        &["--raft-snapshot-entries", "50"],
+    ));
+    for _ in 0..40 {
         assert!(r.gpuctl(&["submit", "short.toml"]).status.success());
     }
     let acked: Vec<u64> = (r.jobs().unwrap().into_iter()).map(|j| j.0).collect();
@@ -187,7 +192,17 @@ fn a_follower_with_a_wiped_disk_rejoins_and_can_lead() {
     r.kill9(follower);
     r.wipe(follower);
     r.start_member(follower);
-    // It catches up from the leader (the log, or a snapshot once the log is purged).
+    // It catches up from the leader: a snapshot, then the log after it. (The leader's
+    // view of it is what it was before the wipe until they speak again: the snapshot
+    // is waited for first.)
+    let installed = gpuctl_tests::wait_for(Duration::from_secs(30), || {
+        r.log(follower).contains("installed the leader's snapshot")
+    });
+    assert!(
+        installed,
+        "the wiped member got no snapshot: {}",
+        r.log(follower)
+    );
     let applied = |ms: &[serde_json::Value], id: u64| {
         ms.iter()
             .find(|m| m["id"] == id)

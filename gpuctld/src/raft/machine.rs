@@ -329,7 +329,13 @@ impl RaftStateMachine<TypeConfig> for Machine {
     ) -> Result<(), Error> {
         let data = snapshot.into_inner();
         self.install(meta, data.clone())?;
-        self.store(meta, &data)
+        self.store(meta, &data)?;
+        tracing::info!(
+            up_to = ?meta.last_log_id,
+            bytes = data.len(),
+            "installed the leader's snapshot"
+        );
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, Error> {
