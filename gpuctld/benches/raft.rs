@@ -91,10 +91,7 @@ async fn three(dirs: &[tempfile::TempDir]) -> Vec<Raft<TypeConfig>> {
             &db,
             Config::default(),
             raft_config(),
-            gpuctld::raft::GrpcNet {
-                key: key(),
-                tls: None,
-            },
+            gpuctld::raft::GrpcNet::new(key(), None),
             None,
         )
         .await

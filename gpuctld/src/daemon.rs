@@ -364,23 +364,26 @@ async fn start_raft(
     .validate()?;
     let target: std::sync::Arc<dyn crate::raft::Target> =
         std::sync::Arc::new(crate::controller::Shell(std::sync::Arc::downgrade(ctl)));
+    // With TLS (the default) members reach each other under the cluster CA, which they
+    // share (docs/operations.md); their messages are MACed besides.
+    let tls = (secure.then(|| gpuctl_proto::tls::ClientTls::new(&ctl.pki().ca().pem(), None)))
+        .transpose()?;
+    let net = crate::raft::GrpcNet::new(key.clone(), tls);
     let (raft, machine) = crate::raft::open(
         r.id,
         store.db(),
         config,
         std::sync::Arc::new(raft_config),
-        crate::raft::GrpcNet {
-            key: key.clone(),
-            // With TLS (the default) members reach each other under the cluster CA,
-            // which they share (docs/operations.md); their messages are MACed besides.
-            tls: secure
-                .then(|| gpuctl_proto::tls::ClientTls::new(&ctl.pki().ca().pem(), None))
-                .transpose()?,
-        },
+        net.clone(),
         Some(target),
     )
     .await?;
     let service = crate::raft::PeerService::new(raft.clone(), key);
+    tokio::spawn(net.keep_warm(
+        r.id,
+        raft.clone(),
+        r.heartbeat.max(std::time::Duration::from_secs(1)),
+    ));
     ctl.set_replicated(crate::controller::Repl {
         me: r.id,
         raft: raft.clone(),

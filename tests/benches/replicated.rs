@@ -10,11 +10,16 @@
 //!   before the next kill): from the kill to
 //!   `gpuctl admin controllers` naming a new leader, and to a submit it acknowledged;
 //!   then the checks of the end-to-end test (every acknowledged submit once, no job
-//!   launched twice, the long jobs running on where they started).
+//!   launched twice, the long jobs running on where they started). `--fault partition`
+//!   cuts the leader off instead (each controller in a network namespace; its link taken
+//!   down, and up again once another leads); `--secure 1` runs the members in the
+//!   default mode (TLS between everyone, agents joined with tokens) instead of
+//!   `--insecure-shared-key` (in the cost phase too: Raft's traffic over TLS).
 //!
 //! ```text
 //! cargo bench -p gpuctl-tests --bench replicated [-- --phases cost,failover
-//!     --modes one,three --seconds 5 --writers 64 --samples 40 --kills 20 --running 100]
+//!     --modes one,three --seconds 5 --writers 64 --samples 40 --kills 20 --running 100
+//!     --fault kill|partition --secure 0|1]
 //! ```
 
 use std::collections::BTreeMap;
@@ -42,15 +47,26 @@ fn main() {
             cost("one controller", r, seconds, writers, samples);
         }
         if modes.contains("three") {
-            let r = Replicated::start_with(3, bins.clone(), ROOMY);
-            cost("three on Raft", r, seconds, writers, samples);
+            let secure = bench_arg("--secure", 0) == 1;
+            let r = Replicated::start_custom(3, bins.clone(), ROOMY, false, secure)
+                .expect("controllers");
+            let name = if secure {
+                "three on Raft (TLS)"
+            } else {
+                "three on Raft"
+            };
+            cost(name, r, seconds, writers, samples);
         }
     }
     if phases.contains("failover") {
+        let partition = bench_text_arg("--fault").is_some_and(|f| f == "partition");
+        let r = Replicated::start_custom(3, bins, ROOMY, partition, bench_arg("--secure", 0) == 1)
+            .expect("controllers (network namespaces need root and iproute2)");
         failover(
-            bins,
+            r,
             bench_arg("--kills", 20) as usize,
             bench_arg("--running", 100) as usize,
+            partition,
         );
     }
 }
@@ -176,8 +192,7 @@ async fn submit_storm(
     (done.load(Ordering::Relaxed), started.elapsed())
 }
 
-fn failover(bins: std::path::PathBuf, kills: usize, running: usize) {
-    let mut r = Replicated::start_with(3, bins, ROOMY);
+fn failover(mut r: Replicated, kills: usize, running: usize, partition: bool) {
     for name in ["a", "b", "c", "d"] {
         r.add_agent(name, "8xA100-80GB");
     }
@@ -236,7 +251,11 @@ fn failover(bins: std::path::PathBuf, kills: usize, running: usize) {
         std::thread::sleep(Duration::from_secs(1));
         let leader = r.wait_leader(Duration::from_secs(20)).expect("a leader");
         let killed = Instant::now();
-        r.kill9(leader);
+        if partition {
+            r.partition(leader);
+        } else {
+            r.kill9(leader);
+        }
         // A new leader named (a cheap question to each controller)...
         let new = wait_for(Duration::from_secs(30), || {
             r.wait_leader(Duration::from_millis(1))
@@ -250,7 +269,11 @@ fn failover(bins: std::path::PathBuf, kills: usize, running: usize) {
         });
         assert!(wrote, "no submit acknowledged within 30 s of a kill");
         served.push(killed.elapsed().as_secs_f64() * 1000.0);
-        r.start_member(leader);
+        if partition {
+            r.heal(leader);
+        } else {
+            r.start_member(leader);
+        }
     }
     let acked = clients.finish();
     let jobs = r.jobs().expect("a listing");
@@ -266,15 +289,20 @@ fn failover(bins: std::path::PathBuf, kills: usize, running: usize) {
                 .is_none_or(|(s, sa, sn)| s != "RUNNING" || sa != a || sn != n)
         })
         .count();
+    let fault = if partition {
+        "the leader cut off by a partition"
+    } else {
+        "kill -9 of the leader"
+    };
     println!(
-        "failover: 3 controllers, 4 agents, {running} long jobs running, 3 clients; {kills} x kill -9 of the leader:"
+        "failover: 3 controllers, 4 agents, {running} long jobs running, 3 clients; {kills} x {fault}:"
     );
     println!(
-        "  kill -> admin controllers names a new leader (ms): {}",
+        "  fault -> admin controllers names a new leader (ms): {}",
         spread(elected)
     );
     println!(
-        "  kill -> a submit acknowledged by it (ms): {}",
+        "  fault -> a submit acknowledged by it (ms): {}",
         spread(served)
     );
     println!(

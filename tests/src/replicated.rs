@@ -149,6 +149,24 @@ impl Replicated {
         Replicated::build_as(n, bins, None, true, "", true, &[])
     }
 
+    /// `n` controllers on the binaries in `bins` with `extra` configuration: in network
+    /// namespaces of their own when `namespaces` (`partition` works then), and in the
+    /// default mode (TLS, joined nodes) when `secure`.
+    pub fn start_custom(
+        n: usize,
+        bins: PathBuf,
+        extra: &str,
+        namespaces: bool,
+        secure: bool,
+    ) -> Result<Replicated, String> {
+        let net = if namespaces {
+            Some(Net::create(n)?)
+        } else {
+            None
+        };
+        Ok(Replicated::build_as(n, bins, net, true, extra, secure, &[]))
+    }
+
     /// `start`, with more gpuctld flags for every member.
     pub fn start_args(n: usize, args: &[&str]) -> Replicated {
         let bins = bin("gpuctld").parent().unwrap().to_path_buf();
@@ -648,8 +666,9 @@ impl Replicated {
 
 impl Drop for Replicated {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            // The logs outlive a failed test (the temp dir does not).
+        if std::thread::panicking() || std::env::var_os("GPUCTL_KEEP_LOGS").is_some() {
+            // The logs outlive a failed test, or any with GPUCTL_KEEP_LOGS set (the temp
+            // dir does not).
             let keep = std::env::temp_dir().join(format!(
                 "gpuctl-replicated-failed-{}",
                 self.dir

@@ -5,6 +5,7 @@
 //! Every message carries an HMAC with the cluster key (`ClusterKey::peer_mac`): a
 //! controller answers only holders of the key, the cluster's members.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use gpuctl_proto as pb;
@@ -92,14 +93,100 @@ impl pb::raft_peer_server::RaftPeer for PeerService {
         let answer = self.raft.install_snapshot(rpc).await;
         Ok(Response::new(encode(&self.key, "snapshot-answer", &answer)))
     }
+
+    async fn ping(
+        &self,
+        req: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        let () = decode(&self.key, "ping", req.get_ref())?;
+        Ok(Response::new(encode(&self.key, "ping-answer", &())))
+    }
 }
 
 /// Reaches peers at the addresses their membership records (`BasicNode::addr`, a URL
 /// or `host:port`), signing with the cluster key; over TLS under the cluster CA when
 /// `tls` is given (the default mode), else plain TCP (`--insecure-shared-key`).
+///
+/// One channel per peer, kept across openraft's clients (it asks for a new one each
+/// election) and kept open by `keep_warm`: followers never speak to each other until
+/// their leader is lost, and a first TLS handshake at that moment, on a busy machine,
+/// delayed votes by tens of milliseconds, enough for split votes and a second round
+/// (docs/benchmarks.md).
+#[derive(Clone)]
 pub struct GrpcNet {
-    pub key: ClusterKey,
-    pub tls: Option<gpuctl_proto::tls::ClientTls>,
+    key: ClusterKey,
+    tls: Option<gpuctl_proto::tls::ClientTls>,
+    channels: std::sync::Arc<parking_lot::Mutex<HashMap<u64, (String, Channel)>>>,
+}
+
+impl GrpcNet {
+    pub fn new(key: ClusterKey, tls: Option<gpuctl_proto::tls::ClientTls>) -> GrpcNet {
+        GrpcNet {
+            key,
+            tls,
+            channels: Default::default(),
+        }
+    }
+
+    /// The channel to `target` at `addr`: the one kept, unless its address changed.
+    fn channel(&self, target: u64, addr: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock();
+        if let Some((at, ch)) = channels.get(&target)
+            && at == addr
+        {
+            return Ok(ch.clone());
+        }
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let url = if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("{scheme}://{addr}")
+        };
+        let endpoint = Endpoint::from_shared(url)
+            .map_err(|e| format!("controller {target}'s address {addr:?}: {e}"))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(RPC_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(20))
+            .keep_alive_while_idle(true);
+        let ch = match &self.tls {
+            Some(tls) => tls.channel(endpoint),
+            None => endpoint.connect_lazy(),
+        };
+        channels.insert(target, (addr.to_string(), ch.clone()));
+        Ok(ch)
+    }
+
+    /// Pings every other member of `raft`'s membership every `every`, for as long as it
+    /// runs: their connections stay open (and are made again soon after a member
+    /// restarts), ready for the next election.
+    pub async fn keep_warm(self, me: u64, raft: openraft::Raft<TypeConfig>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let members: Vec<(u64, String)> = {
+                let m = raft.metrics();
+                let m = m.borrow();
+                (m.membership_config.membership().nodes())
+                    .filter(|(id, _)| **id != me)
+                    .map(|(id, n)| (*id, n.addr.clone()))
+                    .collect()
+            };
+            for (id, addr) in members {
+                let Ok(ch) = self.channel(id, &addr) else {
+                    continue;
+                };
+                let key = self.key.clone();
+                tokio::spawn(async move {
+                    let mut client = pb::raft_peer_client::RaftPeerClient::new(ch);
+                    let ping = client.ping(encode(&key, "ping", &()));
+                    // A member down is openraft's to notice; this only keeps the way open.
+                    let _ = tokio::time::timeout(every, ping).await;
+                });
+            }
+        }
+    }
 }
 
 /// One peer.
@@ -113,27 +200,9 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNet {
     type Network = Peer;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let url = if node.addr.contains("://") {
-            node.addr.clone()
-        } else {
-            format!("{scheme}://{}", node.addr)
-        };
-        let tls = self.tls.clone();
-        let client = Endpoint::from_shared(url)
-            .map(|e| {
-                e.connect_timeout(Duration::from_secs(2))
-                    .timeout(RPC_TIMEOUT)
-            })
-            .map(|e| {
-                let channel = match &tls {
-                    Some(tls) => tls.channel(e),
-                    None => e.connect_lazy(),
-                };
-                pb::raft_peer_client::RaftPeerClient::new(channel)
-                    .max_decoding_message_size(256 << 20)
-            })
-            .map_err(|e| format!("controller {target}'s address {:?}: {e}", node.addr));
+        let client = self.channel(target, &node.addr).map(|ch| {
+            pb::raft_peer_client::RaftPeerClient::new(ch).max_decoding_message_size(256 << 20)
+        });
         Peer {
             target,
             key: self.key.clone(),

@@ -175,17 +175,7 @@ pub async fn start(t: &Transport, id: u64, dir: &std::path::Path) -> Controller 
             raft
         }
         Transport::Grpc(servers) => {
-            let raft = Raft::new(
-                id,
-                raft_config(),
-                GrpcNet {
-                    key: key(),
-                    tls: None,
-                },
-                log,
-                machine,
-            )
-            .await;
+            let raft = Raft::new(id, raft_config(), GrpcNet::new(key(), None), log, machine).await;
             let raft = raft.expect("a Raft node");
             let at = servers.lock().get(&id).map(|s| s.0);
             let listener = tokio::net::TcpListener::bind(at.unwrap_or(([127, 0, 0, 1], 0).into()))
