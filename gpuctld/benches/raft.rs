@@ -102,7 +102,11 @@ async fn three(dirs: &[tempfile::TempDir]) -> Vec<Raft<TypeConfig>> {
             BasicNode::new(listener.local_addr().unwrap().to_string()),
         );
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let service = PeerService::new(raft.clone(), key());
+        let service = PeerService::new(
+            raft.clone(),
+            key(),
+            std::time::Duration::from_millis(raft_config().election_timeout_max),
+        );
         tokio::spawn(async move {
             let serve = tonic::transport::Server::builder().add_service(service);
             let _ = serve.serve_with_incoming(incoming).await;

@@ -378,7 +378,7 @@ async fn start_raft(
         Some(target),
     )
     .await?;
-    let service = crate::raft::PeerService::new(raft.clone(), key);
+    let service = crate::raft::PeerService::new(raft.clone(), key, r.election.1);
     tokio::spawn(net.keep_warm(
         r.id,
         raft.clone(),

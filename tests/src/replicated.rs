@@ -343,9 +343,12 @@ impl Replicated {
         let others: Vec<u64> = (1..=self.ports.len() as u64).filter(|m| *m != id).collect();
         let mut found = None;
         crate::wait_for(Duration::from_secs(if id == 1 { 0 } else { 20 }), || {
-            found = (others.iter())
-                .find(|m| from(**m).join("ca.key").exists())
-                .copied();
+            // Both written whole (the member writes one file, then the other).
+            let made = |m: u64| {
+                let read = |f: &str| std::fs::read_to_string(from(m).join(f)).unwrap_or_default();
+                read("ca.pem").contains("END CERTIFICATE") && read("ca.key").contains("END")
+            };
+            found = others.iter().find(|m| made(**m)).copied();
             found.is_some()
         });
         let Some(m) = found else {
@@ -693,7 +696,8 @@ impl Drop for Replicated {
             let _ = a.kill();
             let _ = a.wait();
         }
-        for c in self.ctlds.get_mut().unwrap().iter_mut().flatten() {
+        let ctlds = self.ctlds.get_mut().unwrap_or_else(|p| p.into_inner());
+        for c in ctlds.iter_mut().flatten() {
             let _ = c.kill();
             let _ = c.wait();
         }

@@ -53,15 +53,64 @@ fn decode<T: DeserializeOwned>(
 pub struct PeerService {
     raft: Raft<TypeConfig>,
     key: ClusterKey,
+    /// When an append last came (from a leader, or one that thinks it is).
+    heard: parking_lot::Mutex<std::time::Instant>,
+    /// How long after that a lost leader's lease may still hold (the longest election
+    /// timeout): no election is hastened before.
+    lease: Duration,
+    /// An election this member hastened is under way.
+    standing: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl PeerService {
     pub fn new(
         raft: Raft<TypeConfig>,
         key: ClusterKey,
+        lease: Duration,
     ) -> pb::raft_peer_server::RaftPeerServer<PeerService> {
-        pb::raft_peer_server::RaftPeerServer::new(PeerService { raft, key })
-            .max_decoding_message_size(256 << 20)
+        let service = PeerService {
+            raft,
+            key,
+            heard: parking_lot::Mutex::new(std::time::Instant::now()),
+            lease,
+            standing: Default::default(),
+        };
+        pb::raft_peer_server::RaftPeerServer::new(service).max_decoding_message_size(256 << 20)
+    }
+
+    /// After refusing `req` because this member's log is ahead of the candidate's: if
+    /// no leader has been heard for longer than a lease, this member stands at once.
+    /// Openraft would instead push its own election timer back, and the candidate
+    /// (which cannot win) holds its term against the next one: a leader lost while
+    /// one follower was an entry behind, and that follower's timer ran out first, cost
+    /// two more rounds, over a second (docs/benchmarks.md). Only liveness is at stake:
+    /// who may win is Raft's rule, whenever the election starts.
+    fn hasten(&self, req: &VoteRequest<u64>, answer: &VoteResponse<u64>) {
+        let ahead = !answer.vote_granted && req.last_log_id < answer.last_log_id;
+        if !ahead || self.heard.lock().elapsed() < self.lease {
+            return;
+        }
+        if self
+            .standing
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let (raft, standing) = (self.raft.clone(), self.standing.clone());
+        tokio::spawn(async move {
+            // The first round may meet the candidate's vote for itself in its term;
+            // the next term is free.
+            for _ in 0..2 {
+                if raft.trigger().elect().await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if raft.metrics().borrow().current_leader.is_some() {
+                    break;
+                }
+            }
+            standing.store(false, std::sync::atomic::Ordering::SeqCst);
+        });
     }
 }
 
@@ -72,6 +121,7 @@ impl pb::raft_peer_server::RaftPeer for PeerService {
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = decode(&self.key, "append", req.get_ref())?;
+        *self.heard.lock() = std::time::Instant::now();
         let answer = self.raft.append_entries(rpc).await;
         Ok(Response::new(encode(&self.key, "append-answer", &answer)))
     }
@@ -81,7 +131,10 @@ impl pb::raft_peer_server::RaftPeer for PeerService {
         req: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
         let rpc: VoteRequest<u64> = decode(&self.key, "vote", req.get_ref())?;
-        let answer = self.raft.vote(rpc).await;
+        let answer = self.raft.vote(rpc.clone()).await;
+        if let Ok(a) = &answer {
+            self.hasten(&rpc, a);
+        }
         Ok(Response::new(encode(&self.key, "vote-answer", &answer)))
     }
 

@@ -183,7 +183,11 @@ pub async fn start(t: &Transport, id: u64, dir: &std::path::Path) -> Controller 
                 .expect("a port for the controller");
             let addr = listener.local_addr().unwrap();
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let service = PeerService::new(raft.clone(), key());
+            let service = PeerService::new(
+                raft.clone(),
+                key(),
+                std::time::Duration::from_millis(raft_config().election_timeout_max),
+            );
             let server = tokio::spawn(async move {
                 let serve = tonic::transport::Server::builder().add_service(service);
                 let _ = serve.serve_with_incoming(incoming).await;
