@@ -274,16 +274,16 @@ impl Pki {
         })
     }
 
+    /// `node`'s identity, unless it never joined or was revoked.
+    fn live_identity(&self, node: &str) -> Option<StoredNodeIdentity> {
+        let st = self.state.lock();
+        st.nodes.get(node).filter(|i| !i.revoked).cloned()
+    }
+
     /// A new certificate for a joined node (the caller has verified the request came
     /// from it); the one it connected with stays valid until it expires.
     pub fn renew(&self, node: &str, csr: &[u8], now_ms: i64) -> Result<Joined, Status> {
-        let id = self
-            .state
-            .lock()
-            .nodes
-            .get(node)
-            .filter(|i| !i.revoked)
-            .cloned();
+        let id = self.live_identity(node);
         let Some(id) = id else {
             return Err(unauthenticated(node, "has not joined or was revoked"));
         };
@@ -329,13 +329,7 @@ impl Pki {
     /// `node`'s identity with every certificate and its key revoked, to apply; how many
     /// certificates that revokes.
     pub fn revoke(&self, node: &str, now_ms: i64) -> Result<(StoredNodeIdentity, u32), Status> {
-        let id = self
-            .state
-            .lock()
-            .nodes
-            .get(node)
-            .filter(|i| !i.revoked)
-            .cloned();
+        let id = self.live_identity(node);
         let mut id = id.ok_or_else(|| {
             Status::not_found(format!(
                 "node {} has no certificate to revoke",
