@@ -49,6 +49,18 @@ fn loaded_on(mut r: Replicated) -> (Replicated, BTreeMap<u64, (u64, String)>) {
     (r, running)
 }
 
+/// `gpuctl submit FILE ARGS --json`, which must succeed: the job's id.
+fn submit(r: &Replicated, file: &str, args: &[&str]) -> u64 {
+    let out = r.gpuctl(&[&["submit", file, "--json"], args].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["job_id"].as_u64().unwrap()
+}
+
 /// Waits until a controller leads again and serves a listing; how long from `since`.
 fn serving_again(r: &Replicated, since: Instant) -> Duration {
     let ok = gpuctl_tests::wait_for(Duration::from_secs(30), || r.jobs().is_some());
@@ -87,14 +99,7 @@ fn check(r: &Replicated, acked: &[u64], running: &BTreeMap<u64, (u64, String)>) 
     let twice: Vec<_> = (r.launches().into_iter()).filter(|(_, n)| *n > 1).collect();
     assert!(twice.is_empty(), "jobs launched more than once: {twice:?}");
     // The agents follow the leader there is now: a new job starts and ends.
-    let out = r.gpuctl(&["submit", "short.toml", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let id = v["job_id"].as_u64().unwrap();
+    let id = submit(r, "short.toml", &[]);
     let done = gpuctl_tests::wait_for(Duration::from_secs(30), || {
         (r.jobs().unwrap_or_default().iter()).any(|j| j.0 == id && j.1 == "COMPLETED")
     });
@@ -380,19 +385,9 @@ fn one_controller_becomes_three_and_every_member_holds_its_jobs() {
     r.add_agent("a", "2xA100-80GB");
     std::fs::write(r.dir.path().join("short.toml"), SHORT).unwrap();
     assert!(r.wait_nodes_idle(1, Duration::from_secs(20)));
-    let submit = |r: &Replicated, args: &[&str]| {
-        let out = r.gpuctl(&[&["submit", "short.toml", "--json"], args].concat());
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["job_id"].as_u64().unwrap()
-    };
-    let (a, b) = (submit(&r, &[]), submit(&r, &[]));
-    let held = submit(&r, &["-H"]);
-    let cancelled = submit(&r, &["-H"]);
+    let (a, b) = (submit(&r, "short.toml", &[]), submit(&r, "short.toml", &[]));
+    let held = submit(&r, "short.toml", &["-H"]);
+    let cancelled = submit(&r, "short.toml", &["-H"]);
     assert!(
         r.gpuctl(&["cancel", &cancelled.to_string()])
             .status
@@ -447,7 +442,7 @@ fn one_controller_becomes_three_and_every_member_holds_its_jobs() {
         "controller {other} holds the adopted jobs: {:?}",
         r.jobs()
     );
-    let next = submit(&r, &["-H"]);
+    let next = submit(&r, "short.toml", &["-H"]);
     assert!(next > cancelled, "new ids follow the adopted ones: {next}");
     // Member 1 again from its dir (the single controller's records still in it): it
     // follows the log, adopting nothing twice.
@@ -533,14 +528,7 @@ fn secure_members_keep_joined_nodes_and_tokens_across_a_failover() {
     assert!(ok && text.contains("\"token\""), "{text}");
     // A join token made now, used after the failover.
     let (join_b, fingerprint) = r.join_token("b");
-    let out = r.gpuctl(&["submit", "long.toml", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let long: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let long = long["job_id"].as_u64().unwrap();
+    let long = submit(&r, "long.toml", &[]);
     let mut running = BTreeMap::new();
     let started = gpuctl_tests::wait_for(Duration::from_secs(20), || {
         running = (r.jobs().unwrap_or_default().into_iter())

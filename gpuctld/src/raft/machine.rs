@@ -125,22 +125,18 @@ impl Machine {
 
     /// Runs `f` on the replicated cluster: the replica's, or the target's.
     fn on_cluster<R>(&self, r: &mut Replica, f: impl FnOnce(&mut Cluster) -> R) -> R {
-        let Some(t) = &self.target else {
-            return f(&mut r.cluster);
-        };
-        let (mut f, mut out) = (Some(f), None);
-        t.with_cluster(&mut |c| out = f.take().map(|f| f(c)));
-        out.expect("the target ran the closure")
+        match &self.target {
+            Some(t) => through(|g| t.with_cluster(g), f),
+            None => f(&mut r.cluster),
+        }
     }
 
     /// Runs `f` on the replicated credentials: the replica's, or the target's.
     fn on_credentials<R>(&self, r: &mut Replica, f: impl FnOnce(&mut Credentials) -> R) -> R {
-        let Some(t) = &self.target else {
-            return f(&mut r.credentials);
-        };
-        let (mut f, mut out) = (Some(f), None);
-        t.with_credentials(&mut |c| out = f.take().map(|f| f(c)));
-        out.expect("the target ran the closure")
+        match &self.target {
+            Some(t) => through(|g| t.with_credentials(g), f),
+            None => f(&mut r.credentials),
+        }
     }
 
     /// Replaces the cluster and the credentials with a snapshot's (or an import's).
@@ -194,6 +190,14 @@ impl Machine {
         r.answers.clear();
         Ok(())
     }
+}
+
+/// Runs `f` through `with`, a target's `with_*` (which takes a `dyn FnMut`), and
+/// returns what it returned.
+fn through<T, R>(with: impl FnOnce(&mut dyn FnMut(&mut T)), f: impl FnOnce(&mut T) -> R) -> R {
+    let (mut f, mut out) = (Some(f), None);
+    with(&mut |t| out = f.take().map(|f| f(t)));
+    out.expect("the target ran the closure")
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for Machine {
