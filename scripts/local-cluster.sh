@@ -44,10 +44,10 @@ else
   gpu_args=(--fake-gpus 4xA100-80GB)
 fi
 node=$(hostname)
-"$bin/gpuctl" admin join-token create --node "$node" --ttl 10m --json >"$work/join.json"
-token=$(sed -n 's/.*"token": *"\([^"]*\)".*/\1/p' "$work/join.json")
-fingerprint=$(sed -n 's/.*"ca_fingerprint": *"\([^"]*\)".*/\1/p' "$work/join.json")
-"$bin/gpud" --controller "https://127.0.0.1:$port" --join "$token" --ca-fingerprint "$fingerprint" \
+# The token stays off every command line (others could read it from /proc): a file
+# only root can read, which gpud checks.
+(umask 077; "$bin/gpuctl" admin join-token create --node "$node" --ttl 10m --json >"$work/join.json")
+"$bin/gpud" --controller "https://127.0.0.1:$port" --join-file "$work/join.json" \
   --name "$node" --state-dir "$work/gpud" --allow-root-jobs "${gpu_args[@]}" 2>"$work/gpud.log" &
 gpud_pid=$!
 

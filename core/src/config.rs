@@ -337,6 +337,14 @@ pub struct Limits {
     /// File descriptors new connections may never take: the Unix socket, agents'
     /// streams and the store keep working while a flood is refused.
     pub reserved_fds: u64,
+    /// Connections of the gRPC listener's `max_connections` that only authenticated
+    /// peers (agents and members with their certificates, requests with a valid token)
+    /// may take. The per-address caps count only unauthenticated connections.
+    pub authenticated_reserve: usize,
+    /// A gRPC connection that has not authenticated (no client certificate, no request
+    /// with a valid token or signature) this long after it was accepted is closed.
+    #[serde(with = "humantime_serde")]
+    pub unauthenticated_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -354,6 +362,8 @@ impl Default for Limits {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             reserved_fds: 512,
+            authenticated_reserve: 2048,
+            unauthenticated_timeout: Duration::from_secs(10),
         }
     }
 }

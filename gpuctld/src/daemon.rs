@@ -159,14 +159,22 @@ pub async fn run(
     let key_path = opts.state_dir.join("cluster.key");
     let (key, created) = ClusterKey::load_or_create(&key_path)?;
     if created {
-        tracing::info!(
-            "created the cluster key {}: copy it to every node and start gpud with --key-file",
-            key_path.display()
-        );
+        if opts.tls.insecure_shared_key {
+            tracing::info!(
+                "created the cluster key {}: copy it to every node and start gpud with --key-file",
+                key_path.display()
+            );
+        } else {
+            tracing::info!(
+                "created the cluster key {} (it stays on the controllers: nodes join with `gpuctl admin join-token create` and `gpud --join-file`)",
+                key_path.display()
+            );
+        }
     }
     let max_message = opts.config.limits.max_message_bytes.as_u64() as usize;
     let conn_limits = connection_limits(&opts.config.limits);
     let min_free = opts.config.limits.min_free_disk.as_u64();
+    let auth_timeout = opts.config.limits.unauthenticated_timeout;
     let (pki, tls) = pki_setup(&opts, key)?;
     let secure = pki.secure;
     let raft_config = opts.config.clone();
@@ -234,7 +242,9 @@ pub async fn run(
         tracing::error!("shutdown did not finish within {SHUTDOWN_BOUND:?}; exiting anyway");
         std::process::exit(1);
     });
-    let router = || {
+    // The Raft peer service only on TCP: local users' socket has no business with it.
+    let router = |peers: bool| {
+        let peer_service = if peers { peer_service.clone() } else { None };
         tonic::transport::Server::builder()
             // Large replies (ListJobs of a big queue) in fewer, bigger HTTP/2 frames.
             .max_frame_size(1 << 20)
@@ -251,17 +261,23 @@ pub async fn run(
             .add_service(
                 AgentLinkServer::new(AgentApi(ctl.clone())).max_decoding_message_size(max_message),
             )
-            .add_optional_service(peer_service.clone())
+            .add_optional_service(peer_service)
     };
     // The guard sets TCP_NODELAY: without it a small reply or command (a StartJob, a
     // heartbeat's answer) written after another can sit in Nagle's buffer until the
     // peer's delayed ACK, up to 40 ms on Linux.
-    let incoming = guard::Listener::new(listener, guarded("grpc"), guard::Protocol::Http2);
+    let grpc_limits = guard::Limits {
+        auth_timeout: Some(auth_timeout.max(conn_limits.handshake_timeout)),
+        ..conn_limits
+    };
+    let grpc_stats = guard::Stats::new("grpc", grpc_limits);
+    ctl.watch_listener(grpc_stats.clone());
+    let incoming = guard::Listener::new(listener, grpc_stats, guard::Protocol::Http2);
     let incoming = match tls {
         Some(config) => incoming.with_tls(config),
         None => incoming,
     };
-    let tcp = router().serve_with_incoming_shutdown(incoming, stopped(serve_stop_rx.clone()));
+    let tcp = router(true).serve_with_incoming_shutdown(incoming, stopped(serve_stop_rx.clone()));
     match socket {
         Some(l) => {
             // Local users have their own listener, capped per uid as TCP is per
@@ -269,12 +285,13 @@ pub async fn run(
             // reach it, and the descriptor reserve keeps it served.
             let unix_limits = guard::Limits {
                 reserved_fds: conn_limits.reserved_fds / 4,
+                authenticated_reserve: 0,
                 ..conn_limits
             };
             let stats = guard::Stats::new("unix", unix_limits);
             ctl.watch_listener(stats.clone());
             let l = guard::Listener::new(l, stats, guard::Protocol::Http2);
-            let unix = router().serve_with_incoming_shutdown(l, stopped(serve_stop_rx));
+            let unix = router(false).serve_with_incoming_shutdown(l, stopped(serve_stop_rx));
             let (a, b) = tokio::join!(tcp, unix);
             a.context("gRPC server (TCP) failed")?;
             b.context("gRPC server (Unix socket) failed")?;
@@ -341,7 +358,7 @@ async fn start_raft(
     config: Config,
     key_path: &std::path::Path,
     secure: bool,
-) -> anyhow::Result<gpuctl_proto::raft_peer_server::RaftPeerServer<crate::raft::PeerService>> {
+) -> anyhow::Result<crate::raft::PeerServer> {
     anyhow::ensure!(
         r.peers.contains_key(&r.id),
         "--id {} is not among --peers {:?}",
@@ -526,6 +543,10 @@ fn connection_limits(l: &gpuctl_core::config::Limits) -> guard::Limits {
         handshake_timeout: l.handshake_timeout,
         idle_timeout: l.idle_timeout.max(KEEPALIVE * 2),
         reserved_fds: l.reserved_fds,
+        authenticated_reserve: l.authenticated_reserve.min(max.saturating_sub(1)),
+        // The HTTP listeners' peers (scrapers, browsers) never authenticate: the gRPC
+        // listener sets its own.
+        auth_timeout: None,
     }
 }
 

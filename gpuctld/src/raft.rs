@@ -18,7 +18,7 @@ mod net;
 
 pub use log_store::LogStore;
 pub use machine::{Machine, Replica, Target};
-pub use net::{GrpcNet, PeerService};
+pub use net::{GrpcNet, PeerServer, PeerService};
 
 openraft::declare_raft_types!(
     /// gpuctl's Raft: nodes are controllers numbered by `--id`, entries carry log

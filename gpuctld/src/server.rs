@@ -97,6 +97,10 @@ impl UserApi {
             });
             Status::unauthenticated("unknown or revoked API token")
         })?;
+        // The connection proved who it is: out of the unauthenticated caps and deadline.
+        if let Some(peer) = req.extensions().get::<TcpPeer>() {
+            peer.auth.authenticated();
+        }
         Ok(Caller {
             admin: self.0.is_admin(&user),
             user,

@@ -556,7 +556,8 @@ async fn sampler(
             .cloned()
             .collect();
         let jobs: Vec<Watched> = watched.iter().map(|w| w.0.clone()).collect();
-        let usage = crate::monitor::job_memory(&samples, &jobs, crate::procfs::pgid_of);
+        let owners = crate::monitor::Owners::new(&jobs);
+        let usage = crate::monitor::job_memory(&samples, |pid| owners.of_pid(pid));
         let verdicts = enforcer.check(&gpus, &jobs, &usage, grace, std::time::Instant::now());
         let of_job = |id: u64| watched.iter().find(|w| w.0.job_id == id);
         for o in verdicts.warn {

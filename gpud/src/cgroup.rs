@@ -531,6 +531,15 @@ pub enum Isolation {
 }
 
 impl JobCgroup {
+    /// A cgroup known by name only (unit tests of what maps processes to jobs).
+    #[cfg(test)]
+    pub fn named_for_tests(name: &str) -> JobCgroup {
+        JobCgroup {
+            name: name.to_string(),
+            ..JobCgroup::default()
+        }
+    }
+
     /// Confines the job to `rules`' devices: the cgroup2 device program where the job
     /// has a cgroup2 directory (one `bpf(2)` load and attach, 0.16 ms a launch
     /// measured), else the v1 devices controller (about 255 writes, 0.48 ms). The kernel

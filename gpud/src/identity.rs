@@ -24,10 +24,46 @@ pub enum How {
     /// The shared cluster key (`--key-file`; a controller run with
     /// `--insecure-shared-key`).
     SharedKey(PathBuf),
-    /// Join with this token, pinning the CA with this fingerprint.
-    Join { token: String, fingerprint: String },
+    /// Join with a token (from a file or the environment, never the command line),
+    /// pinning the CA with the fingerprint given (else the join file's).
+    Join {
+        token: Token,
+        fingerprint: Option<String>,
+    },
     /// The identity an earlier join left in the state dir.
     Joined,
+}
+
+/// Where the join token comes from. Read only when the node has not joined yet: a
+/// restart with the first start's options needs neither the token nor its file.
+pub enum Token {
+    /// `--join-file` (or GPUD_JOIN_FILE).
+    File(PathBuf),
+    /// GPUD_JOIN_TOKEN.
+    Env(String),
+}
+
+impl Token {
+    /// The token and the CA fingerprint that came with it, if any.
+    fn read(self) -> anyhow::Result<(String, Option<String>)> {
+        match self {
+            Token::File(path) => read_join_file(&path),
+            Token::Env(token) => Ok((token, None)),
+        }
+    }
+}
+
+/// The fingerprint to pin: the one given, else the join file's; both must agree.
+fn pinned(given: Option<String>, from_file: Option<String>) -> anyhow::Result<String> {
+    match (given, from_file) {
+        (Some(given), Some(file)) if given != file => anyhow::bail!(
+            "--ca-fingerprint {given} differs from the join file's {file}: which CA to trust is unclear"
+        ),
+        (Some(f), _) | (None, Some(f)) => Ok(f),
+        (None, None) => anyhow::bail!(
+            "a join needs the cluster CA's fingerprint: --ca-fingerprint sha256:... (printed with the token), or the JSON of `gpuctl admin join-token create --json` as --join-file"
+        ),
+    }
 }
 
 /// What the agent signs with and dials through.
@@ -82,11 +118,74 @@ pub async fn credentials(
             Ok(Credentials { key, tls: None })
         }
         How::Join { token, fingerprint } => {
-            join(state_dir, node, url, &token, &fingerprint).await?;
+            if has_joined_as(state_dir, node) {
+                // A restart with the first start's options (GPUD_OPTS, a unit's
+                // Environment=): the token was used then and is not needed now.
+                tracing::info!(
+                    node,
+                    "this node joined before: using the identity in {}; the join token was not needed (remove it from the agent's options)",
+                    dir(state_dir).display()
+                );
+            } else {
+                let (token, from_file) = token.read()?;
+                let fingerprint = pinned(fingerprint, from_file)?;
+                join(state_dir, node, url, &token, &fingerprint).await?;
+            }
             joined(state_dir, node)
         }
         How::Joined => joined(state_dir, node),
     }
+}
+
+/// Whether the state dir holds the identity of a join as `node`.
+fn has_joined_as(state_dir: &Path, node: &str) -> bool {
+    let d = dir(state_dir);
+    d.join("node.key").exists()
+        && std::fs::read_to_string(d.join("node")).is_ok_and(|n| n.trim() == node)
+}
+
+/// A join token and the CA fingerprint read from `--join-file`: either the JSON that
+/// `gpuctl admin join-token create --json` prints (token and fingerprint) or the bare
+/// token. The file must be the agent's own and neither readable nor writable by
+/// anyone else: a token other users can read lets them join as this node first.
+fn read_join_file(path: &Path) -> anyhow::Result<(String, Option<String>)> {
+    use std::os::unix::fs::MetadataExt;
+    let shown = path.display();
+    let meta = std::fs::metadata(path).with_context(|| format!("--join-file {shown}"))?;
+    if !meta.is_file() {
+        anyhow::bail!("--join-file {shown}: not a regular file");
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        anyhow::bail!(
+            "--join-file {shown} belongs to uid {}, not to this agent's uid {me}: a token in someone else's file may have been read or replaced",
+            meta.uid()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        anyhow::bail!(
+            "--join-file {shown} has mode {:04o}: others can read the join token and join as this node first; chmod 600 {shown} (or write it with umask 077)",
+            meta.mode() & 0o7777
+        );
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("--join-file {shown}"))?;
+    let text = text.trim();
+    if text.starts_with('{') {
+        let v: serde_json::Value = serde_json::from_str(text).with_context(|| {
+            format!("--join-file {shown}: not the JSON of `gpuctl admin join-token create --json`")
+        })?;
+        let token = v["token"]
+            .as_str()
+            .with_context(|| format!("--join-file {shown}: no \"token\" in the JSON"))?;
+        let fp = v["ca_fingerprint"].as_str().map(str::to_string);
+        return Ok((token.to_string(), fp));
+    }
+    if text.is_empty() || text.contains(char::is_whitespace) {
+        anyhow::bail!(
+            "--join-file {shown}: expected one token (or the JSON of `gpuctl admin join-token create --json`)"
+        );
+    }
+    Ok((text.to_string(), None))
 }
 
 /// The identity kept in the state dir.
@@ -94,7 +193,7 @@ fn joined(state_dir: &Path, node: &str) -> anyhow::Result<Credentials> {
     let d = dir(state_dir);
     if !d.join("node.key").exists() {
         anyhow::bail!(
-            "this node has not joined the cluster: on the controller run `gpuctl admin join-token create --node {node}`, then start gpud with --join TOKEN --ca-fingerprint FINGERPRINT (or, for a controller run with --insecure-shared-key, --key-file)"
+            "this node has not joined the cluster: on the controller run `gpuctl admin join-token create --node {node}`, save its JSON (umask 077) and start gpud with --join-file FILE, or pass the token in GPUD_JOIN_TOKEN with --ca-fingerprint FINGERPRINT (or, for a controller run with --insecure-shared-key, --key-file)"
         );
     }
     let joined_as = std::fs::read_to_string(d.join("node")).unwrap_or_default();

@@ -20,18 +20,28 @@ struct Args {
         default_value = "https://127.0.0.1:7817"
     )]
     controller: String,
-    /// Join the cluster with this single-use token (`gpuctl admin join-token create`
-    /// prints it); later starts use the identity the join left in --state-dir.
+    /// Join the cluster with the single-use token in this file: the JSON that
+    /// `gpuctl admin join-token create --json` prints (token and CA fingerprint) or the
+    /// bare token. Refused unless the file is this agent's own, mode 0600 or stricter.
+    /// Later starts use the identity the join left in --state-dir (the file is then not
+    /// read, and may be deleted).
+    #[arg(long, env = "GPUD_JOIN_FILE", conflicts_with_all = ["key_file", "join"])]
+    join_file: Option<PathBuf>,
+    /// The join token, from the environment only (GPUD_JOIN_TOKEN, e.g. a systemd
+    /// credential or an EnvironmentFile of mode 0600): on the command line every local
+    /// user could read it from /proc and join as this node first, so `--join TOKEN` is
+    /// refused.
     #[arg(
         long,
         env = "GPUD_JOIN_TOKEN",
-        requires = "ca_fingerprint",
+        hide_env_values = true,
         conflicts_with = "key_file"
     )]
     join: Option<String>,
     /// The cluster CA's fingerprint (sha256:..., printed with the join token): the
-    /// controller is trusted only if its certificate chains to that CA.
-    #[arg(long)]
+    /// controller is trusted only if its certificate chains to that CA (read from
+    /// --join-file's JSON when it has one).
+    #[arg(long, env = "GPUD_CA_FINGERPRINT")]
     ca_fingerprint: Option<String>,
     /// Node name (default: the hostname).
     #[arg(long)]
@@ -140,7 +150,20 @@ fn main() -> ExitCode {
 }
 
 async fn agent_main() -> ExitCode {
-    let args = Args::parse();
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let matches = Args::command().get_matches();
+    let token_on_argv =
+        matches.value_source("join") == Some(clap::parser::ValueSource::CommandLine);
+    let args = match Args::from_arg_matches(&matches) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
+    if token_on_argv {
+        eprintln!(
+            "gpud: error: --join TOKEN puts the token on the command line, where every local user can read it (/proc/PID/cmdline) and join as this node first; save the JSON of `gpuctl admin join-token create --json` with umask 077 and pass --join-file FILE, or set GPUD_JOIN_TOKEN (with --ca-fingerprint)"
+        );
+        return ExitCode::from(2);
+    }
     init_logging(args.log_format);
     let name = args.name.unwrap_or_else(gpud::host::hostname);
     // Fake GPU UUIDs derive from this agent's identity (its state dir's agent-id), not
@@ -199,11 +222,12 @@ async fn agent_main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let how = match (args.key_file, args.join, args.ca_fingerprint) {
-        (Some(path), _, _) => gpud::identity::How::SharedKey(path),
-        (None, Some(token), Some(fingerprint)) => gpud::identity::How::Join { token, fingerprint },
-        _ => gpud::identity::How::Joined,
-    };
+    let how = how(
+        args.key_file,
+        args.join_file,
+        args.join,
+        args.ca_fingerprint,
+    );
     if let Err(e) = gpuctl_proto::statedir::prepare(&args.state_dir, 0o711) {
         eprintln!(
             "gpud: error: cannot create state dir {}: {e}",
@@ -258,6 +282,30 @@ async fn agent_main() -> ExitCode {
             eprintln!("gpud: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// How the agent proves who it is, from its options: the shared key, a join token
+/// (from --join-file or GPUD_JOIN_TOKEN, never the command line), or the identity an
+/// earlier join left.
+fn how(
+    key_file: Option<PathBuf>,
+    join_file: Option<PathBuf>,
+    join_env: Option<String>,
+    fingerprint: Option<String>,
+) -> gpud::identity::How {
+    use gpud::identity::{How, Token};
+    match (key_file, join_file, join_env) {
+        (Some(path), _, _) => How::SharedKey(path),
+        (None, Some(path), _) => How::Join {
+            token: Token::File(path),
+            fingerprint,
+        },
+        (None, None, Some(token)) => How::Join {
+            token: Token::Env(token),
+            fingerprint,
+        },
+        (None, None, None) => How::Joined,
     }
 }
 

@@ -1,5 +1,7 @@
 //! GPU monitoring on the node: samples every GPU, maps GPU processes to the jobs that
-//! own them (by process group: each job leads its own), enforces GPU-memory shares,
+//! own them (by cgroup: a child that leaves the job's session or process group with
+//! `setsid` or a double fork stays in its cgroup; by process group only for a job that
+//! has no cgroup on this host), enforces GPU-memory shares,
 //! and keeps the latest metrics for heartbeats and for the Prometheus endpoint (DCGM
 //! exporter names, so existing Grafana dashboards work).
 
@@ -44,19 +46,72 @@ pub struct Verdicts {
     pub kill: Vec<Overuse>,
 }
 
-/// Per GPU (by UUID), memory per job id, from the sample's processes.
+/// Which job a process belongs to.
+pub struct Owners {
+    /// `/<job cgroup name>` and the job: a process whose cgroup path (in any
+    /// hierarchy, below whatever root the agent's cgroups live under) ends with it or
+    /// goes on below it is the job's.
+    by_cgroup: Vec<(String, u64)>,
+    /// Jobs without a cgroup (a host where none is writable): by process group.
+    by_pgid: HashMap<i32, u64>,
+}
+
+impl Owners {
+    pub fn new(jobs: &[Watched]) -> Owners {
+        let mut by_cgroup = Vec::new();
+        let mut by_pgid = HashMap::new();
+        for w in jobs {
+            match &w.cgroup {
+                Some(cg) => by_cgroup.push((format!("/{}", cg.name.trim_matches('/')), w.job_id)),
+                None => {
+                    by_pgid.insert(w.pgid, w.job_id);
+                }
+            }
+        }
+        Owners { by_cgroup, by_pgid }
+    }
+
+    /// The job of a process in `cgroups` (its /proc/PID/cgroup paths) and process
+    /// group `pgid`.
+    pub fn of(&self, cgroups: &[String], pgid: Option<i32>) -> Option<u64> {
+        let in_cgroup = cgroups.iter().find_map(|path| {
+            self.by_cgroup.iter().find_map(|(name, job)| {
+                let at = path.find(name.as_str())?;
+                let rest = &path[at + name.len()..];
+                (rest.is_empty() || rest.starts_with('/')).then_some(*job)
+            })
+        });
+        in_cgroup.or_else(|| pgid.and_then(|g| self.by_pgid.get(&g).copied()))
+    }
+
+    /// The job of a live process, from /proc.
+    pub fn of_pid(&self, pid: u32) -> Option<u64> {
+        let cgroups = if self.by_cgroup.is_empty() {
+            Vec::new()
+        } else {
+            crate::procfs::cgroups_of(pid)
+        };
+        let pgid = if self.by_pgid.is_empty() {
+            None
+        } else {
+            crate::procfs::pgid_of(pid)
+        };
+        self.of(&cgroups, pgid)
+    }
+}
+
+/// Per GPU (by UUID), memory and processes per job id, from the sample's processes
+/// (`owner` says which job a pid is, if any).
 pub fn job_memory(
     samples: &[GpuSample],
-    jobs: &[Watched],
-    pgid: impl Fn(u32) -> Option<i32>,
+    owner: impl Fn(u32) -> Option<u64>,
 ) -> HashMap<String, BTreeMap<u64, (u64, u32)>> {
-    let by_pgid: HashMap<i32, u64> = jobs.iter().map(|w| (w.pgid, w.job_id)).collect();
     let mut out: HashMap<String, BTreeMap<u64, (u64, u32)>> = HashMap::new();
     for s in samples {
         let per = out.entry(s.uuid.clone()).or_default();
         for p in &s.processes {
-            if let Some(job) = pgid(p.pid).and_then(|g| by_pgid.get(&g)) {
-                let e = per.entry(*job).or_default();
+            if let Some(job) = owner(p.pid) {
+                let e = per.entry(job).or_default();
                 e.0 += p.mem_used_mib;
                 e.1 += 1;
             }
@@ -201,21 +256,63 @@ mod tests {
     }
 
     #[test]
-    fn processes_map_to_jobs_by_process_group() {
+    fn processes_map_to_jobs_by_process_group_where_a_job_has_no_cgroup() {
         let s = [sample(
             "GPU-a",
             &[(100, 1000), (101, 500), (200, 300), (300, 7)],
         )];
         let jobs = [watched(1, 100, 2000), watched(2, 200, 2000)];
+        let owners = Owners::new(&jobs);
         let pg = |pid: u32| match pid {
             100 | 101 => Some(100),
             200 => Some(200),
             _ => Some(999),
         };
-        let u = job_memory(&s, &jobs, pg);
+        let u = job_memory(&s, |pid| owners.of(&[], pg(pid)));
         assert_eq!(u["GPU-a"][&1], (1500, 2));
         assert_eq!(u["GPU-a"][&2], (300, 1));
         assert_eq!(u["GPU-a"].len(), 2, "a process of no job counts for none");
+    }
+
+    /// A job's child that left its session (`setsid`) or was double-forked has a
+    /// process group of its own but stays in the job's cgroup: it is the job's.
+    #[test]
+    fn processes_map_to_jobs_by_cgroup_whatever_their_process_group() {
+        let mut a = watched(1, 100, 2000);
+        a.cgroup = Some(crate::cgroup::JobCgroup::named_for_tests(
+            "gpuctl/n1-x/job-1",
+        ));
+        let mut b = watched(11, 200, 2000);
+        b.cgroup = Some(crate::cgroup::JobCgroup::named_for_tests(
+            "gpuctl/n1-x/job-11",
+        ));
+        let owners = Owners::new(&[a, b]);
+        let cg = |paths: &[&str]| paths.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        // The leader, and a setsid child in a group no job leads.
+        assert_eq!(
+            owners.of(&cg(&["0::/gpuctl/n1-x/job-1"]), Some(100)),
+            Some(1)
+        );
+        assert_eq!(
+            owners.of(&cg(&["0::/gpuctl/n1-x/job-1"]), Some(4242)),
+            Some(1)
+        );
+        // v1 hierarchies, a sub-cgroup, and the agent's cgroups below a delegated root.
+        assert_eq!(
+            owners.of(&cg(&["/gpuctl/n1-x/job-1/step-0"]), None),
+            Some(1)
+        );
+        assert_eq!(
+            owners.of(
+                &cg(&["/system.slice/gpud.service/gpuctl/n1-x/job-11"]),
+                None
+            ),
+            Some(11)
+        );
+        // job-1 is not a prefix of job-11, and a process outside every job is no one's,
+        // even in a process group a job led (the group's number was reused).
+        assert_eq!(owners.of(&cg(&["/gpuctl/n1-x/job-1x"]), None), None);
+        assert_eq!(owners.of(&cg(&["/user.slice"]), Some(100)), None);
     }
 
     #[test]

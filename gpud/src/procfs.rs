@@ -1,6 +1,19 @@
-//! Facts about processes read from /proc: their process group and when they started.
-//! Used by the GPU backends (which group a GPU process belongs to), the monitor and the
-//! job lifecycle (is a recorded job still the same live process).
+//! Facts about processes read from /proc: their process group, their cgroups and when
+//! they started. Used by the GPU backends (which group a GPU process belongs to), the
+//! monitor (which job a GPU process belongs to) and the job lifecycle (is a recorded job
+//! still the same live process).
+
+/// The cgroup paths of `pid`, one per hierarchy (from /proc/PID/cgroup: `0::/a/b` on
+/// cgroup2, `N:memory:/a/b` on v1); empty when it is gone.
+pub fn cgroups_of(pid: u32) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .map(str::to_string)
+        .collect()
+}
 
 /// The process group of `pid` (from /proc/PID/stat), if it still exists.
 pub fn pgid_of(pid: u32) -> Option<i32> {
@@ -33,6 +46,14 @@ pub fn proc_start(pid: u32) -> Option<(char, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn our_cgroups_are_read() {
+        let ours = cgroups_of(std::process::id());
+        assert!(!ours.is_empty(), "every process is in some cgroup");
+        assert!(ours.iter().all(|p| p.starts_with('/')), "{ours:?}");
+        assert!(cgroups_of(u32::MAX).is_empty());
+    }
 
     #[test]
     fn this_process() {

@@ -4,6 +4,10 @@
 //! - A cap on open connections in all and per peer address, and a reserve of file
 //!   descriptors that connections may never take (the Unix socket, agents' streams, the
 //!   store and job files keep working under a flood).
+//! - Classes ([`slot`]): the per-address caps count only connections that have not
+//!   proved who they are; agents (a client certificate) and token users (a request that
+//!   authenticated) are out of them, with a reserve of the total kept for them, and an
+//!   unauthenticated connection may live only so long.
 //! - A handshake deadline: a connection must send its first request's headers (HTTP/2:
 //!   a HEADERS frame after the preface; HTTP/1: the end of the header block) within it.
 //! - An idle deadline: a connection that sends nothing for this long is closed (the
@@ -33,7 +37,10 @@ use futures::stream::FuturesUnordered;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+mod slot;
 mod transport;
+pub use slot::Auth;
+use slot::{Class, Slot};
 pub use transport::{TcpPeer, Transport};
 
 /// What a listener allows.
@@ -49,6 +56,12 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Descriptors kept free for everything that is not a new connection.
     pub reserved_fds: u64,
+    /// Connections in all that only authenticated peers may take (unauthenticated ones
+    /// stop at `max_connections` less this).
+    pub authenticated_reserve: usize,
+    /// An unauthenticated connection is closed this long after accept (`None`: never
+    /// for that reason; listeners whose peers never authenticate).
+    pub auth_timeout: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -59,6 +72,8 @@ impl Default for Limits {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             reserved_fds: 256,
+            authenticated_reserve: 1024,
+            auth_timeout: None,
         }
     }
 }
@@ -85,15 +100,18 @@ pub enum Refusal {
     Handshake,
     /// Nothing from the peer within the idle deadline.
     Idle,
+    /// Not authenticated within the listener's `auth_timeout`.
+    Unauthenticated,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 5] = [
+    pub const ALL: [Refusal; 6] = [
         Refusal::Total,
         Refusal::PerAddress,
         Refusal::Descriptors,
         Refusal::Handshake,
         Refusal::Idle,
+        Refusal::Unauthenticated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -103,6 +121,7 @@ impl Refusal {
             Refusal::Descriptors => "fd_reserve",
             Refusal::Handshake => "handshake_timeout",
             Refusal::Idle => "idle_timeout",
+            Refusal::Unauthenticated => "auth_timeout",
         }
     }
 }
@@ -112,9 +131,13 @@ impl Refusal {
 pub struct Stats {
     pub name: &'static str,
     limits: Limits,
+    /// Unauthenticated connections per peer.
     open: Mutex<HashMap<Peer, usize>>,
+    /// TLS handshakes under way per peer, oldest first.
+    pending: Mutex<HashMap<Peer, std::collections::VecDeque<std::sync::Weak<Slot>>>>,
     total: AtomicU64,
-    refused: [AtomicU64; 5],
+    unauthenticated: AtomicU64,
+    refused: [AtomicU64; 6],
     log: crate::ratelog::RateLog,
 }
 
@@ -124,7 +147,9 @@ impl Stats {
             name,
             limits,
             open: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
             total: AtomicU64::new(0),
+            unauthenticated: AtomicU64::new(0),
             refused: Default::default(),
             log: crate::ratelog::RateLog::new(Duration::from_secs(10)),
         })
@@ -154,30 +179,53 @@ impl Stats {
         });
     }
 
-    /// Takes a slot for a connection from `peer`, or says why not.
-    fn admit(self: &Arc<Self>, peer: Option<Peer>) -> Result<Permit, Refusal> {
+    /// Connections open now that have not authenticated (TLS handshakes excluded).
+    pub fn unauthenticated(&self) -> u64 {
+        self.unauthenticated.load(Ordering::Relaxed)
+    }
+
+    /// Takes a slot for a connection from `peer`, or says why not: pending its TLS
+    /// handshake (`tls`), else unauthenticated at once.
+    fn admit(self: &Arc<Self>, peer: Option<Peer>, tls: bool) -> Result<Arc<Slot>, Refusal> {
         if self.open() as usize >= self.limits.max_connections {
             return Err(Refusal::Total);
         }
-        if let Some(ip) = peer {
+        if !tls {
+            self.admit_unauthenticated(peer)?;
+        }
+        self.total.fetch_add(1, Ordering::Relaxed);
+        // A slot from here on: dropped, it gives its counts back.
+        let class = if tls {
+            Class::Pending
+        } else {
+            Class::Unauthenticated
+        };
+        let slot = Slot::new(self.clone(), peer, class);
+        // Counted last: a peer over its cap does not use up the count's estimate.
+        if fds_left().is_some_and(|left| left < self.limits.reserved_fds) {
+            return Err(Refusal::Descriptors);
+        }
+        Ok(slot)
+    }
+
+    /// Counts one more unauthenticated connection of `peer`, if the caps allow.
+    fn admit_unauthenticated(&self, peer: Option<Peer>) -> Result<(), Refusal> {
+        let cap = (self.limits.max_connections)
+            .saturating_sub(self.limits.authenticated_reserve)
+            .max(1);
+        if self.unauthenticated() as usize >= cap {
+            return Err(Refusal::Total);
+        }
+        if let Some(p) = peer {
             let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-            let n = open.entry(ip).or_default();
+            let n = open.entry(p).or_default();
             if *n >= self.limits.max_per_address {
                 return Err(Refusal::PerAddress);
             }
             *n += 1;
         }
-        self.total.fetch_add(1, Ordering::Relaxed);
-        // A permit from here on: dropped, it gives its slots back.
-        let permit = Permit {
-            stats: self.clone(),
-            peer,
-        };
-        // Counted last: a peer over its cap does not use up the count's estimate.
-        if fds_left().is_some_and(|left| left < self.limits.reserved_fds) {
-            return Err(Refusal::Descriptors);
-        }
-        Ok(permit)
+        self.unauthenticated.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -230,28 +278,6 @@ pub fn raise_fd_limit() -> Option<u64> {
     Some(soft)
 }
 
-/// A connection's slot; gives it back when the connection is dropped.
-#[derive(Debug)]
-struct Permit {
-    stats: Arc<Stats>,
-    peer: Option<Peer>,
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        self.stats.total.fetch_sub(1, Ordering::Relaxed);
-        if let Some(ip) = self.peer {
-            let mut open = self.stats.open.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(n) = open.get_mut(&ip) {
-                *n -= 1;
-                if *n == 0 {
-                    open.remove(&ip);
-                }
-            }
-        }
-    }
-}
-
 /// Where a connection is in its handshake.
 #[derive(Debug)]
 enum Phase {
@@ -277,8 +303,9 @@ pub struct Guarded<S> {
     /// The next deadline (handshake, then idle) and when the peer last sent a byte.
     deadline: Pin<Box<Sleep>>,
     last_read: Instant,
+    accepted: Instant,
     limits: Limits,
-    _permit: Permit,
+    slot: Arc<Slot>,
 }
 
 impl<S> Guarded<S> {
@@ -350,6 +377,18 @@ impl<S> Guarded<S> {
         }
     }
 
+    /// The deadline after the handshake: idle from the last read, and for a
+    /// connection not yet authenticated, its end of `auth_timeout` too.
+    fn next_deadline(&self) -> (Instant, Refusal) {
+        let idle = self.last_read + self.limits.idle_timeout;
+        match self.limits.auth_timeout {
+            Some(t) if self.slot.class() != Class::Authenticated && self.accepted + t < idle => {
+                (self.accepted + t, Refusal::Unauthenticated)
+            }
+            _ => (idle, Refusal::Idle),
+        }
+    }
+
     /// `Some(why)` when the connection's deadline has passed.
     fn expired(&mut self, cx: &mut Context<'_>) -> Option<Refusal> {
         loop {
@@ -360,9 +399,9 @@ impl<S> Guarded<S> {
                 return Some(Refusal::Handshake);
             }
             // Reads push the idle deadline lazily: re-arm from the last read.
-            let next = self.last_read + self.limits.idle_timeout;
+            let (next, why) = self.next_deadline();
             if next <= Instant::now() {
-                return Some(Refusal::Idle);
+                return Some(why);
             }
             self.deadline.as_mut().reset(next);
         }
@@ -385,7 +424,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
                         let got = buf.filled()[before..].to_vec();
                         self.saw(&got);
                         if matches!(self.phase, Phase::Done) {
-                            let next = self.last_read + self.limits.idle_timeout;
+                            let (next, _) = self.next_deadline();
                             self.deadline.as_mut().reset(next);
                         }
                     }
@@ -394,7 +433,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
             }
             Poll::Pending => match self.expired(cx) {
                 Some(why) => {
-                    self._permit.stats.count(why, self._permit.peer);
+                    self.slot.stats.count(why, self.slot.peer);
                     Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
                         format!("connection closed: {}", why.as_str()),
@@ -440,6 +479,7 @@ impl tonic::transport::server::Connected for Guarded<Transport<tokio::net::TcpSt
             addr: self.inner.get_ref().peer_addr().ok(),
             tls: self.inner.is_tls(),
             certificate: self.inner.peer_certificate(),
+            auth: Auth::of(&self.slot),
         }
     }
 }
@@ -556,8 +596,8 @@ impl<L: Accept> Listener<L> {
                     continue;
                 }
             };
-            match self.stats.admit(peer) {
-                Ok(permit) => {
+            match self.stats.admit(peer, self.tls.is_some()) {
+                Ok(slot) => {
                     let limits = self.stats.limits;
                     let now = Instant::now();
                     return Poll::Ready(Guarded {
@@ -570,8 +610,9 @@ impl<L: Accept> Listener<L> {
                             now + limits.handshake_timeout,
                         )),
                         last_read: now,
+                        accepted: now,
                         limits,
-                        _permit: permit,
+                        slot,
                     });
                 }
                 // Dropping the stream closes it at once.
@@ -582,7 +623,9 @@ impl<L: Accept> Listener<L> {
 }
 
 /// The TLS handshake of an admitted connection, within its handshake deadline; `None`
-/// (counted, the connection closed) when it fails or runs out of time.
+/// (counted, the connection closed) when it fails, runs out of time, or a newer
+/// handshake of the same address took its place. Done, the connection is settled: a
+/// client certificate authenticates it, else it must fit the unauthenticated caps.
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     tls: tokio_rustls::TlsAcceptor,
     conn: Guarded<S>,
@@ -592,21 +635,41 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         phase,
         deadline,
         last_read,
+        accepted,
         limits,
-        _permit,
+        slot,
     } = conn;
     let at = deadline.deadline();
-    match tokio::time::timeout_at(at, tls.accept(inner)).await {
-        Ok(Ok(t)) => Some(Guarded {
-            inner: Transport::Tls(Box::new(t)),
-            phase,
-            deadline,
-            last_read,
-            limits,
-            _permit,
-        }),
+    let done = tokio::select! {
+        done = tokio::time::timeout_at(at, tls.accept(inner)) => done,
+        () = slot.evicted.notified() => {
+            slot.stats.count(Refusal::PerAddress, slot.peer);
+            return None;
+        }
+    };
+    match done {
+        Ok(Ok(t)) => {
+            let certificate = t
+                .get_ref()
+                .1
+                .peer_certificates()
+                .is_some_and(|c| !c.is_empty());
+            if let Err(why) = slot.settle(certificate) {
+                slot.stats.count(why, slot.peer);
+                return None;
+            }
+            Some(Guarded {
+                inner: Transport::Tls(Box::new(t)),
+                phase,
+                deadline,
+                last_read,
+                accepted,
+                limits,
+                slot,
+            })
+        }
         Ok(Err(_)) | Err(_) => {
-            _permit.stats.count(Refusal::Handshake, _permit.peer);
+            slot.stats.count(Refusal::Handshake, slot.peer);
             None
         }
     }
@@ -620,8 +683,9 @@ impl<S> Guarded<S> {
             phase: self.phase,
             deadline: self.deadline,
             last_read: self.last_read,
+            accepted: self.accepted,
             limits: self.limits,
-            _permit: self._permit,
+            slot: self.slot,
         }
     }
 }

@@ -42,6 +42,9 @@ pub fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
         .create_new(true)
         .mode(mode)
         .open(&tmp)?;
+    // The mode asked for, whatever the umask: a public file (the CA certificate) made
+    // under a unit's `UMask=0077` would otherwise be 0600 and unreadable to users.
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
     f.write_all(bytes)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)
@@ -50,6 +53,24 @@ pub fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_files_get_their_mode_whatever_the_umask() {
+        let t = tempfile::tempdir().unwrap();
+        let old = unsafe_umask(0o077);
+        write_whole(&t.path().join("ca.pem"), b"public", 0o644).unwrap();
+        write_whole(&t.path().join("ca.key"), b"secret", 0o600).unwrap();
+        unsafe_umask(old);
+        let mode = |f: &str| {
+            std::fs::metadata(t.path().join(f))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        assert_eq!(mode("ca.pem"), 0o644, "a public file made under umask 077");
+        assert_eq!(mode("ca.key"), 0o600);
+    }
 
     #[test]
     fn created_private_whatever_the_umask_and_wider_ones_are_named() {

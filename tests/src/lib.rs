@@ -4,7 +4,7 @@
 //! The binaries are built once per test process with `cargo build` (same target dir), so
 //! `cargo test --workspace` always tests the current code.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::sync::Once;
@@ -265,19 +265,14 @@ impl Cluster {
         format!("https://127.0.0.1:{}", self.port)
     }
 
-    /// Starts gpud that joins a secure cluster with a fresh token for `name`.
+    /// Starts gpud that joins a secure cluster with a fresh token for `name` (given in a
+    /// join file, as an operator does).
     pub fn join_agent(&mut self, name: &str, spec: &str) {
         let (token, fp) = self.join_token(name, "1h");
+        let file = join_file(&self.path(&format!("join-{name}.json")), &token, &fp);
         self.spawn_gpud(
             name,
-            &[
-                "--fake-gpus",
-                spec,
-                "--join",
-                &token,
-                "--ca-fingerprint",
-                &fp,
-            ],
+            &["--fake-gpus", spec, "--join-file", file.to_str().unwrap()],
         );
     }
 
@@ -606,6 +601,38 @@ pub fn process_alive(pid: i32) -> bool {
     }
 }
 
+/// Writes a join file for `gpud --join-file` at `path` (mode 0600, as the JSON that
+/// `gpuctl admin join-token create --json` prints) and answers the path.
+pub fn join_file(path: &Path, token: &str, ca_fingerprint: &str) -> PathBuf {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let text = serde_json::json!({ "token": token, "ca_fingerprint": ca_fingerprint });
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .expect("create the join file");
+    std::io::Write::write_all(&mut f, text.to_string().as_bytes()).unwrap();
+    path.to_path_buf()
+}
+
+/// Says that a test did not run (or ran in part) for want of `what`, where a person
+/// running the tests sees it (the harness captures `eprintln!`, not stderr itself),
+/// and fails instead where `require` names an environment variable that is set (CI
+/// sets them after installing what the tests use).
+pub fn skipped(require: &str, what: &str) {
+    assert!(
+        std::env::var_os(require).is_none(),
+        "{require} is set, and this test needs {what}"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED (in part): {} needs {what}",
+        std::thread::current().name().unwrap_or("a test")
+    );
+}
+
 /// Creates (once) a non-root user for the tests and returns its uid; `None` when the
 /// tests do not run as root. Several test processes may race here: useradd holds a
 /// lock on /etc/passwd, so a failed attempt is retried.
@@ -757,12 +784,12 @@ pub fn start_bench_node_joined(
         &["admin", "join-token", "create", "--node", name, "--json"],
     );
     let t: Value = serde_json::from_str(&out).unwrap();
-    let auth = [
-        "--join",
+    let file = join_file(
+        &dir.join(format!("join-{name}.json")),
         t["token"].as_str().unwrap(),
-        "--ca-fingerprint",
         t["ca_fingerprint"].as_str().unwrap(),
-    ];
+    );
+    let auth = ["--join-file", file.to_str().unwrap()];
     start_bench_node_as(bin, dir, &format!("https://{addr}"), name, &auth, extra)
 }
 

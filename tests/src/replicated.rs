@@ -220,7 +220,7 @@ impl Replicated {
         r
     }
 
-    fn path(&self, rel: &str) -> PathBuf {
+    pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
 
@@ -433,16 +433,13 @@ impl Replicated {
     /// `add_agent` with more gpud flags.
     pub fn add_agent_with(&mut self, name: &str, spec: &str, extra: &[&str]) {
         let log = std::fs::File::create(self.path(&format!("gpud-{name}.log"))).unwrap();
-        let identity = if self.secure && extra.contains(&"--join") {
+        let identity = if self.secure && extra.contains(&"--join-file") {
             Vec::new()
         } else if self.secure {
             let (token, fingerprint) = self.join_token(name);
-            vec![
-                "--join".to_string(),
-                token,
-                "--ca-fingerprint".into(),
-                fingerprint,
-            ]
+            let file = self.path(&format!("join-{name}.json"));
+            let file = crate::join_file(&file, &token, &fingerprint);
+            vec!["--join-file".to_string(), file.display().to_string()]
         } else {
             let key = self.path("cluster.key").display().to_string();
             vec!["--key-file".to_string(), key]

@@ -553,11 +553,9 @@ fn secure_members_keep_joined_nodes_and_tokens_across_a_failover() {
         "the API token was not honoured after the failover: {text}"
     );
 
-    r.add_agent_with(
-        "b",
-        "2xA100-80GB",
-        &["--join", &join_b, "--ca-fingerprint", &fingerprint],
-    );
+    let join_file = gpuctl_tests::join_file(&r.path("join-b.json"), &join_b, &fingerprint);
+    let join_file = join_file.to_str().unwrap();
+    r.add_agent_with("b", "2xA100-80GB", &["--join-file", join_file]);
     assert!(
         r.wait_nodes_idle(1, Duration::from_secs(30))
             && (r.json(&["nodes"]).unwrap_or_default().to_string()).contains("\"b\""),
@@ -568,7 +566,7 @@ fn secure_members_keep_joined_nodes_and_tokens_across_a_failover() {
     let again = r
         .gpud()
         .args(["--controller", &r.agent_controllers(), "--name", "b"])
-        .args(["--join", &join_b, "--ca-fingerprint", &fingerprint])
+        .args(["--join-file", join_file])
         .args(["--fake-gpus", "1xA100-80GB", "--allow-root-jobs"])
         .arg("--state-dir")
         .arg(r.dir.path().join("gpud-b-again"))

@@ -147,19 +147,11 @@ fn joins_are_single_use_and_nodes_are_their_certificates() {
 
     // A token used once is gone.
     let (token, fp) = c.join_token("", "1h");
-    c.spawn_gpud(
-        "n2",
-        &[
-            "--fake-gpus",
-            "1xA100-80GB",
-            "--join",
-            &token,
-            "--ca-fingerprint",
-            &fp,
-        ],
-    );
+    let file = gpuctl_tests::join_file(&c.path("join-any.json"), &token, &fp);
+    let file = file.to_str().unwrap();
+    c.spawn_gpud("n2", &["--fake-gpus", "1xA100-80GB", "--join-file", file]);
     c.wait_nodes_up(2);
-    let out = gpud_exits(&c, "n3", &["--join", &token, "--ca-fingerprint", &fp]);
+    let out = gpud_exits(&c, "n3", &["--join-file", file]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("unknown or already used join token"),
@@ -170,13 +162,15 @@ fn joins_are_single_use_and_nodes_are_their_certificates() {
     // An expired one is refused.
     let (late, _) = c.join_token("n4", "1s");
     std::thread::sleep(Duration::from_millis(1500));
-    let out = gpud_exits(&c, "n4", &["--join", &late, "--ca-fingerprint", &fp]);
+    let late = gpuctl_tests::join_file(&c.path("join-n4.json"), &late, &fp);
+    let out = gpud_exits(&c, "n4", &["--join-file", late.to_str().unwrap()]);
     assert!(stderr(&out).contains("expired"), "{}", stderr(&out));
 
     // A wrong CA fingerprint: the token is never sent.
     let (t5, _) = c.join_token("n5", "1h");
     let wrong = gpuctl_proto::tls::fingerprint(b"not the CA");
-    let out = gpud_exits(&c, "n5", &["--join", &t5, "--ca-fingerprint", &wrong]);
+    let t5 = gpuctl_tests::join_file(&c.path("join-n5.json"), &t5, &wrong);
+    let out = gpud_exits(&c, "n5", &["--join-file", t5.to_str().unwrap()]);
     assert!(
         stderr(&out).contains("pinned fingerprint"),
         "{}",

@@ -27,8 +27,8 @@ impl View for JoinToken {
             format!("node {}", format::printable(&self.node))
         };
         format!(
-            "Join token for {who}, single use, valid until {until}:\n{}\nCA fingerprint: {}\nOn the node: gpud --controller https://CONTROLLER:7817 --join {} --ca-fingerprint {}\n",
-            self.token, self.ca_fingerprint, self.token, self.ca_fingerprint
+            "Join token for {who}, single use, valid until {until}:\n{}\nCA fingerprint: {}\nOn the node, keep the token off the command line (every local user can read it there):\n  (umask 077; gpuctl admin join-token create --node NAME --json > /etc/gpuctl/join.json)  # or paste this token into such a file\n  gpud --controller https://CONTROLLER:7817 --join-file /etc/gpuctl/join.json --ca-fingerprint {}\nor set GPUD_JOIN_TOKEN in the agent's environment (an EnvironmentFile of mode 0600).\n",
+            self.token, self.ca_fingerprint, self.ca_fingerprint
         )
     }
 }

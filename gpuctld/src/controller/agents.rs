@@ -50,7 +50,8 @@ impl Controller {
     ) -> Result<Signed, Status> {
         refuse_long_name(node)?;
         let get = |k: &str| meta.get(k).and_then(|v| v.to_str().ok());
-        self.agent_key(node, via)?
+        let signed = self
+            .agent_key(node, via)?
             .verify_request(method, node, body, get, now_ms())
             .map_err(|e| {
                 let why = shown(&e.to_string(), 200);
@@ -59,7 +60,12 @@ impl Controller {
                     tracing::warn!(%node, method, refused_in_period = n, "agent request refused: {why} ({n} refused in the last {secs} s, this one included)");
                 });
                 Status::unauthenticated(format!("agent request refused: {why}"))
-            })
+            })?;
+        // An agent of the shared-key mode (no certificate): its signature proved it.
+        if let crate::pki::Via::Tcp(peer) = via {
+            peer.auth.authenticated();
+        }
+        Ok(signed)
     }
 
     /// Checks a heartbeat of the Heartbeats stream (its signature, then its session like

@@ -81,10 +81,18 @@ impl Controller {
         via: &Via<'_>,
         req: &pb::JoinRequest,
     ) -> Result<pb::JoinResponse, Status> {
-        if let Via::Tcp(peer) = via
-            && !peer.tls
-        {
-            return Err(Status::failed_precondition("a node joins over TLS only"));
+        match via {
+            Via::Tcp(peer) if !peer.tls => {
+                return Err(Status::failed_precondition("a node joins over TLS only"));
+            }
+            // Any local user can reach the socket: a token read off another host's
+            // screen or process list must not join from here. Agents join over TLS.
+            Via::Unix(uid) if *uid != Some(0) => {
+                return Err(Status::permission_denied(
+                    "a node joins over TLS (gpud --controller https://...); on the controller's socket only root may join",
+                ));
+            }
+            _ => {}
         }
         let now = now_ms();
         let refused = |e: &Status| {

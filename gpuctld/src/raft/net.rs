@@ -3,7 +3,12 @@
 //! refused) as JSON. `PeerService` serves a controller's Raft; `GrpcNet` reaches the
 //! others. A peer that cannot be reached is `Unreachable` to openraft, which retries.
 //! Every message carries an HMAC with the cluster key (`ClusterKey::peer_mac`): a
-//! controller answers only holders of the key, the cluster's members.
+//! controller answers only holders of the key, the cluster's members. Every request
+//! also carries a fresh MAC under that key in its headers (`x-gpuctl-peer`), checked
+//! before a byte of its body is read: a message from anyone else, however large it
+//! claims to be, costs its headers and no more (it was read whole, up to 256 MiB, and
+//! then refused). The service is served on the TCP listener only, never on the users'
+//! Unix socket.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -49,6 +54,92 @@ fn decode<T: DeserializeOwned>(
         .map_err(|e| Status::invalid_argument(format!("not a Raft message of this kind: {e}")))
 }
 
+/// The header that proves a request comes from a member: `MS.HEX`, the sender's clock
+/// in Unix ms and the MAC of it under the cluster key.
+const PEER_HEADER: &str = "x-gpuctl-peer";
+
+/// How far a member's header time may be from this one's clock.
+const PEER_SKEW_MS: i64 = 60_000;
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Adds [`PEER_HEADER`] to each request a member sends.
+#[derive(Clone)]
+pub struct SignPeer(ClusterKey);
+
+impl tonic::service::Interceptor for SignPeer {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        let ms = now_ms().to_string();
+        let mac = hex::encode(self.0.peer_mac("header", ms.as_bytes()));
+        let value = format!("{ms}.{mac}")
+            .parse()
+            .map_err(|_| Status::internal("an ASCII header is a header"))?;
+        req.metadata_mut().insert(PEER_HEADER, value);
+        Ok(req)
+    }
+}
+
+/// Refuses, before its body is read, a request without a member's [`PEER_HEADER`].
+#[derive(Clone)]
+pub struct CheckPeer(ClusterKey);
+
+impl tonic::service::Interceptor for CheckPeer {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let refused = |why: &str| {
+            PEER_REFUSED.note(|n, secs| {
+                tracing::warn!(
+                    "{n} Raft request(s) refused in the last {secs} s before reading them: {why}"
+                );
+            });
+            Err(Status::unauthenticated(format!(
+                "{why}: only this cluster's controllers take part in its Raft"
+            )))
+        };
+        let Some(value) = req
+            .metadata()
+            .get(PEER_HEADER)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return refused("no member's header");
+        };
+        let Some((ms, mac)) = value.split_once('.') else {
+            return refused("a malformed member's header");
+        };
+        let (Ok(at), Ok(mac)) = (ms.parse::<i64>(), hex::decode(mac)) else {
+            return refused("a malformed member's header");
+        };
+        if !self.0.verify_peer("header", ms.as_bytes(), &mac) {
+            return refused("a member's header not made with this cluster's key");
+        }
+        if (now_ms() - at).abs() > PEER_SKEW_MS {
+            return refused("a member's header too old (or a clock more than 60 s off)");
+        }
+        if let Some(peer) = req.extensions().get::<gpuctl_proto::guard::TcpPeer>() {
+            peer.auth.authenticated();
+        }
+        Ok(req)
+    }
+}
+
+/// Refused peer requests: anyone can send them, so a line a period.
+static PEER_REFUSED: gpuctl_proto::ratelog::RateLog =
+    gpuctl_proto::ratelog::RateLog::new(Duration::from_secs(10));
+
+/// The peer service as served: its requests checked before they are read.
+pub type PeerServer = tonic::service::interceptor::InterceptedService<
+    pb::raft_peer_server::RaftPeerServer<PeerService>,
+    CheckPeer,
+>;
+
+/// A member's client of another.
+type PeerClient = pb::raft_peer_client::RaftPeerClient<
+    tonic::service::interceptor::InterceptedService<Channel, SignPeer>,
+>;
+
 /// A controller's Raft, served to its peers.
 pub struct PeerService {
     raft: Raft<TypeConfig>,
@@ -63,19 +154,17 @@ pub struct PeerService {
 }
 
 impl PeerService {
-    pub fn new(
-        raft: Raft<TypeConfig>,
-        key: ClusterKey,
-        lease: Duration,
-    ) -> pb::raft_peer_server::RaftPeerServer<PeerService> {
+    pub fn new(raft: Raft<TypeConfig>, key: ClusterKey, lease: Duration) -> PeerServer {
         let service = PeerService {
             raft,
-            key,
+            key: key.clone(),
             heard: parking_lot::Mutex::new(std::time::Instant::now()),
             lease,
             standing: Default::default(),
         };
-        pb::raft_peer_server::RaftPeerServer::new(service).max_decoding_message_size(256 << 20)
+        let server =
+            pb::raft_peer_server::RaftPeerServer::new(service).max_decoding_message_size(256 << 20);
+        tonic::service::interceptor::InterceptedService::new(server, CheckPeer(key))
     }
 
     /// After refusing `req` because this member's log is ahead of the candidate's: if
@@ -232,7 +321,10 @@ impl GrpcNet {
                 };
                 let key = self.key.clone();
                 tokio::spawn(async move {
-                    let mut client = pb::raft_peer_client::RaftPeerClient::new(ch);
+                    let mut client = pb::raft_peer_client::RaftPeerClient::with_interceptor(
+                        ch,
+                        SignPeer(key.clone()),
+                    );
                     let ping = client.ping(encode(&key, "ping", &()));
                     // A member down is openraft's to notice; this only keeps the way open.
                     let _ = tokio::time::timeout(every, ping).await;
@@ -246,7 +338,7 @@ impl GrpcNet {
 pub struct Peer {
     target: u64,
     key: ClusterKey,
-    client: Result<pb::raft_peer_client::RaftPeerClient<Channel>, String>,
+    client: Result<PeerClient, String>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for GrpcNet {
@@ -254,7 +346,8 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNet {
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
         let client = self.channel(target, &node.addr).map(|ch| {
-            pb::raft_peer_client::RaftPeerClient::new(ch).max_decoding_message_size(256 << 20)
+            pb::raft_peer_client::RaftPeerClient::with_interceptor(ch, SignPeer(self.key.clone()))
+                .max_decoding_message_size(256 << 20)
         });
         Peer {
             target,

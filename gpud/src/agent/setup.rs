@@ -71,6 +71,8 @@ pub(super) async fn serve_metrics(
         handshake_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(120),
         reserved_fds: 128,
+        authenticated_reserve: 0,
+        auth_timeout: None,
     };
     let stats = guard::Stats::new("metrics", limits);
     exporter.conns.watch(stats.clone());

@@ -11,6 +11,8 @@ fn limits() -> Limits {
         handshake_timeout: Duration::from_millis(300),
         idle_timeout: Duration::from_millis(600),
         reserved_fds: 0,
+        authenticated_reserve: 0,
+        auth_timeout: None,
     }
 }
 
@@ -254,4 +256,187 @@ async fn tls_handshakes_run_side_by_side_within_the_deadline() {
     );
     assert!(closed(&mut silent).await, "the silent one is closed");
     assert_eq!(stats.refused(Refusal::Handshake), 1);
+}
+
+/// A TLS listener and a way to dial it as a node (with a certificate under its CA) or
+/// as anyone; each connection handed over reports its `Auth` and how it ended.
+struct TlsBench {
+    addr: std::net::SocketAddr,
+    stats: Arc<Stats>,
+    ca_pem: String,
+    node: crate::tls::ClientTls,
+    handed: tokio::sync::mpsc::UnboundedReceiver<Auth>,
+}
+
+impl TlsBench {
+    async fn start(limits: Limits) -> TlsBench {
+        use tonic::transport::server::Connected as _;
+        let dir = tempfile::tempdir().unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let (ca, _) = crate::tls::Ca::load_or_create(dir.path(), now).unwrap();
+        let config =
+            crate::tls::server_config(ca.server_identity(&[], now).unwrap(), ca.der()).unwrap();
+        let req = crate::tls::NodeRequest::new("node7").unwrap();
+        let der = ca
+            .sign_node(&req.csr_der, "node7", now - 60, now + 3600)
+            .unwrap();
+        let identity =
+            crate::tls::NodeIdentity::from_pem(&crate::tls::cert_pem(&der), &req.key_pem).unwrap();
+        let node = crate::tls::ClientTls::new(&ca.pem(), Some(identity)).unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let stats = Stats::new("test", limits);
+        let mut incoming = Listener::new(l, stats.clone(), Protocol::Http2).with_tls(config);
+        let (tx, handed) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(Ok(mut c)) = incoming.next().await {
+                let _ = tx.send(c.connect_info().auth);
+                tokio::spawn(async move {
+                    let mut b = [0u8; 256];
+                    while matches!(c.read(&mut b).await, Ok(n) if n > 0) {}
+                });
+            }
+        });
+        TlsBench {
+            addr,
+            stats,
+            ca_pem: ca.pem(),
+            node,
+            handed,
+        }
+    }
+
+    /// A TLS connection that has sent its first request's headers; `None` if refused.
+    async fn dial(
+        &self,
+        as_node: bool,
+    ) -> Option<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let config = if as_node {
+            self.node.rustls_config()
+        } else {
+            crate::tls::ClientTls::new(&self.ca_pem, None)
+                .unwrap()
+                .rustls_config()
+        };
+        let tcp = tokio::net::TcpStream::connect(self.addr).await.ok()?;
+        let name = rustls::pki_types::ServerName::try_from(crate::tls::SERVER_NAME).unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .ok()?;
+        tls.write_all(PREFACE).await.ok()?;
+        tls.write_all(&[0, 0, 0, 1, 4, 0, 0, 0, 1]).await.ok()?;
+        tls.flush().await.ok()?;
+        Some(tls)
+    }
+}
+
+/// HTTP/2 PING frames every 50 ms until the connection is closed; answers whether it
+/// was closed within `within`.
+async fn pings_until_closed(
+    s: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    within: Duration,
+) -> bool {
+    let ping = [0u8, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+    let t0 = Instant::now();
+    let mut b = [0u8; 64];
+    while t0.elapsed() < within {
+        if s.write_all(&ping).await.is_err() || s.flush().await.is_err() {
+            return true;
+        }
+        let r = tokio::time::timeout(Duration::from_millis(50), s.read(&mut b)).await;
+        if matches!(r, Ok(Ok(0) | Err(_))) {
+            return true;
+        }
+    }
+    false
+}
+
+/// One address full of unauthenticated connections (all of a node's users share its
+/// address with its agent): a client with a certificate under the CA still gets in;
+/// the unauthenticated ones are closed at `auth_timeout` however busy they keep
+/// themselves; one whose request authenticated stays.
+#[tokio::test]
+async fn authenticated_peers_are_out_of_the_per_address_cap_and_deadline() {
+    let mut lim = limits();
+    lim.max_per_address = 2;
+    lim.handshake_timeout = Duration::from_secs(2);
+    lim.idle_timeout = Duration::from_secs(30);
+    lim.auth_timeout = Some(Duration::from_millis(800));
+    let mut b = TlsBench::start(lim).await;
+    let mut squatters = Vec::new();
+    for _ in 0..2 {
+        squatters.push(b.dial(false).await.expect("under the cap"));
+        b.handed.recv().await.unwrap();
+    }
+    assert_eq!(b.stats.unauthenticated(), 2);
+    let mut third = b.dial(false).await;
+    let refused = match third.as_mut() {
+        None => true,
+        Some(s) => pings_until_closed(s, Duration::from_millis(300)).await,
+    };
+    assert!(
+        refused,
+        "a third unauthenticated connection of the address is refused"
+    );
+    assert_eq!(b.stats.refused(Refusal::PerAddress), 1);
+    // The agent of that address, with its certificate.
+    let mut agent = b.dial(true).await.expect("a node's connection is admitted");
+    let agent_auth = b.handed.recv().await.unwrap();
+    assert!(agent_auth.is_authenticated());
+    assert_eq!(
+        b.stats.unauthenticated(),
+        2,
+        "not counted against the address"
+    );
+    // A token's user: its request authenticates (the server says so).
+    drop(squatters.pop());
+    let mut user = loop {
+        if let Some(s) = b.dial(false).await {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    b.handed.recv().await.unwrap().authenticated();
+    // The squatter that is left pings on, and is closed at the deadline all the same.
+    let mut squatter = squatters.pop().unwrap();
+    assert!(pings_until_closed(&mut squatter, Duration::from_secs(3)).await);
+    assert!(b.stats.refused(Refusal::Unauthenticated) >= 1);
+    assert!(
+        !pings_until_closed(&mut agent, Duration::from_millis(300)).await,
+        "the agent stays"
+    );
+    assert!(
+        !pings_until_closed(&mut user, Duration::from_millis(300)).await,
+        "the token's user stays"
+    );
+    assert_eq!(b.stats.unauthenticated(), 0);
+}
+
+/// Slow TLS handshakes of one address cannot keep a new one from its turn: past
+/// `max_per_address` pending, the oldest is closed for the newcomer.
+#[tokio::test]
+async fn the_oldest_pending_handshake_of_an_address_makes_room() {
+    let mut lim = limits();
+    lim.max_per_address = 3;
+    lim.handshake_timeout = Duration::from_secs(20);
+    let mut b = TlsBench::start(lim).await;
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(tokio::net::TcpStream::connect(b.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _agent = b
+        .dial(true)
+        .await
+        .expect("admitted past the slow handshakes");
+    assert!(b.handed.recv().await.unwrap().is_authenticated());
+    assert!(
+        closed(&mut silent[0]).await,
+        "the oldest slow handshake made room"
+    );
+    assert_eq!(b.stats.refused(Refusal::PerAddress), 1);
 }

@@ -97,10 +97,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Transport<S> {
 }
 
 /// What the gRPC server knows of a TCP connection: the peer's address and, over TLS,
-/// the fingerprint of the certificate it presented.
+/// the fingerprint of the certificate it presented; and the handle with which it says
+/// that a request on the connection authenticated.
 #[derive(Debug, Clone)]
 pub struct TcpPeer {
     pub addr: Option<std::net::SocketAddr>,
     pub tls: bool,
     pub certificate: Option<String>,
+    pub auth: super::Auth,
 }

@@ -91,6 +91,12 @@ impl ClientTls {
         })
     }
 
+    /// The rustls configuration (tests that speak TLS by hand).
+    #[cfg(test)]
+    pub(crate) fn rustls_config(&self) -> Arc<rustls::ClientConfig> {
+        self.config.clone()
+    }
+
     /// A channel to `endpoint` (its URL's host and port; `https://`) that dials TLS
     /// through this configuration, connecting when first used.
     pub fn channel(&self, endpoint: tonic::transport::Endpoint) -> tonic::transport::Channel {
