@@ -126,6 +126,9 @@ impl Refusal {
     }
 }
 
+/// Connections per peer, oldest first.
+type Queues = HashMap<Peer, std::collections::VecDeque<std::sync::Weak<Slot>>>;
+
 /// A listener's counters, shared with its connections and read by the metrics.
 #[derive(Debug)]
 pub struct Stats {
@@ -134,7 +137,9 @@ pub struct Stats {
     /// Unauthenticated connections per peer.
     open: Mutex<HashMap<Peer, usize>>,
     /// TLS handshakes under way per peer, oldest first.
-    pending: Mutex<HashMap<Peer, std::collections::VecDeque<std::sync::Weak<Slot>>>>,
+    pending: Mutex<Queues>,
+    /// Unauthenticated connections per peer, oldest first.
+    unauthenticated_order: Mutex<Queues>,
     total: AtomicU64,
     unauthenticated: AtomicU64,
     refused: [AtomicU64; 6],
@@ -148,6 +153,7 @@ impl Stats {
             limits,
             open: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
+            unauthenticated_order: Mutex::new(HashMap::new()),
             total: AtomicU64::new(0),
             unauthenticated: AtomicU64::new(0),
             refused: Default::default(),
@@ -206,6 +212,21 @@ impl Stats {
             return Err(Refusal::Descriptors);
         }
         Ok(slot)
+    }
+
+    /// The oldest unauthenticated connection of `peer` still open.
+    fn oldest_unauthenticated(&self, peer: Option<Peer>) -> Option<Arc<Slot>> {
+        let mut order = self
+            .unauthenticated_order
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let q = order.get_mut(&peer?)?;
+        while let Some(w) = q.pop_front() {
+            if let Some(slot) = w.upgrade() {
+                return Some(slot);
+            }
+        }
+        None
     }
 
     /// Counts one more unauthenticated connection of `peer`, if the caps allow.
@@ -389,8 +410,18 @@ impl<S> Guarded<S> {
         }
     }
 
+    /// Closes a connection that a newer one of its address took the place of.
+    fn evicted(&self) -> io::Error {
+        self.slot.stats.count(Refusal::PerAddress, self.slot.peer);
+        io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            "connection closed: a newer one of its address took its place",
+        )
+    }
+
     /// `Some(why)` when the connection's deadline has passed.
     fn expired(&mut self, cx: &mut Context<'_>) -> Option<Refusal> {
+        self.slot.waker.register(cx.waker());
         loop {
             if self.deadline.as_mut().poll(cx).is_pending() {
                 return None;
@@ -414,6 +445,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.slot.is_evicted() {
+            return Poll::Ready(Err(self.evicted()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -432,6 +466,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
                 Poll::Ready(Ok(()))
             }
             Poll::Pending => match self.expired(cx) {
+                None if self.slot.is_evicted() => Poll::Ready(Err(self.evicted())),
                 Some(why) => {
                     self.slot.stats.count(why, self.slot.peer);
                     Poll::Ready(Err(io::Error::new(

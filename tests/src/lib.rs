@@ -97,6 +97,11 @@ impl Cluster {
         Cluster::build("", true)
     }
 
+    /// `secure_controller` whose config is `TEST_CONFIG` plus `extra` (TOML).
+    pub fn secure_controller_with_config(extra: &str) -> Cluster {
+        Cluster::build(extra, true)
+    }
+
     fn build(extra: &str, secure: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         // Other users (the tests' job users) must reach the socket inside.

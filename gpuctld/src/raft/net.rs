@@ -417,3 +417,40 @@ impl RaftNetwork<TypeConfig> for Peer {
         self.call(Kind::Vote, &rpc).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::service::Interceptor as _;
+
+    /// A member's header passes; none, one under another key, a malformed one or a
+    /// stale one is refused before the body would be read.
+    #[test]
+    fn peer_requests_are_checked_by_their_headers() {
+        let key = ClusterKey::generate();
+        let signed = SignPeer(key.clone()).call(Request::new(())).unwrap();
+        assert!(CheckPeer(key.clone()).call(signed).is_ok());
+
+        let refused = |req: Request<()>| {
+            let e = CheckPeer(key.clone()).call(req).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+            e.message().to_string()
+        };
+        assert!(refused(Request::new(())).contains("no member's header"));
+        let foreign = SignPeer(ClusterKey::generate())
+            .call(Request::new(()))
+            .unwrap();
+        assert!(refused(foreign).contains("not made with this cluster's key"));
+        let mut bad = Request::new(());
+        bad.metadata_mut()
+            .insert(PEER_HEADER, "12.zz".parse().unwrap());
+        assert!(refused(bad).contains("malformed"));
+        let old = (now_ms() - 2 * PEER_SKEW_MS).to_string();
+        let mac = hex::encode(key.peer_mac("header", old.as_bytes()));
+        let mut stale = Request::new(());
+        stale
+            .metadata_mut()
+            .insert(PEER_HEADER, format!("{old}.{mac}").parse().unwrap());
+        assert!(refused(stale).contains("too old"));
+    }
+}

@@ -6,14 +6,16 @@
 //!   handshakes cannot keep an agent of the same address from finishing its own.
 //! - **Unauthenticated**: nothing proved yet. Capped per address (per uid on the Unix
 //!   socket) and in all at `max_connections - authenticated_reserve`; with
-//!   `auth_timeout`, closed that long after accept unless it authenticates.
+//!   `auth_timeout`, closed that long after accept unless it authenticates, and a new
+//!   connection of an address at its cap closes the address's oldest unauthenticated
+//!   one instead of being refused: a token's user gets in to send its token, however
+//!   many connections others of its address hold.
 //! - **Authenticated**: a client certificate under the cluster CA (agents, members), or
 //!   a request that passed its checks (an API token, an agent's signature, a member's
 //!   MAC: the server calls [`Auth::authenticated`]). Not counted against any address:
 //!   all local users and every job of a node share one address with its agent, and
 //!   their connections must not lock the agent or a token's user out.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -24,6 +26,8 @@ pub(super) enum Class {
     Pending,
     Unauthenticated,
     Authenticated,
+    /// Closed for a newer connection of its address: counts for nothing while it goes.
+    Evicted,
 }
 
 /// One connection's place under its listener's caps; gives it back when dropped.
@@ -32,8 +36,10 @@ pub(super) struct Slot {
     pub(super) stats: Arc<Stats>,
     pub(super) peer: Option<Peer>,
     class: Mutex<Class>,
-    /// Set when a newer pending handshake of the same address took its place.
+    /// Told when a newer connection of the same address took its place (a handshake
+    /// waits on it; a connection's reads are woken through `waker`).
     pub(super) evicted: tokio::sync::Notify,
+    pub(super) waker: futures::task::AtomicWaker,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -48,13 +54,14 @@ impl Slot {
             peer,
             class: Mutex::new(class),
             evicted: tokio::sync::Notify::new(),
+            waker: futures::task::AtomicWaker::new(),
         });
         if class == Class::Pending
             && let Some(p) = peer
         {
             let evict = {
                 let mut pending = lock(&slot.stats.pending);
-                let q: &mut VecDeque<Weak<Slot>> = pending.entry(p).or_default();
+                let q = pending.entry(p).or_default();
                 q.retain(|w| w.strong_count() > 0);
                 q.push_back(Arc::downgrade(&slot));
                 if q.len() > slot.stats.limits.max_per_address {
@@ -64,7 +71,7 @@ impl Slot {
                 }
             };
             if let Some(old) = evict.and_then(|w| w.upgrade()) {
-                old.evicted.notify_one();
+                old.evict();
             }
         }
         slot
@@ -77,15 +84,43 @@ impl Slot {
     /// Leaves `Pending` (a TLS handshake done) for what the peer proved: a client
     /// certificate makes it authenticated; without one it must fit under the caps on
     /// unauthenticated connections.
-    pub(super) fn settle(&self, certificate: bool) -> Result<(), Refusal> {
+    pub(super) fn settle(self: &Arc<Self>, certificate: bool) -> Result<(), Refusal> {
         if certificate {
             self.set(Class::Authenticated);
             return Ok(());
         }
-        self.stats.admit_unauthenticated(self.peer)?;
+        match self.stats.admit_unauthenticated(self.peer) {
+            Ok(()) => {}
+            // Room made by closing the address's oldest unauthenticated connection.
+            Err(Refusal::PerAddress) if self.stats.limits.auth_timeout.is_some() => {
+                match self.stats.oldest_unauthenticated(self.peer) {
+                    Some(old) => {
+                        old.evict();
+                        self.stats.admit_unauthenticated(self.peer)?;
+                    }
+                    None => return Err(Refusal::PerAddress),
+                }
+            }
+            Err(e) => return Err(e),
+        }
         self.leave(Class::Pending);
         *lock(&self.class) = Class::Unauthenticated;
+        if let Some(p) = self.peer {
+            let mut order = lock(&self.stats.unauthenticated_order);
+            order.entry(p).or_default().push_back(Arc::downgrade(self));
+        }
         Ok(())
+    }
+
+    /// Closes this connection for a newer one of its address.
+    pub(super) fn evict(&self) {
+        self.set(Class::Evicted);
+        self.evicted.notify_one();
+        self.waker.wake();
+    }
+
+    pub(super) fn is_evicted(&self) -> bool {
+        self.class() == Class::Evicted
     }
 
     /// Moves to `to`, giving back what the class held.
@@ -101,7 +136,7 @@ impl Slot {
     /// Gives back the per-class counts of `class`.
     fn leave(&self, class: Class) {
         match class {
-            Class::Authenticated => {}
+            Class::Authenticated | Class::Evicted => {}
             Class::Unauthenticated => {
                 self.stats.unauthenticated.fetch_sub(1, Ordering::Relaxed);
                 if let Some(p) = self.peer {
@@ -112,19 +147,26 @@ impl Slot {
                             open.remove(&p);
                         }
                     }
+                    drop(open);
+                    self.forget(&self.stats.unauthenticated_order, p);
                 }
             }
             Class::Pending => {
                 if let Some(p) = self.peer {
-                    let mut pending = lock(&self.stats.pending);
-                    if let Some(q) = pending.get_mut(&p) {
-                        let me: *const Slot = self;
-                        q.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), me));
-                        if q.is_empty() {
-                            pending.remove(&p);
-                        }
-                    }
+                    self.forget(&self.stats.pending, p);
                 }
+            }
+        }
+    }
+
+    /// Takes this slot (and any dropped one) out of `peer`'s queue in `queues`.
+    fn forget(&self, queues: &Mutex<super::Queues>, peer: Peer) {
+        let mut queues = lock(queues);
+        if let Some(q) = queues.get_mut(&peer) {
+            let me: *const Slot = self;
+            q.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), me));
+            if q.is_empty() {
+                queues.remove(&peer);
             }
         }
     }
@@ -134,21 +176,7 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.stats.total.fetch_sub(1, Ordering::Relaxed);
         let class = *lock(&self.class);
-        match class {
-            // Its weak entry is gone with it (pruned on the next pending slot).
-            Class::Pending => {
-                if let Some(p) = self.peer {
-                    let mut pending = lock(&self.stats.pending);
-                    if let Some(q) = pending.get_mut(&p) {
-                        q.retain(|w| w.strong_count() > 0);
-                        if q.is_empty() {
-                            pending.remove(&p);
-                        }
-                    }
-                }
-            }
-            other => self.leave(other),
-        }
+        self.leave(class);
     }
 }
 
