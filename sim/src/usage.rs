@@ -155,8 +155,9 @@ mod tests {
         // Both weeks of the trace here: GPU-hour weighted mean of the modelled busy
         // fraction against the measured 0.502.
         for week in ["philly-w2.csv", "philly-w3.csv"] {
+            // Carried in the repository (sim/data/SOURCE.md).
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../shared/traces/philly")
+                .join("data")
                 .join(week);
             let text = std::fs::read_to_string(&path).unwrap();
             let (mut used, mut held) = (0.0, 0.0);

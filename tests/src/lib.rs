@@ -643,7 +643,10 @@ pub fn skipped(require: &str, what: &str) {
 /// lock on /etc/passwd, so a failed attempt is retried.
 pub fn ensure_user(name: &str) -> Option<u32> {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root to create user {name}");
+        skipped(
+            "GPUCTL_REQUIRE_ROOT",
+            &format!("root (to create user {name})"),
+        );
         return None;
     }
     for _ in 0..50 {

@@ -88,7 +88,7 @@ fn job_over_its_memory_limit_is_ended() {
         .any(|c| c == "memory")
         && writable("/sys/fs/cgroup");
     if !v1 && !v2 {
-        eprintln!("skipped: no writable memory cgroup on this host");
+        gpuctl_tests::skipped("GPUCTL_REQUIRE_CGROUPS", "a writable memory cgroup");
         return;
     }
     let c = Cluster::start(&[("n1", "1xA100-80GB")]);

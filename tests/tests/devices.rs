@@ -16,7 +16,10 @@ const T: Duration = Duration::from_secs(30);
 fn confinable(c: &Cluster, node: &str) -> bool {
     let log = c.agent_log(node);
     if log.contains("GPU device isolation is unavailable") {
-        eprintln!("skipped: this host cannot confine devices: {log}");
+        gpuctl_tests::skipped(
+            "GPUCTL_REQUIRE_CGROUPS",
+            &format!("device confinement: {log}"),
+        );
         return false;
     }
     assert!(

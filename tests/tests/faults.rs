@@ -7,11 +7,10 @@
 #[test]
 fn random_kills_freezes_and_partitions_lose_and_repeat_nothing() {
     if let Err(why) = gpuctl_tests::replicated::namespaces_available() {
-        assert!(
-            std::env::var_os("GPUCTL_REQUIRE_NETNS").is_none(),
-            "network namespaces required (GPUCTL_REQUIRE_NETNS) but not available: {why}"
+        gpuctl_tests::skipped(
+            "GPUCTL_REQUIRE_NETNS",
+            &format!("network namespaces for its partitions ({why}): kills and freezes only"),
         );
-        eprintln!("no network namespaces here ({why}): kills and freezes only");
     }
     let seed = std::env::var("GPUCTL_FAULT_SEED")
         .ok()

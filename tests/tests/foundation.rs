@@ -555,7 +555,10 @@ fn cli_errors_are_clear() {
 #[test]
 fn gpud_without_nvml_says_so_and_exits_nonzero() {
     if std::path::Path::new("/dev/nvidiactl").exists() {
-        eprintln!("skipped: this machine has an NVIDIA driver");
+        gpuctl_tests::skipped(
+            "GPUCTL_REQUIRE_NO_GPU",
+            "a machine without an NVIDIA driver",
+        );
         return;
     }
     let out = std::process::Command::new(gpuctl_tests::bin("gpud"))

@@ -430,7 +430,7 @@ fn jobs_get_a_login_environment_and_clear_missing_program_errors() {
 /// where no tmpfs can be mounted (not root, or the kernel refuses).
 fn state_on_tmpfs(c: &mut Cluster, size: &str) -> Option<Mounted> {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root to mount a tmpfs");
+        gpuctl_tests::skipped("GPUCTL_REQUIRE_ROOT", "root (to mount a tmpfs)");
         return None;
     }
     c.add_agent("n1", "1xA100-80GB", &[]);
@@ -446,7 +446,7 @@ fn state_on_tmpfs(c: &mut Cluster, size: &str) -> Option<Mounted> {
         .status()
         .unwrap();
     if !mounted.success() {
-        eprintln!("skipped: cannot mount a tmpfs here");
+        gpuctl_tests::skipped("GPUCTL_REQUIRE_ROOT", "a tmpfs mount");
         return None;
     }
     let guard = Mounted(state.clone());

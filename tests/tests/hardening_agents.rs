@@ -162,7 +162,10 @@ fn a_second_agent_cannot_take_a_live_name() {
     );
     c2.wait_nodes_up(1);
     if c2.agent_log("m1").contains("no writable cgroup hierarchy") {
-        eprintln!("skipped the cgroup half: no writable cgroup hierarchy here");
+        gpuctl_tests::skipped(
+            "GPUCTL_REQUIRE_CGROUPS",
+            "a writable cgroup hierarchy (for its cgroup half)",
+        );
         return;
     }
     let j2 = c2.submit("s.toml", "script = \"sleep 1\"\n");

@@ -100,11 +100,10 @@ fn torch_python() -> Option<String> {
         .unwrap_or_else(|_| "/opt/gpuctl-torch/bin/python".into());
     if std::path::Path::new(&p).exists() {
         Some(p)
-    } else if std::env::var_os("GPUCTL_REQUIRE_TORCH").is_some() {
-        panic!("GPUCTL_REQUIRE_TORCH is set and there is no python with torch at {p}");
     } else {
-        eprintln!(
-            "skipped: no python with torch at {p} (.ci/run installs one; set GPUCTL_TORCH_PYTHON)"
+        gpuctl_tests::skipped(
+            "GPUCTL_REQUIRE_TORCH",
+            &format!("a python with torch at {p} (.ci/run installs one; set GPUCTL_TORCH_PYTHON)"),
         );
         None
     }
@@ -281,7 +280,7 @@ fn uneven_tasks_are_refused_at_submit() {
 fn a_users_job_runs_its_tasks_and_steps_as_that_user() {
     let user = "gpuctl-test-tasks";
     if gpuctl_tests::ensure_user(user).is_none() {
-        eprintln!("skipped: cannot make the test user");
+        gpuctl_tests::skipped("GPUCTL_REQUIRE_ROOT", "a test user (root to make it)");
         return;
     }
     let c = Cluster::start(&[("n1", "2xA100-80GB")]);
