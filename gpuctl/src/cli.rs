@@ -306,19 +306,15 @@ impl From<tonic::Status> for Failure {
         let m = s.message();
         // tonic reports its own request timeout as CANCELLED "Timeout expired".
         let timed_out = s.code() == Code::DeadlineExceeded || m.contains("Timeout expired");
-        let code = if s.code() == Code::Unavailable || timed_out {
+        let broken = !timed_out && connection_broke(&s);
+        let code = if s.code() == Code::Unavailable || timed_out || broken {
             exit::UNREACHABLE
         } else {
             exit::FAILED
         };
-        let broken = [
-            "transport error",
-            "h2 protocol error",
-            "operation was canceled",
-        ];
-        let message = if !timed_out && broken.iter().any(|b| m.contains(b)) {
+        let message = if broken {
             format!(
-                "{m}: the connection broke: the controller did not answer as gRPC (is --controller / GPUCTL_CONTROLLER gpuctld's address?) or it went away"
+                "{m}: the connection broke: the controller went away (a restart or failover: try again), closed it (too many connections of yours or of this host open: its per-uid or per-address cap), or does not speak gRPC there (is --controller / GPUCTL_CONTROLLER gpuctld's address?)"
             )
         } else if timed_out {
             format!(
@@ -329,6 +325,22 @@ impl From<tonic::Status> for Failure {
         };
         Failure { code, message }
     }
+}
+
+/// Whether `s` says the connection itself failed (reset, closed, not HTTP/2) rather
+/// than the controller answering: the request's outcome is unknown.
+pub(crate) fn connection_broke(s: &tonic::Status) -> bool {
+    let m = s.message();
+    [
+        "transport error",
+        "h2 protocol error",
+        "operation was canceled",
+        "connection reset",
+        "broken pipe",
+        "connection closed",
+    ]
+    .iter()
+    .any(|b| m.contains(b))
 }
 
 pub(crate) fn fail(message: impl Into<String>) -> Failure {

@@ -211,6 +211,20 @@ pub fn slurm_time(v: &str) -> Result<Duration, String> {
 /// `HH:MM[:SS]` (today, or tomorrow once past), `midnight`, `noon`, `teatime`,
 /// `YYYY-MM-DD` or `YYYY-MM-DDTHH:MM[:SS]`. Answers Unix milliseconds.
 pub fn begin_time(v: &str, now: &jiff::Zoned) -> Result<i64, String> {
+    let at = begin_any(v, now)?;
+    let latest = now.timestamp().as_millisecond() + MAX_BEGIN_AHEAD_MS;
+    if at > latest {
+        return Err(format!(
+            "--begin {v:?} is more than a year ahead: a job may be held back at most a year (hold it with -H and release it later instead)"
+        ));
+    }
+    Ok(at)
+}
+
+/// How far ahead a begin time may be.
+const MAX_BEGIN_AHEAD_MS: i64 = 366 * 86_400_000;
+
+fn begin_any(v: &str, now: &jiff::Zoned) -> Result<i64, String> {
     let bad = || {
         format!(
             "--begin {v:?} is not a time: now+2hours, now+30minutes, 16:00, midnight, 2026-12-24 or 2026-12-24T08:00"
@@ -266,10 +280,12 @@ pub fn begin_time(v: &str, now: &jiff::Zoned) -> Result<i64, String> {
     if let Some(t) = named.or_else(time_only) {
         return at_next(t);
     }
+    // A date jiff cannot place (past its range, e.g. 9999-12-31T23:59 in a zone east
+    // of UTC) is not a time for this rule either.
     let local = |dt: jiff::civil::DateTime| -> Result<i64, String> {
         dt.to_zoned(now.time_zone().clone())
             .map(|z| z.timestamp().as_millisecond())
-            .map_err(|e| e.to_string())
+            .map_err(|_| bad())
     };
     if let Ok(dt) = lower.parse::<jiff::civil::DateTime>() {
         return local(dt);

@@ -754,7 +754,7 @@ fn submits_retry_safely_and_errors_say_what_happened() {
         .unwrap();
     assert_ne!(out.status.code(), Some(0));
     assert!(
-        stderr(&out).contains("did not answer as gRPC"),
+        stderr(&out).contains("does not speak gRPC there"),
         "{}",
         stderr(&out)
     );

@@ -101,7 +101,7 @@ fn outcome_unknown(s: &tonic::Status) -> bool {
     matches!(
         s.code(),
         Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
-    )
+    ) || crate::cli::connection_broke(s)
 }
 
 /// A random id for a submit, so that a retry is recognised (16 bytes of the kernel's
@@ -170,5 +170,32 @@ pub async fn run(
         if let Ok(c) = connect(cli).await {
             *client = c;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection that broke mid-request (a controller killed under it) leaves the
+    /// submit's outcome unknown, whatever code the transport gave it: the submit is
+    /// asked again with the same request id, and if it never is confirmed the exit is
+    /// 3 (unreachable), never 1 (refused).
+    #[test]
+    fn a_broken_connection_is_an_unknown_outcome_and_unreachable() {
+        for s in [
+            tonic::Status::internal("h2 protocol error: error reading a body from connection"),
+            tonic::Status::unknown("transport error"),
+            tonic::Status::cancelled("operation was canceled: connection closed"),
+            tonic::Status::internal("connection reset by peer"),
+        ] {
+            assert!(outcome_unknown(&s), "{s:?}");
+            let f = Failure::from(s.clone());
+            assert_eq!(f.code, exit::UNREACHABLE, "{s:?}");
+            assert!(f.message.contains("went away"), "{}", f.message);
+        }
+        let refused = tonic::Status::invalid_argument("time limit over the maximum");
+        assert!(!outcome_unknown(&refused));
+        assert_eq!(Failure::from(refused).code, exit::FAILED);
     }
 }

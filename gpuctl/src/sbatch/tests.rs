@@ -185,6 +185,16 @@ fn begin_times_as_sbatch_takes_them() {
     for bad in ["tomorrow-ish", "now-1h", "now+1fortnight", "25:00", ""] {
         assert!(begin_time(bad, &now).is_err(), "{bad}");
     }
+    // Absurdly far: the rule, not an arithmetic error.
+    for far in ["9999-12-31T23:59", "now+99999999999weeks", "2028-01-01"] {
+        let e = begin_time(far, &now).unwrap_err();
+        assert!(
+            e.contains("more than a year ahead") || e.contains("is not a time"),
+            "{far}: {e}"
+        );
+        assert!(!e.contains("overflow"), "{far}: {e}");
+    }
+    assert!(begin_time("now+52weeks", &now).is_ok());
     let (job, _) = parse("b.sh", "#!/bin/sh\n#SBATCH --begin=now+1hour\ntrue\n").unwrap();
     assert!(job.spec.begin_ms > 0);
 }

@@ -39,6 +39,70 @@ const HANGUP_GRACE: Duration = Duration::from_secs(5);
 /// left running is relayed before the step's end is sent.
 const DRAIN: Duration = Duration::from_millis(300);
 
+/// Steps from outside running at once on this node, per job and per user: each holds
+/// a few descriptors in the agent and processes on the node, so a loop of `srun`s in
+/// an allocation must not take the agent's descriptors or the node's process table.
+const MAX_STEPS_PER_JOB: usize = 128;
+const MAX_STEPS_PER_USER: usize = 256;
+
+/// Running steps by job and by user.
+static RUNNING: std::sync::Mutex<(
+    std::collections::BTreeMap<u64, usize>,
+    std::collections::BTreeMap<String, usize>,
+)> = std::sync::Mutex::new((std::collections::BTreeMap::new(), std::collections::BTreeMap::new()));
+
+/// A running step's place under the caps; given back when dropped.
+struct StepSlot {
+    job: u64,
+    user: String,
+}
+
+impl StepSlot {
+    fn take(job: u64, user: &str) -> Result<StepSlot, String> {
+        let mut r = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+        let (by_job, by_user) = &mut *r;
+        let (j, u) = (
+            by_job.get(&job).copied().unwrap_or(0),
+            by_user.get(user).copied().unwrap_or(0),
+        );
+        if j >= MAX_STEPS_PER_JOB {
+            return Err(format!(
+                "job {job} already runs {j} steps started from outside it on this node (at most {MAX_STEPS_PER_JOB}): wait for some to end"
+            ));
+        }
+        if u >= MAX_STEPS_PER_USER {
+            return Err(format!(
+                "user {user} already runs {u} steps started from outside their jobs on this node (at most {MAX_STEPS_PER_USER}): wait for some to end"
+            ));
+        }
+        *by_job.entry(job).or_default() += 1;
+        *by_user.entry(user.to_string()).or_default() += 1;
+        Ok(StepSlot {
+            job,
+            user: user.to_string(),
+        })
+    }
+}
+
+impl Drop for StepSlot {
+    fn drop(&mut self) {
+        let mut r = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+        let (by_job, by_user) = &mut *r;
+        if let Some(n) = by_job.get_mut(&self.job) {
+            *n -= 1;
+            if *n == 0 {
+                by_job.remove(&self.job);
+            }
+        }
+        if let Some(n) = by_user.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                by_user.remove(&self.user);
+            }
+        }
+    }
+}
+
 /// Opens step `s` in the background.
 pub(super) fn open(agent: &Arc<Agent>, s: pb::StepSession) {
     let agent = agent.clone();
@@ -119,6 +183,8 @@ struct Step {
     /// The terminal's master (`--pty`), for window sizes.
     master: Option<OwnedFd>,
     status: PathBuf,
+    /// Its place under the caps on running steps.
+    _slot: StepSlot,
 }
 
 fn nonblocking(fd: OwnedFd) -> std::io::Result<AsyncFd<File>> {
@@ -161,6 +227,7 @@ fn start(
         }
     };
     let spec = start.spec.clone().unwrap_or_default();
+    let slot = StepSlot::take(job_id, &spec.user)?;
     let tools = agent.tools.as_ref().ok_or_else(|| {
         format!(
             "node {} has no gpuctl next to gpud: steps start through its srun",
@@ -233,6 +300,7 @@ fn start(
         input: ours.input,
         master: ours.master,
         status,
+        _slot: slot,
     })
 }
 
@@ -428,5 +496,29 @@ async fn client_input(step: &mut Step, m: pb::StepInput) {
             }
         }
         Some(Input::Open(_)) | None => {}
+    }
+}
+
+#[cfg(test)]
+mod step_cap_tests {
+    use super::*;
+
+    #[test]
+    fn running_steps_are_capped_per_job_and_per_user_and_given_back() {
+        let held: Vec<StepSlot> = (0..MAX_STEPS_PER_JOB)
+            .map(|_| StepSlot::take(7_000_001, "capped-a").unwrap())
+            .collect();
+        let e = StepSlot::take(7_000_001, "capped-a").err().unwrap();
+        assert!(e.contains("at most 128"), "{e}");
+        // Another job of the same user, up to the user's cap.
+        let more: Vec<StepSlot> = (0..MAX_STEPS_PER_USER - MAX_STEPS_PER_JOB)
+            .map(|_| StepSlot::take(7_000_002, "capped-a").unwrap())
+            .collect();
+        let e = StepSlot::take(7_000_003, "capped-a").err().unwrap();
+        assert!(e.contains("user capped-a"), "{e}");
+        assert!(StepSlot::take(7_000_004, "capped-b").is_ok(), "others are not capped");
+        drop(held);
+        drop(more);
+        assert!(StepSlot::take(7_000_001, "capped-a").is_ok(), "slots come back");
     }
 }
