@@ -635,6 +635,7 @@ impl Cluster {
                 // A failure with restarts left: requeued as `gpuctl requeue` would be
                 // (the other ranks are killed below; the last one's end requeues it).
                 let restart = (state == JobState::Failed
+                    && !r.node_fault
                     && !cancel_requested
                     && requeue_reason.is_none()
                     && j.restarts < max)
@@ -653,7 +654,22 @@ impl Cluster {
                         s.job.restarts += 1;
                     });
                 }
-                let requeue_reason = requeue_reason.or(restart);
+                // The node refused the launch for a reason of its own: not the job's
+                // failure. Back to the queue, and the node drained until its agent
+                // comes back healthy (a restart with fixed options).
+                let node_fault = (r.node_fault && !cancel_requested).then(|| {
+                    let why = format!("launch refused on {}: {}", r.node, r.reason);
+                    if let Some(n) = c.fleet.nodes.get_mut(&r.node)
+                        && (n.drain_reason.is_none() || n.drain_automatic)
+                    {
+                        tracing::warn!(node = %r.node, "draining: {why}");
+                        n.drain_reason = Some(why.clone());
+                        n.drain_automatic = true;
+                    }
+                    c.node_changed(&r.node);
+                    format!("requeued: {why}")
+                });
+                let requeue_reason = node_fault.or(requeue_reason).or(restart);
                 c.add_host_usage(r);
                 if !r.steps.is_empty() {
                     c.jobs.edit(id, |s| {

@@ -104,6 +104,9 @@ pub struct Report {
     pub cpu_time_ms: Option<u64>,
     pub mem_peak_bytes: Option<u64>,
     pub steps: Vec<Step>,
+    /// For an end: the node refused the launch for a reason of its own (its options,
+    /// its users), not of the job's: the job is requeued and the node drained.
+    pub node_fault: bool,
 }
 
 impl Report {
@@ -121,6 +124,7 @@ impl Report {
             cpu_time_ms: None,
             mem_peak_bytes: None,
             steps: Vec::new(),
+            node_fault: false,
         }
     }
 }

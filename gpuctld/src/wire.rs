@@ -194,6 +194,7 @@ pub fn report(r: pb::JobReport) -> Result<Report, Status> {
         cpu_time_ms: r.cpu_time_ms,
         mem_peak_bytes: r.mem_peak_bytes,
         steps: r.steps.into_iter().map(Into::into).collect(),
+        node_fault: r.node_fault,
     })
 }
 

@@ -122,6 +122,10 @@ struct Agent {
     session_ready: Notify,
     /// The health program's latest complaint ("" = healthy, or no program).
     health: Arc<Mutex<String>>,
+    /// A launch this node refused for a reason of its own (`launch::NodeFault`):
+    /// reported with the health program's complaint, so the node stays drained until
+    /// the agent is restarted (with its options fixed).
+    launch_fault: Mutex<Option<String>>,
     /// The directory put first on jobs' PATH, holding `srun` (`launch::job_tools`).
     tools: Option<PathBuf>,
     /// A channel to each controller of `--controller a,b,c` (replicated controllers),
@@ -226,6 +230,7 @@ impl Agent {
             session: Mutex::new(None),
             session_ready: Notify::new(),
             health: Arc::default(),
+            launch_fault: Mutex::new(None),
             tools: crate::launch::job_tools(&opts.state_dir),
             channels: std::sync::OnceLock::new(),
             current: std::sync::atomic::AtomicUsize::new(0),

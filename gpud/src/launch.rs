@@ -314,6 +314,26 @@ pub struct RunAs {
 
 /// Who a job runs as: the submitting user, looked up on this node. Root only when
 /// `allow_root`; an agent that is not root can only run jobs as itself.
+/// A launch refused for a reason of the node's own (its options, its users), not of the
+/// job's: the controller requeues the job and drains the node.
+#[derive(Debug)]
+pub struct NodeFault(pub String);
+
+impl std::fmt::Display for NodeFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NodeFault {}
+
+impl NodeFault {
+    /// The node's reason in `e`, if it is one.
+    pub fn of(e: &std::io::Error) -> Option<&NodeFault> {
+        e.get_ref().and_then(|i| i.downcast_ref::<NodeFault>())
+    }
+}
+
 pub fn resolve_user(name: &str, allow_root: bool) -> Result<Option<RunAs>, String> {
     use nix::unistd::{Uid, User, geteuid, getgrouplist};
     let user = User::from_name(name)

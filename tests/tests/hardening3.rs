@@ -273,3 +273,59 @@ fn a_full_address_locks_out_neither_the_agent_nor_token_users() {
     assert!(out.status.success(), "{}", stderr(&out));
     drop(squatters);
 }
+
+/// A node started without `--allow-root-jobs` is given root's jobs (another node runs
+/// them, drained for now): the launch is the node's refusal, not the jobs' failure.
+/// Each job goes back to the queue (none FAILED) and the node is drained with the
+/// reason; the jobs run once a node that takes them is back.
+#[test]
+fn a_launch_the_node_refuses_requeues_the_job_and_drains_the_node() {
+    let mut c = Cluster::controller_only();
+    c.add_agent("lenient", "1xA100-80GB", &[]);
+    c.wait_nodes_up(1);
+    c.gpuctl_ok(&["node", "drain", "lenient", "--reason", "not yet"]);
+    let state = c.path("gpud-strict");
+    let parent = c.cgroup_parent("strict");
+    let tcp = c.tcp_url();
+    let args = [
+        "--controller",
+        &tcp,
+        "--fake-gpus",
+        "2xA100-80GB",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--cgroup-parent",
+        &parent,
+    ];
+    c.add_agent_custom("strict", "strict", &args);
+    c.wait_nodes_up(2);
+    let ids: Vec<u64> = (0..3)
+        .map(|i| {
+            c.submit(
+                &format!("root{i}.toml"),
+                "command = [\"true\"]\n[resources]\ngpus = 1\n",
+            )
+        })
+        .collect();
+    assert!(
+        wait_for(T, || c.node_state("strict").starts_with("DRAIN")),
+        "the node was not drained: {}",
+        c.nodes()
+    );
+    let node = c.nodes();
+    assert!(
+        node.to_string().contains("refusing to run a job as root"),
+        "{node}"
+    );
+    // Drained: the node stays so (its agent reports the refusal with its heartbeats).
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(c.node_state("strict").starts_with("DRAIN"), "{}", c.nodes());
+    for id in &ids {
+        let j = c.job(*id);
+        assert_eq!(j["state"], "PENDING", "job {id}: {j}");
+    }
+    c.gpuctl_ok(&["node", "resume", "lenient"]);
+    for id in ids {
+        c.wait_state(id, "COMPLETED", T);
+    }
+}

@@ -325,6 +325,7 @@ fn report_pb(r: Report) -> pb::JobReport {
         cpu_time_ms: r.cpu_time_ms,
         mem_peak_bytes: r.mem_peak_bytes,
         steps: r.steps.iter().map(Into::into).collect(),
+        node_fault: r.node_fault,
     }
 }
 

@@ -192,10 +192,15 @@ pub(super) async fn run_job(
     let (report, leftover) = match spawned {
         Err(e) => {
             tracing::warn!(job = id, "cannot start job: {e}");
-            (
-                ended(JobState::Failed, None, format!("launch failed: {e}")),
-                None,
-            )
+            let mut r = ended(JobState::Failed, None, format!("launch failed: {e}"));
+            if let Some(fault) = crate::launch::NodeFault::of(&e) {
+                // The node stays drained for it until this agent is restarted.
+                *agent.launch_fault.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(format!("launch refused: {fault}"));
+                r.node_fault = true;
+                r.reason = fault.to_string();
+            }
+            (r, None)
         }
         Ok(mut job) => {
             tracing::info!(job = id, pid = job.id(), gpus = ?start.slots.iter().map(|s| &s.uuid).collect::<Vec<_>>(), cgroup = job.cgroup.is_some(), adopted = was_adopted, "job started");
@@ -364,7 +369,9 @@ fn spawn_recorded(
     user: &str,
     extra_env: &[(String, String)],
 ) -> std::io::Result<(crate::launch::Launched, i64)> {
-    let run_as = resolve_user(user, agent.allow_root_jobs).map_err(std::io::Error::other)?;
+    // Whom the node runs jobs as is the node's to know: a refusal here is its own.
+    let run_as = resolve_user(user, agent.allow_root_jobs)
+        .map_err(|e| std::io::Error::other(crate::launch::NodeFault(e)))?;
     let mut spec =
         LaunchSpec::from_start(start, &agent.name, &agent.state_dir.join("scripts"), run_as)?
             .with_tools(agent.tools.as_deref())?;

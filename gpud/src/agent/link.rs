@@ -315,11 +315,23 @@ async fn heartbeats(
 async fn heartbeat_request(agent: &Arc<Agent>, session: &Session) -> pb::HeartbeatRequest {
     // Read before the running list: a start counted here is in one of the lists.
     let commands_handled = session.handled.load(std::sync::atomic::Ordering::SeqCst);
-    let health_error = agent
-        .health
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let health_error = {
+        let health = agent
+            .health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let fault = agent
+            .launch_fault
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        match fault {
+            Some(f) if health.is_empty() => f,
+            Some(f) => format!("{health}; {f}"),
+            None => health,
+        }
+    };
     pb::HeartbeatRequest {
         node: agent.name.clone(),
         commands_handled,

@@ -49,7 +49,10 @@ const MAX_STEPS_PER_USER: usize = 256;
 static RUNNING: std::sync::Mutex<(
     std::collections::BTreeMap<u64, usize>,
     std::collections::BTreeMap<String, usize>,
-)> = std::sync::Mutex::new((std::collections::BTreeMap::new(), std::collections::BTreeMap::new()));
+)> = std::sync::Mutex::new((
+    std::collections::BTreeMap::new(),
+    std::collections::BTreeMap::new(),
+));
 
 /// A running step's place under the caps; given back when dropped.
 struct StepSlot {
@@ -516,9 +519,15 @@ mod step_cap_tests {
             .collect();
         let e = StepSlot::take(7_000_003, "capped-a").err().unwrap();
         assert!(e.contains("user capped-a"), "{e}");
-        assert!(StepSlot::take(7_000_004, "capped-b").is_ok(), "others are not capped");
+        assert!(
+            StepSlot::take(7_000_004, "capped-b").is_ok(),
+            "others are not capped"
+        );
         drop(held);
         drop(more);
-        assert!(StepSlot::take(7_000_001, "capped-a").is_ok(), "slots come back");
+        assert!(
+            StepSlot::take(7_000_001, "capped-a").is_ok(),
+            "slots come back"
+        );
     }
 }

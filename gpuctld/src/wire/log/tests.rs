@@ -43,6 +43,7 @@ fn report(kind: ReportKind) -> Report {
         cpu_time_ms: Some(99),
         mem_peak_bytes: Some(4096),
         steps: vec![step()],
+        node_fault: true,
     }
 }
 
