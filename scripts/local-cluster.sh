@@ -19,10 +19,17 @@ port=${GPUCTL_PORT:-7817}
 # the certificate it gets from then on.
 export GPUCTL_CONTROLLER=unix:$work/gpuctld.sock
 
+# The temp dir goes with the cluster; after a failure it stays, with the logs.
 cleanup() {
+  status=$?
   if [ -z "${KEEP:-}" ]; then
     kill "${gpud_pid:-}" "${ctld_pid:-}" 2>/dev/null || true
     wait 2>/dev/null || true
+    if [ "$status" = 0 ]; then
+      rm -rf "$work"
+    else
+      echo "==> failed: state and logs kept in $work" >&2
+    fi
   fi
 }
 trap cleanup EXIT
@@ -55,7 +62,7 @@ for _ in $(seq 100); do
   "$bin/gpuctl" nodes 2>/dev/null | grep -qE "IDLE|MIXED|ALLOCATED" && break
   sleep 0.1
 done
-echo "==> cluster up (state and logs in $work)"
+echo "==> cluster up (state and logs in $work, removed at the end unless KEEP=1)"
 "$bin/gpuctl" nodes
 cd "$work"
 id=$("$bin/gpuctl" submit --json "$job" | sed -n 's/.*"job_id": *\([0-9]*\).*/\1/p')

@@ -788,8 +788,35 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
     )
 }
 
+/// An output file as the job's node names it: `%j`, `%x`, `%A`, `%a` (and `%N` for a
+/// job on one node) expanded, relative to its workdir; `%t` stays (one file a rank).
+fn output_shown(template: &str, j: &pb::Job, spec: &pb::JobSpec) -> String {
+    let ranks = j.allocations.len();
+    let template = match template {
+        "" if ranks > 1 => "gpuctl-%j.%t.out",
+        "" => "gpuctl-%j.out",
+        t => t,
+    };
+    let array = spec.array_task_id.map(|t| (spec.array_job_id, t));
+    let node = (ranks == 1).then(|| j.allocations[0].node.clone());
+    let path = gpuctl_proto::text::fill_pattern(template, |p| match p {
+        'j' => Some(j.id.to_string()),
+        'x' => Some(spec.name.replace('/', "_")),
+        'N' => node.clone(),
+        'A' => Some(array.map_or(j.id, |a| a.0).to_string()),
+        'a' => Some(array.map_or(0, |a| a.1).to_string()),
+        _ => None,
+    });
+    if path.starts_with('/') || spec.workdir.is_empty() {
+        path
+    } else {
+        format!("{}/{path}", spec.workdir.trim_end_matches('/'))
+    }
+}
+
 pub fn show_job(j: &pb::Job) -> String {
     let spec = j.spec.clone().unwrap_or_default();
+    let stdout = output_shown(&spec.stdout, j, &spec);
     let r = spec.resources.unwrap_or_default();
     let v = job_json(j);
     let s = |k: &str| match &v[k] {
@@ -880,12 +907,20 @@ pub fn show_job(j: &pb::Job) -> String {
             "(an interactive allocation: gpuctl alloc)".into(),
         );
     } else if spec.command.is_empty() {
-        line("Script", format!("{} lines", spec.script.lines().count()));
+        let finished = state_name(j.state()) != "PENDING" && state_name(j.state()) != "RUNNING";
+        line(
+            "Script",
+            if spec.script.is_empty() && finished {
+                "(not kept once the job ended)".to_string()
+            } else {
+                format!("{} lines", spec.script.lines().count())
+            },
+        );
     } else {
         line("Command", spec.command.join(" "));
     }
     line("WorkDir", spec.workdir.clone());
-    line("StdOut", s("stdout"));
+    line("StdOut", stdout);
     line(
         "StdErr",
         if spec.stderr.is_empty() {

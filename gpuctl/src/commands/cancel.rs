@@ -81,11 +81,17 @@ impl View for Cancelled {
 
 impl Cancelled {
     /// The jobs that were not cancelled, each on stderr, as a failure of the command.
+    /// A job that had already finished is said so, and is not a failure: what was
+    /// asked (that it not run) holds, and scancel exits 0 there too.
     pub fn failure(&self) -> Option<Failure> {
         let refused: Vec<&Outcome> = self.results.iter().filter(|r| !r.ok).collect();
         for r in &refused {
             eprintln!("gpuctl: job {}: {}", r.job_id, r.message);
         }
+        let refused: Vec<&Outcome> = refused
+            .into_iter()
+            .filter(|r| !r.message.starts_with("already finished"))
+            .collect();
         (!refused.is_empty()).then(|| Failure {
             code: exit::FAILED,
             message: "some jobs were not cancelled".into(),

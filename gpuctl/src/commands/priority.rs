@@ -30,7 +30,11 @@ impl View for Priorities {
         names.sort();
         names.dedup();
         let mut header = vec!["JOBID".to_string(), "USER".into(), "PRIORITY".into()];
-        header.extend(names.iter().map(|n| n.to_uppercase()));
+        // The factor "user" (the job's own priority, weighted) is not the USER column.
+        header.extend(names.iter().map(|n| match n.as_str() {
+            "user" => "JOB_PRIO".to_string(),
+            n => n.to_uppercase(),
+        }));
         let rows = self
             .jobs
             .iter()
@@ -65,4 +69,30 @@ pub async fn run(client: &mut Client) -> Result<Priorities, Failure> {
         })
         .collect();
     Ok(Priorities { jobs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_user_column_and_the_job_priority_factor_named_apart() {
+        let p = Priorities {
+            jobs: vec![JobPriority {
+                job_id: 5,
+                user: "ann".into(),
+                priority: 1500,
+                factors: [("user".to_string(), 1000), ("age".to_string(), 500)]
+                    .into_iter()
+                    .collect(),
+            }],
+        };
+        let text = p.text();
+        let header = text.lines().next().unwrap();
+        assert_eq!(header.matches("USER").count(), 1, "{header}");
+        assert!(
+            header.contains("JOB_PRIO") && header.contains("AGE"),
+            "{header}"
+        );
+    }
 }

@@ -117,3 +117,44 @@ fn job_json_has_the_documented_fields() {
     assert_eq!(v["submit_time"], "2023-11-14T22:13:20.000Z");
     assert_eq!(v["elapsed_secs"], 2);
 }
+
+/// `show` of a finished job: its output file as its node named it, and a script that
+/// is no longer kept said so (not "0 lines").
+#[test]
+fn show_names_the_output_file_and_a_script_no_longer_kept() {
+    let spec = pb::JobSpec {
+        name: "hello".into(),
+        stdout: "hello-%j-%x.out".into(),
+        workdir: "/home/ann/run".into(),
+        ..pb::JobSpec::default()
+    };
+    let j = pb::Job {
+        id: 42,
+        state: pb::JobState::Completed as i32,
+        spec: Some(spec),
+        allocations: vec![pb::Allocation {
+            node: "n1".into(),
+            ..pb::Allocation::default()
+        }],
+        ..pb::Job::default()
+    };
+    let text = show_job(&j);
+    assert!(
+        text.contains("StdOut: /home/ann/run/hello-42-hello.out"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Script: (not kept once the job ended)"),
+        "{text}"
+    );
+    let mut running = j.clone();
+    running.state = pb::JobState::Running as i32;
+    running.spec.as_mut().unwrap().script = "a\nb\nc\n".into();
+    running.spec.as_mut().unwrap().stdout = String::new();
+    let text = show_job(&running);
+    assert!(text.contains("Script: 3 lines"), "{text}");
+    assert!(
+        text.contains("StdOut: /home/ann/run/gpuctl-42.out"),
+        "{text}"
+    );
+}
