@@ -374,6 +374,10 @@ fn advice(e: &Efficiency, job: &Job, res: &Resources, usage: &JobUsage) -> Vec<S
                     "gpus = {}  # {idle} of its {n} GPUs did nothing (no compute, no memory)",
                     n - idle
                 ));
+            } else if idle == n {
+                out.push(format!(
+                    "gpus = 0  # none of its {n} GPUs did anything (no compute, no memory): does it use the GPU at all?"
+                ));
             }
         }
         Some(GpuPart::Share(s)) if sampled => {

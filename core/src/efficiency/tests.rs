@@ -190,3 +190,40 @@ fn steps_busy_is_the_union_of_their_spans() {
     assert!((busy.unwrap() - 0.10).abs() < 1e-9);
     assert_eq!(step_figures(&[], 0, 10).1, None);
 }
+
+/// A job that held 3 GPUs at 0% with no memory for 15 samples is told so, not that it
+/// used about what it asked for.
+#[test]
+fn gpus_that_all_did_nothing_are_named() {
+    let mut j = job(&[], 0, 0);
+    let slots: Vec<SlotUse> = (0..3)
+        .map(|i| SlotUse {
+            uuid: format!("GPU-{i}"),
+            compute_milli: 1000,
+            memory_mib: 81920,
+        })
+        .collect();
+    let mut usage = JobUsage::default();
+    for k in 0..15 {
+        for s in &slots {
+            let m = crate::node::GpuMetrics {
+                uuid: s.uuid.clone(),
+                util_pct: 0,
+                time_ms: 1_000_000 + 10_000 * k,
+                ..Default::default()
+            };
+            fold_sample(&mut usage, "n1", s, 1000, 0, &m);
+        }
+    }
+    j.usage = Some(usage);
+    j.allocations[0].slots = slots;
+    j.spec.resources.gpu = Some(GpuPart::Gpus(3));
+    let e = report(&j, 0);
+    assert!(
+        e.advice
+            .iter()
+            .any(|a| a.starts_with("gpus = 0  # none of its 3")),
+        "{:?}",
+        e.advice
+    );
+}

@@ -50,10 +50,15 @@ impl View for Efficiency {
                 rows,
             ));
         }
-        if self.advice.is_empty() {
-            text.push_str(
-                "\nNo advice: it used about what it asked for (or too little was measured).\n",
-            );
+        if self.advice.is_empty() && self.state == "PENDING" {
+            text.push_str("\nNo advice yet: it has not run.\n");
+        } else if self.advice.is_empty() && self.gpu_samples < 3 && self.cpus_used_mean.is_none() {
+            text.push_str(&format!(
+                "\nNo advice: too little was measured ({} GPU sample(s), no CPU figures) to tell what it used.\n",
+                self.gpu_samples
+            ));
+        } else if self.advice.is_empty() {
+            text.push_str("\nNo advice: it used about what it asked for.\n");
         } else {
             text.push_str(&format!(
                 "\nNext time, in the job file ({}% margin over what was used):\n",
