@@ -130,7 +130,12 @@ impl Cluster {
         // would make the two take over from each other without end; the second waits
         // (and takes over once the first has been silent a while, as after a crash
         // whose connection the controller has not seen close).
-        if let Some(conn) = live.filter(|c| c.agent_id == req.agent_id)
+        // The same agent process coming back names the session it had: its own
+        // connection (after a failover, a reconnect) is taken over at once.
+        let own = |c: &crate::fleet::Conn| {
+            !req.previous_session.is_empty() && c.session == req.previous_session
+        };
+        if let Some(conn) = live.filter(|c| c.agent_id == req.agent_id && !own(c))
             && now - heard < same_identity_window(timeout)
         {
             return Err(Refusal::failed_precondition(format!(

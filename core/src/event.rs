@@ -30,6 +30,10 @@ pub struct Register {
     pub address: String,
     pub allow_root_jobs: bool,
     pub features: Vec<String>,
+    /// The session this agent process was attached under before (empty: none): the
+    /// same agent coming back (after a failover, a dropped connection) takes over its
+    /// own connection, which a copy of its state dir elsewhere could not name.
+    pub previous_session: Vec<u8>,
 }
 
 /// A job instance an agent runs, with its host figures so far.

@@ -80,6 +80,7 @@ fn a_constraint_no_node_meets_is_refused_and_so_are_bad_features() {
         nonce,
         agent_id: "agent-b1".into(),
         features: vec!["has space".into()],
+        previous_session: Vec::new(),
         ..gpuctl_core::event::Register::default()
     };
     let Err(e) = c.attach(&req, None, T0) else {

@@ -215,7 +215,7 @@ pub fn begin_time(v: &str, now: &jiff::Zoned) -> Result<i64, String> {
     let latest = now.timestamp().as_millisecond() + MAX_BEGIN_AHEAD_MS;
     if at > latest {
         return Err(format!(
-            "--begin {v:?} is more than a year ahead: a job may be held back at most a year (hold it with -H and release it later instead)"
+            "--begin {v:?}: the begin time must be within a year from now (hold the job with -H and release it later instead)"
         ));
     }
     Ok(at)
@@ -252,7 +252,9 @@ fn begin_any(v: &str, now: &jiff::Zoned) -> Result<i64, String> {
         return n
             .checked_mul(unit * 1000)
             .and_then(|d| now_ms.checked_add(d))
-            .ok_or_else(bad);
+            .ok_or_else(|| {
+                format!("--begin {v:?}: the begin time must be within a year from now")
+            });
     }
     let at_next = |t: jiff::civil::Time| -> Result<i64, String> {
         let today = now.date().to_datetime(t).to_zoned(now.time_zone().clone());
@@ -285,7 +287,13 @@ fn begin_any(v: &str, now: &jiff::Zoned) -> Result<i64, String> {
     let local = |dt: jiff::civil::DateTime| -> Result<i64, String> {
         dt.to_zoned(now.time_zone().clone())
             .map(|z| z.timestamp().as_millisecond())
-            .map_err(|_| bad())
+            .map_err(|_| {
+                if dt.year() > now.year() {
+                    format!("--begin {v:?}: the begin time must be within a year from now")
+                } else {
+                    bad()
+                }
+            })
     };
     if let Ok(dt) = lower.parse::<jiff::civil::DateTime>() {
         return local(dt);
@@ -413,6 +421,11 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
                 "mem" => job.spec.resources.memory_bytes = slurm_memory(v).map_err(fail)?,
                 "mem-per-cpu" => pn.mem_per_cpu = Some(slurm_memory(v).map_err(fail)?),
                 "mem-per-gpu" => pn.mem_per_gpu = Some(slurm_memory(v).map_err(fail)?),
+                "cpus-per-gpu" => {
+                    let n = v.parse::<u32>().ok().filter(|n| *n > 0);
+                    let why = || format!("--cpus-per-gpu {v:?} is not a number of CPUs");
+                    pn.cpus_per_gpu = Some(n.ok_or_else(|| fail(why()))?);
+                }
                 // Per node, but for --gpus (the job's, split over its nodes at the
                 // end) and --gpus-per-task (times the tasks on a node, at the end).
                 "gres" | "gpus" | "gpus-per-node" | "gpus-per-task" => {
@@ -506,6 +519,8 @@ struct PerNode {
     per_node: Option<u32>,
     mem_per_cpu: Option<u64>,
     mem_per_gpu: Option<u64>,
+    /// `--cpus-per-gpu`: a node's CPUs, from its GPUs.
+    cpus_per_gpu: Option<u32>,
     gpus_per_task: bool,
     /// `-G`/`--gpus`: the job's total (Slurm's meaning), split over its nodes.
     total_gpus: Option<(u32, Range<usize>)>,
@@ -555,6 +570,14 @@ impl PerNode {
                 ));
             }
             job.spec.resources.gpu = Some(GpuPart::Gpus(n / nodes));
+        }
+        if let Some(c) = self.cpus_per_gpu {
+            // Per node: its GPUs' worth (a share counts as one GPU).
+            let gpus = match &job.spec.resources.gpu {
+                Some(GpuPart::Share(_)) => 1,
+                _ => job.whole_gpus(),
+            };
+            job.spec.resources.cpus = c.saturating_mul(gpus.max(1));
         }
         if let Some(m) = self.mem_per_cpu {
             job.spec.resources.memory_bytes = m.saturating_mul(u64::from(job.spec.resources.cpus));

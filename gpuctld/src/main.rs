@@ -134,10 +134,16 @@ async fn run(args: Args) -> std::process::ExitCode {
     // A simulation drives the controller's state machine through thousands of jobs:
     // its per-job log lines would cost more than the simulation (GPUCTL_LOG=info shows them).
     let quiet = matches!(args.command, Some(Command::Simulate { .. }));
-    // openraft logs each vote and election at info: its warnings are enough.
+    // openraft logs each vote and election at info: its warnings are enough. Its
+    // replication logs an ERROR for every message to a member that is down (hundreds a
+    // minute): the peer network says it once a period instead (raft::net).
     init_logging(
         args.log_format,
-        if quiet { "warn" } else { "info,openraft=warn" },
+        if quiet {
+            "warn"
+        } else {
+            "info,openraft=warn,openraft::replication=off"
+        },
     );
     let result = match args.command {
         Some(Command::Simulate { mode }) => gpuctl_sim::run(mode),

@@ -60,7 +60,8 @@ pub async fn open(
     target: Option<std::sync::Arc<dyn Target>>,
 ) -> anyhow::Result<(openraft::Raft<TypeConfig>, Machine)> {
     let log = LogStore::open(db)?;
-    let machine = Machine::open_on(id, db, config, target).map_err(anyhow::Error::msg)?;
+    let mut machine = Machine::open_on(id, db, config, target).map_err(anyhow::Error::msg)?;
+    machine.replays_to(log.last_index());
     let node = openraft::Raft::new(id, raft, net, log, machine.clone()).await?;
     Ok((node, machine))
 }

@@ -51,6 +51,7 @@ pub fn register(r: pb::RegisterRequest) -> Register {
         address: r.address,
         allow_root_jobs: r.allow_root_jobs,
         features: r.features,
+        previous_session: r.previous_session,
         node,
     }
 }

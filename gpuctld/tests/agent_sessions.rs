@@ -259,3 +259,36 @@ async fn a_second_identity_cannot_take_a_live_name() {
     }
     assert!(ok, "the restarted agent attaches");
 }
+
+/// The same agent coming back while the controller still holds its connection (a
+/// failover, a dropped connection not yet seen closed) names the session it had, and
+/// takes its own connection over at once; a copy of its state dir, which cannot name
+/// that session, still waits.
+#[tokio::test]
+async fn the_same_agent_naming_its_session_takes_its_connection_back() {
+    let (_dir, _ctl, mut agent) = setup();
+    let _stream = agent.attach().await.unwrap();
+    let had = agent.session.clone();
+    let challenge = |agent: &mut Agent| {
+        let ch = pb::ChallengeRequest { node: "n1".into() };
+        agent.req("challenge", ch, false)
+    };
+    // A copy: the right identity, a session it never had.
+    let req = challenge(&mut agent);
+    let nonce = agent.api.challenge(req).await.unwrap().into_inner().nonce;
+    let mut copy = Agent::register(nonce);
+    copy.previous_session = vec![7; 16];
+    let req = agent.req("attach", copy, false);
+    let e = agent.api.attach(req).await.err().unwrap();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    // The agent itself, naming the session it had.
+    let req = challenge(&mut agent);
+    let nonce = agent.api.challenge(req).await.unwrap().into_inner().nonce;
+    let mut back = Agent::register(nonce);
+    back.previous_session = had;
+    let req = agent.req("attach", back, false);
+    assert!(
+        agent.api.attach(req).await.is_ok(),
+        "its own connection is taken over"
+    );
+}

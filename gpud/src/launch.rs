@@ -441,8 +441,14 @@ impl LaunchSpec {
             ranks,
             array: spec.array_task_id.map(|t| (spec.array_job_id, t)),
         };
-        let stdout = output_path(&spec.stdout, &vars, &workdir);
-        let stderr = (!spec.stderr.is_empty())
+        // An allocation's holder prints nothing: no empty output file is left in the
+        // user's directory (its steps write where they are told).
+        let stdout = if spec.interactive {
+            PathBuf::from("/dev/null")
+        } else {
+            output_path(&spec.stdout, &vars, &workdir)
+        };
+        let stderr = (!spec.stderr.is_empty() && !spec.interactive)
             .then(|| output_path(&spec.stderr, &vars, &workdir))
             .filter(|p| p != &stdout);
         // A requeued job's later attempts append: the first attempt's lines stay.

@@ -83,6 +83,7 @@ pub fn attach_shaped(
         nonce,
         agent_id: format!("agent-{node}"),
         features: features.iter().map(|f| f.to_string()).collect(),
+        previous_session: Vec::new(),
         ..Register::default()
     };
     let e = c.attach(&req, None, now).expect("attach").1;

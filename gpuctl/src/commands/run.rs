@@ -253,6 +253,16 @@ impl Outputs {
 /// A step's line in the job's step file (`GPUCTL_STEPS_FILE`, which the agent made and
 /// reads when the job's part on this node ends: `gpud/src/steps.rs`): the step's id is
 /// the number of steps begun before it, counted under a lock.
+/// A step's name as srun gives it: `-J NAME`, else the program's file name (not its
+/// whole command line, which may hold anything).
+fn step_name(given: &Option<String>, program: &str) -> String {
+    given.clone().unwrap_or_else(|| {
+        std::path::Path::new(program)
+            .file_name()
+            .map_or_else(|| program.to_string(), |n| n.to_string_lossy().into_owned())
+    })
+}
+
 fn step_begin(file: &str, tasks: u32, name: &str) -> std::io::Result<u32> {
     use std::io::{Read as _, Write as _};
     let f = std::fs::OpenOptions::new()
@@ -298,7 +308,7 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
     let file = env.get("GPUCTL_STEPS_FILE");
     let takes_part = plan.node_rank < plan.nodes;
     let tasks = if takes_part { plan.per_node } else { 0 };
-    let step = file.and_then(|f| step_begin(f, tasks, &args.command.join(" ")).ok());
+    let step = file.and_then(|f| step_begin(f, tasks, &step_name(&args.alloc.name, program)).ok());
     if !takes_part {
         if let (Some(f), Some(id)) = (file, step) {
             let _ = step_end(f, id, 0);
@@ -558,5 +568,15 @@ mod tests {
         );
         let a = args(&["--jobid", "7", "-N", "2", "x"]);
         assert_eq!(a.step_args(), ["-N", "2", "--", "x"]);
+    }
+}
+
+#[cfg(test)]
+mod step_name_tests {
+    #[test]
+    fn a_step_is_named_by_its_program_or_its_name() {
+        assert_eq!(super::step_name(&None, "/usr/bin/python3"), "python3");
+        assert_eq!(super::step_name(&None, "hostname"), "hostname");
+        assert_eq!(super::step_name(&Some("train".into()), "/bin/sh"), "train");
     }
 }

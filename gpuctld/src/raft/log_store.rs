@@ -64,6 +64,11 @@ impl LogStore {
         }
     }
 
+    /// The index of the last entry kept (at start: what this member had before).
+    pub fn last_index(&self) -> Option<u64> {
+        self.last_entry_id().ok().flatten().map(|id| id.index)
+    }
+
     fn last_entry_id(&self) -> Result<Option<LogId<u64>>, Error> {
         let Some((_, v)) = self.log.last().map_err(|e| StorageIOError::read_logs(&e))? else {
             return Ok(None);

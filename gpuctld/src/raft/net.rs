@@ -125,6 +125,11 @@ impl tonic::service::Interceptor for CheckPeer {
     }
 }
 
+/// Messages a member could not deliver (a member down sees hundreds a minute): a line
+/// a period.
+static UNREACHABLE: gpuctl_proto::ratelog::RateLog =
+    gpuctl_proto::ratelog::RateLog::new(Duration::from_secs(30));
+
 /// Refused peer requests: anyone can send them, so a line a period.
 static PEER_REFUSED: gpuctl_proto::ratelog::RateLog =
     gpuctl_proto::ratelog::RateLog::new(Duration::from_secs(10));
@@ -382,7 +387,17 @@ impl Peer {
             Kind::Vote => client.vote(msg).await,
             Kind::Snapshot => client.snapshot(msg).await,
         }
-        .map_err(|s| RPCError::Unreachable(Unreachable::new(&s)))?;
+        .map_err(|s| {
+            let target = self.target;
+            UNREACHABLE.note(|n, secs| {
+                tracing::warn!(
+                    target_member = target,
+                    "controller {target} did not take a Raft message ({}); {n} failed in the last {secs} s (openraft retries)",
+                    s.message()
+                );
+            });
+            RPCError::Unreachable(Unreachable::new(&s))
+        })?;
         let result: Result<T, RaftError<u64, E>> =
             decode(&self.key, &format!("{method}-answer"), answer.get_ref())
                 .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;

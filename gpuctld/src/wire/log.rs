@@ -291,6 +291,7 @@ fn register_pb(r: Register) -> pb::RegisterRequest {
         address: r.address,
         allow_root_jobs: r.allow_root_jobs,
         features: r.features,
+        previous_session: r.previous_session,
     }
 }
 

@@ -99,6 +99,67 @@ fn fatal_attach(e: &tonic::Status) -> bool {
     )
 }
 
+/// Attach refusals, logged one line per condition and period: a failover or a restart
+/// refuses many attempts for the same reason (the old leader's connection still held,
+/// followers naming the leader), and each line saying it again is noise.
+#[derive(Default)]
+struct Refusals {
+    /// The condition last logged (controller and code), when, and how many since.
+    last: Option<(String, std::time::Instant)>,
+    since: u32,
+    total: u32,
+}
+
+/// How long one condition stays quiet after it was logged.
+const REFUSAL_PERIOD: Duration = Duration::from_secs(30);
+
+impl Refusals {
+    fn note(&mut self, url: &str, e: &tonic::Status) {
+        self.total += 1;
+        // This agent's own previous connection, still held by the controller after a
+        // failover or a reconnect: expected, and it passes once that one is dropped.
+        let own_connection = e.code() == tonic::Code::FailedPrecondition
+            && e.message().contains("under this agent identity");
+        let key = format!("{url} {:?}", e.code());
+        let quiet = self
+            .last
+            .as_ref()
+            .is_some_and(|(k, at)| *k == key && at.elapsed() < REFUSAL_PERIOD);
+        if quiet {
+            self.since += 1;
+            tracing::debug!(
+                "cannot attach to the controller at {url}: {}; retrying",
+                e.message()
+            );
+            return;
+        }
+        let again = std::mem::take(&mut self.since);
+        let again = if again > 0 {
+            format!(" ({again} more refusal(s) like the last one since)")
+        } else {
+            String::new()
+        };
+        if own_connection {
+            tracing::info!(
+                "the controller at {url} still holds this agent's previous connection; attaching once it lets it go{again}"
+            );
+        } else {
+            tracing::warn!(
+                "cannot attach to the controller at {url}: {}; retrying{again}",
+                e.message()
+            );
+        }
+        self.last = Some((key, std::time::Instant::now()));
+    }
+
+    fn attached(&mut self) {
+        if self.total > 1 {
+            tracing::info!("attached after {} refused attempt(s)", self.total);
+        }
+        *self = Refusals::default();
+    }
+}
+
 pub(super) async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Result<()> {
     let mut backoff = Duration::from_millis(100);
     let id = agent.id.clone();
@@ -108,8 +169,19 @@ pub(super) async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Res
         .or_else(|| local_address(opts.controller.split(',').next().unwrap_or_default()))
         .unwrap_or_default();
     tracing::info!(agent_id = %id, %address, "agent identity");
+    let mut refusals = Refusals::default();
+    // The session this process was attached under last: named at the next attach, so
+    // that the controller hands this agent its own connection back at once.
+    let mut previous_session = Vec::new();
     loop {
-        *agent.session.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Some(s) = agent
+            .session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            previous_session = s.id.clone();
+        }
         let mut client = AgentLinkClient::new(agent.channel());
         let challenge = pb::ChallengeRequest {
             node: agent.name.clone(),
@@ -143,6 +215,7 @@ pub(super) async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Res
                     address: address.clone(),
                     allow_root_jobs: agent.allow_root_jobs,
                     features: opts.features.clone(),
+                    previous_session: previous_session.clone(),
                 };
                 let attach = client.attach(agent.signed("attach", None, req));
                 tokio::time::timeout(ATTACH_TIMEOUT, attach)
@@ -159,11 +232,8 @@ pub(super) async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Res
                     anyhow::bail!("controller refused registration: {}", e.message());
                 }
                 let (at, n) = agent.controller_index();
-                tracing::warn!(
-                    "cannot attach to the controller at {}: {}; retrying",
-                    opts.controller.split(',').nth(at).unwrap_or_default(),
-                    e.message()
-                );
+                let url = opts.controller.split(',').nth(at).unwrap_or_default();
+                refusals.note(url, &e);
                 if n > 1 {
                     // Replicated controllers: the next one (a follower names the leader
                     // in its refusal; trying each in turn finds it within one round).
@@ -180,6 +250,7 @@ pub(super) async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Res
                 continue;
             }
         };
+        refusals.attached();
         if agent.reports.ack(&unacked) {
             drop(agent.persist_reports());
         }

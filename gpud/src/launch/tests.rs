@@ -349,3 +349,17 @@ fn tasks_are_told_and_started_through_srun() {
     assert_eq!(l.program, PathBuf::from("python"));
     assert!(l.env["PATH"].starts_with("/state/bin:"));
 }
+
+/// An allocation's holder writes nothing, so no empty `slurm-N.out` is left in the
+/// user's directory.
+#[test]
+fn an_allocation_leaves_no_output_file() {
+    let mut s = start(&[("GPU-a", 1000, 0)]);
+    let spec = s.spec.as_mut().unwrap();
+    spec.interactive = true;
+    spec.stdout = "slurm-%j.out".into();
+    spec.stderr = "err-%j.out".into();
+    let l = LaunchSpec::from_start(&s, "n", Path::new("/tmp"), None).unwrap();
+    assert_eq!(l.stdout, Path::new("/dev/null"));
+    assert_eq!(l.stderr, None);
+}

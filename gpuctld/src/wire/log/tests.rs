@@ -73,6 +73,7 @@ fn register() -> Register {
         address: "10.0.0.1".into(),
         allow_root_jobs: true,
         features: vec!["ib".into()],
+        previous_session: vec![9, 8, 7],
     }
 }
 
