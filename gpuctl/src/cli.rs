@@ -65,7 +65,7 @@ pub enum Command {
     /// Inside a job: run a command as the job's tasks on this node, each with its rank
     /// and its GPUs, and wait for them (like srun in a batch script; `srun` is this
     /// command under that name).
-    Run(commands::run::RunArgs),
+    Run(Box<commands::run::RunArgs>),
     /// An interactive allocation (like salloc): queued and scheduled like any job; once
     /// it runs, your $SHELL (or the command) runs here, and its `gpuctl run`s run in
     /// it; released when that ends (`salloc` is this command under that name).
@@ -165,6 +165,10 @@ pub enum Command {
     },
     /// Print the manual page (roff): `gpuctl man > /usr/share/man/man1/gpuctl.1`.
     Man,
+    /// Make links named after Slurm's tools (sbatch, squeue, scancel, sacct, sinfo,
+    /// scontrol, sshare, sprio, srun, salloc) to this gpuctl in DIR: called by those
+    /// names, gpuctl takes their options and prints their formats.
+    SlurmLinks { dir: PathBuf },
     /// Who the controller takes you to be, and whether you are an admin.
     Whoami {
         #[arg(long)]
@@ -675,6 +679,12 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     };
     match &cli.command {
         Command::Man => return print_manual(),
+        Command::SlurmLinks { dir } => {
+            for l in crate::slurm::links(dir)? {
+                print(&format!("{}\n", l.display()));
+            }
+            return Ok(());
+        }
         // The job's own processes: no controller is asked.
         Command::Run(args) if args.local() => {
             let code = commands::run::run(args).await?;
@@ -693,7 +703,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     let c = &mut client;
     match &cli.command {
         // Done above, without a controller.
-        Command::Completions { .. } | Command::Man => {}
+        Command::Completions { .. } | Command::Man | Command::SlurmLinks { .. } => {}
         Command::Run(args) => {
             let code = commands::interactive::run_step(&cli, c, args).await?;
             std::process::exit(code.into());

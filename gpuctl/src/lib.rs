@@ -13,6 +13,9 @@
 //! - `cli`: the clap command line, the connection, and dispatch to `commands`.
 //! - `commands`: one module per subcommand that talks to the controller, each returning
 //!   a typed view (its JSON and its text).
+//! - `slurm`: the tools that drive Slurm (`sbatch`, `squeue`, `sacct`, `scancel`,
+//!   `sinfo`, `scontrol`, `sshare`, `sprio`) by the name gpuctl is called with, in
+//!   their options and output formats.
 
 pub mod cli;
 pub mod commands;
@@ -21,4 +24,5 @@ pub mod jobfile;
 pub mod json_pages;
 pub mod pretty;
 pub mod sbatch;
+pub mod slurm;
 pub mod submit;

@@ -14,18 +14,17 @@ async fn main() -> ExitCode {
     }));
     // Called as `srun` (the name job scripts written for Slurm use): `gpuctl run`.
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    // And as `salloc`: `gpuctl alloc`.
-    let called = args
-        .first()
-        .and_then(|a| std::path::Path::new(a).file_name())
-        .and_then(|n| n.to_str())
-        .and_then(|n| match n {
-            "srun" => Some("run"),
-            "salloc" => Some("alloc"),
-            _ => None,
-        });
-    if let Some(sub) = called {
-        args.splice(0..1, ["gpuctl".into(), sub.into()]);
+    // And as `salloc`: `gpuctl alloc`; as sbatch, squeue, ...: those tools.
+    let called = args.first().and_then(|a| gpuctl::slurm::tool_of(a));
+    match called {
+        Some("srun") => drop(args.splice(0..1, ["gpuctl".into(), "run".into()])),
+        Some("salloc") => drop(args.splice(0..1, ["gpuctl".into(), "alloc".into()])),
+        Some(tool) => {
+            let code = gpuctl::slurm::main(tool, args).await;
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            std::process::exit(code.into());
+        }
+        None => {}
     }
     let cli = gpuctl::cli::Cli::parse_from(args);
     let code = match gpuctl::cli::run(cli).await {

@@ -49,8 +49,24 @@ pub struct Extra {
     pub warnings: Vec<String>,
 }
 
-/// Options with no effect in gpuctl, ignored with a warning.
-const IGNORED: &[&str] = &["mail-type", "mail-user", "comment", "hint", "open-mode"];
+/// Options with no effect in gpuctl, ignored with a warning (the tools that drive
+/// Slurm write them into every script).
+const IGNORED: &[&str] = &[
+    "mail-type",
+    "mail-user",
+    "comment",
+    "hint",
+    "open-mode",
+    "wckey",
+    "get-user-env",
+    "distribution",
+    "cpu-bind",
+    "mpi",
+    "kill-on-bad-exit",
+];
+
+/// Options whose value is optional (`--get-user-env` or `--get-user-env=10L`).
+const OPTIONAL_VALUE: &[&str] = &["get-user-env", "kill-on-bad-exit"];
 
 /// The long name of a short option.
 fn long_name(short: char) -> Option<&'static str> {
@@ -130,7 +146,11 @@ fn words(line: &str) -> Vec<(usize, String)> {
 /// Splits the options of one `#SBATCH` line (`--name=value`, `--name value`, `-X value`,
 /// `-Xvalue`).
 fn options(at: usize, line: &str) -> Result<Vec<Opt>, (Range<usize>, String)> {
-    let words: Vec<(usize, String)> = words(line).into_iter().map(|(i, w)| (at + i, w)).collect();
+    split_options(words(line).into_iter().map(|(i, w)| (at + i, w)).collect())
+}
+
+/// Options from words already split (a `#SBATCH` line's, or sbatch's command line).
+fn split_options(words: Vec<(usize, String)>) -> Result<Vec<Opt>, (Range<usize>, String)> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < words.len() {
@@ -155,7 +175,9 @@ fn options(at: usize, line: &str) -> Result<Vec<Opt>, (Range<usize>, String)> {
         } else {
             return Err((span, format!("#SBATCH: {w:?} is not an option")));
         };
-        let value = if FLAGS.contains(&name.as_str()) {
+        let value = if OPTIONAL_VALUE.contains(&name.as_str()) {
+            inline.unwrap_or_default()
+        } else if FLAGS.contains(&name.as_str()) {
             if let Some(v) = inline {
                 return Err((span, format!("#SBATCH --{name} takes no value (got {v:?})")));
             }
@@ -374,8 +396,133 @@ pub(crate) fn gpus_of(v: &str, gres: bool) -> Result<GpuAsk, String> {
     Ok((whole, model, milli))
 }
 
+/// Applies one option (of a `#SBATCH` line or sbatch's command line) to the job.
+fn apply(o: &Opt, job: &mut Job, extra: &mut Extra, pn: &mut PerNode) -> Result<(), String> {
+    let v = o.value.as_str();
+    let fail = |m: String| m;
+    match o.name.as_str() {
+        "job-name" => job.spec.name = v.to_string(),
+        "output" => job.spec.stdout = v.to_string(),
+        "error" => job.spec.stderr = v.to_string(),
+        "time" => job.spec.resources.time_limit_secs = slurm_time(v).map_err(fail)?.as_secs(),
+        "nodes" => {
+            let min = v.split('-').next().unwrap_or(v);
+            job.spec.resources.nodes = min
+                .parse()
+                .map_err(|_| fail(format!("--nodes {v:?} is not N or N-M")))?;
+        }
+        "ntasks" => {
+            let n = v.parse::<u32>();
+            pn.ntasks = Some(n.map_err(|_| fail(format!("--ntasks {v:?} is not a number")))?);
+        }
+        "ntasks-per-node" => {
+            let n = v.parse::<u32>();
+            let why = || format!("--ntasks-per-node {v:?} is not a number");
+            pn.per_node = Some(n.map_err(|_| fail(why()))?);
+        }
+        "cpus-per-task" => {
+            job.spec.resources.cpus = v
+                .parse()
+                .map_err(|_| fail(format!("--cpus-per-task {v:?} is not a number")))?
+        }
+        "mem" => job.spec.resources.memory_bytes = slurm_memory(v).map_err(fail)?,
+        "mem-per-cpu" => pn.mem_per_cpu = Some(slurm_memory(v).map_err(fail)?),
+        "mem-per-gpu" => pn.mem_per_gpu = Some(slurm_memory(v).map_err(fail)?),
+        "cpus-per-gpu" => {
+            let n = v.parse::<u32>().ok().filter(|n| *n > 0);
+            let why = || format!("--cpus-per-gpu {v:?} is not a number of CPUs");
+            pn.cpus_per_gpu = Some(n.ok_or_else(|| fail(why()))?);
+        }
+        // Per node, but for --gpus (the job's, split over its nodes at the
+        // end) and --gpus-per-task (times the tasks on a node, at the end).
+        "gres" | "gpus" | "gpus-per-node" | "gpus-per-task" => {
+            let (n, model, milli) = gpus_of(v, o.name == "gres").map_err(fail)?;
+            pn.gpus_per_task = o.name == "gpus-per-task" && milli == 0;
+            job.spec.resources.gpu = crate::jobfile::gpu_request(n, milli, 0);
+            job.spec.resources.gpu_models.extend(model);
+            if o.name == "gpus" && n > 0 {
+                pn.total_gpus = Some((n, o.span.clone()));
+            } else {
+                pn.total_gpus = None;
+            }
+        }
+        "dependency" => job.spec.dependencies = parse_dependency(v).map_err(fail)?,
+        "qos" => job.spec.qos = v.to_string(),
+        "account" => job.spec.account = v.to_string(),
+        "signal" => {
+            // sbatch's B: (the batch shell only) is how gpuctl signals anyway.
+            let sig = v.strip_prefix("B:").unwrap_or(v);
+            gpuctl_proto::convert::parse_signal_spec(sig).map_err(fail)?;
+            job.spec.signal = sig.to_string();
+        }
+        "requeue" => job.spec.requeue = true,
+        // The whole node: sized by the controller to the nodes it may use.
+        "exclusive" => job.spec.resources.exclusive = true,
+        // Slurm's "share the allocation with other jobs": co-location by use.
+        "oversubscribe" => job.spec.colocate = true,
+        "hold" => extra.hold = true,
+        "begin" => job.spec.begin_ms = begin_time(v, &jiff::Zoned::now()).map_err(fail)?,
+        "no-requeue" => job.spec.requeue = false,
+        "chdir" => job.workdir = Some(PathBuf::from(v)),
+        "export" => extra.export = Some(v.to_string()),
+        "nice" => {
+            // Slurm's meaning: a positive nice lowers the priority, a negative
+            // one raises it (which the controller allows admins only).
+            let n: i32 = v
+                .parse()
+                .ok()
+                .filter(|n: &i32| n.unsigned_abs() <= gpuctl_proto::convert::MAX_PRIORITY_ADJUST)
+                .ok_or_else(|| {
+                    fail(format!(
+                        "--nice {v:?} must be a number from -{max} to {max}",
+                        max = gpuctl_proto::convert::MAX_PRIORITY_ADJUST
+                    ))
+                })?;
+            job.spec.priority = -n;
+        }
+        n if IGNORED.contains(&n) => extra
+            .warnings
+            .push(format!("#SBATCH --{n} has no effect in gpuctl; ignored")),
+        "array" => {
+            gpuctl_sched::array::parse(v, usize::MAX).map_err(fail)?;
+            job.spec.array = v.to_string();
+        }
+        "partition" => job.spec.partition = v.to_string(),
+        "constraint" => {
+            job.spec.resources.constraint = gpuctl_sched::features::checked(v).map_err(fail)?
+        }
+        "nodelist" | "exclude" => {
+            let list = gpuctl_sched::hostlist::split_list(v);
+            if list.is_empty() {
+                return Err(fail(format!("#SBATCH --{} names no node", o.name)));
+            }
+            crate::jobfile::check_node_list(&list, &o.name).map_err(fail)?;
+            if o.name == "nodelist" {
+                job.spec.resources.nodelist = list;
+            } else {
+                job.spec.resources.exclude = list;
+            }
+        }
+        other => {
+            return Err(fail(format!(
+                "#SBATCH --{other} is not supported by gpuctl; remove it"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The job a batch script describes. Its whole text is the job's script.
 pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
+    parse_with(file, text, &[])
+}
+
+/// The same, with sbatch's command-line options (after the script's own: they win).
+pub fn parse_with(
+    file: &str,
+    text: &str,
+    command_line: &[String],
+) -> Result<(Job, Extra), JobFileError> {
     let at = |span: Range<usize>, message: String| at_span(file, text, span, message);
     let mut job = Job::default();
     job.spec.name = default_name(file);
@@ -388,123 +535,18 @@ pub fn parse(file: &str, text: &str) -> Result<(Job, Extra), JobFileError> {
     let mut pn = PerNode::default();
     for (offset, line) in directives(text) {
         for o in options(offset, line).map_err(|(s, m)| at(s, m))? {
-            let v = o.value.as_str();
-            let fail = |m: String| at(o.span.clone(), m);
-            match o.name.as_str() {
-                "job-name" => job.spec.name = v.to_string(),
-                "output" => job.spec.stdout = v.to_string(),
-                "error" => job.spec.stderr = v.to_string(),
-                "time" => {
-                    job.spec.resources.time_limit_secs = slurm_time(v).map_err(fail)?.as_secs()
-                }
-                "nodes" => {
-                    let min = v.split('-').next().unwrap_or(v);
-                    job.spec.resources.nodes = min
-                        .parse()
-                        .map_err(|_| fail(format!("--nodes {v:?} is not N or N-M")))?;
-                }
-                "ntasks" => {
-                    let n = v.parse::<u32>();
-                    pn.ntasks =
-                        Some(n.map_err(|_| fail(format!("--ntasks {v:?} is not a number")))?);
-                }
-                "ntasks-per-node" => {
-                    let n = v.parse::<u32>();
-                    let why = || format!("--ntasks-per-node {v:?} is not a number");
-                    pn.per_node = Some(n.map_err(|_| fail(why()))?);
-                }
-                "cpus-per-task" => {
-                    job.spec.resources.cpus = v
-                        .parse()
-                        .map_err(|_| fail(format!("--cpus-per-task {v:?} is not a number")))?
-                }
-                "mem" => job.spec.resources.memory_bytes = slurm_memory(v).map_err(fail)?,
-                "mem-per-cpu" => pn.mem_per_cpu = Some(slurm_memory(v).map_err(fail)?),
-                "mem-per-gpu" => pn.mem_per_gpu = Some(slurm_memory(v).map_err(fail)?),
-                "cpus-per-gpu" => {
-                    let n = v.parse::<u32>().ok().filter(|n| *n > 0);
-                    let why = || format!("--cpus-per-gpu {v:?} is not a number of CPUs");
-                    pn.cpus_per_gpu = Some(n.ok_or_else(|| fail(why()))?);
-                }
-                // Per node, but for --gpus (the job's, split over its nodes at the
-                // end) and --gpus-per-task (times the tasks on a node, at the end).
-                "gres" | "gpus" | "gpus-per-node" | "gpus-per-task" => {
-                    let (n, model, milli) = gpus_of(v, o.name == "gres").map_err(fail)?;
-                    pn.gpus_per_task = o.name == "gpus-per-task" && milli == 0;
-                    job.spec.resources.gpu = crate::jobfile::gpu_request(n, milli, 0);
-                    job.spec.resources.gpu_models.extend(model);
-                    if o.name == "gpus" && n > 0 {
-                        pn.total_gpus = Some((n, o.span.clone()));
-                    } else {
-                        pn.total_gpus = None;
-                    }
-                }
-                "dependency" => job.spec.dependencies = parse_dependency(v).map_err(fail)?,
-                "qos" => job.spec.qos = v.to_string(),
-                "account" => job.spec.account = v.to_string(),
-                "signal" => {
-                    // sbatch's B: (the batch shell only) is how gpuctl signals anyway.
-                    let sig = v.strip_prefix("B:").unwrap_or(v);
-                    gpuctl_proto::convert::parse_signal_spec(sig).map_err(fail)?;
-                    job.spec.signal = sig.to_string();
-                }
-                "requeue" => job.spec.requeue = true,
-                // The whole node: sized by the controller to the nodes it may use.
-                "exclusive" => job.spec.resources.exclusive = true,
-                // Slurm's "share the allocation with other jobs": co-location by use.
-                "oversubscribe" => job.spec.colocate = true,
-                "hold" => extra.hold = true,
-                "begin" => job.spec.begin_ms = begin_time(v, &jiff::Zoned::now()).map_err(fail)?,
-                "no-requeue" => job.spec.requeue = false,
-                "chdir" => job.workdir = Some(PathBuf::from(v)),
-                "export" => extra.export = Some(v.to_string()),
-                "nice" => {
-                    // Slurm's meaning: a positive nice lowers the priority, a negative
-                    // one raises it (which the controller allows admins only).
-                    let n: i32 = v
-                        .parse()
-                        .ok()
-                        .filter(|n: &i32| {
-                            n.unsigned_abs() <= gpuctl_proto::convert::MAX_PRIORITY_ADJUST
-                        })
-                        .ok_or_else(|| {
-                            fail(format!(
-                                "--nice {v:?} must be a number from -{max} to {max}",
-                                max = gpuctl_proto::convert::MAX_PRIORITY_ADJUST
-                            ))
-                        })?;
-                    job.spec.priority = -n;
-                }
-                n if IGNORED.contains(&n) => extra
-                    .warnings
-                    .push(format!("#SBATCH --{n} has no effect in gpuctl; ignored")),
-                "array" => {
-                    gpuctl_sched::array::parse(v, usize::MAX).map_err(fail)?;
-                    job.spec.array = v.to_string();
-                }
-                "partition" => job.spec.partition = v.to_string(),
-                "constraint" => {
-                    job.spec.resources.constraint =
-                        gpuctl_sched::features::checked(v).map_err(fail)?
-                }
-                "nodelist" | "exclude" => {
-                    let list = gpuctl_sched::hostlist::split_list(v);
-                    if list.is_empty() {
-                        return Err(fail(format!("#SBATCH --{} names no node", o.name)));
-                    }
-                    crate::jobfile::check_node_list(&list, &o.name).map_err(fail)?;
-                    if o.name == "nodelist" {
-                        job.spec.resources.nodelist = list;
-                    } else {
-                        job.spec.resources.exclude = list;
-                    }
-                }
-                other => {
-                    return Err(fail(format!(
-                        "#SBATCH --{other} is not supported by gpuctl; remove it"
-                    )));
-                }
-            }
+            apply(&o, &mut job, &mut extra, &mut pn).map_err(|m| at(o.span.clone(), m))?;
+        }
+    }
+    // sbatch's command line after the script's lines: it wins, as sbatch's does.
+    if !command_line.is_empty() {
+        let words = command_line.iter().map(|w| (0, w.clone())).collect();
+        let whole = |m: String| JobFileError::Whole {
+            file: "the command line".into(),
+            message: m.replace("#SBATCH ", ""),
+        };
+        for o in split_options(words).map_err(|(_, m)| whole(m))? {
+            apply(&o, &mut job, &mut extra, &mut pn).map_err(whole)?;
         }
     }
     pn.apply(&mut job, file, text)?;

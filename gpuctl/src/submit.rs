@@ -212,7 +212,7 @@ impl SubmitArgs {
     /// One job (called `label`), overridden by the command line, as the wire spec. The
     /// outer error is the command line's (the same for every file), the inner the
     /// job's own.
-    fn spec(
+    pub(crate) fn spec(
         &self,
         label: &str,
         mut job: Job,

@@ -543,7 +543,8 @@ fn connection_limits(l: &gpuctl_core::config::Limits) -> guard::Limits {
         handshake_timeout: l.handshake_timeout,
         idle_timeout: l.idle_timeout.max(KEEPALIVE * 2),
         reserved_fds: l.reserved_fds,
-        authenticated_reserve: l.authenticated_reserve.min(max.saturating_sub(1)),
+        // At most an eighth of the cap: a small cap keeps room for everyone.
+        authenticated_reserve: l.authenticated_reserve.min(max / 8),
         // The HTTP listeners' peers (scrapers, browsers) never authenticate: the gRPC
         // listener sets its own.
         auth_timeout: None,

@@ -232,13 +232,22 @@ pub async fn run(client: &mut Client, args: &ReportArgs) -> Result<ReportView, F
     };
     let mut pages = client.list_jobs_paged(req).await?.into_inner();
     let mut jobs = Vec::new();
+    // The cluster's GPUs count from its first job on (a cluster a minute old has not
+    // had a week of GPU-hours to use): the window starts there if that is later.
+    let mut first_submit = i64::MAX;
     while let Some(page) = pages.message().await? {
+        for j in &page.jobs {
+            if j.submit_time_ms > 0 {
+                first_submit = first_submit.min(j.submit_time_ms);
+            }
+        }
         jobs.extend(
             page.jobs
                 .into_iter()
                 .filter(|j| super::history::in_window(j, since, until)),
         );
     }
+    let since = since.max(first_submit.min(until));
     // The GPUs there are now (of nodes that are not down) over the window.
     let nodes = client
         .list_nodes(pb::ListNodesRequest::default())

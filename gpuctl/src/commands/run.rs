@@ -44,9 +44,43 @@ pub struct RunArgs {
     pub pty: bool,
     #[command(flatten)]
     pub alloc: crate::commands::interactive::AllocOptions,
+    #[command(flatten)]
+    pub accepted: Accepted,
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true)]
     pub command: Vec<String>,
+}
+
+/// srun options that the tools driving Slurm write into every script, accepted: they
+/// change nothing here (output is relayed line by line already; tasks are placed and
+/// bound by the job's cgroup; MPI starts from the environment srun gives).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct Accepted {
+    /// Accepted: output is relayed as it comes.
+    #[arg(short = 'u', long)]
+    pub unbuffered: bool,
+    /// Accepted.
+    #[arg(long, value_name = "TYPE")]
+    pub mpi: Option<String>,
+    /// Accepted.
+    #[arg(long, value_name = "TYPE")]
+    pub cpu_bind: Option<String>,
+    /// Accepted.
+    #[arg(short = 'm', long, value_name = "TYPE")]
+    pub distribution: Option<String>,
+    /// Accepted: a task that fails ends the step's others anyway.
+    #[arg(short = 'K', long, num_args = 0..=1, default_missing_value = "1")]
+    pub kill_on_bad_exit: Option<String>,
+    /// Accepted.
+    #[arg(long)]
+    pub hint: Option<String>,
+    /// Accepted (the step's environment is the job's).
+    #[arg(long)]
+    pub export: Option<String>,
+    /// Each line of output after its task's rank (`0: ...`), as srun -l does (where
+    /// the output is not sent to files with -o).
+    #[arg(short = 'l', long)]
+    pub label: bool,
 }
 
 /// What this node's part of the run is, from the job's environment and the options.
@@ -317,6 +351,7 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
     }
     let mut tasks = Vec::new();
     let mut files = Outputs::default();
+    let mut labels = Vec::new();
     for i in 0..plan.per_node {
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(rest).envs(plan.task_env(i));
@@ -344,6 +379,18 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
                 cmd.stderr(s);
             });
         }
+        let rank = plan
+            .task_env(i)
+            .into_iter()
+            .find(|(k, _)| *k == "SLURM_PROCID")
+            .map_or(i.to_string(), |(_, v)| v);
+        let labelled = args.accepted.label && out.is_none();
+        if labelled {
+            cmd.stdout(std::process::Stdio::piped());
+            if err.is_none() {
+                cmd.stderr(std::process::Stdio::piped());
+            }
+        }
         let child = opened.and_then(|()| {
             cmd.spawn().map_err(|e| Failure {
                 code: 127,
@@ -351,7 +398,13 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
             })
         });
         match child {
-            Ok(c) => tasks.push(c),
+            Ok(mut c) => {
+                if labelled {
+                    labels.extend(c.stdout.take().map(|o| label(o, rank.clone(), false)));
+                    labels.extend(c.stderr.take().map(|e| label(e, rank, true)));
+                }
+                tasks.push(c)
+            }
             Err(e) => {
                 let pids = tasks.iter().map(tokio::process::Child::id);
                 signal_tasks(pids, nix::sys::signal::Signal::SIGKILL);
@@ -363,10 +416,40 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
         }
     }
     let code = wait_all(tasks, limit).await?;
+    for l in labels {
+        let _ = l.await;
+    }
     if let (Some(f), Some(id)) = (file, step) {
         let _ = step_end(f, id, code);
     }
     Ok(code)
+}
+
+/// Copies a task's output to this process's, each line after `rank: ` (srun -l).
+fn label(
+    from: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    rank: String,
+    stderr: bool,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+        let mut lines = tokio::io::BufReader::new(from).lines();
+        let mut out: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> = if stderr {
+            Box::pin(tokio::io::stderr())
+        } else {
+            Box::pin(tokio::io::stdout())
+        };
+        while let Ok(Some(line)) = lines.next_line().await {
+            if out
+                .write_all(format!("{rank}: {line}\n").as_bytes())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        let _ = out.flush().await;
+    })
 }
 
 /// Sends `sig` to these tasks (those with a pid: not yet reaped).

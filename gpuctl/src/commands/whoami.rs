@@ -9,7 +9,7 @@ use crate::cli::{Client, Failure};
 #[derive(Serialize)]
 pub struct WhoAmI {
     admin: bool,
-    user: String,
+    pub(crate) user: String,
     via: String,
 }
 

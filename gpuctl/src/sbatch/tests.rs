@@ -105,10 +105,17 @@ fn unsupported_options_are_refused_by_name_with_their_place() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("runs backwards"), "{e}");
-    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --wckey=x\n")
+    let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH --licenses=x\n")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("--wckey is not supported"), "{e}");
+    assert!(e.contains("--licenses is not supported"), "{e}");
+    // What the tools that drive Slurm write into every script is accepted, said so.
+    let (_, extra) = parse(
+        "t.sbatch",
+        "#!/bin/sh\n#SBATCH --wckey=x --comment=y --get-user-env --kill-on-bad-exit\n",
+    )
+    .unwrap();
+    assert_eq!(extra.warnings.len(), 4, "{:?}", extra.warnings);
     let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -y node1\n")
         .unwrap_err()
         .to_string();

@@ -114,11 +114,14 @@ struct Refusals {
 const REFUSAL_PERIOD: Duration = Duration::from_secs(30);
 
 impl Refusals {
-    fn note(&mut self, url: &str, e: &tonic::Status) {
+    /// `had_session`: this process was attached before (a refusal naming its identity
+    /// is then its own old connection; else a copy of its state dir runs elsewhere).
+    fn note(&mut self, url: &str, e: &tonic::Status, had_session: bool) {
         self.total += 1;
         // This agent's own previous connection, still held by the controller after a
         // failover or a reconnect: expected, and it passes once that one is dropped.
-        let own_connection = e.code() == tonic::Code::FailedPrecondition
+        let own_connection = had_session
+            && e.code() == tonic::Code::FailedPrecondition
             && e.message().contains("under this agent identity");
         let key = format!("{url} {:?}", e.code());
         let quiet = self
@@ -233,7 +236,7 @@ pub(super) async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Res
                 }
                 let (at, n) = agent.controller_index();
                 let url = opts.controller.split(',').nth(at).unwrap_or_default();
-                refusals.note(url, &e);
+                refusals.note(url, &e, !previous_session.is_empty());
                 if n > 1 {
                     // Replicated controllers: the next one (a follower names the leader
                     // in its refusal; trying each in turn finds it within one round).

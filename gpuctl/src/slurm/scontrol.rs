@@ -1,0 +1,268 @@
+//! `scontrol`: `show job N` and `show node NAME` in Slurm's `Key=Value` layout (what
+//! tools parse), `hold`, `release` and `requeue`. `update` is refused with what gpuctl
+//! offers instead: a job's limits are not changed after its submit here.
+
+use std::ffi::OsString;
+
+use gpuctl_proto as pb;
+
+use super::{state_long, time};
+use crate::cli::{Failure, exit, fail, print};
+use crate::commands::hold::Action;
+use crate::format;
+
+pub async fn run(args: Vec<OsString>) -> Result<u8, Failure> {
+    let words: Vec<String> = args
+        .into_iter()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .filter(|a| {
+            !matches!(
+                a.as_str(),
+                "-o" | "--oneliner" | "-d" | "--details" | "-a" | "--all"
+            )
+        })
+        .collect();
+    let one_line = false;
+    let w: Vec<&str> = words.iter().map(String::as_str).collect();
+    let mut client = super::client().await?;
+    match w.as_slice() {
+        ["show" | "sh", "job" | "jobs", ids @ ..] => {
+            let mut out = String::new();
+            let ids = if ids.is_empty() {
+                super::jobs(&mut client, pb::ListJobsRequest::default())
+                    .await?
+                    .iter()
+                    .map(|j| j.id.to_string())
+                    .collect()
+            } else {
+                ids.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+            };
+            for id in ids {
+                let id: u64 = id
+                    .split(['_', '.'])
+                    .next()
+                    .and_then(|i| i.parse().ok())
+                    .ok_or_else(|| fail(format!("invalid job id specified: {id}")))?;
+                let j = client
+                    .get_job(pb::GetJobRequest { job_id: id })
+                    .await
+                    .map_err(|s| {
+                        if s.code() == tonic::Code::NotFound {
+                            fail("Invalid job id specified")
+                        } else {
+                            Failure::from(s)
+                        }
+                    })?
+                    .into_inner();
+                out.push_str(&show_job(&j, one_line));
+                out.push('\n');
+            }
+            print(&out);
+            Ok(exit::OK)
+        }
+        ["show" | "sh", "node" | "nodes", names @ ..] => {
+            let nodes = client
+                .list_nodes(pb::ListNodesRequest::default())
+                .await?
+                .into_inner()
+                .nodes;
+            let shown: Vec<&pb::Node> = nodes
+                .iter()
+                .filter(|n| names.is_empty() || names.contains(&n.name.as_str()))
+                .collect();
+            if shown.is_empty() {
+                return Err(fail(format!("Node {} not found", names.join(","))));
+            }
+            let out: String = shown.iter().map(|n| show_node(n) + "\n").collect();
+            print(&out);
+            Ok(exit::OK)
+        }
+        [verb @ ("hold" | "uhold" | "release" | "requeue" | "requeuehold"), ids @ ..] => {
+            if ids.is_empty() {
+                return Err(fail(format!("{verb}: give job ids")));
+            }
+            let action = match *verb {
+                "hold" | "uhold" => Action::Hold,
+                "release" => Action::Release,
+                _ => Action::Requeue,
+            };
+            let targets: Vec<String> = ids.iter().flat_map(|i| i.split(',')).map(str::to_string).collect();
+            crate::commands::hold::run(&mut client, action, &targets).await?;
+            Ok(exit::OK)
+        }
+        ["update", ..] => Err(fail(
+            "scontrol update is not supported by gpuctl: a job's time limit and partition are set at submit (cancel and resubmit, or hold and release it); nodes: gpuctl node drain/resume",
+        )),
+        _ => Err(Failure {
+            code: exit::USAGE,
+            message: "gpuctl answers to: scontrol show job [N...], show node [NAME...], hold|release|requeue N..."
+                .into(),
+        }),
+    }
+}
+
+/// A job as `scontrol show job` writes it.
+pub fn show_job(j: &pb::Job, _one_line: bool) -> String {
+    let none = pb::JobSpec::default();
+    let s = j.spec.as_ref().unwrap_or(&none);
+    let res = s.resources.clone().unwrap_or_default();
+    let uid = nix::unistd::User::from_name(&s.user).ok().flatten();
+    let (uid_n, gid_n) = uid.map_or((0, 0), |u| (u.uid.as_raw(), u.gid.as_raw()));
+    let now = format::now_ms();
+    let limit = if j.time_limit_secs == 0 {
+        "UNLIMITED".to_string()
+    } else {
+        super::hms(i64::try_from(j.time_limit_secs.min(1 << 40)).unwrap_or(0) * 1000)
+    };
+    let reason = if j.reason.is_empty() || j.state() == pb::JobState::Running {
+        "None".to_string()
+    } else {
+        j.reason.replace(' ', "_")
+    };
+    let gpus = format::gpu_request(&res);
+    let tres = format!(
+        "cpu={},mem={}M,node={}{}",
+        res.cpus.max(1) * res.nodes.max(1),
+        res.memory_bytes >> 20,
+        res.nodes.max(1),
+        if matches!(gpus.as_str(), "-" | "" | "0") {
+            String::new()
+        } else {
+            format!(",gres/gpu={gpus}")
+        }
+    );
+    let lines = [
+        format!("JobId={} JobName={}", j.id, s.name),
+        format!("UserId={}({uid_n}) GroupId=({gid_n}) MCS_label=N/A", s.user),
+        format!(
+            "Priority={} Nice={} Account={} QOS={}",
+            s.priority, -s.priority, s.account, s.qos
+        ),
+        format!(
+            "JobState={} Reason={reason} Dependency=(null)",
+            state_long(j)
+        ),
+        format!(
+            "Requeue={} Restarts={} BatchFlag={} Reboot=0 ExitCode={}",
+            u8::from(s.requeue),
+            j.attempt.saturating_sub(1),
+            u8::from(s.command.is_empty() && !s.interactive),
+            super::exit_code(j)
+        ),
+        format!(
+            "RunTime={} TimeLimit={limit} TimeMin=N/A",
+            super::hms(format::elapsed_ms(j, now))
+        ),
+        format!(
+            "SubmitTime={} EligibleTime={}",
+            time(j.submit_time_ms),
+            time(j.submit_time_ms.max(s.begin_ms))
+        ),
+        format!(
+            "StartTime={} EndTime={} Deadline=N/A",
+            time(if j.start_time_ms > 0 {
+                j.start_time_ms
+            } else {
+                j.expected_start_ms
+            }),
+            time(j.end_time_ms)
+        ),
+        format!("Partition={} AllocNode:Sid=(null)", s.partition),
+        format!(
+            "NodeList={} ExcNodeList={}",
+            if j.node.is_empty() { "(null)" } else { &j.node },
+            if res.exclude.is_empty() {
+                "(null)".into()
+            } else {
+                res.exclude.join(",")
+            }
+        ),
+        format!(
+            "NumNodes={} NumCPUs={} NumTasks={} CPUs/Task={}",
+            res.nodes.max(1),
+            res.cpus.max(1) * res.nodes.max(1),
+            res.tasks_per_node.max(1) * res.nodes.max(1),
+            res.cpus.max(1) / res.tasks_per_node.max(1)
+        ),
+        format!("TRES={tres}"),
+        format!(
+            "Command={}",
+            if s.command.is_empty() {
+                "(script)".into()
+            } else {
+                s.command.join(" ")
+            }
+        ),
+        format!("WorkDir={}", s.workdir),
+        format!(
+            "StdOut={}",
+            if s.stdout.is_empty() {
+                format!("{}/gpuctl-{}.out", s.workdir, j.id)
+            } else {
+                s.stdout.replace("%j", &j.id.to_string())
+            }
+        ),
+    ];
+    let mut out = lines[0].clone();
+    for l in &lines[1..] {
+        out.push_str("\n   ");
+        out.push_str(l);
+    }
+    out.push('\n');
+    out
+}
+
+/// A node as `scontrol show node` writes it.
+fn show_node(n: &pb::Node) -> String {
+    let state = match n.state() {
+        pb::NodeState::Idle => "IDLE",
+        pb::NodeState::Mixed => "MIXED",
+        pb::NodeState::Allocated => "ALLOCATED",
+        pb::NodeState::Draining => "MIXED+DRAIN",
+        pb::NodeState::Drained => "IDLE+DRAIN",
+        pb::NodeState::Down | pb::NodeState::Unspecified => "DOWN",
+    };
+    let model = n
+        .gpus
+        .first()
+        .map_or("gpu".to_string(), |g| g.model.clone());
+    let lines = [
+        format!("NodeName={} Arch=x86_64 CoresPerSocket=1", n.name),
+        format!(
+            "CPUAlloc={} CPUTot={} CPULoad=N/A",
+            n.cpus_allocated, n.cpus
+        ),
+        format!(
+            "AvailableFeatures={} ActiveFeatures={0}",
+            if n.features.is_empty() {
+                "(null)".into()
+            } else {
+                n.features.join(",")
+            }
+        ),
+        format!("Gres=gpu:{model}:{}", n.gpus.len()),
+        format!(
+            "RealMemory={} AllocMem={} State={state}",
+            n.memory_bytes >> 20,
+            n.memory_allocated >> 20
+        ),
+        format!("Partitions={}", n.partitions.join(",")),
+        format!("LastBusyTime={}", time(n.last_seen_ms)),
+        format!(
+            "Reason={}",
+            if n.reason.is_empty() {
+                "(null)"
+            } else {
+                &n.reason
+            }
+        ),
+    ];
+    let mut out = lines[0].clone();
+    for l in &lines[1..] {
+        out.push_str("\n   ");
+        out.push_str(l);
+    }
+    out.push('\n');
+    out
+}

@@ -1,0 +1,235 @@
+//! The tools that drive Slurm run unchanged (issue 57): gpuctl called as sbatch,
+//! squeue, sacct, scancel, sinfo and scontrol takes their options and prints what the
+//! programs that call them parse.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use gpuctl_tests::{Cluster, bin, wait_for};
+
+const T: Duration = Duration::from_secs(30);
+
+fn tool(c: &Cluster, links: &Path, name: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(links.join(name))
+        .args(args)
+        .env("GPUCTL_CONTROLLER", c.url())
+        .current_dir(c.dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn out(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn sbatch_squeue_sacct_scancel_sinfo_and_scontrol_speak_slurm() {
+    let c = Cluster::start(&[("sl1", "2xA100-80GB")]);
+    let links = c.path("slurm-bin");
+    let made = Command::new(bin("gpuctl"))
+        .args(["slurm-links", links.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out(&made).contains("sbatch"));
+
+    // A script on standard input, with what generated scripts carry.
+    let script = "#!/bin/sh\n#SBATCH -t 5 --wckey=proj --comment=\"from a tool\"\n#SBATCH --cpus-per-gpu=2\nsrun --unbuffered -l hostname\n";
+    let id: u64 = out(&tool(
+        &c,
+        &links,
+        "sbatch",
+        &["--parsable", "-J", "hello", "-G", "1"],
+        Some(script),
+    ))
+    .trim()
+    .parse()
+    .expect("--parsable prints the id alone");
+    c.wait_state(id, "COMPLETED", T);
+    // srun -l: each line after its task's rank, in sbatch's default output file.
+    let output = std::fs::read_to_string(c.path(&format!("slurm-{id}.out"))).unwrap();
+    assert!(
+        output.starts_with("0: ") && output.lines().count() == 1,
+        "{output:?}"
+    );
+
+    // A file, and the sentence tools look for.
+    std::fs::write(c.path("long.sh"), "#!/bin/sh\nsleep 300\n").unwrap();
+    let said = out(&tool(
+        &c,
+        &links,
+        "sbatch",
+        &["-t", "10", "--gres=gpu:1", "long.sh"],
+        None,
+    ));
+    let long: u64 = said
+        .trim()
+        .strip_prefix("Submitted batch job ")
+        .unwrap_or_else(|| panic!("{said}"))
+        .parse()
+        .unwrap();
+    c.wait_state(long, "RUNNING", T);
+
+    squeue_formats(&c, &links, long);
+    sacct_formats(&c, &links, id);
+    // scancel: silent, and the cancel is by uid in sacct.
+    let s = tool(&c, &links, "scancel", &[&long.to_string()], None);
+    assert!(out(&s).is_empty());
+    c.wait_state(long, "CANCELLED", T);
+    let a = out(&tool(
+        &c,
+        &links,
+        "sacct",
+        &["-j", &long.to_string(), "-X", "-n", "-P", "-o", "State"],
+        None,
+    ));
+    assert_eq!(a.trim(), "CANCELLED by 0");
+    // A finished job again: said, not a failure.
+    assert!(
+        tool(&c, &links, "scancel", &[&id.to_string()], None)
+            .status
+            .success()
+    );
+
+    info_formats(&c, &links, id);
+}
+
+fn squeue_formats(c: &Cluster, links: &Path, long: u64) {
+    // squeue's formats.
+    let q = out(&tool(
+        c,
+        links,
+        "squeue",
+        &["-h", "-o", "%i %t %j %u %D %R"],
+        None,
+    ));
+    assert_eq!(q.trim(), format!("{long} R long.sh root 1 sl1"), "{q}");
+    let q = out(&tool(
+        c,
+        links,
+        "squeue",
+        &["--noheader", "--format=%.10i|%T", "-j", &long.to_string()],
+        None,
+    ));
+    assert_eq!(q.trim_end(), format!("{long:>10}|RUNNING"));
+    let q = out(&tool(
+        c,
+        links,
+        "squeue",
+        &["-O", "JobID:8,State:10,Name", "-t", "R"],
+        None,
+    ));
+    let mut lines = q.lines();
+    assert!(
+        lines.next().unwrap().starts_with("JOBID   STATE     NAME"),
+        "{q}"
+    );
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .starts_with(&format!("{long:<8}RUNNING   long.sh")),
+        "{q}"
+    );
+    let q = out(&tool(c, links, "squeue", &["--json"], None));
+    let v: serde_json::Value = serde_json::from_str(&q).unwrap();
+    assert_eq!(v["jobs"][0]["job_state"][0], "RUNNING", "{v}");
+}
+
+fn sacct_formats(c: &Cluster, links: &Path, id: u64) {
+    // sacct: the job, its batch step and its srun step, parsable.
+    let a = out(&tool(
+        c,
+        links,
+        "sacct",
+        &[
+            "-j",
+            &id.to_string(),
+            "-o",
+            "JobID,JobName,State,ExitCode,NodeList",
+            "-P",
+            "-n",
+        ],
+        None,
+    ));
+    let rows: Vec<&str> = a.lines().collect();
+    assert_eq!(rows[0], format!("{id}|hello|COMPLETED|0:0|sl1"), "{a}");
+    assert_eq!(
+        rows[1],
+        format!("{id}.batch|batch|COMPLETED|0:0|sl1"),
+        "{a}"
+    );
+    assert_eq!(rows[2], format!("{id}.0|hostname|COMPLETED|0:0|sl1"), "{a}");
+    let with_header = out(&tool(
+        c,
+        links,
+        "sacct",
+        &[
+            "-j",
+            &id.to_string(),
+            "-X",
+            "-o",
+            "JobID,State",
+            "--parsable",
+        ],
+        None,
+    ));
+    assert_eq!(with_header, format!("JobID|State|\n{id}|COMPLETED|\n"));
+}
+
+fn info_formats(c: &Cluster, links: &Path, id: u64) {
+    // sinfo and scontrol.
+    assert!(wait_for(T, || c.node_state("sl1") == "IDLE"));
+    let i = out(&tool(
+        c,
+        links,
+        "sinfo",
+        &["-h", "-o", "%P %a %D %t %N %G"],
+        None,
+    ));
+    assert_eq!(i.trim(), "default* up 1 idle sl1 gpu:A100-80GB:2", "{i}");
+    let n = out(&tool(c, links, "sinfo", &["-N", "-h", "-o", "%N %t"], None));
+    assert_eq!(n.trim(), "sl1 idle");
+    let j = out(&tool(
+        c,
+        links,
+        "scontrol",
+        &["show", "job", &id.to_string()],
+        None,
+    ));
+    assert!(j.starts_with(&format!("JobId={id} JobName=hello\n")), "{j}");
+    assert!(
+        j.contains("JobState=COMPLETED") && j.contains("ExitCode=0:0"),
+        "{j}"
+    );
+    let n = out(&tool(c, links, "scontrol", &["show", "node", "sl1"], None));
+    assert!(
+        n.starts_with("NodeName=sl1 ") && n.contains("Gres=gpu:A100-80GB:2"),
+        "{n}"
+    );
+    let u = tool(
+        c,
+        links,
+        "scontrol",
+        &["update", "JobId=1", "TimeLimit=5"],
+        None,
+    );
+    assert!(!u.status.success());
+    assert!(String::from_utf8_lossy(&u.stderr).contains("not supported"));
+}
