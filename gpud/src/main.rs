@@ -20,8 +20,8 @@ struct Args {
         default_value = "https://127.0.0.1:7817"
     )]
     controller: String,
-    /// Join the cluster with the single-use token in this file: the JSON that
-    /// `gpuctl admin join-token create --json` prints (token and CA fingerprint) or the
+    /// Join the cluster with the single-use token in this file: the JSON of a join
+    /// token made by gpuctl admin join-token create (token and CA fingerprint) or the
     /// bare token. Refused unless the file is this agent's own, mode 0600 or stricter.
     /// Later starts use the identity the join left in --state-dir (the file is then not
     /// read, and may be deleted).
@@ -34,13 +34,14 @@ struct Args {
     #[arg(
         long,
         env = "GPUD_JOIN_TOKEN",
+        hide = true,
         hide_env_values = true,
         conflicts_with = "key_file"
     )]
     join: Option<String>,
     /// The cluster CA's fingerprint (sha256:..., printed with the join token): the
     /// controller is trusted only if its certificate chains to that CA (read from
-    /// --join-file's JSON when it has one).
+    /// the join file's JSON when it has one).
     #[arg(long, env = "GPUD_CA_FINGERPRINT")]
     ca_fingerprint: Option<String>,
     /// Node name (default: the hostname).

@@ -275,9 +275,12 @@ fn a_script_on_standard_input_is_submitted_as_sbatch_reads_one() {
     let text = std::fs::read_to_string(c.path(&format!("piped-{id}.out"))).unwrap();
     assert_eq!(text, "from stdin\n");
     // A bad line is placed in "stdin".
-    let out = c.gpuctl_stdin(&["submit", "-"], b"#!/bin/sh\n#SBATCH --wckey=x\ntrue\n");
+    let out = c.gpuctl_stdin(&["submit", "-"], b"#!/bin/sh\n#SBATCH --licenses=x\ntrue\n");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("stdin:2:") && err.contains("--wckey"), "{err}");
+    assert!(
+        err.contains("stdin:2:") && err.contains("--licenses"),
+        "{err}"
+    );
 }
 
 /// sbatch's default `--export=ALL`: a batch script gets the submitting shell's
