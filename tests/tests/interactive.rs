@@ -159,7 +159,8 @@ fn a_pty_step_forwards_input_window_size_and_ctrl_c() {
 fn alloc_then_two_steps_are_in_history() {
     let c = Cluster::start(&[("n1", "2xA100-80GB")]);
     let path = format!("{}:{}", bin_dir().display(), std::env::var("PATH").unwrap());
-    let inner = "gpuctl run hostname > steps.out && \
+    // `srun` is on the shell's PATH, as in salloc's (the test's PATH has none).
+    let inner = "srun hostname > steps.out && \
                  gpuctl run -- sh -c 'echo step=$SLURM_STEP_ID gpus=$CUDA_VISIBLE_DEVICES job=$SLURM_JOB_ID' >> steps.out; \
                  gpuctl run -t 0:2 -- sleep 60; echo timed=$? >> steps.out; exit 3";
     let out = Command::new(bin("gpuctl"))
@@ -184,6 +185,8 @@ fn alloc_then_two_steps_are_in_history() {
     assert!(lines[1].ends_with("job=1"), "{steps}");
     let j = c.wait_state(1, "COMPLETED", T);
     assert_eq!(j["interactive"], true, "{j}");
+    // No empty output file of the allocation's was left in the directory.
+    assert!(!c.path("slurm-1.out").exists() && !c.path("gpuctl-1.out").exists());
     assert_eq!(j["resources"]["gpus"], 2, "{j}");
     let rows = c.json(&["history"]);
     let rows: Vec<&Value> = rows.as_array().unwrap().iter().collect();

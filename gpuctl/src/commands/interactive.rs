@@ -167,6 +167,17 @@ pub async fn alloc(cli: &Cli, client: &mut Client, args: &AllocArgs) -> Result<u
     if cli.insecure {
         cmd.env("GPUCTL_INSECURE", "true");
     }
+    // `srun` on its PATH, as in salloc's shell: this gpuctl under that name, in a
+    // directory of this allocation's own (the caller's alone), removed at its end.
+    let tools = srun_dir(id);
+    if let Some(dir) = &tools {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut paths = vec![dir.clone()];
+        paths.extend(std::env::split_paths(&path));
+        if let Ok(joined) = std::env::join_paths(paths) {
+            cmd.env("PATH", joined);
+        }
+    }
     // Ctrl-C is the shell's (or its program's), never this process's: it would end the
     // allocation under them.
     let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
@@ -184,7 +195,31 @@ pub async fn alloc(cli: &Cli, client: &mut Client, args: &AllocArgs) -> Result<u
         }
     };
     release(client, id, Some(code)).await;
+    if let Some(dir) = tools {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     Ok(code)
+}
+
+/// A new private directory holding `srun`, a link to this gpuctl, for allocation `id`'s
+/// shell; `None` (said once) where none can be made.
+fn srun_dir(id: u64) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let dir = std::env::temp_dir().join(format!("gpuctl-alloc-{id}-{}", std::process::id()));
+    let made = std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .and_then(|()| std::env::current_exe())
+        .and_then(|me| std::os::unix::fs::symlink(me, dir.join("srun")));
+    match made {
+        Ok(()) => Some(dir),
+        Err(e) => {
+            eprintln!(
+                "gpuctl: warning: no srun on the shell's PATH ({e}); `gpuctl run` is the same"
+            );
+            None
+        }
+    }
 }
 
 fn exit_code(s: std::io::Result<std::process::ExitStatus>) -> u8 {
