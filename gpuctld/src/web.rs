@@ -87,7 +87,9 @@ struct Member {
     state: String,
     leader: bool,
     term: u64,
-    commit_index: u64,
+    /// `None` where the answering controller does not know it (a follower knows its
+    /// own and not the others'): shown as "-", not as 0.
+    commit_index: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -181,7 +183,7 @@ fn controllers(ctl: &Controller) -> Vec<Member> {
             state: m.state,
             leader: m.leader,
             term: m.term,
-            commit_index: m.commit_index,
+            commit_index: (m.commit_index > 0).then_some(m.commit_index),
         })
         .collect()
 }

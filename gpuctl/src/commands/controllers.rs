@@ -45,7 +45,13 @@ impl View for Members {
                 crate::format::printable(&m.address),
                 m.state,
                 m.term,
-                m.commit_index,
+                // 0: not known to the controller that answered (a follower's view of
+                // another follower).
+                if m.commit_index == 0 {
+                    "-".to_string()
+                } else {
+                    m.commit_index.to_string()
+                },
                 if m.voter { "yes" } else { "no" },
             ));
         }
