@@ -329,3 +329,77 @@ fn a_launch_the_node_refuses_requeues_the_job_and_drains_the_node() {
         c.wait_state(id, "COMPLETED", T);
     }
 }
+
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Attack 4: large Raft messages from anyone. The peer service checks a member's MAC in
+/// the request's headers before reading a byte of the body: four 64 MiB messages without
+/// it are refused (UNAUTHENTICATED) and leave the leader's memory where it was (before,
+/// each was read whole first: 65 -> 580 MB for four). The users' Unix socket has no peer
+/// service at all.
+#[test]
+fn unauthenticated_raft_messages_are_refused_before_they_are_read() {
+    let r = gpuctl_tests::replicated::Replicated::start(3);
+    let leader = r.wait_leader(Duration::from_secs(20)).expect("a leader");
+    let pid = r.pid(leader).unwrap();
+    let port = r.ports[leader as usize - 1];
+    let socket = r.socket(leader);
+    let before = rss_kib(pid);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (codes, on_socket) = rt.block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut peer = gpuctl_proto::raft_peer_client::RaftPeerClient::new(ch)
+            .max_encoding_message_size(usize::MAX);
+        let mut codes = Vec::new();
+        for _ in 0..4 {
+            let big = gpuctl_proto::RaftMessage {
+                json: vec![b' '; 64 << 20],
+                mac: vec![0; 32],
+            };
+            codes.push(peer.append(big).await.unwrap_err().code());
+        }
+        let path = socket.clone();
+        let ch = tonic::transport::Endpoint::from_static("http://local")
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap();
+        let small = gpuctl_proto::RaftMessage::default();
+        let on_socket = gpuctl_proto::raft_peer_client::RaftPeerClient::new(ch)
+            .ping(small)
+            .await
+            .unwrap_err()
+            .code();
+        (codes, on_socket)
+    });
+    assert!(
+        codes.iter().all(|c| *c == tonic::Code::Unauthenticated),
+        "{codes:?}"
+    );
+    assert_eq!(on_socket, tonic::Code::Unimplemented);
+    let after = rss_kib(pid);
+    assert!(
+        after < before + 64 * 1024,
+        "the leader's memory grew from {before} KiB to {after} KiB"
+    );
+    // Still the leader, undisturbed.
+    assert_eq!(r.wait_leader(Duration::from_secs(5)), Some(leader));
+}
