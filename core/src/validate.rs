@@ -225,10 +225,10 @@ fn check_patterns(what: &str, p: &str) -> Result<(), String> {
             continue;
         }
         match chars.next() {
-            Some('j' | 'x' | 'N' | 't' | 'A' | 'a' | '%') => {}
+            Some('j' | 'J' | 'x' | 'u' | 'N' | 'n' | 't' | 's' | 'A' | 'a' | '%') => {}
             other => {
                 return Err(format!(
-                    "{what} {p:?}: unknown pattern %{}; output paths may use %j (job id), %x (job name), %N (node), %t (rank), %A (array id), %a (array task) and %% (a %)",
+                    "{what} {p:?}: unknown pattern %{}; output paths may use %j and %J (job id), %x (job name), %u (user), %N (node), %n and %t (rank), %s (step: batch), %A (array id), %a (array task) and %% (a %)",
                     other.map(String::from).unwrap_or_default()
                 ));
             }

@@ -800,8 +800,10 @@ fn output_shown(template: &str, j: &pb::Job, spec: &pb::JobSpec) -> String {
     let array = spec.array_task_id.map(|t| (spec.array_job_id, t));
     let node = (ranks == 1).then(|| j.allocations[0].node.clone());
     let path = gpuctl_proto::text::fill_pattern(template, |p| match p {
-        'j' => Some(j.id.to_string()),
+        'j' | 'J' => Some(j.id.to_string()),
         'x' => Some(spec.name.replace('/', "_")),
+        'u' => Some(spec.user.replace('/', "_")),
+        's' => Some("batch".into()),
         'N' => node.clone(),
         'A' => Some(array.map_or(j.id, |a| a.0).to_string()),
         'a' => Some(array.map_or(0, |a| a.1).to_string()),

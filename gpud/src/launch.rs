@@ -208,6 +208,8 @@ fn slurm_env(
 pub struct OutputVars<'a> {
     pub job_id: u64,
     pub name: &'a str,
+    /// Who submitted it (`%u`).
+    pub user: &'a str,
     pub node: &'a str,
     pub rank: u32,
     /// Ranks in the job (1 for a one-node job).
@@ -237,8 +239,7 @@ fn file_name_part(v: &str) -> String {
 }
 
 /// The `%` patterns output paths may use (the controller refuses others at submit).
-pub const OUTPUT_PATTERNS: &str =
-    "%j (job id), %x (job name), %N (node), %t (rank), %A (array id), %a (array task), %%";
+pub const OUTPUT_PATTERNS: &str = "%j and %J (job id), %x (job name), %u (user), %N (node), %t and %n (rank), %s (step), %A (array id), %a (array task), %%";
 
 /// Expands `%j` (job id), `%x` (job name), `%N` (node), `%t` (rank) and `%%` in an output
 /// file name, and resolves a relative name against the workdir. An expanded value never
@@ -252,10 +253,14 @@ pub fn output_path(template: &str, v: &OutputVars<'_>, workdir: &Path) -> PathBu
         t => t,
     };
     let out = gpuctl_proto::text::fill_pattern(template, |p| match p {
-        'j' => Some(v.job_id.to_string()),
+        // %J is jobid.stepid in Slurm; the batch script's is the job's id.
+        'j' | 'J' => Some(v.job_id.to_string()),
         'x' => Some(file_name_part(v.name)),
+        'u' => Some(file_name_part(v.user)),
         'N' => Some(file_name_part(v.node)),
-        't' => Some(v.rank.to_string()),
+        // The batch script runs once a node: its rank is the node's.
+        't' | 'n' => Some(v.rank.to_string()),
+        's' => Some("batch".into()),
         'A' => Some(v.array.map_or(v.job_id, |a| a.0).to_string()),
         'a' => Some(v.array.map_or(0, |a| a.1).to_string()),
         _ => None,
@@ -436,6 +441,7 @@ impl LaunchSpec {
         let vars = OutputVars {
             job_id: start.job_id,
             name: &spec.name,
+            user: &spec.user,
             node,
             rank: start.rank,
             ranks,

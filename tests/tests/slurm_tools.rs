@@ -233,3 +233,92 @@ fn info_formats(c: &Cluster, links: &Path, id: u64) {
     assert!(!u.status.success());
     assert!(String::from_utf8_lossy(&u.stderr).contains("not supported"));
 }
+
+/// The python with dask-jobqueue: GPUCTL_DASK_PYTHON, else the venv `.ci/run` makes.
+fn dask_python() -> Option<String> {
+    let p = std::env::var("GPUCTL_DASK_PYTHON")
+        .unwrap_or_else(|_| "/opt/gpuctl-dask/bin/python".into());
+    let ok = Command::new(&p)
+        .args(["-c", "import dask_jobqueue, distributed"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Some(p)
+    } else {
+        gpuctl_tests::skipped(
+            "GPUCTL_REQUIRE_DASK",
+            &format!("a python with dask-jobqueue at {p} (.ci/run installs one)"),
+        );
+        None
+    }
+}
+
+/// dask-jobqueue's `SLURMCluster`, unchanged, on gpuctl's `sbatch` and `scancel`: it
+/// writes its worker script, submits it twice, parses `Submitted batch job N`, the two
+/// workers connect back and compute a sum, and closing the cluster cancels them.
+#[test]
+fn dask_jobqueue_scales_to_two_workers_and_computes_a_sum() {
+    let Some(python) = dask_python() else {
+        return;
+    };
+    let c = Cluster::start(&[("dk1", "1xA100-80GB")]);
+    let links = c.path("slurm-bin");
+    out(&Command::new(bin("gpuctl"))
+        .args(["slurm-links", links.to_str().unwrap()])
+        .output()
+        .unwrap());
+    let script = r#"
+import sys
+from dask_jobqueue import SLURMCluster
+from dask.distributed import Client
+cluster = SLURMCluster(cores=1, processes=1, memory="1GB", walltime="00:10:00",
+                       python=sys.executable, scheduler_options={"host": "127.0.0.1"},
+                       log_directory="dask-logs")
+cluster.scale(2)
+client = Client(cluster)
+client.wait_for_workers(2, timeout=120)
+total = client.submit(sum, range(1001)).result()
+print("workers", len(client.scheduler_info()["workers"]), "sum", total, flush=True)
+client.close()
+cluster.close()
+"#;
+    let path = format!(
+        "{}:{}",
+        links.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = Command::new(&python)
+        .args(["-c", script])
+        .env("PATH", path)
+        .env("GPUCTL_CONTROLLER", c.url())
+        .current_dir(c.dir.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success() && said.contains("workers 2 sum 500500"),
+        "{said}\n{}\n{}",
+        String::from_utf8_lossy(&run.stderr),
+        c.controller_log()
+    );
+    // Both worker jobs ran under gpuctl, and closing the cluster cancelled them.
+    let a = out(&tool(
+        &c,
+        &links,
+        "sacct",
+        &["-a", "-X", "-n", "-P", "-o", "JobName,State"],
+        None,
+    ));
+    let workers: Vec<&str> = a
+        .lines()
+        .filter(|l| l.starts_with("dask-worker|"))
+        .collect();
+    assert_eq!(workers.len(), 2, "{a}");
+    assert!(
+        wait_for(T, || {
+            let q = out(&tool(&c, &links, "squeue", &["-h", "-o", "%i"], None));
+            q.trim().is_empty()
+        }),
+        "the workers' jobs still run after the cluster closed"
+    );
+}

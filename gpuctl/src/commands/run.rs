@@ -261,6 +261,22 @@ pub fn output_name(template: &str, plan: &Plan, i: u32, env: &BTreeMap<String, S
         'n' => Some(plan.node_rank.to_string()),
         'N' => get("GPUCTL_NODE"),
         'j' => get("GPUCTL_JOB_ID"),
+        // jobid.stepid, as srun writes it.
+        'J' => match (env.get("GPUCTL_JOB_ID"), env.get("SLURM_STEP_ID")) {
+            (Some(j), Some(s)) => Some(format!("{j}.{s}")),
+            (j, _) => Some(j.cloned().unwrap_or_default()),
+        },
+        's' => get("SLURM_STEP_ID"),
+        'u' => get("USER"),
+        'A' => env
+            .get("SLURM_ARRAY_JOB_ID")
+            .or(env.get("GPUCTL_JOB_ID"))
+            .cloned(),
+        'a' => Some(
+            env.get("SLURM_ARRAY_TASK_ID")
+                .cloned()
+                .unwrap_or_else(|| "0".into()),
+        ),
         'x' => get("GPUCTL_JOB_NAME"),
         _ => None,
     })

@@ -149,6 +149,7 @@ fn vars<'a>(name: &'a str, node: &'a str, rank: u32, ranks: usize) -> OutputVars
     OutputVars {
         job_id: 5,
         name,
+        user: "ann",
         node,
         rank,
         ranks,
@@ -170,6 +171,16 @@ fn output_paths_expand() {
     assert_eq!(
         output_path("o-%N-%t.txt", &vars("x", "gpu7", 3, 4), wd),
         PathBuf::from("/w/o-gpu7-3.txt")
+    );
+    // What the tools that drive Slurm write (dask-jobqueue: `%J`), and the rest of
+    // sbatch's patterns.
+    assert_eq!(
+        output_path("logs/dask-worker-%J.out", &one, wd),
+        PathBuf::from("/w/logs/dask-worker-5.out")
+    );
+    assert_eq!(
+        output_path("%u-%s-%n.out", &vars("x", "gpu7", 2, 4), wd),
+        PathBuf::from("/w/ann-batch-2.out")
     );
 }
 
