@@ -204,13 +204,7 @@ pub fn show_job(j: &pb::Job, _one_line: bool) -> String {
             }
         ),
     ];
-    let mut out = lines[0].clone();
-    for l in &lines[1..] {
-        out.push_str("\n   ");
-        out.push_str(l);
-    }
-    out.push('\n');
-    out
+    key_values(&lines)
 }
 
 /// A node as `scontrol show node` writes it.
@@ -258,8 +252,13 @@ fn show_node(n: &pb::Node) -> String {
             }
         ),
     ];
-    let mut out = lines[0].clone();
-    for l in &lines[1..] {
+    key_values(&lines)
+}
+
+/// Lines of `Key=Value` as scontrol lays them out: the first flush, the rest indented.
+fn key_values(lines: &[String]) -> String {
+    let mut out = lines.first().cloned().unwrap_or_default();
+    for l in lines.iter().skip(1) {
         out.push_str("\n   ");
         out.push_str(l);
     }

@@ -134,14 +134,18 @@ fn state_matches(s: &str, j: &pb::Job) -> bool {
 
 /// The `-o` table.
 fn by_format(jobs: &[pb::Job], format: &str, header: bool, now: i64) -> String {
-    let ps = pieces(format);
+    table(&pieces(format), jobs, header, now)
+}
+
+/// The jobs' lines in `ps`, after the header's.
+fn table(ps: &[Piece], jobs: &[pb::Job], header: bool, now: i64) -> String {
     let mut out = String::new();
     if header {
-        out.push_str(&render(&ps, |c| title(c).to_string()));
+        out.push_str(&render(ps, |c| title(c).to_string()));
         out.push('\n');
     }
     for j in jobs {
-        out.push_str(&render(&ps, |c| value(j, c, now)));
+        out.push_str(&render(ps, |c| value(j, c, now)));
         out.push('\n');
     }
     out
@@ -212,16 +216,7 @@ fn by_fields(jobs: &[pb::Job], spec: &str, header: bool, now: i64) -> Result<Str
             width: width.min(1024),
         });
     }
-    let mut out = String::new();
-    if header {
-        out.push_str(&render(&ps, |c| title(c).to_string()));
-        out.push('\n');
-    }
-    for j in jobs {
-        out.push_str(&render(&ps, |c| value(j, c, now)));
-        out.push('\n');
-    }
-    Ok(out)
+    Ok(table(&ps, jobs, header, now))
 }
 
 /// A field's header, as squeue names it.
