@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use clap::Parser as _;
 use gpuctl_proto as pb;
 
-use crate::cli::{Cli, Client, Failure, connect, exit, fail};
+use crate::cli::{Cli, Client, Failure, connect, exit, fail, print};
 
 mod sacct;
 mod scontrol;
@@ -26,8 +26,8 @@ mod submit;
 
 /// The names gpuctl answers to as a Slurm tool (`srun` and `salloc` included).
 pub const TOOLS: &[&str] = &[
-    "sbatch", "squeue", "scancel", "sacct", "sinfo", "scontrol", "sshare", "sprio", "srun",
-    "salloc",
+    "sbatch", "squeue", "scancel", "sacct", "sinfo", "scontrol", "sshare", "sprio", "sacctmgr",
+    "srun", "salloc",
 ];
 
 /// The Slurm tool `argv0` names, if any.
@@ -45,7 +45,8 @@ pub async fn main(tool: &str, args: Vec<OsString>) -> u8 {
         "sacct" => sacct::run(args).await,
         "sinfo" => sinfo::run(args).await,
         "scontrol" => scontrol::run(args).await,
-        "sshare" => simple(args, "sshare").await,
+        "sshare" => sshare(args).await,
+        "sacctmgr" => sacctmgr(args).await,
         "sprio" => simple(args, "sprio").await,
         other => Err(fail(format!("{other} is not a tool gpuctl answers to"))),
     };
@@ -55,6 +56,101 @@ pub async fn main(tool: &str, args: Vec<OsString>) -> u8 {
             eprintln!("{tool}: error: {}", f.message);
             f.code
         }
+    }
+}
+
+/// The accounts `user` may charge: those that list them, else their own name (the
+/// controller's rule, `accounts.NAME.users`).
+async fn accounts_of(client: &mut Client, user: &str) -> Result<Vec<String>, Failure> {
+    let rows = client.share(pb::ShareRequest {}).await?.into_inner().rows;
+    let mut mine: Vec<String> = rows
+        .into_iter()
+        .filter(|r| r.user == user && !r.account.is_empty())
+        .map(|r| r.account)
+        .collect();
+    mine.dedup();
+    if mine.is_empty() {
+        mine.push(user.to_string());
+    }
+    Ok(mine)
+}
+
+/// `sshare`: gpuctl's share table; `sshare -U --format Account --noheader` (what tools
+/// ask to learn a user's accounts): the caller's accounts, one a line.
+async fn sshare(args: Vec<OsString>) -> Result<u8, Failure> {
+    let words: Vec<String> = args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let only_me = words.iter().any(|w| w == "-U" || w == "--Users");
+    let format = words
+        .iter()
+        .position(|w| w == "--format" || w == "-o")
+        .and_then(|i| words.get(i + 1).cloned())
+        .or_else(|| {
+            words
+                .iter()
+                .find_map(|w| w.strip_prefix("--format=").map(str::to_string))
+        });
+    let account_only = format.is_some_and(|f| f.to_ascii_lowercase().starts_with("account"));
+    if !(only_me && account_only) {
+        return simple(args, "sshare").await;
+    }
+    let mut c = client().await?;
+    let me = crate::commands::whoami::run(&mut c).await?.user;
+    let accounts = accounts_of(&mut c, &me).await?;
+    print(
+        &accounts
+            .iter()
+            .map(|a| format!("{a}\n"))
+            .collect::<String>(),
+    );
+    Ok(exit::OK)
+}
+
+/// `sacctmgr list|show user NAME [format=account]` and `list account`: who may
+/// charge what, read-only (gpuctl's accounts are its controller's config).
+async fn sacctmgr(args: Vec<OsString>) -> Result<u8, Failure> {
+    let words: Vec<String> = args
+        .iter()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .filter(|w| !w.starts_with('-'))
+        .collect();
+    let lower: Vec<String> = words.iter().map(|w| w.to_ascii_lowercase()).collect();
+    let verb_ok = matches!(lower.first().map(String::as_str), Some("list" | "show"));
+    let mut c = client().await?;
+    match lower.get(1).map(String::as_str) {
+        Some("user" | "users") if verb_ok => {
+            let user = match words.get(2).filter(|w| !w.contains('=')) {
+                Some(u) => u.clone(),
+                None => crate::commands::whoami::run(&mut c).await?.user,
+            };
+            let accounts = accounts_of(&mut c, &user).await?;
+            print(
+                &accounts
+                    .iter()
+                    .map(|a| format!("{a}\n"))
+                    .collect::<String>(),
+            );
+            Ok(exit::OK)
+        }
+        Some("account" | "accounts") if verb_ok => {
+            let rows = c.share(pb::ShareRequest {}).await?.into_inner().rows;
+            let mut accounts: Vec<String> = rows.into_iter().map(|r| r.account).collect();
+            accounts.sort();
+            accounts.dedup();
+            print(
+                &accounts
+                    .iter()
+                    .map(|a| format!("{a}\n"))
+                    .collect::<String>(),
+            );
+            Ok(exit::OK)
+        }
+        _ => Err(fail(
+            "gpuctl answers to: sacctmgr list user [NAME] [format=account], sacctmgr list account (accounts are the controller's config, changed there)",
+        )),
     }
 }
 

@@ -322,3 +322,79 @@ cluster.close()
         "the workers' jobs still run after the cluster closed"
     );
 }
+
+/// Snakemake with its SLURM executor plugin, unchanged: a three-rule workflow submitted
+/// through gpuctl's sbatch (each rule a job), followed with sacct, its account checked
+/// with sacctmgr, and its outputs made in order.
+#[test]
+fn snakemake_runs_a_three_rule_workflow_through_its_slurm_executor() {
+    let venv = std::env::var("GPUCTL_SNAKEMAKE_VENV").unwrap_or_else(|_| "/opt/gpuctl-smk".into());
+    let snakemake = Path::new(&venv).join("bin/snakemake");
+    let ok = Command::new(&snakemake)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        gpuctl_tests::skipped(
+            "GPUCTL_REQUIRE_SNAKEMAKE",
+            &format!("snakemake and its SLURM executor plugin in {venv} (.ci/run installs them)"),
+        );
+        return;
+    }
+    let c = Cluster::start(&[("sm1", "1xA100-80GB")]);
+    let links = c.path("slurm-bin");
+    out(&Command::new(bin("gpuctl"))
+        .args(["slurm-links", links.to_str().unwrap()])
+        .output()
+        .unwrap());
+    let work = c.path("workflow");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(
+        work.join("Snakefile"),
+        "rule all:\n    input: \"out/c.txt\"\n\
+         rule a:\n    output: \"out/a.txt\"\n    shell: \"echo a > {output}\"\n\
+         rule b:\n    input: \"out/a.txt\"\n    output: \"out/b.txt\"\n    shell: \"cat {input} > {output}; echo b >> {output}\"\n\
+         rule c:\n    input: \"out/b.txt\"\n    output: \"out/c.txt\"\n    shell: \"cat {input} > {output}; echo c >> {output}\"\n",
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}:{}",
+        links.display(),
+        Path::new(&venv).join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = Command::new(&snakemake)
+        .args(["--executor", "slurm", "--jobs", "2", "--latency-wait", "5"])
+        .args([
+            "--default-resources",
+            "slurm_account=root",
+            "runtime=5",
+            "mem_mb=1000",
+        ])
+        .args(["--slurm-init-seconds-before-status-checks", "1"])
+        .args(["--seconds-between-status-checks", "2"])
+        .env("PATH", path)
+        .env("GPUCTL_CONTROLLER", c.url())
+        .current_dir(&work)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success() && said.contains("4 of 4 steps (100%) done"),
+        "{said}\n{}",
+        String::from_utf8_lossy(&run.stdout)
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.join("out/c.txt")).unwrap(),
+        "a\nb\nc\n"
+    );
+    // Three rules, three jobs, each COMPLETED in gpuctl's accounting.
+    let a = out(&tool(
+        &c,
+        &links,
+        "sacct",
+        &["-a", "-X", "-n", "-P", "-o", "State"],
+        None,
+    ));
+    assert_eq!(a.lines().filter(|l| *l == "COMPLETED").count(), 3, "{a}");
+}

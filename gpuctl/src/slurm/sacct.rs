@@ -59,6 +59,9 @@ struct Args {
     /// Accepted (one cluster).
     #[arg(short = 'L', long = "allclusters")]
     _all_clusters: bool,
+    /// Accepted (one cluster: `all` or its name).
+    #[arg(short = 'M', long = "clusters")]
+    _clusters: Option<String>,
 }
 
 /// sacct's default fields.
@@ -228,6 +231,18 @@ fn when(s: &str, now: i64) -> Result<i64, Failure> {
             .to_zoned(jiff::tz::TimeZone::system())
             .map(|z| z.timestamp().as_millisecond())
             .map_err(|e| fail(format!("{s:?}: {e}")));
+    }
+    // Slurm's `YYYY-MM-DD[THH:MM[:SS]]`, in this machine's zone.
+    let local = |dt: jiff::civil::DateTime| {
+        dt.to_zoned(jiff::tz::TimeZone::system())
+            .map(|z| z.timestamp().as_millisecond())
+            .map_err(|e| fail(format!("{s:?}: {e}")))
+    };
+    if let Ok(dt) = t.to_ascii_uppercase().parse::<jiff::civil::DateTime>() {
+        return local(dt);
+    }
+    if let Ok(d) = t.parse::<jiff::civil::Date>() {
+        return local(d.to_datetime(jiff::civil::time(0, 0, 0, 0)));
     }
     crate::commands::history::parse_when(s, now)
 }

@@ -91,6 +91,43 @@ pub async fn run(args: Vec<OsString>) -> Result<u8, Failure> {
             crate::commands::hold::run(&mut client, action, &targets).await?;
             Ok(exit::OK)
         }
+        ["show" | "sh", "config"] => {
+            // What tools read of it (MinJobAge: how long squeue still lists a finished
+            // job; gpuctl lists finished jobs as long as [retention] keeps them).
+            print(
+                "Configuration data as of gpuctl\nClusterName = gpuctl\nMinJobAge = 300 sec\nSchedulerType = sched/backfill\nSelectType = select/cons_tres\nGresTypes = gpu\n",
+            );
+            Ok(exit::OK)
+        }
+        ["show" | "sh", "partition" | "partitions", names @ ..] => {
+            let parts = client
+                .partitions(pb::PartitionsRequest {})
+                .await?
+                .into_inner()
+                .partitions;
+            let out: String = parts
+                .iter()
+                .filter(|p| names.is_empty() || names.contains(&p.name.as_str()))
+                .map(|p| {
+                    key_values(&[
+                        format!("PartitionName={}", p.name),
+                        format!(
+                            "Default={} State={}",
+                            if p.is_default { "YES" } else { "NO" },
+                            p.state.to_ascii_uppercase()
+                        ),
+                        format!(
+                            "MaxTime={} DefaultTime={}",
+                            if p.max_time_secs == 0 { "UNLIMITED".into() } else { super::limit_hms(p.max_time_secs) },
+                            if p.default_time_secs == 0 { "NONE".into() } else { super::limit_hms(p.default_time_secs) }
+                        ),
+                        format!("Nodes={} TotalNodes={}", super::sinfo::hostlist(p.nodes.iter().map(String::as_str)), p.nodes.len()),
+                    ]) + "\n"
+                })
+                .collect();
+            print(&out);
+            Ok(exit::OK)
+        }
         ["update", ..] => Err(fail(
             "scontrol update is not supported by gpuctl: a job's time limit and partition are set at submit (cancel and resubmit, or hold and release it); nodes: gpuctl node drain/resume",
         )),
