@@ -99,13 +99,13 @@ async fn sshare(args: Vec<OsString>) -> Result<u8, Failure> {
     let mut c = client().await?;
     let me = crate::commands::whoami::run(&mut c).await?.user;
     let accounts = accounts_of(&mut c, &me).await?;
-    print(
-        &accounts
-            .iter()
-            .map(|a| format!("{a}\n"))
-            .collect::<String>(),
-    );
+    print_lines(&accounts);
     Ok(exit::OK)
+}
+
+/// Prints each of `lines` on a line of its own.
+fn print_lines(lines: &[String]) {
+    print(&lines.iter().map(|l| format!("{l}\n")).collect::<String>());
 }
 
 /// `sacctmgr list|show user NAME [format=account]` and `list account`: who may
@@ -127,12 +127,7 @@ async fn sacctmgr(args: Vec<OsString>) -> Result<u8, Failure> {
                 None => crate::commands::whoami::run(&mut c).await?.user,
             };
             let accounts = accounts_of(&mut c, &user).await?;
-            print(
-                &accounts
-                    .iter()
-                    .map(|a| format!("{a}\n"))
-                    .collect::<String>(),
-            );
+            print_lines(&accounts);
             Ok(exit::OK)
         }
         Some("account" | "accounts") if verb_ok => {
@@ -140,12 +135,7 @@ async fn sacctmgr(args: Vec<OsString>) -> Result<u8, Failure> {
             let mut accounts: Vec<String> = rows.into_iter().map(|r| r.account).collect();
             accounts.sort();
             accounts.dedup();
-            print(
-                &accounts
-                    .iter()
-                    .map(|a| format!("{a}\n"))
-                    .collect::<String>(),
-            );
+            print_lines(&accounts);
             Ok(exit::OK)
         }
         _ => Err(fail(
