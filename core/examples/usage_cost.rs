@@ -127,6 +127,7 @@ fn main() {
                                     job_id,
                                     mem_used_mib: 4000 + (t as u64 / 1000 % 100),
                                     processes: 1,
+                                    util_pct: None,
                                 })
                                 .collect()
                         })

@@ -457,6 +457,7 @@ impl Cluster {
         if resp.known {
             effects.merge(self.check_idle(crate::idle::running_ids(&req.running), now));
             effects.merge(self.check_xids(req, now));
+            effects.merge(self.watch_gpus(req, now));
         }
         (resp, effects)
     }

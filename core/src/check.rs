@@ -32,6 +32,24 @@ impl Cluster {
                 return Err(format!("job {} runs on unknown node {}", j.id, a.node));
             }
         }
+        // Borrowers' GPU memory limits fit their GPUs (`opportunistic.rs`).
+        let mut lent: HashMap<&str, (u64, Vec<u64>)> = HashMap::new();
+        for s in self.jobs.active().filter(|s| s.job.spec.opportunistic) {
+            for sl in live_allocs(&s.job).flat_map(|a| a.slots.iter()) {
+                let e = lent.entry(sl.uuid.as_str()).or_default();
+                e.0 += sl.memory_mib;
+                e.1.push(s.job.id);
+            }
+        }
+        for (uuid, (mib, jobs)) in lent {
+            if let Some(&have) = memory.get(uuid)
+                && mib > have
+            {
+                return Err(format!(
+                    "GPU {uuid}: borrowers {jobs:?} given {mib} MiB of {have}"
+                ));
+            }
+        }
         for (node, u) in self.usage() {
             for (uuid, (compute, mib, jobs)) in &u.slots {
                 if *compute > 1000 {

@@ -45,6 +45,10 @@ pub struct Config {
     /// Co-location by measured use (`crate::colocate`): `[colocation]` with `enabled`,
     /// `compute_overcommit = 2.0`, `min_run = "1m"`.
     pub colocation: crate::colocate::Colocation,
+    /// The opportunistic class (`crate::opportunistic`): `[opportunistic]` with
+    /// `enabled`, `lend_below = 0.6`, `yield_above = 0.8`, `measure = "5m"`,
+    /// `yield_window = "10s"`, `memory_margin = 1.25`, `min_memory_mib = 2048`.
+    pub opportunistic: crate::opportunistic::Opportunistic,
     /// Accounts (Slurm's associations): `[accounts.risk]` with `shares = 3` and
     /// `users = ["alice", "bob"]`. A job is charged to the account it names, or to the
     /// first account that lists its user, or, when none does, to an account named
@@ -251,6 +255,10 @@ pub struct QosConfig {
     /// The longest time limit a job of this QoS may ask for.
     #[serde(default, with = "humantime_serde")]
     pub max_time: Option<Duration>,
+    /// Its jobs are of the opportunistic class (`crate::opportunistic`): they run only
+    /// in the idle of GPUs others hold, and yield.
+    #[serde(default)]
+    pub opportunistic: bool,
 }
 
 impl QosConfig {
@@ -264,6 +272,7 @@ impl QosConfig {
             max_gpus_per_user: None,
             max_gpus_per_account: None,
             max_time: None,
+            opportunistic: false,
         }
     }
 
@@ -424,6 +433,7 @@ impl Default for Config {
             fairshare: FairShare::default(),
             preemption: Preemption::default(),
             colocation: crate::colocate::Colocation::default(),
+            opportunistic: crate::opportunistic::Opportunistic::default(),
             accounts: indexmap::IndexMap::new(),
             partitions: BTreeMap::new(),
             timezone: "UTC".into(),
@@ -559,6 +569,7 @@ impl Config {
         config.idle.check().map_err(&invalid)?;
         config.preemption.check().map_err(&invalid)?;
         config.colocation.check().map_err(&invalid)?;
+        config.opportunistic.check().map_err(&invalid)?;
         config.tz = crate::windows::zone(&config.timezone).map_err(&invalid)?;
         for (name, w) in &config.windows {
             w.check(name).map_err(&invalid)?;

@@ -33,6 +33,10 @@ pub struct IdlePolicy {
     /// Jobs of these QoS levels or partitions are left alone.
     pub exempt_qos: Vec<String>,
     pub exempt_partitions: Vec<String>,
+    /// A job whose GPUs stay idle this long has them lent to opportunistic jobs until
+    /// its use resumes (`crate::opportunistic`), whatever `after` does.
+    #[serde(with = "humantime_serde")]
+    pub lend_after: Option<Duration>,
 }
 
 impl Default for IdlePolicy {
@@ -43,6 +47,7 @@ impl Default for IdlePolicy {
             action: IdleAction::Warn,
             exempt_qos: Vec::new(),
             exempt_partitions: Vec::new(),
+            lend_after: None,
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod answers;
 pub mod begin;
 pub mod check;
 pub mod colocate;
+pub mod opportunistic;
 pub mod command;
 pub mod config;
 pub mod efficiency;

@@ -228,7 +228,11 @@ impl Cluster {
                 self.fail_node(&node, &why, now, &mut effects);
                 Ok(Applied::Done)
             }
-            Change::Prepare => Ok(Applied::Prepared(self.pass_prepare(now))),
+            Change::Prepare => {
+                let waiting = self.pass_prepare(now);
+                effects = self.lend_pass(now);
+                Ok(Applied::Prepared(waiting))
+            }
             Change::Pass => {
                 let (passed, e) = self.whole_pass(now);
                 effects = e;

@@ -77,6 +77,9 @@ pub struct JobGpuUse {
     pub job_id: u64,
     pub mem_used_mib: u64,
     pub processes: u32,
+    /// Its processes' share of the GPU's time (percent of the GPU), where the driver
+    /// samples it per process.
+    pub util_pct: Option<u32>,
 }
 
 impl Node {

@@ -125,6 +125,12 @@ impl Cluster {
                 spec.user, limits.max_pending_per_user
             )));
         }
+        if (self.config.qos.get(&spec.qos)).is_some_and(|q| q.opportunistic) {
+            spec.opportunistic = true;
+        }
+        if spec.opportunistic {
+            check_opportunistic(&spec)?;
+        }
         let mut notes = if spec.right_size {
             self.right_size(&mut spec, partition_time, now)
         } else {
@@ -308,6 +314,7 @@ impl Cluster {
     pub fn whole_pass(&mut self, now: i64) -> (Passed, Effects) {
         use crate::policy::room_after;
         let waiting = self.pass_prepare(now);
+        let mut effects = self.lend_pass(now);
         let view = self.view();
         let queue = self.queue(&waiting);
         if queue.is_empty() {
@@ -316,11 +323,11 @@ impl Cluster {
                 waiting: left_out,
                 room: room_after(&view, None, left_out),
             };
-            return (passed, Effects::default());
+            return (passed, effects);
         }
         let plan = sched::schedule(&view, &queue, &self.pass_config(now), now);
         let room = room_after(&view, Some(&plan), !plan.waiting.is_empty());
-        let effects = self.apply_plan(&plan, now);
+        effects.merge(self.apply_plan(&plan, now));
         let passed = Passed {
             waiting: !plan.waiting.is_empty(),
             room,
@@ -452,7 +459,7 @@ impl Cluster {
         }
     }
 
-    fn start(&mut self, start: &sched::Start, now: i64, effects: &mut Effects) {
+    pub(crate) fn start(&mut self, start: &sched::Start, now: i64, effects: &mut Effects) {
         let nodelist: Vec<String> = start.allocs.iter().map(|a| a.node.clone()).collect();
         let allocations = start
             .allocs
@@ -463,6 +470,16 @@ impl Cluster {
         self.jobs
             .transition(start.job, Transition::Start { allocations }, now)
             .expect("checked pending above");
+        let j = self.jobs.job(start.job).expect("just started");
+        if !crate::opportunistic::is_borrower(j) {
+            // A guaranteed job takes its GPUs back from the borrowers there.
+            let taken: Vec<(String, Vec<crate::record::SlotUse>)> = (j.allocations.iter())
+                .map(|a| (a.node.clone(), a.slots.clone()))
+                .collect();
+            for (node, slots) in taken {
+                self.evict_borrowers(&node, &slots, start.job, now, effects);
+            }
+        }
         let j = self.jobs.job(start.job).expect("just started");
         let addresses: Vec<String> = nodelist
             .iter()
@@ -491,5 +508,18 @@ impl Cluster {
                 .sends
                 .push((a.node.clone(), Command::Start(Box::new(cmd))));
         }
+    }
+}
+
+/// What the opportunistic class can run: GPUs (whole or a share) lent on one kind of
+/// GPU, no MIG instance (a lent GPU is a whole one), nor a whole node.
+fn check_opportunistic(spec: &JobSpec) -> Result<(), Refusal> {
+    use crate::record::GpuPart;
+    let bad = |why: &str| Err(Refusal::invalid_argument(format!("an opportunistic job {why}")));
+    match &spec.resources.gpu {
+        None | Some(GpuPart::Gpus(0)) => bad("runs in the idle of GPUs others hold: it must ask for GPUs (gpus = N, or a share)"),
+        Some(GpuPart::Mig(_)) => bad("borrows whole GPUs or shares of one, not MIG instances"),
+        Some(_) if spec.resources.exclusive => bad("cannot hold whole nodes (exclusive)"),
+        Some(_) => Ok(()),
     }
 }

@@ -221,6 +221,9 @@ pub struct JobSpec {
     pub max_restarts: u32,
     /// An allocation with no program of its own (`gpuctl alloc`).
     pub interactive: bool,
+    /// The opportunistic class (`crate::opportunistic`): runs only in the idle of GPUs
+    /// that guaranteed jobs hold, and yields when they need it.
+    pub opportunistic: bool,
 }
 
 /// `JobSpec`'s plain fields, each with its field number in `gpuctl.proto` and its kind
@@ -258,6 +261,7 @@ macro_rules! job_spec_fields {
             colocate: bool = 24,
             max_restarts: u32 = 25,
             interactive: bool = 26,
+            opportunistic: bool = 27,
         )
     };
 }

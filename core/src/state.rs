@@ -61,6 +61,9 @@ pub struct Cluster {
     /// pass and node listing asks for it, and at 10,000 queued jobs computing it was
     /// most of a pass after a cancel.
     workload: std::cell::RefCell<Option<(u64, Workload)>>,
+    /// What the samples say of each held GPU's guaranteed holders
+    /// (`opportunistic.rs`), memory only.
+    pub(crate) watch: crate::opportunistic::Watches,
 }
 
 /// Read access for the shell, the simulator and the tests: state changes only through
@@ -290,8 +293,12 @@ impl Cluster {
                 let e = u.entry(a.node.as_str()).or_default();
                 for sl in &a.slots {
                     let x = e.slots.entry(sl.uuid.clone()).or_default();
-                    x.0 += sl.compute_milli;
-                    x.1 += sl.memory_mib;
+                    // A borrower holds none of its GPU's compute or memory: it runs in
+                    // its holders' idle (`opportunistic.rs`).
+                    if !j.spec.opportunistic {
+                        x.0 += sl.compute_milli;
+                        x.1 += sl.memory_mib;
+                    }
                     x.2.push(j.id);
                 }
                 e.cpu_milli += a.cpu_milli;
@@ -343,7 +350,7 @@ impl Cluster {
             for a in live_allocs(j).filter(|a| names.contains(a.node.as_str())) {
                 v.running.push(sched::Running {
                     job: j.id,
-                    alloc: sched::Alloc::from(a),
+                    alloc: guaranteed_alloc(j, a),
                     end_ms: 0,
                 });
             }
@@ -451,7 +458,7 @@ impl Cluster {
             for a in live_allocs(j) {
                 running.push(sched::Running {
                     job: j.id,
-                    alloc: sched::Alloc::from(a),
+                    alloc: guaranteed_alloc(j, a),
                     end_ms,
                 });
             }
@@ -477,7 +484,8 @@ impl Cluster {
         let mut out = Vec::new();
         for s in self.jobs.active_after(after) {
             let j = &s.job;
-            if j.state != JobState::Pending || !j.hold.is_empty() {
+            // Opportunistic jobs are the lend pass's (`opportunistic.rs`).
+            if j.state != JobState::Pending || !j.hold.is_empty() || j.spec.opportunistic {
                 continue;
             }
             if out.len() == max {
@@ -684,6 +692,16 @@ pub fn settle_dependencies(c: &mut Cluster, now: i64) -> BTreeSet<u64> {
 }
 
 /// A pending job as the scheduler sees it.
+/// A running job's allocation as the main pass sees it: a borrower's GPUs are its
+/// holders' (`opportunistic.rs`), its host CPU and memory its own.
+pub fn guaranteed_alloc(j: &Job, a: &crate::record::Allocation) -> sched::Alloc {
+    let mut alloc = sched::Alloc::from(a);
+    if j.spec.opportunistic {
+        alloc.slots.clear();
+    }
+    alloc
+}
+
 pub fn pending_job(j: &Job, shares: &sched::fairshare::FairShareTable, cfg: &Config) -> PendingJob {
     let spec = &j.spec;
     let mut request = Request::from(&spec.resources);

@@ -324,6 +324,7 @@ mod tests {
                     job_id,
                     mem_used_mib,
                     processes: 1,
+                    util_pct: None,
                 })
                 .collect(),
             ..Default::default()

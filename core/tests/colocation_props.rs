@@ -50,6 +50,7 @@ fn measured_run(
                 job_id: id,
                 mem_used_mib: mem,
                 processes: 1,
+                util_pct: None,
             }],
             ..Default::default()
         };

@@ -43,6 +43,7 @@ fn beat(c: &mut Cluster, id: u64, util: u32, now: i64) -> gpuctl_core::Effects {
                 job_id: id,
                 mem_used_mib: 2048,
                 processes: 1,
+                util_pct: None,
             }],
             ..Default::default()
         }],

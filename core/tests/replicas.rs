@@ -348,6 +348,7 @@ fn heartbeat(c: &Cluster, node: &str, util: u32, now: i64) -> Heartbeat {
                     job_id,
                     mem_used_mib: 1024,
                     processes: 1,
+                    util_pct: None,
                 })
                 .collect(),
             ..GpuMetrics::default()

@@ -114,6 +114,7 @@ fn gpu_metrics(m: pb::GpuMetrics) -> GpuMetrics {
                 job_id: j.job_id,
                 mem_used_mib: j.mem_used_mib,
                 processes: j.processes,
+                util_pct: j.util_pct,
             })
             .collect(),
         time_ms: m.time_ms,
@@ -141,6 +142,7 @@ fn gpu_metrics_pb(m: GpuMetrics) -> pb::GpuMetrics {
                 job_id: j.job_id,
                 mem_used_mib: j.mem_used_mib,
                 processes: j.processes,
+                util_pct: j.util_pct,
             })
             .collect(),
         time_ms: m.time_ms,
@@ -639,6 +641,7 @@ mod tests {
                     job_id: 3,
                     mem_used_mib: 100,
                     processes: 2,
+                    util_pct: Some(35),
                 }],
                 ..pb::GpuMetrics::default()
             }],

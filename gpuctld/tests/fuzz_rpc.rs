@@ -258,6 +258,7 @@ fn write_agent_corpus(w: &impl Fn(&str, Vec<u8>)) {
                     job_id: 1,
                     mem_used_mib: 1000,
                     processes: 2,
+                    util_pct: None,
                 }],
                 ..pb::GpuMetrics::default()
             }],

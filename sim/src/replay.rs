@@ -201,11 +201,12 @@ pub fn empty(config: &SchedConfig, base: &Config) -> Cluster {
 /// A pass, as the daemon runs it: its changing start, a plan on the state then, and the
 /// plan's entries (starts, waiting jobs' reasons, preemption).
 fn pass(c: &mut Logged, now: Millis) -> Effects {
-    let Ok(Applied::Prepared(waiting)) = c.apply(now, Change::Prepare).0 else {
+    // The start also runs the lend pass (opportunistic jobs on lent GPUs).
+    let (answer, mut effects) = c.apply(now, Change::Prepare);
+    let Ok(Applied::Prepared(waiting)) = answer else {
         unreachable!("a pass's start answers the jobs it leaves out");
     };
     let plan = sched::schedule(&c.view(), &c.queue(&waiting), &c.pass_config(now), now);
-    let mut effects = Effects::default();
     for entry in gpuctl_core::log::plan_entries(&plan, usize::MAX, now) {
         effects.merge(c.apply(now, entry.change).1);
     }

@@ -96,6 +96,7 @@ fn heartbeat() -> Heartbeat {
                 job_id: 7,
                 mem_used_mib: 29000,
                 processes: 2,
+                util_pct: Some(40),
             }],
             time_ms: 1_700_000_000_000,
             last_xid: Some(79),

@@ -119,6 +119,7 @@ fn busy() -> Cluster {
                 job_id: job,
                 mem_used_mib: 2048,
                 processes: 1,
+                util_pct: None,
             }],
             ..GpuMetrics::default()
         }],

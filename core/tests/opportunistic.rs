@@ -1,0 +1,254 @@
+//! The opportunistic class on the state machine: a borrower waits until a held GPU has
+//! been measured little busy, runs there with the room its holder leaves as its memory
+//! limit, and yields (never the holder) when the holder's use rises, when a guaranteed
+//! job takes its GPU, or when an idle allocation's use resumes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use gpuctl_core::log::{Change, Entry};
+use gpuctl_core::record::{JobSpec, JobState};
+use gpuctl_core::{Cluster, Effects};
+
+const SEC: i64 = 1000;
+
+fn configured() -> Cluster {
+    let mut c = cluster();
+    configure(&mut c, |cfg| {
+        cfg.opportunistic.measure = Duration::from_secs(60);
+        cfg.opportunistic.yield_window = Duration::from_secs(10);
+    });
+    c
+}
+
+/// A pass as the daemon runs it: its start (with the lend pass), then the main plan.
+fn full_pass(c: &mut Cluster, now: i64) -> Effects {
+    let mut e = c.apply(Entry::new(now, Change::Prepare)).1;
+    e.merge(pass(c, now));
+    checked(c);
+    e
+}
+
+fn borrower_spec() -> JobSpec {
+    JobSpec {
+        name: "sweep".into(),
+        opportunistic: true,
+        signal: "USR1@30".into(),
+        requeue: true,
+        ..spec(1, true)
+    }
+}
+
+/// A heartbeat of n1: each (job, GPU index, busy %, memory MiB) as the agent reads its
+/// processes, the GPUs' totals their sums.
+fn beat(c: &mut Cluster, uses: &[(u64, u32, u32, u64)], now: i64) -> Effects {
+    let mut running: Vec<gpuctl_core::event::Running> = Vec::new();
+    for &(id, ..) in uses {
+        let attempt = c.jobs().job(id).unwrap().attempt;
+        if !running.iter().any(|r| r.job_id == id) {
+            running.push(gpuctl_core::event::Running::new(id, attempt));
+        }
+    }
+    let metrics = (0..2)
+        .map(|gpu| {
+            let on: Vec<_> = uses.iter().filter(|u| u.1 == gpu).collect();
+            gpuctl_core::node::GpuMetrics {
+                uuid: format!("GPU-n1-{gpu}"),
+                util_pct: on.iter().map(|u| u.2).sum::<u32>().min(100),
+                mem_used_mib: on.iter().map(|u| u.3).sum(),
+                time_ms: now,
+                jobs: on
+                    .iter()
+                    .map(|u| gpuctl_core::node::JobGpuUse {
+                        job_id: u.0,
+                        mem_used_mib: u.3,
+                        processes: 1,
+                        util_pct: Some(u.2),
+                    })
+                    .collect(),
+                ..Default::default()
+            }
+        })
+        .collect();
+    let req = gpuctl_core::event::Heartbeat {
+        node: "n1".into(),
+        running,
+        metrics,
+        ..Default::default()
+    };
+    let e = c.heartbeat(&req, now).1;
+    checked(c);
+    e
+}
+
+fn kills(e: &Effects) -> Vec<String> {
+    commands(e)
+        .into_iter()
+        .filter(|(_, w)| w.starts_with("kill"))
+        .map(|(_, w)| w)
+        .collect()
+}
+
+/// n1 with a guaranteed job on GPU 0 and a borrower waiting.
+fn held_and_waiting(c: &mut Cluster) -> (u64, u64) {
+    attach(c, "n1", T0);
+    let holder = submit(c, 1, false, T0);
+    full_pass(c, T0);
+    report(c, "n1", holder, None, T0);
+    let borrower = submit_spec(c, borrower_spec(), T0);
+    full_pass(c, T0);
+    (holder, borrower)
+}
+
+#[test]
+fn a_borrower_waits_for_a_measured_gpu_then_runs_in_its_idle() {
+    let mut c = configured();
+    let (holder, borrower) = held_and_waiting(&mut c);
+    // GPU 1 is free but a borrower never takes a free GPU: it waits for a lent one.
+    assert_eq!(state(&c, borrower), JobState::Pending);
+    let why = &c.jobs().job(borrower).unwrap().reason;
+    assert!(why.contains("no GPU is lent"), "{why}");
+    // A minute of samples at 40% busy and 20 GiB: lent, and the scheduler is woken.
+    let mut woke = false;
+    for s in (5..=65).step_by(5) {
+        woke |= beat(&mut c, &[(holder, 0, 40, 20_480)], T0 + s * SEC).wake;
+    }
+    assert!(woke, "a GPU becoming lendable while a borrower waits asks for a pass");
+    let e = full_pass(&mut c, T0 + 66 * SEC);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {borrower}"))]);
+    let j = c.jobs().job(borrower).unwrap();
+    assert_eq!(j.state, JobState::Running);
+    let slot = &j.allocations[0].slots[0];
+    assert_eq!(slot.uuid, "GPU-n1-0", "the holder's GPU, not the free one");
+    // Its memory limit: 80 GiB less the holder's 20 GiB peak with the 25% margin.
+    assert_eq!(slot.memory_mib, 81_920 - 25_600);
+    assert!(j.reason.starts_with("Borrowing idle: n1 GPU"), "{}", j.reason);
+    // The holder keeps its GPU as the main pass sees it: a whole-GPU job still fits
+    // GPU 1 only, and the listing charges the borrower nothing.
+    let usage = c.usage();
+    assert_eq!(usage["n1"].slots["GPU-n1-0"].0, 1000);
+}
+
+#[test]
+fn the_holders_rising_use_makes_the_borrower_yield_never_the_holder() {
+    let mut c = configured();
+    let (holder, borrower) = held_and_waiting(&mut c);
+    for s in (5..=65).step_by(5) {
+        beat(&mut c, &[(holder, 0, 40, 20_480)], T0 + s * SEC);
+    }
+    full_pass(&mut c, T0 + 66 * SEC);
+    report(&mut c, "n1", borrower, None, T0 + 62 * SEC);
+    // The borrower fills the idle: the GPU reads 100%, the holder still 40%: no yield.
+    let both = |h: u32| [(holder, 0, h, 20_480), (borrower, 0, 100 - h, 30_000)];
+    for s in (65..=120).step_by(5) {
+        assert!(kills(&beat(&mut c, &both(40), T0 + s * SEC)).is_empty());
+    }
+    // The holder rises to 95%: within the 10 s window the borrower gets its signal.
+    let mut killed = Vec::new();
+    let mut at = 0;
+    for s in (121..=140).step_by(1) {
+        let k = kills(&beat(&mut c, &both(95), T0 + s * SEC));
+        if !k.is_empty() && killed.is_empty() {
+            at = s - 120;
+        }
+        killed.extend(k);
+    }
+    assert_eq!(killed, vec![format!("kill {borrower}")], "once, and only the borrower");
+    assert!(at <= 15, "yielded {at} s after the rise");
+    let r = c.jobs().get(borrower).unwrap();
+    assert!(r.requeue_requested.contains("busy share rose"), "{}", r.requeue_requested);
+    assert_eq!(state(&c, holder), JobState::Running);
+    assert!(c.jobs().get(holder).unwrap().requeue_requested.is_empty());
+    // It ends on its signal and waits again; the GPU is not lent while the holder is busy.
+    report(&mut c, "n1", borrower, Some((JobState::Cancelled, 143)), T0 + 150 * SEC);
+    assert_eq!(state(&c, borrower), JobState::Pending);
+    full_pass(&mut c, T0 + 151 * SEC);
+    assert_eq!(state(&c, borrower), JobState::Pending);
+}
+
+#[test]
+fn a_guaranteed_job_starting_on_a_borrowed_gpu_takes_it_back() {
+    let mut c = configured();
+    let (holder, borrower) = held_and_waiting(&mut c);
+    for s in (5..=65).step_by(5) {
+        beat(&mut c, &[(holder, 0, 30, 10_000)], T0 + s * SEC);
+    }
+    full_pass(&mut c, T0 + 66 * SEC);
+    report(&mut c, "n1", borrower, None, T0 + 66 * SEC);
+    // Another guaranteed job takes GPU 1; the holder of GPU 0 ends; a third guaranteed
+    // job then starts on GPU 0, where the borrower runs: the borrower yields.
+    let other = submit(&mut c, 1, false, T0 + 62 * SEC);
+    full_pass(&mut c, T0 + 62 * SEC);
+    report(&mut c, "n1", other, None, T0 + 62 * SEC);
+    report(&mut c, "n1", holder, Some((JobState::Completed, 0)), T0 + 70 * SEC);
+    let third = submit(&mut c, 1, false, T0 + 71 * SEC);
+    let e = full_pass(&mut c, T0 + 71 * SEC);
+    let mut got = commands(&e);
+    got.sort();
+    assert_eq!(
+        got,
+        vec![to("n1", &format!("kill {borrower}")), to("n1", &format!("start {third}"))]
+    );
+    assert!(
+        (c.jobs().get(borrower).unwrap().requeue_requested)
+            .contains(&format!("job {third} starts there"))
+    );
+}
+
+#[test]
+fn an_idle_allocation_lends_its_gpu_and_gets_it_back_when_its_use_resumes() {
+    let mut c = cluster();
+    configure(&mut c, |cfg| {
+        cfg.opportunistic.measure = Duration::from_secs(3600);
+        cfg.idle.lend_after = Some(Duration::from_secs(30));
+    });
+    let (holder, borrower) = held_and_waiting(&mut c);
+    for s in (5..=25).step_by(5) {
+        beat(&mut c, &[(holder, 0, 0, 4_000)], T0 + s * SEC);
+    }
+    full_pass(&mut c, T0 + 26 * SEC);
+    assert_eq!(state(&c, borrower), JobState::Pending, "not idle for 30 s yet");
+    beat(&mut c, &[(holder, 0, 0, 4_000)], T0 + 36 * SEC);
+    full_pass(&mut c, T0 + 37 * SEC);
+    assert_eq!(state(&c, borrower), JobState::Running);
+    report(&mut c, "n1", borrower, None, T0 + 37 * SEC);
+    // Its use resumes at 20% (under lend_below, but it was lent as idle): yield at once.
+    let e = beat(&mut c, &[(holder, 0, 20, 4_000), (borrower, 0, 60, 8_000)], T0 + 40 * SEC);
+    assert_eq!(kills(&e), vec![format!("kill {borrower}")]);
+    assert!(
+        (c.jobs().get(borrower).unwrap().requeue_requested).contains("use resumed")
+    );
+}
+
+#[test]
+fn opportunistic_requests_that_cannot_borrow_are_refused() {
+    let mut c = configured();
+    attach(&mut c, "n1", T0);
+    let none = JobSpec {
+        resources: gpuctl_core::record::Resources {
+            gpu: None,
+            cpus: 1,
+            ..Default::default()
+        },
+        ..borrower_spec()
+    };
+    let err = c.admit(&alice(), none, "", T0).unwrap_err();
+    assert!(err.to_string().contains("must ask for GPUs"), "{err}");
+    // A QoS an admin marks makes its jobs opportunistic.
+    configure(&mut c, |cfg| {
+        let mut q = gpuctl_core::config::QosConfig::open(0);
+        q.opportunistic = true;
+        cfg.qos.insert("scavenger".into(), q);
+    });
+    let id = submit_spec(
+        &mut c,
+        JobSpec {
+            qos: "scavenger".into(),
+            ..spec(1, true)
+        },
+        T0,
+    );
+    assert!(c.jobs().job(id).unwrap().spec.opportunistic);
+}
