@@ -280,6 +280,13 @@ impl serde::Serialize for JobJson<'_> {
             m.serialize_entry("array_task_id", &spec.array_task_id)?;
         }
         m.serialize_entry("attempt", &j.attempt)?;
+        // The service class: guaranteed, or opportunistic (runs in others' idle).
+        let class = if spec.opportunistic {
+            "opportunistic"
+        } else {
+            "guaranteed"
+        };
+        m.serialize_entry("class", class)?;
         m.serialize_entry("command", &spec.command)?;
         m.serialize_entry(
             "dependencies",
@@ -883,6 +890,13 @@ pub fn show_job(j: &pb::Job) -> String {
         "TimeLimit",
         humantime::format_duration(Duration::from_secs(j.time_limit_secs)).to_string(),
     );
+    if spec.opportunistic {
+        line(
+            "Class",
+            "opportunistic (runs in the idle of GPUs others hold; yields when they need them)"
+                .into(),
+        );
+    }
     if !spec.dependencies.is_empty() {
         line(
             "Dependency",

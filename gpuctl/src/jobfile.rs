@@ -47,6 +47,9 @@ pub struct JobFile {
     /// Share a GPU by what the last runs of this name used (`--colocate`).
     #[serde(default)]
     pub colocate: bool,
+    /// "guaranteed" (the default: GPUs as asked, speed kept) or "opportunistic" (runs
+    /// only in the idle of GPUs others hold, and yields: `--opportunistic`).
+    pub class: Option<Spanned<String>>,
     /// Queue the job again after a failure, at most this many times.
     #[serde(default)]
     pub max_restarts: u32,
@@ -325,6 +328,19 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
     let qos = config_name(raw.qos, "qos")?;
     let account = config_name(raw.account, "account")?;
     let partition = config_name(raw.partition, "partition")?;
+    let opportunistic = match &raw.class {
+        None => false,
+        Some(c) => match c.get_ref().as_str() {
+            "guaranteed" => false,
+            "opportunistic" => true,
+            other => {
+                return Err(at(
+                    c.span(),
+                    format!("class {other:?}: \"guaranteed\" or \"opportunistic\""),
+                ));
+            }
+        },
+    };
     let signal = match raw.signal {
         Some(sig) => {
             gpuctl_proto::convert::parse_signal_spec(sig.get_ref())
@@ -376,6 +392,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
             requeue: raw.requeue,
             right_size: raw.right_size,
             colocate: raw.colocate,
+            opportunistic,
             max_restarts: raw.max_restarts,
             resources,
             ..JobSpec::default()

@@ -101,6 +101,7 @@ const FLAGS: &[&str] = &[
     "exclusive",
     "hold",
     "oversubscribe",
+    "opportunistic",
 ];
 
 /// One option from a `#SBATCH` line: its long name, its value, and where it stands.
@@ -460,6 +461,8 @@ fn apply(o: &Opt, job: &mut Job, extra: &mut Extra, pn: &mut PerNode) -> Result<
         "exclusive" => job.spec.resources.exclusive = true,
         // Slurm's "share the allocation with other jobs": co-location by use.
         "oversubscribe" => job.spec.colocate = true,
+        // gpuctl's own: the opportunistic class (`gpuctl submit --opportunistic`).
+        "opportunistic" => job.spec.opportunistic = true,
         "hold" => extra.hold = true,
         "begin" => job.spec.begin_ms = begin_time(v, &jiff::Zoned::now()).map_err(fail)?,
         "no-requeue" => job.spec.requeue = false,

@@ -65,6 +65,12 @@ pub struct SubmitArgs {
     /// memory becomes a hard limit. One GPU or a share; says what changed.
     #[arg(long)]
     pub colocate: bool,
+    /// The opportunistic class: run only in the idle of GPUs that other jobs hold
+    /// (their measured busy share low), with the room their memory peak leaves as a
+    /// hard GPU memory limit; the job gets its checkpoint signal and is requeued when
+    /// the holders need their GPU back. Give it --signal and --requeue to keep work.
+    #[arg(long)]
+    pub opportunistic: bool,
     /// Not before this time (sbatch --begin): now+2hours, 16:00, midnight,
     /// 2026-12-24T08:00 (this machine's time zone).
     #[arg(long)]
@@ -317,6 +323,7 @@ impl SubmitArgs {
         }
         job.spec.right_size |= self.right_size;
         job.spec.colocate |= self.colocate;
+        job.spec.opportunistic |= self.opportunistic;
         Ok(())
     }
 

@@ -575,7 +575,7 @@ impl Controller {
             && self.lock().jobs().active_len() < INLINE_JOBS;
         let now = now_ms();
         let started = std::time::Instant::now();
-        let (queue, view, cfg, changed, left_out) = if inline {
+        let (queue, view, cfg, changed, left_out, lent) = if inline {
             self.pass_input(now, true)?
         } else {
             let ctl = self.clone();
@@ -586,6 +586,9 @@ impl Controller {
         let mut took = started.elapsed();
         if changed {
             self.store.flush().await?;
+        }
+        if !lent.sends.is_empty() || lent.wake {
+            self.deliver(lent, false).await?;
         }
         if queue.is_empty() {
             // Jobs left out of the plan (their partition has no node up, they wait for
@@ -641,19 +644,29 @@ impl Controller {
             sched::SchedConfig,
             bool,
             bool,
+            Out,
         ),
         StoreError,
     > {
-        let (waiting, changed) = self.step(inline, |c| {
+        let (waiting, changed, lent) = self.step(inline, |c| {
             c.room.pass_started();
-            let waiting = match c.apply(now, Change::Prepare).0 {
+            let (answer, effects) = c.apply(now, Change::Prepare);
+            let waiting = match answer {
                 Ok(Applied::Prepared(waiting)) => waiting,
                 other => unreachable!("a pass's start answers its waiting jobs, not {other:?}"),
             };
-            self.persist(c).map(|changed| (waiting, changed))
+            // The lend pass's starts and yields (`gpuctl_core::opportunistic`), sent
+            // after the flush below.
+            let (sends, wake) = c.route(effects);
+            let lent = Out {
+                sends,
+                wake,
+                wrote: false,
+            };
+            self.persist(c).map(|changed| (waiting, changed, lent))
         })?;
         let (queue, view, cfg) = self.pass_read(&waiting, now, inline);
-        Ok((queue, view, cfg, changed, !waiting.ids.is_empty()))
+        Ok((queue, view, cfg, changed, !waiting.ids.is_empty(), lent))
     }
 
     /// What a pass plans from, after its start (`waiting`: its answer): the view of the

@@ -563,6 +563,7 @@ async fn sampler(
         let jobs: Vec<Watched> = watched.iter().map(|w| w.0.clone()).collect();
         let owners = crate::monitor::Owners::new(&jobs);
         let usage = crate::monitor::job_memory(&samples, |pid| owners.of_pid(pid));
+        let busy = crate::monitor::job_busy(&samples, |pid| owners.of_pid(pid));
         let verdicts = enforcer.check(&gpus, &jobs, &usage, grace, std::time::Instant::now());
         let of_job = |id: u64| watched.iter().find(|w| w.0.job_id == id);
         for o in verdicts.warn {
@@ -613,7 +614,7 @@ async fn sampler(
         }
         exporter.update(&agent.name, &gpus, &samples, &usage, &holders, t0.elapsed());
         *agent.latest.lock().unwrap_or_else(|p| p.into_inner()) =
-            crate::monitor::to_pb(&samples, &usage, now_ms());
+            crate::monitor::to_pb(&samples, &usage, &busy, now_ms());
     }
 }
 

@@ -137,6 +137,9 @@ pub struct MigSample {
 pub struct ProcessUse {
     pub pid: u32,
     pub mem_used_mib: u64,
+    /// Its share of the GPU's time (percent), where the driver samples it per
+    /// process (NVML's process utilisation over the last seconds).
+    pub util_pct: Option<u32>,
 }
 
 /// Where the agent's GPUs come from.
@@ -416,10 +419,12 @@ impl GpuBackend for Nvml {
                         UsedGpuMemory::Used(b) => b / (1024 * 1024),
                         UsedGpuMemory::Unavailable => 0,
                     },
+                    util_pct: None,
                 })
                 .collect();
             processes.sort_by_key(|p| p.pid);
             processes.dedup_by_key(|p| p.pid);
+            process_utilization(&d, &mut processes);
             out.push(GpuSample {
                 uuid: d.uuid().map_err(e)?,
                 util_pct: util.as_ref().map_or(0, |u| u.gpu),
@@ -465,5 +470,21 @@ impl GpuBackend for Nvml {
             });
         }
         Ok(out)
+    }
+}
+
+/// Each process's SM share over the driver's last samples (about the last second or
+/// few; the newest sample of each pid), where the driver keeps them: what tells a
+/// GPU's holder's use from its borrowers' (`gpuctl_core::opportunistic`).
+fn process_utilization(d: &nvml_wrapper::Device<'_>, processes: &mut [ProcessUse]) {
+    let Ok(samples) = d.process_utilization_stats(None) else {
+        return;
+    };
+    for p in processes.iter_mut() {
+        p.util_pct = samples
+            .iter()
+            .filter(|s| s.pid == p.pid)
+            .max_by_key(|s| s.timestamp)
+            .map(|s| s.sm_util.min(100));
     }
 }

@@ -89,6 +89,20 @@ pub fn job_env(start: &pb::StartJob, node: &str, lang: Option<&str>) -> BTreeMap
         env.insert("GPUCTL_GPU_SHARE_MILLI".into(), s.compute_milli.to_string());
         env.insert("GPUCTL_GPU_MEMORY_MIB".into(), s.memory_mib.to_string());
     }
+    // The opportunistic class: it runs in the idle of GPUs other jobs hold. Under MPS
+    // its kernels go below the holders' (client priority 1, "below normal"; CUDA 12.3
+    // on); its GPU memory is a hard limit, the room the holders' peak leaves.
+    if spec.opportunistic {
+        env.insert("GPUCTL_OPPORTUNISTIC".into(), "1".into());
+        env.insert("CUDA_MPS_CLIENT_PRIORITY".into(), "1".into());
+        if let Some(s) = start.slots.iter().find(|s| s.memory_mib > 0) {
+            env.insert(
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
+                format!("0={}M", s.memory_mib),
+            );
+            env.insert("GPUCTL_GPU_MEMORY_MIB".into(), s.memory_mib.to_string());
+        }
+    }
     env.insert("GPUCTL_NODELIST".into(), nodelist.join(","));
     env.insert("GPUCTL_NUM_NODES".into(), nodelist.len().to_string());
     env.insert("GPUCTL_NODE_RANK".into(), start.rank.to_string());

@@ -120,6 +120,29 @@ pub fn job_memory(
     out
 }
 
+/// Per GPU (by UUID), each job's share of its time (percent, at most 100) where the
+/// driver samples every one of its processes there (`owner` as for `job_memory`).
+pub fn job_busy(
+    samples: &[GpuSample],
+    owner: impl Fn(u32) -> Option<u64>,
+) -> HashMap<String, BTreeMap<u64, u32>> {
+    let mut out: HashMap<String, BTreeMap<u64, u32>> = HashMap::new();
+    for s in samples {
+        let mut per: BTreeMap<u64, Option<u32>> = BTreeMap::new();
+        for p in &s.processes {
+            if let Some(job) = owner(p.pid) {
+                let e = per.entry(job).or_insert(Some(0));
+                *e = e.zip(p.util_pct).map(|(a, b)| (a + b).min(100));
+            }
+        }
+        let known: BTreeMap<u64, u32> = per.into_iter().filter_map(|(j, b)| Some((j, b?))).collect();
+        if !known.is_empty() {
+            out.insert(s.uuid.clone(), known);
+        }
+    }
+    out
+}
+
 /// Tracks how long each job has been over its share. Pure apart from the `now` given.
 #[derive(Default)]
 pub struct Enforcer {
@@ -186,6 +209,7 @@ impl Enforcer {
 pub fn to_pb(
     samples: &[GpuSample],
     usage: &HashMap<String, BTreeMap<u64, (u64, u32)>>,
+    busy: &HashMap<String, BTreeMap<u64, u32>>,
     time_ms: i64,
 ) -> Vec<pb::GpuMetrics> {
     samples
@@ -211,6 +235,7 @@ pub fn to_pb(
                     job_id: *job,
                     mem_used_mib: *mib,
                     processes: *n,
+                    util_pct: busy.get(&s.uuid).and_then(|b| b.get(job)).copied(),
                 })
                 .collect(),
             time_ms,
@@ -234,7 +259,11 @@ mod tests {
             uuid: uuid.into(),
             processes: procs
                 .iter()
-                .map(|&(pid, mem_used_mib)| ProcessUse { pid, mem_used_mib })
+                .map(|&(pid, mem_used_mib)| ProcessUse {
+                    pid,
+                    mem_used_mib,
+                    util_pct: None,
+                })
                 .collect(),
             ..GpuSample::default()
         }

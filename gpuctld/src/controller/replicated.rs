@@ -318,10 +318,21 @@ impl Controller {
         if small {
             return self.whole_pass(now).await;
         }
-        let waiting = match self.propose(now, Change::Prepare).await?.0 {
+        let (answer, lent) = self.propose(now, Change::Prepare).await?;
+        let waiting = match answer {
             Ok(Applied::Prepared(waiting)) => waiting,
             other => unreachable!("a pass's start answers its waiting jobs, not {other:?}"),
         };
+        // The lend pass's starts and yields (`gpuctl_core::opportunistic`).
+        let (sends, wake) = self.lock().route(lent);
+        let out = Out {
+            sends,
+            wake,
+            wrote: false,
+        };
+        self.deliver(out, false)
+            .await
+            .map_err(super::store_status)?;
         let ctl = self.clone();
         let (queue, view, cfg, waiting) = tokio::task::spawn_blocking(move || {
             let (queue, view, cfg) = ctl.pass_read(&waiting, now, false);

@@ -110,8 +110,17 @@ fn one() -> u32 {
 /// outside one, the GPUs its `CUDA_VISIBLE_DEVICES` names.
 pub const FAKE_MEMORY_ENV: &str = "GPUCTL_FAKE_GPU_MEMORY_MIB";
 
-/// Processes that declare fake GPU memory: (pid, MiB, CUDA_VISIBLE_DEVICES entries).
-fn fake_processes() -> Vec<(u32, u64, Vec<String>)> {
+/// The env variable a process sets to "keep busy" its fake GPUs (percent of the GPU's
+/// time), counted as its memory is: the per-process utilisation the driver would
+/// sample, and the GPU's unscripted utilisation (their sum, at most 100).
+pub const FAKE_BUSY_ENV: &str = "GPUCTL_FAKE_GPU_BUSY";
+
+/// A process that declares fake GPU use: (pid, MiB, busy percent, devices).
+type FakeProcess = (u32, u64, Option<u32>, Vec<String>);
+
+/// Processes that declare fake GPU memory or busy time: (pid, MiB, busy %,
+/// CUDA_VISIBLE_DEVICES entries).
+fn fake_processes() -> Vec<FakeProcess> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -124,6 +133,7 @@ fn fake_processes() -> Vec<(u32, u64, Vec<String>)> {
             continue;
         };
         let mut mib = None;
+        let mut busy = None;
         let mut devices: Option<Vec<String>> = None;
         for kv in env.split(|b| *b == 0) {
             let kv = String::from_utf8_lossy(kv);
@@ -132,11 +142,17 @@ fn fake_processes() -> Vec<(u32, u64, Vec<String>)> {
                 .and_then(|r| r.strip_prefix('='))
             {
                 mib = v.trim().parse::<u64>().ok();
+            } else if let Some(v) = kv
+                .strip_prefix(FAKE_BUSY_ENV)
+                .and_then(|r| r.strip_prefix('='))
+            {
+                busy = v.trim().parse::<u32>().ok().map(|b| b.min(100));
             } else if let Some(v) = kv.strip_prefix("CUDA_VISIBLE_DEVICES=") {
                 devices = Some(v.split(',').map(str::to_string).collect());
             }
         }
-        if let Some(m) = mib {
+        if mib.is_some() || busy.is_some() {
+            let m = mib.unwrap_or(0);
             let devices = match (crate::devices::granted_to(pid), devices) {
                 (Some(granted), Some(named)) => {
                     named.into_iter().filter(|d| granted.contains(d)).collect()
@@ -145,14 +161,14 @@ fn fake_processes() -> Vec<(u32, u64, Vec<String>)> {
                 (None, named) => named.unwrap_or_default(),
             };
             let pgid = crate::procfs::pgid_of(pid).unwrap_or(pid as i32);
-            out.push((pgid, pid, m, devices));
+            out.push((pgid, pid, m, busy, devices));
         }
     }
     // A job's processes inherit the variable: it counts once per process group (at
     // the group's lowest pid), as the memory of the whole group.
     out.sort_by_key(|p| (p.0, p.1));
     out.dedup_by_key(|p| p.0);
-    out.into_iter().map(|(_, pid, m, d)| (pid, m, d)).collect()
+    out.into_iter().map(|(_, pid, m, b, d)| (pid, m, b, d)).collect()
 }
 
 impl FakeGpus {
@@ -314,19 +330,23 @@ impl FakeGpus {
         &self,
         g: &GpuInfo,
         m: &FakeMetrics,
-        procs: &[(u32, u64, Vec<String>)],
+        procs: &[FakeProcess],
         secs: f64,
     ) -> GpuSample {
         let mine = |dev: &String| *dev == g.uuid || g.mig.iter().any(|x| x.uuid == *dev);
         let processes: Vec<ProcessUse> = procs
             .iter()
-            .filter(|(_, _, devs)| devs.iter().any(mine))
-            .map(|&(pid, mib, _)| ProcessUse {
+            .filter(|(_, _, _, devs)| devs.iter().any(mine))
+            .map(|&(pid, mib, busy, _)| ProcessUse {
                 pid,
                 mem_used_mib: mib,
+                util_pct: busy,
             })
             .collect();
-        let busy = if processes.is_empty() { 0.0 } else { 100.0 };
+        // Unscripted: what its processes say they keep busy (100 for one that says
+        // nothing), at most the whole GPU.
+        let busy: u32 = processes.iter().map(|p| p.util_pct.unwrap_or(100)).sum();
+        let busy = f64::from(busy.min(100));
         let util = m.utilization.at(secs).unwrap_or(busy).clamp(0.0, 100.0);
         let used = m.memory_used_mib.at(secs).map_or_else(
             || processes.iter().map(|p| p.mem_used_mib).sum::<u64>(),
@@ -373,7 +393,7 @@ impl FakeGpus {
                     uuid: x.uuid.clone(),
                     mem_used_mib: procs
                         .iter()
-                        .filter(|(_, _, devs)| devs.contains(&x.uuid))
+                        .filter(|(_, _, _, devs)| devs.contains(&x.uuid))
                         .map(|p| p.1)
                         .sum::<u64>()
                         .min(x.memory_mib),
