@@ -142,12 +142,12 @@ impl GpuWatch {
             return None;
         }
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        if now.saturating_sub(self.since_ms) >= ms(cfg.measure) && self.busy_high <= cfg.lend_below {
-            return Some(Lent::Measured);
-        }
+        // Idle first: lent as idle, it goes back as soon as its use resumes.
         match (lend_after, self.idle_since_ms) {
             (Some(after), Some(t)) if now.saturating_sub(t) >= ms(after) => Some(Lent::Idle),
-            _ => None,
+            _ => (now.saturating_sub(self.since_ms) >= ms(cfg.measure)
+                && self.busy_high <= cfg.lend_below)
+                .then_some(Lent::Measured),
         }
     }
 
@@ -276,6 +276,7 @@ impl Cluster {
                 continue;
             }
             let r = reading(m, &holders, &borrowers);
+            let limits = self.borrowed_mib(&borrowers, &m.uuid);
             let w = self.watch.entry(m.uuid.clone()).or_default();
             let before = w.lendable(&cfg, lend_after, w.last_ms).is_some();
             if w.holders != holders || w.since_ms == 0 {
@@ -309,7 +310,6 @@ impl Cluster {
             }
             let (used, size) = (w.memory_used_mib, w.memory_mib);
             let why = yield_reason(w, &cfg, idle_below, r.busy);
-            let limits = self.borrowed_mib(&borrowers, &m.uuid);
             let why = why.or_else(|| {
                 (used + limits > size).then(|| {
                     format!(
@@ -318,6 +318,10 @@ impl Cluster {
                 })
             });
             if let Some(why) = why {
+                // What it does now is measured anew before it is lent again.
+                w.since_ms = now;
+                w.busy_high = w.busy;
+                w.memory_peak_mib = w.memory_used_mib;
                 let gpu = short(&m.uuid);
                 for b in borrowers {
                     yields.push((b, format!("Yielded GPU {gpu}: {why}")));
@@ -509,7 +513,8 @@ impl Cluster {
         };
         for w in &plan.waiting {
             self.jobs.annotate_pending(w.job, |j| {
-                if j.reason != why {
+                // A borrower that yielded says so until it runs again.
+                if j.reason != why && !j.reason.starts_with("Yielded") {
                     j.reason = why.into();
                 }
                 j.expected_start_ms = 0;
