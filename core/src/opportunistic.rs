@@ -96,7 +96,8 @@ impl Opportunistic {
                 self.memory_margin
             ));
         }
-        if self.yield_window < Duration::from_secs(1) || self.yield_window > Duration::from_secs(3600)
+        if self.yield_window < Duration::from_secs(1)
+            || self.yield_window > Duration::from_secs(3600)
         {
             return Err("opportunistic.yield_window: from 1s to 1h".into());
         }
@@ -137,7 +138,12 @@ pub struct GpuWatch {
 
 impl GpuWatch {
     /// How it may be lent at `now`, if it may.
-    pub fn lendable(&self, cfg: &Opportunistic, lend_after: Option<Duration>, now: i64) -> Option<Lent> {
+    pub fn lendable(
+        &self,
+        cfg: &Opportunistic,
+        lend_after: Option<Duration>,
+        now: i64,
+    ) -> Option<Lent> {
         if self.holders.is_empty() {
             return None;
         }
@@ -349,9 +355,9 @@ impl Cluster {
 
     /// Whether an opportunistic job waits (not held).
     fn opportunistic_waiting(&self) -> bool {
-        self.jobs
-            .active()
-            .any(|s| s.job.state == JobState::Pending && s.job.hold.is_empty() && is_borrower(&s.job))
+        self.jobs.active().any(|s| {
+            s.job.state == JobState::Pending && s.job.hold.is_empty() && is_borrower(&s.job)
+        })
     }
 
     /// A borrower gives its GPU back: its checkpoint signal (its own, else SIGTERM and
@@ -395,7 +401,10 @@ impl Cluster {
                 .flat_map(|a| a.slots.iter())
                 .find(|s| uuids.contains(s.uuid.as_str()));
             if let Some(s) = on {
-                out.push((id, format!("Yielded GPU {}: job {by} starts there", short(&s.uuid))));
+                out.push((
+                    id,
+                    format!("Yielded GPU {}: job {by} starts there", short(&s.uuid)),
+                ));
             }
         }
         for (id, why) in out {

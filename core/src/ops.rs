@@ -515,9 +515,15 @@ impl Cluster {
 /// GPU, no MIG instance (a lent GPU is a whole one), nor a whole node.
 fn check_opportunistic(spec: &JobSpec) -> Result<(), Refusal> {
     use crate::record::GpuPart;
-    let bad = |why: &str| Err(Refusal::invalid_argument(format!("an opportunistic job {why}")));
+    let bad = |why: &str| {
+        Err(Refusal::invalid_argument(format!(
+            "an opportunistic job {why}"
+        )))
+    };
     match &spec.resources.gpu {
-        None | Some(GpuPart::Gpus(0)) => bad("runs in the idle of GPUs others hold: it must ask for GPUs (gpus = N, or a share)"),
+        None | Some(GpuPart::Gpus(0)) => {
+            bad("runs in the idle of GPUs others hold: it must ask for GPUs (gpus = N, or a share)")
+        }
         Some(GpuPart::Mig(_)) => bad("borrows whole GPUs or shares of one, not MIG instances"),
         Some(_) if spec.resources.exclusive => bad("cannot hold whole nodes (exclusive)"),
         Some(_) => Ok(()),

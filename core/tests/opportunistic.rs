@@ -115,7 +115,10 @@ fn a_borrower_waits_for_a_measured_gpu_then_runs_in_its_idle() {
     for s in (5..=65).step_by(5) {
         woke |= beat(&mut c, &[(holder, 0, 40, 20_480)], T0 + s * SEC).wake;
     }
-    assert!(woke, "a GPU becoming lendable while a borrower waits asks for a pass");
+    assert!(
+        woke,
+        "a GPU becoming lendable while a borrower waits asks for a pass"
+    );
     let e = full_pass(&mut c, T0 + 66 * SEC);
     assert_eq!(commands(&e), vec![to("n1", &format!("start {borrower}"))]);
     let j = c.jobs().job(borrower).unwrap();
@@ -124,7 +127,11 @@ fn a_borrower_waits_for_a_measured_gpu_then_runs_in_its_idle() {
     assert_eq!(slot.uuid, "GPU-n1-0", "the holder's GPU, not the free one");
     // Its memory limit: 80 GiB less the holder's 20 GiB peak with the 25% margin.
     assert_eq!(slot.memory_mib, 81_920 - 25_600);
-    assert!(j.reason.starts_with("Borrowing idle: n1 GPU"), "{}", j.reason);
+    assert!(
+        j.reason.starts_with("Borrowing idle: n1 GPU"),
+        "{}",
+        j.reason
+    );
     // The holder keeps its GPU as the main pass sees it: a whole-GPU job still fits
     // GPU 1 only, and the listing charges the borrower nothing.
     let usage = c.usage();
@@ -155,14 +162,28 @@ fn the_holders_rising_use_makes_the_borrower_yield_never_the_holder() {
         }
         killed.extend(k);
     }
-    assert_eq!(killed, vec![format!("kill {borrower}")], "once, and only the borrower");
+    assert_eq!(
+        killed,
+        vec![format!("kill {borrower}")],
+        "once, and only the borrower"
+    );
     assert!(at <= 15, "yielded {at} s after the rise");
     let r = c.jobs().get(borrower).unwrap();
-    assert!(r.requeue_requested.contains("busy share rose"), "{}", r.requeue_requested);
+    assert!(
+        r.requeue_requested.contains("busy share rose"),
+        "{}",
+        r.requeue_requested
+    );
     assert_eq!(state(&c, holder), JobState::Running);
     assert!(c.jobs().get(holder).unwrap().requeue_requested.is_empty());
     // It ends on its signal and waits again; the GPU is not lent while the holder is busy.
-    report(&mut c, "n1", borrower, Some((JobState::Cancelled, 143)), T0 + 150 * SEC);
+    report(
+        &mut c,
+        "n1",
+        borrower,
+        Some((JobState::Cancelled, 143)),
+        T0 + 150 * SEC,
+    );
     assert_eq!(state(&c, borrower), JobState::Pending);
     full_pass(&mut c, T0 + 151 * SEC);
     assert_eq!(state(&c, borrower), JobState::Pending);
@@ -182,14 +203,23 @@ fn a_guaranteed_job_starting_on_a_borrowed_gpu_takes_it_back() {
     let other = submit(&mut c, 1, false, T0 + 62 * SEC);
     full_pass(&mut c, T0 + 62 * SEC);
     report(&mut c, "n1", other, None, T0 + 62 * SEC);
-    report(&mut c, "n1", holder, Some((JobState::Completed, 0)), T0 + 70 * SEC);
+    report(
+        &mut c,
+        "n1",
+        holder,
+        Some((JobState::Completed, 0)),
+        T0 + 70 * SEC,
+    );
     let third = submit(&mut c, 1, false, T0 + 71 * SEC);
     let e = full_pass(&mut c, T0 + 71 * SEC);
     let mut got = commands(&e);
     got.sort();
     assert_eq!(
         got,
-        vec![to("n1", &format!("kill {borrower}")), to("n1", &format!("start {third}"))]
+        vec![
+            to("n1", &format!("kill {borrower}")),
+            to("n1", &format!("start {third}"))
+        ]
     );
     assert!(
         (c.jobs().get(borrower).unwrap().requeue_requested)
@@ -209,17 +239,23 @@ fn an_idle_allocation_lends_its_gpu_and_gets_it_back_when_its_use_resumes() {
         beat(&mut c, &[(holder, 0, 0, 4_000)], T0 + s * SEC);
     }
     full_pass(&mut c, T0 + 26 * SEC);
-    assert_eq!(state(&c, borrower), JobState::Pending, "not idle for 30 s yet");
+    assert_eq!(
+        state(&c, borrower),
+        JobState::Pending,
+        "not idle for 30 s yet"
+    );
     beat(&mut c, &[(holder, 0, 0, 4_000)], T0 + 36 * SEC);
     full_pass(&mut c, T0 + 37 * SEC);
     assert_eq!(state(&c, borrower), JobState::Running);
     report(&mut c, "n1", borrower, None, T0 + 37 * SEC);
     // Its use resumes at 20% (under lend_below, but it was lent as idle): yield at once.
-    let e = beat(&mut c, &[(holder, 0, 20, 4_000), (borrower, 0, 60, 8_000)], T0 + 40 * SEC);
-    assert_eq!(kills(&e), vec![format!("kill {borrower}")]);
-    assert!(
-        (c.jobs().get(borrower).unwrap().requeue_requested).contains("use resumed")
+    let e = beat(
+        &mut c,
+        &[(holder, 0, 20, 4_000), (borrower, 0, 60, 8_000)],
+        T0 + 40 * SEC,
     );
+    assert_eq!(kills(&e), vec![format!("kill {borrower}")]);
+    assert!((c.jobs().get(borrower).unwrap().requeue_requested).contains("use resumed"));
 }
 
 #[test]

@@ -135,7 +135,8 @@ pub fn job_busy(
                 *e = e.zip(p.util_pct).map(|(a, b)| (a + b).min(100));
             }
         }
-        let known: BTreeMap<u64, u32> = per.into_iter().filter_map(|(j, b)| Some((j, b?))).collect();
+        let known: BTreeMap<u64, u32> =
+            per.into_iter().filter_map(|(j, b)| Some((j, b?))).collect();
         if !known.is_empty() {
             out.insert(s.uuid.clone(), known);
         }

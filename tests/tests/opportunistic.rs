@@ -83,14 +83,20 @@ fn a_borrower_runs_in_a_held_gpus_idle_and_yields_when_the_holder_needs_it() {
     let jh = c.job(holder);
     assert_eq!(jb["gpus"], jh["gpus"], "the holder's GPU: {jb}\n{jh}");
     assert!(
-        jb["reason"].as_str().unwrap().starts_with("Borrowing idle: lend GPU"),
+        jb["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("Borrowing idle: lend GPU"),
         "{jb}"
     );
     // Its hard limit: 80 GiB less the holder's 20,000 MiB peak with its 25% margin.
     let slot = &jb["allocations"][0]["slots"][0];
     assert_eq!(slot["memory_mib"], 81_920 - 25_000, "{jb}");
     let shown = c.gpuctl_ok(&["show", &b.to_string()]);
-    assert!(shown.contains("Class") && shown.contains("opportunistic"), "{shown}");
+    assert!(
+        shown.contains("Class") && shown.contains("opportunistic"),
+        "{shown}"
+    );
     // The holder rises to 95% at 14 s: the borrower is signalled and requeued.
     let rise = Duration::from_secs(14).saturating_sub(started.elapsed());
     std::thread::sleep(rise);
@@ -125,7 +131,9 @@ fn an_idle_allocation_lends_its_gpu_until_its_use_resumes() {
     );
     // An allocation idle for 12 s, then a step keeping its GPU 30% busy.
     let mut alloc = Command::new(bin("gpuctl"))
-        .args(["alloc", "-G", "1", "-t", "5", "-J", "notebook", "--", "sh", "-c"])
+        .args([
+            "alloc", "-G", "1", "-t", "5", "-J", "notebook", "--", "sh", "-c",
+        ])
         .arg("sleep 12; gpuctl run -- env GPUCTL_FAKE_GPU_BUSY=30 sleep 60")
         .env("GPUCTL_CONTROLLER", c.url())
         .env("PATH", &path)

@@ -168,7 +168,9 @@ fn fake_processes() -> Vec<FakeProcess> {
     // the group's lowest pid), as the memory of the whole group.
     out.sort_by_key(|p| (p.0, p.1));
     out.dedup_by_key(|p| p.0);
-    out.into_iter().map(|(_, pid, m, b, d)| (pid, m, b, d)).collect()
+    out.into_iter()
+        .map(|(_, pid, m, b, d)| (pid, m, b, d))
+        .collect()
 }
 
 impl FakeGpus {
