@@ -168,6 +168,9 @@ impl GpuWatch {
 /// GPU uuid -> its watch.
 pub type Watches = HashMap<String, GpuWatch>;
 
+/// Per GPU uuid of a node: its guaranteed holders and its borrowers, by id.
+type Held = HashMap<String, (Vec<u64>, Vec<u64>)>;
+
 /// A job of the opportunistic class.
 pub fn is_borrower(j: &Job) -> bool {
     j.spec.opportunistic
@@ -185,12 +188,9 @@ fn reading(m: &crate::node::GpuMetrics, holders: &[u64], borrowers: &[u64]) -> R
         let mut busy = 0.0;
         let mut mem = 0;
         for id in ids {
-            match m.jobs.iter().find(|u| u.job_id == *id) {
-                Some(u) => {
-                    busy += f64::from(u.util_pct?) / 100.0;
-                    mem += u.mem_used_mib;
-                }
-                None => {}
+            if let Some(u) = m.jobs.iter().find(|u| u.job_id == *id) {
+                busy += f64::from(u.util_pct?) / 100.0;
+                mem += u.mem_used_mib;
             }
         }
         Some((busy, mem))
@@ -219,8 +219,8 @@ fn reading(m: &crate::node::GpuMetrics, holders: &[u64], borrowers: &[u64]) -> R
 
 impl Cluster {
     /// The guaranteed holders and the borrowers of each whole GPU of `node`, by uuid.
-    fn holders_on(&self, node: &str) -> HashMap<String, (Vec<u64>, Vec<u64>)> {
-        let mut out: HashMap<String, (Vec<u64>, Vec<u64>)> = HashMap::new();
+    fn holders_on(&self, node: &str) -> Held {
+        let mut out = Held::new();
         for id in self.jobs.on_node(node) {
             let Some(j) = self.jobs.job(id).filter(|j| j.state == JobState::Running) else {
                 continue;
@@ -420,7 +420,7 @@ impl Cluster {
         let lend_after = self.config.idle.lend_after;
         let mut lent: HashMap<String, Lent> = HashMap::new();
         let mut by_node: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
-        let mut held: HashMap<&str, HashMap<String, (Vec<u64>, Vec<u64>)>> = HashMap::new();
+        let mut held: HashMap<&str, Held> = HashMap::new();
         for (uuid, w) in &self.watch {
             // Its holders as they are now: a watch is as new as the last heartbeat.
             let now_held = held

@@ -177,6 +177,18 @@ impl Shared {
     }
 }
 
+/// A pass's input (`Controller::pass_input`): the queue, the view, the config,
+/// whether anything was written, whether jobs were left out, and the lend pass's
+/// commands.
+type PassInput = (
+    Vec<sched::PendingJob>,
+    sched::ClusterView,
+    sched::SchedConfig,
+    bool,
+    bool,
+    Out,
+);
+
 /// What the controller needs to know who nodes are.
 pub struct PkiSetup {
     pub ca: gpuctl_proto::tls::Ca,
@@ -633,21 +645,7 @@ impl Controller {
     /// get in between (at 100,000 jobs one hold was 250 ms). Starts are checked again
     /// when the plan is applied. Answers whether anything was written, and whether
     /// pending jobs were left out of the queue (they wait for others or a partition).
-    fn pass_input(
-        &self,
-        now: i64,
-        inline: bool,
-    ) -> Result<
-        (
-            Vec<sched::PendingJob>,
-            sched::ClusterView,
-            sched::SchedConfig,
-            bool,
-            bool,
-            Out,
-        ),
-        StoreError,
-    > {
+    fn pass_input(&self, now: i64, inline: bool) -> Result<PassInput, StoreError> {
         let (waiting, changed, lent) = self.step(inline, |c| {
             c.room.pass_started();
             let (answer, effects) = c.apply(now, Change::Prepare);

@@ -378,6 +378,7 @@ mod tests {
             processes: vec![ProcessUse {
                 pid: 100,
                 mem_used_mib: 1500,
+                util_pct: None,
             }],
             util_pct: 87,
             temp_c: 71,

@@ -81,6 +81,7 @@ fn full() -> core::Job {
             colocate: true,
             max_restarts: 3,
             interactive: true,
+            opportunistic: true,
         },
         state: core::JobState::Running,
         node: "n1".into(),
