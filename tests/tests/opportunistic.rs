@@ -142,6 +142,8 @@ fn an_idle_allocation_lends_its_gpu_until_its_use_resumes() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    // The allocation is submitted once the spawned gpuctl gets that far.
+    assert!(wait_for(T, || c.gpuctl(&["show", "1"]).status.success()));
     let held = c.wait_state(1, "RUNNING", T);
     assert_eq!(held["interactive"], true, "{held}");
     let b = borrower(&c);

@@ -324,3 +324,18 @@ fn a_constraint_is_read_and_checked_where_it_stands() {
     assert!(e.starts_with("job.toml:3:14:"), "{e}");
     assert!(e.contains("not supported"), "{e}");
 }
+
+#[test]
+fn class_is_guaranteed_or_opportunistic_with_position() {
+    let job = parse(
+        "j.toml",
+        "command = [\"true\"]\nclass = \"opportunistic\"\n",
+    )
+    .unwrap();
+    assert!(job.spec.opportunistic);
+    let job = parse("j.toml", "command = [\"true\"]\nclass = \"guaranteed\"\n").unwrap();
+    assert!(!job.spec.opportunistic);
+    let e = err("command = [\"true\"]\nclass = \"scavenger\"\n");
+    assert!(e.starts_with("job.toml:2:9:"), "{e}");
+    assert!(e.contains("\"guaranteed\" or \"opportunistic\""), "{e}");
+}
