@@ -289,15 +289,7 @@ impl Controller {
         };
         let (answer, effects) = self.propose(now, Change::Submit(records)).await?;
         answer.map_err(super::status)?;
-        let (sends, wake) = self.lock().route(effects);
-        let out = Out {
-            sends,
-            wake,
-            wrote: false,
-        };
-        self.deliver(out, false)
-            .await
-            .map_err(super::store_status)?;
+        self.send_effects(effects).await?;
         Ok(Ok((first, notes)))
     }
 
@@ -324,15 +316,7 @@ impl Controller {
             other => unreachable!("a pass's start answers its waiting jobs, not {other:?}"),
         };
         // The lend pass's starts and yields (`gpuctl_core::opportunistic`).
-        let (sends, wake) = self.lock().route(lent);
-        let out = Out {
-            sends,
-            wake,
-            wrote: false,
-        };
-        self.deliver(out, false)
-            .await
-            .map_err(super::store_status)?;
+        self.send_effects(lent).await?;
         let ctl = self.clone();
         let (queue, view, cfg, waiting) = tokio::task::spawn_blocking(move || {
             let (queue, view, cfg) = ctl.pass_read(&waiting, now, false);
@@ -382,6 +366,18 @@ impl Controller {
         }
         self.passed(!plan.waiting.is_empty(), room, effects, now)
             .await
+    }
+
+    /// An applied entry's effects on Raft: the scheduler woken, its commands sent
+    /// (what it wrote is durable in the log already).
+    async fn send_effects(&self, effects: Effects) -> Result<(), Status> {
+        let (sends, wake) = self.lock().route(effects);
+        let out = Out {
+            sends,
+            wake,
+            wrote: false,
+        };
+        self.deliver(out, false).await.map_err(super::store_status)
     }
 
     /// After a pass on Raft: the room it left settled, its commands sent.
