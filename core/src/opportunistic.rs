@@ -198,7 +198,7 @@ fn reading(m: &crate::node::GpuMetrics, holders: &[u64], borrowers: &[u64]) -> R
     // Per-job figures where the agent has them; else the whole GPU's, counted as the
     // holders' (never less than theirs: a borrower's use then reads as theirs).
     let (busy, memory_mib) = own(holders)
-        .filter(|_| !borrowers.is_empty() || m.jobs.iter().any(|u| u.util_pct.is_some()))
+        .filter(|_| m.jobs.iter().any(|u| u.util_pct.is_some()))
         .unwrap_or_else(|| {
             let borrowed: u64 = m
                 .jobs
