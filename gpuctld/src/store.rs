@@ -165,15 +165,16 @@ fn node_key(name: &str) -> Vec<u8> {
     [NODE_PREFIX, name.as_bytes()].concat()
 }
 
-impl Store {
-    /// The sled database (replicated controllers keep their Raft log in it too).
-    pub fn db(&self) -> &sled::Db {
-        &self.db
-    }
-
-    pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        let shown = dir.display().to_string();
-        let db = sled::Config::new()
+/// Opens sled in `dir/db`. sled's file lock outlives a dropped handle for a moment (its
+/// flusher thread lets go of the database last), so a lock held elsewhere is retried for
+/// up to `LOCK_WAIT` before it is reported: a store reopened in the same process (tests,
+/// a controller restarting its state) does not fail on its own shadow, and a second
+/// gpuctld on the same directory is still refused.
+fn open_db(dir: &Path) -> sled::Result<sled::Db> {
+    const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+    let start = std::time::Instant::now();
+    loop {
+        let opened = sled::Config::new()
             .path(dir.join("db"))
             // Jobs of up to `limits.max_job_bytes` stay inline in sled's log (values over
             // a quarter segment become blob files that sled 0.34 does not remove when they
@@ -183,11 +184,30 @@ impl Store {
             // sled's default page cache is 1 GiB: the controller's memory would grow to
             // it with old versions of large (since compacted) jobs.
             .cache_capacity(CACHE_BYTES)
-            .open()
-            .map_err(|source| StoreError::Open {
-                dir: shown.clone(),
-                source,
-            })?;
+            .open();
+        match opened {
+            Err(sled::Error::Io(e))
+                if e.kind() == std::io::ErrorKind::WouldBlock && start.elapsed() < LOCK_WAIT =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
+impl Store {
+    /// The sled database (replicated controllers keep their Raft log in it too).
+    pub fn db(&self) -> &sled::Db {
+        &self.db
+    }
+
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let shown = dir.display().to_string();
+        let db = open_db(dir).map_err(|source| StoreError::Open {
+            dir: shown.clone(),
+            source,
+        })?;
         match db.get(SCHEMA_KEY)? {
             Some(v) if v.as_ref() == SCHEMA.as_bytes() => {}
             Some(v) => {
