@@ -112,6 +112,7 @@ fn job(
         partition: String::new(),
         requeue: false,
         signal: String::new(),
+        opportunistic: false,
     }
 }
 

@@ -118,7 +118,10 @@ pub fn measure(
         if e <= s {
             continue;
         }
-        let b = busy.get(&r.trace_id).copied().unwrap_or(0.0);
+        // What it kept busy as it ran (slowed or borrowing), else its modelled mean.
+        let b = r
+            .busy
+            .unwrap_or_else(|| busy.get(&r.trace_id).copied().unwrap_or(0.0));
         for (uuid, milli) in &r.slots {
             let a = f64::from(*milli) / 1000.0;
             let v = events.entry(uuid.as_str()).or_default();
@@ -345,6 +348,9 @@ mod tests {
             completed: true,
             saved_ms: 0,
             slots: slots.iter().map(|(u, m)| (u.to_string(), *m)).collect(),
+            work_ms: end - start,
+            busy: None,
+            opportunistic: false,
         }
     }
 

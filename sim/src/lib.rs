@@ -10,6 +10,7 @@
 
 pub mod alloc;
 pub mod bankday;
+pub mod interference;
 pub mod bench;
 pub mod inflation;
 pub mod ladder;

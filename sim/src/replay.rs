@@ -231,6 +231,7 @@ fn spec_of(j: &TraceJob) -> JobSpec {
         requeue: j.requeue,
         signal: j.signal.clone(),
         priority: j.priority,
+        opportunistic: j.opportunistic,
         resources: Resources {
             gpu: gpuctl_core::request::gpu_part(&r.gpu),
             cpus: r.cpu_milli.div_ceil(1000).max(1),
@@ -296,6 +297,21 @@ pub fn replay(
     replay_observed(nodes, jobs, config, base, policy, epoch_ms, None).0
 }
 
+/// `replay` with the jobs' use of their GPUs (`agents::Usage`): each job runs its
+/// profile's work at the rates of the interference model, and the agents send
+/// heartbeats with GPU use when asked to.
+pub fn replay_with(
+    nodes: &[NodeView],
+    jobs: &[TraceJob],
+    config: &SchedConfig,
+    base: &Config,
+    policy: &str,
+    epoch_ms: Millis,
+    usage: agents::Usage,
+) -> Outcome {
+    run(nodes, jobs, config, base, policy, epoch_ms, None, usage).0
+}
+
 /// `replay`, `observer` seeing every change it makes to its controller, in order, with
 /// the state each leaves: the replay's log, which applied to `empty(config, base)`
 /// passes through the same states. Answers the state it ends in, too.
@@ -307,6 +323,21 @@ pub fn replay_observed(
     policy: &str,
     epoch_ms: Millis,
     observer: Option<Observer<'_>>,
+) -> (Outcome, Cluster) {
+    let usage = agents::Usage::default();
+    run(nodes, jobs, config, base, policy, epoch_ms, observer, usage)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    nodes: &[NodeView],
+    jobs: &[TraceJob],
+    config: &SchedConfig,
+    base: &Config,
+    policy: &str,
+    epoch_ms: Millis,
+    observer: Option<Observer<'_>>,
+    usage: agents::Usage,
 ) -> (Outcome, Cluster) {
     let capacity: u64 = nodes.iter().map(|n| n.slots.len() as u64 * 1000).sum();
     let feasible: Vec<TraceJob> = jobs
@@ -335,7 +366,7 @@ pub fn replay_observed(
     let mut first_start: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut records = Vec::new();
     let mut pending = 0usize;
-    let mut sim = agents::SimAgents::default();
+    let mut sim = agents::SimAgents::new(usage);
     let mut next = 0usize;
     let first_submit = now;
     let mut tally = Tally::default();
@@ -353,10 +384,17 @@ pub fn replay_observed(
             shown_h = h;
         }
         // Everything that happens at `now`: ends, then arrivals.
+        let woke = c.next_wake_ms().is_some_and(|t| t <= now);
         let ended = sim.report_due(&mut c, &by_id, now);
-        pending += std::mem::take(&mut sim.requeued);
+        // Heartbeats: yields to deliver, and a pass when a GPU became lendable.
+        let beat = sim.heartbeat(&mut c, now);
+        sim.deliver(&mut c, beat.sends, &by_id, now);
+        let requeued = std::mem::take(&mut sim.requeued);
+        pending += requeued;
         last_end = last_end.max(ended.unwrap_or(last_end));
+        let mut eventful = woke || beat.wake || ended.is_some() || requeued > 0;
         while next < feasible.len() && feasible[next].submit <= now {
+            eventful = true;
             let j = &feasible[next];
             next += 1;
             match c.admit(&actor, spec_of(j), "", now) {
@@ -371,7 +409,7 @@ pub fn replay_observed(
                 Err(e) => panic!("trace job {} refused: {e}", j.id),
             }
         }
-        if pending > 0 {
+        if pending > 0 && eventful {
             let t0 = Instant::now();
             let effects = pass(&mut c, now);
             tally.pass_ms.push(t0.elapsed().as_secs_f64() * 1000.0);

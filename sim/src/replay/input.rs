@@ -30,6 +30,8 @@ pub struct TraceJob {
     /// Requeued (not ended) when preempted, and its checkpoint signal ("USR1@60").
     pub requeue: bool,
     pub signal: String,
+    /// Of the opportunistic class (runs in the idle of GPUs others hold).
+    pub opportunistic: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -210,6 +212,7 @@ pub fn read_jobs(
                 partition: r.partition.clone().unwrap_or_default(),
                 requeue: r.requeue.unwrap_or(false),
                 signal: r.signal.clone().unwrap_or_default(),
+                opportunistic: false,
             });
         }
     }
