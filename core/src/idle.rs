@@ -34,8 +34,8 @@ pub struct IdlePolicy {
     pub exempt_qos: Vec<String>,
     pub exempt_partitions: Vec<String>,
     /// A job whose GPUs stay idle this long has them lent to opportunistic jobs until
-    /// its use resumes (`crate::opportunistic`), whatever `after` does.
-    #[serde(with = "humantime_serde")]
+    /// its use resumes (`crate::opportunistic`), whatever `after` does; "off": never.
+    #[serde(with = "lend_after")]
     pub lend_after: Option<Duration>,
 }
 
@@ -47,8 +47,33 @@ impl Default for IdlePolicy {
             action: IdleAction::Warn,
             exempt_qos: Vec::new(),
             exempt_partitions: Vec::new(),
-            lend_after: None,
+            lend_after: Some(Duration::from_secs(600)),
         }
+    }
+}
+
+/// `lend_after`: a duration ("10m"), or "off".
+mod lend_after {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+            None => s.serialize_str("off"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.trim() == "off" {
+            return Ok(None);
+        }
+        humantime::parse_duration(&text).map(Some).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "{text:?}: {e} (a duration such as \"10m\", or \"off\")"
+            ))
+        })
     }
 }
 
@@ -59,6 +84,9 @@ impl IdlePolicy {
                 "idle.util_below = {} is not a percentage (0 to 100)",
                 self.util_below
             ));
+        }
+        if self.lend_after.is_some_and(|d| d < Duration::from_secs(1)) {
+            return Err("idle.lend_after is under a second: give it as \"10m\", or \"off\"".into());
         }
         if self.after.is_some_and(|d| d < Duration::from_secs(1)) {
             return Err("idle.after is under a second: give it as \"30m\", \"1h\"".into());

@@ -24,7 +24,7 @@ use gpuctl_sched::packing::Policy;
 use gpuctl_sched::priority::PriorityWeights;
 use gpuctl_sched::{GpuRequest, Millis, Request};
 
-use crate::replay::{TraceJob, parse_cluster, replay};
+use crate::replay::{TraceJob, parse_cluster};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -127,6 +127,8 @@ pub struct Shape {
     pub right_size: bool,
     /// Inference and scoring ask for co-location.
     pub colocate: bool,
+    /// The research sweeps are submitted as opportunistic jobs (else `low` ones).
+    pub opportunistic: bool,
 }
 
 /// The week's jobs, in submit order, as the defaults' users would submit them.
@@ -138,6 +140,7 @@ pub fn workload(seed: u64) -> Vec<TraceJob> {
             checkpoints: true,
             right_size: true,
             colocate: true,
+            opportunistic: true,
         },
     )
 }
@@ -217,8 +220,11 @@ pub fn workload_as(seed: u64, shape: Shape) -> Vec<TraceJob> {
             jobs.push(j);
         }
     }
+    let first = jobs.iter().map(|j| j.id).max().unwrap_or(0) + 1;
+    jobs.extend(crate::idle_work::jobs(seed, first, shape));
     jobs.sort_by_key(|j| (j.submit, j.id));
-    for j in jobs.iter_mut().filter(|j| j.account != "training") {
+    let repeat = |j: &TraceJob| j.account == "inference" || j.account == "scoring";
+    for j in jobs.iter_mut().filter(|j| repeat(j)) {
         let asked = nominal_milli(j, shape);
         if shape.right_size {
             right_sized(j, seed, asked);
@@ -231,7 +237,7 @@ pub fn workload_as(seed: u64, shape: Shape) -> Vec<TraceJob> {
 }
 
 /// The GPU memory of the week's GPUs (A100 80 GB), in MiB.
-const GPU_MEMORY_MIB: f64 = 80.0 * 1024.0;
+pub(crate) const GPU_MEMORY_MIB: f64 = 80.0 * 1024.0;
 
 /// A repeat job's GPU memory peak over the memory it asked for (`crate::usage`).
 fn memory_frac(j: &TraceJob, seed: u64) -> f64 {
@@ -239,7 +245,7 @@ fn memory_frac(j: &TraceJob, seed: u64) -> f64 {
 }
 
 /// A repeat job's GPU memory peak, in MiB, for what it asked (`asked` milli-GPUs).
-fn peak_mib(j: &TraceJob, seed: u64, asked: u64) -> f64 {
+pub(crate) fn peak_mib(j: &TraceJob, seed: u64, asked: u64) -> f64 {
     memory_frac(j, seed) * asked as f64 / 1000.0 * GPU_MEMORY_MIB
 }
 
@@ -289,7 +295,7 @@ fn colocated(j: &mut TraceJob, seed: u64, asked: u64) {
 }
 
 /// What a job asked for before co-location charged it, in thousandths of a GPU.
-fn nominal_milli(j: &TraceJob, shape: Shape) -> u64 {
+pub(crate) fn nominal_milli(j: &TraceJob, shape: Shape) -> u64 {
     match j.account.as_str() {
         "inference" if shape.shares => 500,
         "inference" | "scoring" => 1000,
@@ -393,7 +399,14 @@ pub fn main(a: Args) -> anyhow::Result<()> {
             ..gpuctl_sched::SchedConfig::default()
         };
         let t0 = std::time::Instant::now();
-        let out = replay(&nodes, &jobs, &config, &base, rung.name, epoch);
+        let usage = crate::replay::agents::Usage {
+            profiles: crate::idle_work::profiles(&jobs, a.seed, rung.shape()),
+            // MPS client priority below the holders' (what gpud sets for borrowers).
+            priority: true,
+            heartbeat_ms: rung.opportunistic.then_some(30_000),
+        };
+        let out =
+            crate::replay::replay_with(&nodes, &jobs, &config, &base, rung.name, epoch, usage);
         eprintln!(
             "{}: replayed in {:.1} s",
             rung.name,
@@ -455,6 +468,7 @@ mod tests {
             checkpoints: true,
             right_size: false,
             colocate: false,
+            opportunistic: false,
         };
         let co = Shape {
             colocate: true,
@@ -499,6 +513,7 @@ mod tests {
             checkpoints: true,
             right_size: false,
             colocate: false,
+            opportunistic: false,
         };
         let sized = Shape {
             right_size: true,

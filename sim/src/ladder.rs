@@ -39,6 +39,11 @@ pub struct Rung {
     /// The repeat jobs (inference, scoring) ask for co-location and are charged what
     /// their earlier runs used.
     pub colocate: bool,
+    /// The opportunistic class: the research sweeps run in the idle of GPUs that
+    /// guaranteed jobs hold, lent by measured use (`[opportunistic]`).
+    pub opportunistic: bool,
+    /// Idle stretches lent too (`[idle] lend_after`, 10 minutes by default).
+    pub idle_lend: bool,
 }
 
 /// A rung with the first `n` strategies on, in the ladder's order: priority with
@@ -55,11 +60,13 @@ const fn rung(name: &'static str, n: u8) -> Rung {
         window: n >= 5,
         lend: n >= 6,
         colocate: n >= 7,
+        opportunistic: n >= 8,
+        idle_lend: n >= 9,
     }
 }
 
 /// The ladder, first *before* and last the defaults.
-pub const RUNGS: [Rung; 8] = [
+pub const RUNGS: [Rung; 10] = [
     rung("before: whole GPUs, FIFO", 0),
     rung("+ priority, preemption and backfill", 1),
     rung("+ fair share", 2),
@@ -67,7 +74,9 @@ pub const RUNGS: [Rung; 8] = [
     rung("+ right-sizing from history", 4),
     rung("+ business-hours window", 5),
     rung("+ lendable floors", 6),
-    rung("+ co-location by measured use (the defaults)", 7),
+    rung("+ co-location by measured use", 7),
+    rung("+ opportunistic co-location of training", 8),
+    rung("+ idle stretches lent (the defaults)", 9),
 ];
 
 impl Rung {
@@ -80,6 +89,12 @@ impl Rung {
         if self.window {
             text.push_str(WINDOW);
         }
+        if !self.opportunistic {
+            text.push_str("[opportunistic]\nenabled = false\n");
+        }
+        if !self.idle_lend {
+            text.push_str("[idle]\nlend_after = \"off\"\n");
+        }
         text
     }
 
@@ -89,6 +104,7 @@ impl Rung {
             right_size: self.right_size,
             checkpoints: self.lend,
             colocate: self.colocate,
+            opportunistic: self.opportunistic,
         }
     }
 }
@@ -195,6 +211,16 @@ pub struct Row {
     /// Allocation in business hours and outside them (where the rest is lost).
     pub allocation_business: f64,
     pub allocation_night: f64,
+    /// Over the guaranteed jobs' completed runs: run time over run time alone, less 1
+    /// (what sharing their GPUs cost them under the interference model).
+    pub guaranteed_slowdown_mean: f64,
+    /// GPU-hours the opportunistic class kept in borrowed idle (completed runs, and the
+    /// checkpointed part of yielded ones).
+    pub opportunistic_gpu_hours: f64,
+    /// The research sweeps' kept GPU-hours, whatever their class.
+    pub research_gpu_hours: f64,
+    /// The analysts' notebooks' mean wait (s).
+    pub analysts_wait_mean_s: f64,
 }
 
 fn gpu_hours(ms: Millis, milli: u64) -> f64 {
@@ -249,7 +275,28 @@ pub fn row(name: &str, out: &Outcome, m: &Measures, epoch: Millis, period: Milli
         training_gpu_hours_lost: runs("training").map(lost).sum(),
         allocation_business: hourly_mean(m, true),
         allocation_night: hourly_mean(m, false),
+        guaranteed_slowdown_mean: slowdown_mean(out),
+        opportunistic_gpu_hours: out
+            .runs
+            .iter()
+            .filter(|r| r.opportunistic)
+            .map(|r| kept(r, epoch, period))
+            .sum(),
+        research_gpu_hours: runs("research").map(|r| kept(r, epoch, period)).sum(),
+        analysts_wait_mean_s: mean(&waits("analysts", false)),
     }
+}
+
+/// The mean slowdown of the guaranteed jobs' completed runs (run time over the work
+/// they did, which is their run time alone, less 1).
+fn slowdown_mean(out: &Outcome) -> f64 {
+    let s: Vec<f64> = out
+        .runs
+        .iter()
+        .filter(|r| r.completed && !r.opportunistic && r.work_ms > 0)
+        .map(|r| ((r.end - r.start) as f64 / r.work_ms as f64 - 1.0).max(0.0))
+        .collect();
+    s.iter().sum::<f64>() / s.len().max(1) as f64
 }
 
 /// Mean hourly allocation over the business hours of the period (or the others).
@@ -266,12 +313,12 @@ fn hourly_mean(m: &Measures, in_business: bool) -> f64 {
 
 pub fn table(rows: &[Row], target: f64) -> String {
     let mut out = format!(
-        "| rung | utilisation | allocation | inference wait p95 (s), business hours | under {target:.0} s | inference wait mean (s) | training GPU-h done | training wait mean (h) | training GPU-h lost | scoring wait mean (h) | scoring GPU-h lost | allocation, business hours / other |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| rung | utilisation | allocation | inference wait p95 (s), business hours | under {target:.0} s | inference wait mean (s) | training GPU-h done | training wait mean (h) | training GPU-h lost | scoring wait mean (h) | scoring GPU-h lost | allocation, business hours / other | guaranteed slowdown | research GPU-h (opportunistic) | analysts' wait mean (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {:.1}% | {:.1}% | {:.0} | {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1}% / {:.1}% |",
+            "| {} | {:.1}% | {:.1}% | {:.0} | {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1}% / {:.1}% | {:.1}% | {:.0} ({:.0}) | {:.0} |",
             r.rung,
             r.utilization * 100.0,
             r.allocation * 100.0,
@@ -289,6 +336,10 @@ pub fn table(rows: &[Row], target: f64) -> String {
             r.scoring_gpu_hours_lost,
             r.allocation_business * 100.0,
             r.allocation_night * 100.0,
+            r.guaranteed_slowdown_mean * 100.0,
+            r.research_gpu_hours,
+            r.opportunistic_gpu_hours,
+            r.analysts_wait_mean_s,
         );
     }
     out
@@ -408,7 +459,7 @@ mod tests {
         let last = &RUNGS[RUNGS.len() - 1];
         assert!(last.priority && last.backfill && last.fair_share && last.shares);
         assert!(last.right_size && last.window && last.lend && last.colocate);
-        assert!(RUNGS[..RUNGS.len() - 1].iter().all(|r| !r.colocate));
+        assert!(RUNGS[..RUNGS.len() - 3].iter().all(|r| !r.colocate));
         // Each rung adds one strategy to the one before it.
         let on = |r: &Rung| {
             [
@@ -419,6 +470,8 @@ mod tests {
                 r.window,
                 r.lend,
                 r.colocate,
+                r.opportunistic,
+                r.idle_lend,
             ]
         };
         for w in RUNGS.windows(2) {
@@ -426,7 +479,26 @@ mod tests {
             let added = a.iter().zip(&b).filter(|(x, y)| !**x && **y).count();
             assert!(added == 1 && a.iter().zip(&b).all(|(x, y)| !x | y), "{w:?}");
         }
-        // The defaults' config sets no lending switch: lending is the default.
+        // The defaults' config sets no lending switch: lending is the default, and so
+        // are the opportunistic class and idle stretches lent.
         assert!(!last.config().contains("lend_floors"));
+        assert!(last.opportunistic && last.idle_lend);
+        assert!(!last.config().contains("[opportunistic]") && !last.config().contains("[idle]"));
+        let before_class = &RUNGS[RUNGS.len() - 3];
+        assert!(
+            before_class
+                .config()
+                .contains("[opportunistic]\nenabled = false")
+        );
+        let class_only = &RUNGS[RUNGS.len() - 2];
+        assert!(class_only.config().contains("lend_after = \"off\""));
+        let dir = tempfile::tempdir().unwrap();
+        for r in RUNGS {
+            let p = dir.path().join("c.toml");
+            std::fs::write(&p, r.config()).unwrap();
+            let c = gpuctl_core::Config::load(&p).unwrap_or_else(|e| panic!("{}: {e}", r.name));
+            assert_eq!(c.opportunistic.enabled, r.opportunistic, "{}", r.name);
+            assert_eq!(c.idle.lend_after.is_some(), r.idle_lend, "{}", r.name);
+        }
     }
 }

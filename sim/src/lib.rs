@@ -10,9 +10,10 @@
 
 pub mod alloc;
 pub mod bankday;
-pub mod interference;
 pub mod bench;
+pub mod idle_work;
 pub mod inflation;
+pub mod interference;
 pub mod ladder;
 pub mod replay;
 pub mod rightsize;

@@ -18,12 +18,12 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 use super::logged::Logged;
 use crate::interference::{OnGpu, rates};
+use gpuctl_core::Effects;
 use gpuctl_core::command::Command;
 use gpuctl_core::event::{Heartbeat, Report, ReportKind, Running};
 use gpuctl_core::log::Change;
 use gpuctl_core::node::{GpuMetrics, JobGpuUse};
 use gpuctl_core::record::JobState;
-use gpuctl_core::Effects;
 use gpuctl_sched::Millis;
 use gpuctl_sched::job::JobState as State;
 
@@ -308,7 +308,9 @@ impl SimAgents {
             }
         }
         for k in keys {
-            let Some(i) = self.insts.get(&k) else { continue };
+            let Some(i) = self.insts.get(&k) else {
+                continue;
+            };
             let mut rate = 1.0f64;
             for (_, u, _) in &i.slots {
                 rate = rate.min(self.rate_on(u, k));
@@ -337,12 +339,7 @@ impl SimAgents {
 
     fn on_gpu(&self, uuid: &str, k: Key) -> OnGpu {
         let i = &self.insts[&k];
-        let milli: u32 = i
-            .slots
-            .iter()
-            .filter(|s| s.1 == uuid)
-            .map(|s| s.2)
-            .sum();
+        let milli: u32 = i.slots.iter().filter(|s| s.1 == uuid).map(|s| s.2).sum();
         OnGpu {
             demand: i.demand() * f64::from(milli.min(1000)) / 1000.0,
             opportunistic: i.opportunistic,
