@@ -14,6 +14,11 @@
 //!   view of the lent GPUs alone: a whole GPU asked is one lent GPU (its compute idle,
 //!   its memory the room, a hard limit the agent enforces as a share's), a share a
 //!   share of the room.
+//! - A GPU **nobody holds** (free for `measure`: the scheduler's main pass found no
+//!   guaranteed job for it that long, a window's floor, a gap no gang fits) is lent
+//!   too, with `free_gpus`. A guaranteed job placed on a GPU whose borrowers' memory
+//!   leaves it no room waits for them (`borrowers_in_the_way`): they yield at once and
+//!   the GPU is measured anew, so it is not lent again before the job takes it.
 //! - A borrower **yields** (its checkpoint signal, then requeued: never the holder)
 //!   when its holders' busy share passes `yield_above` (lent by measure) or leaves idle
 //!   (lent by idle), when their GPU memory and the borrowers' limits pass the GPU's
@@ -54,6 +59,8 @@ pub struct Opportunistic {
     pub memory_margin: f64,
     /// A GPU with less room than this is not lent (MiB).
     pub min_memory_mib: u64,
+    /// GPUs that nobody holds for `measure` are lent too.
+    pub free_gpus: bool,
 }
 
 impl Default for Opportunistic {
@@ -66,6 +73,7 @@ impl Default for Opportunistic {
             yield_window: Duration::from_secs(10),
             memory_margin: 1.25,
             min_memory_mib: 2048,
+            free_gpus: true,
         }
     }
 }
@@ -112,6 +120,8 @@ pub enum Lent {
     Measured,
     /// Its holders sat idle for `[idle] lend_after`.
     Idle,
+    /// Nobody held it for `measure`.
+    Free,
 }
 
 /// What the samples say of one GPU's guaranteed holders, since they are the ones they are.
@@ -144,10 +154,11 @@ impl GpuWatch {
         lend_after: Option<Duration>,
         now: i64,
     ) -> Option<Lent> {
-        if self.holders.is_empty() {
-            return None;
-        }
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        if self.holders.is_empty() {
+            return (cfg.free_gpus && now.saturating_sub(self.since_ms) >= ms(cfg.measure))
+                .then_some(Lent::Free);
+        }
         // Idle first: lent as idle, it goes back as soon as its use resumes.
         match (lend_after, self.idle_since_ms) {
             (Some(after), Some(t)) if now.saturating_sub(t) >= ms(after) => Some(Lent::Idle),
@@ -277,11 +288,19 @@ impl Cluster {
                 continue;
             };
             let (holders, borrowers) = held.get(&m.uuid).cloned().unwrap_or_default();
-            if holders.is_empty() && borrowers.is_empty() {
+            if holders.is_empty() && borrowers.is_empty() && !cfg.free_gpus {
                 self.watch.remove(&m.uuid);
                 continue;
             }
-            let r = reading(m, &holders, &borrowers);
+            // Nobody's use to protect on a GPU nobody holds.
+            let r = if holders.is_empty() {
+                Reading {
+                    busy: 0.0,
+                    memory_mib: 0,
+                }
+            } else {
+                reading(m, &holders, &borrowers)
+            };
             let limits = self.borrowed_mib(&borrowers, &m.uuid);
             let w = self.watch.entry(m.uuid.clone()).or_default();
             let before = w.lendable(&cfg, lend_after, w.last_ms).is_some();
@@ -332,6 +351,13 @@ impl Cluster {
                 for b in borrowers {
                     yields.push((b, format!("Yielded GPU {gpu}: {why}")));
                 }
+            }
+        }
+        for m in &hb.metrics {
+            if self.watch.get(&m.uuid).is_some_and(|w| w.lent.is_some()) {
+                self.lent_gpus.insert(m.uuid.clone());
+            } else {
+                self.lent_gpus.remove(&m.uuid);
             }
         }
         for (id, why) in yields {
@@ -412,6 +438,65 @@ impl Cluster {
         }
     }
 
+    /// Whether a guaranteed job placed by `start` must wait for borrowers: on one of
+    /// its GPUs the holders' memory now, the borrowers' limits and what the job is
+    /// given pass the GPU's memory. Those borrowers yield (once), and the GPU is
+    /// measured anew, so that it is not lent again before the job takes it.
+    pub(crate) fn borrowers_in_the_way(
+        &mut self,
+        start: &sched::Start,
+        now: i64,
+        effects: &mut Effects,
+    ) -> bool {
+        let mut wait = false;
+        for a in &start.allocs {
+            let held = self.holders_on(&a.node);
+            for slot in &a.slots {
+                let Some((holders, borrowers)) = held.get(&slot.uuid) else {
+                    continue;
+                };
+                if borrowers.is_empty() {
+                    continue;
+                }
+                let size = self
+                    .fleet
+                    .nodes
+                    .get(&a.node)
+                    .and_then(|n| n.gpus.iter().find(|g| g.uuid == slot.uuid))
+                    .map_or(0, |g| g.memory_mib);
+                let limits = self.borrowed_mib(borrowers, &slot.uuid);
+                let used = if holders.is_empty() {
+                    0
+                } else {
+                    self.watch.get(&slot.uuid).map_or(0, |w| w.memory_used_mib)
+                };
+                if used + limits + slot.memory_mib <= size {
+                    continue;
+                }
+                wait = true;
+                if let Some(w) = self.watch.get_mut(&slot.uuid) {
+                    w.since_ms = now;
+                    w.lent = None;
+                }
+                self.lent_gpus.remove(&slot.uuid);
+                let why = format!(
+                    "Yielded GPU {}: job {} needs its memory",
+                    short(&slot.uuid),
+                    start.job
+                );
+                for &b in borrowers {
+                    effects.merge(self.yield_borrower(b, &why, now));
+                }
+            }
+        }
+        if wait {
+            self.jobs.annotate_pending(start.job, |j| {
+                j.reason = "Waiting for opportunistic jobs to yield its GPUs".into();
+            });
+        }
+        wait
+    }
+
     /// The GPUs lent now, as the scheduler sees them: per node that takes jobs, its
     /// lent GPUs (memory: the room left) and what runs there (the host CPU and memory
     /// of every job, the lent GPUs' borrowers).
@@ -426,7 +511,9 @@ impl Cluster {
             let now_held = held
                 .entry(w.node.as_str())
                 .or_insert_with(|| self.holders_on(&w.node));
-            let same = now_held.get(uuid).is_some_and(|(h, _)| *h == w.holders);
+            let same = now_held
+                .get(uuid)
+                .map_or(w.holders.is_empty(), |(h, _)| *h == w.holders);
             if let Some(how) = w.lendable(cfg, lend_after, now)
                 && same
                 && w.room_mib(cfg) >= cfg.min_memory_mib
@@ -505,6 +592,7 @@ impl Cluster {
                 for s in &a.slots {
                     if let Some(w) = self.watch.get_mut(&s.uuid) {
                         w.lent = lent.get(&s.uuid).copied();
+                        self.lent_gpus.insert(s.uuid.clone());
                     }
                 }
             }
@@ -555,6 +643,14 @@ fn borrowing_reason(start: &sched::Start, watch: &Watches) -> String {
     for a in &start.allocs {
         for s in &a.slots {
             if let Some(w) = watch.get(&s.uuid) {
+                if w.holders.is_empty() {
+                    parts.push(format!(
+                        "{} GPU {} (nobody holds it)",
+                        a.node,
+                        short(&s.uuid)
+                    ));
+                    continue;
+                }
                 let holders: Vec<String> = w.holders.iter().map(u64::to_string).collect();
                 parts.push(format!(
                     "{} GPU {} of job {} ({:.0}% busy)",

@@ -431,6 +431,13 @@ impl Cluster {
                 );
                 continue;
             }
+            let guaranteed = self
+                .jobs
+                .job(start.job)
+                .is_some_and(|j| !crate::opportunistic::is_borrower(j));
+            if guaranteed && self.borrowers_in_the_way(start, now, &mut effects) {
+                continue;
+            }
             self.start(start, now, &mut effects);
             self.cache_held(start.job);
             started.push(start.job);

@@ -64,6 +64,8 @@ pub struct Cluster {
     /// What the samples say of each held GPU's guaranteed holders
     /// (`opportunistic.rs`), memory only.
     pub(crate) watch: crate::opportunistic::Watches,
+    /// The GPUs lent now (as their watches say): the main pass tries the others first.
+    pub(crate) lent_gpus: std::collections::BTreeSet<String>,
 }
 
 /// Read access for the shell, the simulator and the tests: state changes only through
@@ -426,10 +428,16 @@ impl Cluster {
         n: &Node,
         partitions: &std::collections::BTreeMap<&str, &crate::partitions::PartitionConfig>,
     ) -> NodeView {
+        let mut slots = n.slots();
+        if !self.lent_gpus.is_empty() {
+            // GPUs with borrowers last: a guaranteed job takes one only when it must
+            // (it then waits for their yield if their memory is in its way).
+            slots.sort_by_key(|s| self.lent_gpus.contains(&s.uuid));
+        }
         NodeView {
             name: n.name.clone(),
             eligibility: self.eligibility(n),
-            slots: n.slots(),
+            slots,
             cpu_milli: n.cpus.saturating_mul(1000),
             memory_bytes: n.memory_bytes,
             partitions: crate::partitions::partitions_holding(partitions, &n.name),

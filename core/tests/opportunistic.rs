@@ -185,8 +185,13 @@ fn the_holders_rising_use_makes_the_borrower_yield_never_the_holder() {
         T0 + 150 * SEC,
     );
     assert_eq!(state(&c, borrower), JobState::Pending);
+    // The holder's GPU is not lent while the holder is busy; the free GPU beside it,
+    // which nobody has held for `measure`, is.
     full_pass(&mut c, T0 + 151 * SEC);
-    assert_eq!(state(&c, borrower), JobState::Pending);
+    let j = c.jobs().job(borrower).unwrap();
+    assert_eq!(j.state, JobState::Running);
+    assert_eq!(j.allocations[0].slots[0].uuid, "GPU-n1-1");
+    assert!(j.reason.contains("nobody holds it"), "{}", j.reason);
 }
 
 #[test]
@@ -212,19 +217,98 @@ fn a_guaranteed_job_starting_on_a_borrowed_gpu_takes_it_back() {
     );
     let third = submit(&mut c, 1, false, T0 + 71 * SEC);
     let e = full_pass(&mut c, T0 + 71 * SEC);
+    // The borrower's memory limit leaves the whole GPU the third job is given no room:
+    // the job waits for the borrower's yield (its signal's lead) instead of starting
+    // beside it.
+    assert_eq!(commands(&e), vec![to("n1", &format!("kill {borrower}"))]);
+    assert!(
+        (c.jobs().get(borrower).unwrap().requeue_requested)
+            .contains(&format!("job {third} needs its memory"))
+    );
+    let j = c.jobs().job(third).unwrap();
+    assert_eq!(j.state, JobState::Pending);
+    assert!(j.reason.contains("to yield"), "{}", j.reason);
+    // Passes until then kill nobody else and start nothing.
+    let e = full_pass(&mut c, T0 + 80 * SEC);
+    assert!(commands(&e).is_empty(), "{:?}", commands(&e));
+    // It ends on its signal; the next pass gives the GPU to the third job, not back to
+    // the borrower (the GPU is measured anew).
+    report(
+        &mut c,
+        "n1",
+        borrower,
+        Some((JobState::Cancelled, 143)),
+        T0 + 100 * SEC,
+    );
+    beat(&mut c, &[(other, 1, 50, 10_000)], T0 + 101 * SEC);
+    let e = full_pass(&mut c, T0 + 101 * SEC);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {third}"))]);
+    assert_eq!(state(&c, borrower), JobState::Pending);
+}
+
+#[test]
+fn a_guaranteed_share_that_fits_beside_a_borrower_starts_at_once_and_takes_the_gpu_back() {
+    let mut c = configured();
+    attach(&mut c, "n1", T0);
+    let borrower = submit_spec(
+        &mut c,
+        JobSpec {
+            resources: gpuctl_core::record::Resources {
+                gpu: Some(gpuctl_core::record::GpuPart::Share(
+                    gpuctl_core::record::GpuShare {
+                        compute_milli: 500,
+                        memory_mib: Some(8_192),
+                    },
+                )),
+                ..spec(1, true).resources
+            },
+            ..borrower_spec()
+        },
+        T0,
+    );
+    // Nobody holds either GPU: after a minute of samples both are lent.
+    for s in (5..=65).step_by(5) {
+        beat(&mut c, &[], T0 + s * SEC);
+    }
+    full_pass(&mut c, T0 + 66 * SEC);
+    report(&mut c, "n1", borrower, None, T0 + 66 * SEC);
+    let gpu = c.jobs().job(borrower).unwrap().allocations[0].slots[0]
+        .uuid
+        .clone();
+    // Fill the other GPU, so a guaranteed share must go beside the borrower.
+    let whole = submit(&mut c, 1, false, T0 + 70 * SEC);
+    let e = full_pass(&mut c, T0 + 70 * SEC);
+    // The main pass tries the GPU without borrowers first.
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {whole}"))]);
+    report(&mut c, "n1", whole, None, T0 + 70 * SEC);
+    let share = submit_spec(
+        &mut c,
+        JobSpec {
+            resources: gpuctl_core::record::Resources {
+                gpu: Some(gpuctl_core::record::GpuPart::Share(
+                    gpuctl_core::record::GpuShare {
+                        compute_milli: 500,
+                        memory_mib: Some(16_384),
+                    },
+                )),
+                ..spec(1, false).resources
+            },
+            ..spec(1, false)
+        },
+        T0 + 71 * SEC,
+    );
+    let e = full_pass(&mut c, T0 + 71 * SEC);
     let mut got = commands(&e);
     got.sort();
     assert_eq!(
         got,
         vec![
             to("n1", &format!("kill {borrower}")),
-            to("n1", &format!("start {third}"))
+            to("n1", &format!("start {share}"))
         ]
     );
-    assert!(
-        (c.jobs().get(borrower).unwrap().requeue_requested)
-            .contains(&format!("job {third} starts there"))
-    );
+    let j = c.jobs().job(share).unwrap();
+    assert_eq!(j.allocations[0].slots[0].uuid, gpu);
 }
 
 #[test]

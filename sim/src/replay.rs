@@ -445,6 +445,7 @@ fn run(
         });
         // Advance to the next event.
         let next_arrival = feasible.get(next).map(|j| j.submit);
+        sim.waiting = pending > 0 && next_arrival.is_some();
         let wake = c.next_wake_ms().filter(|&t| t > now && pending > 0);
         let Some(t) = [next_arrival, sim.next_end(), wake]
             .into_iter()

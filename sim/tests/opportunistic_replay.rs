@@ -75,7 +75,7 @@ fn usage(heartbeats: bool) -> Usage {
 }
 
 #[test]
-fn a_borrower_runs_in_the_holders_idle_never_on_a_free_gpu_and_slows_it_as_modelled() {
+fn a_borrower_runs_in_the_holders_idle_best_fit_before_a_free_gpu_and_slows_it_as_modelled() {
     let nodes = parse_cluster("1x2xA100-80GB").unwrap();
     let base = Config::default();
     let jobs = jobs();
@@ -89,7 +89,7 @@ fn a_borrower_runs_in_the_holders_idle_never_on_a_free_gpu_and_slows_it_as_model
     let (h, b) = (run(1), run(2));
     assert!(h.completed && b.completed);
     assert!(b.opportunistic && !h.opportunistic);
-    // On the holder's GPU, not the free one beside it.
+    // On the holder's GPU (best fit: the least room), not the free one beside it.
     assert_eq!(b.slots[0].0, h.slots[0].0);
     // Lent after the holder was measured for `measure` (5 min), at a heartbeat.
     assert!(
@@ -127,4 +127,47 @@ fn without_heartbeats_nothing_is_lent_and_the_borrower_waits() {
     let h = &out.runs[0];
     // Alone, the holder runs its two hours exactly.
     assert_eq!(h.end - h.start, 7200 * S);
+}
+
+#[test]
+fn a_free_gpu_is_lent_after_measure_and_a_guaranteed_job_takes_it_back_after_the_yield() {
+    // One GPU. The borrower arrives first and nobody holds the GPU; at 1000 s a
+    // guaranteed job asks for the whole GPU.
+    let nodes = parse_cluster("1x1xA100-80GB").unwrap();
+    let base = Config::default();
+    let mut jobs = jobs();
+    jobs[0].submit = 1000 * S;
+    jobs[1].submit = 0;
+    jobs.sort_by_key(|j| j.submit);
+    let config = replay::config_for("backfill", Policy::BestFit, None, &jobs, &base).unwrap();
+    let out = replay::replay_with(&nodes, &jobs, &config, &base, "backfill", 0, usage(true));
+    let runs = |trace: u64| -> Vec<_> {
+        out.runs
+            .iter()
+            .filter(|r| r.trace_id == trace)
+            .cloned()
+            .collect()
+    };
+    let (b, h) = (runs(2), runs(1));
+    // Lent once free for `measure`, at a heartbeat.
+    assert!((300 * S..=331 * S).contains(&b[0].start), "{:?}", b[0]);
+    // The guaranteed job waits for the borrower to yield: its signal's lead (60 s)
+    // and no more; the borrower is not lent the GPU again in between.
+    assert!(!b[0].completed);
+    assert!((b[0].end - 1000 * S - 60 * S).abs() <= 1000, "{:?}", b[0]);
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].start, b[0].end, "{:?}", h[0]);
+    assert!(h[0].completed);
+    // It saved its work at the signal and finishes it after the holder, beside it or
+    // once it is gone; nothing it did is done twice.
+    let last = b.last().unwrap();
+    assert!(last.completed, "{b:?}");
+    let done: i64 = b
+        .iter()
+        .map(|r| if r.completed { r.work_ms } else { r.saved_ms })
+        .sum();
+    assert!(
+        (done - 3600 * S).abs() <= 2000,
+        "{done} ms of work in {b:?}"
+    );
 }

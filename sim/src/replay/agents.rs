@@ -133,6 +133,9 @@ pub struct SimAgents {
     /// Work each checkpointing job has saved, ms.
     saved: HashMap<u64, f64>,
     next_heartbeat: Option<Millis>,
+    /// Jobs wait and more arrive: heartbeats go on while nothing runs (a GPU nobody
+    /// holds is lent by them).
+    pub waiting: bool,
 }
 
 impl SimAgents {
@@ -147,7 +150,9 @@ impl SimAgents {
     pub fn next_end(&self) -> Option<Millis> {
         let kill = self.kills.peek().map(|Reverse((t, ..))| *t);
         let phase = self.due.peek().map(|Reverse((t, ..))| *t);
-        let beat = self.next_heartbeat.filter(|_| !self.insts.is_empty());
+        let beat = self
+            .next_heartbeat
+            .filter(|_| !self.insts.is_empty() || self.waiting);
         [kill, phase, beat].into_iter().flatten().min()
     }
 
@@ -372,11 +377,6 @@ impl SimAgents {
                             self.allocated_milli += inst.gpu_milli;
                         }
                         self.insts.insert(key, inst);
-                        if self.usage.heartbeat_ms.is_some()
-                            && self.next_heartbeat.is_none_or(|t| t < now)
-                        {
-                            self.next_heartbeat = Some(now);
-                        }
                     }
                     let inst = self.insts.get_mut(&key).expect("just made");
                     inst.nodes.push(node.clone());
@@ -471,13 +471,15 @@ impl SimAgents {
     /// gpud reads it from NVML). The effects to act on (yields, a pass to run).
     pub fn heartbeat(&mut self, c: &mut Logged, now: Millis) -> Effects {
         let mut effects = Effects::default();
-        let (Some(every), Some(due)) = (self.usage.heartbeat_ms, self.next_heartbeat) else {
+        let Some(every) = self.usage.heartbeat_ms else {
             return effects;
         };
+        let due = *self.next_heartbeat.get_or_insert(now);
         if now < due {
             return effects;
         }
-        self.next_heartbeat = Some(now + every);
+        // On a fixed beat, whatever happened in between.
+        self.next_heartbeat = Some(due + ((now - due) / every + 1) * every);
         let mut by_node: BTreeMap<String, (Vec<Running>, Vec<GpuMetrics>)> = BTreeMap::new();
         for (k, i) in &self.insts {
             for n in &i.nodes {
@@ -488,7 +490,16 @@ impl SimAgents {
                     .push(Running::new(k.0, k.1));
             }
         }
-        for (uuid, (node, on)) in &self.gpus {
+        // Every GPU of every node, as gpud samples them (nobody's use where none runs).
+        let empty = Vec::new();
+        let all: Vec<(String, String)> = c
+            .fleet()
+            .nodes()
+            .values()
+            .flat_map(|n| n.gpus.iter().map(|g| (n.name.clone(), g.uuid.clone())))
+            .collect();
+        for (node, uuid) in &all {
+            let on = self.gpus.get(uuid).map_or(&empty, |(_, on)| on);
             let jobs: Vec<JobGpuUse> = on
                 .iter()
                 .map(|k| {
