@@ -14,9 +14,9 @@
 //!   view of the lent GPUs alone: a whole GPU asked is one lent GPU (its compute idle,
 //!   its memory the room, a hard limit the agent enforces as a share's), a share a
 //!   share of the room.
-//! - A GPU **nobody holds** (free for `measure`: the scheduler's main pass found no
+//! - A GPU **nobody holds** (free for `free_after`: the scheduler's main pass found no
 //!   guaranteed job for it that long, a window's floor, a gap no gang fits) is lent
-//!   too, with `free_gpus`. A guaranteed job placed on a GPU whose borrowers' memory
+//!   too, with `free_gpus`, once free for `free_after`. A guaranteed job placed on a GPU whose borrowers' memory
 //!   leaves it no room waits for them (`borrowers_in_the_way`): they yield at once and
 //!   the GPU is measured anew, so it is not lent again before the job takes it.
 //! - A borrower **yields** (its checkpoint signal, then requeued: never the holder)
@@ -59,8 +59,11 @@ pub struct Opportunistic {
     pub memory_margin: f64,
     /// A GPU with less room than this is not lent (MiB).
     pub min_memory_mib: u64,
-    /// GPUs that nobody holds for `measure` are lent too.
+    /// GPUs that nobody holds are lent too, once free for `free_after` (the main pass
+    /// had that long to find them a guaranteed job).
     pub free_gpus: bool,
+    #[serde(with = "humantime_serde")]
+    pub free_after: Duration,
 }
 
 impl Default for Opportunistic {
@@ -74,6 +77,7 @@ impl Default for Opportunistic {
             memory_margin: 1.25,
             min_memory_mib: 2048,
             free_gpus: true,
+            free_after: Duration::from_secs(60),
         }
     }
 }
@@ -104,6 +108,9 @@ impl Opportunistic {
                 self.memory_margin
             ));
         }
+        if self.free_after < Duration::from_secs(1) {
+            return Err("opportunistic.free_after is under a second: give it as \"1m\"".into());
+        }
         if self.yield_window < Duration::from_secs(1)
             || self.yield_window > Duration::from_secs(3600)
         {
@@ -120,7 +127,7 @@ pub enum Lent {
     Measured,
     /// Its holders sat idle for `[idle] lend_after`.
     Idle,
-    /// Nobody held it for `measure`.
+    /// Nobody held it for `free_after`.
     Free,
 }
 
@@ -144,6 +151,9 @@ pub struct GpuWatch {
     pub idle_since_ms: Option<i64>,
     /// How it was lent, while borrowers run there.
     pub lent: Option<Lent>,
+    /// A guaranteed job waits for its borrowers to yield it: not lent again while that
+    /// job waits.
+    pub reclaimed_for: Option<u64>,
 }
 
 impl GpuWatch {
@@ -156,7 +166,7 @@ impl GpuWatch {
     ) -> Option<Lent> {
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         if self.holders.is_empty() {
-            return (cfg.free_gpus && now.saturating_sub(self.since_ms) >= ms(cfg.measure))
+            return (cfg.free_gpus && now.saturating_sub(self.since_ms) >= ms(cfg.free_after))
                 .then_some(Lent::Free);
         }
         // Idle first: lent as idle, it goes back as soon as its use resumes.
@@ -477,6 +487,7 @@ impl Cluster {
                 if let Some(w) = self.watch.get_mut(&slot.uuid) {
                     w.since_ms = now;
                     w.lent = None;
+                    w.reclaimed_for = Some(start.job);
                 }
                 self.lent_gpus.remove(&slot.uuid);
                 let why = format!(
@@ -514,8 +525,14 @@ impl Cluster {
             let same = now_held
                 .get(uuid)
                 .map_or(w.holders.is_empty(), |(h, _)| *h == w.holders);
+            let reclaimed = w.reclaimed_for.is_some_and(|id| {
+                self.jobs
+                    .job(id)
+                    .is_some_and(|j| j.state == JobState::Pending)
+            });
             if let Some(how) = w.lendable(cfg, lend_after, now)
                 && same
+                && !reclaimed
                 && w.room_mib(cfg) >= cfg.min_memory_mib
             {
                 lent.insert(uuid.clone(), how);

@@ -34,7 +34,7 @@ const HOUR: f64 = 3600.0;
 /// Analysts, notebooks each business day.
 pub const ANALYSTS: u32 = 24;
 /// Research sweeps submitted an hour.
-pub const SWEEPS_PER_HOUR: f64 = 30.0;
+pub const SWEEPS_PER_HOUR: f64 = 60.0;
 /// A sweep's compute share where it borrows (thousandths of a GPU).
 pub const SWEEP_SHARE: u32 = 500;
 
