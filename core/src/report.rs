@@ -37,8 +37,11 @@ impl std::str::FromStr for By {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Figures {
     pub jobs: u64,
-    /// GPU-hours held (a share counts its fraction).
+    /// GPU-hours held (a share counts its fraction) by guaranteed jobs.
     pub gpu_hours_allocated: f64,
+    /// GPU-hours opportunistic jobs ran in borrowed GPUs (idle that others held, or
+    /// GPUs nobody held): not counted as allocated, their use counted as used.
+    pub gpu_hours_borrowed: f64,
     /// Of them, with utilisation samples.
     pub gpu_hours_measured: f64,
     /// Measured GPU-hours times the utilisation against the share.
@@ -63,6 +66,7 @@ impl Figures {
     fn add(&mut self, other: &Figures) {
         self.jobs += other.jobs;
         self.gpu_hours_allocated += other.gpu_hours_allocated;
+        self.gpu_hours_borrowed += other.gpu_hours_borrowed;
         self.gpu_hours_measured += other.gpu_hours_measured;
         self.gpu_hours_used += other.gpu_hours_used;
         self.gpu_hours_idle += other.gpu_hours_idle;
@@ -143,8 +147,8 @@ impl Report {
             gpu_hours_available: available,
             utilization: ratio(t.gpu_hours_used),
             allocation: ratio(t.gpu_hours_allocated),
-            measured: if t.gpu_hours_allocated > 0.0 {
-                t.gpu_hours_measured / t.gpu_hours_allocated
+            measured: if t.gpu_hours_allocated + t.gpu_hours_borrowed > 0.0 {
+                t.gpu_hours_measured / (t.gpu_hours_allocated + t.gpu_hours_borrowed)
             } else {
                 0.0
             },
@@ -198,7 +202,11 @@ fn job_figures(
         for s in &alloc.slots {
             let share = f64::from(crate::usage::share_of(s)) / 1000.0;
             gpus += share;
-            f.gpu_hours_allocated += share * hours;
+            if j.spec.opportunistic {
+                f.gpu_hours_borrowed += share * hours;
+            } else {
+                f.gpu_hours_allocated += share * hours;
+            }
             let measured = usage
                 .into_iter()
                 .flat_map(|u| &u.slots)

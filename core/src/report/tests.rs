@@ -174,3 +174,58 @@ fn jobs_outside_the_window_or_never_started_count_nothing() {
     assert!(r.groups.is_empty());
     assert_eq!(r.total.gpu_efficiency_pct, None);
 }
+
+fn borrowing_job(id: u64, account: &str, milli: u32, opportunistic: bool) -> Job {
+    Job {
+        id,
+        spec: JobSpec {
+            account: account.into(),
+            opportunistic,
+            ..JobSpec::default()
+        },
+        state: JobState::Completed,
+        node: "n1".into(),
+        gpus: Vec::new(),
+        reason: String::new(),
+        exit_code: Some(0),
+        submit_time_ms: 0,
+        start_time_ms: 1,
+        end_time_ms: 1 + 2 * HOUR_MS as i64,
+        time_limit_secs: 0,
+        allocations: vec![Allocation {
+            node: "n1".into(),
+            slots: vec![SlotUse {
+                uuid: "GPU-0".into(),
+                compute_milli: milli,
+                memory_mib: 0,
+            }],
+            ..Allocation::default()
+        }],
+        expected_start_ms: 0,
+        attempt: 1,
+        warnings: Vec::new(),
+        hold: String::new(),
+        usage: None,
+        launch_time_ms: 0,
+        restarts: 0,
+        steps: Vec::new(),
+    }
+}
+
+#[test]
+fn borrowed_gpu_hours_are_counted_apart_from_allocated_ones() {
+    // A guaranteed job holds GPU-0 for 2 h; a half-GPU borrower runs beside it.
+    let jobs = [
+        borrowing_job(1, "training", 1000, false),
+        borrowing_job(2, "research", 500, true),
+    ];
+    let r = report(&jobs, 0, 3 * HOUR_MS as i64, 10, By::Account).with_capacity(1);
+    assert!((r.total.gpu_hours_allocated - 2.0).abs() < 1e-9);
+    assert!((r.total.gpu_hours_borrowed - 1.0).abs() < 1e-9);
+    let research = r.groups.iter().find(|g| g.name == "research").unwrap();
+    assert_eq!(research.figures.gpu_hours_allocated, 0.0);
+    assert!((research.figures.gpu_hours_borrowed - 1.0).abs() < 1e-9);
+    // The GPU counts as allocated once, whoever borrows it.
+    let c = r.cluster.unwrap();
+    assert!((c.allocation - 2.0 / 3.0).abs() < 1e-9);
+}

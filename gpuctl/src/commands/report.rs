@@ -48,6 +48,7 @@ fn figures_row(name: &str, f: &Figures) -> Vec<String> {
         format::printable(name).into_owned(),
         f.jobs.to_string(),
         format!("{:.1}", f.gpu_hours_allocated),
+        format!("{:.1}", f.gpu_hours_borrowed),
         format!("{:.1}", f.gpu_hours_used),
         pct(f.gpu_efficiency_pct),
         format!("{:.1}", f.gpu_hours_idle),
@@ -56,10 +57,11 @@ fn figures_row(name: &str, f: &Figures) -> Vec<String> {
     ]
 }
 
-const HEADER: [&str; 8] = [
+const HEADER: [&str; 9] = [
     "",
     "JOBS",
     "GPU-H ALLOC",
+    "GPU-H BORROWED",
     "GPU-H USED",
     "EFFICIENCY",
     "GPU-H IDLE",
