@@ -106,6 +106,8 @@ pub struct Snapshot {
     /// Running GPUs per user and per account (shares as fractions).
     pub running_gpus_by_user: BTreeMap<String, f64>,
     pub running_gpus_by_account: BTreeMap<String, f64>,
+    /// GPUs the opportunistic jobs of each account run on (not in the two above).
+    pub borrowed_gpus_by_account: BTreeMap<String, f64>,
     /// MIG instances of up nodes, and those held by jobs.
     pub mig_instances: u64,
     pub mig_instances_allocated: u64,
@@ -149,6 +151,8 @@ pub struct Metrics {
     user_gpu_seconds: Family<UserLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     account_gpus: Family<AccountLabel, GaugeF>,
     account_gpu_seconds: Family<AccountLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
+    account_borrowed: Family<AccountLabel, GaugeF>,
+    account_borrowed_seconds: Family<AccountLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     slices: Family<StateLabel, Gauge>,
     /// When GPU-seconds were last added (ms), to integrate running GPUs over time.
     last_ms: Mutex<Option<i64>>,
@@ -232,6 +236,18 @@ impl Metrics {
             "GPU-seconds held by each account's running jobs since the controller started (sampled at scrapes)",
             account_gpu_seconds.clone(),
         );
+        let account_borrowed = Family::<AccountLabel, GaugeF>::default();
+        r.register(
+            "gpuctl_account_borrowed_gpus",
+            "GPUs each account's opportunistic jobs run on in borrowed idle (shares as fractions; not counted as allocated)",
+            account_borrowed.clone(),
+        );
+        let account_borrowed_seconds = Family::default();
+        r.register(
+            "gpuctl_account_borrowed_gpu_seconds",
+            "GPU-seconds each account's opportunistic jobs ran in borrowed idle since the controller started (sampled at scrapes)",
+            account_borrowed_seconds.clone(),
+        );
         let slices = Family::<StateLabel, Gauge>::default();
         r.register(
             "gpuctl_slices",
@@ -275,6 +291,8 @@ impl Metrics {
             user_gpu_seconds,
             account_gpus,
             account_gpu_seconds,
+            account_borrowed,
+            account_borrowed_seconds,
             slices,
             last_ms: Mutex::new(None),
             submits,
@@ -332,6 +350,16 @@ impl Metrics {
             };
             self.account_gpus.get_or_create(&l).set(*gpus);
             self.account_gpu_seconds.get_or_create(&l).inc_by(gpus * dt);
+        }
+        self.account_borrowed.clear();
+        for (account, gpus) in &s.borrowed_gpus_by_account {
+            let l = AccountLabel {
+                account: account.clone(),
+            };
+            self.account_borrowed.get_or_create(&l).set(*gpus);
+            self.account_borrowed_seconds
+                .get_or_create(&l)
+                .inc_by(gpus * dt);
         }
         for (state, v) in [
             ("mig_total", s.mig_instances),
@@ -393,6 +421,7 @@ mod tests {
         s.nodes_by_state.insert("MIXED".into(), 1);
         s.running_gpus_by_user.insert("alice".into(), 2.0);
         s.running_gpus_by_account.insert("risk".into(), 2.0);
+        s.borrowed_gpus_by_account.insert("research".into(), 0.5);
         s.mig_instances = 7;
         s.mig_instances_allocated = 3;
         m.submits.inc();
@@ -412,6 +441,8 @@ mod tests {
             "gpuctl_user_gpu_seconds_total{user=\"alice\"} 20.0",
             "gpuctl_account_running_gpus{account=\"risk\"} 2.0",
             "gpuctl_account_gpu_seconds_total{account=\"risk\"} 20.0",
+            "gpuctl_account_borrowed_gpus{account=\"research\"} 0.5",
+            "gpuctl_account_borrowed_gpu_seconds_total{account=\"research\"} 5.0",
             "gpuctl_slices{state=\"mig_total\"} 7",
             "gpuctl_slices{state=\"mig_allocated\"} 3",
             "gpuctl_submits_total 1",

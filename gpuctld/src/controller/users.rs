@@ -86,6 +86,17 @@ impl Controller {
                         *snap.pending_by_reason.entry(reason).or_default() += 1;
                         snap.jobs_by_user.entry(owner(j).to_string()).or_default().1 += 1;
                     }
+                    JobState::Running if j.spec.opportunistic => {
+                        let borrowed: f64 = live_allocs(j)
+                            .flat_map(|a| &a.slots)
+                            .map(|s| slot_gpus(s, &mig))
+                            .sum();
+                        *snap
+                            .borrowed_gpus_by_account
+                            .entry(j.spec.account.clone())
+                            .or_default() += borrowed;
+                        snap.jobs_by_user.entry(owner(j).to_string()).or_default().0 += 1;
+                    }
                     JobState::Running => {
                         let mut held = 0.0;
                         for a in live_allocs(j) {
