@@ -554,11 +554,22 @@ pub(crate) fn remove_cgroup_tree(dir: &Path) {
 /// A TCP port on loopback that was free a moment ago (for `--metrics-listen`,
 /// `--web-listen`, a Prometheus).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // The kernel may hand a port just released back out at once: a test that asked
+    // for two (a controller's gRPC and metrics ports) got the same one twice. Never
+    // the same port twice in one test process.
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// Polls `f` every 50 ms until it is true or `timeout` passes.
