@@ -281,8 +281,13 @@ pub fn row(name: &str, out: &Outcome, m: &Measures, epoch: Millis, period: Milli
             .iter()
             .filter(|r| r.opportunistic)
             .map(|r| kept(r, epoch, period))
-            .sum(),
-        research_gpu_hours: runs("research").map(|r| kept(r, epoch, period)).sum(),
+            // An empty f64 sum is -0.0: shown as "-0".
+            .sum::<f64>()
+            + 0.0,
+        research_gpu_hours: runs("research")
+            .map(|r| kept(r, epoch, period))
+            .sum::<f64>()
+            + 0.0,
         analysts_wait_mean_s: mean(&waits("analysts", false)),
     }
 }
