@@ -16,7 +16,12 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn pass(c: &mut Criterion) {
     gpuctl_sim::alloc::tune();
-    let (pods, source) = bench::pods();
+    // The trace beside the workspace unless GPUCTL_TRACE_DIR names another place.
+    let dir = gpuctl_sim::trace::default_dir().unwrap_or_else(|| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/traces/alibaba-gpu-v2023")
+    });
+    let (pods, source) = bench::pods_in(&dir);
     eprintln!("task mix: {source}");
     let cluster = bench::cluster(1000, 1);
     let mut g = c.benchmark_group("full_pass_1000x8");

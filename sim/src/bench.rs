@@ -147,10 +147,22 @@ pub fn synthetic_pods(seed: u64) -> Vec<Pod> {
         .collect()
 }
 
-/// The trace's default pod list, or the synthetic stand-in when it is absent.
+/// The trace's default pod list in `$GPUCTL_TRACE_DIR`, or the synthetic stand-in when
+/// it is absent.
 pub fn pods() -> (Vec<Pod>, &'static str) {
-    let path = crate::trace::default_dir().join("openb_pod_list_default.csv");
-    match crate::trace::read_pods(&path) {
+    match crate::trace::default_dir() {
+        Some(dir) => pods_in(&dir),
+        None => (
+            synthetic_pods(7),
+            "synthetic mix (GPUCTL_TRACE_DIR not set)",
+        ),
+    }
+}
+
+/// The default pod list of the trace in `dir`, or the synthetic stand-in when it is
+/// absent.
+pub fn pods_in(dir: &std::path::Path) -> (Vec<Pod>, &'static str) {
+    match crate::trace::read_pods(&dir.join("openb_pod_list_default.csv")) {
         Ok(p) => (p, "alibaba openb_pod_list_default.csv"),
         Err(_) => (synthetic_pods(7), "synthetic mix (trace not found)"),
     }

@@ -33,13 +33,10 @@ pub enum TraceError {
     },
 }
 
-/// The folder of the Alibaba trace: `$GPUCTL_TRACE_DIR`, else `../shared/traces/
-/// alibaba-gpu-v2023` next to the workspace.
-pub fn default_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("GPUCTL_TRACE_DIR") {
-        return PathBuf::from(d);
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/alibaba-gpu-v2023")
+/// The folder of the Alibaba trace, `$GPUCTL_TRACE_DIR`, if given (the trace is not in
+/// the repository: `cargo bench` names its usual place itself).
+pub fn default_dir() -> Option<PathBuf> {
+    std::env::var_os("GPUCTL_TRACE_DIR").map(PathBuf::from)
 }
 
 #[derive(Debug, Clone, Deserialize)]
