@@ -246,26 +246,22 @@ fn a_guaranteed_job_starting_on_a_borrowed_gpu_takes_it_back() {
     assert_eq!(state(&c, borrower), JobState::Pending);
 }
 
+/// `spec` asking for half a GPU's compute and `mib` of its memory.
+fn half_gpu(mut spec: JobSpec, mib: u64) -> JobSpec {
+    spec.resources.gpu = Some(gpuctl_core::record::GpuPart::Share(
+        gpuctl_core::record::GpuShare {
+            compute_milli: 500,
+            memory_mib: Some(mib),
+        },
+    ));
+    spec
+}
+
 #[test]
 fn a_guaranteed_share_that_fits_beside_a_borrower_starts_at_once_and_takes_the_gpu_back() {
     let mut c = configured();
     attach(&mut c, "n1", T0);
-    let borrower = submit_spec(
-        &mut c,
-        JobSpec {
-            resources: gpuctl_core::record::Resources {
-                gpu: Some(gpuctl_core::record::GpuPart::Share(
-                    gpuctl_core::record::GpuShare {
-                        compute_milli: 500,
-                        memory_mib: Some(8_192),
-                    },
-                )),
-                ..spec(1, true).resources
-            },
-            ..borrower_spec()
-        },
-        T0,
-    );
+    let borrower = submit_spec(&mut c, half_gpu(borrower_spec(), 8_192), T0);
     // Nobody holds either GPU: after a minute of samples both are lent.
     for s in (5..=65).step_by(5) {
         beat(&mut c, &[], T0 + s * SEC);
@@ -281,22 +277,7 @@ fn a_guaranteed_share_that_fits_beside_a_borrower_starts_at_once_and_takes_the_g
     // The main pass tries the GPU without borrowers first.
     assert_eq!(commands(&e), vec![to("n1", &format!("start {whole}"))]);
     report(&mut c, "n1", whole, None, T0 + 70 * SEC);
-    let share = submit_spec(
-        &mut c,
-        JobSpec {
-            resources: gpuctl_core::record::Resources {
-                gpu: Some(gpuctl_core::record::GpuPart::Share(
-                    gpuctl_core::record::GpuShare {
-                        compute_milli: 500,
-                        memory_mib: Some(16_384),
-                    },
-                )),
-                ..spec(1, false).resources
-            },
-            ..spec(1, false)
-        },
-        T0 + 71 * SEC,
-    );
+    let share = submit_spec(&mut c, half_gpu(spec(1, false), 16_384), T0 + 71 * SEC);
     let e = full_pass(&mut c, T0 + 71 * SEC);
     let mut got = commands(&e);
     got.sort();
