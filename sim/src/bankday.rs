@@ -85,7 +85,7 @@ fn exp(rng: &mut impl Rng, mean: f64) -> f64 {
     -mean * (1.0 - rng.random::<f64>()).ln()
 }
 
-fn job(
+pub(crate) fn job(
     id: u64,
     submit: f64,
     dur: f64,

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 
 use rand::{Rng, SeedableRng};
 
-use gpuctl_sched::{GpuRequest, Millis, Request};
+use gpuctl_sched::{GpuRequest, Millis};
 
 use crate::bankday::{GPU_MEMORY_MIB, Shape, business, busy_of_charge, nominal_milli, peak_mib};
 use crate::replay::TraceJob;
@@ -62,20 +62,17 @@ pub fn jobs(seed: u64, first_id: u64, shape: Shape) -> Vec<TraceJob> {
     out
 }
 
+/// One whole GPU, as the week's other jobs are made (`bankday::job`).
 fn base(id: u64, submit_s: f64, dur_s: f64, who: &str, qos: &str) -> TraceJob {
-    let ms = |s: f64| (s * 1000.0) as Millis;
-    TraceJob {
+    crate::bankday::job(
         id,
-        submit: ms(submit_s),
-        duration: ms(dur_s),
-        time_limit: ms(dur_s * 1.5),
-        user: who.into(),
-        account: who.into(),
-        qos: qos.into(),
-        request: Request::whole(1),
-        gpu_milli: 1000,
-        ..TraceJob::default()
-    }
+        submit_s,
+        dur_s,
+        GpuRequest::Whole { count: 1 },
+        1000,
+        who,
+        qos,
+    )
 }
 
 fn notebook(id: u64, submit_s: f64, session_s: f64) -> TraceJob {

@@ -185,30 +185,16 @@ fn borrowing_job(id: u64, account: &str, milli: u32, opportunistic: bool) -> Job
         },
         state: JobState::Completed,
         node: "n1".into(),
-        gpus: Vec::new(),
-        reason: String::new(),
         exit_code: Some(0),
-        submit_time_ms: 0,
         start_time_ms: 1,
         end_time_ms: 1 + 2 * HOUR_MS as i64,
-        time_limit_secs: 0,
         allocations: vec![Allocation {
             node: "n1".into(),
-            slots: vec![SlotUse {
-                uuid: "GPU-0".into(),
-                compute_milli: milli,
-                memory_mib: 0,
-            }],
+            slots: vec![slot("GPU-0", milli, 0)],
             ..Allocation::default()
         }],
-        expected_start_ms: 0,
         attempt: 1,
-        warnings: Vec::new(),
-        hold: String::new(),
-        usage: None,
-        launch_time_ms: 0,
-        restarts: 0,
-        steps: Vec::new(),
+        ..Job::default()
     }
 }
 
