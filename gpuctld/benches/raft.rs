@@ -2,7 +2,9 @@
 //! controllers' Raft (`gpuctld::raft`) over gRPC on loopback, each with its log in
 //! sled on disk, committing submit entries, one at a time and from 64 writers at once
 //! (openraft batches what arrives together: group commit); against one sled database
-//! writing and flushing the same entries, the single controller's durable path.
+//! writing and flushing the same entries, the single controller's durable path; and one
+//! controller as a Raft cluster of its own (issue 56: what one journal for every
+//! controller would cost the single controller).
 //!
 //! `cargo bench -p gpuctld --bench raft` (release). Prints a table; docs/benchmarks.md
 //! keeps the numbers.
@@ -79,8 +81,8 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
-/// Three controllers on loopback; their Rafts, the leader first.
-async fn three(dirs: &[tempfile::TempDir]) -> Vec<Raft<TypeConfig>> {
+/// One controller on loopback for each of `dirs`; their Rafts, the leader first.
+async fn members(dirs: &[tempfile::TempDir]) -> Vec<Raft<TypeConfig>> {
     let mut rafts = Vec::new();
     let mut members = BTreeMap::new();
     for (i, dir) in dirs.iter().enumerate() {
@@ -191,12 +193,16 @@ async fn main() {
     let (p50, p99, rate) = measure(&one, &template, 1).await;
     println!("| one controller (its store) | {p50:.2} | {p99:.2} | {rate:.0} |");
     drop(one);
-    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let rafts = three(&dirs).await;
-    let (p50, p99, rate) = measure(&Target::Raft(rafts[0].clone()), &template, 1).await;
-    println!("| three controllers on Raft | {p50:.2} | {p99:.2} | {rate:.0} |");
-    for r in rafts {
-        let _ = r.shutdown().await;
+    // A single controller as a Raft cluster of one (issue 56's first design: one journal
+    // for every controller), then three.
+    for (n, name) in [(1, "one controller on Raft (a cluster of one)"), (3, "three controllers on Raft")] {
+        let dirs: Vec<tempfile::TempDir> = (0..n).map(|_| tempfile::tempdir().unwrap()).collect();
+        let rafts = members(&dirs).await;
+        let (p50, p99, rate) = measure(&Target::Raft(rafts[0].clone()), &template, 1).await;
+        println!("| {name} | {p50:.2} | {p99:.2} | {rate:.0} |");
+        for r in rafts {
+            let _ = r.shutdown().await;
+        }
     }
 }
 

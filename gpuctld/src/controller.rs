@@ -12,9 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gpuctl_core::log::{Applied, Change, Entry, Wait};
-use gpuctl_core::ops::Admission;
-use gpuctl_core::policy::{GpuRoom, room_after};
+use gpuctl_core::log::{Applied, Change, Entry};
+use gpuctl_core::policy::GpuRoom;
 use gpuctl_core::room::{Deferred, PassRoom};
 use gpuctl_core::{Cluster, Effects, Kind, Refusal, ViewCursor};
 use gpuctl_proto::auth::ClusterKey;
@@ -30,13 +29,12 @@ use gpuctl_core::Config;
 use gpuctl_sched as sched;
 
 mod agents;
-mod batching;
 mod identity;
 mod listing;
-mod replicated;
+mod journal;
 mod steps;
 pub use agents::check_node_name;
-pub use replicated::{Repl, Shell};
+pub use journal::{Repl, Shell};
 pub use steps::ClientStream;
 pub mod users;
 
@@ -242,7 +240,8 @@ pub struct Controller {
     pass_lock: Arc<tokio::sync::Mutex<()>>,
     /// Steps opened from outside their jobs, waiting for their agents.
     steps: steps::Relay,
-    /// On Raft (`--peers`): this controller's part; unset with one controller.
+    /// On Raft (`--peers`): this controller's part; unset with one controller. Read
+    /// by the journal alone (`journal.rs`): nothing else asks which it is.
     repl: std::sync::OnceLock<Repl>,
 }
 
@@ -367,36 +366,6 @@ impl Controller {
         r
     }
 
-    /// Writes what changed since the last call (not yet flushed). Returns whether
-    /// anything was written.
-    fn persist(&self, c: &mut Shared) -> Result<bool, StoreError> {
-        let changes = c.take_changes();
-        for &id in &changes.jobs.put {
-            if let Some(s) = c.jobs().get(id) {
-                self.store.put_job(s)?;
-            }
-        }
-        for &id in &changes.jobs.delete {
-            self.store.delete_job(id)?;
-        }
-        for name in &changes.nodes {
-            if let Some(n) = c.fleet().node(name) {
-                self.store.put_node(&crate::wire::stored_node(n))?;
-            }
-        }
-        if changes.usage {
-            self.store.put_usage(&c.usage_record())?;
-        }
-        Ok(!changes.is_empty())
-    }
-
-    /// Persists, routes the effects, and releases the lock.
-    fn settle(&self, mut c: MutexGuard<'_, Shared>, effects: Effects) -> Result<Out, StoreError> {
-        let wrote = self.persist(&mut c)?;
-        let (sends, wake) = c.route(effects);
-        Ok(Out { sends, wake, wrote })
-    }
-
     /// After `settle`: wakes the scheduler, makes what was written durable (`always`:
     /// whatever was written by anyone, before an answer that lets the caller forget
     /// something), then sends. The pass may run while this flush does: whatever it
@@ -413,7 +382,7 @@ impl Controller {
             self.wake_scheduler();
         }
         // On Raft what a change wrote is durable in the log before it applied.
-        let flush = (out.wrote || always) && self.repl().is_none();
+        let flush = self.flush_due(out.wrote, always);
         if !flush && sends.is_empty() {
             return Ok(());
         }
@@ -464,24 +433,23 @@ impl Controller {
             );
         };
         let new = Config::load(path).map_err(|e| e.to_string())?;
+        // Called on a blocking thread (SIGHUP, the RPC): it may wait for the journal.
         let change = Change::Reconfigure(Box::new(new));
-        let answer = match self.repl() {
-            None => {
-                let mut c = self.lock();
-                let (answer, _) = c.apply(now_ms(), change);
-                *self.config.write().unwrap_or_else(|p| p.into_inner()) =
-                    Arc::new(c.config().clone());
-                answer
-            }
-            // Called on a blocking thread (SIGHUP, the RPC): it may wait for the log.
-            Some(_) => {
-                let proposed =
-                    tokio::runtime::Handle::current().block_on(self.propose(now_ms(), change));
-                let (answer, _) = proposed.map_err(|s| s.message().to_string())?;
-                self.take_config();
-                answer
-            }
-        };
+        let committed = tokio::runtime::Handle::current().block_on(async {
+            let (answer, out) = self
+                .commit(
+                    |_, _| Ok((change, ())),
+                    |c, (), answer| {
+                        *self.config.write().unwrap_or_else(|p| p.into_inner()) =
+                            Arc::new(c.config().clone());
+                        Ok(answer)
+                    },
+                )
+                .await?;
+            self.deliver(out, false).await.map_err(store_status)?;
+            Ok::<_, Status>(answer)
+        });
+        let answer = committed.map_err(|s| s.message().to_string())?;
         let done = match answer {
             Ok(Applied::Reconfigured(done)) => done,
             other => unreachable!("a reconfigure answers what it did, not {other:?}"),
@@ -567,106 +535,6 @@ impl Controller {
         }
     }
 
-    /// One pass: the state's input, a plan (pure, outside the lock and off the async
-    /// threads), the plan applied to the state as it is then, persisted, then sent.
-    /// (`Cluster::pass_input` and `apply_plan`, as the simulator runs them, taken in
-    /// parts of `PART` jobs.) The steps under the lock run on a blocking thread, never
-    /// on the async workers, with a gap after each (see `step`).
-    pub async fn schedule_pass(self: &Arc<Self>) -> Result<(), StoreError> {
-        if self.repl().is_some() {
-            if let Err(e) = self.replicated_pass().await {
-                tracing::warn!("scheduling pass not applied: {}", e.message());
-            }
-            return Ok(());
-        }
-        // A small pass (the last took under `INLINE_PASS`, and few jobs are active now:
-        // a burst of submits makes the next pass large) runs on this async worker: a
-        // hop to the blocking pool and back costs a thread wake-up each, about 1 ms of
-        // a small cluster's submit-to-launch time on the development VM.
-        let inline = self.last_pass_us.load(Ordering::Relaxed) < INLINE_PASS.as_micros() as u64
-            && self.lock().jobs().active_len() < INLINE_JOBS;
-        let now = now_ms();
-        let started = std::time::Instant::now();
-        let (queue, view, cfg, changed, left_out, lent) = if inline {
-            self.pass_input(now, true)?
-        } else {
-            let ctl = self.clone();
-            tokio::task::spawn_blocking(move || ctl.pass_input(now, false))
-                .await
-                .expect("pass input panicked")?
-        };
-        let mut took = started.elapsed();
-        if changed {
-            self.store.flush().await?;
-        }
-        if !lent.sends.is_empty() || lent.wake {
-            self.deliver(lent, false).await?;
-        }
-        if queue.is_empty() {
-            // Jobs left out of the plan (their partition has no node up, they wait for
-            // others) still wait; with none, the room is not needed.
-            let room = room_after(&view, None, left_out);
-            let wake = self.step(inline, |c| self.settle_room(c, left_out, room, now));
-            if wake {
-                self.wake_scheduler();
-            }
-            self.last_pass_us
-                .store(took.as_micros() as u64, Ordering::Relaxed);
-            return Ok(());
-        }
-        let now = now_ms();
-        let started = std::time::Instant::now();
-        let plan_apply = move |ctl: &Controller| {
-            let plan = sched::schedule(&view, &queue, &cfg, now);
-            ctl.metrics
-                .pass_seconds
-                .observe(started.elapsed().as_secs_f64());
-            let room = room_after(&view, Some(&plan), !plan.waiting.is_empty());
-            ctl.apply_plan(&plan, room, now, inline)
-        };
-        let out = if inline {
-            plan_apply(self)?
-        } else {
-            let ctl = self.clone();
-            tokio::task::spawn_blocking(move || plan_apply(&ctl))
-                .await
-                .expect("scheduler pass panicked")?
-        };
-        took += started.elapsed();
-        self.last_pass_us
-            .store(took.as_micros() as u64, Ordering::Relaxed);
-        if out.sends.is_empty() {
-            return Ok(());
-        }
-        self.deliver(out, true).await
-    }
-
-    /// A pass's input in short holds of the lock, not one: requests (queue, heartbeats)
-    /// get in between (at 100,000 jobs one hold was 250 ms). Starts are checked again
-    /// when the plan is applied. Answers whether anything was written, and whether
-    /// pending jobs were left out of the queue (they wait for others or a partition).
-    fn pass_input(&self, now: i64, inline: bool) -> Result<PassInput, StoreError> {
-        let (waiting, changed, lent) = self.step(inline, |c| {
-            c.room.pass_started();
-            let (answer, effects) = c.apply(now, Change::Prepare);
-            let waiting = match answer {
-                Ok(Applied::Prepared(waiting)) => waiting,
-                other => unreachable!("a pass's start answers its waiting jobs, not {other:?}"),
-            };
-            // The lend pass's starts and yields (`gpuctl_core::opportunistic`), sent
-            // after the flush below.
-            let (sends, wake) = c.route(effects);
-            let lent = Out {
-                sends,
-                wake,
-                wrote: false,
-            };
-            self.persist(c).map(|changed| (waiting, changed, lent))
-        })?;
-        let (queue, view, cfg) = self.pass_read(&waiting, now, inline);
-        Ok((queue, view, cfg, changed, !waiting.ids.is_empty(), lent))
-    }
-
     /// What a pass plans from, after its start (`waiting`: its answer): the view of the
     /// nodes, the queue and the configuration, in short holds of the lock.
     fn pass_read(
@@ -694,34 +562,6 @@ impl Controller {
         }
         let cfg = self.step(inline, |c| c.pass_config(now));
         (queue, view, cfg)
-    }
-
-    /// A plan applied as `Cluster::apply_plan` does, in parts: the starts, the waiting
-    /// jobs' reasons a part at a time, then preemption; persisted (not yet flushed).
-    fn apply_plan(
-        &self,
-        plan: &sched::Plan,
-        room: GpuRoom,
-        now: i64,
-        inline: bool,
-    ) -> Result<Out, StoreError> {
-        let mut effects = Effects::default();
-        for part in plan.starts.chunks(START_PART) {
-            let starts = Change::Starts(part.to_vec());
-            effects.merge(self.step(inline, |c| c.apply_sure(now, starts)));
-        }
-        for part in plan.waiting.chunks(PART) {
-            let waiting = Change::Waiting(part.iter().map(Wait::of).collect());
-            self.step(inline, |c| c.apply_sure(now, waiting));
-        }
-        let candidates = gpuctl_core::policy::preempt_candidates(plan);
-        let mut c = self.lock();
-        effects.merge(c.apply_sure(now, Change::Preempt(candidates)));
-        // Before `settle`: effects that wake the scheduler leave the room at `Any`.
-        let wake = self.settle_room(&mut c, !plan.waiting.is_empty(), room, now);
-        let mut out = self.settle(c, effects)?;
-        out.wake |= wake;
-        Ok(out)
     }
 
     // ------------------------------------------------------------ user operations
@@ -784,56 +624,14 @@ impl Controller {
         }
         let actor = caller.actor();
         let mut defer = false;
-        let admitted = if self.repl().is_some() {
-            self.admit_replicated(&actor, spec, request_id, hold, &mut defer)
-                .await?
-        } else {
-            let mut c = self.lock();
-            let now = now_ms();
-            match c.admit(&actor, spec, request_id, now).map_err(status)? {
-                Admission::Repeat(id) => Err(id),
-                Admission::New(mut stored) => {
-                    if hold {
-                        gpuctl_core::holds::held_at_submit(&mut stored);
-                    }
-                    let id = stored.job.id;
-                    // The job and the next id in one batch: ids are never reused.
-                    self.store
-                        .insert_new_job(&stored, id + 1)
-                        .map_err(store_status)?;
-                    defer = c.defers(&stored.job);
-                    let notes = stored.job.warnings.clone();
-                    c.apply_sure(now, Change::Submit(vec![*stored]));
-                    Ok((id, notes))
-                }
-                Admission::Array(mut tasks) => {
-                    if hold {
-                        tasks
-                            .iter_mut()
-                            .for_each(gpuctl_core::holds::held_at_submit);
-                    }
-                    let first = tasks.first().map_or(0, |s| s.job.id);
-                    let next = tasks.last().map_or(first, |s| s.job.id) + 1;
-                    self.store
-                        .insert_new_jobs(&tasks, next)
-                        .map_err(store_status)?;
-                    defer = tasks.first().is_some_and(|t| c.defers(&t.job));
-                    let notes = tasks
-                        .first()
-                        .map(|t| t.job.warnings.clone())
-                        .unwrap_or_default();
-                    c.apply_sure(now, Change::Submit(tasks));
-                    Ok((first, notes))
-                }
-            }
-        };
+        let admitted = self
+            .admit(&actor, spec, request_id, hold, &mut defer)
+            .await?;
         let (id, notes) = match admitted {
             Ok(admitted) => admitted,
             Err(id) => {
                 // The first submit may still be on its way to the disk.
-                if self.repl().is_none() {
-                    self.store.flush().await.map_err(store_status)?;
-                }
+                self.durable().await?;
                 tracing::info!(
                     job = id,
                     request_id,
@@ -849,9 +647,7 @@ impl Controller {
             // The pass may start it while this flush runs (see `deliver`).
             self.wake_scheduler();
         }
-        if self.repl().is_none() {
-            self.store.flush().await.map_err(store_status)?;
-        }
+        self.durable().await?;
         self.metrics.submits.inc();
         Ok((id, notes))
     }

@@ -431,7 +431,7 @@ async fn start_raft(
         adopt => adopt,
     };
     if adopt.is_some() {
-        (ctl.repl().expect("set above").importing).store(true, std::sync::atomic::Ordering::SeqCst);
+        ctl.set_importing();
     }
     tokio::spawn(ctl.clone().follow_leadership());
     let members: std::collections::BTreeMap<u64, openraft::BasicNode> = (r.peers.iter())

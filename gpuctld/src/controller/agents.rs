@@ -202,9 +202,8 @@ impl Controller {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => break,
             }
-            // On Raft a round is an entry: the sweep alone goes every 30 s.
             round += 1;
-            let sweep = self.repl().is_none() || round.is_multiple_of(30);
+            let sweep = self.sweep_due(round);
             match self.check_nodes(sweep).await {
                 Err(e) if e.code() != tonic::Code::Cancelled => {
                     tracing::error!("node check failed: {}", e.message());
@@ -227,19 +226,7 @@ impl Controller {
         {
             c.links.remove(node);
         }
-        if self.repl().is_none() {
-            c.apply_sure(now_ms(), change);
-            return;
-        }
-        drop(c);
-        if self.is_leader() {
-            // Through the log, not waited for (a deposed leader's is refused: the new
-            // one hands out new sessions anyway).
-            let ctl = self.clone();
-            tokio::spawn(async move {
-                let _ = ctl.propose(now_ms(), change).await;
-            });
-        }
+        self.end_session(c, change);
     }
 
     /// A heartbeat of a live session (checked by `check_session`).
@@ -306,11 +293,7 @@ impl Controller {
         {
             let mut c = self.lock();
             c.links.clear();
-            // On Raft the sessions are replicated state: the agents attach to the
-            // next leader, which hands out new ones.
-            if self.repl().is_none() {
-                c.end_sessions();
-            }
+            self.streams_closed(&mut c);
         }
         self.steps.close();
     }

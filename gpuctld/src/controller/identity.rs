@@ -1,7 +1,7 @@
 //! Nodes joining, renewing their certificates and being revoked, and API tokens: the
 //! shell around `crate::pki` (which decides) and `crate::credentials` (which applies),
-//! with the store (one controller: each change durable before it is answered) or the
-//! log (replicated controllers: each change applied by a quorum first).
+//! each change made durable through the journal (`Controller::record`) before it is
+//! answered.
 
 use gpuctl_proto as pb;
 use gpuctl_proto::store::{self as st, log_credential::Change as Credential};
@@ -9,7 +9,7 @@ use gpuctl_proto::text::shown;
 use prost::Message as _;
 use tonic::Status;
 
-use super::{Controller, now_ms, status, store_status};
+use super::{Controller, now_ms, store_status};
 use crate::auth::Caller;
 use crate::pki::Via;
 use gpuctl_core::log::Change;
@@ -17,41 +17,6 @@ use gpuctl_core::log::Change;
 impl Controller {
     pub fn pki(&self) -> &crate::pki::Pki {
         &self.pki
-    }
-
-    /// Applies a credential change decided at `now`: one controller applies it and
-    /// makes it durable before it answers; a replicated one proposes it and answers once
-    /// it applied (a follower refuses, naming the leader).
-    pub(crate) async fn record(&self, now: i64, change: Credential) -> Result<(), Status> {
-        let change = st::LogCredential {
-            change: Some(change),
-        };
-        if let Some(r) = self.repl() {
-            self.require_leader()?;
-            let entry = st::LogEntry {
-                at: now,
-                change: Some(st::log_entry::Change::Credential(change)),
-            }
-            .encode_to_vec();
-            let proposal = crate::raft::Proposal { from: r.me, entry };
-            let pending = (r.raft.client_write_ff(proposal).await)
-                .map_err(|e| Status::unavailable(format!("this controller's Raft stopped: {e}")))?;
-            let (answer, _) = self.answer_of(pending).await?;
-            return answer.map(|_| ()).map_err(status);
-        }
-        self.pki.with(|c| c.apply(now, &change)).map_err(status)?;
-        let written = match change.change.expect("set above") {
-            Credential::ApiToken(t) => self.store.put_token(&t),
-            Credential::ApiTokenRevoked(id) => self.store.delete_token(&id),
-            Credential::JoinToken(t) => self.store.put_join_token(&t),
-            Credential::Joined(j) => match &j.identity {
-                Some(id) => self.store.joined(Some(&j.token_hash), id),
-                None => Ok(()),
-            },
-            Credential::Renewed(id) | Credential::Revoked(id) => self.store.joined(None, &id),
-        };
-        written.map_err(store_status)?;
-        self.store.flush().await.map_err(store_status)
     }
 
     /// A single-use join token (admins only).

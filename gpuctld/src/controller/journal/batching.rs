@@ -21,7 +21,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tonic::Status;
 
 use super::Controller;
-use super::replicated::Answer;
+use super::raft::Answer;
 use crate::raft::Proposal;
 
 /// Proposals that may wait for the batcher; a caller beyond that waits to queue.
@@ -63,7 +63,7 @@ impl Controller {
     /// (kept by the state machine for the entries this controller proposed). Proposals
     /// made together share an entry.
     pub(crate) async fn propose(&self, now: i64, change: Change) -> Result<Answer, Status> {
-        let r = self.repl().expect("propose is for replicated controllers");
+        let r = self.raft().expect("propose is for replicated controllers");
         let started = std::time::Instant::now();
         let lazy = matches!(change, Change::Heartbeat { .. });
         let entry = crate::wire::entry_pb(&Entry::new(now, change));
@@ -79,7 +79,7 @@ impl Controller {
     /// Drains the queue of proposals for as long as the controller runs: what queued
     /// while `IN_FLIGHT` entries were on their way goes as one entry.
     pub(crate) async fn batch_loop(self: Arc<Self>) {
-        let Some(r) = self.repl() else { return };
+        let Some(r) = self.raft() else { return };
         let Some(mut queue) = r.proposals.rx.lock().take() else {
             return;
         };

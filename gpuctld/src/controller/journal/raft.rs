@@ -21,7 +21,7 @@ use openraft::{BasicNode, Raft, ServerState};
 use prost::Message as _;
 use tonic::Status;
 
-use super::{Controller, Out, Shared, now_ms};
+use crate::controller::{Controller, Out, now_ms};
 use crate::raft::{Machine, Proposal, Target, TypeConfig};
 
 /// How long a proposal may wait for a quorum before the caller is told it was not
@@ -70,17 +70,6 @@ impl Target for Shell {
 }
 
 impl Controller {
-    pub(crate) fn repl(&self) -> Option<&Repl> {
-        self.repl.get()
-    }
-
-    /// Starts this controller's part in a replicated cluster (once, at start).
-    pub fn set_replicated(&self, repl: Repl) {
-        if self.repl.set(repl).is_err() {
-            panic!("the controller's Raft is set once");
-        }
-    }
-
     /// This controller's whole state in its stored form (a snapshot's), for a new
     /// replicated cluster to adopt.
     pub fn state_to_adopt(&self) -> Vec<u8> {
@@ -92,7 +81,7 @@ impl Controller {
     /// Proposes `state` (`state_to_adopt`) as a new cluster's first entry once this
     /// member leads, and serves as leader once it applied.
     pub async fn adopt(self: Arc<Self>, state: Vec<u8>) {
-        let Some(r) = self.repl() else { return };
+        let Some(r) = self.raft() else { return };
         let snapshot = match gpuctl_proto::store::Snapshot::decode(state.as_slice()) {
             Ok(s) => s,
             Err(e) => return tracing::error!("the state to adopt does not decode: {e}"),
@@ -148,7 +137,7 @@ impl Controller {
     /// Whether this controller decides: always with one controller; on Raft, while it
     /// is the leader.
     pub fn is_leader(&self) -> bool {
-        self.repl().is_none_or(|r| {
+        self.raft().is_none_or(|r| {
             let leads = {
                 let m = r.raft.metrics();
                 let m = m.borrow();
@@ -162,14 +151,14 @@ impl Controller {
 
     /// The current term (0: one controller).
     pub fn term(&self) -> u64 {
-        self.repl()
+        self.raft()
             .map_or(0, |r| r.raft.metrics().borrow().current_term)
     }
 
     /// Refuses a request a follower must not answer: UNAVAILABLE, naming the leader
     /// (clients and agents try the next controller of their list).
     pub fn require_leader(&self) -> Result<(), Status> {
-        let Some(r) = self.repl() else {
+        let Some(r) = self.raft() else {
             return Ok(());
         };
         if self.is_leader() {
@@ -182,7 +171,7 @@ impl Controller {
     /// Hands `change` to the log without waiting for it: proposals sent one after the
     /// other apply in that order.
     pub(crate) async fn send_proposal(&self, now: i64, change: Change) -> Result<Pending, Status> {
-        let r = self.repl().expect("propose is for replicated controllers");
+        let r = self.raft().expect("propose is for replicated controllers");
         let entry = crate::wire::entry_pb(&Entry::new(now, change)).encode_to_vec();
         r.raft
             .client_write_ff(Proposal { from: r.me, entry })
@@ -192,7 +181,7 @@ impl Controller {
 
     /// Sets the metrics' Raft figures as this controller sees them now.
     pub(crate) fn raft_metrics(&self) {
-        let Some(r) = self.repl() else { return };
+        let Some(r) = self.raft() else { return };
         let m = r.raft.metrics().borrow().clone();
         self.metrics.raft.leader.set(i64::from(self.is_leader()));
         self.metrics.raft.term.set(m.current_term as i64);
@@ -224,7 +213,7 @@ impl Controller {
         rx: Pending,
         parts: usize,
     ) -> Result<Vec<Answer>, Status> {
-        let r = self.repl().expect("answers are for replicated controllers");
+        let r = self.raft().expect("answers are for replicated controllers");
         let done = match tokio::time::timeout(COMMIT_TIMEOUT, rx).await {
             Err(_) => {
                 return Err(Status::unavailable(format!(
@@ -268,7 +257,7 @@ impl Controller {
             let now = now_ms();
             let from = c.next_id;
             let admitted = c.admit_from(actor, spec, request_id, now, from);
-            let mut records = match admitted.map_err(super::status)? {
+            let mut records = match admitted.map_err(crate::controller::status)? {
                 Admission::Repeat(id) => return Ok(Err(id)),
                 Admission::New(stored) => vec![*stored],
                 Admission::Array(tasks) => tasks,
@@ -288,7 +277,7 @@ impl Controller {
             (now, records, first, notes)
         };
         let (answer, effects) = self.propose(now, Change::Submit(records)).await?;
-        answer.map_err(super::status)?;
+        answer.map_err(crate::controller::status)?;
         self.send_effects(effects).await?;
         Ok(Ok((first, notes)))
     }
@@ -305,7 +294,7 @@ impl Controller {
         let small = {
             let mut c = self.lock();
             c.room.pass_started();
-            c.jobs().active_len() < super::INLINE_JOBS
+            c.jobs().active_len() < crate::controller::INLINE_JOBS
         };
         if small {
             return self.whole_pass(now).await;
@@ -348,13 +337,13 @@ impl Controller {
             .pass_seconds
             .observe(started.elapsed().as_secs_f64());
         let mut pending = Vec::new();
-        for part in plan.starts.chunks(super::START_PART) {
+        for part in plan.starts.chunks(crate::controller::START_PART) {
             pending.push(
                 self.send_proposal(now, Change::Starts(part.to_vec()))
                     .await?,
             );
         }
-        for part in plan.waiting.chunks(super::PART) {
+        for part in plan.waiting.chunks(crate::controller::PART) {
             let waiting = Change::Waiting(part.iter().map(Wait::of).collect());
             pending.push(self.send_proposal(now, waiting).await?);
         }
@@ -377,7 +366,7 @@ impl Controller {
             wake,
             wrote: false,
         };
-        self.deliver(out, false).await.map_err(super::store_status)
+        self.deliver(out, false).await.map_err(crate::controller::store_status)
     }
 
     /// After a pass on Raft: the room it left settled, its commands sent.
@@ -398,7 +387,7 @@ impl Controller {
                 wrote: false,
             }
         };
-        self.deliver(out, false).await.map_err(super::store_status)
+        self.deliver(out, false).await.map_err(crate::controller::store_status)
     }
 
     /// A small pass as one entry that every member runs (`Change::Pass`): one round
@@ -416,40 +405,28 @@ impl Controller {
         self.passed(passed.waiting, passed.room, effects, now).await
     }
 
-    /// Applies what `decide` decided under the lock: here at once with one controller
-    /// (the decision and its apply under one hold of the lock), through the log on
-    /// Raft (the decision under the lock, the apply once a quorum holds the entry).
-    /// `then` reads the answer under the lock; what is left to do is returned.
-    pub(super) async fn commit<T, R>(
+    /// A credential change on Raft: proposed alone (not batched: it is rare) and
+    /// answered once it applied here; a follower refuses, naming the leader.
+    pub(super) async fn record_replicated(
         &self,
-        decide: impl FnOnce(&mut Shared, i64) -> Result<(Change, T), Status>,
-        then: impl FnOnce(&mut Shared, T, Result<Applied, Refusal>) -> Result<R, Status>,
-    ) -> Result<(R, Out), Status> {
-        if self.repl().is_none() {
-            let mut c = self.lock();
-            let now = now_ms();
-            let (change, t) = decide(&mut c, now)?;
-            let (answer, effects) = c.apply(now, change);
-            let r = then(&mut c, t, answer);
-            let out = self.settle(c, effects).map_err(super::store_status)?;
-            return Ok((r?, out));
+        now: i64,
+        change: gpuctl_proto::store::log_credential::Change,
+    ) -> Result<(), Status> {
+        let r = self.raft().expect("a replicated controller's credential");
+        self.require_leader()?;
+        let change = gpuctl_proto::store::LogCredential {
+            change: Some(change),
+        };
+        let entry = gpuctl_proto::store::LogEntry {
+            at: now,
+            change: Some(gpuctl_proto::store::log_entry::Change::Credential(change)),
         }
-        let (now, change, t) = {
-            let mut c = self.lock();
-            let now = now_ms();
-            let (change, t) = decide(&mut c, now)?;
-            (now, change, t)
-        };
-        let (answer, effects) = self.propose(now, change).await?;
-        let mut c = self.lock();
-        let r = then(&mut c, t, answer);
-        let (sends, wake) = c.route(effects);
-        let out = Out {
-            sends,
-            wake,
-            wrote: false,
-        };
-        Ok((r?, out))
+        .encode_to_vec();
+        let proposal = Proposal { from: r.me, entry };
+        let pending = (r.raft.client_write_ff(proposal).await)
+            .map_err(|e| Status::unavailable(format!("this controller's Raft stopped: {e}")))?;
+        let (answer, _) = self.answer_of(pending).await?;
+        answer.map(|_| ()).map_err(crate::controller::status)
     }
 
     /// Adds or removes a member (`gpuctl admin controllers add|remove`), at the leader:
@@ -458,7 +435,7 @@ impl Controller {
         &self,
         req: pb::ChangeControllersRequest,
     ) -> Result<pb::ControllersResponse, Status> {
-        let Some(r) = self.repl() else {
+        let Some(r) = self.raft() else {
             return Err(Status::failed_precondition(
                 "this controller runs alone (no --peers): start the members with --id and --peers (docs/operations.md)",
             ));
@@ -509,7 +486,7 @@ impl Controller {
 
     /// The cluster's controllers as this one knows them (`gpuctl admin controllers`).
     pub fn controllers(&self) -> pb::ControllersResponse {
-        let Some(r) = self.repl() else {
+        let Some(r) = self.raft() else {
             return pb::ControllersResponse {
                 id: 0,
                 replicated: false,
@@ -581,7 +558,7 @@ impl Controller {
     /// timeout to attach to it (it heard from none of them) and a pass runs; on losing
     /// it, the agents' streams close so that they find the new leader.
     pub async fn follow_leadership(self: Arc<Self>) {
-        let Some(r) = self.repl() else { return };
+        let Some(r) = self.raft() else { return };
         tokio::spawn(self.clone().confirm_loop());
         tokio::spawn(self.clone().batch_loop());
         let mut metrics = r.raft.metrics();
@@ -647,7 +624,7 @@ impl Controller {
     /// While this controller is the leader, has a quorum confirm it (a round of
     /// heartbeats) every 100 ms, renewing its lease (`Repl::confirmed_ms`).
     async fn confirm_loop(self: Arc<Self>) {
-        let Some(r) = self.repl() else { return };
+        let Some(r) = self.raft() else { return };
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
