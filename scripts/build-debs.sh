@@ -10,7 +10,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 command -v cargo-deb >/dev/null 2>&1 || cargo install --locked cargo-deb
-cargo build --release -p gpuctl -p gpuctld -p gpud
+cargo build --release -p gpuctl -p gpuctld -p gpud -p gpuctl-sim
 assets=target/release/assets
 mkdir -p "$assets"
 target/release/gpuctl man >"$assets/gpuctl.1"

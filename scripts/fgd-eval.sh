@@ -8,7 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 trace=${GPUCTL_TRACE_DIR:-$root/../shared/traces/alibaba-gpu-v2023}
 out=${OUT:-$root/target/fgd-eval}
 policies=${1:-fgd,best-fit,first-fit}
-cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuctld
+cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p gpuctld -p gpuctl-sim
 workloads=(default cpu050 cpu100 cpu200 cpu250 gpushare40 gpushare60 gpushare80 gpushare100
   gpuspec10 gpuspec20 gpuspec25 gpuspec33 multigpu20 multigpu30 multigpu40 multigpu50)
 pods=$(printf "$trace/openb_pod_list_%s.csv," "${workloads[@]}")

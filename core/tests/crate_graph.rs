@@ -78,3 +78,19 @@ fn the_daemon_does_have_them() {
         "{t:?}"
     );
 }
+
+#[test]
+fn the_daemon_links_no_simulator() {
+    // `gpuctld simulate` runs `gpuctl-sim`, the simulator's own binary: its plots,
+    // progress bars and trace readers stay out of the daemon (issue 56).
+    let t = tree("gpuctld");
+    for c in ["gpuctl-sim", "plotters", "indicatif", "csv"] {
+        assert!(!t.contains(c), "gpuctld links {c}");
+    }
+    // The check can fail: the simulator's own tree has them.
+    let sim = tree("gpuctl-sim");
+    assert!(
+        sim.contains("plotters") && sim.contains("indicatif"),
+        "{sim:?}"
+    );
+}

@@ -195,7 +195,10 @@ async fn main() {
     drop(one);
     // A single controller as a Raft cluster of one (issue 56's first design: one journal
     // for every controller), then three.
-    for (n, name) in [(1, "one controller on Raft (a cluster of one)"), (3, "three controllers on Raft")] {
+    for (n, name) in [
+        (1, "one controller on Raft (a cluster of one)"),
+        (3, "three controllers on Raft"),
+    ] {
         let dirs: Vec<tempfile::TempDir> = (0..n).map(|_| tempfile::tempdir().unwrap()).collect();
         let rafts = members(&dirs).await;
         let (p50, p99, rate) = measure(&Target::Raft(rafts[0].clone()), &template, 1).await;

@@ -30,8 +30,8 @@ use gpuctl_sched as sched;
 
 mod agents;
 mod identity;
-mod listing;
 mod journal;
+mod listing;
 mod steps;
 pub use agents::check_node_name;
 pub use journal::{Repl, Shell};

@@ -100,16 +100,23 @@ enum Command {
         #[arg(long = "config", value_name = "CONFIG")]
         file: Option<PathBuf>,
     },
-    /// Run the scheduler on a virtual clock over a trace (no daemons).
+    /// Run the scheduler on a virtual clock over a trace (no daemons): runs the
+    /// simulator's binary, `gpuctl-sim`, installed beside gpuctld (`gpuctld simulate
+    /// --help` lists its modes).
+    #[command(disable_help_flag = true)]
     Simulate {
-        #[command(subcommand)]
-        mode: gpuctl_sim::Mode,
+        /// The mode and its arguments (inflation, replay, bankday, ...).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<std::ffi::OsString>,
     },
 }
 
 fn main() -> std::process::ExitCode {
-    gpuctl_sim::alloc::tune();
+    gpuctl_sched::alloc::tune();
     let mut args = Args::parse();
+    if let Some(Command::Simulate { args }) = &args.command {
+        return simulate(args);
+    }
     let workers = match args.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
         n => n,
@@ -131,22 +138,15 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> std::process::ExitCode {
-    // A simulation drives the controller's state machine through thousands of jobs:
-    // its per-job log lines would cost more than the simulation (GPUCTL_LOG=info shows them).
-    let quiet = matches!(args.command, Some(Command::Simulate { .. }));
     // openraft logs each vote and election at info: its warnings are enough. Its
     // replication logs an ERROR for every message to a member that is down (hundreds a
     // minute): the peer network says it once a period instead (raft::net).
     init_logging(
         args.log_format,
-        if quiet {
-            "warn"
-        } else {
-            "info,openraft=warn,openraft::replication=off"
-        },
+        "info,openraft=warn,openraft::replication=off",
     );
     let result = match args.command {
-        Some(Command::Simulate { mode }) => gpuctl_sim::run(mode),
+        Some(Command::Simulate { .. }) => unreachable!("run by main before the runtime"),
         Some(Command::Config { file }) => match file.as_ref().or(args.config.as_ref()) {
             Some(p) => Config::load(p).map_err(anyhow::Error::from),
             None => Ok(Config::default()),
@@ -216,6 +216,27 @@ async fn run(args: Args) -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `gpuctld simulate ARGS`: replaces this process with `gpuctl-sim ARGS`, found beside
+/// this binary (a build's target dir, the package's /usr/bin) or else on `PATH`.
+fn simulate(args: &[std::ffi::OsString]) -> std::process::ExitCode {
+    use std::os::unix::process::CommandExt as _;
+    let beside = std::env::current_exe()
+        .ok()
+        .map(|exe| exe.with_file_name("gpuctl-sim"))
+        .filter(|p| p.is_file());
+    let program = beside.clone().unwrap_or_else(|| "gpuctl-sim".into());
+    // Its usage lines name the command the user typed.
+    let e = std::process::Command::new(&program)
+        .arg0("gpuctld simulate")
+        .args(args)
+        .exec();
+    eprintln!(
+        "gpuctld: error: `gpuctld simulate` runs the simulator's binary, gpuctl-sim, which could not be run ({}: {e}); build it with `cargo build -p gpuctl-sim` (it lands beside gpuctld) or install the gpuctld package",
+        program.display()
+    );
+    std::process::ExitCode::FAILURE
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -1,4 +1,6 @@
-//! The allocator's settings that the daemon, the benchmarks and the simulator share.
+//! The allocator's settings that every binary that plans shares: the daemon, the
+//! simulator (`gpuctl-sim`) and the benchmarks (feature `mimalloc`; the planner itself
+//! allocates with whatever allocator its binary has).
 //!
 //! They run with mimalloc (`#[global_allocator]` in each binary). A scheduling pass
 //! allocates tens of megabytes (per-shape caches, calendars, tail heaps) and frees them

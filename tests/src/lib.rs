@@ -26,7 +26,16 @@ pub fn bin_dir() -> PathBuf {
     BUILD.call_once(|| {
         let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .args([
-                "build", "--quiet", "-p", "gpuctl", "-p", "gpuctld", "-p", "gpud",
+                "build",
+                "--quiet",
+                "-p",
+                "gpuctl",
+                "-p",
+                "gpuctld",
+                "-p",
+                "gpud",
+                "-p",
+                "gpuctl-sim",
             ])
             .current_dir(&root)
             .status()

@@ -219,3 +219,46 @@ fn the_deb_metadata_names_files_that_exist() {
         }
     }
 }
+
+/// `gpuctld simulate` runs the simulator's own binary (the daemon links no simulator):
+/// a replay of three jobs on two 8-GPU nodes gives the schedule worked out by hand (the
+/// 16-GPU gang waits for both nodes: the 8-GPU job ends at 100 s, so it waits 80 s and
+/// ends at 130 s), and its usage lines name `gpuctld simulate`.
+#[test]
+fn gpuctld_simulate_runs_the_simulator_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs = dir.path().join("jobs.csv");
+    std::fs::write(
+        &jobs,
+        "submit_time,duration,num_gpus\n0,100,8\n10,50,4\n20,30,16\n",
+    )
+    .unwrap();
+    let out = Command::new(gpuctl_tests::bin("gpuctld"))
+        .args(["simulate", "replay", "--cluster", "2x8xA100-80GB", "--jobs"])
+        .arg(&jobs)
+        .args(["--policy", "fifo,backfill", "--out"])
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = std::fs::read(dir.path().join("out/summary.json")).unwrap();
+    let rows: serde_json::Value = serde_json::from_slice(&summary).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        assert_eq!(row["jobs"], 3, "{row}");
+        assert_eq!(row["makespan_s"], 130.0, "{row}");
+        assert_eq!(row["wait_p99_s"], 80.0, "{row}");
+    }
+    assert!(dir.path().join("out/summary.md").exists());
+    let help = Command::new(gpuctl_tests::bin("gpuctld"))
+        .args(["simulate", "replay", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(help.stdout).unwrap();
+    assert!(text.contains("Usage: gpuctld simulate replay"), "{text}");
+}

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use gpuctl_core::Effects;
 use gpuctl_core::log::{Applied, Change, Wait};
 use gpuctl_core::ops::Admission;
 use gpuctl_core::policy::{GpuRoom, room_after};
-use gpuctl_core::Effects;
 use gpuctl_proto::store::log_credential::Change as Credential;
 use gpuctl_sched as sched;
 use parking_lot::MutexGuard;
@@ -17,8 +17,8 @@ use tonic::Status;
 
 use super::Admitted;
 use crate::controller::{
-    Controller, INLINE_JOBS, INLINE_PASS, Out, PART, PassInput, START_PART, Shared, now_ms,
-    status, store_status,
+    Controller, INLINE_JOBS, INLINE_PASS, Out, PART, PassInput, START_PART, Shared, now_ms, status,
+    store_status,
 };
 use crate::store::StoreError;
 
@@ -47,12 +47,15 @@ impl Controller {
     }
 
     /// Persists, routes the effects, and releases the lock.
-    pub(super) fn settle(&self, mut c: MutexGuard<'_, Shared>, effects: Effects) -> Result<Out, StoreError> {
+    pub(super) fn settle(
+        &self,
+        mut c: MutexGuard<'_, Shared>,
+        effects: Effects,
+    ) -> Result<Out, StoreError> {
         let wrote = self.persist(&mut c)?;
         let (sends, wake) = c.route(effects);
         Ok(Out { sends, wake, wrote })
     }
-
 
     /// A submit's admission alone: the records and the next id written in one batch
     /// (ids are never reused), then applied; flushed by the caller (`durable`).

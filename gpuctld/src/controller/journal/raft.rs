@@ -366,7 +366,9 @@ impl Controller {
             wake,
             wrote: false,
         };
-        self.deliver(out, false).await.map_err(crate::controller::store_status)
+        self.deliver(out, false)
+            .await
+            .map_err(crate::controller::store_status)
     }
 
     /// After a pass on Raft: the room it left settled, its commands sent.
@@ -387,7 +389,9 @@ impl Controller {
                 wrote: false,
             }
         };
-        self.deliver(out, false).await.map_err(crate::controller::store_status)
+        self.deliver(out, false)
+            .await
+            .map_err(crate::controller::store_status)
     }
 
     /// A small pass as one entry that every member runs (`Change::Pass`): one round
