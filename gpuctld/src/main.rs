@@ -112,7 +112,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    gpuctl_sched::alloc::tune();
+    gpuctl_alloc::tune();
     let mut args = Args::parse();
     if let Some(Command::Simulate { args }) = &args.command {
         return simulate(args);

@@ -26,8 +26,6 @@
 //! floors), `preempt` (choosing preemption victims), `features` (node features and
 //! jobs' constraints on them).
 
-#[cfg(feature = "mimalloc")]
-pub mod alloc;
 pub mod array;
 pub mod calendar;
 mod check;

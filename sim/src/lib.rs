@@ -8,7 +8,7 @@
 //!
 //! Both call the same `sched` code as the controller.
 
-pub use gpuctl_sched::alloc;
+pub use gpuctl_alloc as alloc;
 pub mod bankday;
 pub mod bench;
 pub mod idle_work;
