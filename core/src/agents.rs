@@ -16,7 +16,7 @@ impl Cluster {
     /// Hands out `nonce` (random, from the shell) for the next Attach of `node`: valid
     /// for 30 s, single use; a node holds at most 8. Answers the node timeout (ms) the
     /// agent is held to.
-    pub fn challenge(&mut self, node: &str, nonce: Vec<u8>, now: i64) -> u64 {
+    pub(crate) fn challenge(&mut self, node: &str, nonce: Vec<u8>, now: i64) -> u64 {
         let list = self.fleet.challenges.entry(node.to_string()).or_default();
         list.retain(|(_, until)| *until > now);
         // A key holder asking again and again keeps only the newest few.
@@ -29,7 +29,7 @@ impl Cluster {
 
     /// Checks that a request belongs to the node's live session and was not seen on it
     /// before (a replay), and counts the agent as heard from.
-    pub fn check_session(&mut self, node: &str, signed: &Signed, now: i64) -> Result<(), Refusal> {
+    pub(crate) fn check_session(&mut self, node: &str, signed: &Signed, now: i64) -> Result<(), Refusal> {
         let Some(conn) = self.fleet.conns.get_mut(node) else {
             return Err(Refusal::failed_precondition(format!(
                 "node {node} has no attached session; the agent must attach again"
@@ -55,7 +55,7 @@ impl Cluster {
     /// The session of `node`'s connection `generation`, recording the start of
     /// `(job, attempt)` if the command sent as its `seq`th is one; `None` when that
     /// connection is no longer the node's live one.
-    pub fn command_sent(
+    pub(crate) fn command_sent(
         &mut self,
         node: &str,
         generation: u64,
@@ -156,31 +156,17 @@ impl Cluster {
         Ok(())
     }
 
-    /// Registers an agent (or re-registers it after a disconnect or a controller
-    /// restart) and reconciles what it runs with what the cluster holds. Returns the
-    /// connection's generation; the effects kill stale instances on this node and the
-    /// other ranks of jobs that ended here.
-    pub fn attach(
-        &mut self,
-        req: &Register,
-        peer: Option<std::net::SocketAddr>,
-        now: i64,
-    ) -> Result<(u64, Effects), Refusal> {
-        self.check_attach(req, now)?;
-        self.attach_checked(req, peer, now)
-    }
-
     /// What only the controller an agent attaches to checks: the request's shape, the
     /// challenge nonce it answers (taken: single use), and that no other agent holds
     /// the name. Then `attach_checked` (an `Attach` entry of the log) attaches it.
-    pub fn check_attach(&mut self, req: &Register, now: i64) -> Result<(), Refusal> {
+    pub(crate) fn check_attach(&mut self, req: &Register, now: i64) -> Result<(), Refusal> {
         check_register(req)?;
         self.take_nonce(&req.node, &req.nonce, now)?;
         self.check_identity(req, now)
     }
 
     /// `attach` once `check_attach` has passed.
-    pub fn attach_checked(
+    pub(crate) fn attach_checked(
         &mut self,
         req: &Register,
         peer: Option<std::net::SocketAddr>,
@@ -324,15 +310,6 @@ impl Cluster {
         }
     }
 
-    /// Declares failed every node whose agent has been silent for `node_timeout`: its
-    /// session ends (its stream closes, so a live agent attaches again and is
-    /// reconciled), and its jobs end NODE_FAIL, or go back to the queue if their job
-    /// file asks.
-    pub fn check_nodes(&mut self, now: i64) -> Effects {
-        let silent = self.silent_nodes(now);
-        self.fail_silent(&silent, now)
-    }
-
     /// The nodes whose agent has been silent for `node_timeout`, by when this
     /// controller last heard from them (every signed request counts, so this is the
     /// leader's own knowledge: the watchdog's entry carries its answer).
@@ -349,7 +326,7 @@ impl Cluster {
 
     /// The watchdog's round: `silent` nodes (`silent_nodes`) fail; usage and idle
     /// records of jobs gone are swept.
-    pub fn fail_silent(&mut self, silent: &[String], now: i64) -> Effects {
+    pub(crate) fn fail_silent(&mut self, silent: &[String], now: i64) -> Effects {
         let mut effects = Effects::default();
         for node in silent {
             let why = format!("agent silent for {:?}", self.config.node_timeout);
@@ -362,7 +339,7 @@ impl Cluster {
 
     /// `node` failed now (`why`: its agent went silent, or its identity was revoked):
     /// its connection is closed and its jobs end or requeue as on any failed node.
-    pub fn fail_node(&mut self, node: &str, why: &str, now: i64, effects: &mut Effects) {
+    pub(crate) fn fail_node(&mut self, node: &str, why: &str, now: i64, effects: &mut Effects) {
         if !self.fleet.nodes.contains_key(node) {
             return;
         }
@@ -417,7 +394,7 @@ impl Cluster {
     }
 
     /// The agent's command stream closed.
-    pub fn disconnected(&mut self, node: &str, generation: u64) {
+    pub(crate) fn disconnected(&mut self, node: &str, generation: u64) {
         let c = self;
         if c.fleet
             .conns
@@ -429,19 +406,9 @@ impl Cluster {
         }
     }
 
-    /// A heartbeat of a live session (checked by `check_session`). Starts the agent has
-    /// handled but neither runs nor reports were not run (their command was refused):
-    /// those jobs end here with the reason, so that no job waits in RUNNING for a start
-    /// that never happened. Answers with the instances the agent runs that the
-    /// cluster holds as ended or replaced.
-    pub fn heartbeat(&mut self, req: &Heartbeat, now: i64) -> (HeartbeatAnswer, Effects) {
-        let not_run = self.starts_not_run(req);
-        self.heartbeat_checked(req, &not_run, now)
-    }
-
     /// `heartbeat`, the starts the agent handled without running them found
     /// (`starts_not_run`, from what this controller sent on the session).
-    pub fn heartbeat_checked(
+    pub(crate) fn heartbeat_checked(
         &mut self,
         req: &Heartbeat,
         not_run: &[(u64, u32)],
@@ -465,7 +432,7 @@ impl Cluster {
     /// The starts sent on the node's session that its agent, by this heartbeat, has
     /// handled without running them: (job, attempt). Forgets the starts it handled.
     /// The session's commands are the leader's own: a heartbeat's entry carries this.
-    pub fn starts_not_run(&mut self, req: &Heartbeat) -> Vec<(u64, u32)> {
+    pub(crate) fn starts_not_run(&mut self, req: &Heartbeat) -> Vec<(u64, u32)> {
         let Some(conn) = self.fleet.conns.get_mut(&req.node) else {
             return Vec::new();
         };
@@ -568,7 +535,7 @@ impl Cluster {
 
     /// Applies an agent's report. For a STARTED report, answers whether the instance is
     /// stale (the cluster no longer holds it as running there): the agent kills it.
-    pub fn report(&mut self, r: &Report, now: i64) -> (bool, Effects) {
+    pub(crate) fn report(&mut self, r: &Report, now: i64) -> (bool, Effects) {
         if self.fleet.conns.contains_key(&r.node) {
             self.fleet.last_heard.insert(r.node.clone(), now);
         }

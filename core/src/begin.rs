@@ -52,13 +52,13 @@ impl Cluster {
     }
 
     /// Finds the jobs waiting for a begin time again (after loading the state).
-    pub fn recompute_begins(&mut self) {
+    pub(crate) fn recompute_begins(&mut self) {
         self.next_begin_ms = self.jobs.active().filter_map(|s| begin_of(&s.job)).min();
     }
 
     /// Lets go of the jobs whose begin time has come (a pass's first step); answers
     /// whether any was.
-    pub fn release_begun(&mut self, now: i64) -> bool {
+    pub(crate) fn release_begun(&mut self, now: i64) -> bool {
         if self.next_begin_ms.is_none_or(|n| n > now) {
             return false;
         }

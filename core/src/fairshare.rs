@@ -216,7 +216,7 @@ impl Cluster {
     }
 
     /// Charges usage up to `now`: what ran since the last charge.
-    pub fn charge_usage(&mut self, now: i64) {
+    pub(crate) fn charge_usage(&mut self, now: i64) {
         let half_life =
             i64::try_from(self.config.fairshare.half_life.as_millis()).unwrap_or(i64::MAX);
         let last = self.fair.usage.as_of_ms;
@@ -304,7 +304,7 @@ impl Cluster {
     }
 
     /// Usage read back at start (entries that are not numbers >= 0 are dropped).
-    pub fn restore_usage(&mut self, r: &UsageRecord) {
+    pub(crate) fn restore_usage(&mut self, r: &UsageRecord) {
         self.fair.usage.as_of_ms = r.as_of_ms;
         self.fair.usage.by_user = r
             .entries

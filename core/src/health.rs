@@ -31,7 +31,7 @@ fn xid_name(code: u32) -> &'static str {
 
 impl Cluster {
     /// The XIDs of a heartbeat not handled yet.
-    pub fn check_xids(&mut self, req: &crate::event::Heartbeat, now: i64) -> Effects {
+    pub(crate) fn check_xids(&mut self, req: &crate::event::Heartbeat, now: i64) -> Effects {
         let mut effects = Effects::default();
         let Some(handled) = self.fleet.nodes.get(&req.node).map(|n| n.xid_handled_ms) else {
             return effects;

@@ -40,7 +40,7 @@ impl Cluster {
     }
 
     /// Holds a pending job.
-    pub fn hold(&mut self, actor: &Actor, id: u64) -> Result<Effects, Refusal> {
+    pub(crate) fn hold(&mut self, actor: &Actor, id: u64) -> Result<Effects, Refusal> {
         let j = self.own_job(actor, id, "hold")?;
         if j.state != JobState::Pending {
             return Err(Refusal::failed_precondition(format!(
@@ -68,7 +68,7 @@ impl Cluster {
     }
 
     /// Releases a held job.
-    pub fn release(&mut self, actor: &Actor, id: u64) -> Result<Effects, Refusal> {
+    pub(crate) fn release(&mut self, actor: &Actor, id: u64) -> Result<Effects, Refusal> {
         let j = self.own_job(actor, id, "release")?;
         if j.hold.is_empty() {
             return Err(Refusal::failed_precondition(format!(
@@ -95,7 +95,7 @@ impl Cluster {
 
     /// Sends a running job back to the queue (`reason` says why): its instances are
     /// killed, and it is pending again once they have ended.
-    pub fn requeue(
+    pub(crate) fn requeue(
         &mut self,
         actor: &Actor,
         id: u64,
@@ -115,7 +115,7 @@ impl Cluster {
     /// Asks a running job's instances to stop so that it requeues: `signal` is the
     /// checkpoint signal and how long before the kill (`None`: SIGTERM, then the kill
     /// grace). A job whose nodes are all gone is requeued at once.
-    pub fn request_requeue(
+    pub(crate) fn request_requeue(
         &mut self,
         id: u64,
         reason: &str,

@@ -107,7 +107,7 @@ pub type IdleTracks = HashMap<u64, IdleTrack>;
 
 impl Cluster {
     /// A sample of `job` at `t` with this utilisation (percent of its share).
-    pub fn note_busy(&mut self, job: u64, t: i64, util: f64) {
+    pub(crate) fn note_busy(&mut self, job: u64, t: i64, util: f64) {
         let below = self.config.idle.util_below;
         let track = self.idle.entry(job).or_default();
         if util >= below && t > track.busy_ms {
@@ -117,7 +117,7 @@ impl Cluster {
     }
 
     /// Applies the policy to the running jobs in `ids` (those of a heartbeat).
-    pub fn check_idle(&mut self, ids: impl IntoIterator<Item = u64>, now: i64) -> Effects {
+    pub(crate) fn check_idle(&mut self, ids: impl IntoIterator<Item = u64>, now: i64) -> Effects {
         let mut effects = Effects::default();
         let policy = self.config.idle.clone();
         let Some(after) = policy.after else {
@@ -179,7 +179,7 @@ impl Cluster {
     }
 
     /// Forgets the tracks of jobs no longer running.
-    pub fn sweep_idle(&mut self) {
+    pub(crate) fn sweep_idle(&mut self) {
         let jobs = &self.jobs;
         self.idle.retain(|&id, _| {
             jobs.get(id)

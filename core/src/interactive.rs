@@ -74,7 +74,7 @@ impl Cluster {
     /// Ends running allocation `id` as COMPLETED (its owner's shell ended, with
     /// `shell_exit` when it says): its holder on each node is stopped, and the job ends
     /// when they report.
-    pub fn release_allocation(
+    pub(crate) fn release_allocation(
         &mut self,
         actor: &Actor,
         id: u64,

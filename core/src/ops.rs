@@ -262,7 +262,7 @@ impl Cluster {
     }
 
     /// Queues a job `admit` built, once the shell has written it (with the next id).
-    pub fn commit_submit(&mut self, stored: Record) -> Effects {
+    pub(crate) fn commit_submit(&mut self, stored: Record) -> Effects {
         let id = stored.job.id;
         self.next_job_id = self.next_job_id.max(id + 1);
         self.note_begin(&stored.job);
@@ -271,22 +271,13 @@ impl Cluster {
         Effects::wake()
     }
 
-    /// The input of a pass: the cluster, the queue (without jobs that wait for others)
-    /// and the config with the current workload mix. Also removes finished jobs past
-    /// retention and cancels jobs whose dependencies can never be met (recorded as
-    /// changes).
-    pub fn pass_input(&mut self, now: i64) -> (ClusterView, Vec<PendingJob>, sched::SchedConfig) {
-        let waiting = self.pass_prepare(now);
-        (self.view(), self.queue(&waiting), self.pass_config(now))
-    }
-
     /// The first, changing part of `pass_input`: retention, fair-share charges,
     /// dependencies and partitions settled. Answers the pending jobs left out of the
     /// pass (they wait for other jobs, or their partition). The daemon takes the rest
     /// (`view`, `queue`, `pass_config`) in separate holds of its lock, so that no
     /// request waits for a whole pass input at 100,000 jobs; the plan's starts are
     /// checked again against the cluster as it is when applied.
-    pub fn pass_prepare(&mut self, now: i64) -> Waiting {
+    pub(crate) fn pass_prepare(&mut self, now: i64) -> Waiting {
         self.release_begun(now);
         let retention = self.config.retention.clone();
         self.retire(&retention, now);
@@ -311,7 +302,7 @@ impl Cluster {
     /// A whole pass: its start, the plan of the pure scheduler from the state that left
     /// (outside no lock: the caller holds the state), the plan applied. What a pass
     /// entry (`Change::Pass`) does on every replica alike.
-    pub fn whole_pass(&mut self, now: i64) -> (Passed, Effects) {
+    pub(crate) fn whole_pass(&mut self, now: i64) -> (Passed, Effects) {
         use crate::policy::room_after;
         let waiting = self.pass_prepare(now);
         let mut effects = self.lend_pass(now);
@@ -390,7 +381,7 @@ impl Cluster {
     /// cluster as it is now (things may have moved while planning), its job starts,
     /// and its `StartJob`s go to its nodes; waiting jobs show their reason and expected
     /// start; then preemption.
-    pub fn apply_plan(&mut self, plan: &sched::Plan, now: i64) -> Effects {
+    pub(crate) fn apply_plan(&mut self, plan: &sched::Plan, now: i64) -> Effects {
         let mut effects = Effects::default();
         for entry in crate::log::plan_entries(plan, usize::MAX, now) {
             effects.merge(self.apply(entry).1);
@@ -402,7 +393,7 @@ impl Cluster {
     /// (things may have moved while planning), its job started, its `StartJob`s sent.
     /// A part of a plan's starts at a time is fine: each part is checked against the
     /// cluster as the parts before it left it.
-    pub fn apply_starts(&mut self, starts: &[sched::Start], now: i64) -> Effects {
+    pub(crate) fn apply_starts(&mut self, starts: &[sched::Start], now: i64) -> Effects {
         // Starts are checked against what holds now on their nodes (things changed
         // while the pass ran outside the lock).
         let touched: std::collections::BTreeSet<&str> = starts
@@ -453,7 +444,7 @@ impl Cluster {
 
     /// Waiting jobs show their reason and expected start (in memory only); a part of a
     /// plan's `waiting` at a time is fine.
-    pub fn annotate_waiting(&mut self, waiting: &[crate::log::Wait]) {
+    pub(crate) fn annotate_waiting(&mut self, waiting: &[crate::log::Wait]) {
         for w in waiting {
             let preempted = self.jobs.get(w.job).is_some_and(|s| s.preempted_by != 0);
             self.jobs.annotate_pending(w.job, |j| {

@@ -115,16 +115,8 @@ impl Cluster {
         }
     }
 
-    /// After a pass's starts: the running jobs that waiting jobs of preempting QoS
-    /// levels take the place of. Each victim gets its checkpoint signal, then the
-    /// kill; it is requeued (keeping its id and submit time) when its job file says
-    /// `requeue`, and otherwise ends PREEMPTED.
-    pub fn preempt(&mut self, plan: &sched::Plan, now: i64, effects: &mut Effects) {
-        self.preempt_for(&preempt_candidates(plan), now, effects);
-    }
-
     /// `preempt` for the waiting jobs `preempt_candidates` found in a plan.
-    pub fn preempt_for(&mut self, candidates: &[u64], now: i64, effects: &mut Effects) {
+    pub(crate) fn preempt_for(&mut self, candidates: &[u64], now: i64, effects: &mut Effects) {
         let pc = self.preempt_config(now);
         self.next_reclaim_ms = None;
         if pc.is_empty() {

@@ -58,7 +58,7 @@ impl Cluster {
     /// accounts, QoS, partitions, windows and limits apply from the next request and
     /// pass; settings read at start are kept until a restart and reported. The clock
     /// offset of `--fake-time` is the running controller's, not the file's.
-    pub fn reconfigure(&mut self, mut new: Config) -> Reconfigured {
+    pub(crate) fn reconfigure(&mut self, mut new: Config) -> Reconfigured {
         new.clock_offset_ms = self.config.clock_offset_ms;
         let mut out = Reconfigured::default();
         for d in differences(&self.config, &new) {

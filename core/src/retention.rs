@@ -7,7 +7,7 @@ use crate::state::Cluster;
 impl Cluster {
     /// Removes finished jobs past `max_age` (since their end) or beyond `max_jobs`
     /// (oldest first); recorded as deletions.
-    pub fn retire(&mut self, r: &Retention, now: i64) {
+    pub(crate) fn retire(&mut self, r: &Retention, now: i64) {
         let oldest_kept = now.saturating_sub(r.max_age.as_millis().min(i64::MAX as u128) as i64);
         self.jobs.retire(oldest_kept, r.max_jobs);
     }

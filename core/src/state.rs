@@ -96,12 +96,6 @@ impl Cluster {
         &self.sched_config
     }
 
-    /// The simulator's: a pass configured other than the configuration says (policies
-    /// compared on one trace).
-    pub fn set_sched_config(&mut self, config: sched::SchedConfig) {
-        self.sched_config = config;
-    }
-
     /// Fair share's decayed usage per account and user.
     pub fn fair_usage(&self) -> &sched::fairshare::Usage {
         &self.fair.usage
@@ -118,14 +112,14 @@ impl Cluster {
     }
 
     /// Ends every agent session (the shell closes every agent stream, at shutdown).
-    pub fn end_sessions(&mut self) {
+    pub(crate) fn end_sessions(&mut self) {
         self.fleet.end_sessions();
     }
 
     /// Counts every node as heard from at `now`: a controller that becomes the leader
     /// heard from no agent yet, and gives each a full node timeout to attach to it.
     /// (Leader-local: the watchdog's decision travels in its entry, `silent_nodes`.)
-    pub fn hear_all(&mut self, now: i64) {
+    pub(crate) fn hear_all(&mut self, now: i64) {
         self.fleet.hear_all(now);
     }
 
@@ -179,6 +173,15 @@ impl Changes {
 }
 
 impl Cluster {
+    /// This cluster, planning with `sched_config` rather than what its configuration
+    /// says (the simulator's: policies compared on one trace).
+    pub fn planning_with(self, sched_config: sched::SchedConfig) -> Cluster {
+        Cluster {
+            sched_config,
+            ..self
+        }
+    }
+
     /// An empty cluster with this configuration.
     pub fn new(config: Config) -> Cluster {
         let sc = &config.scheduler;
@@ -201,7 +204,8 @@ impl Cluster {
         }
     }
 
-    /// What changed since the last call, for the shell to write.
+    /// What changed since the last call, for the shell to write (one controller's
+    /// journal: the records it puts in its store). Changes nothing the state decides by.
     pub fn take_changes(&mut self) -> Changes {
         Changes {
             jobs: self.jobs.take_changes(),
@@ -211,7 +215,7 @@ impl Cluster {
     }
 
     /// Records a node as changed (to be written).
-    pub fn node_changed(&mut self, name: &str) {
+    pub(crate) fn node_changed(&mut self, name: &str) {
         self.fleet.changed.insert(name.to_string());
     }
 
@@ -239,7 +243,7 @@ impl Cluster {
     /// kill its instance, ending it as `as_state` with `reason`. Returns those commands
     /// and how many of its nodes are not connected (their agents kill it when they
     /// return).
-    pub fn kill_running(
+    pub(crate) fn kill_running(
         &mut self,
         id: u64,
         reason: &str,

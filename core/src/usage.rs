@@ -37,7 +37,7 @@ impl Cluster {
     /// Folds a heartbeat's samples into the usage of the jobs the agent runs. `now` is
     /// when the controller got them: a busy sample marks the job busy then (the idle
     /// policy compares the controller's times, whatever the agent's clock says).
-    pub fn fold_usage(
+    pub(crate) fn fold_usage(
         &mut self,
         node: &str,
         running: &[crate::event::Running],
@@ -142,7 +142,7 @@ impl Cluster {
     }
 
     /// A heartbeat's host figures and running steps of the ranks the agent runs.
-    pub fn note_host(&mut self, node: &str, running: &[crate::event::Running]) {
+    pub(crate) fn note_host(&mut self, node: &str, running: &[crate::event::Running]) {
         for r in running {
             let holds = self
                 .jobs
@@ -168,7 +168,7 @@ impl Cluster {
 
     /// A rank's host figures, from its end report.
     /// (Where the report has none, the rank's last heartbeat's figures count.)
-    pub fn add_host_usage(&mut self, r: &crate::event::Report) {
+    pub(crate) fn add_host_usage(&mut self, r: &crate::event::Report) {
         self.forget_steps(r.job_id, &r.node);
         let live = self.live_host.remove(&(r.job_id, r.node.clone()));
         let cpu = r.cpu_time_ms.or(live.map(|l| l.0));
@@ -184,7 +184,7 @@ impl Cluster {
 
     /// Moves a job's live usage into its record once its run is over (it ended, or went
     /// back to the queue): the record keeps the last run's.
-    pub fn settle_usage(&mut self, id: u64) {
+    pub(crate) fn settle_usage(&mut self, id: u64) {
         let running = self
             .jobs
             .job(id)
@@ -218,7 +218,7 @@ impl Cluster {
 
     /// Forgets live usage of jobs no longer running (a job removed, a run ended by a
     /// path that did not settle it).
-    pub fn sweep_usage(&mut self) {
+    pub(crate) fn sweep_usage(&mut self) {
         let jobs = &self.jobs;
         let mut gone: Vec<u64> = (self.live_usage.keys().copied())
             .chain(self.live_host.keys().map(|k| k.0))

@@ -56,21 +56,9 @@ impl Cluster {
         out
     }
 
-    /// Cancels jobs: a pending one at once, a running one by killing its instances (it
-    /// ends when its agents report). Only their owners or an admin may; if any of
-    /// `ids` is someone else's, nothing is cancelled.
-    pub fn cancel(
-        &mut self,
-        actor: &Actor,
-        ids: &[u64],
-        now: i64,
-    ) -> Result<(Vec<CancelResult>, Effects), Refusal> {
-        self.cancel_tasks(actor, ids, &[], now)
-    }
-
     /// `cancel`, and tasks of arrays by their index (`scancel 12_3`): a task named so
     /// is that task alone, even when its job id is the array's.
-    pub fn cancel_tasks(
+    pub(crate) fn cancel_tasks(
         &mut self,
         actor: &Actor,
         ids: &[u64],
@@ -179,7 +167,7 @@ impl Cluster {
 
     /// Drains a node (`Some(reason)`) or resumes it (`None`) for an admin. An admin's
     /// drain (or resume) is the admin's: health checks leave it alone.
-    pub fn set_drain(
+    pub(crate) fn set_drain(
         &mut self,
         name: &str,
         drain: Option<String>,

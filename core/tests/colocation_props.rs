@@ -7,6 +7,7 @@
 
 mod common;
 
+use gpuctl_core::operations::Operations as _;
 use std::collections::HashMap;
 
 use common::*;
@@ -54,7 +55,13 @@ fn measured_run(
             }],
             ..Default::default()
         };
-        c.fold_usage("n1", &running, &[sample], at);
+        let hb = gpuctl_core::event::Heartbeat {
+            node: "n1".into(),
+            running: running.to_vec(),
+            metrics: vec![sample],
+            ..Default::default()
+        };
+        c.heartbeat(&hb, at);
     }
     let end = if failed {
         (JobState::Failed, 1)

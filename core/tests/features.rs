@@ -4,6 +4,7 @@
 
 mod common;
 
+use gpuctl_core::operations::Operations as _;
 use common::*;
 use gpuctl_core::record::{JobSpec, JobState};
 
@@ -72,7 +73,7 @@ fn a_constraint_no_node_meets_is_refused_and_so_are_bad_features() {
     assert!(e.message.contains("not supported"), "{}", e.message);
     // An agent offering a feature with a space or too many features is refused.
     let nonce = b"n-bad".to_vec();
-    c.challenge("b1", nonce.clone(), T0);
+    c.leader().challenge("b1", nonce.clone(), T0);
     let req = gpuctl_core::event::Register {
         node: "b1".into(),
         gpus: gpus("b1", 1),

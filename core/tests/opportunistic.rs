@@ -5,6 +5,7 @@
 
 mod common;
 
+use gpuctl_core::operations::Operations as _;
 use std::time::Duration;
 
 use common::*;

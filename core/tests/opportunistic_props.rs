@@ -8,6 +8,7 @@
 
 mod common;
 
+use gpuctl_core::operations::Operations as _;
 use std::collections::HashMap;
 use std::time::Duration;
 

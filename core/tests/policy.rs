@@ -3,6 +3,7 @@
 
 mod common;
 
+use gpuctl_core::operations::Operations as _;
 use common::*;
 use gpuctl_core::command::{Command, Kill};
 use gpuctl_core::ops::Admission;
@@ -72,8 +73,11 @@ fn usage_is_charged_and_the_lighter_user_goes_first() {
     let t = c.fair_share_table();
     assert!(t.factor("alice", "alice") < t.factor("bob", "bob"));
     // The record the store keeps comes back whole.
-    let mut d = cluster();
-    d.restore_usage(&c.usage_record());
+    let records = gpuctl_core::restore::Records {
+        usage: Some(c.usage_record()),
+        ..Default::default()
+    };
+    let d = gpuctl_core::restore::restore(c.config().clone(), records, T0 + hour + 3).cluster;
     assert_eq!(d.fair_usage(), c.fair_usage());
 }
 
@@ -105,7 +109,7 @@ fn a_requeued_job_waits_for_its_instance_then_runs_again_as_the_same_job() {
     let e = pass(&mut c, T0);
     started(&mut c, "n1", &e, T0);
     let e = c
-        .requeue(&alice(), id, "requeued by alice", T0 + 10)
+        .requeue(&alice(), id, T0 + 10)
         .unwrap();
     assert_eq!(commands(&e), vec![to("n1", &format!("kill {id}"))]);
     // Still running (its GPUs held) until the agent says it ended.
@@ -293,7 +297,7 @@ fn charges_follow_each_run_across_passes_and_a_requeue() {
     let used = c.fair_usage().of_account("alice");
     assert!((used - 2.0 * 7200.0).abs() < 1e-3, "{used}");
     // Requeued: the first run is charged to its end; the second from its own start.
-    c.requeue(&alice(), id, "requeued by alice", T0 + 2 * hour + 10_000)
+    c.requeue(&alice(), id, T0 + 2 * hour + 10_000)
         .unwrap();
     report(
         &mut c,

@@ -5,6 +5,7 @@
 
 mod common;
 
+use gpuctl_core::operations::Operations as _;
 use std::collections::HashMap;
 
 use common::*;

@@ -143,8 +143,8 @@ impl Leader {
         for n in NODES {
             let register = register(n, now);
             let nonce = register.nonce.clone();
-            l.c.challenge(n, nonce.clone(), now);
-            l.c.check_attach(&register, now).expect("identity checked");
+            l.c.leader().challenge(n, nonce.clone(), now);
+            l.c.leader().check_attach(&register, now).expect("identity checked");
             let (attached, _) = l.apply(Change::Attach {
                 register,
                 peer: None,
@@ -197,7 +197,7 @@ impl Leader {
                     let s = self.sessions.get_mut(node).expect("a node's session");
                     s.commands += 1;
                     let start = Some((st.job_id, st.attempt));
-                    self.c.command_sent(node, s.generation, s.commands, start);
+                    self.c.leader().command_sent(node, s.generation, s.commands, start);
                     if st.job_id % 3 != 0 {
                         let r = Report::new(node, st.job_id, st.attempt, ReportKind::Started);
                         reports.push(Report {
@@ -244,7 +244,7 @@ impl Leader {
                 if self.signed(node) {
                     let mut hb = heartbeat(&self.c, node, util, self.now);
                     hb.commands_handled = self.sessions[node].commands;
-                    let not_run = self.c.starts_not_run(&hb);
+                    let not_run = self.c.leader().starts_not_run(&hb);
                     let heartbeat = hb;
                     out.push(self.apply(Change::Heartbeat { heartbeat, not_run }).1);
                 }
@@ -272,7 +272,7 @@ impl Leader {
             session: s.nonce.clone(),
             seq: s.requests,
         };
-        self.c.check_session(node, &signed, self.now).is_ok()
+        self.c.leader().check_session(node, &signed, self.now).is_ok()
     }
 
     fn submit(&mut self, user: u8, gpus: u32, share: bool, minutes: u64) -> Option<Effects> {

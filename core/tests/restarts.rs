@@ -3,6 +3,7 @@
 
 mod common;
 
+use gpuctl_core::operations::Operations as _;
 use common::*;
 use gpuctl_core::Cluster;
 use gpuctl_core::record::{JobSpec, JobState};

@@ -5,6 +5,7 @@
 
 mod common;
 
+use gpuctl_core::operations::Operations as _;
 use std::collections::BTreeMap;
 
 use common::*;
@@ -354,7 +355,7 @@ fn a_start_the_agent_handled_but_did_not_run_fails_its_job() {
         panic!("a start: {:?}", e.sends)
     };
     let start = Some((s.job_id, s.attempt));
-    assert!(c.command_sent("n1", generation, 1, start).is_some());
+    assert!(c.leader().command_sent("n1", generation, 1, start).is_some());
     let hb = gpuctl_core::event::Heartbeat {
         node: "n1".into(),
         commands_handled: 1,
@@ -371,7 +372,7 @@ fn a_start_the_agent_handled_but_did_not_run_fails_its_job() {
 fn a_second_agent_cannot_take_a_live_name() {
     let mut c = cluster();
     attach(&mut c, "n1", T0);
-    c.challenge("n1", b"other".to_vec(), T0 + 1);
+    c.leader().challenge("n1", b"other".to_vec(), T0 + 1);
     let req = gpuctl_core::event::Register {
         node: "n1".into(),
         nonce: b"other".to_vec(),

@@ -117,11 +117,6 @@ impl std::ops::Deref for Shared {
     }
 }
 
-impl std::ops::DerefMut for Shared {
-    fn deref_mut(&mut self) -> &mut Cluster {
-        &mut self.core
-    }
-}
 
 /// Commands ready to go, each to the stream of its node.
 type Sends = Vec<(CommandTx, pb::AgentCommand)>;

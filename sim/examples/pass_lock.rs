@@ -8,6 +8,7 @@
 //!
 //! cargo run --release -p gpuctl-sim --example pass_lock -- [NODES] [PENDING] [PASSES]
 
+use gpuctl_core::operations::Operations as _;
 use std::time::Instant;
 
 use gpuctl_core::ops::Admission;
@@ -27,7 +28,7 @@ fn cluster(nodes: usize, jobs: usize) -> Cluster {
     for k in 0..nodes {
         let n = format!("sim{k:05}");
         let nonce = format!("nonce-{k}").into_bytes();
-        c.challenge(&n, nonce.clone(), T0);
+        c.leader().challenge(&n, nonce.clone(), T0);
         let req = gpuctl_core::event::Register {
             node: n.clone(),
             gpus: (0..8)

@@ -193,9 +193,7 @@ pub fn empty(config: &SchedConfig, base: &Config) -> Cluster {
     cfg.limits.max_pending_per_user = usize::MAX;
     cfg.retention.max_age = Duration::from_secs(u64::from(u32::MAX));
     cfg.retention.max_jobs = usize::MAX;
-    let mut c = Cluster::new(cfg);
-    c.set_sched_config(config.clone());
-    c
+    Cluster::new(cfg).planning_with(config.clone())
 }
 
 /// A pass, as the daemon runs it: its changing start, a plan on the state then, and the

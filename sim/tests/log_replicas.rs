@@ -142,8 +142,8 @@ fn replicas_follow_the_replay(jobs: &[TraceJob], cluster: &str, policy: &str) {
     // A replica that joins late: the snapshot, then the rest of the log.
     let (records, at) = snapshot.expect("the replay logged 1,000 entries");
     let replay_config = replay::empty(&config, &base).config().clone();
-    let mut late = gpuctl_core::restore::restore(replay_config, records, at).cluster;
-    late.set_sched_config(config.clone());
+    let restored = gpuctl_core::restore::restore(replay_config, records, at).cluster;
+    let mut late = restored.planning_with(config.clone());
     for e in &log[SNAPSHOT_AT..] {
         let _ = late.apply(e.clone());
     }

@@ -2,6 +2,7 @@
 //! submitted as alice, passes, reports, and the commands effects carry.
 #![allow(dead_code)]
 
+use gpuctl_core::operations::Operations as _;
 use gpuctl_core::command::Command;
 use gpuctl_core::event::{Register, Report, ReportKind, Running};
 use gpuctl_core::node::Gpu;
@@ -69,7 +70,7 @@ pub fn attach_shaped(
     now: i64,
 ) -> Effects {
     let nonce = format!("nonce-{node}-{now}").into_bytes();
-    c.challenge(node, nonce.clone(), now);
+    c.leader().challenge(node, nonce.clone(), now);
     let req = Register {
         node: node.into(),
         gpus: gpus(node, shape.0),

@@ -29,7 +29,7 @@ impl Controller {
             Some(pb::agent_command::Command::Start(s)) => Some((s.job_id, s.attempt)),
             _ => None,
         };
-        let session = self.lock().command_sent(node, generation, seq, start)?;
+        let session = self.lock().core.leader().command_sent(node, generation, seq, start)?;
         let cmd = pb::AgentCommand {
             session,
             seq,
@@ -118,7 +118,7 @@ impl Controller {
     /// Checks that a request belongs to the node's live session and was not seen on it
     /// before (a replay), and counts the agent as heard from.
     pub fn check_session(&self, node: &str, signed: &Signed) -> Result<(), Status> {
-        self.lock()
+        (self.lock().core.leader())
             .check_session(node, signed, now_ms())
             .map_err(status)
     }
@@ -128,7 +128,7 @@ impl Controller {
         use rand::RngCore;
         let mut nonce = vec![0u8; 16];
         rand::rng().fill_bytes(&mut nonce);
-        let node_timeout_ms = self.lock().challenge(node, nonce.clone(), now_ms());
+        let node_timeout_ms = self.lock().core.leader().challenge(node, nonce.clone(), now_ms());
         pb::ChallengeResponse {
             nonce,
             node_timeout_ms,
@@ -148,7 +148,7 @@ impl Controller {
         let (generation, out) = self
             .commit(
                 |c, now| {
-                    c.check_attach(&req, now).map_err(status)?;
+                    c.core.leader().check_attach(&req, now).map_err(status)?;
                     let node = req.node.clone();
                     Ok((
                         Change::Attach {
@@ -238,7 +238,7 @@ impl Controller {
         let (resp, out) = self
             .commit(
                 |c, _| {
-                    let not_run = c.starts_not_run(&hb);
+                    let not_run = c.core.leader().starts_not_run(&hb);
                     let heartbeat = hb;
                     Ok((Change::Heartbeat { heartbeat, not_run }, ()))
                 },

@@ -182,7 +182,7 @@ impl Controller {
     /// hands out new ones.
     pub(super) fn streams_closed(&self, c: &mut Shared) {
         if self.raft().is_none() {
-            c.end_sessions();
+            c.core.leader().end_sessions();
         }
     }
 }

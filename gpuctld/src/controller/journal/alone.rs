@@ -26,7 +26,7 @@ impl Controller {
     /// Writes what changed since the last call (not yet flushed). Returns whether
     /// anything was written.
     fn persist(&self, c: &mut Shared) -> Result<bool, StoreError> {
-        let changes = c.take_changes();
+        let changes = c.core.take_changes();
         for &id in &changes.jobs.put {
             if let Some(s) = c.jobs().get(id) {
                 self.store.put_job(s)?;

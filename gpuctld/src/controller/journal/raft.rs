@@ -578,7 +578,7 @@ impl Controller {
                     self.take_config();
                     let sessions = {
                         let mut c = self.lock();
-                        c.hear_all(now_ms());
+                        c.core.leader().hear_all(now_ms());
                         c.fleet().sessions()
                     };
                     // The sessions held now were opened with earlier leaders, whose
