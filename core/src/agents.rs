@@ -29,7 +29,12 @@ impl Cluster {
 
     /// Checks that a request belongs to the node's live session and was not seen on it
     /// before (a replay), and counts the agent as heard from.
-    pub(crate) fn check_session(&mut self, node: &str, signed: &Signed, now: i64) -> Result<(), Refusal> {
+    pub(crate) fn check_session(
+        &mut self,
+        node: &str,
+        signed: &Signed,
+        now: i64,
+    ) -> Result<(), Refusal> {
         let Some(conn) = self.fleet.conns.get_mut(node) else {
             return Err(Refusal::failed_precondition(format!(
                 "node {node} has no attached session; the agent must attach again"

@@ -71,13 +71,13 @@ impl Fleet {
     }
 
     /// Ends every session (the shell closes every agent stream, at shutdown).
-    pub fn end_sessions(&mut self) {
+    pub(crate) fn end_sessions(&mut self) {
         self.conns.clear();
     }
 
     /// Counts every node as heard from at `now` (none goes silent before a full node
     /// timeout from now).
-    pub fn hear_all(&mut self, now: i64) {
+    pub(crate) fn hear_all(&mut self, now: i64) {
         for name in self.nodes.keys() {
             // A failed node's (far in the future) stays: it is heard from again only
             // when it re-attaches.

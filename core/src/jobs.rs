@@ -352,7 +352,7 @@ impl Jobs {
     /// Adds a job in whatever state it is (a new submit, or one loaded from the store).
     /// Not recorded as a change: a new job is written with the next id, a loaded one is
     /// already on disk.
-    pub fn insert(&mut self, stored: Record) {
+    pub(crate) fn insert(&mut self, stored: Record) {
         self.revision += 1;
         let j = &stored.job;
         let id = j.id;
@@ -454,7 +454,7 @@ impl Jobs {
     }
 
     /// Removes a finished job (retention). Returns whether it was there.
-    pub fn remove(&mut self, id: u64) -> bool {
+    pub(crate) fn remove(&mut self, id: u64) -> bool {
         let Some(old) = self.take(id) else {
             return false;
         };
@@ -468,7 +468,7 @@ impl Jobs {
     /// Changes what is not the job's state (flags, warnings, the reason a running job
     /// shows) and records the job as changed. The state must stay as it is: that is
     /// `transition`'s alone.
-    pub fn edit<R>(&mut self, id: u64, f: impl FnOnce(&mut Record) -> R) -> Option<R> {
+    pub(crate) fn edit<R>(&mut self, id: u64, f: impl FnOnce(&mut Record) -> R) -> Option<R> {
         let s = self.get_mut(id)?;
         let before = s.job.state;
         let asked = requested(s).clone();
@@ -483,7 +483,7 @@ impl Jobs {
 
     /// Sets what a pending job shows while it waits (its reason and expected start):
     /// kept in memory only, recomputed by every pass. Only for PENDING jobs.
-    pub fn annotate_pending(&mut self, id: u64, f: impl FnOnce(&mut Job)) {
+    pub(crate) fn annotate_pending(&mut self, id: u64, f: impl FnOnce(&mut Job)) {
         if let Some(s) = self.live.get_mut(&id) {
             let j = &mut s.job;
             if j.state == JobState::Pending {
@@ -495,7 +495,7 @@ impl Jobs {
 
     /// The one place where a job's state changes. Keeps every index true and records
     /// the job as changed.
-    pub fn transition(&mut self, id: u64, t: Transition, now: i64) -> Result<(), Refused> {
+    pub(crate) fn transition(&mut self, id: u64, t: Transition, now: i64) -> Result<(), Refused> {
         let s = self.get(id).ok_or(Refused::Unknown(id))?;
         let from = s.job.state;
         let what = match &t {
@@ -547,7 +547,7 @@ impl Jobs {
 
     /// Finished jobs that ended before `oldest_end`, and beyond the newest `max_jobs`,
     /// are removed (recorded as deletions).
-    pub fn retire(&mut self, oldest_end: i64, max_jobs: usize) -> usize {
+    pub(crate) fn retire(&mut self, oldest_end: i64, max_jobs: usize) -> usize {
         let mut removed = 0;
         while let Some(&(end, id)) = self.finished.first() {
             if end >= oldest_end && self.finished.len() <= max_jobs {
@@ -570,12 +570,12 @@ impl Jobs {
         self.ended_runs = runs;
     }
 
-    pub fn take_ended_runs(&mut self) -> Vec<EndedRun> {
+    pub(crate) fn take_ended_runs(&mut self) -> Vec<EndedRun> {
         std::mem::take(&mut self.ended_runs)
     }
 
     /// What changed since the last call, for the shell to persist.
-    pub fn take_changes(&mut self) -> Changes {
+    pub(crate) fn take_changes(&mut self) -> Changes {
         std::mem::take(&mut self.changes)
     }
 

@@ -10,11 +10,11 @@
 use crate::error::Refusal;
 use crate::event::{Heartbeat, HeartbeatAnswer, Register, Report};
 use crate::log::{Applied, Change, Entry, JobAction, Wait};
+use crate::node::NodeRow;
 use crate::ops::Waiting;
 use crate::reconfig::Reconfigured;
 use crate::record::Record;
 use crate::state::{Cluster, Effects};
-use crate::node::NodeRow;
 use crate::view::CancelResult;
 use crate::{Actor, Config};
 use gpuctl_sched as sched;
@@ -66,7 +66,11 @@ pub trait Operations {
     fn pass_input(
         &mut self,
         now: i64,
-    ) -> (sched::ClusterView, Vec<sched::PendingJob>, sched::SchedConfig);
+    ) -> (
+        sched::ClusterView,
+        Vec<sched::PendingJob>,
+        sched::SchedConfig,
+    );
     /// A plan applied as its entries (`log::plan_entries`).
     fn apply_plan(&mut self, plan: &sched::Plan, now: i64) -> Effects;
     fn apply_starts(&mut self, starts: &[sched::Start], now: i64) -> Effects;
@@ -87,7 +91,13 @@ fn done(c: &mut Cluster, at: i64, change: Change) -> Result<Effects, Refusal> {
     answer.map(|_| effects)
 }
 
-fn job(c: &mut Cluster, actor: &Actor, id: u64, at: i64, action: JobAction) -> Result<Effects, Refusal> {
+fn job(
+    c: &mut Cluster,
+    actor: &Actor,
+    id: u64,
+    at: i64,
+    action: JobAction,
+) -> Result<Effects, Refusal> {
     let actor = actor.clone();
     done(c, at, Change::Job { actor, id, action })
 }
@@ -203,7 +213,11 @@ impl Operations for Cluster {
     fn pass_input(
         &mut self,
         now: i64,
-    ) -> (sched::ClusterView, Vec<sched::PendingJob>, sched::SchedConfig) {
+    ) -> (
+        sched::ClusterView,
+        Vec<sched::PendingJob>,
+        sched::SchedConfig,
+    ) {
         let waiting = Operations::pass_prepare(self, now);
         (self.view(), self.queue(&waiting), self.pass_config(now))
     }

@@ -3,10 +3,10 @@
 
 mod common;
 
-use gpuctl_core::operations::Operations as _;
 use common::*;
 use gpuctl_core::Cluster;
 use gpuctl_core::explain::{Explain, PassInput, rendered};
+use gpuctl_core::operations::Operations as _;
 use gpuctl_core::record::{Dependency, DependencyKind};
 
 /// The answer as the daemon gives it: the state's, or the pass's in words.

@@ -4,8 +4,8 @@
 
 mod common;
 
-use gpuctl_core::operations::Operations as _;
 use common::*;
+use gpuctl_core::operations::Operations as _;
 use gpuctl_core::record::{JobSpec, JobState};
 
 fn attach_offering(c: &mut gpuctl_core::Cluster, node: &str, features: &[&str], now: i64) {

@@ -4,9 +4,9 @@
 
 mod common;
 
-use gpuctl_core::operations::Operations as _;
 use common::*;
 use gpuctl_core::Cluster;
+use gpuctl_core::operations::Operations as _;
 use gpuctl_core::record::JobState;
 
 /// A heartbeat from n1 running `jobs`, with `xids` as (GPU index, XID, when).

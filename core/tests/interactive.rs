@@ -3,9 +3,9 @@
 
 mod common;
 
-use gpuctl_core::operations::Operations as _;
 use common::*;
 use gpuctl_core::Actor;
+use gpuctl_core::operations::Operations as _;
 use gpuctl_core::record::{JobSpec, JobState};
 
 fn allocation(gpus: u32) -> JobSpec {

@@ -3,9 +3,9 @@
 
 mod common;
 
-use gpuctl_core::operations::Operations as _;
 use common::*;
 use gpuctl_core::command::{Command, Kill};
+use gpuctl_core::operations::Operations as _;
 use gpuctl_core::ops::Admission;
 use gpuctl_core::record::{JobSpec, JobState};
 use gpuctl_core::{Actor, Cluster, Config, Effects};
@@ -108,9 +108,7 @@ fn a_requeued_job_waits_for_its_instance_then_runs_again_as_the_same_job() {
     let id = submit(&mut c, 2, false, T0);
     let e = pass(&mut c, T0);
     started(&mut c, "n1", &e, T0);
-    let e = c
-        .requeue(&alice(), id, T0 + 10)
-        .unwrap();
+    let e = c.requeue(&alice(), id, T0 + 10).unwrap();
     assert_eq!(commands(&e), vec![to("n1", &format!("kill {id}"))]);
     // Still running (its GPUs held) until the agent says it ended.
     assert_eq!(state(&c, id), JobState::Running);
@@ -297,8 +295,7 @@ fn charges_follow_each_run_across_passes_and_a_requeue() {
     let used = c.fair_usage().of_account("alice");
     assert!((used - 2.0 * 7200.0).abs() < 1e-3, "{used}");
     // Requeued: the first run is charged to its end; the second from its own start.
-    c.requeue(&alice(), id, T0 + 2 * hour + 10_000)
-        .unwrap();
+    c.requeue(&alice(), id, T0 + 2 * hour + 10_000).unwrap();
     report(
         &mut c,
         "n1",

@@ -144,7 +144,9 @@ impl Leader {
             let register = register(n, now);
             let nonce = register.nonce.clone();
             l.c.leader().challenge(n, nonce.clone(), now);
-            l.c.leader().check_attach(&register, now).expect("identity checked");
+            l.c.leader()
+                .check_attach(&register, now)
+                .expect("identity checked");
             let (attached, _) = l.apply(Change::Attach {
                 register,
                 peer: None,
@@ -197,7 +199,9 @@ impl Leader {
                     let s = self.sessions.get_mut(node).expect("a node's session");
                     s.commands += 1;
                     let start = Some((st.job_id, st.attempt));
-                    self.c.leader().command_sent(node, s.generation, s.commands, start);
+                    self.c
+                        .leader()
+                        .command_sent(node, s.generation, s.commands, start);
                     if st.job_id % 3 != 0 {
                         let r = Report::new(node, st.job_id, st.attempt, ReportKind::Started);
                         reports.push(Report {
@@ -272,7 +276,10 @@ impl Leader {
             session: s.nonce.clone(),
             seq: s.requests,
         };
-        self.c.leader().check_session(node, &signed, self.now).is_ok()
+        self.c
+            .leader()
+            .check_session(node, &signed, self.now)
+            .is_ok()
     }
 
     fn submit(&mut self, user: u8, gpus: u32, share: bool, minutes: u64) -> Option<Effects> {

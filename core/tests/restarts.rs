@@ -3,9 +3,9 @@
 
 mod common;
 
-use gpuctl_core::operations::Operations as _;
 use common::*;
 use gpuctl_core::Cluster;
+use gpuctl_core::operations::Operations as _;
 use gpuctl_core::record::{JobSpec, JobState};
 
 fn restarting(gpus: u32, max: u32) -> JobSpec {

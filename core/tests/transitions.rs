@@ -355,7 +355,11 @@ fn a_start_the_agent_handled_but_did_not_run_fails_its_job() {
         panic!("a start: {:?}", e.sends)
     };
     let start = Some((s.job_id, s.attempt));
-    assert!(c.leader().command_sent("n1", generation, 1, start).is_some());
+    assert!(
+        c.leader()
+            .command_sent("n1", generation, 1, start)
+            .is_some()
+    );
     let hb = gpuctl_core::event::Heartbeat {
         node: "n1".into(),
         commands_handled: 1,

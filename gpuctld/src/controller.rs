@@ -117,7 +117,6 @@ impl std::ops::Deref for Shared {
     }
 }
 
-
 /// Commands ready to go, each to the stream of its node.
 type Sends = Vec<(CommandTx, pb::AgentCommand)>;
 

@@ -2,10 +2,10 @@
 //! submitted as alice, passes, reports, and the commands effects carry.
 #![allow(dead_code)]
 
-use gpuctl_core::operations::Operations as _;
 use gpuctl_core::command::Command;
 use gpuctl_core::event::{Register, Report, ReportKind, Running};
 use gpuctl_core::node::Gpu;
+use gpuctl_core::operations::Operations as _;
 use gpuctl_core::ops::Admission;
 use gpuctl_core::record::{GpuPart, JobSpec, JobState, Resources};
 use gpuctl_core::{Actor, Cluster, Config, Effects};

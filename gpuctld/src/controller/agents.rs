@@ -29,7 +29,11 @@ impl Controller {
             Some(pb::agent_command::Command::Start(s)) => Some((s.job_id, s.attempt)),
             _ => None,
         };
-        let session = self.lock().core.leader().command_sent(node, generation, seq, start)?;
+        let session = self
+            .lock()
+            .core
+            .leader()
+            .command_sent(node, generation, seq, start)?;
         let cmd = pb::AgentCommand {
             session,
             seq,
@@ -128,7 +132,11 @@ impl Controller {
         use rand::RngCore;
         let mut nonce = vec![0u8; 16];
         rand::rng().fill_bytes(&mut nonce);
-        let node_timeout_ms = self.lock().core.leader().challenge(node, nonce.clone(), now_ms());
+        let node_timeout_ms = self
+            .lock()
+            .core
+            .leader()
+            .challenge(node, nonce.clone(), now_ms());
         pb::ChallengeResponse {
             nonce,
             node_timeout_ms,
