@@ -131,7 +131,7 @@ pub struct Share {
 }
 
 /// One account's or user's line.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct ShareRow {
     pub account: String,
     /// Empty: the account's own line.

@@ -16,8 +16,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(version)]
 struct Args {
     /// Log lines as text (colours only on a terminal) or as JSON objects, one a line.
-    #[arg(long, global = true, env = "GPUCTL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
+    #[arg(long, global = true, env = "GPUCTL_LOG_FORMAT", value_enum, default_value_t = gpuctl_proto::process::LogFormat::Text)]
+    log_format: gpuctl_proto::process::LogFormat,
     /// Address to serve gRPC on (port 0 picks a free port, printed at start).
     #[arg(long, default_value = "127.0.0.1:7817")]
     listen: SocketAddr,
@@ -141,7 +141,7 @@ async fn run(args: Args) -> std::process::ExitCode {
     // openraft logs each vote and election at info: its warnings are enough. Its
     // replication logs an ERROR for every message to a member that is down (hundreds a
     // minute): the peer network says it once a period instead (raft::net).
-    init_logging(
+    gpuctl_proto::process::init_logging(
         args.log_format,
         "info,openraft=warn,openraft::replication=off",
     );
@@ -237,26 +237,4 @@ fn simulate(args: &[std::ffi::OsString]) -> std::process::ExitCode {
         program.display()
     );
     std::process::ExitCode::FAILURE
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-/// Logs to stderr, filtered by `GPUCTL_LOG` (default info): text with colours only on
-/// a terminal (log files and journald get plain text), or JSON lines.
-fn init_logging(format: LogFormat, default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUCTL_LOG")
-        .unwrap_or_else(|_| default.into());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-    }
 }

@@ -381,25 +381,7 @@ impl Metrics {
 
 /// Serves `GET /metrics` on `listener` until the process ends.
 pub async fn serve(listener: crate::daemon::TcpGuarded, ctl: Arc<crate::controller::Controller>) {
-    use axum::http::header::CONTENT_TYPE;
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let ctl = ctl.clone();
-            async move {
-                (
-                    [(
-                        CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    ctl.metrics_text(),
-                )
-            }
-        }),
-    );
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!("metrics server failed: {e}");
-    }
+    gpuctl_proto::process::serve_metrics(listener, move || ctl.metrics_text()).await;
 }
 
 #[cfg(test)]

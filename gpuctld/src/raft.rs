@@ -2,7 +2,8 @@
 //! openraft. `TypeConfig` names the types; `log_store.rs` keeps the log and the vote in
 //! sled; `machine.rs` applies committed entries to a `Cluster` and builds and installs
 //! snapshots (`wire::snapshot`); `net.rs` carries Raft between controllers over gRPC.
-//! Not yet started by the daemon: see docs/replication.md.
+//! The daemon starts it with `--id N --peers ...` (`daemon.rs`) and saves through it in
+//! the journal's Raft half (`controller/journal/raft.rs`); docs/replication.md.
 
 // openraft's storage traits return its `StorageError` (224 bytes); the helpers here
 // return what the traits do.

@@ -53,6 +53,20 @@ impl UserApi {
         self.identify(req).await
     }
 
+    /// A hold, release, requeue or the end of an allocation (`action` of the request)
+    /// of the job `req` names, by its caller: the job as it is after.
+    async fn act(
+        &self,
+        req: Request<pb::JobActionRequest>,
+        action: impl FnOnce(&pb::JobActionRequest) -> JobAction,
+    ) -> Result<Response<pb::Job>, Status> {
+        let caller = self.caller(&req).await?;
+        let req = req.into_inner();
+        let id = self.0.action_target(&req)?;
+        let job = self.0.job_action(&caller, id, action(&req)).await?;
+        Ok(Response::new(job))
+    }
+
     /// Who sent `req`: the peer's uid on the Unix socket, else the API token's user.
     async fn identify<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
         if let Some(info) = req.extensions().get::<UdsConnectInfo>() {
@@ -303,11 +317,8 @@ impl controller_server::Controller for UserApi {
         &self,
         req: Request<pb::JobActionRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        let caller = self.caller(&req).await?;
-        let req = req.into_inner();
-        let id = self.0.action_target(&req)?;
-        let action = JobAction::ReleaseAllocation(req.exit_code);
-        Ok(Response::new(self.0.job_action(&caller, id, action).await?))
+        self.act(req, |r| JobAction::ReleaseAllocation(r.exit_code))
+            .await
     }
 
     async fn partitions(
@@ -319,33 +330,21 @@ impl controller_server::Controller for UserApi {
     }
 
     async fn hold(&self, req: Request<pb::JobActionRequest>) -> Result<Response<pb::Job>, Status> {
-        let caller = self.caller(&req).await?;
-        let id = self.0.action_target(&req.into_inner())?;
-        Ok(Response::new(
-            self.0.job_action(&caller, id, JobAction::Hold).await?,
-        ))
+        self.act(req, |_| JobAction::Hold).await
     }
 
     async fn release(
         &self,
         req: Request<pb::JobActionRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        let caller = self.caller(&req).await?;
-        let id = self.0.action_target(&req.into_inner())?;
-        Ok(Response::new(
-            self.0.job_action(&caller, id, JobAction::Release).await?,
-        ))
+        self.act(req, |_| JobAction::Release).await
     }
 
     async fn requeue(
         &self,
         req: Request<pb::JobActionRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        let caller = self.caller(&req).await?;
-        let id = self.0.action_target(&req.into_inner())?;
-        Ok(Response::new(
-            self.0.job_action(&caller, id, JobAction::Requeue).await?,
-        ))
+        self.act(req, |_| JobAction::Requeue).await
     }
 
     async fn resume_node(

@@ -434,46 +434,15 @@ pub fn windows_pb(w: Windows) -> pb::WindowsResponse {
 
 pub fn share_pb(s: Share) -> pb::ShareResponse {
     pb::ShareResponse {
-        rows: s
-            .rows
-            .into_iter()
-            .map(|r| pb::ShareRow {
-                account: r.account,
-                user: r.user,
-                norm_shares: r.norm_shares,
-                account_shares: r.account_shares,
-                usage_gpu_hours: r.usage_gpu_hours,
-                effective_usage: r.effective_usage,
-                fair_share: r.fair_share,
-            })
-            .collect(),
+        rows: s.rows.into_iter().map(pb::ShareRow::from).collect(),
         half_life: s.half_life,
     }
 }
 
-/// A listing's (or a cancel's) filter. Asking for a final state asks for finished jobs.
-/// A state the domain does not know is refused: left out, it would widen the filter.
+/// A listing's (or a cancel's) filter (`gpuctl_proto::convert`); a state the domain
+/// does not know is refused.
 pub fn job_filter(r: &pb::ListJobsRequest) -> Result<JobFilter, Status> {
-    let states = r
-        .states
-        .iter()
-        .map(|&s| {
-            pb::JobState::try_from(s)
-                .ok()
-                .and_then(|s| State::try_from(s).ok())
-                .ok_or_else(|| {
-                    Status::invalid_argument(format!("unknown job state {s} in the filter"))
-                })
-        })
-        .collect::<Result<Vec<State>, Status>>()?;
-    Ok(JobFilter {
-        all: r.all || states.iter().any(|s| s.is_final()),
-        users: r.users.clone(),
-        states,
-        names: r.names.clone(),
-        accounts: r.accounts.clone(),
-        partitions: r.partitions.clone(),
-    })
+    JobFilter::try_from(r).map_err(|e| Status::invalid_argument(format!("{e} in the filter")))
 }
 
 pub fn job_priority_pb(p: JobPriority) -> pb::JobPriority {

@@ -343,25 +343,7 @@ pub async fn serve(
     listener: gpuctl_proto::guard::Listener<tokio::net::TcpListener>,
     exporter: std::sync::Arc<Exporter>,
 ) {
-    use axum::http::header::CONTENT_TYPE;
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let exporter = exporter.clone();
-            async move {
-                (
-                    [(
-                        CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    exporter.encode(),
-                )
-            }
-        }),
-    );
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!("metrics server failed: {e}");
-    }
+    gpuctl_proto::process::serve_metrics(listener, move || exporter.encode()).await;
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ use gpud::gpu::{FakeGpus, GpuBackend, Nvml};
 #[command(version)]
 struct Args {
     /// Log lines as text (colours only on a terminal) or as JSON objects, one a line.
-    #[arg(long, global = true, env = "GPUCTL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
+    #[arg(long, global = true, env = "GPUCTL_LOG_FORMAT", value_enum, default_value_t = gpuctl_proto::process::LogFormat::Text)]
+    log_format: gpuctl_proto::process::LogFormat,
     /// Controller URL.
     #[arg(
         long,
@@ -165,7 +165,7 @@ async fn agent_main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    init_logging(args.log_format);
+    gpuctl_proto::process::init_logging(args.log_format, "info");
     let name = args.name.unwrap_or_else(gpud::host::hostname);
     // Fake GPU UUIDs derive from this agent's identity (its state dir's agent-id), not
     // its name: two clusters on one host with a `node1` each must not share UUIDs.
@@ -317,28 +317,6 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-/// Logs to stderr, filtered by `GPUCTL_LOG` (default info): text with colours only on
-/// a terminal (log files and journald get plain text), or JSON lines.
-fn init_logging(format: LogFormat) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("GPUCTL_LOG").unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
     }
 }
 

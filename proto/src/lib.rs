@@ -16,6 +16,8 @@ pub mod guard;
 #[cfg(feature = "rpc")]
 pub mod guard_metrics;
 pub mod pages;
+#[cfg(feature = "rpc")]
+pub mod process;
 pub mod ratelog;
 pub mod record;
 pub mod statedir;
@@ -52,18 +54,6 @@ impl Step {
     /// A step's name made safe to keep and show (`gpuctl_core::record::Step::clean_name`).
     pub fn clean_name(name: &str) -> String {
         gpuctl_core::record::Step::clean_name(name)
-    }
-}
-
-impl ListJobsRequest {
-    /// Whether any filter narrows the jobs (users, states, names, accounts or
-    /// partitions): a cancel by filter needs one.
-    pub fn narrows(&self) -> bool {
-        !(self.users.is_empty()
-            && self.states.is_empty()
-            && self.names.is_empty()
-            && self.accounts.is_empty()
-            && self.partitions.is_empty())
     }
 }
 

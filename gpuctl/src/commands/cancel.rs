@@ -51,7 +51,8 @@ impl CancelArgs {
                 done.as_str_name()
             )));
         }
-        Ok(f.narrows().then_some(f))
+        let narrows = gpuctl_core::filter::JobFilter::try_from(&f).is_ok_and(|j| j.narrows());
+        Ok(narrows.then_some(f))
     }
 }
 

@@ -1,22 +1,12 @@
 //! `gpuctl share`: fair share per account and user, like Slurm's `sshare`.
 
+use gpuctl_core::view::ShareRow;
 use gpuctl_proto as pb;
 use serde::Serialize;
 
 use super::View;
 use crate::cli::{Client, Failure};
 use crate::format;
-
-#[derive(Serialize)]
-pub struct ShareRow {
-    account: String,
-    user: String,
-    norm_shares: f64,
-    account_shares: f64,
-    usage_gpu_hours: f64,
-    effective_usage: f64,
-    fair_share: f64,
-}
 
 /// An account's line: its share of the cluster and its users' usage together.
 #[derive(Serialize)]
@@ -100,19 +90,7 @@ impl View for Share {
 
 pub async fn run(client: &mut Client) -> Result<Share, Failure> {
     let r = client.share(pb::ShareRequest {}).await?.into_inner();
-    let rows: Vec<ShareRow> = r
-        .rows
-        .into_iter()
-        .map(|r| ShareRow {
-            account: r.account,
-            user: r.user,
-            norm_shares: r.norm_shares,
-            account_shares: r.account_shares,
-            usage_gpu_hours: r.usage_gpu_hours,
-            effective_usage: r.effective_usage,
-            fair_share: r.fair_share,
-        })
-        .collect();
+    let rows: Vec<ShareRow> = r.rows.into_iter().map(ShareRow::from).collect();
     Ok(Share {
         half_life: r.half_life,
         accounts: accounts(&rows),
