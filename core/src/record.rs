@@ -224,6 +224,8 @@ pub struct JobSpec {
     /// The opportunistic class (`crate::opportunistic`): runs only in the idle of GPUs
     /// that guaranteed jobs hold, and yields when they need it.
     pub opportunistic: bool,
+    /// Free text kept with the job (`sbatch --comment`).
+    pub comment: String,
 }
 
 /// `JobSpec`'s plain fields, each with its field number in `gpuctl.proto` and its kind
@@ -262,6 +264,7 @@ macro_rules! job_spec_fields {
             max_restarts: u32 = 25,
             interactive: bool = 26,
             opportunistic: bool = 27,
+            comment: string = 28,
         )
     };
 }

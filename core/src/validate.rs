@@ -54,6 +54,8 @@ pub const MAX_RESTARTS: u32 = 100;
 
 /// Longest job name, QoS name, env key.
 const MAX_NAME: usize = 256;
+/// Longest comment (`sbatch --comment`).
+const MAX_COMMENT: usize = 1024;
 /// Longest env value and command argument.
 const MAX_VALUE: usize = 32 * 1024;
 
@@ -90,6 +92,22 @@ pub(crate) fn check_text(spec: &JobSpec) -> Result<(), Refusal> {
                 c as u32
             ));
         }
+    }
+    if spec.comment.len() > MAX_COMMENT {
+        return bad(format!(
+            "`comment` is {} bytes, over {MAX_COMMENT}",
+            spec.comment.len()
+        ));
+    }
+    if spec
+        .comment
+        .chars()
+        .any(|c| c.is_control() || crate::text::invisible(c))
+    {
+        return bad(format!(
+            "`comment` \"{}\" holds a control or invisible character: it is shown to other users as it is",
+            shown(&spec.comment)
+        ));
     }
     for (k, v) in &spec.env {
         let shell_name = k
@@ -527,5 +545,26 @@ mod tests {
         let e = set_owner(&root, None, &mut bad).unwrap_err();
         assert!(e.message.contains("not a valid user name"), "{}", e.message);
         assert!(valid_user_name("alice.b-c_1") && !valid_user_name("a b"));
+    }
+
+    #[test]
+    fn a_comment_is_one_line_of_at_most_1024_visible_bytes() {
+        let with = |comment: &str| JobSpec {
+            comment: comment.into(),
+            ..JobSpec::default()
+        };
+        check_text(&with("sweep 3 of 8: lr=3e-4")).unwrap();
+        check_text(&with(&"x".repeat(MAX_COMMENT))).unwrap();
+        let e = check_text(&with(&"x".repeat(MAX_COMMENT + 1))).unwrap_err();
+        assert!(e.message.contains("over 1024"), "{}", e.message);
+        for bad in [
+            "two\nlines",
+            "bell\u{7}",
+            "hidden\u{200b}text",
+            "\u{1b}[31mred",
+        ] {
+            let e = check_text(&with(bad)).unwrap_err();
+            assert!(e.message.contains("`comment`"), "{bad:?}: {}", e.message);
+        }
     }
 }

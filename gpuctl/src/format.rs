@@ -288,6 +288,7 @@ impl serde::Serialize for JobJson<'_> {
         };
         m.serialize_entry("class", class)?;
         m.serialize_entry("command", &spec.command)?;
+        m.serialize_entry("comment", &non_empty(&spec.comment))?;
         m.serialize_entry(
             "dependencies",
             &spec

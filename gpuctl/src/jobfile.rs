@@ -53,6 +53,9 @@ pub struct JobFile {
     /// Queue the job again after a failure, at most this many times.
     #[serde(default)]
     pub max_restarts: u32,
+    /// Free text kept with the job (`sbatch --comment`; `squeue %k`).
+    #[serde(default)]
+    pub comment: String,
     /// Like sbatch: "afterok:12:13,afterany:14,afternotok:15".
     pub dependency: Option<Spanned<String>>,
     #[serde(default)]
@@ -394,6 +397,7 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
             colocate: raw.colocate,
             opportunistic,
             max_restarts: raw.max_restarts,
+            comment: raw.comment,
             resources,
             ..JobSpec::default()
         },

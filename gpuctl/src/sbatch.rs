@@ -54,7 +54,6 @@ pub struct Extra {
 const IGNORED: &[&str] = &[
     "mail-type",
     "mail-user",
-    "comment",
     "hint",
     "open-mode",
     "wckey",
@@ -450,6 +449,7 @@ fn apply(o: &Opt, job: &mut Job, extra: &mut Extra, pn: &mut PerNode) -> Result<
         "dependency" => job.spec.dependencies = parse_dependency(v).map_err(fail)?,
         "qos" => job.spec.qos = v.to_string(),
         "account" => job.spec.account = v.to_string(),
+        "comment" => job.spec.comment = v.to_string(),
         "signal" => {
             // sbatch's B: (the batch shell only) is how gpuctl signals anyway.
             let sig = v.strip_prefix("B:").unwrap_or(v);

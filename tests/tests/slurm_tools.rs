@@ -75,7 +75,14 @@ fn sbatch_squeue_sacct_scancel_sinfo_and_scontrol_speak_slurm() {
         &c,
         &links,
         "sbatch",
-        &["-t", "10", "--gres=gpu:1", "long.sh"],
+        &[
+            "-t",
+            "10",
+            "--gres=gpu:1",
+            "--comment",
+            "long run",
+            "long.sh",
+        ],
         None,
     ));
     let long: u64 = said
@@ -150,9 +157,30 @@ fn squeue_formats(c: &Cluster, links: &Path, long: u64) {
     let q = out(&tool(c, links, "squeue", &["--json"], None));
     let v: serde_json::Value = serde_json::from_str(&q).unwrap();
     assert_eq!(v["jobs"][0]["job_state"][0], "RUNNING", "{v}");
+    assert_eq!(v["jobs"][0]["comment"], "long run", "{v}");
+    // --comment is kept and shown (%k, like squeue's).
+    let q = out(&tool(c, links, "squeue", &["-h", "-o", "%i|%k"], None));
+    assert_eq!(q.trim(), format!("{long}|long run"), "{q}");
 }
 
 fn sacct_formats(c: &Cluster, links: &Path, id: u64) {
+    // The script's --comment, as sacct shows it.
+    let a = out(&tool(
+        c,
+        links,
+        "sacct",
+        &[
+            "-j",
+            &id.to_string(),
+            "-X",
+            "-n",
+            "-P",
+            "-o",
+            "JobID,Comment",
+        ],
+        None,
+    ));
+    assert_eq!(a.trim(), format!("{id}|from a tool"), "{a}");
     // sacct: the job, its batch step and its srun step, parsable.
     let a = out(&tool(
         c,

@@ -283,6 +283,8 @@ fn a_huge_bad_line_is_not_echoed_whole() {
 fn max_restarts_reaches_the_spec_and_a_negative_count_is_placed() {
     let job = parse("job.toml", "command = [\"true\"]\nmax_restarts = 3\n").unwrap();
     assert_eq!(job.spec.max_restarts, 3);
+    let commented = parse("job.toml", "command = [\"true\"]\ncomment = \"sweep 3\"\n");
+    assert_eq!(commented.unwrap().spec.comment, "sweep 3");
     let spec = job.into_spec(Path::new("/tmp"), "ana", 1000, 1000);
     assert_eq!(spec.max_restarts, 3);
     let e = err("command = [\"true\"]\nmax_restarts = -1\n");

@@ -405,6 +405,7 @@ fn cell(r: &Row<'_>, field: &str) -> String {
         "Timelimit" => limit_hms(j.time_limit_secs),
         "TimelimitRaw" => (j.time_limit_secs / 60).to_string(),
         "QOS" => spec.qos.clone(),
+        "Comment" => spec.comment.clone(),
         "Reason" => {
             if j.reason.is_empty() {
                 "None".into()

@@ -16,7 +16,7 @@ struct Args {
     /// No header.
     #[arg(short = 'h', long = "noheader")]
     noheader: bool,
-    /// Output format: `%i %t %j %u %M %l %D %R %P %T %a %q %C %b %N %S %V %e %L %Z %o %r %m %F %K %Q`.
+    /// Output format: `%i %t %j %u %M %l %D %R %P %T %a %q %C %b %N %S %V %e %L %Z %o %r %m %F %K %Q %k`.
     #[arg(short = 'o', long = "format")]
     format: Option<String>,
     /// Output fields by name: `JobID,State,Name:30,UserName,...`.
@@ -183,6 +183,7 @@ const FIELDS: &[(&str, char)] = &[
     ("minmemory", 'm'),
     ("priority", 'Q'),
     ("exitcode", 'X'),
+    ("comment", 'k'),
 ];
 
 /// The `-O` table: `Name[:[.]width]`, comma-separated (width 20 by default).
@@ -250,6 +251,7 @@ fn title(c: char) -> &'static str {
         'm' => "MIN_MEMORY",
         'Q' => "PRIORITY",
         'X' => "EXIT_CODE",
+        'k' => "COMMENT",
         _ => "",
     }
 }
@@ -330,6 +332,7 @@ fn value(j: &pb::Job, c: char, now: i64) -> String {
         'm' => "0".into(),
         'Q' => spec.priority.to_string(),
         'X' => super::exit_code(j),
+        'k' => or_na(&spec.comment),
         _ => String::new(),
     }
 }
@@ -359,6 +362,7 @@ pub fn json(jobs: &[pb::Job]) -> serde_json::Value {
                 "account": s.account,
                 "partition": s.partition,
                 "qos": s.qos,
+                "comment": s.comment,
                 "job_state": [state_long(j)],
                 "state_reason": if j.reason.is_empty() { "None" } else { &j.reason },
                 "nodes": j.node,

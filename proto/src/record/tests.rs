@@ -82,6 +82,7 @@ fn full() -> core::Job {
             max_restarts: 3,
             interactive: true,
             opportunistic: true,
+            comment: "sweep 3 of 8: lr=3e-4".into(),
         },
         state: core::JobState::Running,
         node: "n1".into(),
