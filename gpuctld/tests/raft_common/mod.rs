@@ -54,6 +54,13 @@ impl Router {
 
 /// Controller `.1`'s side of the network.
 pub struct Net(Arc<Router>, u64);
+
+impl Net {
+    /// Controller `id`'s side of `router`.
+    pub fn new(router: Arc<Router>, id: u64) -> Net {
+        Net(router, id)
+    }
+}
 /// From `.1` to `.2`.
 pub struct Conn(Arc<Router>, u64, u64);
 
