@@ -463,6 +463,7 @@ fn queued_phase(b: &Bench, queued: usize) {
         "`gpuctl nodes --json`, 4 nodes, {queued} queued jobs (ms): {}",
         spread(nodes_json_ms)
     );
+    pass_phase(b, queued);
     // One request by filter (scancel --me), as a user cancels everything: no ids to
     // list first, no 4,096-id cap.
     let t = Instant::now();
@@ -479,6 +480,36 @@ fn queued_phase(b: &Bench, queued: usize) {
     println!(
         "cancel {queued} queued + 32 running jobs until nothing waits or runs: {:.3} s",
         all.as_secs_f64()
+    );
+}
+
+/// Scheduling passes over `queued` pending jobs (and 32 running): a hold and a release
+/// of one of them, each waking a pass, 20 times; the controller's own pass times
+/// (`gpuctl_schedule_pass_seconds`: the plan) over that while.
+fn pass_phase(b: &Bench, queued: usize) {
+    let read = || {
+        let m = |n| gpuctl_tests::bench_metric(&b.dir, n).unwrap_or(f64::NAN);
+        (
+            m("gpuctl_schedule_pass_seconds_sum"),
+            m("gpuctl_schedule_pass_seconds_count"),
+        )
+    };
+    let listed = b.json(&["queue", "--json"]);
+    let id = listed.as_array().unwrap().iter().rev().find(|j| j["state"] == "PENDING");
+    let id = id.expect("a pending job")["id"].to_string();
+    std::thread::sleep(Duration::from_millis(1500));
+    let (sum0, count0) = read();
+    for _ in 0..20 {
+        b.ok(&["hold", &id]);
+        b.ok(&["release", &id]);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let (sum1, count1) = read();
+    let passes = count1 - count0;
+    println!(
+        "scheduling passes over {queued} pending + 32 running jobs: {passes} passes, mean plan {:.1} ms (gpuctl_schedule_pass_seconds)",
+        (sum1 - sum0) / passes * 1000.0
     );
 }
 

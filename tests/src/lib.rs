@@ -560,6 +560,22 @@ pub(crate) fn remove_cgroup_tree(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
+/// The value of the metric named `name` (a whole line's first word, e.g.
+/// `gpuctl_schedule_pass_seconds_sum`) of the controller that `start_bench_controller`
+/// started in `dir`.
+pub fn bench_metric(dir: &Path, name: &str) -> Option<f64> {
+    use std::io::{Read as _, Write as _};
+    let addr = std::fs::read_to_string(dir.join("metrics-addr")).ok()?;
+    let mut conn = std::net::TcpStream::connect(addr.trim()).ok()?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n").ok()?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).ok()?;
+    text.lines().find_map(|l| {
+        let (metric, value) = l.split_once(' ')?;
+        (metric == name).then(|| value.trim().parse().ok())?
+    })
+}
+
 /// A TCP port on loopback that was free a moment ago (for `--metrics-listen`,
 /// `--web-listen`, a Prometheus).
 pub fn free_port() -> u16 {
@@ -755,8 +771,11 @@ pub fn start_bench_controller_in(
         "default_time_limit = \"1h\"\n[limits]\nmax_pending_per_user = 1000000\n",
     )
     .unwrap();
+    // Its Prometheus endpoint, for what only it measures (`bench_metric`).
+    let metrics = format!("127.0.0.1:{}", free_port());
+    std::fs::write(dir.join("metrics-addr"), &metrics).unwrap();
     let mut ctld = Command::new(bin.join("gpuctld"))
-        .args(["--listen", "127.0.0.1:0", "--state-dir"])
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", &metrics, "--state-dir"])
         .arg(dir.join("ctld"))
         .arg("--socket")
         .arg(dir.join("gpuctld.sock"))
