@@ -101,8 +101,8 @@ enum Command {
         file: Option<PathBuf>,
     },
     /// Run the scheduler on a virtual clock over a trace (no daemons): runs the
-    /// simulator's binary, `gpuctl-sim`, installed beside gpuctld (`gpuctld simulate
-    /// --help` lists its modes).
+    /// simulator's binary, gpuctl-sim, installed beside gpuctld (`gpuctld simulate help`
+    /// lists its modes).
     #[command(disable_help_flag = true)]
     Simulate {
         /// The mode and its arguments (inflation, replay, bankday, ...).

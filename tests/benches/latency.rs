@@ -495,7 +495,12 @@ fn pass_phase(b: &Bench, queued: usize) {
         )
     };
     let listed = b.json(&["queue", "--json"]);
-    let id = listed.as_array().unwrap().iter().rev().find(|j| j["state"] == "PENDING");
+    let id = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|j| j["state"] == "PENDING");
     let id = id.expect("a pending job")["id"].to_string();
     std::thread::sleep(Duration::from_millis(1500));
     let (sum0, count0) = read();

@@ -567,7 +567,8 @@ pub fn bench_metric(dir: &Path, name: &str) -> Option<f64> {
     use std::io::{Read as _, Write as _};
     let addr = std::fs::read_to_string(dir.join("metrics-addr")).ok()?;
     let mut conn = std::net::TcpStream::connect(addr.trim()).ok()?;
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n").ok()?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+        .ok()?;
     let mut text = String::new();
     conn.read_to_string(&mut text).ok()?;
     text.lines().find_map(|l| {
@@ -775,7 +776,13 @@ pub fn start_bench_controller_in(
     let metrics = format!("127.0.0.1:{}", free_port());
     std::fs::write(dir.join("metrics-addr"), &metrics).unwrap();
     let mut ctld = Command::new(bin.join("gpuctld"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", &metrics, "--state-dir"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            &metrics,
+            "--state-dir",
+        ])
         .arg(dir.join("ctld"))
         .arg("--socket")
         .arg(dir.join("gpuctld.sock"))
