@@ -147,6 +147,9 @@ struct Held {
     owner: usize,
     /// The charge that last saw it running.
     seen: u64,
+    /// A borrower (the opportunistic class): charged by what it used
+    /// (`used_gpus`), `gpus` only until its first samples.
+    by_use: bool,
 }
 
 /// The charge rate of `j`'s run that started at `start_ms` with `live` allocations
@@ -166,7 +169,27 @@ fn held(
         gpus: gpus_held(c, live_allocs(j)),
         owner: cache.owner(account, owner(j)),
         seen,
+        by_use: crate::opportunistic::is_borrower(j),
     }
+}
+
+/// A borrower's charge rate: what it used of each of its GPUs (its mean busy share of
+/// it, from its samples: live while it runs, its record's once its run settled), each
+/// GPU weighted by its model as held GPUs are. `None` before any sample: it is charged
+/// what it holds until then.
+fn used_gpus(c: &Cluster, j: &Job) -> Option<f64> {
+    let usage = c.live_usage.get(&j.id).or(j.usage.as_ref())?;
+    let fs = &c.config.fairshare;
+    let mut used = None;
+    for s in usage.slots.iter().filter(|s| s.samples > 0) {
+        let busy = (s.util_sum / s.samples as f64 / 100.0).clamp(0.0, 1.0);
+        let gpus = c.fleet.nodes.get(&s.node).map_or(&[][..], |n| &n.gpus[..]);
+        let weight = (gpus.iter())
+            .find(|g| g.uuid == s.uuid || g.mig.iter().any(|m| m.uuid == s.uuid))
+            .map_or(1.0, |g| fs.model_weight(&g.model));
+        *used.get_or_insert(0.0) += busy * weight;
+    }
+    used
 }
 
 /// Adds `x` to `v[i]`, growing `v` with zeros as needed.
@@ -239,7 +262,12 @@ impl Cluster {
             if r.end_ms > from {
                 let secs = (r.end_ms - from) as f64 / 1000.0;
                 let o = cache.owner(&r.account, &r.user);
-                add(&mut ended_by, o, gpus_held(self, &r.allocations) * secs);
+                let borrower =
+                    (self.jobs.job(r.job)).filter(|j| crate::opportunistic::is_borrower(j));
+                let rate = borrower
+                    .and_then(|j| used_gpus(self, j))
+                    .unwrap_or_else(|| gpus_held(self, &r.allocations));
+                add(&mut ended_by, o, rate * secs);
             }
         }
         // Updated in place (a new map of 55,000 entries each pass was most of a
@@ -263,10 +291,16 @@ impl Cluster {
             seen += 1;
             let from = start_ms.max(last);
             if now > from {
+                let rate = match held.by_use {
+                    true => (self.jobs.job(id))
+                        .and_then(|j| used_gpus(self, j))
+                        .unwrap_or(held.gpus),
+                    false => held.gpus,
+                };
                 add(
                     &mut running_by,
                     held.owner,
-                    held.gpus * (now - from) as f64 / 1000.0,
+                    rate * (now - from) as f64 / 1000.0,
                 );
             }
         }
@@ -346,6 +380,7 @@ mod owner_tests {
             gpus,
             owner,
             seen,
+            by_use: false,
         };
         f.held.by_job.insert(1, held(0.5, o, 2));
         assert_eq!(f.check(), Ok(()));

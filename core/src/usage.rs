@@ -86,11 +86,11 @@ impl Cluster {
             };
             let shares: u64 = holders.iter().map(|h| u64::from(share_of(h.slot))).sum();
             for h in holders {
-                let used = m
-                    .jobs
-                    .iter()
-                    .find(|u| u.job_id == h.job)
-                    .map_or(0, |u| u.mem_used_mib);
+                let own = m.jobs.iter().find(|u| u.job_id == h.job);
+                let used = (
+                    own.map_or(0, |u| u.mem_used_mib),
+                    own.and_then(|u| u.util_pct),
+                );
                 let usage = self.live_usage.entry(h.job).or_default();
                 if let Some(util) = fold_sample(usage, node, h.slot, shares, used, m) {
                     busy.push((h.job, util));
@@ -247,15 +247,18 @@ pub fn share_of(s: &SlotUse) -> u32 {
 }
 
 /// Folds one sample of the GPU under `slot` into `usage`. `shares`: the compute shares
-/// of every job on the GPU, summed; `mem_used`: this job's GPU memory (MiB).
+/// of every job on the GPU, summed; `used`: this job's GPU memory (MiB) and, where the
+/// driver samples it per process, its processes' share of the GPU's time (percent of
+/// the GPU). Without the latter, the GPU's utilisation is split by compute shares.
 pub fn fold_sample(
     usage: &mut JobUsage,
     node: &str,
     slot: &SlotUse,
     shares: u64,
-    mem_used: u64,
+    used: (u64, Option<u32>),
     m: &crate::node::GpuMetrics,
 ) -> Option<f64> {
+    let (mem_used, own_util) = used;
     let i = match usage
         .slots
         .iter()
@@ -280,8 +283,12 @@ pub fn fold_sample(
     }
     let share = f64::from(share_of(slot));
     let shares = (shares.max(u64::from(share_of(slot)))) as f64;
-    // The job's part of the GPU's utilisation, read against its own share.
-    let part = f64::from(m.util_pct.min(100)) * share / shares;
+    // The job's part of the GPU's utilisation (its own processes' where the driver
+    // says, else the GPU's split by compute shares), read against its own share.
+    let part = match own_util {
+        Some(p) => f64::from(p.min(100)),
+        None => f64::from(m.util_pct.min(100)) * share / shares,
+    };
     let util = (part * 1000.0 / share).min(100.0);
     if s.samples > 0 {
         let dt = (m.time_ms - s.last_sample_ms).min(MAX_SAMPLE_GAP_MS) as f64 / 1000.0;
@@ -341,7 +348,7 @@ mod tests {
         let mut u = JobUsage::default();
         for (k, (util, mem)) in [(20, 1000), (40, 3000), (90, 2000)].into_iter().enumerate() {
             let m = sample(util, 200.0, 10_000 * (k as i64 + 1), &[(7, mem)]);
-            fold_sample(&mut u, "n1", &slot, 1000, mem, &m);
+            fold_sample(&mut u, "n1", &slot, 1000, (mem, None), &m);
         }
         // The same sample again is not counted twice.
         fold_sample(
@@ -349,7 +356,7 @@ mod tests {
             "n1",
             &slot,
             1000,
-            2000,
+            (2000, None),
             &sample(90, 200.0, 30_000, &[]),
         );
         let s = &u.slots[0];
@@ -376,7 +383,7 @@ mod tests {
             "n1",
             &quarter,
             250,
-            100,
+            (100, None),
             &sample(25, 100.0, 1000, &[]),
         );
         assert_eq!(u.slots[0].util_sum, 100.0);
@@ -387,12 +394,31 @@ mod tests {
             "n1",
             &quarter,
             750,
-            100,
+            (100, None),
             &sample(60, 100.0, 3000, &[]),
         );
         let s = &u.slots[0];
         assert!((s.util_sum - 180.0).abs() < 1e-9, "{}", s.util_sum);
         assert!((s.energy_j - 200.0 / 3.0).abs() < 1e-9, "{}", s.energy_j);
         assert_eq!(s.share_milli, 250);
+    }
+
+    #[test]
+    fn the_drivers_per_process_figure_is_used_where_it_gives_one() {
+        let whole = SlotUse {
+            uuid: "GPU-0".into(),
+            compute_milli: 1000,
+            memory_mib: 81920,
+        };
+        // Two whole-GPU holders (a holder and a borrower): the GPU reads 70%. Split by
+        // shares each would be 35%; the driver says 40% and 30%.
+        let (mut a, mut b) = (JobUsage::default(), JobUsage::default());
+        let m = sample(70, 100.0, 1000, &[]);
+        fold_sample(&mut a, "n1", &whole, 2000, (100, Some(40)), &m);
+        fold_sample(&mut b, "n1", &whole, 2000, (100, Some(30)), &m);
+        assert_eq!((a.slots[0].util_sum, b.slots[0].util_sum), (40.0, 30.0));
+        let mut split = JobUsage::default();
+        fold_sample(&mut split, "n1", &whole, 2000, (100, None), &m);
+        assert_eq!(split.slots[0].util_sum, 35.0);
     }
 }

@@ -354,3 +354,57 @@ fn opportunistic_requests_that_cannot_borrow_are_refused() {
     );
     assert!(c.jobs().job(id).unwrap().spec.opportunistic);
 }
+
+/// A borrower is charged to its account by what it used, not by the GPU it ran on: an
+/// hour beside a holder at 40% busy, itself 30% busy, costs its owner 0.3 GPU-hours of
+/// fair share; the holder, who holds the whole GPU, is charged the whole GPU.
+#[test]
+fn a_borrower_is_charged_by_what_it_used() {
+    let mut c = configured();
+    attach(&mut c, "n1", T0);
+    let holder = submit(&mut c, 1, false, T0);
+    full_pass(&mut c, T0);
+    report(&mut c, "n1", holder, None, T0);
+    let bob = gpuctl_core::Actor {
+        user: "bob".into(),
+        admin: false,
+    };
+    let spec = JobSpec {
+        user: "bob".into(),
+        workdir: "/home/bob".into(),
+        ..borrower_spec()
+    };
+    let borrower = submit_spec_as(&mut c, &bob, spec, T0);
+    for s in (5..=65).step_by(5) {
+        beat(&mut c, &[(holder, 0, 40, 20_480)], T0 + s * SEC);
+    }
+    full_pass(&mut c, T0 + 66 * SEC);
+    assert_eq!(state(&c, borrower), JobState::Running);
+    report(&mut c, "n1", borrower, None, T0 + 66 * SEC);
+    let start = T0 + 66 * SEC;
+    let usage = |c: &Cluster, id: u64| {
+        let j = c.jobs().job(id).unwrap();
+        let key = (j.spec.account.clone(), j.spec.user.clone());
+        c.fair_usage().by_user.get(&key).copied().unwrap_or(0.0)
+    };
+    let (holder0, borrower0) = (usage(&c, holder), usage(&c, borrower));
+    let both = [(holder, 0, 40, 20_480), (borrower, 0, 30, 30_000)];
+    for s in (1..=120).map(|k| start + k * 30 * SEC) {
+        beat(&mut c, &both, s);
+        if s % (300 * SEC) == 0 {
+            full_pass(&mut c, s);
+        }
+    }
+    full_pass(&mut c, start + 3600 * SEC);
+    assert_eq!(state(&c, borrower), JobState::Running, "no yield at 40%");
+    let holder_s = usage(&c, holder) - holder0;
+    let borrower_s = usage(&c, borrower) - borrower0;
+    assert!(
+        (holder_s - 3600.0).abs() < 0.03 * 3600.0,
+        "holder {holder_s}"
+    );
+    assert!(
+        (borrower_s - 0.3 * 3600.0).abs() < 0.05 * 0.3 * 3600.0,
+        "the borrower is charged its 30% of the hour: {borrower_s} GPU-s"
+    );
+}

@@ -24,7 +24,7 @@ fn job(samples: &[(u32, u64)], cpu_time_ms: u64, host_peak: u64) -> Job {
             time_ms: 1_000_000 + 10_000 * k as i64,
             ..Default::default()
         };
-        fold_sample(&mut usage, "n1", &slot, 1000, mem, &m);
+        fold_sample(&mut usage, "n1", &slot, 1000, (mem, None), &m);
     }
     Job {
         id: 42,
@@ -144,7 +144,8 @@ fn an_idle_gpu_of_several_is_named() {
                 time_ms: 1_000_000 + 10_000 * k,
                 ..Default::default()
             };
-            fold_sample(&mut usage, "n1", s, 1000, if busy { 40_000 } else { 0 }, &m);
+            let mem = if busy { 40_000 } else { 0 };
+            fold_sample(&mut usage, "n1", s, 1000, (mem, None), &m);
         }
     }
     j.usage = Some(usage);
@@ -212,7 +213,7 @@ fn gpus_that_all_did_nothing_are_named() {
                 time_ms: 1_000_000 + 10_000 * k,
                 ..Default::default()
             };
-            fold_sample(&mut usage, "n1", s, 1000, 0, &m);
+            fold_sample(&mut usage, "n1", s, 1000, (0, None), &m);
         }
     }
     j.usage = Some(usage);
