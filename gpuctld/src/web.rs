@@ -101,6 +101,17 @@ struct User {
     gpus: f64,
 }
 
+/// An account's opportunistic work in borrowed idle (issue 60).
+#[derive(Debug, Serialize)]
+struct Borrowed {
+    account: String,
+    /// GPUs its borrowers run on now (shares as fractions).
+    gpus: f64,
+    /// GPU-hours they ran in borrowed idle since the page's server started (sampled
+    /// every [`SAMPLE_EVERY`]).
+    gpu_hours: f64,
+}
+
 #[derive(Debug, Serialize)]
 struct State<'a> {
     now_ms: i64,
@@ -108,17 +119,21 @@ struct State<'a> {
     nodes: Vec<Node>,
     jobs: Vec<Job>,
     users: Vec<User>,
+    borrowed: Vec<Borrowed>,
     controllers: Vec<Member>,
     history: &'a [Point],
 }
 
-/// The points recorded so far.
+/// The points recorded so far, and each account's GPU-seconds in borrowed idle.
 #[derive(Default)]
-pub struct History(Mutex<VecDeque<Point>>);
+pub struct History {
+    points: Mutex<VecDeque<Point>>,
+    borrowed: Mutex<std::collections::BTreeMap<String, f64>>,
+}
 
 impl History {
     fn push(&self, p: Point) {
-        let mut h = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = self.points.lock().unwrap_or_else(|e| e.into_inner());
         if h.len() == KEEP {
             h.pop_front();
         }
@@ -126,8 +141,31 @@ impl History {
     }
 
     fn snapshot(&self) -> Vec<Point> {
-        let h = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let h = self.points.lock().unwrap_or_else(|e| e.into_inner());
         h.iter().copied().collect()
+    }
+
+    /// Adds `secs` of each account's borrowed GPUs now.
+    fn borrow_for(&self, now: &std::collections::BTreeMap<String, f64>, secs: f64) {
+        let mut b = self.borrowed.lock().unwrap_or_else(|e| e.into_inner());
+        for (account, gpus) in now {
+            *b.entry(account.clone()).or_default() += gpus * secs;
+        }
+    }
+
+    /// Every account that borrowed since the start or borrows now.
+    fn borrowed(&self, now: &std::collections::BTreeMap<String, f64>) -> Vec<Borrowed> {
+        let b = self.borrowed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut accounts: Vec<&String> = b.keys().chain(now.keys()).collect();
+        accounts.sort();
+        accounts.dedup();
+        (accounts.into_iter())
+            .map(|a| Borrowed {
+                account: a.clone(),
+                gpus: now.get(a).copied().unwrap_or(0.0),
+                gpu_hours: b.get(a).copied().unwrap_or(0.0) / 3600.0,
+            })
+            .collect()
     }
 }
 
@@ -205,6 +243,7 @@ fn state_json(ctl: &Controller, history: &History) -> String {
             gpus: snap.running_gpus_by_user.get(user).copied().unwrap_or(0.0),
         })
         .collect();
+    let borrowed = history.borrowed(&snap.borrowed_gpus_by_account);
     let mut history = history.snapshot();
     // The chart always reaches now.
     history.push(now);
@@ -228,6 +267,7 @@ fn state_json(ctl: &Controller, history: &History) -> String {
             })
             .collect(),
         users,
+        borrowed,
         controllers: controllers(ctl),
         history: &history,
     };
@@ -261,7 +301,9 @@ pub async fn serve(listener: crate::daemon::TcpGuarded, ctl: Arc<Controller>) {
             let mut tick = tokio::time::interval(SAMPLE_EVERY);
             loop {
                 tick.tick().await;
-                history.push(point(&ctl.snapshot(&ctl.list_nodes(&[]))));
+                let snap = ctl.snapshot(&ctl.list_nodes(&[]));
+                history.borrow_for(&snap.borrowed_gpus_by_account, SAMPLE_EVERY.as_secs_f64());
+                history.push(point(&snap));
             }
         });
     }
@@ -322,5 +364,23 @@ mod tests {
         let s = h.snapshot();
         assert_eq!(s.len(), KEEP);
         assert_eq!(s[0].t_ms, 5);
+    }
+
+    #[test]
+    fn borrowed_gpu_hours_add_up_per_account() {
+        let h = History::default();
+        let now = std::collections::BTreeMap::from([("research".to_string(), 0.5)]);
+        for _ in 0..720 {
+            h.borrow_for(&now, 10.0);
+        }
+        let later = std::collections::BTreeMap::from([("ml".to_string(), 2.0)]);
+        let b = h.borrowed(&later);
+        assert_eq!(b.len(), 2);
+        assert_eq!(
+            (b[0].account.as_str(), b[0].gpus, b[0].gpu_hours),
+            ("ml", 2.0, 0.0)
+        );
+        assert_eq!((b[1].account.as_str(), b[1].gpus), ("research", 0.0));
+        assert!((b[1].gpu_hours - 1.0).abs() < 1e-9, "{}", b[1].gpu_hours);
     }
 }
