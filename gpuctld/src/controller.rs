@@ -33,7 +33,6 @@ mod identity;
 mod journal;
 mod listing;
 mod steps;
-pub use agents::check_node_name;
 pub use journal::{Repl, Shell};
 pub use steps::ClientStream;
 pub mod users;

@@ -205,7 +205,10 @@ pub async fn run(
             .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
         tracing::info!("Prometheus metrics on http://{}/metrics", l.local_addr()?);
         let l = guard::Listener::new(l, guarded("metrics"), guard::Protocol::Http1);
-        tokio::spawn(crate::metrics::serve(l, ctl.clone()));
+        let ctl = ctl.clone();
+        tokio::spawn(gpuctl_proto::process::serve_metrics(l, move || {
+            ctl.metrics_text()
+        }));
     }
     if let Some(addr) = opts.web_listen {
         let l = tokio::net::TcpListener::bind(addr)

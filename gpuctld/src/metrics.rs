@@ -379,11 +379,6 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until the process ends.
-pub async fn serve(listener: crate::daemon::TcpGuarded, ctl: Arc<crate::controller::Controller>) {
-    gpuctl_proto::process::serve_metrics(listener, move || ctl.metrics_text()).await;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -201,7 +201,7 @@ impl Pki {
             )));
         }
         if !node.is_empty() {
-            crate::controller::check_node_name(node)?;
+            check_node_name(node)?;
         }
         if self.state.lock().live_joins(now_ms) >= MAX_JOIN_TOKENS {
             return Err(Status::resource_exhausted(format!(
@@ -230,7 +230,7 @@ impl Pki {
                 "this controller runs with --insecure-shared-key: start gpud with --key-file instead of --join",
             ));
         }
-        crate::controller::check_node_name(&req.node)?;
+        check_node_name(&req.node)?;
         let hash = token_hash(&req.token);
         let st = self.state.lock();
         let t = st.joins.get(&hash).cloned().ok_or_else(|| {
@@ -342,4 +342,27 @@ impl Pki {
         id.certificates.clear();
         Ok((id, n))
     }
+}
+
+/// Longest node name an agent may use (a DNS name's length).
+pub(crate) const MAX_NODE_NAME: usize = 253;
+
+/// A node name as a join may carry it: the name its certificate will hold.
+pub fn check_node_name(node: &str) -> Result<(), Status> {
+    if node.is_empty() || node.len() > MAX_NODE_NAME {
+        return Err(Status::invalid_argument(format!(
+            "a node name is 1 to {MAX_NODE_NAME} bytes (this one has {})",
+            node.len()
+        )));
+    }
+    if let Some(c) = node
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
+    {
+        return Err(Status::invalid_argument(format!(
+            "a node name is letters, digits, '.', '-' and '_' ({:?} is not)",
+            c
+        )));
+    }
+    Ok(())
 }

@@ -16,7 +16,7 @@ use tonic::transport::server::UdsConnectInfo;
 use crate::pki::Via;
 use tonic::{Request, Response, Status};
 
-use crate::auth::Caller;
+use crate::auth::{Caller, redact};
 use crate::controller::Controller;
 use crate::controller::users::JobAction;
 
@@ -123,28 +123,6 @@ impl UserApi {
             via: "token",
         })
     }
-}
-
-/// Whether `caller` sees the jobs of `user` whole (their own; an admin's, everyone's).
-pub fn sees_whole(caller: &Caller, user: &str) -> bool {
-    caller.admin || user == caller.user
-}
-
-/// What a caller may see of a job: everything of their own (and admins of every job);
-/// of other users' jobs the metadata only: their env, script and command arguments may
-/// hold secrets.
-pub fn redact(caller: &Caller, job: &mut pb::Job) {
-    let Some(spec) = job.spec.as_mut() else {
-        return;
-    };
-    if sees_whole(caller, &spec.user) {
-        return;
-    }
-    spec.env.clear();
-    if !spec.script.is_empty() {
-        spec.script = "(hidden: another user's script)".into();
-    }
-    spec.command.truncate(1);
 }
 
 /// Jobs per `ListJobsPaged` page.

@@ -292,7 +292,10 @@ fn content_security_policy(page: &str) -> String {
 }
 
 /// Serves the page until the process ends, and records a point every [`SAMPLE_EVERY`].
-pub async fn serve(listener: crate::daemon::TcpGuarded, ctl: Arc<Controller>) {
+pub async fn serve(
+    listener: gpuctl_proto::guard::Listener<tokio::net::TcpListener>,
+    ctl: Arc<Controller>,
+) {
     use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE};
     let history = Arc::new(History::default());
     {

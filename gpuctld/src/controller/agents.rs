@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::{Controller, Link, now_ms, status, store_status};
+use crate::pki::MAX_NODE_NAME;
 use gpuctl_core::log::{Applied, Change};
 
 impl Controller {
@@ -318,9 +319,6 @@ fn check_health_error(e: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// Longest node name an agent may use (a DNS name's length).
-const MAX_NODE_NAME: usize = 253;
-
 /// Refuses (and logs, a line a period) a node name longer than any agent's, before
 /// anything is verified.
 fn refuse_long_name(node: &str) -> Result<(), Status> {
@@ -335,26 +333,6 @@ fn refuse_long_name(node: &str) -> Result<(), Status> {
         return Err(Status::invalid_argument(format!(
             "a node name is at most {MAX_NODE_NAME} bytes (this one has {})",
             node.len()
-        )));
-    }
-    Ok(())
-}
-
-/// A node name as a join may carry it: the name its certificate will hold.
-pub fn check_node_name(node: &str) -> Result<(), Status> {
-    if node.is_empty() || node.len() > MAX_NODE_NAME {
-        return Err(Status::invalid_argument(format!(
-            "a node name is 1 to {MAX_NODE_NAME} bytes (this one has {})",
-            node.len()
-        )));
-    }
-    if let Some(c) = node
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
-    {
-        return Err(Status::invalid_argument(format!(
-            "a node name is letters, digits, '.', '-' and '_' ({:?} is not)",
-            c
         )));
     }
     Ok(())

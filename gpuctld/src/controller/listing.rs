@@ -9,7 +9,7 @@ use gpuctl_proto::record::{encode_job, encode_usage_field, job_encoded_len, usag
 
 use super::{Controller, Shared};
 use crate::auth::Caller;
-use crate::server::{redact, sees_whole};
+use crate::auth::{redact, sees_whole};
 
 impl Controller {
     pub fn list_jobs(&self, filter: &JobFilter) -> Vec<pb::Job> {
@@ -27,7 +27,7 @@ impl Controller {
     }
 
     /// These jobs (those that still exist), for one page of a listing, as `caller` may
-    /// see them (`server::redact`). Those shown whole are encoded straight from their
+    /// see them (`auth::redact`). Those shown whole are encoded straight from their
     /// records (`push_presented`); only the others are copied first.
     pub fn page_by_id(&self, ids: &[u64], all: bool, caller: &Caller) -> pb::ListJobsResponse {
         let c = self.lock();
