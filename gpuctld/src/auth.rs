@@ -168,6 +168,28 @@ pub fn note_denied(message: &str) {
 static DENIED: gpuctl_proto::ratelog::RateLog =
     gpuctl_proto::ratelog::RateLog::new(std::time::Duration::from_secs(10));
 
+/// Whether `caller` sees the jobs of `user` whole (their own; an admin's, everyone's).
+pub fn sees_whole(caller: &Caller, user: &str) -> bool {
+    caller.admin || user == caller.user
+}
+
+/// What a caller may see of a job: everything of their own (and admins of every job);
+/// of other users' jobs the metadata only: their env, script and command arguments may
+/// hold secrets.
+pub fn redact(caller: &Caller, job: &mut gpuctl_proto::Job) {
+    let Some(spec) = job.spec.as_mut() else {
+        return;
+    };
+    if sees_whole(caller, &spec.user) {
+        return;
+    }
+    spec.env.clear();
+    if !spec.script.is_empty() {
+        spec.script = "(hidden: another user's script)".into();
+    }
+    spec.command.truncate(1);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,26 +232,4 @@ mod tests {
         assert!(!valid_user_name("a b"));
         assert!(!valid_user_name("a/b"));
     }
-}
-
-/// Whether `caller` sees the jobs of `user` whole (their own; an admin's, everyone's).
-pub fn sees_whole(caller: &Caller, user: &str) -> bool {
-    caller.admin || user == caller.user
-}
-
-/// What a caller may see of a job: everything of their own (and admins of every job);
-/// of other users' jobs the metadata only: their env, script and command arguments may
-/// hold secrets.
-pub fn redact(caller: &Caller, job: &mut gpuctl_proto::Job) {
-    let Some(spec) = job.spec.as_mut() else {
-        return;
-    };
-    if sees_whole(caller, &spec.user) {
-        return;
-    }
-    spec.env.clear();
-    if !spec.script.is_empty() {
-        spec.script = "(hidden: another user's script)".into();
-    }
-    spec.command.truncate(1);
 }
