@@ -29,13 +29,13 @@ use crate::config::Config;
 use crate::error::{Actor, Refusal};
 use crate::event::{Heartbeat, HeartbeatAnswer, Register, Report};
 use crate::node::NodeRow;
-use crate::ops::Waiting;
 use crate::reconfig::Reconfigured;
 use crate::record::Record;
 use crate::state::{Cluster, Effects};
 use crate::view::{CancelResult, TaskRef};
 use gpuctl_sched as sched;
 use std::borrow::Cow;
+use std::collections::BTreeSet;
 
 /// One change to the cluster, and when it was decided (ms since the epoch).
 #[derive(Debug, Clone)]
@@ -139,6 +139,32 @@ pub enum JobAction {
     ReleaseAllocation(Option<i32>),
 }
 
+/// What a whole pass (`Cluster::whole_pass`) answers the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Passed {
+    /// Whether jobs still wait after it.
+    pub waiting: bool,
+    /// The room its plan left for a job that needs a GPU (`policy::gpu_room`).
+    pub room: crate::policy::GpuRoom,
+}
+
+/// The pending jobs a pass leaves out, as `pass_prepare` settled them: those waiting
+/// for other jobs or for their partition, and every job submitted after it (ids from
+/// `first_new` on). The daemon takes the queue in later holds of its lock: a job
+/// submitted between them has not had its dependencies looked at, so it waits for the
+/// next pass (its submit asks for one).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Waiting {
+    pub ids: BTreeSet<u64>,
+    pub first_new: u64,
+}
+
+impl Waiting {
+    pub fn contains(&self, id: u64) -> bool {
+        id >= self.first_new || self.ids.contains(&id)
+    }
+}
+
 /// What an entry answers the one who asked for it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Applied {
@@ -153,7 +179,7 @@ pub enum Applied {
     Reports(Vec<bool>),
     /// The pending jobs a pass leaves out (they wait for others, or a partition).
     Prepared(Waiting),
-    Passed(crate::ops::Passed),
+    Passed(Passed),
     Reconfigured(Reconfigured),
 }
 

@@ -1,7 +1,7 @@
 //! Submitting a job, and the scheduling pass's two halves: the input of a pass and the
 //! application of its plan.
 
-use std::collections::BTreeSet;
+use crate::log::{Wait, plan_entries};
 
 use crate::record::{Job, JobSpec, JobState, Record};
 use crate::request;
@@ -27,31 +27,7 @@ pub enum Admission {
     Array(Vec<Record>),
 }
 
-/// What a whole pass (`Cluster::whole_pass`) answers the leader.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Passed {
-    /// Whether jobs still wait after it.
-    pub waiting: bool,
-    /// The room its plan left for a job that needs a GPU (`policy::gpu_room`).
-    pub room: crate::policy::GpuRoom,
-}
-
-/// The pending jobs a pass leaves out, as `pass_prepare` settled them: those waiting
-/// for other jobs or for their partition, and every job submitted after it (ids from
-/// `first_new` on). The daemon takes the queue in later holds of its lock: a job
-/// submitted between them has not had its dependencies looked at, so it waits for the
-/// next pass (its submit asks for one).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Waiting {
-    pub ids: BTreeSet<u64>,
-    pub first_new: u64,
-}
-
-impl Waiting {
-    pub fn contains(&self, id: u64) -> bool {
-        id >= self.first_new || self.ids.contains(&id)
-    }
-}
+pub use crate::log::{Passed, Waiting};
 
 impl Cluster {
     /// Checks a job for the queue (its spec's user already set by the shell from the
@@ -383,7 +359,7 @@ impl Cluster {
     /// start; then preemption.
     pub(crate) fn apply_plan(&mut self, plan: &sched::Plan, now: i64) -> Effects {
         let mut effects = Effects::default();
-        for entry in crate::log::plan_entries(plan, usize::MAX, now) {
+        for entry in plan_entries(plan, usize::MAX, now) {
             effects.merge(self.apply(entry).1);
         }
         effects
@@ -444,7 +420,7 @@ impl Cluster {
 
     /// Waiting jobs show their reason and expected start (in memory only); a part of a
     /// plan's `waiting` at a time is fine.
-    pub(crate) fn annotate_waiting(&mut self, waiting: &[crate::log::Wait]) {
+    pub(crate) fn annotate_waiting(&mut self, waiting: &[Wait]) {
         for w in waiting {
             let preempted = self.jobs.get(w.job).is_some_and(|s| s.preempted_by != 0);
             self.jobs.annotate_pending(w.job, |j| {
