@@ -95,6 +95,56 @@ pub fn cpu_milli(r: &Resources) -> u32 {
     }
 }
 
+/// A listing's (or a cancel's) filter. Asking for a final state asks for finished jobs.
+/// A state the domain does not know is refused: left out, it would widen the filter.
+impl TryFrom<&crate::ListJobsRequest> for gpuctl_core::filter::JobFilter {
+    type Error = UnknownState;
+    fn try_from(r: &crate::ListJobsRequest) -> Result<Self, UnknownState> {
+        let states = (r.states.iter())
+            .map(|&s| {
+                let known = JobState::try_from(s).ok();
+                known.map_or(Err(UnknownState(s)), State::try_from)
+            })
+            .collect::<Result<Vec<State>, UnknownState>>()?;
+        Ok(gpuctl_core::filter::JobFilter {
+            all: r.all || states.iter().any(|s| s.is_final()),
+            users: r.users.clone(),
+            states,
+            names: r.names.clone(),
+            accounts: r.accounts.clone(),
+            partitions: r.partitions.clone(),
+        })
+    }
+}
+
+impl From<gpuctl_core::view::ShareRow> for crate::ShareRow {
+    fn from(r: gpuctl_core::view::ShareRow) -> crate::ShareRow {
+        crate::ShareRow {
+            account: r.account,
+            user: r.user,
+            norm_shares: r.norm_shares,
+            account_shares: r.account_shares,
+            usage_gpu_hours: r.usage_gpu_hours,
+            effective_usage: r.effective_usage,
+            fair_share: r.fair_share,
+        }
+    }
+}
+
+impl From<crate::ShareRow> for gpuctl_core::view::ShareRow {
+    fn from(r: crate::ShareRow) -> gpuctl_core::view::ShareRow {
+        gpuctl_core::view::ShareRow {
+            account: r.account,
+            user: r.user,
+            norm_shares: r.norm_shares,
+            account_shares: r.account_shares,
+            usage_gpu_hours: r.usage_gpu_hours,
+            effective_usage: r.effective_usage,
+            fair_share: r.fair_share,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,55 +208,5 @@ mod tests {
             Resources::decode(&old[..]).unwrap().gpu,
             Some(GpuPart::Gpus(4))
         );
-    }
-}
-
-/// A listing's (or a cancel's) filter. Asking for a final state asks for finished jobs.
-/// A state the domain does not know is refused: left out, it would widen the filter.
-impl TryFrom<&crate::ListJobsRequest> for gpuctl_core::filter::JobFilter {
-    type Error = UnknownState;
-    fn try_from(r: &crate::ListJobsRequest) -> Result<Self, UnknownState> {
-        let states = (r.states.iter())
-            .map(|&s| {
-                let known = JobState::try_from(s).ok();
-                known.map_or(Err(UnknownState(s)), State::try_from)
-            })
-            .collect::<Result<Vec<State>, UnknownState>>()?;
-        Ok(gpuctl_core::filter::JobFilter {
-            all: r.all || states.iter().any(|s| s.is_final()),
-            users: r.users.clone(),
-            states,
-            names: r.names.clone(),
-            accounts: r.accounts.clone(),
-            partitions: r.partitions.clone(),
-        })
-    }
-}
-
-impl From<gpuctl_core::view::ShareRow> for crate::ShareRow {
-    fn from(r: gpuctl_core::view::ShareRow) -> crate::ShareRow {
-        crate::ShareRow {
-            account: r.account,
-            user: r.user,
-            norm_shares: r.norm_shares,
-            account_shares: r.account_shares,
-            usage_gpu_hours: r.usage_gpu_hours,
-            effective_usage: r.effective_usage,
-            fair_share: r.fair_share,
-        }
-    }
-}
-
-impl From<crate::ShareRow> for gpuctl_core::view::ShareRow {
-    fn from(r: crate::ShareRow) -> gpuctl_core::view::ShareRow {
-        gpuctl_core::view::ShareRow {
-            account: r.account,
-            user: r.user,
-            norm_shares: r.norm_shares,
-            account_shares: r.account_shares,
-            usage_gpu_hours: r.usage_gpu_hours,
-            effective_usage: r.effective_usage,
-            fair_share: r.fair_share,
-        }
     }
 }
