@@ -44,6 +44,8 @@ pub struct Kill {
     pub reason: String,
     /// The first signal by name (empty: TERM), like a preemption's checkpoint signal.
     pub signal: String,
+    /// Deliver `signal` alone: the instance keeps running (`Cluster::signal_jobs`).
+    pub signal_only: bool,
 }
 
 impl Command {

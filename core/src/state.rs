@@ -229,6 +229,7 @@ impl Cluster {
             kill_grace_secs: self.config.kill_grace.as_secs(),
             reason: reason.into(),
             signal: String::new(),
+            signal_only: false,
         }
     }
 

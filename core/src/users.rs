@@ -65,6 +65,15 @@ impl Cluster {
         tasks: &[TaskRef],
         now: i64,
     ) -> Result<(Vec<CancelResult>, Effects), Refusal> {
+        let (ids, missing) = self.targets(ids, tasks);
+        let (mut results, effects) = self.cancel_jobs(actor, &ids, now)?;
+        results.extend(missing);
+        Ok((results, effects))
+    }
+
+    /// The jobs `ids` and `tasks` name (an array's id: every task), and a refusal for
+    /// each task that is not there.
+    pub(crate) fn targets(&self, ids: &[u64], tasks: &[TaskRef]) -> (Vec<u64>, Vec<CancelResult>) {
         let mut ids = self.with_array_tasks(ids);
         let mut missing = Vec::new();
         if !tasks.is_empty() {
@@ -93,9 +102,7 @@ impl Cluster {
                 }
             }
         }
-        let (mut results, effects) = self.cancel_jobs(actor, &ids, now)?;
-        results.extend(missing);
-        Ok((results, effects))
+        (ids, missing)
     }
 
     fn cancel_jobs(
@@ -104,20 +111,7 @@ impl Cluster {
         ids: &[u64],
         now: i64,
     ) -> Result<(Vec<CancelResult>, Effects), Refusal> {
-        if !actor.admin {
-            let foreign: Vec<String> = ids
-                .iter()
-                .filter_map(|id| self.jobs.job(*id).map(|j| (id, owner(j))))
-                .filter(|(_, o)| *o != actor.user)
-                .map(|(id, o)| format!("job {id} belongs to {o}"))
-                .collect();
-            if !foreign.is_empty() {
-                return Err(actor.deny(&format!(
-                    "only a job's owner or an admin may cancel it ({})",
-                    foreign.join(", ")
-                )));
-            }
-        }
+        self.only_own(actor, ids, "cancel")?;
         let mut results = Vec::new();
         let mut effects = Effects::wake();
         for &id in ids {
@@ -245,5 +239,92 @@ impl Cluster {
                 frag / idle as f64 * 100.0
             },
         }
+    }
+}
+
+impl Cluster {
+    /// Refuses unless every job of `ids` is `actor`'s (or `actor` is an admin).
+    pub(crate) fn only_own(&self, actor: &Actor, ids: &[u64], what: &str) -> Result<(), Refusal> {
+        if actor.admin {
+            return Ok(());
+        }
+        let foreign: Vec<String> = ids
+            .iter()
+            .filter_map(|id| self.jobs.job(*id).map(|j| (id, owner(j))))
+            .filter(|(_, o)| *o != actor.user)
+            .map(|(id, o)| format!("job {id} belongs to {o}"))
+            .collect();
+        if foreign.is_empty() {
+            return Ok(());
+        }
+        Err(actor.deny(&format!(
+            "only a job's owner or an admin may {what} it ({})",
+            foreign.join(", ")
+        )))
+    }
+
+    /// `signal` (a name, as a job's checkpoint signal is named) sent to the running
+    /// instances of the jobs `ids` and `tasks` name, which keep running (`scancel -s
+    /// USR1`): the commands to their nodes, and a result per job. Nothing changes in
+    /// the state, so there is no entry: only the controller the agents talk to sends
+    /// them. Only a job's owner or an admin may; if any is someone else's, nothing is
+    /// sent.
+    pub fn signal_jobs(
+        &self,
+        actor: &Actor,
+        ids: &[u64],
+        tasks: &[TaskRef],
+        signal: &str,
+    ) -> Result<(Vec<CancelResult>, Effects), Refusal> {
+        let name = crate::request::parse_signal(signal)
+            .map_err(Refusal::invalid_argument)?
+            .ok_or_else(|| {
+                Refusal::invalid_argument("a signal to send is named (USR1, HUP, ...)")
+            })?;
+        let (ids, missing) = self.targets(ids, tasks);
+        self.only_own(actor, &ids, "signal")?;
+        let mut effects = Effects::default();
+        let mut results = Vec::new();
+        for id in ids {
+            let result = |ok: bool, message: String| CancelResult {
+                job_id: id,
+                ok,
+                message,
+            };
+            let Some(j) = self.jobs.job(id) else {
+                results.push(result(false, "no such job".into()));
+                continue;
+            };
+            if j.state != JobState::Running {
+                let state = state_name(j.state);
+                results.push(result(
+                    false,
+                    format!("{state}: nothing of it runs to signal"),
+                ));
+                continue;
+            }
+            let mut sent = 0;
+            for a in crate::state::live_allocs(j) {
+                if !self.fleet.conns.contains_key(&a.node) {
+                    continue;
+                }
+                let kill = crate::command::Kill {
+                    signal: name.clone(),
+                    signal_only: true,
+                    kill_grace_secs: 0,
+                    ..self.kill(id, j.attempt, &format!("SIG{name} sent by {}", actor.user))
+                };
+                effects
+                    .sends
+                    .push((a.node.clone(), crate::command::Command::Kill(kill)));
+                sent += 1;
+            }
+            results.push(match sent {
+                0 => result(false, "its nodes are not connected now".into()),
+                n => result(true, format!("SIG{name} sent to {n} node(s)")),
+            });
+        }
+        results.extend(missing);
+        Ok((results, effects))
     }
 }

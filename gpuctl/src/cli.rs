@@ -144,7 +144,14 @@ pub enum Command {
     /// Cancel jobs (like scancel): job ids, an array's id (every task), array tasks
     /// (12_3) or task lists (12_[1-5,9]); or every unfinished job a filter matches, in
     /// one request (--me, -u, -t, --name, -A, -p; scancel's).
-    Cancel(commands::cancel::CancelArgs),
+    Cancel {
+        #[command(flatten)]
+        args: commands::cancel::CancelArgs,
+        /// Send this signal (USR1, USR2, HUP, CONT, ...) to the running jobs' processes
+        /// and leave them running, instead of cancelling (like scancel -s).
+        #[arg(long, value_name = "SIG")]
+        signal: Option<String>,
+    },
     /// Nodes and their GPUs (like sinfo).
     Nodes {
         #[arg(long)]
@@ -739,8 +746,8 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         &Command::Efficiency { job_id, json } => {
             emit(&commands::efficiency::run(c, job_id).await?, json)
         }
-        Command::Cancel(args) => {
-            let view = commands::cancel::run(c, args).await?;
+        Command::Cancel { args, signal } => {
+            let view = commands::cancel::run(c, args, signal.as_deref()).await?;
             emit(&view, false);
             if let Some(f) = view.failure() {
                 return Err(f);

@@ -206,10 +206,15 @@ impl controller_server::Controller for UserApi {
                 req.job_ids.len() + req.tasks.len()
             )));
         }
-        let results = self
-            .0
-            .cancel(&caller, &req.job_ids, &req.tasks, req.filter.as_ref())
-            .await?;
+        let filter = req.filter.as_ref();
+        let results = if req.signal.is_empty() {
+            (self.0.cancel(&caller, &req.job_ids, &req.tasks, filter)).await?
+        } else {
+            (self
+                .0
+                .signal(&caller, &req.job_ids, &req.tasks, filter, &req.signal))
+            .await?
+        };
         Ok(Response::new(pb::CancelResponse { results }))
     }
 

@@ -348,6 +348,7 @@ pub fn command_pb(c: Command) -> pb::AgentCommand {
             reason: k.reason,
             attempt: k.attempt,
             signal: k.signal,
+            signal_only: k.signal_only,
         }),
     };
     pb::AgentCommand {
@@ -573,6 +574,7 @@ mod tests {
             kill_grace_secs: 30,
             reason: "preempted".into(),
             signal: "USR1".into(),
+            signal_only: false,
         };
         let Some(pb::agent_command::Command::Kill(k)) = command_pb(Command::Kill(kill)).command
         else {

@@ -162,6 +162,7 @@ fn write_corpus() {
                 task_id: 3,
             }],
             filter: None,
+            signal: String::new(),
         }
         .encode_to_vec(),
     );

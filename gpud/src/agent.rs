@@ -92,6 +92,8 @@ struct KillRequest {
     reason: String,
     /// Sent first (TERM when `None`), SIGKILL after `grace`.
     signal: Option<nix::sys::signal::Signal>,
+    /// Send `signal` alone: the job keeps running (`scancel -s SIG`).
+    signal_only: bool,
 }
 
 struct Agent {
@@ -359,6 +361,32 @@ impl Agent {
                 grace,
                 reason: reason.to_string(),
                 signal,
+                signal_only: false,
+            });
+        }
+        !targets.is_empty()
+    }
+
+    /// Sends `signal` to a job's instance(s) here (`attempt` 0: whichever runs), which
+    /// keep running. Answers whether one runs here.
+    fn signal_job(
+        &self,
+        job_id: u64,
+        attempt: u32,
+        signal: nix::sys::signal::Signal,
+        why: &str,
+    ) -> bool {
+        let targets: Vec<_> = (self.jobs.lock().unwrap_or_else(|p| p.into_inner()).iter())
+            .filter(|((id, a), _)| *id == job_id && (attempt == 0 || *a == attempt))
+            .map(|(_, tx)| tx.clone())
+            .collect();
+        for tx in &targets {
+            let _ = tx.try_send(KillRequest {
+                as_state: JobState::Running,
+                grace: Duration::ZERO,
+                reason: why.to_string(),
+                signal: Some(signal),
+                signal_only: true,
             });
         }
         !targets.is_empty()
@@ -696,6 +724,16 @@ fn run_command(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand)
                 .ok()
                 .flatten()
                 .and_then(|n| format!("SIG{n}").parse::<nix::sys::signal::Signal>().ok());
+            if kill.signal_only {
+                let Some(signal) = signal else {
+                    tracing::error!(job = kill.job_id, signal = %kill.signal, "dropping a signal this agent cannot send");
+                    return cmd.seq;
+                };
+                if !agent.signal_job(kill.job_id, kill.attempt, signal, &kill.reason) {
+                    tracing::debug!(job = kill.job_id, "signal for a job not running here");
+                }
+                return cmd.seq;
+            }
             if !agent.kill_with(
                 kill.job_id,
                 kill.attempt,

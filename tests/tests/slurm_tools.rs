@@ -95,6 +95,7 @@ fn sbatch_squeue_sacct_scancel_sinfo_and_scontrol_speak_slurm() {
 
     squeue_formats(&c, &links, long);
     sacct_formats(&c, &links, id);
+    scancel_signals(&c, &links);
     // scancel: silent, and the cancel is by uid in sacct.
     let s = tool(&c, &links, "scancel", &[&long.to_string()], None);
     assert!(out(&s).is_empty());
@@ -115,6 +116,49 @@ fn sbatch_squeue_sacct_scancel_sinfo_and_scontrol_speak_slurm() {
     );
 
     info_formats(&c, &links, id);
+}
+
+/// `scancel -s USR1`: the job hears it and runs on; `scancel` then cancels it.
+fn scancel_signals(c: &Cluster, links: &Path) {
+    let seen = c.path("usr1.seen");
+    let script = format!(
+        "#!/bin/sh\ntrap 'echo heard > {}' USR1\nwhile :; do sleep 0.2; done\n",
+        seen.display()
+    );
+    let id: u64 = out(&tool(
+        c,
+        links,
+        "sbatch",
+        &["--parsable", "-t", "5"],
+        Some(&script),
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    c.wait_state(id, "RUNNING", T);
+    // The shell sets its trap first thing; give it a moment past its STARTED report.
+    std::thread::sleep(Duration::from_millis(500));
+    let s = tool(c, links, "scancel", &["-s", "USR1", &id.to_string()], None);
+    assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
+    let t = std::time::Instant::now();
+    while !seen.exists() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "heard\n");
+    let q = out(&tool(
+        c,
+        links,
+        "squeue",
+        &["-h", "-o", "%T", "-j", &id.to_string()],
+        None,
+    ));
+    assert_eq!(q.trim(), "RUNNING", "a signal does not end the job");
+    // A signal the controller does not send (WINCH) is refused.
+    let bad = tool(c, links, "scancel", &["-s", "WINCH", &id.to_string()], None);
+    assert!(!bad.status.success());
+    let s = tool(c, links, "scancel", &[&id.to_string()], None);
+    assert!(s.status.success());
+    c.wait_state(id, "CANCELLED", T);
 }
 
 fn squeue_formats(c: &Cluster, links: &Path, long: u64) {

@@ -67,6 +67,9 @@ pub struct Outcome {
 #[serde(transparent)]
 pub struct Cancelled {
     results: Vec<Outcome>,
+    /// Signalled (`--signal`), not cancelled.
+    #[serde(skip)]
+    signalled: bool,
 }
 
 impl View for Cancelled {
@@ -93,9 +96,14 @@ impl Cancelled {
             .into_iter()
             .filter(|r| !r.message.starts_with("already finished"))
             .collect();
+        let what = if self.signalled {
+            "signalled"
+        } else {
+            "cancelled"
+        };
         (!refused.is_empty()).then(|| Failure {
             code: exit::FAILED,
-            message: "some jobs were not cancelled".into(),
+            message: format!("some jobs were not {what}"),
         })
     }
 }
@@ -132,7 +140,13 @@ pub fn parse_targets(args: &[String]) -> Result<(Vec<u64>, Vec<pb::ArrayTask>), 
     Ok((ids, tasks))
 }
 
-pub async fn run(client: &mut Client, args: &CancelArgs) -> Result<Cancelled, Failure> {
+/// Cancels the jobs `args` names, or with `signal` sends them that signal and leaves
+/// them running (`--signal USR1`, `scancel -s USR1`).
+pub async fn run(
+    client: &mut Client,
+    args: &CancelArgs,
+    signal: Option<&str>,
+) -> Result<Cancelled, Failure> {
     let (job_ids, tasks) = parse_targets(&args.job_ids)?;
     let filter = args.filter(client).await?;
     let results = client
@@ -140,6 +154,7 @@ pub async fn run(client: &mut Client, args: &CancelArgs) -> Result<Cancelled, Fa
             job_ids,
             tasks,
             filter,
+            signal: signal.unwrap_or_default().to_string(),
         })
         .await?
         .into_inner()
@@ -151,7 +166,10 @@ pub async fn run(client: &mut Client, args: &CancelArgs) -> Result<Cancelled, Fa
             ok: r.ok,
         })
         .collect();
-    Ok(Cancelled { results })
+    Ok(Cancelled {
+        results,
+        signalled: signal.is_some(),
+    })
 }
 
 #[cfg(test)]

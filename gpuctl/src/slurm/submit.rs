@@ -177,8 +177,9 @@ fn split(args: &[String]) -> Result<Command, Failure> {
 struct Scancel {
     #[command(flatten)]
     cancel: crate::commands::cancel::CancelArgs,
-    /// The signal: cancelling sends TERM, then KILL after the grace (KILL, TERM, INT and
-    /// their numbers are a cancel here).
+    /// The signal: KILL, TERM, INT (and 9, 15, 2) cancel (TERM, then KILL after the
+    /// grace); any other (USR1, USR2, HUP, CONT, QUIT, URG, or 1, 3, 10, 12, 18) is sent to
+    /// the running jobs, which run on.
     #[arg(short = 's', long = "signal")]
     signal: Option<String>,
     /// Accepted: scancel says nothing on success anyway.
@@ -197,16 +198,12 @@ struct Scancel {
 
 pub async fn scancel(args: Vec<OsString>) -> Result<u8, Failure> {
     let s = Scancel::try_parse_from(args).map_err(clap_failure)?;
-    if let Some(sig) = &s.signal {
-        let name = sig.trim_start_matches("SIG").to_ascii_uppercase();
-        if !matches!(name.as_str(), "KILL" | "TERM" | "INT" | "9" | "15" | "2") {
-            return Err(fail(format!(
-                "--signal {sig}: gpuctl sends a job TERM then KILL when it is cancelled; another signal without cancelling is not offered yet (the job file's signal = \"{name}@TIME\" sends one before the time limit)"
-            )));
-        }
-    }
+    let signal = match s.signal.as_deref().map(signal_name) {
+        None | Some("KILL" | "TERM" | "INT") => None,
+        Some(name) => Some(name),
+    };
     let mut client = super::client().await?;
-    let view = crate::commands::cancel::run(&mut client, &s.cancel).await?;
+    let view = crate::commands::cancel::run(&mut client, &s.cancel, signal).await?;
     // scancel prints nothing on success; refusals go to stderr (view.failure).
     match view.failure() {
         Some(f) => Err(f),
@@ -214,9 +211,49 @@ pub async fn scancel(args: Vec<OsString>) -> Result<u8, Failure> {
     }
 }
 
+/// A signal as scancel takes it (`USR1`, `SIGUSR1`, `usr1`, `10`) by its name without
+/// `SIG`; a number Linux gives no name here stays as given (the controller refuses it).
+fn signal_name(sig: &str) -> &str {
+    let upper = sig.to_ascii_uppercase();
+    let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+    const NAMES: &[(&str, &str)] = &[
+        ("1", "HUP"),
+        ("2", "INT"),
+        ("3", "QUIT"),
+        ("9", "KILL"),
+        ("10", "USR1"),
+        ("12", "USR2"),
+        ("15", "TERM"),
+        ("18", "CONT"),
+        ("23", "URG"),
+    ];
+    let known = [
+        "HUP", "INT", "QUIT", "KILL", "USR1", "USR2", "TERM", "CONT", "URG",
+    ];
+    if let Some((_, name)) = NAMES.iter().find(|(n, _)| *n == bare) {
+        return name;
+    }
+    known.iter().find(|k| **k == bare).copied().unwrap_or(sig)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scancel_signals_are_read_by_name_or_number() {
+        for (given, name) in [
+            ("USR1", "USR1"),
+            ("SIGusr2", "USR2"),
+            ("10", "USR1"),
+            ("SIG15", "TERM"),
+            ("hup", "HUP"),
+            ("9", "KILL"),
+            ("WINCH", "WINCH"),
+        ] {
+            assert_eq!(signal_name(given), name, "{given}");
+        }
+    }
 
     fn words(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()

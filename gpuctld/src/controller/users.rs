@@ -201,6 +201,48 @@ impl Controller {
             .collect())
     }
 
+    /// Sends `signal` to the running jobs named (ids, tasks, a filter's matches), which
+    /// keep running (`scancel -s USR1`; `gpuctl_core::Cluster::signal_jobs`): nothing
+    /// changes in the state, so nothing goes to the journal; the commands leave at once.
+    pub async fn signal(
+        &self,
+        caller: &Caller,
+        ids: &[u64],
+        tasks: &[pb::ArrayTask],
+        filter: Option<&pb::ListJobsRequest>,
+        signal: &str,
+    ) -> Result<Vec<pb::CancelResult>, Status> {
+        let filter = filter
+            .map(|f| {
+                let f = crate::wire::job_filter(f)?;
+                f.for_cancel(&caller.actor()).map_err(status)
+            })
+            .transpose()?;
+        let (results, out) = {
+            let mut c = self.lock();
+            let mut ids = ids.to_vec();
+            if let Some(f) = &filter {
+                ids.extend(c.active_matching(f));
+            }
+            let tasks: Vec<_> = tasks.iter().map(crate::wire::task_ref).collect();
+            let (results, effects) = c
+                .signal_jobs(&caller.actor(), &ids, &tasks, signal)
+                .map_err(status)?;
+            let (sends, wake) = c.route(effects);
+            let out = super::Out {
+                sends,
+                wake,
+                wrote: false,
+            };
+            (results, out)
+        };
+        self.deliver(out, false).await.map_err(store_status)?;
+        Ok(results
+            .into_iter()
+            .map(crate::wire::cancel_result_pb)
+            .collect())
+    }
+
     /// The job a hold, release or requeue names: its id, or an array's task.
     pub fn action_target(&self, req: &pb::JobActionRequest) -> Result<u64, Status> {
         let Some(t) = &req.task else {

@@ -241,18 +241,28 @@ pub(super) async fn run_job(
             let ran = Duration::from_millis((now_ms() - started_ms).max(0) as u64);
             let limit = full.saturating_sub(ran);
             let grace = Duration::from_secs(start.kill_grace_secs);
-            let (status, forced) = tokio::select! {
-                s = job.wait() => (s, None),
-                _ = tokio::time::sleep(limit) => {
-                    tracing::info!(job = id, "time limit reached; terminating");
-                    let s = terminate(&mut job, grace, None).await;
-                    (s, Some((JobState::Timeout, format!("time limit {} reached", humantime::format_duration(full)))))
-                }
-                Some(k) = kill_rx.recv() => {
-                    tracing::info!(job = id, reason = %k.reason, "killing job");
-                    let s = terminate(&mut job, k.grace, k.signal).await;
-                    (s, Some((k.as_state, k.reason)))
-                }
+            let deadline = tokio::time::sleep(limit);
+            tokio::pin!(deadline);
+            let (status, forced) = loop {
+                break tokio::select! {
+                    s = job.wait() => (s, None),
+                    _ = &mut deadline => {
+                        tracing::info!(job = id, "time limit reached; terminating");
+                        let s = terminate(&mut job, grace, None).await;
+                        (s, Some((JobState::Timeout, format!("time limit {} reached", humantime::format_duration(full)))))
+                    }
+                    Some(k) = kill_rx.recv() => {
+                        if let (true, Some(sig)) = (k.signal_only, k.signal) {
+                            // `scancel -s SIG`: the job hears it and runs on.
+                            tracing::info!(job = id, reason = %k.reason, "signalling job");
+                            job.signal(sig);
+                            continue;
+                        }
+                        tracing::info!(job = id, reason = %k.reason, "killing job");
+                        let s = terminate(&mut job, k.grace, k.signal).await;
+                        (s, Some((k.as_state, k.reason)))
+                    }
+                };
             };
             let forced = forced
                 .or_else(|| {

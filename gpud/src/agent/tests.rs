@@ -302,6 +302,7 @@ async fn a_kill_ends_the_job_with_the_state_and_reason_asked() {
         kill_grace_secs: 1,
         as_state: JobState::Cancelled as i32,
         signal: String::new(),
+        signal_only: false,
     });
     handle(&h.agent, &h.session, h.command(2, kill));
     let reports = h.until_ended(5).await;
@@ -312,6 +313,77 @@ async fn a_kill_ends_the_job_with_the_state_and_reason_asked() {
     assert_eq!(end.state(), JobState::Cancelled);
     assert_eq!(end.reason, "cancelled by alice");
     assert_eq!(end.attempt, 2);
+}
+
+/// `scancel -s USR1`: the job's processes hear the signal and the job runs on; no KILL
+/// follows, and a kill afterwards still ends it as asked.
+#[tokio::test]
+async fn a_signal_only_command_is_heard_and_the_job_runs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let heard = dir.path().join("heard");
+    let h = harness(FakeLauncher {
+        script: format!(
+            "trap 'echo usr1 >> {}' USR1; while :; do sleep 0.05; done",
+            heard.display()
+        ),
+        ..FakeLauncher::default()
+    });
+    handle(&h.agent, &h.session, h.start(1, 7, 1));
+    // The trap is set once the shell runs (its STARTED report is the launch).
+    for _ in 0..100 {
+        if h.agent.reports.snapshot().iter().any(|r| r.job_id == 7) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let signal = |seq: u64| {
+        let kill = pb::agent_command::Command::Kill(pb::KillJob {
+            job_id: 7,
+            attempt: 1,
+            reason: "SIGUSR1 sent by alice".into(),
+            as_state: JobState::Running as i32,
+            signal: "USR1".into(),
+            signal_only: true,
+            ..Default::default()
+        });
+        handle(&h.agent, &h.session, h.command(seq, kill));
+    };
+    // One at a time: a second USR1 that arrives while the first is pending merges
+    // with it (signals are not queued).
+    let heard_n = |n: usize| {
+        let heard = heard.clone();
+        async move {
+            for _ in 0..250 {
+                if std::fs::read_to_string(&heard).map_or(0, |s| s.lines().count()) >= n {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    signal(2);
+    heard_n(1).await;
+    signal(3);
+    heard_n(2).await;
+    assert_eq!(std::fs::read_to_string(&heard).unwrap(), "usr1\nusr1\n");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ended = h.agent.reports.snapshot();
+    assert!(
+        !ended
+            .iter()
+            .any(|r| r.job_id == 7 && r.kind() == pb::job_report::Kind::Ended),
+        "the job runs on after its signals: {ended:?}"
+    );
+    assert!(
+        h.agent
+            .kill(7, 0, JobState::Cancelled, Duration::ZERO, "test over")
+    );
+    let reports = h.until_ended(7).await;
+    let end = (reports.iter())
+        .find(|r| r.kind() == pb::job_report::Kind::Ended)
+        .unwrap();
+    assert_eq!(end.state(), JobState::Cancelled);
 }
 
 #[tokio::test]
