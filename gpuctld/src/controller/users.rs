@@ -171,20 +171,11 @@ impl Controller {
         tasks: &[pb::ArrayTask],
         filter: Option<&pb::ListJobsRequest>,
     ) -> Result<Vec<pb::CancelResult>, Status> {
-        let filter = filter
-            .map(|f| {
-                let f = crate::wire::job_filter(f)?;
-                f.for_cancel(&caller.actor()).map_err(status)
-            })
-            .transpose()?;
+        let filter = cancel_filter(caller, filter)?;
         let (results, out) = self
             .commit(
                 |c, _| {
-                    let mut ids = ids.to_vec();
-                    if let Some(f) = &filter {
-                        ids.extend(c.active_matching(f));
-                    }
-                    let tasks = tasks.iter().map(crate::wire::task_ref).collect();
+                    let (ids, tasks) = named(c, ids, tasks, filter.as_ref());
                     let actor = caller.actor();
                     Ok((Change::Cancel { actor, ids, tasks }, ()))
                 },
@@ -212,19 +203,10 @@ impl Controller {
         filter: Option<&pb::ListJobsRequest>,
         signal: &str,
     ) -> Result<Vec<pb::CancelResult>, Status> {
-        let filter = filter
-            .map(|f| {
-                let f = crate::wire::job_filter(f)?;
-                f.for_cancel(&caller.actor()).map_err(status)
-            })
-            .transpose()?;
+        let filter = cancel_filter(caller, filter)?;
         let (results, out) = {
             let mut c = self.lock();
-            let mut ids = ids.to_vec();
-            if let Some(f) = &filter {
-                ids.extend(c.active_matching(f));
-            }
-            let tasks: Vec<_> = tasks.iter().map(crate::wire::task_ref).collect();
+            let (ids, tasks) = named(&c, ids, tasks, filter.as_ref());
             let (results, effects) = c
                 .signal_jobs(&caller.actor(), &ids, &tasks, signal)
                 .map_err(status)?;
@@ -444,4 +426,32 @@ fn slot_gpus(s: &SlotUse, mig: &std::collections::HashMap<&str, &str>) -> f64 {
         Some(profile) => gpuctl_sched::fairshare::mig_fraction(profile),
         None => f64::from(s.compute_milli.min(1000)) / 1000.0,
     }
+}
+
+/// A cancel's (or a signal's) filter, for `caller`: unfinished jobs, their own unless
+/// they are an admin (`JobFilter::for_cancel`).
+fn cancel_filter(
+    caller: &Caller,
+    filter: Option<&pb::ListJobsRequest>,
+) -> Result<Option<gpuctl_core::filter::JobFilter>, Status> {
+    filter
+        .map(|f| {
+            let f = crate::wire::job_filter(f)?;
+            f.for_cancel(&caller.actor()).map_err(status)
+        })
+        .transpose()
+}
+
+/// The jobs a cancel or a signal names: its ids and the filter's matches, and its tasks.
+fn named(
+    c: &gpuctl_core::Cluster,
+    ids: &[u64],
+    tasks: &[pb::ArrayTask],
+    filter: Option<&gpuctl_core::filter::JobFilter>,
+) -> (Vec<u64>, Vec<gpuctl_core::view::TaskRef>) {
+    let mut ids = ids.to_vec();
+    if let Some(f) = filter {
+        ids.extend(c.active_matching(f));
+    }
+    (ids, tasks.iter().map(crate::wire::task_ref).collect())
 }
