@@ -26,6 +26,8 @@ pub struct Replicated {
     net: Option<Net>,
     /// `false`: one controller without `--peers` (the default mode, for comparisons).
     raft: bool,
+    /// Keep the logs at drop (a checker found violations; `keep_logs`).
+    pub keep: std::sync::atomic::AtomicBool,
     /// TLS, joined nodes and API tokens (the default mode, `start_secure`), instead of
     /// `--insecure-shared-key --insecure`.
     secure: bool,
@@ -206,6 +208,7 @@ impl Replicated {
             bins,
             net,
             raft,
+            keep: Default::default(),
             secure,
             member_args: args.iter().map(|a| a.to_string()).collect(),
         };
@@ -666,7 +669,10 @@ impl Replicated {
 
 impl Drop for Replicated {
     fn drop(&mut self) {
-        if std::thread::panicking() || std::env::var_os("GPUCTL_KEEP_LOGS").is_some() {
+        if std::thread::panicking()
+            || self.keep.load(std::sync::atomic::Ordering::SeqCst)
+            || std::env::var_os("GPUCTL_KEEP_LOGS").is_some()
+        {
             // The logs outlive a failed test, or any with GPUCTL_KEEP_LOGS set (the temp
             // dir does not).
             let keep = std::env::temp_dir().join(format!(
@@ -683,7 +689,11 @@ impl Drop for Replicated {
                 .flatten()
                 .flatten()
             {
-                if e.path().extension().is_some_and(|x| x == "log") {
+                let name = e.file_name();
+                if e.path().extension().is_some_and(|x| x == "log")
+                    || name == "conflicts"
+                    || name == "ran"
+                {
                     let _ = std::fs::copy(e.path(), keep.join(e.file_name()));
                 }
             }
