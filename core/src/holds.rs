@@ -58,7 +58,9 @@ impl Cluster {
         } else {
             ("user", HELD_USER)
         };
-        self.jobs.annotate_pending(id, |j| {
+        // Written (`edit`), not only shown: a hold outlives a restart.
+        self.jobs.edit(id, |s| {
+            let j = &mut s.job;
             j.hold = hold.into();
             j.reason = reason.into();
             j.expected_start_ms = 0;
@@ -85,9 +87,9 @@ impl Cluster {
                 "job {id} waits for its begin time, not a hold; cancel and resubmit to change it"
             )));
         }
-        self.jobs.annotate_pending(id, |j| {
-            j.hold.clear();
-            j.reason = "None".into();
+        self.jobs.edit(id, |s| {
+            s.job.hold.clear();
+            s.job.reason = "None".into();
         });
         tracing::info!(job = id, by = %actor.user, "job released");
         Ok(Effects::wake())

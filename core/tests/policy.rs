@@ -424,3 +424,23 @@ preemption = true
     assert!(ids.contains(&k[0].job_id));
     assert_eq!(state(&c, i), JobState::Pending);
 }
+
+#[test]
+fn a_hold_is_written_and_comes_back_after_a_restart() {
+    let mut c = cluster();
+    attach(&mut c, "n1", T0);
+    let id = submit(&mut c, 1, false, T0);
+    c.take_changes();
+    c.hold(&alice(), id).unwrap();
+    let changed = c.take_changes();
+    assert!(changed.jobs.put.contains(&id), "a hold is a change to write");
+    let records = gpuctl_core::restore::Records {
+        jobs: c.jobs().active().cloned().collect(),
+        next_job_id: id + 1,
+        ..Default::default()
+    };
+    let mut d = gpuctl_core::restore::restore(c.config().clone(), records, T0 + 5).cluster;
+    attach(&mut d, "n1", T0 + 6);
+    assert!(commands(&pass(&mut d, T0 + 7)).is_empty(), "still held");
+    assert_eq!(d.jobs().job(id).unwrap().reason, "JobHeldUser");
+}
