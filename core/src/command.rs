@@ -10,6 +10,8 @@ use crate::record::{JobSpec, JobState, SlotUse};
 pub enum Command {
     Start(Box<Start>),
     Kill(Kill),
+    /// A running instance's new time limit (`scontrol update TimeLimit=`).
+    Limit(Limit),
 }
 
 /// Start a job's part (one rank) on the node.
@@ -48,12 +50,21 @@ pub struct Kill {
     pub signal_only: bool,
 }
 
+/// Set a running instance's time limit: counted from its start, like the first one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limit {
+    pub job_id: u64,
+    pub attempt: u32,
+    pub time_limit_secs: u64,
+}
+
 impl Command {
     /// The job this command is about.
     pub fn job_id(&self) -> u64 {
         match self {
             Command::Start(s) => s.job_id,
             Command::Kill(k) => k.job_id,
+            Command::Limit(l) => l.job_id,
         }
     }
 }

@@ -60,6 +60,7 @@ pub mod room;
 pub mod state;
 pub mod steps;
 pub mod text;
+pub mod update;
 pub mod usage;
 pub mod users;
 pub mod validate;

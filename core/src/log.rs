@@ -68,6 +68,12 @@ pub enum Change {
         id: u64,
         action: JobAction,
     },
+    /// A job's time limit, partition, name, comment or nice changed.
+    Update {
+        actor: Actor,
+        id: u64,
+        update: crate::update::JobUpdate,
+    },
     /// A node drained (with why) or resumed (`None`).
     Drain {
         node: String,
@@ -217,6 +223,10 @@ impl Cluster {
                     Applied::Done
                 })
             }
+            Change::Update { actor, id, update } => self.update_job(&actor, id, &update).map(|e| {
+                effects = e;
+                Applied::Done
+            }),
             Change::Drain { node, reason } => self.set_drain(&node, reason).map(|(row, e)| {
                 effects = e;
                 Applied::Node(Box::new(row))

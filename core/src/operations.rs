@@ -32,6 +32,13 @@ pub trait Operations {
     ) -> Result<(Vec<CancelResult>, Effects), Refusal>;
     fn hold(&mut self, actor: &Actor, id: u64) -> Result<Effects, Refusal>;
     fn release(&mut self, actor: &Actor, id: u64) -> Result<Effects, Refusal>;
+    /// A job's time limit, partition, name, comment or nice changed by `actor`.
+    fn update_job(
+        &mut self,
+        actor: &Actor,
+        id: u64,
+        update: &crate::update::JobUpdate,
+    ) -> Result<Effects, Refusal>;
     /// A requeue by `actor` (its reason is the entry's: "requeued by USER").
     fn requeue(&mut self, actor: &Actor, id: u64, now: i64) -> Result<Effects, Refusal>;
     fn release_allocation(
@@ -133,6 +140,20 @@ impl Operations for Cluster {
 
     fn release(&mut self, actor: &Actor, id: u64) -> Result<Effects, Refusal> {
         job(self, actor, id, 0, JobAction::Release)
+    }
+
+    fn update_job(
+        &mut self,
+        actor: &Actor,
+        id: u64,
+        update: &crate::update::JobUpdate,
+    ) -> Result<Effects, Refusal> {
+        let change = Change::Update {
+            actor: actor.clone(),
+            id,
+            update: update.clone(),
+        };
+        done(self, 0, change)
     }
 
     fn requeue(&mut self, actor: &Actor, id: u64, now: i64) -> Result<Effects, Refusal> {

@@ -90,6 +90,7 @@ impl World {
                 Command::Start(s) => {
                     report(&mut self.c, "n1", s.job_id, None, self.t);
                 }
+                Command::Limit(l) => unreachable!("no job is updated here: {l:?}"),
             }
         }
         for s in self.c.jobs().active().filter(|s| !s.job.spec.opportunistic) {

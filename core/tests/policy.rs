@@ -433,7 +433,10 @@ fn a_hold_is_written_and_comes_back_after_a_restart() {
     c.take_changes();
     c.hold(&alice(), id).unwrap();
     let changed = c.take_changes();
-    assert!(changed.jobs.put.contains(&id), "a hold is a change to write");
+    assert!(
+        changed.jobs.put.contains(&id),
+        "a hold is a change to write"
+    );
     let records = gpuctl_core::restore::Records {
         jobs: c.jobs().active().cloned().collect(),
         next_job_id: id + 1,

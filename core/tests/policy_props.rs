@@ -99,6 +99,7 @@ impl Agents {
                     let t = now + i64::try_from(k.kill_grace_secs).unwrap() * 1000;
                     self.due.push((t, k.job_id, k.attempt, node, k.as_state));
                 }
+                Command::Limit(l) => unreachable!("no job is updated here: {l:?}"),
             }
         }
     }

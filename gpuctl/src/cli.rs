@@ -117,6 +117,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Change jobs after their submit (like scontrol update): time limit, partition,
+    /// name, comment, nice. Owners lower a limit or priority; admins also raise them.
+    Update(commands::update::UpdateArgs),
     /// Why a job waits, node by node, and when it is expected to start.
     Explain {
         job_id: u64,
@@ -741,6 +744,13 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Requeue { job_ids, json } => {
             let view = commands::hold::run(c, commands::hold::Action::Requeue, job_ids).await?;
             emit(&view, *json);
+        }
+        Command::Update(u) => {
+            let update = commands::update::Update::of(u)?;
+            emit(
+                &commands::update::run(c, &u.job_ids, &update).await?,
+                u.json,
+            );
         }
         &Command::Show { job_id, json } => emit(&commands::show::run(c, job_id).await?, json),
         &Command::Efficiency { job_id, json } => {

@@ -330,6 +330,24 @@ impl controller_server::Controller for UserApi {
         self.act(req, |_| JobAction::Requeue).await
     }
 
+    async fn update_job(
+        &self,
+        req: Request<pb::UpdateJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let update = gpuctl_core::update::JobUpdate {
+            time_limit_secs: r.time_limit_secs,
+            partition: r.partition,
+            name: r.name,
+            comment: r.comment,
+            priority: r.priority,
+        };
+        Ok(Response::new(
+            self.0.update_job(&caller, r.job_id, update).await?,
+        ))
+    }
+
     async fn resume_node(
         &self,
         req: Request<pb::ResumeNodeRequest>,

@@ -350,6 +350,11 @@ pub fn command_pb(c: Command) -> pb::AgentCommand {
             signal: k.signal,
             signal_only: k.signal_only,
         }),
+        Command::Limit(l) => pb::agent_command::Command::Limit(pb::SetTimeLimit {
+            job_id: l.job_id,
+            attempt: l.attempt,
+            time_limit_secs: l.time_limit_secs,
+        }),
     };
     pb::AgentCommand {
         command: Some(command),

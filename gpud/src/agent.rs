@@ -86,6 +86,13 @@ struct Session {
     node_timeout: Duration,
 }
 
+/// What a running instance's task hears from the agent.
+enum Control {
+    Kill(KillRequest),
+    /// Its new time limit, counted from its start (`scontrol update TimeLimit=`).
+    Limit(Duration),
+}
+
 struct KillRequest {
     as_state: JobState,
     grace: Duration,
@@ -103,7 +110,7 @@ struct Agent {
     allow_root_jobs: bool,
     key: ClusterKey,
     /// Running job instances by (job id, attempt).
-    jobs: Mutex<HashMap<(u64, u32), mpsc::Sender<KillRequest>>>,
+    jobs: Mutex<HashMap<(u64, u32), mpsc::Sender<Control>>>,
     /// What the monitor watches of each running instance, and its kill grace.
     watched: Mutex<HashMap<(u64, u32), (Watched, Duration)>>,
     /// The latest GPU sample, for heartbeats.
@@ -356,13 +363,13 @@ impl Agent {
             .map(|(_, tx)| tx.clone())
             .collect();
         for tx in &targets {
-            let _ = tx.try_send(KillRequest {
+            let _ = tx.try_send(Control::Kill(KillRequest {
                 as_state: state,
                 grace,
                 reason: reason.to_string(),
                 signal,
                 signal_only: false,
-            });
+            }));
         }
         !targets.is_empty()
     }
@@ -381,15 +388,34 @@ impl Agent {
             .map(|(_, tx)| tx.clone())
             .collect();
         for tx in &targets {
-            let _ = tx.try_send(KillRequest {
+            let _ = tx.try_send(Control::Kill(KillRequest {
                 as_state: JobState::Running,
                 grace: Duration::ZERO,
                 reason: why.to_string(),
                 signal: Some(signal),
                 signal_only: true,
-            });
+            }));
         }
         !targets.is_empty()
+    }
+
+    /// Gives a running instance a new time limit (and writes it into its record, so
+    /// that an agent restarted later keeps it). Answers whether it runs here.
+    fn set_limit(&self, job_id: u64, attempt: u32, secs: u64) -> bool {
+        let tx = (self.jobs.lock().unwrap_or_else(|p| p.into_inner()))
+            .get(&(job_id, attempt))
+            .cloned();
+        let Some(tx) = tx else {
+            return false;
+        };
+        if let Err(e) = jobs::save_limit(&self.state_dir, job_id, attempt, secs) {
+            tracing::warn!(
+                job = job_id,
+                "cannot write the new time limit into the job's record (an agent restart would bring back the old one): {e}"
+            );
+        }
+        let _ = tx.try_send(Control::Limit(Duration::from_secs(secs)));
+        true
     }
 
     /// Kills an instance the controller no longer holds as running, at once.
@@ -746,6 +772,18 @@ fn run_command(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand)
             }
         }
         Some(pb::agent_command::Command::Step(s)) => remote::open(agent, s),
+        Some(pb::agent_command::Command::Limit(l)) => {
+            if agent.set_limit(l.job_id, l.attempt, l.time_limit_secs) {
+                tracing::info!(
+                    job = l.job_id,
+                    attempt = l.attempt,
+                    secs = l.time_limit_secs,
+                    "time limit changed"
+                );
+            } else {
+                tracing::debug!(job = l.job_id, "new time limit for a job not running here");
+            }
+        }
         None => {}
     }
     cmd.seq

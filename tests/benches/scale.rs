@@ -299,7 +299,11 @@ impl SimAgent {
                 self.report(k.job_id, k.attempt, Some(state)).await;
             }
             // The bench's simulated agents open no steps.
-            Some(pb::agent_command::Command::Kill(_) | pb::agent_command::Command::Step(_)) => {}
+            Some(
+                pb::agent_command::Command::Kill(_)
+                | pb::agent_command::Command::Step(_)
+                | pb::agent_command::Command::Limit(_),
+            ) => {}
             None => {}
         }
     }

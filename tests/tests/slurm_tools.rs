@@ -96,6 +96,7 @@ fn sbatch_squeue_sacct_scancel_sinfo_and_scontrol_speak_slurm() {
     squeue_formats(&c, &links, long);
     sacct_formats(&c, &links, id);
     scancel_signals(&c, &links);
+    scontrol_updates(&c, &links, long);
     // scancel: silent, and the cancel is by uid in sacct.
     let s = tool(&c, &links, "scancel", &[&long.to_string()], None);
     assert!(out(&s).is_empty());
@@ -159,6 +160,135 @@ fn scancel_signals(c: &Cluster, links: &Path) {
     let s = tool(c, links, "scancel", &[&id.to_string()], None);
     assert!(s.status.success());
     c.wait_state(id, "CANCELLED", T);
+}
+
+/// `scontrol update`: a running job's limit (raised by root, then one already passed
+/// ends a job TIMEOUT), a held job's name and comment, a node's state; other keys are
+/// refused, named.
+fn scontrol_updates(c: &Cluster, links: &Path, long: u64) {
+    let ok = |args: &[&str]| {
+        let o = tool(c, links, "scontrol", args, None);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out(&o)
+    };
+    let shown = |id: u64| ok(&["show", "job", &id.to_string()]);
+    assert!(
+        shown(long).contains("TimeLimit=00:10:00"),
+        "{}",
+        shown(long)
+    );
+    ok(&["update", &format!("JobId={long}"), "TimeLimit=+5"]);
+    assert!(
+        shown(long).contains("TimeLimit=00:15:00"),
+        "{}",
+        shown(long)
+    );
+    // A running job's limit cut to 2 seconds, which it has passed: TIMEOUT now.
+    let short: u64 = out(&tool(
+        c,
+        links,
+        "sbatch",
+        &["--parsable", "-t", "10"],
+        Some(
+            "#!/bin/sh
+sleep 300
+",
+        ),
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    c.wait_state(short, "RUNNING", T);
+    std::thread::sleep(Duration::from_secs(3));
+    ok(&["update", &format!("JobId={short}"), "TimeLimit=0:02"]);
+    c.wait_state(short, "TIMEOUT", T);
+    // A held job renamed and commented (values with spaces, as a shell passes them).
+    let held: u64 = out(&tool(
+        c,
+        links,
+        "sbatch",
+        &["--parsable", "-H", "-J", "before"],
+        Some(
+            "#!/bin/sh
+true
+",
+        ),
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    ok(&[
+        "update",
+        &format!("JobId={held}"),
+        "JobName=after",
+        "Comment=two words",
+        "Nice",
+    ]);
+    let q = ok(&["show", "job", &held.to_string()]);
+    assert!(q.contains("JobName=after") && q.contains("Nice=100"), "{q}");
+    let q = out(&tool(
+        c,
+        links,
+        "squeue",
+        &["-h", "-o", "%j|%k", "-j", &held.to_string()],
+        None,
+    ));
+    assert_eq!(q.trim(), "after|two words");
+    // What gpuctl does not change is refused, named; the job is as it was.
+    let bad = tool(
+        c,
+        links,
+        "scontrol",
+        &["update", &format!("JobId={held}"), "Dependency=afterok:1"],
+        None,
+    );
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("Dependency=afterok:1"));
+    let bad = tool(
+        c,
+        links,
+        "scontrol",
+        &["update", &format!("JobId={held}"), "JobName=x\u{1b}y"],
+        None,
+    );
+    assert!(
+        !bad.status.success(),
+        "a control character in a name is refused"
+    );
+    assert!(shown(held).contains("JobName=after"));
+    ok(&["release", &held.to_string()]);
+    c.wait_state(held, "COMPLETED", T);
+    let ended = tool(
+        c,
+        links,
+        "scontrol",
+        &["update", &format!("JobId={held}"), "TimeLimit=5"],
+        None,
+    );
+    assert!(!ended.status.success(), "an ended job is not updated");
+    // A node: drained with a reason (one is required), then resumed.
+    let bare = tool(
+        c,
+        links,
+        "scontrol",
+        &["update", "NodeName=sl1", "State=DRAIN"],
+        None,
+    );
+    assert!(!bare.status.success());
+    ok(&[
+        "update",
+        "NodeName=sl1",
+        "State=DRAIN",
+        "Reason=maintenance",
+    ]);
+    let n = ok(&["show", "node", "sl1"]);
+    assert!(n.contains("DRAIN") && n.contains("maintenance"), "{n}");
+    ok(&["update", "NodeName=sl1", "State=RESUME"]);
+    assert!(!ok(&["show", "node", "sl1"]).contains("DRAIN"));
 }
 
 fn squeue_formats(c: &Cluster, links: &Path, long: u64) {
@@ -299,11 +429,11 @@ fn info_formats(c: &Cluster, links: &Path, id: u64) {
         c,
         links,
         "scontrol",
-        &["update", "JobId=1", "TimeLimit=5"],
+        &["update", "JobId=1", "Features=fast"],
         None,
     );
     assert!(!u.status.success());
-    assert!(String::from_utf8_lossy(&u.stderr).contains("not supported"));
+    assert!(String::from_utf8_lossy(&u.stderr).contains("Features=fast: not changed by gpuctl"));
 }
 
 /// The python with dask-jobqueue: GPUCTL_DASK_PYTHON, else the venv `.ci/run` makes.

@@ -202,7 +202,7 @@ pub fn job_report(
     }
 }
 
-/// The commands of `effects` as (node, "start JOB" | "kill JOB").
+/// The commands of `effects` as (node, "start JOB" | "kill JOB" | "limit JOB SECS").
 pub fn commands(effects: &Effects) -> Vec<(String, String)> {
     effects
         .sends
@@ -211,6 +211,7 @@ pub fn commands(effects: &Effects) -> Vec<(String, String)> {
             let what = match cmd {
                 Command::Start(s) => format!("start {}", s.job_id),
                 Command::Kill(k) => format!("kill {}", k.job_id),
+                Command::Limit(l) => format!("limit {} {}", l.job_id, l.time_limit_secs),
             };
             (node.clone(), what)
         })

@@ -20,9 +20,24 @@ pub struct Done {
     reason: String,
 }
 
+impl Done {
+    /// A job as the controller answered it.
+    pub fn of(j: &pb::Job) -> Done {
+        Done {
+            job_id: j.id,
+            state: crate::format::state_name(j.state()).to_string(),
+            reason: if j.reason.is_empty() {
+                "-".into()
+            } else {
+                crate::format::printable(&j.reason).into_owned()
+            },
+        }
+    }
+}
+
 #[derive(Serialize)]
 #[serde(transparent)]
-pub struct Results(Vec<Done>);
+pub struct Results(pub Vec<Done>);
 
 impl View for Results {
     fn text(&self) -> String {
@@ -59,15 +74,7 @@ pub async fn run(
             Action::Requeue => client.requeue(req).await?,
         }
         .into_inner();
-        out.push(Done {
-            job_id: j.id,
-            state: crate::format::state_name(j.state()).to_string(),
-            reason: if j.reason.is_empty() {
-                "-".into()
-            } else {
-                crate::format::printable(&j.reason).into_owned()
-            },
-        });
+        out.push(Done::of(&j));
     }
     Ok(Results(out))
 }

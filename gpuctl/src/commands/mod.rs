@@ -22,6 +22,7 @@ pub mod share;
 pub mod show;
 pub mod submit;
 pub mod top;
+pub mod update;
 pub mod whoami;
 pub mod windows;
 

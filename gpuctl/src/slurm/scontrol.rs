@@ -1,6 +1,7 @@
 //! `scontrol`: `show job N` and `show node NAME` in Slurm's `Key=Value` layout (what
-//! tools parse), `hold`, `release` and `requeue`. `update` is refused with what gpuctl
-//! offers instead: a job's limits are not changed after its submit here.
+//! tools parse), `hold`, `release`, `requeue`, and `update` of a job's `TimeLimit`,
+//! `Partition`, `JobName`, `Comment` and `Nice`, or of a node's `State` (DRAIN with a
+//! `Reason`, RESUME). Other keys are refused, named.
 
 use std::ffi::OsString;
 
@@ -128,15 +129,101 @@ pub async fn run(args: Vec<OsString>) -> Result<u8, Failure> {
             print(&out);
             Ok(exit::OK)
         }
-        ["update", ..] => Err(fail(
-            "scontrol update is not supported by gpuctl: a job's time limit and partition are set at submit (cancel and resubmit, or hold and release it); nodes: gpuctl node drain/resume",
-        )),
+        ["update", pairs @ ..] => {
+            update(&mut client, pairs).await?;
+            Ok(exit::OK)
+        }
         _ => Err(Failure {
             code: exit::USAGE,
-            message: "gpuctl answers to: scontrol show job [N...], show node [NAME...], hold|release|requeue N..."
+            message: "gpuctl answers to: scontrol show job [N...], show node [NAME...], hold|release|requeue N..., update JobId=N KEY=VALUE..., update NodeName=NAME State=DRAIN|RESUME [Reason=...]"
                 .into(),
         }),
     }
+}
+
+/// What `scontrol update` changes here (the keys it knows).
+const UPDATE_KEYS: &str = "JobId= with TimeLimit=, Partition=, JobName=, Comment=, Nice[=N]; or NodeName= with State=DRAIN|DOWN|RESUME and Reason=";
+
+/// `scontrol update KEY=VALUE...`: a job's (JobId=) or a node's (NodeName=).
+async fn update(client: &mut crate::cli::Client, pairs: &[&str]) -> Result<(), Failure> {
+    use crate::commands::update::{NewLimit, Update};
+    let mut ids: Vec<u64> = Vec::new();
+    let mut node: Option<(String, Option<String>, Option<String>)> = None;
+    let mut u = Update::default();
+    for pair in pairs {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let bad = |why: &str| fail(format!("scontrol update {pair}: {why}"));
+        match key.to_ascii_lowercase().as_str() {
+            "jobid" | "job" => {
+                for id in value.split(',') {
+                    let id = id.split(['_', '.']).next().unwrap_or_default();
+                    ids.push(id.parse().map_err(|_| bad("not a job id"))?);
+                }
+            }
+            "timelimit" => u.time = Some(NewLimit::parse(value).map_err(|e| bad(&e))?),
+            "partition" => u.partition = Some(value.to_string()),
+            "jobname" | "name" => u.name = Some(value.to_string()),
+            "comment" => u.comment = Some(value.to_string()),
+            // Slurm's `Nice` alone is 100.
+            "nice" if value.is_empty() => u.priority = Some(-100),
+            "nice" => {
+                let n: i32 = value.parse().map_err(|_| bad("not a number"))?;
+                u.priority = Some(n.saturating_neg());
+            }
+            "nodename" | "node" => node.get_or_insert_default().0 = value.to_string(),
+            "state" => node.get_or_insert_default().1 = Some(value.to_ascii_uppercase()),
+            "reason" => node.get_or_insert_default().2 = Some(value.to_string()),
+            _ => {
+                return Err(bad(&format!(
+                    "not changed by gpuctl (it changes {UPDATE_KEYS})"
+                )));
+            }
+        }
+    }
+    if let Some((name, state, reason)) = node {
+        if !ids.is_empty() {
+            return Err(fail("scontrol update: a job or a node, not both"));
+        }
+        return update_node(client, name, state, reason).await;
+    }
+    if ids.is_empty() {
+        return Err(fail(format!(
+            "scontrol update: name the job (JobId=N) or the node (NodeName=NAME): {UPDATE_KEYS}"
+        )));
+    }
+    crate::commands::update::run(client, &ids, &u).await?;
+    Ok(())
+}
+
+/// `scontrol update NodeName=NAME State=DRAIN|DOWN Reason=...` or `State=RESUME`.
+async fn update_node(
+    client: &mut crate::cli::Client,
+    name: String,
+    state: Option<String>,
+    reason: Option<String>,
+) -> Result<(), Failure> {
+    if name.is_empty() {
+        return Err(fail("scontrol update: NodeName= names no node"));
+    }
+    let action = match state.as_deref() {
+        Some("DRAIN" | "DOWN" | "FAIL") => {
+            let Some(reason) = reason.filter(|r| !r.is_empty()) else {
+                return Err(fail(
+                    "You must specify a reason when DOWNING or DRAINING a node. Request denied",
+                ));
+            };
+            crate::cli::NodeAction::Drain { name, reason }
+        }
+        Some("RESUME" | "IDLE" | "UNDRAIN") => crate::cli::NodeAction::Resume { name },
+        Some(other) => {
+            return Err(fail(format!(
+                "scontrol update NodeName: State={other} is not changed by gpuctl (DRAIN, DOWN or RESUME)"
+            )));
+        }
+        None => return Err(fail("scontrol update NodeName: give State=DRAIN|RESUME")),
+    };
+    crate::commands::node::run(client, action).await?;
+    Ok(())
 }
 
 /// A job as `scontrol show job` writes it.

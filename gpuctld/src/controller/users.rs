@@ -247,12 +247,33 @@ impl Controller {
         id: u64,
         action: JobAction,
     ) -> Result<pb::Job, Status> {
+        self.change_job(caller, id, |actor| Change::Job { actor, id, action })
+            .await
+    }
+
+    /// Changes a job's time limit, partition, name, comment or nice
+    /// (`scontrol update`); answers it as it is now.
+    pub async fn update_job(
+        &self,
+        caller: &Caller,
+        id: u64,
+        update: gpuctl_core::update::JobUpdate,
+    ) -> Result<pb::Job, Status> {
+        self.change_job(caller, id, |actor| Change::Update { actor, id, update })
+            .await
+    }
+
+    /// One change of job `id` by `caller` (`change` made with its actor), answered with
+    /// the job as it is after it.
+    async fn change_job(
+        &self,
+        caller: &Caller,
+        id: u64,
+        change: impl FnOnce(gpuctl_core::Actor) -> Change,
+    ) -> Result<pb::Job, Status> {
         let (job, out) = self
             .commit(
-                |_, _| {
-                    let actor = caller.actor();
-                    Ok((Change::Job { actor, id, action }, ()))
-                },
+                |_, _| Ok((change(caller.actor()), ())),
                 |c, (), done| {
                     done.map_err(status)?;
                     Ok((c.jobs().job(id))

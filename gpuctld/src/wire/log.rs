@@ -4,6 +4,7 @@
 
 use gpuctl_core::event::{Heartbeat, Register, Report, ReportKind};
 use gpuctl_core::log::{Change, Entry, JobAction, Wait};
+use gpuctl_core::update::JobUpdate;
 use gpuctl_core::{Actor, Config};
 use gpuctl_proto::store::{self as st, log_entry::Change as Pb, log_job_action::Action};
 use gpuctl_proto::{self as pb, job_report};
@@ -80,6 +81,15 @@ pub fn entry_pb(e: &Entry) -> st::LogEntry {
                 shell_exit,
             })
         }
+        Change::Update { actor, id, update } => Pb::Update(st::LogUpdate {
+            actor: Some(actor_pb(actor)),
+            id: *id,
+            time_limit_secs: update.time_limit_secs,
+            partition: update.partition.clone(),
+            name: update.name.clone(),
+            comment: update.comment.clone(),
+            priority: update.priority,
+        }),
         Change::Drain { node, reason } => Pb::Drain(st::LogDrain {
             node: node.clone(),
             reason: reason.clone(),
@@ -168,6 +178,17 @@ pub fn entry(e: st::LogEntry) -> Result<Entry, BadEntry> {
                 action,
             }
         }
+        Pb::Update(u) => Change::Update {
+            actor: actor(u.actor),
+            id: u.id,
+            update: JobUpdate {
+                time_limit_secs: u.time_limit_secs,
+                partition: u.partition,
+                name: u.name,
+                comment: u.comment,
+                priority: u.priority,
+            },
+        },
         Pb::Drain(d) => Change::Drain {
             node: d.node,
             reason: d.reason,

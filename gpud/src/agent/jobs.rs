@@ -9,7 +9,7 @@ use gpuctl_proto::{self as pb, JobState};
 use prost::Message;
 use tokio::sync::mpsc;
 
-use super::{Agent, KillRequest, now_ms};
+use super::{Agent, Control, now_ms};
 use crate::launch::{LaunchSpec, resolve_user, terminate};
 use crate::monitor::Watched;
 
@@ -47,6 +47,39 @@ pub(super) fn start_of(
     let rec: JobRecord = serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
     let start = pb::StartJob::decode(rec.start.as_slice()).map_err(std::io::Error::other)?;
     Ok((start, rec.extra_env))
+}
+
+/// Writes `secs` as the time limit in the record of a job instance running here
+/// (atomically: an agent restarted in between finds the old record or the new one).
+pub(super) fn save_limit(
+    state: &std::path::Path,
+    id: u64,
+    attempt: u32,
+    secs: u64,
+) -> std::io::Result<()> {
+    let path = record_path(state, id, attempt, "json");
+    let mut rec: JobRecord =
+        serde_json::from_slice(&std::fs::read(&path)?).map_err(std::io::Error::other)?;
+    let mut start = pb::StartJob::decode(rec.start.as_slice()).map_err(std::io::Error::other)?;
+    start.time_limit_secs = secs;
+    rec.start = start.encode_to_vec();
+    write_record(&path, &rec)
+}
+
+/// Writes a job instance's record through a temporary file and a rename.
+fn write_record(path: &std::path::Path, rec: &JobRecord) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("json.tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(&serde_json::to_vec(rec).map_err(std::io::Error::other)?)?;
+    drop(f);
+    std::fs::rename(&tmp, path)
 }
 
 /// Where a job's script is written (see `launch::write_script`).
@@ -156,7 +189,7 @@ pub(super) fn adopt_jobs(agent: &Arc<Agent>, cgroups: &crate::cgroup::Mode, pare
 pub(super) async fn run_job(
     agent: Arc<Agent>,
     start: pb::StartJob,
-    mut kill_rx: mpsc::Receiver<KillRequest>,
+    mut control: mpsc::Receiver<Control>,
     begin: Begin,
 ) {
     let id = start.job_id;
@@ -236,12 +269,14 @@ pub(super) async fn run_job(
                     ..pb::JobReport::default()
                 }));
             }
-            let full = Duration::from_secs(start.time_limit_secs.max(1));
+            let mut full = Duration::from_secs(start.time_limit_secs.max(1));
             // An adopted job keeps the deadline it had.
             let ran = Duration::from_millis((now_ms() - started_ms).max(0) as u64);
-            let limit = full.saturating_sub(ran);
+            let began = tokio::time::Instant::now()
+                .checked_sub(ran)
+                .unwrap_or_else(tokio::time::Instant::now);
             let grace = Duration::from_secs(start.kill_grace_secs);
-            let deadline = tokio::time::sleep(limit);
+            let deadline = tokio::time::sleep_until(began + full);
             tokio::pin!(deadline);
             let (status, forced) = loop {
                 break tokio::select! {
@@ -251,7 +286,16 @@ pub(super) async fn run_job(
                         let s = terminate(&mut job, grace, None).await;
                         (s, Some((JobState::Timeout, format!("time limit {} reached", humantime::format_duration(full)))))
                     }
-                    Some(k) = kill_rx.recv() => {
+                    Some(c) = control.recv() => {
+                        let k = match c {
+                            Control::Kill(k) => k,
+                            Control::Limit(limit) => {
+                                // From its start: one already passed ends it now.
+                                full = limit.max(Duration::from_secs(1));
+                                deadline.as_mut().reset(began + full);
+                                continue;
+                            }
+                        };
                         if let (true, Some(sig)) = (k.signal_only, k.signal) {
                             // `scancel -s SIG`: the job hears it and runs on.
                             tracing::info!(job = id, reason = %k.reason, "signalling job");
@@ -424,19 +468,7 @@ fn spawn_recorded(
         extra_env: extra_env.to_vec(),
     };
     let path = record_path(&agent.state_dir, start.job_id, start.attempt, "json");
-    let tmp = path.with_extension("json.tmp");
-    {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&serde_json::to_vec(&rec).map_err(std::io::Error::other)?)?;
-    }
-    std::fs::rename(&tmp, &path)?;
+    write_record(&path, &rec)?;
     Ok((job, started_ms))
 }
 

@@ -422,6 +422,9 @@ impl SimAgents {
                     self.kills
                         .push(Reverse((now + grace, k.job_id, attempt, node, k.as_state)));
                 }
+                // A replay's instances run their traced durations: no limit is enforced
+                // here, so a new one changes nothing they do (and no trace asks one).
+                Command::Limit(_) => {}
             }
         }
         self.recompute(&touched, now);

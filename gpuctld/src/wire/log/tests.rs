@@ -182,6 +182,25 @@ fn every_change() -> Vec<Change> {
             id: 9,
             action: JobAction::ReleaseAllocation(None),
         },
+        Change::Update {
+            actor: actor(),
+            id: 9,
+            update: gpuctl_core::update::JobUpdate {
+                time_limit_secs: Some(0),
+                partition: Some("batch".into()),
+                name: None,
+                comment: Some(String::new()),
+                priority: Some(-100),
+            },
+        },
+        Change::Update {
+            actor: actor(),
+            id: 9,
+            update: gpuctl_core::update::JobUpdate {
+                name: Some("renamed".into()),
+                ..Default::default()
+            },
+        },
         Change::Drain {
             node: "n1".into(),
             reason: Some("maintenance".into()),
