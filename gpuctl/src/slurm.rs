@@ -417,4 +417,6 @@ pub fn render(pieces: &[Piece], value: impl Fn(char) -> String) -> String {
 }
 
 #[cfg(test)]
+mod golden;
+#[cfg(test)]
 mod tests;

@@ -13,13 +13,13 @@ use crate::format;
 
 #[derive(clap::Parser, Debug)]
 #[command(name = "sacct")]
-struct Args {
+pub(super) struct Args {
     /// Only these jobs (`N`, or `N.STEP` for one step).
     #[arg(short = 'j', long = "jobs", value_delimiter = ',')]
     jobs: Vec<String>,
     /// Fields, comma-separated (`Name%30` gives a width).
     #[arg(short = 'o', long = "format", value_delimiter = ',')]
-    format: Vec<String>,
+    pub(super) format: Vec<String>,
     /// `|` between fields, none after the last.
     #[arg(short = 'P', long = "parsable2")]
     parsable2: bool,
@@ -31,7 +31,7 @@ struct Args {
     noheader: bool,
     /// Jobs only, not their steps.
     #[arg(short = 'X', long = "allocations")]
-    allocations: bool,
+    pub(super) allocations: bool,
     /// Jobs active at or after this time (default: midnight today; with -j, all).
     #[arg(short = 'S', long = "starttime")]
     start: Option<String>,
@@ -109,7 +109,7 @@ const FIELDS: &[(&str, usize)] = &[
 ];
 
 /// One row: a job, or one of its steps.
-struct Row<'a> {
+pub(super) struct Row<'a> {
     job: &'a pb::Job,
     /// `None`: the job itself; `Some(None)`: its batch step; `Some(Some(i))`: step i.
     step: Option<Option<&'a pb::Step>>,
@@ -153,8 +153,25 @@ pub async fn run(args: Vec<OsString>) -> Result<u8, Failure> {
         .filter(|j| crate::commands::history::in_window(j, since, until))
         .filter(|j| a.states.is_empty() || a.states.iter().any(|s| state_is(s, j)))
         .collect();
+    let rows = rows(&jobs, &wanted, a.allocations, now);
+    if a.json {
+        print(&(json(&rows).to_string() + "\n"));
+        return Ok(exit::OK);
+    }
+    print(&table(&rows, &fields, &a));
+    Ok(exit::OK)
+}
+
+/// The lines of `jobs` sacct prints: each job `wanted` (all when none is named), then
+/// (unless `allocations`, `-X`) its steps: `N.batch` for a script's, `N.0`, ...
+pub(super) fn rows<'a>(
+    jobs: &'a [pb::Job],
+    wanted: &[&str],
+    allocations: bool,
+    now: i64,
+) -> Vec<Row<'a>> {
     let mut rows = Vec::new();
-    for j in &jobs {
+    for j in jobs {
         let id = format::job_id_text(j);
         let job_wanted =
             wanted.is_empty() || wanted.iter().any(|w| *w == id || *w == j.id.to_string());
@@ -166,7 +183,7 @@ pub async fn run(args: Vec<OsString>) -> Result<u8, Failure> {
                 now,
             });
         }
-        if a.allocations {
+        if allocations {
             continue;
         }
         let script = j
@@ -190,12 +207,7 @@ pub async fn run(args: Vec<OsString>) -> Result<u8, Failure> {
             }
         }
     }
-    if a.json {
-        print(&(json(&rows).to_string() + "\n"));
-        return Ok(exit::OK);
-    }
-    print(&table(&rows, &fields, &a));
-    Ok(exit::OK)
+    rows
 }
 
 fn state_is(s: &str, j: &pb::Job) -> bool {
@@ -248,7 +260,7 @@ fn when(s: &str, now: i64) -> Result<i64, Failure> {
 }
 
 /// The fields asked for, each with its width (`Name%30`), by Slurm's own spelling.
-fn fields(asked: &[String]) -> Result<Vec<(&'static str, usize)>, Failure> {
+pub(super) fn fields(asked: &[String]) -> Result<Vec<(&'static str, usize)>, Failure> {
     if asked.is_empty() {
         return Ok(DEFAULT
             .iter()
@@ -279,7 +291,7 @@ fn fields(asked: &[String]) -> Result<Vec<(&'static str, usize)>, Failure> {
 
 /// The rows as sacct prints them: fixed columns (cut to their width, with `+` where
 /// cut) under a header and a line of dashes, or `|`-separated with `-p`/`-P`.
-fn table(rows: &[Row<'_>], fields: &[(&str, usize)], a: &Args) -> String {
+pub(super) fn table(rows: &[Row<'_>], fields: &[(&str, usize)], a: &Args) -> String {
     let parsable = a.parsable || a.parsable2;
     let line = |cells: Vec<String>| -> String {
         if parsable {

@@ -226,6 +226,26 @@ async fn update_node(
     Ok(())
 }
 
+/// A job's `Reason=` as scontrol writes it: a pending job's reason (one word), and for
+/// an ended one Slurm's name of why it ended (`NonZeroExitCode`, `TimeLimit`, ...).
+fn reason(j: &pb::Job) -> String {
+    use pb::JobState as S;
+    let ended = match j.state() {
+        S::Running | S::Completed | S::Cancelled => Some("None"),
+        S::Failed if super::state_long(j) == "OUT_OF_MEMORY" => Some("OutOfMemory"),
+        S::Failed if j.exit_code.is_some_and(|c| c != 0) => Some("NonZeroExitCode"),
+        S::Timeout => Some("TimeLimit"),
+        S::NodeFail => Some("NodeDown"),
+        S::Preempted => Some("Preempted"),
+        _ => None,
+    };
+    match ended {
+        Some(r) => r.to_string(),
+        None if j.reason.is_empty() => "None".to_string(),
+        None => j.reason.replace(' ', "_"),
+    }
+}
+
 /// A job as `scontrol show job` writes it.
 pub fn show_job(j: &pb::Job, _one_line: bool) -> String {
     let none = pb::JobSpec::default();
@@ -239,11 +259,7 @@ pub fn show_job(j: &pb::Job, _one_line: bool) -> String {
     } else {
         super::hms(i64::try_from(j.time_limit_secs.min(1 << 40)).unwrap_or(0) * 1000)
     };
-    let reason = if j.reason.is_empty() || j.state() == pb::JobState::Running {
-        "None".to_string()
-    } else {
-        j.reason.replace(' ', "_")
-    };
+    let reason = reason(j);
     let gpus = format::gpu_request(&res);
     let tres = format!(
         "cpu={},mem={}M,node={}{}",
@@ -332,7 +348,7 @@ pub fn show_job(j: &pb::Job, _one_line: bool) -> String {
 }
 
 /// A node as `scontrol show node` writes it.
-fn show_node(n: &pb::Node) -> String {
+pub(super) fn show_node(n: &pb::Node) -> String {
     let state = match n.state() {
         pb::NodeState::Idle => "IDLE",
         pb::NodeState::Mixed => "MIXED",

@@ -12,7 +12,7 @@ use crate::cli::{Failure, exit, print};
 
 #[derive(clap::Parser, Debug)]
 #[command(name = "sinfo", disable_help_flag = true)]
-struct Args {
+pub(super) struct Args {
     /// No header.
     #[arg(short = 'h', long = "noheader")]
     noheader: bool,
@@ -39,7 +39,7 @@ struct Args {
 }
 
 const DEFAULT: &str = "%9P %.5a %.10l %.6D %.6t %N";
-const DEFAULT_NODES: &str = "%N %.6D %9P %.6t";
+const DEFAULT_NODES: &str = "%N %.6D %9P %6t";
 
 /// One line: a partition and the nodes of one state in it (or one node, with `-N`).
 struct Line<'a> {
@@ -71,6 +71,12 @@ pub async fn run(args: Vec<OsString>) -> Result<u8, Failure> {
             ..Default::default()
         });
     }
+    print(&output(&a, &nodes, &parts));
+    Ok(exit::OK)
+}
+
+/// What sinfo prints for `nodes` in `parts`, as `a` asks.
+pub(super) fn output(a: &Args, nodes: &[pb::Node], parts: &[pb::PartitionRow]) -> String {
     let parts: Vec<&pb::PartitionRow> = parts
         .iter()
         .filter(|p| a.partitions.is_empty() || a.partitions.contains(&p.name))
@@ -118,8 +124,7 @@ pub async fn run(args: Vec<OsString>) -> Result<u8, Failure> {
         out.push_str(&render(&ps, |c| value(l, c)));
         out.push('\n');
     }
-    print(&out);
-    Ok(exit::OK)
+    out
 }
 
 fn title(c: char) -> &'static str {

@@ -12,7 +12,7 @@ use crate::format;
 
 #[derive(clap::Parser, Debug)]
 #[command(name = "squeue", disable_help_flag = true)]
-struct Args {
+pub(super) struct Args {
     /// No header.
     #[arg(short = 'h', long = "noheader")]
     noheader: bool,
@@ -133,7 +133,7 @@ fn state_matches(s: &str, j: &pb::Job) -> bool {
 }
 
 /// The `-o` table.
-fn by_format(jobs: &[pb::Job], format: &str, header: bool, now: i64) -> String {
+pub(super) fn by_format(jobs: &[pb::Job], format: &str, header: bool, now: i64) -> String {
     table(&pieces(format), jobs, header, now)
 }
 
@@ -187,7 +187,12 @@ const FIELDS: &[(&str, char)] = &[
 ];
 
 /// The `-O` table: `Name[:[.]width]`, comma-separated (width 20 by default).
-fn by_fields(jobs: &[pb::Job], spec: &str, header: bool, now: i64) -> Result<String, Failure> {
+pub(super) fn by_fields(
+    jobs: &[pb::Job],
+    spec: &str,
+    header: bool,
+    now: i64,
+) -> Result<String, Failure> {
     let mut ps = Vec::new();
     for f in spec.split(',').map(str::trim).filter(|f| !f.is_empty()) {
         let (name, width) = f.split_once(':').unwrap_or((f, ""));
