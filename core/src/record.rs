@@ -226,6 +226,12 @@ pub struct JobSpec {
     pub opportunistic: bool,
     /// Free text kept with the job (`sbatch --comment`).
     pub comment: String,
+    /// Slurm's workload characterization key (`sbatch --wckey`), kept and shown.
+    pub wckey: String,
+    /// When to mail about the job (`--mail-type`, normalised: `BEGIN,END`).
+    pub mail_type: String,
+    /// Whom (`--mail-user`; empty: the job's user).
+    pub mail_user: String,
 }
 
 /// `JobSpec`'s plain fields, each with its field number in `gpuctl.proto` and its kind
@@ -265,6 +271,9 @@ macro_rules! job_spec_fields {
             interactive: bool = 26,
             opportunistic: bool = 27,
             comment: string = 28,
+            wckey: string = 29,
+            mail_type: string = 30,
+            mail_user: string = 31,
         )
     };
 }

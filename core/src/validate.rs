@@ -54,6 +54,22 @@ pub const MAX_RESTARTS: u32 = 100;
 
 /// Longest job name, QoS name, env key.
 const MAX_NAME: usize = 256;
+/// Slurm's `--mail-type` values, as a job keeps them (upper case).
+pub const MAIL_TYPES: &[&str] = &[
+    "NONE",
+    "BEGIN",
+    "END",
+    "FAIL",
+    "REQUEUE",
+    "ALL",
+    "INVALID_DEPEND",
+    "STAGE_OUT",
+    "TIME_LIMIT",
+    "TIME_LIMIT_90",
+    "TIME_LIMIT_80",
+    "TIME_LIMIT_50",
+    "ARRAY_TASKS",
+];
 /// Longest comment (`sbatch --comment`).
 const MAX_COMMENT: usize = 1024;
 /// Longest env value and command argument.
@@ -75,6 +91,8 @@ pub(crate) fn check_text(spec: &JobSpec) -> Result<(), Refusal> {
         ("qos", &spec.qos),
         ("account", &spec.account),
         ("partition", &spec.partition),
+        ("wckey", &spec.wckey),
+        ("mail_user", &spec.mail_user),
     ] {
         if v.len() > MAX_NAME {
             return bad(format!("`{what}` is {} bytes, over {MAX_NAME}", v.len()));
@@ -107,6 +125,15 @@ pub(crate) fn check_text(spec: &JobSpec) -> Result<(), Refusal> {
         return bad(format!(
             "`comment` \"{}\" holds a control or invisible character: it is shown to other users as it is",
             shown(&spec.comment)
+        ));
+    }
+    if let Some(bad_type) =
+        (spec.mail_type.split(',').filter(|t| !t.is_empty())).find(|t| !MAIL_TYPES.contains(t))
+    {
+        return bad(format!(
+            "mail type \"{}\" is not one of Slurm's: {}",
+            shown(bad_type),
+            MAIL_TYPES.join(", ")
         ));
     }
     for (k, v) in &spec.env {
@@ -545,6 +572,26 @@ mod tests {
         let e = set_owner(&root, None, &mut bad).unwrap_err();
         assert!(e.message.contains("not a valid user name"), "{}", e.message);
         assert!(valid_user_name("alice.b-c_1") && !valid_user_name("a b"));
+    }
+
+    #[test]
+    fn wckeys_and_mail_options_are_checked_like_names() {
+        let with = |wckey: &str, mail_type: &str, mail_user: &str| JobSpec {
+            wckey: wckey.into(),
+            mail_type: mail_type.into(),
+            mail_user: mail_user.into(),
+            ..JobSpec::default()
+        };
+        check_text(&with("proj", "BEGIN,END,TIME_LIMIT_90", "a@example.com")).unwrap();
+        for bad in [
+            with("p\u{1b}[2J", "", ""),
+            with("", "END,SOMETIMES", ""),
+            with("", "end", ""),
+            with("", "", "a\nb"),
+            with(&"w".repeat(MAX_NAME + 1), "", ""),
+        ] {
+            assert!(check_text(&bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

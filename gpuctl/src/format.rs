@@ -289,6 +289,9 @@ impl serde::Serialize for JobJson<'_> {
         m.serialize_entry("class", class)?;
         m.serialize_entry("command", &spec.command)?;
         m.serialize_entry("comment", &non_empty(&spec.comment))?;
+        m.serialize_entry("wckey", &non_empty(&spec.wckey))?;
+        m.serialize_entry("mail_type", &non_empty(&spec.mail_type))?;
+        m.serialize_entry("mail_user", &non_empty(&spec.mail_user))?;
         m.serialize_entry(
             "dependencies",
             &spec

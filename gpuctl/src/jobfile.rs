@@ -56,6 +56,14 @@ pub struct JobFile {
     /// Free text kept with the job (`sbatch --comment`; `squeue %k`).
     #[serde(default)]
     pub comment: String,
+    /// Slurm's workload characterization key (`sbatch --wckey`; `squeue %w`).
+    #[serde(default)]
+    pub wckey: String,
+    /// When to mail about the job: "BEGIN,END", "FAIL", "ALL"... (`--mail-type`).
+    pub mail_type: Option<Spanned<String>>,
+    /// Whom to mail (`--mail-user`; the job's user when not given).
+    #[serde(default)]
+    pub mail_user: String,
     /// Like sbatch: "afterok:12:13,afterany:14,afternotok:15".
     pub dependency: Option<Spanned<String>>,
     #[serde(default)]
@@ -331,25 +339,17 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
     let qos = config_name(raw.qos, "qos")?;
     let account = config_name(raw.account, "account")?;
     let partition = config_name(raw.partition, "partition")?;
-    let opportunistic = match &raw.class {
-        None => false,
-        Some(c) => match c.get_ref().as_str() {
-            "guaranteed" => false,
-            "opportunistic" => true,
-            other => {
-                return Err(at(
-                    c.span(),
-                    format!("class {other:?}: \"guaranteed\" or \"opportunistic\""),
-                ));
-            }
-        },
-    };
+    let opportunistic = class(&src, raw.class.as_ref())?;
     let signal = match raw.signal {
         Some(sig) => {
             gpuctl_proto::convert::parse_signal_spec(sig.get_ref())
                 .map_err(|m| at(sig.span(), m))?;
             sig.into_inner()
         }
+        None => String::new(),
+    };
+    let mail_type = match raw.mail_type {
+        Some(t) => mail_types(t.get_ref()).map_err(|m| at(t.span(), m))?,
         None => String::new(),
     };
     let array = match raw.array {
@@ -398,6 +398,9 @@ pub fn parse(file: &str, text: &str) -> Result<Job, JobFileError> {
             opportunistic,
             max_restarts: raw.max_restarts,
             comment: raw.comment,
+            wckey: raw.wckey,
+            mail_type,
+            mail_user: raw.mail_user,
             resources,
             ..JobSpec::default()
         },
@@ -797,6 +800,37 @@ fn snippet(line: &str, column: usize, width: usize) -> String {
         " ".repeat(caret_at),
         "^".repeat(width)
     )
+}
+
+/// The job file's `class`: whether the job is opportunistic.
+fn class(src: &Src<'_>, class: Option<&Spanned<String>>) -> Result<bool, JobFileError> {
+    match class.map(|c| (c.get_ref().as_str(), c.span())) {
+        None | Some(("guaranteed", _)) => Ok(false),
+        Some(("opportunistic", _)) => Ok(true),
+        Some((other, span)) => Err(src.at(
+            span,
+            format!("class {other:?}: \"guaranteed\" or \"opportunistic\""),
+        )),
+    }
+}
+
+/// `--mail-type` / `mail_type`: Slurm's names, any case, comma-separated; kept in
+/// upper case (`BEGIN,END`).
+pub fn mail_types(v: &str) -> Result<String, String> {
+    let types: Vec<String> = v
+        .split(',')
+        .map(|t| t.trim().to_ascii_uppercase())
+        .collect();
+    match types
+        .iter()
+        .find(|t| !gpuctl_core::validate::MAIL_TYPES.contains(&t.as_str()))
+    {
+        Some(bad) => Err(format!(
+            "mail type {bad:?} is not one of Slurm's: {}",
+            gpuctl_core::validate::MAIL_TYPES.join(", ")
+        )),
+        None => Ok(types.join(",")),
+    }
 }
 
 pub(crate) fn at_span(file: &str, text: &str, span: Range<usize>, message: String) -> JobFileError {

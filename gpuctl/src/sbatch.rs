@@ -1,8 +1,9 @@
 //! Slurm batch scripts as they are: `gpuctl submit train.sbatch` reads the `#SBATCH`
 //! lines at the top of a shell script (as sbatch does: up to the first command) and
 //! runs the whole script as the job. Options gpuctl has no equivalent for are refused by
-//! name, with the line and column; a few that change nothing here (mail, comments) are
-//! ignored with a warning.
+//! name, with the line and column; a few that change nothing here (`--hint`,
+//! `--cpu-bind`...) are ignored with a warning; `--comment`, `--wckey` and the mail
+//! options are kept with the job.
 
 use std::ops::Range;
 use std::path::PathBuf;
@@ -52,11 +53,8 @@ pub struct Extra {
 /// Options with no effect in gpuctl, ignored with a warning (the tools that drive
 /// Slurm write them into every script).
 const IGNORED: &[&str] = &[
-    "mail-type",
-    "mail-user",
     "hint",
     "open-mode",
-    "wckey",
     "get-user-env",
     "distribution",
     "cpu-bind",
@@ -450,6 +448,9 @@ fn apply(o: &Opt, job: &mut Job, extra: &mut Extra, pn: &mut PerNode) -> Result<
         "qos" => job.spec.qos = v.to_string(),
         "account" => job.spec.account = v.to_string(),
         "comment" => job.spec.comment = v.to_string(),
+        "wckey" => job.spec.wckey = v.to_string(),
+        "mail-type" => job.spec.mail_type = crate::jobfile::mail_types(v).map_err(fail)?,
+        "mail-user" => job.spec.mail_user = v.to_string(),
         "signal" => {
             // sbatch's B: (the batch shell only) is how gpuctl signals anyway.
             let sig = v.strip_prefix("B:").unwrap_or(v);

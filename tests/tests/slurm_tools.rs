@@ -350,11 +350,11 @@ fn sacct_formats(c: &Cluster, links: &Path, id: u64) {
             "-n",
             "-P",
             "-o",
-            "JobID,Comment",
+            "JobID,Comment,WCKey",
         ],
         None,
     ));
-    assert_eq!(a.trim(), format!("{id}|from a tool"), "{a}");
+    assert_eq!(a.trim(), format!("{id}|from a tool|proj"), "{a}");
     // sacct: the job, its batch step and its srun step, parsable.
     let a = out(&tool(
         c,

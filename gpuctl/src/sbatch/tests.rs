@@ -82,8 +82,13 @@ fn option_spellings() {
     .unwrap();
     assert_eq!(j.spec.comment, "two words");
     assert_eq!(extra.export.as_deref(), Some("ALL"));
-    // --mail-type is said to change nothing; --comment is kept.
-    assert_eq!(extra.warnings.len(), 1, "{:?}", extra.warnings);
+    // --mail-type and --comment are kept with the job, not warned about.
+    assert_eq!(j.spec.mail_type, "END");
+    assert!(extra.warnings.is_empty(), "{:?}", extra.warnings);
+    let e = parse("x", "#!/bin/sh\n#SBATCH --mail-type=END,SOMETIMES\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("x:2:") && e.contains("\"SOMETIMES\""), "{e}");
 }
 
 #[test]
@@ -112,12 +117,13 @@ fn unsupported_options_are_refused_by_name_with_their_place() {
         .to_string();
     assert!(e.contains("--licenses is not supported"), "{e}");
     // What the tools that drive Slurm write into every script is accepted, said so.
-    let (_, extra) = parse(
+    let (j, extra) = parse(
         "t.sbatch",
         "#!/bin/sh\n#SBATCH --wckey=x --comment=y --get-user-env --kill-on-bad-exit\n",
     )
     .unwrap();
-    assert_eq!(extra.warnings.len(), 3, "{:?}", extra.warnings);
+    assert_eq!((j.spec.wckey.as_str(), j.spec.comment.as_str()), ("x", "y"));
+    assert_eq!(extra.warnings.len(), 2, "{:?}", extra.warnings);
     let e = parse("t.sbatch", "#!/bin/sh\n#SBATCH -y node1\n")
         .unwrap_err()
         .to_string();

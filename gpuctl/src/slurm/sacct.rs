@@ -106,6 +106,7 @@ const FIELDS: &[(&str, usize)] = &[
     ("AllocTRES", 30),
     ("ReqTRES", 30),
     ("Comment", 15),
+    ("WCKey", 10),
 ];
 
 /// One row: a job, or one of its steps.
@@ -418,6 +419,7 @@ fn cell(r: &Row<'_>, field: &str) -> String {
         "TimelimitRaw" => (j.time_limit_secs / 60).to_string(),
         "QOS" => spec.qos.clone(),
         "Comment" => spec.comment.clone(),
+        "WCKey" => spec.wckey.clone(),
         "Reason" => {
             if j.reason.is_empty() {
                 "None".into()

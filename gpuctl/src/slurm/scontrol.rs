@@ -310,6 +310,19 @@ pub fn show_job(j: &pb::Job, _one_line: bool) -> String {
         ),
         format!("Partition={} AllocNode:Sid=(null)", s.partition),
         format!(
+            "MailUser={} MailType={}",
+            if s.mail_user.is_empty() {
+                &s.user
+            } else {
+                &s.mail_user
+            },
+            if s.mail_type.is_empty() {
+                "NONE"
+            } else {
+                &s.mail_type
+            }
+        ),
+        format!(
             "NodeList={} ExcNodeList={}",
             if j.node.is_empty() { "(null)" } else { &j.node },
             if res.exclude.is_empty() {

@@ -184,6 +184,7 @@ const FIELDS: &[(&str, char)] = &[
     ("priority", 'Q'),
     ("exitcode", 'X'),
     ("comment", 'k'),
+    ("wckey", 'w'),
 ];
 
 /// The `-O` table: `Name[:[.]width]`, comma-separated (width 20 by default).
@@ -257,6 +258,7 @@ fn title(c: char) -> &'static str {
         'Q' => "PRIORITY",
         'X' => "EXIT_CODE",
         'k' => "COMMENT",
+        'w' => "WCKEY",
         _ => "",
     }
 }
@@ -338,6 +340,7 @@ fn value(j: &pb::Job, c: char, now: i64) -> String {
         'Q' => spec.priority.to_string(),
         'X' => super::exit_code(j),
         'k' => or_na(&spec.comment),
+        'w' => or_na(&spec.wckey),
         _ => String::new(),
     }
 }
@@ -368,6 +371,9 @@ pub fn json(jobs: &[pb::Job]) -> serde_json::Value {
                 "partition": s.partition,
                 "qos": s.qos,
                 "comment": s.comment,
+                "wckey": s.wckey,
+                "mail_type": if s.mail_type.is_empty() { Vec::new() } else { s.mail_type.split(',').collect::<Vec<_>>() },
+                "mail_user": s.mail_user,
                 "job_state": [state_long(j)],
                 "state_reason": if j.reason.is_empty() { "None" } else { &j.reason },
                 "nodes": j.node,
