@@ -523,7 +523,12 @@ impl Cluster {
             })
             .cloned()
             .collect();
-        HeartbeatAnswer { known, stale }
+        let power_caps = c.power_caps(&req.node, now);
+        HeartbeatAnswer {
+            known,
+            stale,
+            power_caps,
+        }
     }
 
     /// Whether `(job, attempt)` runs on `node` as far as the controller knows.

@@ -516,6 +516,8 @@ impl Config {
     pub fn from_toml(text: &str) -> Result<Config, String> {
         let mut config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
         config.resolve_qos();
+        // Not serialised: resolved again, or a replica's windows would run on UTC.
+        config.tz = crate::windows::zone(&config.timezone)?;
         Ok(config)
     }
 

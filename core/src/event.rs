@@ -79,6 +79,8 @@ pub struct HeartbeatAnswer {
     /// Instances the agent runs that the cluster holds as ended or replaced: the
     /// agent kills them.
     pub stale: Vec<Running>,
+    /// The power caps of the windows open now for the node (`Cluster::power_caps`).
+    pub power_caps: Vec<crate::power::PowerCap>,
 }
 
 /// What a report says happened.

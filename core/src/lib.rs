@@ -49,6 +49,7 @@ pub mod opportunistic;
 pub mod ops;
 pub mod partitions;
 pub mod policy;
+pub mod power;
 pub mod reconfig;
 pub mod record;
 pub mod replay;

@@ -52,6 +52,13 @@ pub struct Window {
     /// Whether preemption is allowed while open (default: as outside).
     #[serde(default)]
     pub preemption: Option<bool>,
+    /// Each GPU's power limit while open: watts ("250W") or a share of its default
+    /// limit ("70%"); never above the GPU's maximum (`crate::power`).
+    #[serde(default)]
+    pub gpu_power_limit: Option<String>,
+    /// Node pattern -> its own power limit while open (over `gpu_power_limit`).
+    #[serde(default)]
+    pub gpu_power_limit_nodes: BTreeMap<String, String>,
 }
 
 /// A window's opening: from, until (Unix ms).
@@ -98,6 +105,11 @@ impl Window {
         if self.start == self.end {
             return Err(format!("windows.{name}: start and end are the same"));
         }
+        crate::power::check_window(
+            name,
+            self.gpu_power_limit.as_deref(),
+            &self.gpu_power_limit_nodes,
+        )?;
         for (what, floors) in [
             ("floor", &self.floor),
             ("partition_floor", &self.partition_floor),
@@ -481,6 +493,8 @@ mod tests {
             partition_floor: BTreeMap::new(),
             qos_priority: BTreeMap::new(),
             preemption: None,
+            gpu_power_limit: None,
+            gpu_power_limit_nodes: BTreeMap::new(),
         }
     }
 

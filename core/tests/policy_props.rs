@@ -71,6 +71,8 @@ fn config() -> Config {
             partition_floor: std::collections::BTreeMap::new(),
             qos_priority: Default::default(),
             preemption: Some(true),
+            gpu_power_limit: None,
+            gpu_power_limit_nodes: Default::default(),
         },
     );
     cfg.resolve_qos();

@@ -168,6 +168,16 @@ pub fn heartbeat_answer(a: HeartbeatAnswer) -> pb::HeartbeatResponse {
     pb::HeartbeatResponse {
         known: a.known,
         stale: a.stale.into_iter().map(running_pb).collect(),
+        power_caps: (a.power_caps.into_iter())
+            .map(|c| pb::PowerCap {
+                cap: Some(match c {
+                    gpuctl_core::power::PowerCap::Watts(w) => pb::power_cap::Cap::Watts(w),
+                    gpuctl_core::power::PowerCap::ShareMilli(m) => {
+                        pb::power_cap::Cap::ShareMilli(m)
+                    }
+                }),
+            })
+            .collect(),
     }
 }
 

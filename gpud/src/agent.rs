@@ -137,6 +137,8 @@ struct Agent {
     launch_fault: Mutex<Option<String>>,
     /// The directory put first on jobs' PATH, holding `srun` (`launch::job_tools`).
     tools: Option<PathBuf>,
+    /// The GPUs' power limits, as the controller's windows cap them.
+    power: crate::power::Power,
     /// A channel to each controller of `--controller a,b,c` (replicated controllers),
     /// and which one the agent attaches to now (the leader, once found).
     channels: std::sync::OnceLock<Vec<Channel>>,
@@ -241,10 +243,25 @@ impl Agent {
             health: Arc::default(),
             launch_fault: Mutex::new(None),
             tools: crate::launch::job_tools(&opts.state_dir),
+            power: crate::power::Power::new(opts.backend.clone()),
             channels: std::sync::OnceLock::new(),
             current: std::sync::atomic::AtomicUsize::new(0),
             term: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Applies the power caps a heartbeat's answer carries (off the runtime: NVML
+    /// blocks), when they changed.
+    fn apply_power(self: &Arc<Self>, caps: Vec<pb::PowerCap>) {
+        if !self.power.changed(&caps) {
+            return;
+        }
+        let gpus: Vec<String> = (self.gpus.lock().unwrap_or_else(|p| p.into_inner()))
+            .iter()
+            .map(|g| g.uuid.clone())
+            .collect();
+        let a = self.clone();
+        tokio::task::spawn_blocking(move || a.power.apply(&gpus, &caps));
     }
 
     fn running(&self) -> Vec<pb::RunningJob> {
@@ -518,6 +535,8 @@ pub async fn run(
 
     let _ = agent.channels.set(channels);
     adopt_jobs(&agent, &cgroups_for_adoption, &cgroup_parent);
+    // Every GPU at its default power limit until a window's cap says otherwise.
+    agent.apply_power(Vec::new());
     let reporter = tokio::spawn(reporter(agent.clone()));
     let exporter = Arc::new(Exporter::new());
     if let Some(addr) = opts.metrics_listen {

@@ -149,6 +149,19 @@ pub trait GpuBackend: Send + Sync {
     fn discover(&self) -> Result<Vec<GpuInfo>, GpuError>;
     /// Current metrics of every GPU, `secs` seconds after the agent started.
     fn sample(&self, secs: f64) -> Result<Vec<GpuSample>, GpuError>;
+    /// A GPU's power limit range (NVML's default limit and constraints); `None` where
+    /// the driver gives none (its limit is then left alone).
+    fn power_range(&self, uuid: &str) -> Option<PowerRange>;
+    /// Sets a GPU's power management limit (within `power_range`; root on NVML).
+    fn set_power_limit(&self, uuid: &str, watts: u32) -> Result<(), GpuError>;
+}
+
+/// A GPU's power limits, in watts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PowerRange {
+    pub default_w: u32,
+    pub min_w: u32,
+    pub max_w: u32,
 }
 
 /// Real GPUs through NVML.
@@ -393,6 +406,24 @@ impl GpuBackend for Nvml {
             });
         }
         Ok(gpus)
+    }
+
+    fn power_range(&self, uuid: &str) -> Option<PowerRange> {
+        let d = self.nvml.device_by_uuid(uuid).ok()?;
+        let default = d.power_management_limit_default().ok()?;
+        let c = d.power_management_limit_constraints().ok()?;
+        Some(PowerRange {
+            default_w: default / 1000,
+            min_w: c.min_limit / 1000,
+            max_w: c.max_limit / 1000,
+        })
+    }
+
+    fn set_power_limit(&self, uuid: &str, watts: u32) -> Result<(), GpuError> {
+        let e = |e: nvml_wrapper::error::NvmlError| GpuError::Nvml(e.to_string());
+        let mut d = self.nvml.device_by_uuid(uuid).map_err(e)?;
+        d.set_power_management_limit(watts.saturating_mul(1000))
+            .map_err(e)
     }
 
     fn sample(&self, _secs: f64) -> Result<Vec<GpuSample>, GpuError> {

@@ -36,6 +36,7 @@ pub mod identity;
 pub mod launch;
 pub mod monitor;
 pub mod mps;
+pub mod power;
 pub mod procfs;
 pub mod reports;
 pub mod shim;

@@ -372,6 +372,9 @@ async fn heartbeats(
                     tracing::warn!("controller does not know this agent's stream");
                 }
                 *session.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+                if r.known {
+                    agent.apply_power(r.power_caps);
+                }
                 for s in r.stale {
                     agent.kill_stale(
                         s.job_id,

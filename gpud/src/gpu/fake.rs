@@ -68,6 +68,33 @@ pub struct FakeGpus {
     /// Energy per GPU UUID: (seconds of the last sample, mJ so far), the power
     /// integrated over the samples.
     energy: std::sync::Mutex<HashMap<String, (f64, f64)>>,
+    /// Power limits set (watts) by GPU UUID; the default where none was.
+    limits: std::sync::Mutex<HashMap<String, u32>>,
+}
+
+/// A fake GPU's power range, by model: the data sheets' default limits (A100 SXM
+/// 400 W, H100/H200 SXM 700 W, A30 165 W, L4 72 W, T4 70 W, V100 SXM2 300 W) and
+/// the lowest limit `nvidia-smi -q -d POWER` reports for them.
+pub fn fake_power_range(model: &str) -> crate::gpu::PowerRange {
+    let m = model.to_ascii_uppercase();
+    let (default_w, min_w) = if m.starts_with("H100") || m.starts_with("H200") {
+        (700, 200)
+    } else if m.starts_with("A30") {
+        (165, 100)
+    } else if m.starts_with("L4") {
+        (72, 40)
+    } else if m.starts_with("T4") {
+        (70, 60)
+    } else if m.starts_with("V100") {
+        (300, 150)
+    } else {
+        (400, 100)
+    };
+    crate::gpu::PowerRange {
+        default_w,
+        min_w,
+        max_w: default_w,
+    }
 }
 
 /// `--fake-gpus-file`: GPUs, MIG layouts and scripted metric curves.
@@ -269,6 +296,7 @@ impl FakeGpus {
             file: None,
             started_ms,
             energy: std::sync::Mutex::default(),
+            limits: std::sync::Mutex::default(),
         })
     }
 
@@ -308,6 +336,26 @@ impl GpuBackend for FakeGpus {
             Some((path, node)) => Ok(FakeGpus::from_file(path, node)?.gpus),
             None => Ok(self.gpus.clone()),
         }
+    }
+
+    fn power_range(&self, uuid: &str) -> Option<crate::gpu::PowerRange> {
+        let g = self.gpus.iter().find(|g| g.uuid == uuid)?;
+        Some(fake_power_range(&g.model))
+    }
+
+    fn set_power_limit(&self, uuid: &str, watts: u32) -> Result<(), GpuError> {
+        let range = self
+            .power_range(uuid)
+            .ok_or_else(|| GpuError::Nvml(format!("no GPU {uuid}")))?;
+        if !(range.min_w..=range.max_w).contains(&watts) {
+            // As NVML answers a limit outside the constraints.
+            return Err(GpuError::Nvml(format!(
+                "Invalid Argument: {watts} W is outside {}-{} W",
+                range.min_w, range.max_w
+            )));
+        }
+        (self.limits.lock().unwrap_or_else(|p| p.into_inner())).insert(uuid.to_string(), watts);
+        Ok(())
     }
 
     fn sample(&self, secs: f64) -> Result<Vec<GpuSample>, GpuError> {
@@ -354,7 +402,20 @@ impl FakeGpus {
             || processes.iter().map(|p| p.mem_used_mib).sum::<u64>(),
             |v| v.max(0.0) as u64,
         );
-        let power_w = m.power.at(secs).unwrap_or(60.0 + util * 3.4);
+        let range = fake_power_range(&g.model);
+        let limit = (self.limits.lock().unwrap_or_else(|p| p.into_inner()))
+            .get(&g.uuid)
+            .copied()
+            .unwrap_or(range.default_w);
+        let limit = f64::from(limit);
+        // What the work would draw (the A100's curve, scaled to the model's default
+        // limit), held to the limit; under a cap the SM clock drops in proportion.
+        let demand = m
+            .power
+            .at(secs)
+            .unwrap_or((60.0 + util * 3.4) * f64::from(range.default_w) / 400.0);
+        let power_w = demand.min(limit);
+        let throttle = if demand > limit { limit / demand } else { 1.0 };
         let count = |c: &Curve| c.at(secs).unwrap_or(0.0).max(0.0) as u64;
         GpuSample {
             uuid: g.uuid.clone(),
@@ -366,7 +427,7 @@ impl FakeGpus {
             mem_temp_c: Some(m.temperature.at(secs).unwrap_or(35.0 + util * 0.4) as u32 + 4),
             fan_pct: Some(m.fan.at(secs).unwrap_or(30.0 + util * 0.5) as u32),
             power_w,
-            power_limit_w: 400.0,
+            power_limit_w: limit,
             ecc_uncorrected: Some(count(&m.ecc_uncorrected)),
             processes,
             xid: m
@@ -376,7 +437,11 @@ impl FakeGpus {
                 .max_by(|a, b| a.0.total_cmp(&b.0))
                 .map(|&(t, code)| (code, self.started_ms + (t * 1000.0) as i64)),
             // An A100's range: 210 MHz idle to 1410 MHz busy; HBM2e at 1593 MHz.
-            sm_clock_mhz: Some(m.sm_clock_mhz.at(secs).unwrap_or(210.0 + util * 12.0) as u32),
+            sm_clock_mhz: Some(
+                m.sm_clock_mhz
+                    .at(secs)
+                    .unwrap_or((210.0 + util * 12.0) * throttle) as u32,
+            ),
             mem_clock_mhz: Some(m.mem_clock_mhz.at(secs).unwrap_or(1593.0) as u32),
             energy_mj: Some(self.energy_mj(&g.uuid, secs, power_w)),
             pcie_replays: Some(count(&m.pcie_replays)),
