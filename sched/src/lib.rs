@@ -37,6 +37,7 @@ pub mod floors;
 pub mod hostlist;
 pub mod job;
 pub mod limits;
+pub mod mig;
 pub mod model;
 pub mod packing;
 mod plan;
