@@ -200,9 +200,11 @@ impl Cluster {
             drain_automatic: old.is_some_and(|n| n.drain_automatic),
             xid_handled_ms: old.map_or(0, |n| n.xid_handled_ms),
             features: req.features.clone(),
+            mig_dynamic: req.mig_dynamic,
         };
         self.fleet.nodes.insert(req.node.clone(), node);
         self.node_changed(&req.node);
+        self.mig_attached(&req.node);
 
         let mut other_kills = Vec::new();
         for r in &req.unacked_reports {

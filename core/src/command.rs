@@ -12,6 +12,15 @@ pub enum Command {
     Kill(Kill),
     /// A running instance's new time limit (`scontrol update TimeLimit=`).
     Limit(Limit),
+    /// A GPU's new MIG layout (dynamic MIG, `crate::mig`): the GPU holds no job.
+    Mig(MigLayout),
+}
+
+/// Reconfigure a GPU that holds no job to `layout` (MIG profiles; empty: whole).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MigLayout {
+    pub gpu: String,
+    pub layout: Vec<String>,
 }
 
 /// Start a job's part (one rank) on the node.
@@ -65,6 +74,7 @@ impl Command {
             Command::Start(s) => s.job_id,
             Command::Kill(k) => k.job_id,
             Command::Limit(l) => l.job_id,
+            Command::Mig(_) => 0,
         }
     }
 }

@@ -49,6 +49,8 @@ pub struct Config {
     /// `enabled`, `lend_below = 0.6`, `yield_above = 0.8`, `measure = "5m"`,
     /// `yield_window = "10s"`, `memory_margin = 1.25`, `min_memory_mib = 2048`.
     pub opportunistic: crate::opportunistic::Opportunistic,
+    /// Dynamic MIG (`crate::mig`): `[mig]` with `min_layout_age = "2m"`.
+    pub mig: crate::mig::MigConfig,
     /// Accounts (Slurm's associations): `[accounts.risk]` with `shares = 3` and
     /// `users = ["alice", "bob"]`. A job is charged to the account it names, or to the
     /// first account that lists its user, or, when none does, to an account named
@@ -434,6 +436,7 @@ impl Default for Config {
             preemption: Preemption::default(),
             colocation: crate::colocate::Colocation::default(),
             opportunistic: crate::opportunistic::Opportunistic::default(),
+            mig: crate::mig::MigConfig::default(),
             accounts: indexmap::IndexMap::new(),
             partitions: BTreeMap::new(),
             timezone: "UTC".into(),

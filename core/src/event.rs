@@ -34,6 +34,8 @@ pub struct Register {
     /// same agent coming back (after a failover, a dropped connection) takes over its
     /// own connection, which a copy of its state dir elsewhere could not name.
     pub previous_session: Vec<u8>,
+    /// The controller may change its GPUs' MIG layouts (`gpud --mig dynamic`).
+    pub mig_dynamic: bool,
 }
 
 /// A job instance an agent runs, with its host figures so far.

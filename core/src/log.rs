@@ -284,6 +284,7 @@ impl Cluster {
             }
             Change::Preempt(candidates) => {
                 self.preempt_for(&candidates, now, &mut effects);
+                self.plan_mig(now, &mut effects);
                 Ok(Applied::Done)
             }
             Change::Reconfigure(config) => Ok(Applied::Reconfigured(self.reconfigure(*config))),

@@ -27,6 +27,8 @@ pub struct Node {
     /// The newest hardware XID already acted on (Unix ms of its sample).
     pub xid_handled_ms: i64,
     pub features: Vec<String>,
+    /// Its agent lets the controller change its GPUs' MIG layouts (`crate::mig`).
+    pub mig_dynamic: bool,
 }
 
 /// One GPU of a node as discovered, with its MIG instances if it is partitioned.

@@ -66,6 +66,8 @@ pub struct Cluster {
     pub(crate) watch: crate::opportunistic::Watches,
     /// The GPUs lent now (as their watches say): the main pass tries the others first.
     pub(crate) lent_gpus: std::collections::BTreeSet<String>,
+    /// Dynamic MIG's changes under way (`crate::mig`), memory only.
+    pub(crate) mig: crate::mig::MigState,
 }
 
 /// Read access for the shell, the simulator and the tests: state changes only through
@@ -434,6 +436,10 @@ impl Cluster {
         partitions: &std::collections::BTreeMap<&str, &crate::partitions::PartitionConfig>,
     ) -> NodeView {
         let mut slots = n.slots();
+        if !self.mig.changing.is_empty() {
+            // A GPU being reconfigured is in no pass until its agent shows it again.
+            slots.retain(|s| !self.mig_changing(&n.name, s.gpu_index));
+        }
         if !self.lent_gpus.is_empty() {
             // GPUs with borrowers last: a guaranteed job takes one only when it must
             // (it then waits for their yield if their memory is in its way).

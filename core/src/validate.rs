@@ -416,7 +416,11 @@ pub(crate) fn check_feasible(
     let partitions = c.config.all_partitions();
     let mut fitting = 0;
     for n in c.fleet.nodes.values() {
-        let v = c.node_view(n, &partitions);
+        let mut v = c.node_view(n, &partitions);
+        if n.mig_dynamic && !matches!(req.gpu, GpuRequest::None) {
+            // A dynamic-MIG node's GPUs may take any layout (`crate::mig`).
+            v.slots = dynamic_slots(n, &req.gpu);
+        }
         if v.admits(&req) && sched::fits_empty(&v, &req) {
             fitting += 1;
             if fitting >= req.nodes as usize {
@@ -425,6 +429,42 @@ pub(crate) fn check_feasible(
         }
     }
     refusal(&c.node_views(), req)
+}
+
+/// A dynamic-MIG node's GPUs as they could be laid out for `gpu`: the most instances
+/// of its MIG profile, or else every GPU whole.
+fn dynamic_slots(n: &crate::node::Node, gpu: &GpuRequest) -> Vec<sched::SlotView> {
+    let mut slots = Vec::new();
+    let GpuRequest::Mig { profile, .. } = gpu else {
+        for g in &n.gpus {
+            slots.push(sched::SlotView {
+                uuid: g.uuid.clone(),
+                gpu_index: g.index,
+                model: g.model.clone(),
+                memory_mib: g.memory_mib,
+                mig_profile: None,
+            });
+        }
+        return slots;
+    };
+    for g in &n.gpus {
+        let Some(model) = sched::mig::model_of(&g.model) else {
+            continue;
+        };
+        let Some(p) = model.profile(profile) else {
+            continue;
+        };
+        for i in 0..model.plan(&[p.name; 8]).len() {
+            slots.push(sched::SlotView {
+                uuid: format!("{}-{i}", g.uuid),
+                gpu_index: g.index,
+                model: g.model.clone(),
+                memory_mib: sched::mig::profile_memory_mib(p.name).unwrap_or(0),
+                mig_profile: Some(p.name.to_string()),
+            });
+        }
+    }
+    slots
 }
 
 /// Why no node, or too few, could ever run `req`.

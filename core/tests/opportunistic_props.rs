@@ -91,6 +91,7 @@ impl World {
                     report(&mut self.c, "n1", s.job_id, None, self.t);
                 }
                 Command::Limit(l) => unreachable!("no job is updated here: {l:?}"),
+                Command::Mig(m) => unreachable!("no node is dynamic-MIG here: {m:?}"),
             }
         }
         for s in self.c.jobs().active().filter(|s| !s.job.spec.opportunistic) {

@@ -102,6 +102,7 @@ impl Agents {
                     self.due.push((t, k.job_id, k.attempt, node, k.as_state));
                 }
                 Command::Limit(l) => unreachable!("no job is updated here: {l:?}"),
+                Command::Mig(m) => unreachable!("no node is dynamic-MIG here: {m:?}"),
             }
         }
     }

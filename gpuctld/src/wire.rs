@@ -52,6 +52,7 @@ pub fn register(r: pb::RegisterRequest) -> Register {
         allow_root_jobs: r.allow_root_jobs,
         features: r.features,
         previous_session: r.previous_session,
+        mig_dynamic: r.mig_dynamic,
         node,
     }
 }
@@ -241,6 +242,7 @@ pub fn node(n: StoredNode) -> Node {
         drain_automatic: n.drain_automatic,
         xid_handled_ms: n.xid_handled_ms,
         features: n.features,
+        mig_dynamic: n.mig_dynamic,
     }
 }
 
@@ -283,6 +285,7 @@ pub fn stored_node(n: &Node) -> StoredNode {
         drain_automatic: n.drain_automatic,
         xid_handled_ms: n.xid_handled_ms,
         features: n.features,
+        mig_dynamic: n.mig_dynamic,
     }
 }
 
@@ -359,6 +362,10 @@ pub fn command_pb(c: Command) -> pb::AgentCommand {
             attempt: k.attempt,
             signal: k.signal,
             signal_only: k.signal_only,
+        }),
+        Command::Mig(m) => pb::agent_command::Command::Mig(pb::SetMigLayout {
+            gpu: m.gpu,
+            profiles: m.layout,
         }),
         Command::Limit(l) => pb::agent_command::Command::Limit(pb::SetTimeLimit {
             job_id: l.job_id,
@@ -503,6 +510,7 @@ mod tests {
             drain_automatic: true,
             xid_handled_ms: 9,
             features: vec!["ib".into()],
+            mig_dynamic: true,
         };
         assert_eq!(stored_node(&node(stored.clone())), stored);
     }

@@ -21,6 +21,7 @@ use crate::reports::ReportQueue;
 
 mod jobs;
 mod link;
+mod mig;
 mod remote;
 mod setup;
 use jobs::{adopt_jobs, run_job};
@@ -68,6 +69,9 @@ pub struct Options {
     pub address: Option<String>,
     /// Node features jobs' constraints name (`--features`).
     pub features: Vec<String>,
+    /// The controller may change the MIG layouts of GPUs that hold no job (`--mig
+    /// dynamic`).
+    pub mig_dynamic: bool,
 }
 
 /// The session of the current Attach: every request names it with a growing number,
@@ -139,6 +143,10 @@ struct Agent {
     tools: Option<PathBuf>,
     /// The GPUs' power limits, as the controller's windows cap them.
     power: crate::power::Power,
+    /// Where the GPUs come from (MIG layout changes).
+    backend: Arc<dyn GpuBackend>,
+    /// The controller may change MIG layouts here (`--mig dynamic`).
+    mig_dynamic: bool,
     /// A channel to each controller of `--controller a,b,c` (replicated controllers),
     /// and which one the agent attaches to now (the leader, once found).
     channels: std::sync::OnceLock<Vec<Channel>>,
@@ -244,6 +252,8 @@ impl Agent {
             launch_fault: Mutex::new(None),
             tools: crate::launch::job_tools(&opts.state_dir),
             power: crate::power::Power::new(opts.backend.clone()),
+            backend: opts.backend.clone(),
+            mig_dynamic: opts.mig_dynamic,
             channels: std::sync::OnceLock::new(),
             current: std::sync::atomic::AtomicUsize::new(0),
             term: std::sync::atomic::AtomicU64::new(0),
@@ -791,6 +801,7 @@ fn run_command(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand)
             }
         }
         Some(pb::agent_command::Command::Step(s)) => remote::open(agent, s),
+        Some(pb::agent_command::Command::Mig(m)) => mig::set_layout(agent, m),
         Some(pb::agent_command::Command::Limit(l)) => {
             if agent.set_limit(l.job_id, l.attempt, l.time_limit_secs) {
                 tracing::info!(

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use gpuctl_proto as pb;
 
 mod fake;
+mod mig_nvml;
 pub use fake::{Curve, FAKE_MEMORY_ENV, FakeGpus, FakeMetrics};
 
 /// What the agent knows about one GPU.
@@ -154,6 +155,9 @@ pub trait GpuBackend: Send + Sync {
     fn power_range(&self, uuid: &str) -> Option<PowerRange>;
     /// Sets a GPU's power management limit (within `power_range`; root on NVML).
     fn set_power_limit(&self, uuid: &str, watts: u32) -> Result<(), GpuError>;
+    /// Reconfigures a GPU that holds no job to the MIG `layout` (profiles; empty: the
+    /// whole GPU, MIG off). On error the GPU is as it was.
+    fn set_mig_layout(&self, uuid: &str, layout: &[String]) -> Result<(), GpuError>;
 }
 
 /// A GPU's power limits, in watts.
@@ -424,6 +428,10 @@ impl GpuBackend for Nvml {
         let mut d = self.nvml.device_by_uuid(uuid).map_err(e)?;
         d.set_power_management_limit(watts.saturating_mul(1000))
             .map_err(e)
+    }
+
+    fn set_mig_layout(&self, uuid: &str, layout: &[String]) -> Result<(), GpuError> {
+        crate::gpu::mig_nvml::set_layout(self, uuid, layout)
     }
 
     fn sample(&self, _secs: f64) -> Result<Vec<GpuSample>, GpuError> {

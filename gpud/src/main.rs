@@ -127,6 +127,16 @@ struct Args {
     /// Print the GPUs the backend finds and exit (non-zero when it finds none).
     #[arg(long)]
     list_gpus: bool,
+    /// MIG layouts: `static` (the node's own, as set by hand) or `dynamic` (the
+    /// controller changes the layout of GPUs that hold no job, from what waits).
+    #[arg(long, value_enum, default_value = "static")]
+    mig: MigMode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum MigMode {
+    Static,
+    Dynamic,
 }
 
 fn main() -> ExitCode {
@@ -276,6 +286,7 @@ async fn agent_main() -> ExitCode {
         cgroup_favordynmods: args.cgroup_favordynmods,
         address: args.address,
         features,
+        mig_dynamic: args.mig == MigMode::Dynamic,
     };
     match gpud::agent::run(opts, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,

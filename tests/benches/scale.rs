@@ -302,7 +302,8 @@ impl SimAgent {
             Some(
                 pb::agent_command::Command::Kill(_)
                 | pb::agent_command::Command::Step(_)
-                | pb::agent_command::Command::Limit(_),
+                | pb::agent_command::Command::Limit(_)
+                | pb::agent_command::Command::Mig(_),
             ) => {}
             None => {}
         }

@@ -212,6 +212,7 @@ pub fn commands(effects: &Effects) -> Vec<(String, String)> {
                 Command::Start(s) => format!("start {}", s.job_id),
                 Command::Kill(k) => format!("kill {}", k.job_id),
                 Command::Limit(l) => format!("limit {} {}", l.job_id, l.time_limit_secs),
+                Command::Mig(m) => format!("mig {} {}", m.gpu, m.layout.join("+")),
             };
             (node.clone(), what)
         })

@@ -313,6 +313,7 @@ fn register_pb(r: Register) -> pb::RegisterRequest {
         allow_root_jobs: r.allow_root_jobs,
         features: r.features,
         previous_session: r.previous_session,
+        mig_dynamic: r.mig_dynamic,
     }
 }
 

@@ -219,6 +219,7 @@ pub(super) async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Res
                     allow_root_jobs: agent.allow_root_jobs,
                     features: opts.features.clone(),
                     previous_session: previous_session.clone(),
+                    mig_dynamic: opts.mig_dynamic,
                 };
                 let attach = client.attach(agent.signed("attach", None, req));
                 tokio::time::timeout(ATTACH_TIMEOUT, attach)

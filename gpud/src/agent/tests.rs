@@ -76,6 +76,7 @@ fn harness(launcher: FakeLauncher) -> Harness {
         inventory_interval: Duration::from_secs(60),
         address: None,
         features: Vec::new(),
+        mig_dynamic: false,
     };
     let launcher = Arc::new(launcher);
     let mps = crate::mps::Mps::find(None, &dir.path().join("mps"));

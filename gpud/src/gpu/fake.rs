@@ -70,6 +70,9 @@ pub struct FakeGpus {
     energy: std::sync::Mutex<HashMap<String, (f64, f64)>>,
     /// Power limits set (watts) by GPU UUID; the default where none was.
     limits: std::sync::Mutex<HashMap<String, u32>>,
+    /// MIG layouts set by `set_mig_layout`, by GPU UUID (over the spec's), and how many
+    /// reconfigurations there were (each gives its instances new UUIDs, as MIG does).
+    layouts: std::sync::Mutex<(HashMap<String, Vec<crate::gpu::MigInfo>>, u32)>,
 }
 
 /// A fake GPU's power range, by model: the data sheets' default limits (A100 SXM
@@ -297,6 +300,7 @@ impl FakeGpus {
             started_ms,
             energy: std::sync::Mutex::default(),
             limits: std::sync::Mutex::default(),
+            layouts: std::sync::Mutex::default(),
         })
     }
 
@@ -332,10 +336,58 @@ impl GpuBackend for FakeGpus {
     }
 
     fn discover(&self) -> Result<Vec<GpuInfo>, GpuError> {
-        match &self.file {
-            Some((path, node)) => Ok(FakeGpus::from_file(path, node)?.gpus),
-            None => Ok(self.gpus.clone()),
+        let gpus = match &self.file {
+            Some((path, node)) => FakeGpus::from_file(path, node)?.gpus,
+            None => self.gpus.clone(),
+        };
+        Ok(self.with_layouts(gpus))
+    }
+
+    fn set_mig_layout(&self, uuid: &str, layout: &[String]) -> Result<(), GpuError> {
+        let g = (self.gpus.iter().find(|g| g.uuid == uuid))
+            .ok_or_else(|| GpuError::Nvml(format!("no GPU {uuid}")))?;
+        let mut new = Vec::new();
+        if !layout.is_empty() {
+            // The driver's rules: the model offers MIG, the profiles are its own, and
+            // they have places that do not overlap.
+            let rules = gpuctl_sched::mig::model_of(&g.model).ok_or_else(|| {
+                GpuError::Nvml(format!("{} offers no MIG (Not Supported)", g.model))
+            })?;
+            let names: Vec<&str> = layout.iter().map(String::as_str).collect();
+            rules.place(&names).map_err(GpuError::Nvml)?;
+            new = names
+                .iter()
+                .map(|p| {
+                    (
+                        p.to_string(),
+                        gpuctl_sched::mig::profile_memory_mib(p).unwrap_or(0),
+                    )
+                })
+                .collect();
         }
+        // A reconfiguration takes time (instances are destroyed and created).
+        std::thread::sleep(std::time::Duration::from_millis(
+            200 + 100 * layout.len() as u64,
+        ));
+        let mut l = self.layouts.lock().unwrap_or_else(|p| p.into_inner());
+        l.1 += 1;
+        let round = l.1;
+        let instances = (new.into_iter().enumerate())
+            .map(|(i, (profile, memory_mib))| crate::gpu::MigInfo {
+                uuid: format!(
+                    "MIG-{}",
+                    uuid::Uuid::new_v5(
+                        &uuid::Uuid::NAMESPACE_OID,
+                        format!("gpuctl-fake-mig/{uuid}/{round}/{i}").as_bytes(),
+                    )
+                ),
+                profile,
+                memory_mib,
+                gi_id: i as u32 + 1,
+            })
+            .collect();
+        l.0.insert(uuid.to_string(), instances);
+        Ok(())
     }
 
     fn power_range(&self, uuid: &str) -> Option<crate::gpu::PowerRange> {
@@ -366,8 +418,8 @@ impl GpuBackend for FakeGpus {
             None => None,
         };
         let me = reloaded.as_ref().unwrap_or(self);
-        Ok(me
-            .gpus
+        let gpus = self.with_layouts(me.gpus.clone());
+        Ok(gpus
             .iter()
             .zip(&me.metrics)
             .map(|(g, m)| self.sample_one(g, m, &procs, secs))
@@ -376,6 +428,17 @@ impl GpuBackend for FakeGpus {
 }
 
 impl FakeGpus {
+    /// `gpus` with the MIG layouts set since the agent started.
+    fn with_layouts(&self, mut gpus: Vec<GpuInfo>) -> Vec<GpuInfo> {
+        let l = self.layouts.lock().unwrap_or_else(|p| p.into_inner());
+        for g in &mut gpus {
+            if let Some(m) = l.0.get(&g.uuid) {
+                g.mig.clone_from(m);
+            }
+        }
+        gpus
+    }
+
     fn sample_one(
         &self,
         g: &GpuInfo,

@@ -425,6 +425,8 @@ impl SimAgents {
                 // A replay's instances run their traced durations: no limit is enforced
                 // here, so a new one changes nothing they do (and no trace asks one).
                 Command::Limit(_) => {}
+                // A replay's nodes attach with static MIG layouts: none is asked.
+                Command::Mig(m) => unreachable!("a replay node is not dynamic-MIG: {m:?}"),
             }
         }
         self.recompute(&touched, now);

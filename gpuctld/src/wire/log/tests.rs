@@ -74,6 +74,7 @@ fn register() -> Register {
         allow_root_jobs: true,
         features: vec!["ib".into()],
         previous_session: vec![9, 8, 7],
+        mig_dynamic: true,
     }
 }
 
