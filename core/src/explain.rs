@@ -63,6 +63,11 @@ impl Cluster {
             );
             return Ok(Explain::Done(out));
         }
+        if let Some(why) = self.mig_wait_of(id) {
+            out.reason = crate::mig::MIG_LAYOUT_CHANGE.into();
+            out.summary = why;
+            return Ok(Explain::Done(out));
+        }
         let (view, queue, cfg) = self.pass_input_readonly(now);
         if !queue.iter().any(|p| p.id == id) {
             let spec = job.spec.clone();

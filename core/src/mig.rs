@@ -1,6 +1,7 @@
 //! Dynamic MIG (`gpud --mig dynamic`): after each pass, the GPUs of such nodes that
 //! hold no job are given the MIG layout that waiting jobs need (`sched::mig` plans it
-//! by NVIDIA's placement rules), and a MIG GPU nobody uses goes back to whole when
+//! by NVIDIA's placement rules; the rest of the GPU is filled with more of the
+//! profiles asked for, since a GPU that holds a job is not changed), and a MIG GPU nobody uses goes back to whole when
 //! whole-GPU jobs wait and no MIG job wants it. The agent reconfigures the GPU and
 //! attaches again with its new inventory; meanwhile the GPU is out of every pass (a
 //! reconfiguration never touches a GPU with a job), and the jobs the new layout is for
@@ -253,7 +254,22 @@ fn layout_for(
     let wanted: Vec<&str> = (mine.iter())
         .flat_map(|w| std::iter::repeat_n(w.1.as_str(), w.2 as usize))
         .collect();
-    let layout = model.plan(&wanted);
+    let mut layout = model.plan(&wanted);
+    // The rest of the GPU: more of the profiles asked for, while they fit (a GPU cut
+    // for one small job then serves the next ones, which cannot change it while it
+    // holds a job).
+    let mut kinds: Vec<&str> = mine
+        .iter()
+        .filter_map(|w| Some(model.profile(&w.1)?.name))
+        .collect();
+    kinds.dedup();
+    while let Some(more) = kinds.iter().find_map(|k| {
+        let mut with: Vec<&str> = layout.iter().map(String::as_str).collect();
+        with.push(k);
+        model.place(&with).is_ok().then_some(*k)
+    }) {
+        layout.push(more.to_string());
+    }
     // The jobs served: each whose whole count the layout holds, in order.
     let mut left: BTreeMap<&str, u32> = BTreeMap::new();
     for p in &layout {

@@ -159,6 +159,8 @@ pub struct GpuRow {
     pub mig_allocated_to: Vec<u64>,
     /// Its latest sample, while its agent is connected.
     pub metrics: Option<GpuMetrics>,
+    /// The MIG layout it is being changed to (dynamic MIG; `Some(empty)`: to whole).
+    pub mig_changing_to: Option<Vec<String>>,
 }
 
 /// Every node listed, with the cluster's fragmentation when all were asked for.

@@ -542,6 +542,7 @@ impl Cluster {
             .map(|g| {
                 let mut row = GpuRow {
                     gpu: g.clone(),
+                    mig_changing_to: self.mig.changing.get(&g.uuid).map(|c| c.layout.clone()),
                     ..GpuRow::default()
                 };
                 let mut jobs = Vec::new();

@@ -130,6 +130,16 @@ fn seven_small_jobs_get_a_layout_then_the_gpu_goes_back_to_whole() {
 }
 
 #[test]
+fn a_gpu_cut_for_one_small_job_is_filled_for_the_next() {
+    let mut c = cluster();
+    attach_dynamic(&mut c, "n1", gpus("n1", 1), T0);
+    submit_spec(&mut c, mig_spec("2g.20gb"), T0);
+    let asks = mig_asks(&pass(&mut c, T0));
+    assert_eq!(asks.len(), 1);
+    assert_eq!(asks[0].2, vec!["2g.20gb".to_string(); 3], "as many as fit");
+}
+
+#[test]
 fn layouts_do_not_thrash_and_whole_gpu_work_keeps_its_gpus() {
     let mut c = cluster();
     let t = T0;

@@ -370,6 +370,7 @@ pub fn node_json(n: &pb::Node) -> Value {
                 "job_id": if m.allocated_to == 0 { Value::Null } else { json!(m.allocated_to) },
             })).collect::<Vec<_>>(),
             "metrics": g.metrics.as_ref().map(metrics_json),
+            "mig_changing_to": if g.mig_changing { json!(g.mig_changing_to) } else { Value::Null },
         })).collect::<Vec<_>>(),
         "cpus": n.cpus,
         "cpus_allocated": n.cpus_allocated,
@@ -672,17 +673,28 @@ pub fn metrics_json(m: &pb::GpuMetrics) -> Value {
 /// A GPU's MIG layout: its instances' profiles, `*` on those in use (`-`: not in MIG
 /// mode).
 fn mig_layout(g: &pb::Gpu) -> String {
-    if g.mig.is_empty() {
-        return "-".into();
+    let now = if g.mig.is_empty() {
+        "-".to_string()
+    } else {
+        g.mig
+            .iter()
+            .map(|m| {
+                let used = if m.allocated_to != 0 { "*" } else { "" };
+                format!("{}{used}", m.profile)
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    if !g.mig_changing {
+        return now;
     }
-    g.mig
-        .iter()
-        .map(|m| {
-            let used = if m.allocated_to != 0 { "*" } else { "" };
-            format!("{}{used}", m.profile)
-        })
-        .collect::<Vec<_>>()
-        .join(",")
+    // Dynamic MIG: the layout it is being changed to.
+    let to = if g.mig_changing_to.is_empty() {
+        "whole".to_string()
+    } else {
+        g.mig_changing_to.join(",")
+    };
+    format!("{now} -> {to}")
 }
 
 /// The GPUs a node's GPU has allocated, as the controller's metrics count them: a MIG

@@ -114,6 +114,9 @@ pub struct Snapshot {
     /// GPUs holding shares (fractional jobs), and the share jobs on them.
     pub shared_gpus: u64,
     pub share_slots: u64,
+    /// Dynamic MIG: layout changes asked since the controller started, and under way.
+    pub mig_reconfigurations: u64,
+    pub mig_changing: u64,
     /// Mean utilisation of the up nodes' GPUs that reported a sample (%), if any did
     /// (the web page's; the GPU series themselves come from the agents).
     pub gpu_util_mean: Option<f64>,
@@ -154,6 +157,8 @@ pub struct Metrics {
     account_borrowed: Family<AccountLabel, GaugeF>,
     account_borrowed_seconds: Family<AccountLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     slices: Family<StateLabel, Gauge>,
+    /// Dynamic MIG's layout changes (the cluster's count, followed at scrapes).
+    mig_reconfigurations: Counter,
     /// When GPU-seconds were last added (ms), to integrate running GPUs over time.
     last_ms: Mutex<Option<i64>>,
     pub submits: Counter,
@@ -251,8 +256,14 @@ impl Metrics {
         let slices = Family::<StateLabel, Gauge>::default();
         r.register(
             "gpuctl_slices",
-            "GPU slices: state=mig_total, mig_allocated (MIG instances of up nodes and those held), shared_gpus (GPUs holding fractional shares), share_jobs (the share allocations on them)",
+            "GPU slices: state=mig_total, mig_allocated (MIG instances of up nodes and those held), shared_gpus (GPUs holding fractional shares), share_jobs (the share allocations on them), mig_changing (GPUs whose MIG layout is being changed)",
             slices.clone(),
+        );
+        let mig_reconfigurations = Counter::default();
+        r.register(
+            "gpuctl_mig_reconfigurations",
+            "MIG layout changes the controller asked of dynamic-MIG nodes since it started",
+            mig_reconfigurations.clone(),
         );
         let submits = Counter::default();
         r.register("gpuctl_submits", "Jobs acknowledged", submits.clone());
@@ -294,6 +305,7 @@ impl Metrics {
             account_borrowed,
             account_borrowed_seconds,
             slices,
+            mig_reconfigurations,
             last_ms: Mutex::new(None),
             submits,
             submits_deferred,
@@ -366,12 +378,16 @@ impl Metrics {
             ("mig_allocated", s.mig_instances_allocated),
             ("shared_gpus", s.shared_gpus),
             ("share_jobs", s.share_slots),
+            ("mig_changing", s.mig_changing),
         ] {
             let l = StateLabel {
                 state: state.into(),
             };
             self.slices.get_or_create(&l).set(v as i64);
         }
+        let seen = self.mig_reconfigurations.get();
+        self.mig_reconfigurations
+            .inc_by(s.mig_reconfigurations.saturating_sub(seen));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");

@@ -299,6 +299,8 @@ fn gpu_row_pb(r: GpuRow) -> pb::Gpu {
     g.memory_allocated_mib = r.memory_allocated_mib;
     g.jobs = r.jobs;
     g.metrics = r.metrics.map(gpu_metrics_pb);
+    g.mig_changing = r.mig_changing_to.is_some();
+    g.mig_changing_to = r.mig_changing_to.unwrap_or_default();
     g
 }
 

@@ -70,6 +70,8 @@ impl Controller {
             .collect();
         {
             let c = self.lock();
+            snap.mig_reconfigurations = c.mig_state().reconfigurations;
+            snap.mig_changing = c.mig_state().changing.len() as u64;
             let mut shared = std::collections::BTreeSet::new();
             for s in c.jobs().all() {
                 let j = &s.job;
