@@ -56,6 +56,11 @@ pub struct Figures {
     pub time_limit_used_pct: Option<f64>,
     /// Of them, how many used under half their limit.
     pub time_limit_over_2x: u64,
+    /// Energy the GPUs drew for the jobs (the agents' power samples, each GPU's
+    /// shared by its jobs), kWh, clipped to the window in proportion.
+    pub energy_kwh: f64,
+    /// `energy_kwh` over the GPU-hours used (busy): what a unit of work cost.
+    pub kwh_per_busy_gpu_hour: Option<f64>,
     #[serde(skip)]
     limit_ratio_sum: f64,
     #[serde(skip)]
@@ -74,6 +79,7 @@ impl Figures {
         self.limit_ratio_sum += other.limit_ratio_sum;
         self.limit_jobs += other.limit_jobs;
         self.time_limit_over_2x += other.time_limit_over_2x;
+        self.energy_kwh += other.energy_kwh;
     }
 
     fn finish(&mut self) {
@@ -81,6 +87,8 @@ impl Figures {
             .then(|| self.gpu_hours_used * 100.0 / self.gpu_hours_measured);
         self.time_limit_used_pct =
             (self.limit_jobs > 0).then(|| self.limit_ratio_sum * 100.0 / self.limit_jobs as f64);
+        self.kwh_per_busy_gpu_hour = (self.gpu_hours_used > 0.0 && self.energy_kwh > 0.0)
+            .then(|| self.energy_kwh / self.gpu_hours_used);
     }
 
     /// Allocated GPU-hours not turned into work (measured ones only).
@@ -192,6 +200,8 @@ fn job_figures(
         return None;
     }
     let hours = (b - a) as f64 / HOUR_MS;
+    // The part of the whole run inside the window (its energy is over the whole run).
+    let inside = (b - a) as f64 / (end - j.start_time_ms).max(1) as f64;
     let mut f = Figures {
         jobs: 1,
         ..Figures::default()
@@ -218,6 +228,7 @@ fn job_figures(
                 if util < IDLE_PCT {
                     f.gpu_hours_idle += share * hours;
                 }
+                f.energy_kwh += u.energy_j * inside / 3.6e6;
                 let unused_mib = s.memory_mib.saturating_sub(u.mem_peak_mib);
                 f.gpu_memory_unused_gib_hours += unused_mib as f64 / 1024.0 * hours;
             }

@@ -215,3 +215,48 @@ fn borrowed_gpu_hours_are_counted_apart_from_allocated_ones() {
     let c = r.cluster.unwrap();
     assert!((c.allocation - 2.0 / 3.0).abs() < 1e-9);
 }
+
+#[test]
+fn energy_per_account_clipped_to_the_window_and_per_busy_gpu_hour() {
+    // Two hours at 300 W on one GPU, busy 50%: 0.6 kWh, 1 busy GPU-hour.
+    let mut u = usage(&[("g1", 10, 500.0, 1000)]);
+    u.slots[0].energy_j = 300.0 * 2.0 * 3600.0;
+    let a = job(
+        1,
+        "alice",
+        "risk",
+        MON,
+        MON + 2 * H,
+        4,
+        vec![slot("g1", 1000, 81920)],
+        u,
+    );
+    let r = report(&[a.clone()], MON, MON + 10 * H, MON + 10 * H, By::Account);
+    assert!(close(r.total.energy_kwh, 0.6), "{}", r.total.energy_kwh);
+    assert!(close(r.total.kwh_per_busy_gpu_hour.unwrap(), 0.6));
+    assert!(close(r.groups[0].figures.energy_kwh, 0.6));
+    assert_eq!(r.groups[0].name, "risk");
+    // A window that holds half the run holds half its energy.
+    let half = report(&[a], MON + H, MON + 10 * H, MON + 10 * H, By::Account);
+    assert!(
+        close(half.total.energy_kwh, 0.3),
+        "{}",
+        half.total.energy_kwh
+    );
+    // Unmeasured jobs draw nothing measured: no ratio.
+    let b = job(
+        2,
+        "bob",
+        "ml",
+        MON,
+        MON + H,
+        4,
+        vec![slot("g2", 1000, 81920)],
+        JobUsage::default(),
+    );
+    let r = report(&[b], MON, MON + 10 * H, MON + 10 * H, By::Account);
+    assert_eq!(
+        (r.total.energy_kwh, r.total.kwh_per_busy_gpu_hour),
+        (0.0, None)
+    );
+}

@@ -54,10 +54,13 @@ fn figures_row(name: &str, f: &Figures) -> Vec<String> {
         format!("{:.1}", f.gpu_hours_idle),
         format!("{:.0}", f.gpu_memory_unused_gib_hours),
         pct(f.time_limit_used_pct),
+        format!("{:.1}", f.energy_kwh),
+        f.kwh_per_busy_gpu_hour
+            .map_or("-".into(), |k| format!("{k:.2}")),
     ]
 }
 
-const HEADER: [&str; 9] = [
+const HEADER: [&str; 11] = [
     "",
     "JOBS",
     "GPU-H ALLOC",
@@ -67,6 +70,8 @@ const HEADER: [&str; 9] = [
     "GPU-H IDLE",
     "UNUSED GPU MEM GIB-H",
     "TIME LIMIT USED",
+    "KWH",
+    "KWH/BUSY GPU-H",
 ];
 
 impl View for ReportView {
