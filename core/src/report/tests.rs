@@ -231,7 +231,13 @@ fn energy_per_account_clipped_to_the_window_and_per_busy_gpu_hour() {
         vec![slot("g1", 1000, 81920)],
         u,
     );
-    let r = report(&[a.clone()], MON, MON + 10 * H, MON + 10 * H, By::Account);
+    let r = report(
+        std::slice::from_ref(&a),
+        MON,
+        MON + 10 * H,
+        MON + 10 * H,
+        By::Account,
+    );
     assert!(close(r.total.energy_kwh, 0.6), "{}", r.total.energy_kwh);
     assert!(close(r.total.kwh_per_busy_gpu_hour.unwrap(), 0.6));
     assert!(close(r.groups[0].figures.energy_kwh, 0.6));
