@@ -9,6 +9,15 @@ use serde::Deserialize;
 use gpuctl_sched::packing::Policy;
 use gpuctl_sched::priority::PriorityWeights;
 
+/// The `[mail]` table.
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MailConfig {
+    /// The program mail goes through, run as `PROGRAM -s SUBJECT RECIPIENT` (like
+    /// Slurm's MailProg: `/usr/bin/mail`); empty: no mail is sent.
+    pub program: String,
+}
+
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -51,6 +60,8 @@ pub struct Config {
     pub opportunistic: crate::opportunistic::Opportunistic,
     /// Dynamic MIG (`crate::mig`): `[mig]` with `min_layout_age = "2m"`.
     pub mig: crate::mig::MigConfig,
+    /// Mail about jobs (`crate::mail`): `[mail]` with `program` (empty: none sent).
+    pub mail: MailConfig,
     /// Accounts (Slurm's associations): `[accounts.risk]` with `shares = 3` and
     /// `users = ["alice", "bob"]`. A job is charged to the account it names, or to the
     /// first account that lists its user, or, when none does, to an account named
@@ -437,6 +448,7 @@ impl Default for Config {
             colocation: crate::colocate::Colocation::default(),
             opportunistic: crate::opportunistic::Opportunistic::default(),
             mig: crate::mig::MigConfig::default(),
+            mail: MailConfig::default(),
             accounts: indexmap::IndexMap::new(),
             partitions: BTreeMap::new(),
             timezone: "UTC".into(),

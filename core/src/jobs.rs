@@ -157,6 +157,8 @@ pub struct Jobs {
     running: BTreeMap<u64, (i64, usize)>,
     /// Finished jobs by (end time, id), for retention.
     finished: BTreeSet<(i64, u64)>,
+    /// Mails due since the last `take_mails` (`crate::mail`).
+    mails: Vec<crate::mail::Mail>,
     /// Grows whenever a job comes or goes, or what it asks for is edited: what is
     /// computed from the jobs' requests is cached against it.
     revision: u64,
@@ -539,6 +541,10 @@ impl Jobs {
         if let Some(run) = before.filter(|_| s.job.state != JobState::Running) {
             self.ended_runs.push(run);
         }
+        if !s.job.spec.mail_type.is_empty() {
+            self.mails
+                .extend(crate::mail::after_transition(&s.job, from, now));
+        }
         self.index(&s);
         self.put(id, s);
         self.changes.put.insert(id);
@@ -568,6 +574,11 @@ impl Jobs {
     /// Sets the runs stopped and not yet charged (a snapshot's).
     pub(crate) fn set_ended_runs(&mut self, runs: Vec<EndedRun>) {
         self.ended_runs = runs;
+    }
+
+    /// The mails due since the last call.
+    pub(crate) fn take_mails(&mut self) -> Vec<crate::mail::Mail> {
+        std::mem::take(&mut self.mails)
     }
 
     pub(crate) fn take_ended_runs(&mut self) -> Vec<EndedRun> {

@@ -43,6 +43,7 @@ pub mod interactive;
 pub mod jobs;
 pub mod leader;
 pub mod log;
+pub mod mail;
 pub mod mig;
 pub mod node;
 pub mod operations;

@@ -289,6 +289,7 @@ impl Cluster {
             }
             Change::Reconfigure(config) => Ok(Applied::Reconfigured(self.reconfigure(*config))),
         };
+        effects.mails.extend(self.jobs.take_mails());
         (answer, effects)
     }
 }

@@ -141,6 +141,8 @@ pub struct Effects {
     pub wake: bool,
     /// Nodes whose agent session ended (their command streams close).
     pub closed: Vec<String>,
+    /// Mails about jobs due (`crate::mail`): the leader sends them.
+    pub mails: Vec<crate::mail::Mail>,
 }
 
 impl Effects {
@@ -155,6 +157,7 @@ impl Effects {
     pub fn merge(&mut self, other: Effects) {
         self.sends.extend(other.sends);
         self.closed.extend(other.closed);
+        self.mails.extend(other.mails);
         self.wake |= other.wake;
     }
 }

@@ -127,6 +127,12 @@ pub(crate) fn check_text(spec: &JobSpec) -> Result<(), Refusal> {
             shown(&spec.comment)
         ));
     }
+    if !spec.mail_user.is_empty() && !crate::mail::valid_recipient(&spec.mail_user) {
+        return bad(format!(
+            "mail user \"{}\" is not a user name or an address (letters, digits and . _ % + - @, not starting with -)",
+            shown(&spec.mail_user)
+        ));
+    }
     if let Some(bad_type) =
         (spec.mail_type.split(',').filter(|t| !t.is_empty())).find(|t| !MAIL_TYPES.contains(t))
     {

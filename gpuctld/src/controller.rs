@@ -134,6 +134,8 @@ impl Shared {
         for node in &effects.closed {
             self.links.remove(node);
         }
+        // Effects reach the controller that proposed their entry: the leader.
+        crate::mail::send(&self.core.config().mail.program, effects.mails);
         if effects.wake {
             self.room.woken();
         }

@@ -20,6 +20,7 @@ pub use gpuctl_core::config;
 pub mod controller;
 pub mod credentials;
 pub mod daemon;
+pub mod mail;
 pub mod metrics;
 pub mod pki;
 pub mod raft;
