@@ -343,3 +343,45 @@ fn running_steps_are_listed_while_they_run() {
     c.wait_state(id, "CANCELLED", T);
     assert!(!c.gpuctl_ok(&["queue", "--steps"]).contains(&step));
 }
+
+/// Steps sized within their job (`srun -G 1`, `srun -c 2`): two concurrent one-GPU
+/// steps of a two-GPU job take different GPUs, a third waits for one of them (Slurm's
+/// "step creation temporarily disabled"), and `-c 1` binds the task to one CPU.
+#[test]
+fn sized_steps_take_their_own_gpus_and_cpus_within_the_job() {
+    let c = Cluster::start(&[("steps-a", "2xA100-80GB")]);
+    let script = "#!/bin/bash\n#SBATCH -G 2 -c 2 --output=steps-%j.out\n\
+        srun -G 1 sh -c 'echo $CUDA_VISIBLE_DEVICES > a.gpu; sleep 2' &\n\
+        srun -G 1 sh -c 'echo $CUDA_VISIBLE_DEVICES > b.gpu; sleep 2' &\n\
+        sleep 0.5\n\
+        srun -G 1 sh -c 'echo $CUDA_VISIBLE_DEVICES > c.gpu'\n\
+        wait\n\
+        srun -c 1 sh -c 'nproc > c1.cpus; echo $SLURM_CPUS_PER_TASK >> c1.cpus'\n\
+        srun -G 3 true || echo refused > g3.out\n";
+    let id = c.submit("steps.sbatch", script);
+    let j = c.wait_state(id, "COMPLETED", T);
+    let read = |f: &str| {
+        std::fs::read_to_string(c.path(f))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let (a, b, third) = (read("a.gpu"), read("b.gpu"), read("c.gpu"));
+    let all: BTreeSet<&str> = j["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        all.contains(a.as_str()) && all.contains(b.as_str()),
+        "{a} {b} {all:?}"
+    );
+    assert_ne!(a, b, "two concurrent steps, two GPUs");
+    assert!(all.contains(third.as_str()), "{third}");
+    let out = read(&format!("steps-{id}.out"));
+    assert!(out.contains("step creation temporarily disabled"), "{out}");
+    // One CPU of the job's (nproc counts the CPUs the task may run on).
+    assert_eq!(read("c1.cpus"), "1\n1");
+    assert_eq!(read("g3.out"), "refused");
+}

@@ -399,12 +399,16 @@ pub async fn run_step(
     let step = args.step_args();
     let nodes = args.nodes.unwrap_or(0);
     if let Some(id) = args.target_job()? {
-        let given = args.alloc.given();
+        // -G, -c and -J size and name the step within its job; the others size an
+        // allocation.
+        let given: Vec<&str> = (args.alloc.given().into_iter())
+            .filter(|f| !matches!(*f, "-G" | "-c" | "-J"))
+            .collect();
         if !given.is_empty() {
             return Err(Failure {
                 code: crate::cli::exit::USAGE,
                 message: format!(
-                    "{}: these size an allocation of the step's own; a step of job {id} has its job's resources",
+                    "{}: these size an allocation of the step's own; a step of job {id} has its job's resources (-G and -c size the step within it)",
                     given.join(", ")
                 ),
             });

@@ -13,6 +13,9 @@ use std::collections::BTreeMap;
 
 use crate::cli::{Failure, exit, fail};
 
+#[path = "run_steps.rs"]
+mod steps;
+
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
     /// Tasks in all (srun -n): a multiple of the nodes used; default: the job's tasks.
@@ -140,6 +143,10 @@ impl RunArgs {
                 self.ntasks_per_node.map(|n| n.to_string()),
             ),
             ("-t", self.alloc.time.clone()),
+            // A step's own sizes within its job (`step_gpus`, `task_cpus`).
+            ("-G", self.alloc.gpus.clone()),
+            ("-c", self.alloc.cpus.map(|c| c.to_string())),
+            ("-J", self.alloc.name.clone()),
             ("-o", self.output.clone()),
             ("-e", self.error.clone()),
         ];
@@ -313,32 +320,6 @@ fn step_name(given: &Option<String>, program: &str) -> String {
     })
 }
 
-fn step_begin(file: &str, tasks: u32, name: &str) -> std::io::Result<u32> {
-    use std::io::{Read as _, Write as _};
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .append(true)
-        .open(file)?;
-    let mut f = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| std::io::Error::from(e))?;
-    let mut text = String::new();
-    f.read_to_string(&mut text)?;
-    let id = text.lines().filter(|l| l.starts_with("B ")).count() as u32;
-    // One line, as the agent keeps it (`Step::clean_name`: no line break can split it).
-    let name = gpuctl_proto::Step::clean_name(name);
-    let now = crate::format::now_ms();
-    f.write_all(format!("B {id} {now} {tasks} {name}\n").as_bytes())?;
-    Ok(id)
-}
-
-/// The step's end, as one appended line.
-fn step_end(file: &str, id: u32, code: u8) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut f = std::fs::OpenOptions::new().append(true).open(file)?;
-    let now = crate::format::now_ms();
-    f.write_all(format!("E {id} {now} {code}\n").as_bytes())
-}
-
 /// Runs this node's tasks and waits for them; the exit code is the worst task's
 /// (128 + N for a task ended by signal N).
 pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
@@ -356,21 +337,49 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
     // A node that takes no part (srun -N below the job's nodes) records it too, with no
     // tasks: a step's id is the same on every node.
     let file = env.get("GPUCTL_STEPS_FILE");
+    let mut plan = plan;
     let takes_part = plan.node_rank < plan.nodes;
     let tasks = if takes_part { plan.per_node } else { 0 };
-    let step = file.and_then(|f| step_begin(f, tasks, &step_name(&args.alloc.name, program)).ok());
+    let (want, all) = step_gpus(args, &plan, &env)?;
+    let want = if takes_part { want } else { None };
+    let name = step_name(&args.alloc.name, program);
+    let (step, taken) = match file {
+        Some(f) => match steps::begin(f, tasks, &name, want.unwrap_or(0), &all) {
+            Ok((id, taken)) => (Some(id), taken),
+            Err(_) => (None, all.iter().take(want.unwrap_or(0)).cloned().collect()),
+        },
+        None => (None, all.iter().take(want.unwrap_or(0)).cloned().collect()),
+    };
     if !takes_part {
         if let (Some(f), Some(id)) = (file, step) {
-            let _ = step_end(f, id, 0);
+            let _ = steps::end(f, id, 0);
         }
         return Ok(0);
+    }
+    if want.is_some() {
+        plan.gpus = split_gpus(&taken, plan.per_node);
     }
     let mut tasks = Vec::new();
     let mut files = Outputs::default();
     let mut labels = Vec::new();
+    let cpus = task_cpus(args.alloc.cpus, plan.per_node);
     for i in 0..plan.per_node {
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(rest).envs(plan.task_env(i));
+        if let Some(set) = cpus.get(i as usize).copied() {
+            cmd.env(
+                "SLURM_CPUS_PER_TASK",
+                args.alloc.cpus.unwrap_or(1).to_string(),
+            );
+            // SAFETY: between fork and exec only the affinity syscall runs (no
+            // allocation, no lock).
+            unsafe {
+                cmd.pre_exec(move || {
+                    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+                        .map_err(std::io::Error::from)
+                });
+            }
+        }
         if let Some(id) = step {
             for k in ["SLURM_STEP_ID", "SLURM_STEPID", "GPUCTL_STEP_ID"] {
                 cmd.env(k, id.to_string());
@@ -425,7 +434,7 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
                 let pids = tasks.iter().map(tokio::process::Child::id);
                 signal_tasks(pids, nix::sys::signal::Signal::SIGKILL);
                 if let (Some(f), Some(id)) = (file, step) {
-                    let _ = step_end(f, id, e.code);
+                    let _ = steps::end(f, id, e.code);
                 }
                 return Err(e);
             }
@@ -436,9 +445,98 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
         let _ = l.await;
     }
     if let (Some(f), Some(id)) = (file, step) {
-        let _ = step_end(f, id, code);
+        let _ = steps::end(f, id, code);
     }
     Ok(code)
+}
+
+/// A sized step's GPUs (`-G N` within a job: N over the step's nodes, each node's
+/// share of them taken from its job's GPUs here by `steps::begin`): how many this node
+/// takes (`None`: not sized, every task has its GPUs as the job split them) and the
+/// job's GPUs here. The options that size an allocation, not a step, are refused.
+fn step_gpus(
+    args: &RunArgs,
+    plan: &Plan,
+    env: &BTreeMap<String, String>,
+) -> Result<(Option<usize>, Vec<String>), Failure> {
+    let usage = |m: String| Failure {
+        code: exit::USAGE,
+        message: m,
+    };
+    let a = &args.alloc;
+    let refused: Vec<&str> = (a.given().into_iter())
+        .filter(|f| !matches!(*f, "-G" | "-c" | "-J"))
+        .collect();
+    if !refused.is_empty() {
+        return Err(usage(format!(
+            "{}: a step within a job has its job's memory, partition, account and nodes (srun -G and -c size a step here)",
+            refused.join(", ")
+        )));
+    }
+    let all: Vec<String> = (env.get("CUDA_VISIBLE_DEVICES").into_iter())
+        .flat_map(|v| v.split(','))
+        .filter(|g| !g.is_empty())
+        .map(str::to_string)
+        .collect();
+    let Some(g) = &a.gpus else {
+        return Ok((None, all));
+    };
+    // `-G N` or `-G MODEL:N`: the step's GPUs over its nodes.
+    let n: usize = g
+        .rsplit(':')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| usage(format!("-G {g:?} is not a number of GPUs")))?;
+    let nodes = plan.nodes.max(1) as usize;
+    if n == 0 || !n.is_multiple_of(nodes) || n / nodes > all.len() {
+        return Err(usage(format!(
+            "-G {n} over {nodes} node(s): each node's share must be a whole number of GPUs, at most the job's {} here",
+            all.len()
+        )));
+    }
+    Ok((Some(n / nodes), all))
+}
+
+/// Each task's CPUs for `srun -c N`: N of the CPUs this process may use (the job's),
+/// task by task in order and round again when there are too few; none without -c.
+fn task_cpus(per_task: Option<u32>, tasks: u32) -> Vec<nix::sched::CpuSet> {
+    let Some(n) = per_task.filter(|n| *n > 0) else {
+        return Vec::new();
+    };
+    let Ok(mine) = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) else {
+        return Vec::new();
+    };
+    let allowed: Vec<usize> = (0..nix::sched::CpuSet::count())
+        .filter(|&c| mine.is_set(c).unwrap_or(false))
+        .collect();
+    if allowed.is_empty() {
+        return Vec::new();
+    }
+    (0..tasks as usize)
+        .map(|t| {
+            let mut set = nix::sched::CpuSet::new();
+            for k in 0..n as usize {
+                let _ = set.set(allowed[(t * n as usize + k) % allowed.len()]);
+            }
+            set
+        })
+        .collect()
+}
+
+/// A step's GPUs on this node split over its `tasks` (each its own when they divide
+/// evenly, else all of them for every task, as srun without --gpus-per-task).
+fn split_gpus(taken: &[String], tasks: u32) -> Vec<Vec<String>> {
+    let t = tasks.max(1) as usize;
+    (0..t)
+        .map(|i| {
+            if taken.len().is_multiple_of(t) && !taken.is_empty() {
+                let each = taken.len() / t;
+                taken[i * each..(i + 1) * each].to_vec()
+            } else {
+                taken.to_vec()
+            }
+        })
+        .collect()
 }
 
 /// Copies a task's output to this process's, each line after `rank: ` (srun -l).
