@@ -40,6 +40,11 @@ pub struct Start {
     /// Every node of the job, in rank order, and where each is reached.
     pub nodelist: Vec<String>,
     pub addresses: Vec<String>,
+    /// The node's session (its attach's generation) the start was decided under: it
+    /// goes out on that session only. An agent that attached again since was
+    /// reconciled without it (its job requeued as never delivered), so delivering it
+    /// on the new session would run the job twice.
+    pub session_generation: u64,
 }
 
 /// Kill a job's instance on the node.

@@ -477,6 +477,7 @@ impl Cluster {
                 nodelist: nodelist.clone(),
                 attempt: j.attempt,
                 addresses: addresses.clone(),
+                session_generation: (self.fleet.conns.get(&a.node)).map_or(0, |c| c.generation),
             };
             effects
                 .sends

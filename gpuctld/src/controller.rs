@@ -100,6 +100,9 @@ struct Shared {
     core: Cluster,
     /// Command streams by node (the state knows the sessions).
     links: HashMap<String, Link>,
+    /// Starts decided under a session whose stream is not in `links` yet (its attach
+    /// applied, its `connect` not back): (node, session generation, command).
+    held_starts: Vec<(String, u64, pb::AgentCommand)>,
     /// Whether a submit may leave its pass to later (`gpuctl_core::room`): a submit of
     /// a job that needs a GPU and does not fit the room the last pass left defers its
     /// pass (`DEFERRED_PASS`).
@@ -139,15 +142,61 @@ impl Shared {
         if effects.wake {
             self.room.woken();
         }
-        let sends = effects
-            .sends
-            .into_iter()
-            .filter_map(|(node, cmd)| {
-                let tx = self.links.get(&node)?.tx.clone();
-                Some((tx, crate::wire::command_pb(cmd)))
-            })
-            .collect();
+        if !self.held_starts.is_empty() {
+            // Held for a session that is no longer the node's: never sent.
+            let fleet = self.core.fleet();
+            self.held_starts
+                .retain(|(n, g, _)| fleet.session(n).is_some_and(|s| s.generation == *g));
+        }
+        let mut sends = Vec::with_capacity(effects.sends.len());
+        for (node, cmd) in effects.sends {
+            let session = match &cmd {
+                gpuctl_core::command::Command::Start(s) => Some(s.session_generation),
+                _ => None,
+            };
+            let link = self.links.get(&node).map(|l| (l.generation, l.tx.clone()));
+            match (session, link) {
+                // A start goes out on the session it was decided under only: one
+                // attached since was reconciled without it (`Start::session_generation`).
+                (Some(g), Some((lg, _))) if lg > g => {
+                    tracing::info!(%node, session = g, now = lg, "a start decided for an earlier session of the node is not sent (its job was requeued at the attach)");
+                }
+                (Some(g), Some((lg, _))) if lg < g => {
+                    self.held_starts
+                        .push((node, g, crate::wire::command_pb(cmd)));
+                }
+                (Some(g), None)
+                    if g > 0
+                        && self
+                            .core
+                            .fleet()
+                            .session(&node)
+                            .is_some_and(|s| s.generation == g) =>
+                {
+                    self.held_starts
+                        .push((node, g, crate::wire::command_pb(cmd)));
+                }
+                (_, Some((_, tx))) => sends.push((tx, crate::wire::command_pb(cmd))),
+                // A node without a stream gets nothing: its reconnect reconciles.
+                (_, None) => {}
+            }
+        }
         (sends, effects.wake)
+    }
+
+    /// The stream of `node`'s session `generation` is in `links` now: the starts
+    /// decided under that session before it was go out on it (earlier sessions'
+    /// are dropped: the attach reconciled their jobs).
+    fn link_added(&mut self, node: &str, generation: u64, tx: &CommandTx) {
+        let held = std::mem::take(&mut self.held_starts);
+        for (n, g, cmd) in held {
+            if n != node {
+                self.held_starts.push((n, g, cmd));
+            } else if g == generation {
+                // A fresh channel of 1,024: a handful of starts fit.
+                let _ = tx.try_send(Ok(Box::new(cmd)));
+            }
+        }
     }
 
     /// Applies a change decided now (`gpuctl_core::log`): the one way the shell
@@ -317,6 +366,7 @@ impl Controller {
             shared: Mutex::new(Shared {
                 core,
                 links: HashMap::new(),
+                held_starts: Vec::new(),
                 room: PassRoom::default(),
                 next_id: 0,
             }),
@@ -690,3 +740,7 @@ impl Controller {
             .ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
 }
+
+#[cfg(test)]
+#[path = "controller/route_tests.rs"]
+mod route_tests;

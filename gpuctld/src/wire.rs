@@ -572,6 +572,7 @@ mod tests {
             rank: 1,
             nodelist: vec!["a".into(), "b".into()],
             addresses: vec!["10.0.0.1".into(), "10.0.0.2".into()],
+            session_generation: 3,
         };
         let Some(pb::agent_command::Command::Start(s)) =
             command_pb(Command::Start(Box::new(start.clone()))).command

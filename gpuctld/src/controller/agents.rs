@@ -172,6 +172,7 @@ impl Controller {
                         Applied::Attached(generation) => generation,
                         other => unreachable!("an attach answers its generation, not {other:?}"),
                     };
+                    c.link_added(&node, generation, &tx);
                     c.links.insert(node, Link { generation, tx });
                     Ok(generation)
                 },
