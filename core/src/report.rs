@@ -119,6 +119,79 @@ pub struct Report {
     /// The cluster's utilisation and allocation over the window, given its GPUs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterFigures>,
+    /// Energy while each time window (`[windows]`) was open (`with_windows`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<WindowEnergy>,
+}
+
+/// What the GPUs drew for jobs while one time window was open.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WindowEnergy {
+    pub name: String,
+    /// Its hours open within the report's window.
+    pub hours_open: f64,
+    pub energy_kwh: f64,
+    /// GPU-hours used (busy) while it was open, and the energy per one.
+    pub gpu_hours_used: f64,
+    pub kwh_per_busy_gpu_hour: Option<f64>,
+}
+
+/// How much of [a, b) the `spans` cover (ms).
+fn covered(a: i64, b: i64, spans: &[(i64, i64)]) -> i64 {
+    spans
+        .iter()
+        .map(|&(s, e)| (e.min(b) - s.max(a)).max(0))
+        .sum()
+}
+
+/// Energy and busy GPU-hours of `jobs` while each window was open (`openings`: its
+/// spans within [since, until)), each job's spread evenly over its run (its samples
+/// are summed per job, not kept per time).
+pub fn window_energy(
+    jobs: &[Job],
+    openings: &[(String, Vec<(i64, i64)>)],
+    since: i64,
+    until: i64,
+    now: i64,
+) -> Vec<WindowEnergy> {
+    openings
+        .iter()
+        .map(|(name, spans)| {
+            let (mut kwh, mut used) = (0.0, 0.0);
+            for j in jobs.iter().filter(|j| j.start_time_ms > 0) {
+                let end = if j.end_time_ms > 0 {
+                    j.end_time_ms
+                } else {
+                    now
+                };
+                let run = (end - j.start_time_ms).max(1) as f64;
+                let inside = covered(j.start_time_ms.max(since), end.min(until), spans) as f64;
+                if inside <= 0.0 {
+                    continue;
+                }
+                for alloc in &j.allocations {
+                    for s in &alloc.slots {
+                        let measured = (j.usage.iter().flat_map(|u| &u.slots))
+                            .find(|u| u.node == alloc.node && u.uuid == s.uuid && u.samples > 0);
+                        if let Some(u) = measured {
+                            let share = f64::from(crate::usage::share_of(s)) / 1000.0;
+                            let util = u.util_sum / u.samples as f64;
+                            kwh += u.energy_j * inside / run / 3.6e6;
+                            used += share * inside / HOUR_MS * util / 100.0;
+                        }
+                    }
+                }
+            }
+            let open = covered(since, until, spans) as f64 / HOUR_MS;
+            WindowEnergy {
+                name: name.clone(),
+                hours_open: open,
+                energy_kwh: kwh,
+                gpu_hours_used: used,
+                kwh_per_busy_gpu_hour: (used > 0.0 && kwh > 0.0).then(|| kwh / used),
+            }
+        })
+        .collect()
 }
 
 /// Utilisation and allocation over a window, defined as the simulator and the
@@ -309,6 +382,7 @@ pub fn report(jobs: &[Job], since: i64, until: i64, now: i64, by: By) -> Report 
         top_wasters: top,
         demand_gpu_hours: demand,
         cluster: None,
+        windows: Vec::new(),
     }
 }
 

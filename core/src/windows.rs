@@ -153,6 +153,23 @@ impl Window {
         ))
     }
 
+    /// Its openings that overlap [since, until), in order.
+    pub fn openings(&self, since: i64, until: i64, tz: &TimeZone) -> Vec<Span> {
+        let mut out = Vec::new();
+        let mut t = since;
+        while t < until {
+            let Some((from, to)) = self.span(t, tz) else {
+                break;
+            };
+            if from >= until {
+                break;
+            }
+            out.push((from, to));
+            t = to.max(t + 1);
+        }
+        out
+    }
+
     /// The opening that holds `now`, or else the next one within eight days.
     pub fn span(&self, now: i64, tz: &TimeZone) -> Option<Span> {
         let today = local(now, tz)?.date();
@@ -500,6 +517,25 @@ mod tests {
 
     fn ms(s: &str) -> i64 {
         s.parse::<Timestamp>().unwrap().as_millisecond()
+    }
+
+    #[test]
+    fn a_weeks_openings_and_a_window_cut_at_the_ends() {
+        let utc = zone("UTC").unwrap();
+        // Monday 2024-01-01 10:00 to the next Monday 10:00: Monday's opening cut, then
+        // Tuesday to Friday, then the last Monday's first two hours.
+        let o = business().openings(ms("2024-01-01T10:00:00Z"), ms("2024-01-08T10:00:00Z"), &utc);
+        assert_eq!(o.len(), 6, "{o:?}");
+        assert_eq!(
+            o[0],
+            (ms("2024-01-01T08:00:00Z"), ms("2024-01-01T20:00:00Z"))
+        );
+        assert_eq!(o[5].0, ms("2024-01-08T08:00:00Z"));
+        assert!(
+            business()
+                .openings(ms("2024-01-06T00:00:00Z"), ms("2024-01-07T23:00:00Z"), &utc)
+                .is_empty()
+        );
     }
 
     #[test]

@@ -95,6 +95,11 @@ fn scripted_usage_gives_the_figures_and_advice_and_history_survives_kill9() {
     let eff = total["gpu_efficiency_pct"].as_f64().unwrap();
     assert!((eff - 20.0).abs() < 1e-6, "{r:#}");
     assert_eq!(r["groups"][0]["name"], "root", "{r:#}");
+    // Energy from the fake GPU's power samples (60 W + 3.4 W per % busy: 128 W at
+    // 20%), per busy GPU-hour about 128 / 0.2 W.
+    let kwh = total["energy_kwh"].as_f64().unwrap();
+    let per_busy = total["kwh_per_busy_gpu_hour"].as_f64().unwrap_or(0.0);
+    assert!(kwh > 0.0 && (0.3..1.5).contains(&per_busy), "{r:#}");
     let demand: f64 = r["demand_gpu_hours"]
         .as_array()
         .unwrap()
@@ -126,7 +131,10 @@ fn scripted_usage_gives_the_figures_and_advice_and_history_survives_kill9() {
         "{picture}"
     );
     let text = c.gpuctl_ok(&["report", "--by", "account"]);
-    assert!(text.contains("TOTAL") && text.contains("Mon"), "{text}");
+    assert!(
+        text.contains("TOTAL") && text.contains("Mon") && text.contains("KWH/BUSY GPU-H"),
+        "{text}"
+    );
     assert!(
         text.contains("Cluster: 1 GPUs, 0 GPU-hours in the window: utilisation"),
         "{text}"

@@ -266,3 +266,31 @@ fn energy_per_account_clipped_to_the_window_and_per_busy_gpu_hour() {
         (0.0, None)
     );
 }
+
+#[test]
+fn energy_while_each_window_was_open() {
+    // Four hours at 250 W, fully busy; a window open for the middle two.
+    let mut u = usage(&[("g1", 10, 1000.0, 1000)]);
+    u.slots[0].energy_j = 250.0 * 4.0 * 3600.0;
+    let a = job(
+        1,
+        "alice",
+        "risk",
+        MON,
+        MON + 4 * H,
+        8,
+        vec![slot("g1", 1000, 81920)],
+        u,
+    );
+    let windows = vec![
+        ("night".to_string(), vec![(MON + H, MON + 3 * H)]),
+        ("never".to_string(), Vec::new()),
+    ];
+    let w = window_energy(&[a], &windows, MON, MON + 10 * H, MON + 10 * H);
+    assert_eq!(w[0].name, "night");
+    assert!(close(w[0].hours_open, 2.0));
+    assert!(close(w[0].energy_kwh, 0.5), "{}", w[0].energy_kwh);
+    assert!(close(w[0].gpu_hours_used, 2.0));
+    assert!(close(w[0].kwh_per_busy_gpu_hour.unwrap(), 0.25));
+    assert_eq!((w[1].energy_kwh, w[1].kwh_per_busy_gpu_hour), (0.0, None));
+}

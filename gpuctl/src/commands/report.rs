@@ -113,6 +113,20 @@ impl View for ReportView {
                 ));
             }
         }
+        if !r.windows.is_empty() {
+            text.push_str("\nEnergy while each time window was open:\n");
+            for w in &r.windows {
+                text.push_str(&format!(
+                    "  {:<20} {:>7.1} h open {:>9.1} kWh {:>9.1} busy GPU-h {:>6} kWh/busy GPU-h\n",
+                    format::printable(&w.name),
+                    w.hours_open,
+                    w.energy_kwh,
+                    w.gpu_hours_used,
+                    w.kwh_per_busy_gpu_hour
+                        .map_or("-".into(), |k| format!("{k:.2}"))
+                ));
+            }
+        }
         text.push_str("\nGPUs allocated by weekday and hour (GPU-hours, UTC):\n");
         let mut header = vec!["".to_string()];
         header.extend((0..24).map(|h| format!("{h:02}")));
@@ -129,6 +143,40 @@ impl View for ReportView {
         text.push_str(&format::table(&header, rows));
         text
     }
+}
+
+/// Energy while each of the controller's time windows was open over [since, until).
+async fn window_energy(
+    client: &mut Client,
+    jobs: &[gpuctl_core::record::Job],
+    since: i64,
+    until: i64,
+    now: i64,
+) -> Result<Vec<report::WindowEnergy>, Failure> {
+    let w = client.windows(pb::WindowsRequest {}).await?.into_inner();
+    if w.windows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let tz = gpuctl_core::windows::zone(&w.timezone).map_err(fail)?;
+    let openings: Vec<(String, Vec<(i64, i64)>)> = w
+        .windows
+        .iter()
+        .map(|row| {
+            let window = gpuctl_core::windows::Window {
+                days: row.days.clone(),
+                start: row.start.clone(),
+                end: row.end.clone(),
+                floor: Default::default(),
+                partition_floor: Default::default(),
+                qos_priority: Default::default(),
+                preemption: None,
+                gpu_power_limit: None,
+                gpu_power_limit_nodes: Default::default(),
+            };
+            (row.name.clone(), window.openings(since, until, &tz))
+        })
+        .collect();
+    Ok(report::window_energy(jobs, &openings, since, until, now))
 }
 
 const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
@@ -269,7 +317,8 @@ pub async fn run(client: &mut Client, args: &ReportArgs) -> Result<ReportView, F
     let jobs = (jobs.into_iter())
         .map(gpuctl_core::record::Job::try_from)
         .collect::<Result<Vec<_>, _>>()?;
-    let r = report::report(&jobs, since, until, now, by).with_capacity(gpus);
+    let mut r = report::report(&jobs, since, until, now, by).with_capacity(gpus);
+    r.windows = window_energy(client, &jobs, since, until, now).await?;
     if let Some(path) = &args.plot {
         plot(&r, path).map_err(|e| fail(format!("cannot draw {}: {e}", path.display())))?;
     }
