@@ -1,0 +1,85 @@
+//! submitit (facebookincubator/submitit), unchanged, on gpuctl's Slurm commands: its
+//! generated batch script (`--signal=USR2@90`, `--open-mode=append`, `--wckey`,
+//! `--gpus-per-node`, `srun --unbuffered --output %j_%t_log.out python -u -m
+//! submitit.core._submit`), `sbatch`'s "Submitted batch job N", and its watcher's
+//! `sacct -o JobID,State,NodeList --parsable2 -j N`: a function submitted from Python
+//! runs as a job and its result comes back.
+
+use std::process::Command;
+use std::time::Duration;
+
+use gpuctl_tests::{Cluster, bin};
+
+/// The python with submitit: GPUCTL_SUBMITIT_PYTHON, else the venv `.ci/run` makes.
+fn submitit_python() -> Option<String> {
+    let p = std::env::var("GPUCTL_SUBMITIT_PYTHON")
+        .unwrap_or_else(|_| "/opt/gpuctl-submitit/bin/python".into());
+    let ok = Command::new(&p)
+        .args(["-c", "import submitit"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Some(p)
+    } else {
+        gpuctl_tests::skipped(
+            "GPUCTL_REQUIRE_SUBMITIT",
+            &format!("a python with submitit at {p} (.ci/run installs one)"),
+        );
+        None
+    }
+}
+
+#[test]
+fn submitit_runs_a_function_as_a_job_and_gets_its_result() {
+    let Some(python) = submitit_python() else {
+        return;
+    };
+    let c = Cluster::start(&[("sub1", "1xA100-80GB")]);
+    let links = c.path("slurm-bin");
+    let made = Command::new(bin("gpuctl"))
+        .args(["slurm-links", links.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(made.status.success());
+    let script = r#"
+import os, submitit
+def work(a, b):
+    return {"sum": a + b, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "job": os.environ.get("SLURM_JOB_ID")}
+ex = submitit.AutoExecutor(folder="submitit-logs", cluster="slurm")
+ex.update_parameters(timeout_min=5, slurm_gpus_per_node=1, slurm_job_name="sub")
+job = ex.submit(work, 20, 22)
+r = job.result()
+print("RESULT", r["sum"], "JOB", r["job"], job.job_id, "GPUS", r["gpus"], "STATE", job.state, flush=True)
+"#;
+    let path = format!(
+        "{}:{}",
+        links.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = Command::new(&python)
+        .args(["-c", script])
+        .env("PATH", path)
+        .env("GPUCTL_CONTROLLER", c.url())
+        .current_dir(c.dir.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&run.stdout);
+    let line = said
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .unwrap_or_default();
+    let w: Vec<&str> = line.split(' ').collect();
+    assert!(
+        run.status.success() && w.len() == 9 && w[1] == "42" && w[3] == w[4],
+        "{said}\n{}\n{}",
+        String::from_utf8_lossy(&run.stderr),
+        c.controller_log()
+    );
+    assert!(w[6].starts_with("GPU-"), "the job's GPU: {line}");
+    // Its state as submitit's watcher read it from sacct (the result file may come
+    // before the job has ended).
+    assert!(matches!(w[8], "RUNNING" | "COMPLETED"), "{line}");
+    let id: u64 = w[3].parse().unwrap();
+    c.wait_state(id, "COMPLETED", Duration::from_secs(10));
+}
