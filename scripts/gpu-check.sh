@@ -6,7 +6,8 @@
 #   2. Power caps by window: a window open all day caps every GPU at 80% of its
 #      default limit; nvidia-smi must read it; the cap is lifted by a reconfigure
 #      without the window, and the default must come back.
-#   3. Dynamic MIG (where the GPU offers MIG): gpud --mig dynamic; a job asking a
+#   3. MPS: two half-GPU share jobs run at once under the GPU's MPS daemon.
+#   4. Dynamic MIG (where the GPU offers MIG): gpud --mig dynamic; a job asking a
 #      1g instance runs on one the controller had created for it; then a whole-GPU
 #      job runs once the GPU is whole again.
 # Prints PASS/FAIL per check and exits non-zero on any failure. Leaves the GPUs at their
@@ -66,7 +67,25 @@ sed -i '/^\[windows.always\]/,$d' "$WORK/ctld.toml"
 ok=0; for _ in $(seq 30); do if want_limits 1.0; then ok=1; break; fi; sleep 1; done
 if [ $ok = 1 ]; then pass "cap lifted: every GPU back at its default limit"; else fail "cap not lifted"; fi
 
-# 3. Dynamic MIG.
+# 3. MPS for shares: two half-GPU jobs on one GPU, each under the GPU's MPS daemon.
+wait_done() {  # job id -> 0 when COMPLETED within 90 s
+  for _ in $(seq 90); do
+    s=$("$BIN/gpuctl" show --json "$1" | sed -n 's/.*"state": *"\([A-Z_]*\)".*/\1/p' | head -1)
+    [ "$s" = COMPLETED ] && return 0; [ "$s" = FAILED ] && return 1; sleep 1
+  done; return 1
+}
+if command -v nvidia-cuda-mps-control >/dev/null && [ "$MIG" = static ]; then
+  printf 'script = "echo pipe=$CUDA_MPS_PIPE_DIRECTORY; nvidia-smi -L; sleep 5"\n[resources]\ngpus = 0.5\n' >"$WORK/half.toml"
+  a=$("$BIN/gpuctl" submit --json "$WORK/half.toml" | sed -n 's/.*"job_id": *\([0-9]*\).*/\1/p')
+  b=$("$BIN/gpuctl" submit --json "$WORK/half.toml" | sed -n 's/.*"job_id": *\([0-9]*\).*/\1/p')
+  sleep 3
+  if pgrep -f nvidia-cuda-mps-server >/dev/null || pgrep -f nvidia-cuda-mps-control >/dev/null; then mps=1; else mps=0; fi
+  if wait_done "$a" && wait_done "$b" && [ $mps = 1 ]; then pass "MPS: two half-GPU jobs ran under the GPU's MPS daemon"; else fail "MPS: jobs $a $b, daemon seen: $mps"; fi
+else
+  echo "SKIP: MPS (no nvidia-cuda-mps-control, or a MIG GPU)"
+fi
+
+# 4. Dynamic MIG.
 if [ "$MIG" = dynamic ]; then
   PROFILE=$(nvidia-smi mig -lgip 2>/dev/null | grep -o '1g\.[0-9]*gb' | head -1)
   printf 'script = "nvidia-smi -L"\n[resources]\nmig = "%s"\n' "$PROFILE" >"$WORK/small.toml"
