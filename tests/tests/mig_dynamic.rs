@@ -5,9 +5,7 @@
 
 use std::time::Duration;
 
-use std::io::{Read as _, Write as _};
-
-use gpuctl_tests::{Cluster, free_port, wait_for};
+use gpuctl_tests::{Cluster, free_port, scrape, wait_for};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -15,16 +13,6 @@ fn submit(c: &Cluster, file: &str, text: &str) -> u64 {
     std::fs::write(c.path(file), text).unwrap();
     let j = c.json(&["submit", c.path(file).to_str().unwrap()]);
     j["job_id"].as_u64().unwrap_or_else(|| panic!("{j}"))
-}
-
-/// The controller's metrics at `port`.
-fn scrape(port: u16) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
 }
 
 /// GPU 0 of `node` as `gpuctl nodes --json` lists it.

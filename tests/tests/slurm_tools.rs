@@ -436,31 +436,17 @@ fn info_formats(c: &Cluster, links: &Path, id: u64) {
     assert!(String::from_utf8_lossy(&u.stderr).contains("Features=fast: not changed by gpuctl"));
 }
 
-/// The python with dask-jobqueue: GPUCTL_DASK_PYTHON, else the venv `.ci/run` makes.
-fn dask_python() -> Option<String> {
-    let p = std::env::var("GPUCTL_DASK_PYTHON")
-        .unwrap_or_else(|_| "/opt/gpuctl-dask/bin/python".into());
-    let ok = Command::new(&p)
-        .args(["-c", "import dask_jobqueue, distributed"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        Some(p)
-    } else {
-        gpuctl_tests::skipped(
-            "GPUCTL_REQUIRE_DASK",
-            &format!("a python with dask-jobqueue at {p} (.ci/run installs one)"),
-        );
-        None
-    }
-}
-
 /// dask-jobqueue's `SLURMCluster`, unchanged, on gpuctl's `sbatch` and `scancel`: it
 /// writes its worker script, submits it twice, parses `Submitted batch job N`, the two
 /// workers connect back and compute a sum, and closing the cluster cancels them.
 #[test]
 fn dask_jobqueue_scales_to_two_workers_and_computes_a_sum() {
-    let Some(python) = dask_python() else {
+    let Some(python) = gpuctl_tests::venv_python(
+        "GPUCTL_DASK_PYTHON",
+        "/opt/gpuctl-dask/bin/python",
+        "dask_jobqueue, distributed",
+        "GPUCTL_REQUIRE_DASK",
+    ) else {
         return;
     };
     let c = Cluster::start(&[("dk1", "1xA100-80GB")]);

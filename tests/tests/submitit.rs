@@ -10,28 +10,14 @@ use std::time::Duration;
 
 use gpuctl_tests::{Cluster, bin};
 
-/// The python with submitit: GPUCTL_SUBMITIT_PYTHON, else the venv `.ci/run` makes.
-fn submitit_python() -> Option<String> {
-    let p = std::env::var("GPUCTL_SUBMITIT_PYTHON")
-        .unwrap_or_else(|_| "/opt/gpuctl-submitit/bin/python".into());
-    let ok = Command::new(&p)
-        .args(["-c", "import submitit"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        Some(p)
-    } else {
-        gpuctl_tests::skipped(
-            "GPUCTL_REQUIRE_SUBMITIT",
-            &format!("a python with submitit at {p} (.ci/run installs one)"),
-        );
-        None
-    }
-}
-
 #[test]
 fn submitit_runs_a_function_as_a_job_and_gets_its_result() {
-    let Some(python) = submitit_python() else {
+    let Some(python) = gpuctl_tests::venv_python(
+        "GPUCTL_SUBMITIT_PYTHON",
+        "/opt/gpuctl-submitit/bin/python",
+        "submitit",
+        "GPUCTL_REQUIRE_SUBMITIT",
+    ) else {
         return;
     };
     let c = Cluster::start(&[("sub1", "1xA100-80GB")]);
