@@ -6,6 +6,7 @@
 //! (none: not sent). Pure.
 
 use crate::record::{Job, JobState};
+use crate::text::hms;
 
 /// One mail due.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,16 +21,6 @@ fn wants(job: &Job, kind: &str) -> bool {
         .mail_type
         .split(',')
         .any(|t| t == kind || (t == "ALL" && !kind.starts_with("TIME_LIMIT")))
-}
-
-fn hms(ms: i64) -> String {
-    let s = ms.max(0) / 1000;
-    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
-    if h >= 24 {
-        format!("{}-{:02}:{m:02}:{s:02}", h / 24, h % 24)
-    } else {
-        format!("{h:02}:{m:02}:{s:02}")
-    }
 }
 
 /// The mail due after `job` went from `from` to its state at `now`, if its mail

@@ -91,25 +91,42 @@ impl Node {
         let mut slots = Vec::new();
         for g in &self.gpus {
             if g.mig.is_empty() {
-                slots.push(gpuctl_sched::SlotView {
-                    uuid: g.uuid.clone(),
-                    gpu_index: g.index,
-                    model: g.model.clone(),
-                    memory_mib: g.memory_mib,
-                    mig_profile: None,
-                });
+                slots.push(g.whole_slot());
             }
             for m in &g.mig {
-                slots.push(gpuctl_sched::SlotView {
-                    uuid: m.uuid.clone(),
-                    gpu_index: g.index,
-                    model: g.model.clone(),
-                    memory_mib: m.memory_mib,
-                    mig_profile: Some(m.profile.clone()),
-                });
+                slots.push(g.instance_slot(&m.uuid, &m.profile, m.memory_mib));
             }
         }
         slots
+    }
+}
+
+impl Gpu {
+    /// The GPU as one whole slot of the scheduler's.
+    pub fn whole_slot(&self) -> gpuctl_sched::SlotView {
+        gpuctl_sched::SlotView {
+            uuid: self.uuid.clone(),
+            gpu_index: self.index,
+            model: self.model.clone(),
+            memory_mib: self.memory_mib,
+            mig_profile: None,
+        }
+    }
+
+    /// A MIG instance of the GPU as a slot of the scheduler's.
+    pub fn instance_slot(
+        &self,
+        uuid: &str,
+        profile: &str,
+        memory_mib: u64,
+    ) -> gpuctl_sched::SlotView {
+        gpuctl_sched::SlotView {
+            uuid: uuid.to_string(),
+            gpu_index: self.index,
+            model: self.model.clone(),
+            memory_mib,
+            mig_profile: Some(profile.to_string()),
+        }
     }
 }
 

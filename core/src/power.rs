@@ -75,6 +75,12 @@ impl Cluster {
     /// (its first node pattern that matches `node`, else its cap for all). The agent
     /// applies the lowest; none: each GPU's default.
     pub fn power_caps(&self, node: &str, now: i64) -> Vec<PowerCap> {
+        // Every heartbeat asks: no window evaluated where none caps power.
+        let capping = (self.config.windows.values())
+            .any(|w| w.gpu_power_limit.is_some() || !w.gpu_power_limit_nodes.is_empty());
+        if !capping {
+            return Vec::new();
+        }
         let mut caps: Vec<PowerCap> = self
             .open_windows(now)
             .into_iter()

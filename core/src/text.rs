@@ -49,6 +49,18 @@ pub fn shown(s: &str, max: usize) -> String {
     out
 }
 
+/// A duration as Slurm's tools write it (sacct's Elapsed, its mail subjects):
+/// `[D-]HH:MM:SS`.
+pub fn hms(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    let (d, h, m, s) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{s:02}")
+    } else {
+        format!("{h:02}:{m:02}:{s:02}")
+    }
+}
+
 /// `template` with each `%c` replaced by what `value(c)` answers; `%%` is `%`, and a `%c`
 /// it answers `None` for, or a `%` at the end, stays as written (output file patterns:
 /// the agent's for a job, `srun`'s for its tasks).

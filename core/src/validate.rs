@@ -442,16 +442,7 @@ pub(crate) fn check_feasible(
 fn dynamic_slots(n: &crate::node::Node, gpu: &GpuRequest) -> Vec<sched::SlotView> {
     let mut slots = Vec::new();
     let GpuRequest::Mig { profile, .. } = gpu else {
-        for g in &n.gpus {
-            slots.push(sched::SlotView {
-                uuid: g.uuid.clone(),
-                gpu_index: g.index,
-                model: g.model.clone(),
-                memory_mib: g.memory_mib,
-                mig_profile: None,
-            });
-        }
-        return slots;
+        return n.gpus.iter().map(crate::node::Gpu::whole_slot).collect();
     };
     for g in &n.gpus {
         let Some(model) = sched::mig::model_of(&g.model) else {
@@ -460,14 +451,9 @@ fn dynamic_slots(n: &crate::node::Node, gpu: &GpuRequest) -> Vec<sched::SlotView
         let Some(p) = model.profile(profile) else {
             continue;
         };
+        let memory = sched::mig::profile_memory_mib(p.name).unwrap_or(0);
         for i in 0..model.plan(&[p.name; 8]).len() {
-            slots.push(sched::SlotView {
-                uuid: format!("{}-{i}", g.uuid),
-                gpu_index: g.index,
-                model: g.model.clone(),
-                memory_mib: sched::mig::profile_memory_mib(p.name).unwrap_or(0),
-                mig_profile: Some(p.name.to_string()),
-            });
+            slots.push(g.instance_slot(&format!("{}-{i}", g.uuid), p.name, memory));
         }
     }
     slots

@@ -291,16 +291,7 @@ pub fn exit_code(j: &pb::Job) -> String {
     }
 }
 
-/// A duration as sacct writes it: `[D-]HH:MM:SS`.
-pub fn hms(ms: i64) -> String {
-    let s = ms.max(0) / 1000;
-    let (d, h, m, s) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
-    if d > 0 {
-        format!("{d}-{h:02}:{m:02}:{s:02}")
-    } else {
-        format!("{h:02}:{m:02}:{s:02}")
-    }
-}
+pub use gpuctl_core::text::hms;
 
 /// A time limit as sacct writes it (`UNLIMITED` for none).
 pub fn limit_hms(secs: u64) -> String {

@@ -147,6 +147,14 @@ impl Sizes {
         .flatten()
         .collect()
     }
+
+    /// Of `given`, those that size only an allocation: a step within a job takes its
+    /// GPUs (`-G`), CPUs per task (`-c`) and name (`-J`) from them, not the rest.
+    pub fn allocation_only(&self) -> Vec<&'static str> {
+        (self.given().into_iter())
+            .filter(|f| !matches!(*f, "-G" | "-c" | "-J"))
+            .collect()
+    }
 }
 
 /// One job to submit: where it came from, its spec, and whether it is queued held.

@@ -381,14 +381,7 @@ impl Agent {
         reason: &str,
         signal: Option<nix::sys::signal::Signal>,
     ) -> bool {
-        let targets: Vec<_> = self
-            .jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|((id, a), _)| *id == job_id && (attempt == 0 || *a == attempt))
-            .map(|(_, tx)| tx.clone())
-            .collect();
+        let targets = self.controls(job_id, attempt);
         for tx in &targets {
             let _ = tx.try_send(Control::Kill(KillRequest {
                 as_state: state,
@@ -410,10 +403,7 @@ impl Agent {
         signal: nix::sys::signal::Signal,
         why: &str,
     ) -> bool {
-        let targets: Vec<_> = (self.jobs.lock().unwrap_or_else(|p| p.into_inner()).iter())
-            .filter(|((id, a), _)| *id == job_id && (attempt == 0 || *a == attempt))
-            .map(|(_, tx)| tx.clone())
-            .collect();
+        let targets = self.controls(job_id, attempt);
         for tx in &targets {
             let _ = tx.try_send(Control::Kill(KillRequest {
                 as_state: JobState::Running,
@@ -426,13 +416,18 @@ impl Agent {
         !targets.is_empty()
     }
 
+    /// The control channels of a job's instances here (`attempt` 0: whichever run).
+    fn controls(&self, job_id: u64, attempt: u32) -> Vec<mpsc::Sender<Control>> {
+        (self.jobs.lock().unwrap_or_else(|p| p.into_inner()).iter())
+            .filter(|((id, a), _)| *id == job_id && (attempt == 0 || *a == attempt))
+            .map(|(_, tx)| tx.clone())
+            .collect()
+    }
+
     /// Gives a running instance a new time limit (and writes it into its record, so
     /// that an agent restarted later keeps it). Answers whether it runs here.
     fn set_limit(&self, job_id: u64, attempt: u32, secs: u64) -> bool {
-        let tx = (self.jobs.lock().unwrap_or_else(|p| p.into_inner()))
-            .get(&(job_id, attempt))
-            .cloned();
-        let Some(tx) = tx else {
+        let Some(tx) = self.controls(job_id, attempt).pop() else {
             return false;
         };
         if let Err(e) = jobs::save_limit(&self.state_dir, job_id, attempt, secs) {

@@ -14,6 +14,8 @@ use serde_json::Value;
 
 pub mod faults;
 pub mod replicated;
+mod tools;
+pub use tools::{scrape, venv_python};
 
 static BUILD: Once = Once::new();
 
@@ -657,37 +659,6 @@ pub fn join_file(path: &Path, token: &str, ca_fingerprint: &str) -> PathBuf {
         .expect("create the join file");
     std::io::Write::write_all(&mut f, text.to_string().as_bytes()).unwrap();
     path.to_path_buf()
-}
-
-/// The python of a venv a test needs (`.ci/run` makes it): `env` names it where set,
-/// else `default`; it must `import` the test's packages. `None` (said as skipped, or a
-/// failure where `require` is set) when it cannot.
-pub fn venv_python(env: &str, default: &str, import: &str, require: &str) -> Option<String> {
-    let p = std::env::var(env).unwrap_or_else(|_| default.into());
-    let ok = Command::new(&p)
-        .args(["-c", &format!("import {import}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        return Some(p);
-    }
-    skipped(
-        require,
-        &format!("a python with {import} at {p} (.ci/run installs one; or set {env})"),
-    );
-    None
-}
-
-/// The text a `/metrics` endpoint on loopback `port` answers (status line and headers
-/// included).
-pub fn scrape(port: u16) -> String {
-    use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
 }
 
 /// Says that a test did not run (or ran in part) for want of `what`, where a person

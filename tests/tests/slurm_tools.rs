@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use gpuctl_tests::{Cluster, bin, wait_for};
+use gpuctl_tests::{Cluster, wait_for};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -42,12 +42,7 @@ fn out(o: &Output) -> String {
 #[test]
 fn sbatch_squeue_sacct_scancel_sinfo_and_scontrol_speak_slurm() {
     let c = Cluster::start(&[("sl1", "2xA100-80GB")]);
-    let links = c.path("slurm-bin");
-    let made = Command::new(bin("gpuctl"))
-        .args(["slurm-links", links.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out(&made).contains("sbatch"));
+    let links = c.slurm_links();
 
     // A script on standard input, with what generated scripts carry.
     let script = "#!/bin/sh\n#SBATCH -t 5 --wckey=proj --comment=\"from a tool\"\n#SBATCH --cpus-per-gpu=2\nsrun --unbuffered -l hostname\n";
@@ -450,11 +445,7 @@ fn dask_jobqueue_scales_to_two_workers_and_computes_a_sum() {
         return;
     };
     let c = Cluster::start(&[("dk1", "1xA100-80GB")]);
-    let links = c.path("slurm-bin");
-    out(&Command::new(bin("gpuctl"))
-        .args(["slurm-links", links.to_str().unwrap()])
-        .output()
-        .unwrap());
+    let links = c.slurm_links();
     let script = r#"
 import sys
 from dask_jobqueue import SLURMCluster
@@ -470,15 +461,9 @@ print("workers", len(client.scheduler_info()["workers"]), "sum", total, flush=Tr
 client.close()
 cluster.close()
 "#;
-    let path = format!(
-        "{}:{}",
-        links.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let run = Command::new(&python)
+    let run = c
+        .slurm_tool(&python, &links, &[])
         .args(["-c", script])
-        .env("PATH", path)
-        .env("GPUCTL_CONTROLLER", c.url())
         .current_dir(c.dir.path())
         .output()
         .unwrap();
@@ -530,11 +515,7 @@ fn snakemake_runs_a_three_rule_workflow_through_its_slurm_executor() {
         return;
     }
     let c = Cluster::start(&[("sm1", "1xA100-80GB")]);
-    let links = c.path("slurm-bin");
-    out(&Command::new(bin("gpuctl"))
-        .args(["slurm-links", links.to_str().unwrap()])
-        .output()
-        .unwrap());
+    let links = c.slurm_links();
     let work = c.path("workflow");
     std::fs::create_dir_all(&work).unwrap();
     std::fs::write(
@@ -545,13 +526,9 @@ fn snakemake_runs_a_three_rule_workflow_through_its_slurm_executor() {
          rule c:\n    input: \"out/b.txt\"\n    output: \"out/c.txt\"\n    shell: \"cat {input} > {output}; echo c >> {output}\"\n",
     )
     .unwrap();
-    let path = format!(
-        "{}:{}:{}",
-        links.display(),
-        Path::new(&venv).join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let run = Command::new(&snakemake)
+    let venv_bin = Path::new(&venv).join("bin");
+    let run = c
+        .slurm_tool(&snakemake, &links, &[&venv_bin])
         .args(["--executor", "slurm", "--jobs", "2", "--latency-wait", "5"])
         .args([
             "--default-resources",
@@ -561,8 +538,6 @@ fn snakemake_runs_a_three_rule_workflow_through_its_slurm_executor() {
         ])
         .args(["--slurm-init-seconds-before-status-checks", "1"])
         .args(["--seconds-between-status-checks", "2"])
-        .env("PATH", path)
-        .env("GPUCTL_CONTROLLER", c.url())
         .current_dir(&work)
         .output()
         .unwrap();

@@ -5,10 +5,9 @@
 //! `sacct -o JobID,State,NodeList --parsable2 -j N`: a function submitted from Python
 //! runs as a job and its result comes back.
 
-use std::process::Command;
 use std::time::Duration;
 
-use gpuctl_tests::{Cluster, bin};
+use gpuctl_tests::Cluster;
 
 #[test]
 fn submitit_runs_a_function_as_a_job_and_gets_its_result() {
@@ -21,12 +20,7 @@ fn submitit_runs_a_function_as_a_job_and_gets_its_result() {
         return;
     };
     let c = Cluster::start(&[("sub1", "1xA100-80GB")]);
-    let links = c.path("slurm-bin");
-    let made = Command::new(bin("gpuctl"))
-        .args(["slurm-links", links.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(made.status.success());
+    let links = c.slurm_links();
     let script = r#"
 import os, submitit
 def work(a, b):
@@ -38,15 +32,9 @@ job = ex.submit(work, 20, 22)
 r = job.result()
 print("RESULT", r["sum"], "JOB", r["job"], job.job_id, "GPUS", r["gpus"], "STATE", job.state, flush=True)
 "#;
-    let path = format!(
-        "{}:{}",
-        links.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let run = Command::new(&python)
+    let run = c
+        .slurm_tool(&python, &links, &[])
         .args(["-c", script])
-        .env("PATH", path)
-        .env("GPUCTL_CONTROLLER", c.url())
         .current_dir(c.dir.path())
         .output()
         .unwrap();

@@ -399,11 +399,7 @@ pub async fn run_step(
     let step = args.step_args();
     let nodes = args.nodes.unwrap_or(0);
     if let Some(id) = args.target_job()? {
-        // -G, -c and -J size and name the step within its job; the others size an
-        // allocation.
-        let given: Vec<&str> = (args.alloc.given().into_iter())
-            .filter(|f| !matches!(*f, "-G" | "-c" | "-J"))
-            .collect();
+        let given = args.alloc.allocation_only();
         if !given.is_empty() {
             return Err(Failure {
                 code: crate::cli::exit::USAGE,

@@ -212,17 +212,7 @@ impl RunArgs {
             .unwrap_or_default();
         // The node's GPUs split as the job's tasks split them, whatever this run uses:
         // task i has the same GPUs in every run of the job.
-        let each = if all.len().is_multiple_of(job_tasks as usize) {
-            all.len() / job_tasks as usize
-        } else {
-            0
-        };
-        let gpus = (0..per_node as usize)
-            .map(|i| match each {
-                0 => all.clone(),
-                n => all[i * n..(i + 1) * n].to_vec(),
-            })
-            .collect();
+        let gpus = split_gpus(&all, job_tasks, per_node);
         Ok(Plan {
             node_rank,
             nodes,
@@ -357,7 +347,7 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
         return Ok(0);
     }
     if want.is_some() {
-        plan.gpus = split_gpus(&taken, plan.per_node);
+        plan.gpus = split_gpus(&taken, plan.per_node, plan.per_node);
     }
     let mut tasks = Vec::new();
     let mut files = Outputs::default();
@@ -464,9 +454,7 @@ fn step_gpus(
         message: m,
     };
     let a = &args.alloc;
-    let refused: Vec<&str> = (a.given().into_iter())
-        .filter(|f| !matches!(*f, "-G" | "-c" | "-J"))
-        .collect();
+    let refused = a.allocation_only();
     if !refused.is_empty() {
         return Err(usage(format!(
             "{}: a step within a job has its job's memory, partition, account and nodes (srun -G and -c size a step here)",
@@ -523,18 +511,18 @@ fn task_cpus(per_task: Option<u32>, tasks: u32) -> Vec<nix::sched::CpuSet> {
         .collect()
 }
 
-/// A step's GPUs on this node split over its `tasks` (each its own when they divide
-/// evenly, else all of them for every task, as srun without --gpus-per-task).
-fn split_gpus(taken: &[String], tasks: u32) -> Vec<Vec<String>> {
-    let t = tasks.max(1) as usize;
-    (0..t)
-        .map(|i| {
-            if taken.len().is_multiple_of(t) && !taken.is_empty() {
-                let each = taken.len() / t;
-                taken[i * each..(i + 1) * each].to_vec()
-            } else {
-                taken.to_vec()
-            }
+/// `gpus` split into `parts` equal lists when they divide evenly (else each part has
+/// them all, as srun without --gpus-per-task gives them), the first `take` of them.
+fn split_gpus(gpus: &[String], parts: u32, take: u32) -> Vec<Vec<String>> {
+    let each = if gpus.len().is_multiple_of(parts.max(1) as usize) {
+        gpus.len() / parts.max(1) as usize
+    } else {
+        0
+    };
+    (0..take as usize)
+        .map(|i| match each {
+            0 => gpus.to_vec(),
+            n => gpus[i * n..(i + 1) * n].to_vec(),
         })
         .collect()
 }

@@ -240,14 +240,10 @@ impl FakeGpus {
                 Some(layout) => layout
                     .split('+')
                     .map(|p| {
-                        let gb = p
-                            .split_once("g.")
-                            .and_then(|(_, m)| m.strip_suffix("gb"))
-                            .and_then(|m| m.parse::<u64>().ok())
-                            .ok_or_else(|| {
-                                err(&format!("MIG profile {p:?} is not like 3g.40gb"))
-                            })?;
-                        Ok((p.to_string(), gb * 1024))
+                        let mib = gpuctl_sched::mig::profile_memory_mib(p).ok_or_else(|| {
+                            err(&format!("MIG profile {p:?} is not like 3g.40gb"))
+                        })?;
+                        Ok((p.to_string(), mib))
                     })
                     .collect::<Result<_, GpuError>>()?,
             };
