@@ -349,6 +349,9 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
     if want.is_some() {
         plan.gpus = split_gpus(&taken, plan.per_node, plan.per_node);
     }
+    // Watched before any task starts: a TERM as the first task prints is passed on, and
+    // does not end this process by its default action first.
+    let signals = passed_signals()?;
     let mut tasks = Vec::new();
     let mut files = Outputs::default();
     let mut labels = Vec::new();
@@ -430,7 +433,7 @@ pub async fn run(args: &RunArgs) -> Result<u8, Failure> {
             }
         }
     }
-    let code = wait_all(tasks, limit).await?;
+    let code = wait_all(tasks, limit, signals).await?;
     for l in labels {
         let _ = l.await;
     }
@@ -600,9 +603,9 @@ const STEP_KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 async fn wait_all(
     tasks: Vec<tokio::process::Child>,
     limit: Option<std::time::Duration>,
+    mut sig_rx: tokio::sync::mpsc::UnboundedReceiver<nix::sys::signal::Signal>,
 ) -> Result<u8, Failure> {
     use nix::sys::signal::Signal;
-    let mut sig_rx = passed_signals()?;
     let pids: Vec<Option<u32>> = tasks.iter().map(tokio::process::Child::id).collect();
     let mut waits = tokio::task::JoinSet::new();
     for (i, mut t) in tasks.into_iter().enumerate() {
