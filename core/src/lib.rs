@@ -21,6 +21,8 @@
 //! `event` (what agents tell the controller) and `command`
 //! (what the controller tells them); `view` (what the state answers users) are the state's own words for them.
 
+pub use gpuctl_base::{replay, text};
+
 pub mod agents;
 pub mod answers;
 pub mod begin;
@@ -54,7 +56,6 @@ pub mod policy;
 pub mod power;
 pub mod reconfig;
 pub mod record;
-pub mod replay;
 pub mod report;
 pub mod request;
 pub mod restore;
@@ -62,7 +63,6 @@ pub mod retention;
 pub mod room;
 pub mod state;
 pub mod steps;
-pub mod text;
 pub mod update;
 pub mod usage;
 pub mod users;

@@ -8,8 +8,6 @@ use std::collections::HashMap;
 
 pub use gpuctl_sched::job::JobState;
 
-use crate::text;
-
 /// A state's name as users read it (`PENDING`, `NODE_FAIL`), as Slurm writes it.
 pub fn state_name(s: JobState) -> &'static str {
     match s {
@@ -366,29 +364,14 @@ macro_rules! step_fields {
 }
 
 impl Step {
-    /// The most steps a job's record keeps, and an agent reads from a job: the first
-    /// ones (a record stays small whatever a script does).
-    pub const MAX_PER_JOB: usize = 128;
+    /// The most steps a job's record keeps, and an agent reads from a job.
+    pub const MAX_PER_JOB: usize = gpuctl_base::step::MAX_PER_JOB;
     /// The longest step name kept, in bytes.
-    pub const MAX_NAME: usize = 128;
+    pub const MAX_NAME: usize = gpuctl_base::step::MAX_NAME;
 
-    /// A step's name as the user's `srun` wrote it, made safe to keep and show: control
-    /// and invisible characters become spaces, and it is cut to [`Step::MAX_NAME`]
-    /// bytes at a character boundary.
+    /// A step's name made safe to keep and show (`gpuctl_base::step::clean_name`).
     pub fn clean_name(name: &str) -> String {
-        let mut out = String::new();
-        for c in name.chars() {
-            let c = if c.is_control() || text::invisible(c) {
-                ' '
-            } else {
-                c
-            };
-            if out.len() + c.len_utf8() > Self::MAX_NAME {
-                break;
-            }
-            out.push(c);
-        }
-        out
+        gpuctl_base::step::clean_name(name)
     }
 }
 

@@ -108,3 +108,24 @@ fn the_cli_and_the_agent_link_no_planning_allocator() {
     }
     assert!(tree("gpuctld").contains("gpuctl-alloc"));
 }
+
+#[test]
+fn the_agent_links_no_state_machine() {
+    // The node agent speaks protobuf and the shared words (`gpuctl-base`); the
+    // conversions to the state machine's types are gpuctl-proto's `core` feature, which
+    // only the controller and the CLI take (issue 56).
+    let t = tree("gpud");
+    assert!(
+        !t.contains("gpuctl-core") && t.contains("gpuctl-base") && t.contains("gpuctl-proto"),
+        "{t:?}"
+    );
+    // The check can fail: the controller's tree has the state machine.
+    assert!(tree("gpuctld").contains("gpuctl-core"));
+    assert!(tree("gpuctl").contains("gpuctl-core"));
+}
+
+#[test]
+fn the_shared_words_depend_on_nothing() {
+    let t = tree("gpuctl-base");
+    assert_eq!(t.into_iter().collect::<Vec<_>>(), ["gpuctl-base"]);
+}

@@ -73,7 +73,7 @@ fn record() -> Record {
 fn entry(template: &Record, id: u64) -> Vec<u8> {
     let mut r = template.clone();
     r.job.id = id;
-    gpuctld::wire::entry_pb(&Entry::new(T0, Change::Submit(vec![r]))).encode_to_vec()
+    gpuctl_proto::wire::entry_pb(&Entry::new(T0, Change::Submit(vec![r]))).encode_to_vec()
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {

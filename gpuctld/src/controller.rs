@@ -163,7 +163,7 @@ impl Shared {
                 }
                 (Some(g), Some((lg, _))) if lg < g => {
                     self.held_starts
-                        .push((node, g, crate::wire::command_pb(cmd)));
+                        .push((node, g, gpuctl_proto::wire::command_pb(cmd)));
                 }
                 (Some(g), None)
                     if g > 0
@@ -174,9 +174,9 @@ impl Shared {
                             .is_some_and(|s| s.generation == g) =>
                 {
                     self.held_starts
-                        .push((node, g, crate::wire::command_pb(cmd)));
+                        .push((node, g, gpuctl_proto::wire::command_pb(cmd)));
                 }
-                (_, Some((_, tx))) => sends.push((tx, crate::wire::command_pb(cmd))),
+                (_, Some((_, tx))) => sends.push((tx, gpuctl_proto::wire::command_pb(cmd))),
                 // A node without a stream gets nothing: its reconnect reconciles.
                 (_, None) => {}
             }
@@ -342,7 +342,11 @@ impl Controller {
         let records = gpuctl_core::restore::Records {
             jobs: loaded.jobs,
             upgraded: loaded.upgraded,
-            nodes: loaded.nodes.into_iter().map(crate::wire::node).collect(),
+            nodes: loaded
+                .nodes
+                .into_iter()
+                .map(gpuctl_proto::wire::node)
+                .collect(),
             usage: loaded.usage,
             next_job_id: loaded.next_job_id,
             // No sessions: after a restart every agent attaches again.
@@ -649,7 +653,7 @@ impl Controller {
                 limits.max_job_bytes
             )));
         }
-        let mut spec = crate::wire::job_spec(spec)?;
+        let mut spec = gpuctl_proto::wire::job_spec(spec)?;
         let creds = caller.uid.map(|uid| (uid, caller.gid.unwrap_or(0)));
         gpuctl_core::validate::set_owner(&caller.actor(), creds, &mut spec).map_err(status)?;
         if self.store.failed() {

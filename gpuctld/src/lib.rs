@@ -8,12 +8,11 @@
 //! - `pki`: who a node is: the cluster CA, join tokens, node certificates and keys.
 //! - `store`: sled persistence with a schema version.
 //! - `server`: the tonic services (`Controller` for users, `AgentLink` for agents).
-//! - `wire`: protobuf to and from the state machine's own types (agents' events,
-//!   node records and listings).
 //! - `metrics`, `web`: the Prometheus endpoint and the read-only web page.
 //! - `daemon`: wiring: open the store, bind, serve, schedule, shut down on a signal.
 //!
-//! The scheduler core is the `gpuctl-sched` crate; `gpuctld simulate` is `gpuctl-sim`.
+//! Protobuf meets the state machine's own types in one place, `gpuctl_proto`'s `record`,
+//! `convert` and `wire` (its `core` feature). The scheduler core is the `gpuctl-sched` crate; `gpuctld simulate` is `gpuctl-sim`.
 
 pub mod auth;
 pub use gpuctl_core::config;
@@ -27,4 +26,3 @@ pub mod raft;
 pub mod server;
 pub mod store;
 pub mod web;
-pub mod wire;

@@ -1,7 +1,7 @@
 //! Replicated controllers (issue 40): the cluster's log (`gpuctl_core::log`) kept by
 //! openraft. `TypeConfig` names the types; `log_store.rs` keeps the log and the vote in
 //! sled; `machine.rs` applies committed entries to a `Cluster` and builds and installs
-//! snapshots (`wire::snapshot`); `net.rs` carries Raft between controllers over gRPC.
+//! snapshots (`gpuctl_proto::wire::snapshot`); `net.rs` carries Raft between controllers over gRPC.
 //! The daemon starts it with `--id N --peers ...` (`daemon.rs`) and saves through it in
 //! the journal's Raft half (`controller/journal/raft.rs`); docs/replication.md.
 

@@ -43,7 +43,7 @@ impl UserApi {
                 "unknown job state {bad} in the filter"
             )));
         }
-        crate::wire::job_filter(r)
+        gpuctl_proto::wire::job_filter(r)
     }
 
     /// Who sent `req`, at the leader: a follower of replicated controllers answers

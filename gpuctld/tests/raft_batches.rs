@@ -87,7 +87,7 @@ fn raft_entry(
 ) -> openraft::Entry<TypeConfig> {
     let entry = match <[_; 1]>::try_from(parts) {
         Ok([one]) => one,
-        Err(parts) => gpuctld::wire::batch_pb(parts),
+        Err(parts) => gpuctl_proto::wire::batch_pb(parts),
     };
     openraft::Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
@@ -111,7 +111,7 @@ async fn applied(log: &[Entry], sizes: &[usize]) -> (String, Vec<String>) {
             break;
         }
         let (batch, after) = rest.split_at((*size).min(rest.len()));
-        let parts: Vec<_> = batch.iter().map(gpuctld::wire::entry_pb).collect();
+        let parts: Vec<_> = batch.iter().map(gpuctl_proto::wire::entry_pb).collect();
         m.apply([raft_entry(index, parts)]).await.expect("applied");
         let replica = m.replica();
         let mut r = replica.lock();
@@ -162,8 +162,9 @@ async fn a_batch_inside_a_batch_applies_nothing() {
     let db = sled::open(dir.path()).unwrap();
     let mut m = Machine::open(1, &db, Config::default()).unwrap();
     let before = format!("{:?}", m.replica().lock().cluster().records());
-    let inner = gpuctld::wire::batch_pb(log[2..4].iter().map(gpuctld::wire::entry_pb).collect());
-    let parts = vec![gpuctld::wire::entry_pb(&log[0]), inner];
+    let inner =
+        gpuctl_proto::wire::batch_pb(log[2..4].iter().map(gpuctl_proto::wire::entry_pb).collect());
+    let parts = vec![gpuctl_proto::wire::entry_pb(&log[0]), inner];
     let err = m.apply([raft_entry(1, parts)]).await.expect_err("refused");
     assert!(err.to_string().contains("a batch inside a batch"), "{err}");
     let after = format!("{:?}", m.replica().lock().cluster().records());

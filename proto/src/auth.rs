@@ -80,7 +80,7 @@ pub enum AuthError {
     Undecodable(String),
 }
 
-pub use gpuctl_core::replay::{ReplayWindow, Signed};
+pub use gpuctl_base::replay::{ReplayWindow, Signed};
 
 /// The shared secret.
 #[derive(Clone)]

@@ -1,13 +1,16 @@
 //! Where protobuf meets the domain model (`gpuctl-sched`, `gpuctl-core`): job states,
 //! the upgrade of an older record's request, and a request on the wire read as the
 //! scheduler does (the rules of a request's shape are core's: `gpuctl_core::request`;
-//! re-exported here). The job record's conversions are in `record`.
+//! re-exported here with the `core` feature; the signal names are `gpuctl_base`'s).
+//! The job record's conversions are in `record`, the other state machine words' in
+//! `wire`.
 
 use gpuctl_sched::job::JobState as State;
 
+pub use gpuctl_base::signal::{SIGNALS, parse_signal, parse_signal_spec};
+#[cfg(feature = "core")]
 pub use gpuctl_core::request::{
-    BadRequest, MAX_NODE_PATTERNS, MAX_PRIORITY_ADJUST, MAX_TASKS_PER_NODE, SIGNALS,
-    check_node_patterns, parse_signal, parse_signal_spec,
+    BadRequest, MAX_NODE_PATTERNS, MAX_PRIORITY_ADJUST, MAX_TASKS_PER_NODE, check_node_patterns,
 };
 
 use crate::resources::Gpu as GpuPart;
@@ -81,6 +84,7 @@ pub fn upgrade(r: &mut Resources) -> bool {
 }
 
 /// The GPU part of a request on the wire as the scheduler sees it.
+#[cfg(feature = "core")]
 pub fn gpu_request(g: Option<&GpuPart>) -> gpuctl_sched::GpuRequest {
     gpuctl_core::request::gpu_request(g.cloned().map(Into::into).as_ref())
 }
@@ -97,6 +101,7 @@ pub fn cpu_milli(r: &Resources) -> u32 {
 
 /// A listing's (or a cancel's) filter. Asking for a final state asks for finished jobs.
 /// A state the domain does not know is refused: left out, it would widen the filter.
+#[cfg(feature = "core")]
 impl TryFrom<&crate::ListJobsRequest> for gpuctl_core::filter::JobFilter {
     type Error = UnknownState;
     fn try_from(r: &crate::ListJobsRequest) -> Result<Self, UnknownState> {
@@ -117,6 +122,7 @@ impl TryFrom<&crate::ListJobsRequest> for gpuctl_core::filter::JobFilter {
     }
 }
 
+#[cfg(feature = "core")]
 impl From<gpuctl_core::view::ShareRow> for crate::ShareRow {
     fn from(r: gpuctl_core::view::ShareRow) -> crate::ShareRow {
         crate::ShareRow {
@@ -131,6 +137,7 @@ impl From<gpuctl_core::view::ShareRow> for crate::ShareRow {
     }
 }
 
+#[cfg(feature = "core")]
 impl From<crate::ShareRow> for gpuctl_core::view::ShareRow {
     fn from(r: crate::ShareRow) -> gpuctl_core::view::ShareRow {
         gpuctl_core::view::ShareRow {
@@ -168,6 +175,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "core")]
     #[allow(deprecated)]
     fn records_of_the_flat_fields_are_upgraded() {
         let mut r = Resources {

@@ -4,7 +4,9 @@
 //! requests and `AgentLink` for node agents) and `proto/store.proto` (the records the
 //! controller keeps on disk, re-exported as [`store`]). The services, the codec and the
 //! listener guard are the `rpc` feature (on by default); without it the crate is the
-//! messages and records alone, which is all `gpuctl-core` takes. The module nesting mirrors the
+//! messages alone. The conversions between protobuf and the state machine's words
+//! (`record`, `wire`, core's half of `convert`) are the `core` feature: the controller
+//! and the CLI take them, the node agent (`gpud`) does not. The module nesting mirrors the
 //! protobuf packages because prost refers across packages by relative paths.
 
 pub mod auth;
@@ -19,9 +21,12 @@ pub mod pages;
 #[cfg(feature = "rpc")]
 pub mod process;
 pub mod ratelog;
+#[cfg(feature = "core")]
 pub mod record;
 pub mod statedir;
-pub use gpuctl_core::text;
+#[cfg(all(feature = "core", feature = "rpc"))]
+pub mod wire;
+pub use gpuctl_base::text;
 #[cfg(feature = "rpc")]
 pub mod tls;
 
@@ -47,13 +52,13 @@ pub mod store {
 
 impl Step {
     /// The most steps a job's record keeps, and an agent reads from a job.
-    pub const MAX_PER_JOB: usize = gpuctl_core::record::Step::MAX_PER_JOB;
+    pub const MAX_PER_JOB: usize = gpuctl_base::step::MAX_PER_JOB;
     /// The longest step name kept, in bytes.
-    pub const MAX_NAME: usize = gpuctl_core::record::Step::MAX_NAME;
+    pub const MAX_NAME: usize = gpuctl_base::step::MAX_NAME;
 
-    /// A step's name made safe to keep and show (`gpuctl_core::record::Step::clean_name`).
+    /// A step's name made safe to keep and show (`gpuctl_base::step::clean_name`).
     pub fn clean_name(name: &str) -> String {
-        gpuctl_core::record::Step::clean_name(name)
+        gpuctl_base::step::clean_name(name)
     }
 }
 

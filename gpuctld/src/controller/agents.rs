@@ -152,7 +152,7 @@ impl Controller {
         req: pb::RegisterRequest,
         peer: Option<std::net::SocketAddr>,
     ) -> Result<(mpsc::Receiver<Result<Box<pb::AgentCommand>, Status>>, u64), Status> {
-        let req = crate::wire::register(req);
+        let req = gpuctl_proto::wire::register(req);
         let (tx, rx) = mpsc::channel(1024);
         let (generation, out) = self
             .commit(
@@ -244,7 +244,7 @@ impl Controller {
         &self,
         req: pb::HeartbeatRequest,
     ) -> Result<pb::HeartbeatResponse, Status> {
-        let hb = crate::wire::heartbeat(req);
+        let hb = gpuctl_proto::wire::heartbeat(req);
         let (resp, out) = self
             .commit(
                 |c, _| {
@@ -259,7 +259,7 @@ impl Controller {
             )
             .await?;
         self.deliver(out, false).await.map_err(store_status)?;
-        Ok(crate::wire::heartbeat_answer(resp))
+        Ok(gpuctl_proto::wire::heartbeat_answer(resp))
     }
 
     /// Applies an agent's report; answers whether a started instance is stale.
@@ -276,7 +276,7 @@ impl Controller {
     ) -> Result<Vec<pb::JobReportAck>, Status> {
         let reports = reports
             .into_iter()
-            .map(crate::wire::report)
+            .map(gpuctl_proto::wire::report)
             .collect::<Result<Vec<_>, Status>>()?;
         let (acks, mut out) = self
             .commit(

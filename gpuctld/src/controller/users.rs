@@ -147,21 +147,23 @@ impl Controller {
             queue,
             cfg,
         } = match step {
-            Explain::Done(out) => return Ok(crate::wire::explanation_pb(out)),
+            Explain::Done(out) => return Ok(gpuctl_proto::wire::explanation_pb(out)),
             Explain::Pass(input) => *input,
         };
         let ex = tokio::task::spawn_blocking(move || sched::explain(&view, &queue, &cfg, now, id))
             .await
             .expect("explain panicked")
             .ok_or_else(|| Status::internal("the job was not in the pass"))?;
-        Ok(crate::wire::explanation_pb(rendered(base, &ex, now)))
+        Ok(gpuctl_proto::wire::explanation_pb(rendered(base, &ex, now)))
     }
 
     /// The pending jobs in priority order with their factors (`gpuctl priority`), at
     /// most 100,000.
     pub fn priorities(&self) -> Vec<pb::JobPriority> {
         let jobs = self.lock().priorities(now_ms(), 100_000);
-        jobs.into_iter().map(crate::wire::job_priority_pb).collect()
+        jobs.into_iter()
+            .map(gpuctl_proto::wire::job_priority_pb)
+            .collect()
     }
 
     /// Cancels jobs. Only their owners or an admin may; if any of `ids` is someone
@@ -190,7 +192,7 @@ impl Controller {
         self.deliver(out, true).await.map_err(store_status)?;
         Ok(results
             .into_iter()
-            .map(crate::wire::cancel_result_pb)
+            .map(gpuctl_proto::wire::cancel_result_pb)
             .collect())
     }
 
@@ -223,7 +225,7 @@ impl Controller {
         self.deliver(out, false).await.map_err(store_status)?;
         Ok(results
             .into_iter()
-            .map(crate::wire::cancel_result_pb)
+            .map(gpuctl_proto::wire::cancel_result_pb)
             .collect())
     }
 
@@ -292,19 +294,19 @@ impl Controller {
     pub fn partitions(&self) -> pb::PartitionsResponse {
         pb::PartitionsResponse {
             partitions: (self.lock().partition_rows().into_iter())
-                .map(crate::wire::partition_row_pb)
+                .map(gpuctl_proto::wire::partition_row_pb)
                 .collect(),
         }
     }
 
     /// Time-of-day windows now (`gpuctl windows`).
     pub fn windows(&self) -> pb::WindowsResponse {
-        crate::wire::windows_pb(self.lock().windows_answer(now_ms()))
+        gpuctl_proto::wire::windows_pb(self.lock().windows_answer(now_ms()))
     }
 
     /// Fair share per account and user (`gpuctl share`).
     pub fn share(&self) -> pb::ShareResponse {
-        crate::wire::share_pb(self.lock().share_answer())
+        gpuctl_proto::wire::share_pb(self.lock().share_answer())
     }
 
     // ------------------------------------------------------------ users and tokens
@@ -381,7 +383,7 @@ impl Controller {
     /// fragmentation when all were asked for.
     pub fn list_nodes(&self, names: &[String]) -> pb::ListNodesResponse {
         let listing = self.lock().list_nodes(names);
-        crate::wire::listing_pb(listing)
+        gpuctl_proto::wire::listing_pb(listing)
     }
 
     pub async fn set_drain(&self, name: &str, drain: Option<String>) -> Result<pb::Node, Status> {
@@ -404,7 +406,7 @@ impl Controller {
             )
             .await?;
         self.deliver(out, true).await.map_err(store_status)?;
-        Ok(crate::wire::node_pb(node))
+        Ok(gpuctl_proto::wire::node_pb(node))
     }
 }
 
@@ -459,7 +461,7 @@ fn cancel_filter(
 ) -> Result<Option<gpuctl_core::filter::JobFilter>, Status> {
     filter
         .map(|f| {
-            let f = crate::wire::job_filter(f)?;
+            let f = gpuctl_proto::wire::job_filter(f)?;
             f.for_cancel(&caller.actor()).map_err(status)
         })
         .transpose()
@@ -476,5 +478,8 @@ fn named(
     if let Some(f) = filter {
         ids.extend(c.active_matching(f));
     }
-    (ids, tasks.iter().map(crate::wire::task_ref).collect())
+    (
+        ids,
+        tasks.iter().map(gpuctl_proto::wire::task_ref).collect(),
+    )
 }

@@ -1,7 +1,7 @@
 //! The replicated state machine: committed entries applied to a `Cluster`
 //! (`Cluster::apply`, alike on every controller) and to the controller's `Credentials`
 //! (API tokens, join tokens, node identities), snapshots built from both and installed
-//! into both (`wire::snapshot`), the last snapshot kept in sled so that a controller
+//! into both (`gpuctl_proto::wire::snapshot`), the last snapshot kept in sled so that a controller
 //! that restarts starts from it and re-applies only the log after it.
 
 use std::collections::BTreeMap;
@@ -161,7 +161,7 @@ impl Machine {
     /// Replaces the cluster and the credentials with a snapshot's (or an import's).
     fn replace(&self, r: &mut Replica, mut pb: st::Snapshot) -> Result<(), String> {
         let credentials = Credentials::from_records(pb.credentials.take().unwrap_or_default());
-        let cluster = crate::wire::cluster(pb).map_err(|e| e.to_string())?;
+        let cluster = gpuctl_proto::wire::cluster(pb).map_err(|e| e.to_string())?;
         self.on_cluster(r, |c| *c = cluster);
         self.on_credentials(r, |c| *c = credentials);
         Ok(())
@@ -224,7 +224,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Machine {
         let (data, meta) = {
             let mut r = self.replica.lock();
             let at = r.last_at;
-            let mut pb = self.on_cluster(&mut r, |c| crate::wire::snapshot_pb(c, at));
+            let mut pb = self.on_cluster(&mut r, |c| gpuctl_proto::wire::snapshot_pb(c, at));
             pb.credentials = Some(self.on_credentials(&mut r, |c| c.records()));
             let data = pb.encode_to_vec();
             let id = match r.last_applied {
@@ -310,10 +310,11 @@ impl RaftStateMachine<TypeConfig> for Machine {
                         _ => {}
                     }
                     // Every part read before any applies: an entry applies whole or not.
-                    let parts = (crate::wire::entry_parts(pb).map_err(|x| bad(x.to_string()))?)
-                        .into_iter()
-                        .map(|part| crate::wire::entry(part).map_err(|x| bad(x.to_string())))
-                        .collect::<Result<Vec<_>, _>>()?;
+                    let parts = (gpuctl_proto::wire::entry_parts(pb)
+                        .map_err(|x| bad(x.to_string()))?)
+                    .into_iter()
+                    .map(|part| gpuctl_proto::wire::entry(part).map_err(|x| bad(x.to_string())))
+                    .collect::<Result<Vec<_>, _>>()?;
                     for (i, entry) in parts.into_iter().enumerate() {
                         r.last_at = entry.at;
                         // What a store would write is dropped: a replica's durable

@@ -217,7 +217,7 @@ pub async fn propose(
     at: i64,
     change: Change,
 ) -> (Result<Applied, Refusal>, Effects) {
-    let entry = gpuctld::wire::entry_pb(&Entry::new(at, change)).encode_to_vec();
+    let entry = gpuctl_proto::wire::entry_pb(&Entry::new(at, change)).encode_to_vec();
     let proposal = Proposal {
         from: leader.id,
         entry,
@@ -238,7 +238,7 @@ pub async fn try_propose(
     change: Change,
     within: Duration,
 ) -> Option<(Result<Applied, Refusal>, Effects)> {
-    let entry = gpuctld::wire::entry_pb(&Entry::new(at, change)).encode_to_vec();
+    let entry = gpuctl_proto::wire::entry_pb(&Entry::new(at, change)).encode_to_vec();
     let proposal = Proposal { from: c.id, entry };
     let done = tokio::time::timeout(within, c.raft.client_write(proposal)).await;
     let done = done.ok()?.ok()?;

@@ -37,7 +37,7 @@ impl Controller {
         }
         for name in &changes.nodes {
             if let Some(n) = c.fleet().node(name) {
-                self.store.put_node(&crate::wire::stored_node(n))?;
+                self.store.put_node(&gpuctl_proto::wire::stored_node(n))?;
             }
         }
         if changes.usage {

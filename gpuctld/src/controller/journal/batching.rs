@@ -66,7 +66,7 @@ impl Controller {
         let r = self.raft().expect("propose is for replicated controllers");
         let started = std::time::Instant::now();
         let lazy = matches!(change, Change::Heartbeat { .. });
-        let entry = crate::wire::entry_pb(&Entry::new(now, change));
+        let entry = gpuctl_proto::wire::entry_pb(&Entry::new(now, change));
         let (done, answer) = oneshot::channel();
         let stopped =
             || Status::unavailable("this controller's Raft stopped; nothing was acknowledged");
@@ -96,7 +96,7 @@ impl Controller {
                 batch.into_iter().map(|q| (q.entry, q.done)).unzip();
             let entry = match <[_; 1]>::try_from(parts) {
                 Ok([one]) => one,
-                Err(parts) => crate::wire::batch_pb(parts),
+                Err(parts) => gpuctl_proto::wire::batch_pb(parts),
             };
             let proposal = Proposal {
                 from: r.me,

@@ -73,7 +73,7 @@ impl Controller {
     /// This controller's whole state in its stored form (a snapshot's), for a new
     /// replicated cluster to adopt.
     pub fn state_to_adopt(&self) -> Vec<u8> {
-        let mut pb = crate::wire::snapshot_pb(&self.lock().core, now_ms());
+        let mut pb = gpuctl_proto::wire::snapshot_pb(&self.lock().core, now_ms());
         pb.credentials = Some(self.pki.with(|c| c.records()));
         pb.encode_to_vec()
     }
@@ -172,7 +172,7 @@ impl Controller {
     /// other apply in that order.
     pub(crate) async fn send_proposal(&self, now: i64, change: Change) -> Result<Pending, Status> {
         let r = self.raft().expect("propose is for replicated controllers");
-        let entry = crate::wire::entry_pb(&Entry::new(now, change)).encode_to_vec();
+        let entry = gpuctl_proto::wire::entry_pb(&Entry::new(now, change)).encode_to_vec();
         r.raft
             .client_write_ff(Proposal { from: r.me, entry })
             .await

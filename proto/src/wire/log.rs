@@ -2,12 +2,12 @@
 //! replicated controller appends and sends its followers. Protobuf, so that a newer
 //! controller reads what an older one wrote (a rolling upgrade).
 
+use crate::store::{self as st, log_entry::Change as Pb, log_job_action::Action};
+use crate::{self as pb, job_report};
 use gpuctl_core::event::{Heartbeat, Register, Report, ReportKind};
 use gpuctl_core::log::{Change, Entry, JobAction, Wait};
 use gpuctl_core::update::JobUpdate;
 use gpuctl_core::{Actor, Config};
-use gpuctl_proto::store::{self as st, log_entry::Change as Pb, log_job_action::Action};
-use gpuctl_proto::{self as pb, job_report};
 use gpuctl_sched as sched;
 
 use super::{gpu_metrics_pb, gpu_pb, running_pb};
@@ -341,7 +341,7 @@ fn report_pb(r: Report) -> pb::JobReport {
         job_id: r.job_id,
         attempt: r.attempt,
         kind: kind.into(),
-        state: gpuctl_proto::record::state_number(r.state),
+        state: crate::record::state_number(r.state),
         exit_code: r.exit_code,
         reason: r.reason,
         time_ms: r.time_ms,

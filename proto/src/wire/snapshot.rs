@@ -2,10 +2,10 @@
 //! own records (jobs, nodes, fair share's usage), the configuration, and what the log's
 //! later entries act on (sessions, running jobs' figures). Protobuf, like the log.
 
+use crate::store as st;
 use gpuctl_core::jobs::EndedRun;
 use gpuctl_core::restore::{Live, Records, Session};
 use gpuctl_core::{Cluster, Config};
-use gpuctl_proto::store as st;
 
 use super::{gpu_metrics, gpu_metrics_pb, node, stored_node};
 

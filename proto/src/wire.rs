@@ -4,6 +4,8 @@
 //! converted on the way out; a node's record, converted
 //! to and from its stored form (`StoredNode`, whose format on disk is unchanged).
 
+use crate::store::StoredNode;
+use crate::{self as pb, job_report};
 use gpuctl_core::command::Command;
 use gpuctl_core::event::{Heartbeat, HeartbeatAnswer, Register, Report, ReportKind, Running};
 use gpuctl_core::filter::JobFilter;
@@ -14,8 +16,6 @@ use gpuctl_core::record::JobSpec;
 use gpuctl_core::view::{
     CancelResult, Explanation, JobPriority, PartitionRow, Share, TaskRef, Windows,
 };
-use gpuctl_proto::store::StoredNode;
-use gpuctl_proto::{self as pb, job_report};
 use gpuctl_sched::job::JobState as State;
 use tonic::Status;
 
@@ -217,7 +217,7 @@ pub fn report(r: pb::JobReport) -> Result<Report, Status> {
 pub fn job_spec(s: pb::JobSpec) -> Result<JobSpec, Status> {
     if s.resources
         .as_ref()
-        .is_some_and(gpuctl_proto::record::legacy_fields)
+        .is_some_and(crate::record::legacy_fields)
     {
         return Err(Status::invalid_argument(
             "the flat GPU share/MIG fields are gone: set the `gpu` oneof",
@@ -464,7 +464,7 @@ pub fn share_pb(s: Share) -> pb::ShareResponse {
     }
 }
 
-/// A listing's (or a cancel's) filter (`gpuctl_proto::convert`); a state the domain
+/// A listing's (or a cancel's) filter (`crate::convert`); a state the domain
 /// does not know is refused.
 pub fn job_filter(r: &pb::ListJobsRequest) -> Result<JobFilter, Status> {
     JobFilter::try_from(r).map_err(|e| Status::invalid_argument(format!("{e} in the filter")))
