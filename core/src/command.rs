@@ -1,6 +1,6 @@
 //! What the state machine tells an agent to do (`Effects::sends`): start a job's part
 //! on its node, or kill a job's instance. The daemon turns each into the signed
-//! protobuf command of the node's stream (`gpuctld/src/wire.rs`); the tests and the
+//! protobuf command of the node's stream (`proto/src/wire.rs`); the tests and the
 //! simulator read them as they are.
 
 use crate::record::{JobSpec, JobState, SlotUse};

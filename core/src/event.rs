@@ -1,7 +1,7 @@
 //! What agents tell the controller, in the state machine's words: an agent attaching
 //! (`Register`), its heartbeats (`Heartbeat`) and its reports of a job's start, end or
 //! warning (`Report`); and what the state answers them. The daemon converts these from
-//! the RPC messages, and the answers back, at its gRPC server (`gpuctld/src/wire.rs`);
+//! the RPC messages, and the answers back, at its gRPC server (`proto/src/wire.rs`);
 //! the simulator builds them directly.
 
 use gpuctl_sched::job::JobState;

@@ -1,7 +1,7 @@
 //! A node as the controller keeps it, in its own words: the record (`Node`), its GPUs
 //! and MIG instances as the agent discovered them, and the GPU samples its heartbeats
 //! carry. The daemon converts these from and to protobuf at its edges (its gRPC server
-//! and its store: `gpuctld/src/wire.rs`); nothing here knows the wire.
+//! and its store: `proto/src/wire.rs`); nothing here knows the wire.
 
 /// A node: what its agent reported when it attached, and what the controller decided
 /// about it (a drain). Kept on disk; the listings add what runs where.

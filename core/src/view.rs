@@ -1,7 +1,7 @@
 //! What the state answers users, in its own words: why a job waits (`Explanation`),
 //! what a cancel did (`CancelResult`), the partitions (`PartitionRow`), the windows in
 //! force (`Windows`), fair share (`Share`). The daemon renders them as protobuf at its
-//! gRPC server (`gpuctld/src/wire.rs`); core's tests read them as they are.
+//! gRPC server (`proto/src/wire.rs`); core's tests read them as they are.
 
 use std::collections::BTreeMap;
 
