@@ -40,14 +40,14 @@ pub struct GpuShare {
     pub memory_mib: Option<u64>,
 }
 
-/// `GpuShare`'s fields with their protobuf numbers and kinds (see `job_spec_fields`).
+/// `GpuShare`'s fields and their kinds (see `job_spec_fields`).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! gpu_share_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            compute_milli: u32 = 1,
-            memory_mib: opt_u64 = 2,
+            compute_milli: u32,
+            memory_mib: opt_u64,
         )
     };
 }
@@ -59,14 +59,14 @@ pub struct MigInstances {
     pub count: u32,
 }
 
-/// `MigInstances`' fields with their protobuf numbers and kinds.
+/// `MigInstances`' fields and their kinds.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! mig_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            profile: string = 1,
-            count: u32 = 2,
+            profile: string,
+            count: u32,
         )
     };
 }
@@ -100,23 +100,23 @@ pub struct Resources {
     pub exclusive: bool,
 }
 
-/// `Resources`' plain fields (all but the `gpu` oneof) with their protobuf numbers.
+/// `Resources`' plain fields (all but the `gpu` oneof) and their kinds.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! resources_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            cpus: u32 = 2,
-            memory_bytes: u64 = 3,
-            time_limit_secs: u64 = 4,
-            gpu_models: strings = 7,
-            nodes: u32 = 10,
-            cpu_milli: u32 = 11,
-            nodelist: strings = 14,
-            exclude: strings = 15,
-            constraint: string = 16,
-            tasks_per_node: u32 = 17,
-            exclusive: bool = 18,
+            cpus: u32,
+            memory_bytes: u64,
+            time_limit_secs: u64,
+            gpu_models: strings,
+            nodes: u32,
+            cpu_milli: u32,
+            nodelist: strings,
+            exclude: strings,
+            constraint: string,
+            tasks_per_node: u32,
+            exclusive: bool,
         )
     };
 }
@@ -171,13 +171,13 @@ pub struct Dependency {
     pub job_id: u64,
 }
 
-/// `Dependency`'s plain fields (all but its kind, 1).
+/// `Dependency`'s plain fields (all but its kind).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! dependency_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            job_id: u64 = 2,
+            job_id: u64,
         )
     };
 }
@@ -232,8 +232,9 @@ pub struct JobSpec {
     pub mail_user: String,
 }
 
-/// `JobSpec`'s plain fields, each with its field number in `gpuctl.proto` and its kind
-/// (`string`, `strings`, `u32`, `u64`, `i32`, `i64`, `bool`, `f64`, `opt_u32`, ...), handed to
+/// `JobSpec`'s plain fields, each with its kind (`string`, `strings`, `u32`, `u64`,
+/// `i32`, `i64`, `bool`, `f64`, `opt_u32`, ...), named as in `gpuctl.proto` (whose field
+/// numbers `gpuctl-proto` generates as `tags::job_spec::NAME`: core knows no number), handed to
 /// the macro `$cb`: the one list from which `gpuctl-proto` converts the record to and
 /// from protobuf, encodes it and tests it (`proto/src/record.rs`), so that a plain
 /// field is this struct's line and this list's. The others (`env`, `resources`,
@@ -244,34 +245,34 @@ pub struct JobSpec {
 macro_rules! job_spec_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            name: string = 1,
-            command: strings = 2,
-            script: string = 3,
-            workdir: string = 4,
-            stdout: string = 5,
-            stderr: string = 6,
-            priority: i32 = 8,
-            user: string = 10,
-            uid: u32 = 11,
-            gid: u32 = 12,
-            qos: string = 13,
-            requeue: bool = 14,
-            account: string = 16,
-            signal: string = 17,
-            array: string = 18,
-            array_job_id: u64 = 19,
-            array_task_id: opt_u32 = 20,
-            partition: string = 21,
-            right_size: bool = 22,
-            begin_ms: i64 = 23,
-            colocate: bool = 24,
-            max_restarts: u32 = 25,
-            interactive: bool = 26,
-            opportunistic: bool = 27,
-            comment: string = 28,
-            wckey: string = 29,
-            mail_type: string = 30,
-            mail_user: string = 31,
+            name: string,
+            command: strings,
+            script: string,
+            workdir: string,
+            stdout: string,
+            stderr: string,
+            priority: i32,
+            user: string,
+            uid: u32,
+            gid: u32,
+            qos: string,
+            requeue: bool,
+            account: string,
+            signal: string,
+            array: string,
+            array_job_id: u64,
+            array_task_id: opt_u32,
+            partition: string,
+            right_size: bool,
+            begin_ms: i64,
+            colocate: bool,
+            max_restarts: u32,
+            interactive: bool,
+            opportunistic: bool,
+            comment: string,
+            wckey: string,
+            mail_type: string,
+            mail_user: string,
         )
     };
 }
@@ -284,15 +285,15 @@ pub struct SlotUse {
     pub memory_mib: u64,
 }
 
-/// `SlotUse`'s fields with their protobuf numbers and kinds.
+/// `SlotUse`'s fields and their kinds.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! slot_use_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            uuid: string = 1,
-            compute_milli: u32 = 2,
-            memory_mib: u64 = 3,
+            uuid: string,
+            compute_milli: u32,
+            memory_mib: u64,
         )
     };
 }
@@ -313,19 +314,19 @@ pub struct Allocation {
     pub reason: String,
 }
 
-/// `Allocation`'s plain fields (all but `slots`, 2, and `state`, 7).
+/// `Allocation`'s plain fields (all but `slots` and `state`).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! allocation_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            node: string = 1,
-            cpu_milli: u32 = 3,
-            memory_bytes: u64 = 4,
-            rank: u32 = 5,
-            ended: bool = 6,
-            exit_code: opt_i32 = 8,
-            reason: string = 9,
+            node: string,
+            cpu_milli: u32,
+            memory_bytes: u64,
+            rank: u32,
+            ended: bool,
+            exit_code: opt_i32,
+            reason: string,
         )
     };
 }
@@ -346,19 +347,19 @@ pub struct Step {
     pub nodes: Vec<String>,
 }
 
-/// `Step`'s fields with their protobuf numbers and kinds.
+/// `Step`'s fields and their kinds.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! step_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            id: u32 = 1,
-            name: string = 2,
-            start_ms: i64 = 3,
-            end_ms: i64 = 4,
-            exit_code: opt_i32 = 5,
-            tasks: u32 = 6,
-            nodes: strings = 7,
+            id: u32,
+            name: string,
+            start_ms: i64,
+            end_ms: i64,
+            exit_code: opt_i32,
+            tasks: u32,
+            nodes: strings,
         )
     };
 }
@@ -385,15 +386,15 @@ pub struct JobUsage {
     pub host_reports: u32,
 }
 
-/// `JobUsage`'s plain fields (all but `slots`, 1).
+/// `JobUsage`'s plain fields (all but `slots`).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! job_usage_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            cpu_time_ms: u64 = 2,
-            host_mem_peak_bytes: u64 = 3,
-            host_reports: u32 = 4,
+            cpu_time_ms: u64,
+            host_mem_peak_bytes: u64,
+            host_reports: u32,
         )
     };
 }
@@ -414,23 +415,23 @@ pub struct SlotUsage {
     pub last_sample_ms: i64,
 }
 
-/// `SlotUsage`'s fields with their protobuf numbers and kinds.
+/// `SlotUsage`'s fields and their kinds.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! slot_usage_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            node: string = 1,
-            uuid: string = 2,
-            share_milli: u32 = 3,
-            memory_mib: u64 = 4,
-            samples: u64 = 5,
-            util_sum: f64 = 6,
-            util_max: f64 = 7,
-            mem_peak_mib: u64 = 8,
-            mem_sum_mib: f64 = 9,
-            energy_j: f64 = 10,
-            last_sample_ms: i64 = 11,
+            node: string,
+            uuid: string,
+            share_milli: u32,
+            memory_mib: u64,
+            samples: u64,
+            util_sum: f64,
+            util_max: f64,
+            mem_peak_mib: u64,
+            mem_sum_mib: f64,
+            energy_j: f64,
+            last_sample_ms: i64,
         )
     };
 }
@@ -470,27 +471,27 @@ pub struct Job {
     pub steps: Vec<Step>,
 }
 
-/// `Job`'s plain fields (all but `spec`, 2, `state`, 3, `allocations`, 12, `usage`, 17, and `steps`, 20).
+/// `Job`'s plain fields (all but `spec`, `state`, `allocations`, `usage` and `steps`).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! job_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            id: u64 = 1,
-            node: string = 4,
-            gpus: strings = 5,
-            reason: string = 6,
-            exit_code: opt_i32 = 7,
-            submit_time_ms: i64 = 8,
-            start_time_ms: i64 = 9,
-            end_time_ms: i64 = 10,
-            time_limit_secs: u64 = 11,
-            expected_start_ms: i64 = 13,
-            attempt: u32 = 14,
-            warnings: strings = 15,
-            hold: string = 16,
-            launch_time_ms: i64 = 18,
-            restarts: u32 = 19,
+            id: u64,
+            node: string,
+            gpus: strings,
+            reason: string,
+            exit_code: opt_i32,
+            submit_time_ms: i64,
+            start_time_ms: i64,
+            end_time_ms: i64,
+            time_limit_secs: u64,
+            expected_start_ms: i64,
+            attempt: u32,
+            warnings: strings,
+            hold: string,
+            launch_time_ms: i64,
+            restarts: u32,
         )
     };
 }
@@ -545,18 +546,18 @@ pub struct Record {
     pub vacate_by_ms: i64,
 }
 
-/// `Record`'s plain fields (all but `job`, 1, and `requeued_from`, 4), as `StoredJob` numbers them.
+/// `Record`'s plain fields (all but `job` and `requeued_from`), as `StoredJob` names them.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! record_fields {
     ($cb:ident!($($args:tt)*)) => {
         $cb!($($args)*;
-            cancel_requested: bool = 2,
-            start_confirmed: bool = 3,
-            request_id: string = 5,
-            requeue_requested: string = 6,
-            preempted_by: u64 = 7,
-            vacate_by_ms: i64 = 8,
+            cancel_requested: bool,
+            start_confirmed: bool,
+            request_id: string,
+            requeue_requested: string,
+            preempted_by: u64,
+            vacate_by_ms: i64,
         )
     };
 }

@@ -43,6 +43,13 @@ pub mod gpuctl {
 }
 
 pub use gpuctl::v1::*;
+
+/// Each message's field numbers, generated from the .proto files by build.rs
+/// (`tags::job_spec::name`): the hand encoder and the conversions take them from here.
+#[allow(non_upper_case_globals, dead_code)]
+pub mod tags {
+    include!(concat!(env!("OUT_DIR"), "/tags.rs"));
+}
 pub use pages::ListJobsResponse;
 
 /// Records the controller persists (not sent over the network).

@@ -20,7 +20,7 @@ pub struct ListJobsResponse {
 }
 
 /// The field number of `jobs`.
-const JOBS: u32 = 1;
+use crate::tags::list_jobs_response::jobs as JOBS;
 
 impl ListJobsResponse {
     /// Appends one job to `out` as field 1 of this message: its key, then `len` (the

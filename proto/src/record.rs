@@ -1,8 +1,8 @@
 //! A job record between core's words (`gpuctl_core::record`) and protobuf. A plain
-//! field's wire number is written once, in core's list beside its struct
-//! (`gpuctl_core::job_spec_fields!` and the like), and the conversions and the encoder
-//! here are made from those lists; the other fields (messages, maps, enums) meet their
-//! numbers here. The controller's store and gRPC server and the CLI convert here; the
+//! field is named once in core's list beside its struct (`gpuctl_core::job_spec_fields!`
+//! and the like), and the conversions and the encoder here are made from those lists;
+//! every field's wire number is written once, in the .proto files, and read here from
+//! the constants build.rs generates from them (`crate::tags`). The controller's store and gRPC server and the CLI convert here; the
 //! store's bytes are what they always were.
 //!
 //! Conversions are `From` (and `TryFrom` where a state must be known) both ways. A
@@ -61,7 +61,7 @@ pub fn upgrade_record(s: &mut StoredJob) -> bool {
 /// `$ty` built from the protobuf message `$src`: its plain fields (core's list for it,
 /// `gpuctl_core::job_spec_fields` and the like) moved, the others as `special` gives them.
 macro_rules! from_pb {
-    ($src:ident => $($ty:ident)::+ { $($special:tt)* }; $($f:ident: $k:ident = $t:literal,)*) => {
+    ($src:ident => $($ty:ident)::+ { $($special:tt)* }; $($f:ident: $k:ident,)*) => {
         $($ty)::+ { $($f: $src.$f,)* $($special)* }
     };
 }
@@ -69,14 +69,14 @@ macro_rules! from_pb {
 /// The protobuf message `$ty` of core's `$src`: plain fields copied, the others as
 /// `special` gives them.
 macro_rules! to_pb {
-    ($src:ident => $($ty:ident)::+ { $($special:tt)* }; $($f:ident: $k:ident = $t:literal,)*) => {
+    ($src:ident => $($ty:ident)::+ { $($special:tt)* }; $($f:ident: $k:ident,)*) => {
         $($ty)::+ { $($f: Clone::clone(&$src.$f),)* $($special)* }
     };
 }
 
 /// The protobuf message `$ty` of core's `$src`, taken by value: plain fields moved.
 macro_rules! into_pb {
-    ($src:ident => $($ty:ident)::+ { $($special:tt)* }; $($f:ident: $k:ident = $t:literal,)*) => {
+    ($src:ident => $($ty:ident)::+ { $($special:tt)* }; $($f:ident: $k:ident,)*) => {
         $($ty)::+ { $($f: $src.$f,)* $($special)* }
     };
 }

@@ -114,9 +114,7 @@ fn job_ids(c: &Shared, filter: &JobFilter) -> Vec<u64> {
 }
 
 /// Field numbers of `Job` (gpuctl.proto) that `presented` sets.
-const JOB_NODE: u32 = 4;
-const JOB_GPUS: u32 = 5;
-const JOB_USAGE: u32 = 17;
+use gpuctl_proto::tags::job::{gpus as JOB_GPUS, node as JOB_NODE, usage as JOB_USAGE};
 
 /// Appends `presented(j)`, with `usage` when given, to a page's encoded jobs, without
 /// copying `j`: the record's own encoding, then the fields `presented` derives (its

@@ -1,7 +1,8 @@
 //! A job encoded as the protobuf `Job` straight from core's record, field by field: a
 //! listing of 10,000 jobs is encoded without building (and copying into) 10,000
 //! protobuf messages first. The bytes decode as `Job::from(&record)` does; a test
-//! holds the two together (`tests.rs`), field numbers are those of `gpuctl.proto`.
+//! holds the two together (`tests.rs`); every field number is read from `crate::tags`,
+//! which build.rs generates from `gpuctl.proto` and `store.proto`.
 
 use prost::encoding::{
     WireType, bool as pbool, double, encode_key, encode_varint, encoded_len_varint, int32, int64,
@@ -14,6 +15,7 @@ use gpuctl_core::record::{
 };
 
 use super::{dependency_number, state_number};
+use crate::tags;
 
 /// What a nested message needs: its length, then its fields.
 trait Encode {
@@ -89,78 +91,78 @@ fn put_str(tag: u32, v: &String, buf: &mut Vec<u8>) {
 /// The length of a plain field of kind `$k` (core's field lists: `string`, `u32`,
 /// `opt_i32`, ...) as field `$t`, written as prost writes it.
 macro_rules! field_len {
-    (string, $t:literal, $v:expr) => {
+    (string, $t:expr, $v:expr) => {
         str_len($t, $v)
     };
-    (strings, $t:literal, $v:expr) => {
+    (strings, $t:expr, $v:expr) => {
         string::encoded_len_repeated($t, $v)
     };
-    (u32, $t:literal, $v:expr) => {
+    (u32, $t:expr, $v:expr) => {
         u32_len($t, $v)
     };
-    (u64, $t:literal, $v:expr) => {
+    (u64, $t:expr, $v:expr) => {
         u64_len($t, $v)
     };
-    (i32, $t:literal, $v:expr) => {
+    (i32, $t:expr, $v:expr) => {
         i32_len($t, $v)
     };
-    (i64, $t:literal, $v:expr) => {
+    (i64, $t:expr, $v:expr) => {
         i64_len($t, $v)
     };
-    (bool, $t:literal, $v:expr) => {
+    (bool, $t:expr, $v:expr) => {
         bool_len($t, $v)
     };
-    (f64, $t:literal, $v:expr) => {
+    (f64, $t:expr, $v:expr) => {
         f64_len($t, $v)
     };
-    (opt_u32, $t:literal, $v:expr) => {
+    (opt_u32, $t:expr, $v:expr) => {
         $v.as_ref().map_or(0, |x| uint32::encoded_len($t, x))
     };
-    (opt_u64, $t:literal, $v:expr) => {
+    (opt_u64, $t:expr, $v:expr) => {
         $v.as_ref().map_or(0, |x| uint64::encoded_len($t, x))
     };
-    (opt_i32, $t:literal, $v:expr) => {
+    (opt_i32, $t:expr, $v:expr) => {
         $v.as_ref().map_or(0, |x| int32::encoded_len($t, x))
     };
 }
 
 /// Writes a plain field of kind `$k` as field `$t`.
 macro_rules! field_put {
-    (string, $t:literal, $v:expr, $buf:ident) => {
+    (string, $t:expr, $v:expr, $buf:ident) => {
         put_str($t, $v, $buf)
     };
-    (strings, $t:literal, $v:expr, $buf:ident) => {
+    (strings, $t:expr, $v:expr, $buf:ident) => {
         string::encode_repeated($t, $v, $buf)
     };
-    (u32, $t:literal, $v:expr, $buf:ident) => {
+    (u32, $t:expr, $v:expr, $buf:ident) => {
         put_u32($t, $v, $buf)
     };
-    (u64, $t:literal, $v:expr, $buf:ident) => {
+    (u64, $t:expr, $v:expr, $buf:ident) => {
         put_u64($t, $v, $buf)
     };
-    (i32, $t:literal, $v:expr, $buf:ident) => {
+    (i32, $t:expr, $v:expr, $buf:ident) => {
         put_i32($t, $v, $buf)
     };
-    (i64, $t:literal, $v:expr, $buf:ident) => {
+    (i64, $t:expr, $v:expr, $buf:ident) => {
         put_i64($t, $v, $buf)
     };
-    (bool, $t:literal, $v:expr, $buf:ident) => {
+    (bool, $t:expr, $v:expr, $buf:ident) => {
         put_bool($t, $v, $buf)
     };
-    (f64, $t:literal, $v:expr, $buf:ident) => {
+    (f64, $t:expr, $v:expr, $buf:ident) => {
         put_f64($t, $v, $buf)
     };
-    (opt_u32, $t:literal, $v:expr, $buf:ident) => {
+    (opt_u32, $t:expr, $v:expr, $buf:ident) => {
         if let Some(x) = $v {
             uint32::encode($t, x, $buf)
         }
     };
-    (opt_u64, $t:literal, $v:expr, $buf:ident) => {
+    (opt_u64, $t:expr, $v:expr, $buf:ident) => {
         if let Some(x) = $v {
             uint64::encode($t, x, $buf)
         }
     };
-    (opt_i32, $t:literal, $v:expr, $buf:ident) => {
+    (opt_i32, $t:expr, $v:expr, $buf:ident) => {
         if let Some(x) = $v {
             int32::encode($t, x, $buf)
         }
@@ -169,63 +171,64 @@ macro_rules! field_put {
 
 /// The encoded length of `$v`'s plain fields (the list core's macro hands over).
 macro_rules! plain_len {
-    ($v:ident; $($f:ident: $k:ident = $t:literal,)*) => {
-        0 $(+ field_len!($k, $t, &$v.$f))*
+    ($v:ident, $m:ident; $($f:ident: $k:ident,)*) => {
+        0 $(+ field_len!($k, crate::tags::$m::$f, &$v.$f))*
     };
 }
 
 /// Writes `$v`'s plain fields.
 macro_rules! plain_put {
-    ($v:ident, $buf:ident; $($f:ident: $k:ident = $t:literal,)*) => {
-        $(field_put!($k, $t, &$v.$f, $buf);)*
+    ($v:ident, $m:ident, $buf:ident; $($f:ident: $k:ident,)*) => {
+        $(field_put!($k, crate::tags::$m::$f, &$v.$f, $buf);)*
     };
 }
 
 /// `Encode` for a message of plain fields and `special` ones (`len` and `put` of each
-/// given by hand): `$list` is core's field-list macro for it.
+/// given by hand): `$list` is core's field-list macro for it, `$m` the message's module
+/// of field numbers (`crate::tags`).
 macro_rules! encode {
-    ($ty:ident, $list:ident, |$v:ident, $buf:ident| len: $len:expr, put: $put:block) => {
+    ($ty:ident, $list:ident, $m:ident, |$v:ident, $buf:ident| len: $len:expr, put: $put:block) => {
         impl Encode for $ty {
             fn len(&self) -> usize {
                 let $v = self;
-                gpuctl_core::$list!(plain_len!($v)) + $len
+                gpuctl_core::$list!(plain_len!($v, $m)) + $len
             }
 
             fn put(&self, $buf: &mut Vec<u8>) {
                 let $v = self;
-                gpuctl_core::$list!(plain_put!($v, $buf));
+                gpuctl_core::$list!(plain_put!($v, $m, $buf));
                 $put
             }
         }
     };
 }
 
-encode!(GpuShare, gpu_share_fields, |_s, _buf| len: 0, put: {});
-encode!(MigInstances, mig_fields, |_m, _buf| len: 0, put: {});
-encode!(SlotUse, slot_use_fields, |_s, _buf| len: 0, put: {});
-encode!(Step, step_fields, |_s, _buf| len: 0, put: {});
-encode!(SlotUsage, slot_usage_fields, |_s, _buf| len: 0, put: {});
+encode!(GpuShare, gpu_share_fields, gpu_share, |_s, _buf| len: 0, put: {});
+encode!(MigInstances, mig_fields, mig_instances, |_m, _buf| len: 0, put: {});
+encode!(SlotUse, slot_use_fields, slot_use, |_s, _buf| len: 0, put: {});
+encode!(Step, step_fields, step, |_s, _buf| len: 0, put: {});
+encode!(SlotUsage, slot_usage_fields, slot_usage, |_s, _buf| len: 0, put: {});
 
 impl Encode for GpuPart {
     /// The oneof's member, written whatever its value (as a set oneof is).
     fn len(&self) -> usize {
         match self {
-            GpuPart::Gpus(n) => uint32::encoded_len(1, n),
-            GpuPart::Share(s) => message_len(12, s),
-            GpuPart::Mig(m) => message_len(13, m),
+            GpuPart::Gpus(n) => uint32::encoded_len(tags::resources::gpus, n),
+            GpuPart::Share(s) => message_len(tags::resources::share, s),
+            GpuPart::Mig(m) => message_len(tags::resources::mig, m),
         }
     }
 
     fn put(&self, buf: &mut Vec<u8>) {
         match self {
-            GpuPart::Gpus(n) => uint32::encode(1, n, buf),
-            GpuPart::Share(s) => message(12, s, buf),
-            GpuPart::Mig(m) => message(13, m, buf),
+            GpuPart::Gpus(n) => uint32::encode(tags::resources::gpus, n, buf),
+            GpuPart::Share(s) => message(tags::resources::share, s, buf),
+            GpuPart::Mig(m) => message(tags::resources::mig, m, buf),
         }
     }
 }
 
-encode!(Resources, resources_fields, |r, buf|
+encode!(Resources, resources_fields, resources, |r, buf|
     len: r.gpu.as_ref().map_or(0, Encode::len),
     put: {
         if let Some(g) = &r.gpu {
@@ -234,71 +237,75 @@ encode!(Resources, resources_fields, |r, buf|
     }
 );
 
-encode!(Dependency, dependency_fields, |d, buf|
-    len: i32_len(1, &dependency_number(d.kind)),
-    put: { put_i32(1, &dependency_number(d.kind), buf); }
+encode!(Dependency, dependency_fields, dependency, |d, buf|
+    len: i32_len(tags::dependency::kind, &dependency_number(d.kind)),
+    put: { put_i32(tags::dependency::kind, &dependency_number(d.kind), buf); }
 );
 
-/// One entry of the `env` map: a message of key (1) and value (2).
+/// One entry of the `env` map: a message of key (1) and value (2), as protobuf writes
+/// every map's entries.
 fn env_entry_len(k: &String, v: &String) -> usize {
     str_len(1, k) + str_len(2, v)
 }
 
-encode!(JobSpec, job_spec_fields, |s, buf|
+encode!(JobSpec, job_spec_fields, job_spec, |s, buf|
     len: {
         let env: usize = (s.env.iter())
-            .map(|(k, v)| nested_len(7, env_entry_len(k, v)))
+            .map(|(k, v)| nested_len(tags::job_spec::env, env_entry_len(k, v)))
             .sum();
-        env + message_len(9, &s.resources) + messages_len(15, &s.dependencies)
+        env + message_len(tags::job_spec::resources, &s.resources)
+            + messages_len(tags::job_spec::dependencies, &s.dependencies)
     },
     put: {
         for (k, v) in &s.env {
-            encode_key(7, WireType::LengthDelimited, buf);
+            encode_key(tags::job_spec::env, WireType::LengthDelimited, buf);
             encode_varint(env_entry_len(k, v) as u64, buf);
             put_str(1, k, buf);
             put_str(2, v, buf);
         }
-        message(9, &s.resources, buf);
-        messages(15, &s.dependencies, buf);
+        message(tags::job_spec::resources, &s.resources, buf);
+        messages(tags::job_spec::dependencies, &s.dependencies, buf);
     }
 );
 
-encode!(Allocation, allocation_fields, |a, buf|
-    len: messages_len(2, &a.slots) + i32_len(7, &a.state.map_or(0, state_number)),
+encode!(Allocation, allocation_fields, allocation, |a, buf|
+    len: messages_len(tags::allocation::slots, &a.slots)
+        + i32_len(tags::allocation::state, &a.state.map_or(0, state_number)),
     put: {
-        messages(2, &a.slots, buf);
-        put_i32(7, &a.state.map_or(0, state_number), buf);
+        messages(tags::allocation::slots, &a.slots, buf);
+        put_i32(tags::allocation::state, &a.state.map_or(0, state_number), buf);
     }
 );
 
-encode!(JobUsage, job_usage_fields, |u, buf|
-    len: messages_len(1, &u.slots),
-    put: { messages(1, &u.slots, buf); }
+encode!(JobUsage, job_usage_fields, job_usage, |u, buf|
+    len: messages_len(tags::job_usage::slots, &u.slots),
+    put: { messages(tags::job_usage::slots, &u.slots, buf); }
 );
 
-encode!(Job, job_fields, |j, buf|
-    len: message_len(2, &j.spec)
-        + i32_len(3, &state_number(j.state))
-        + messages_len(12, &j.allocations)
-        + j.usage.as_ref().map_or(0, |u| message_len(17, u))
-        + messages_len(20, &j.steps),
+encode!(Job, job_fields, job, |j, buf|
+    len: message_len(tags::job::spec, &j.spec)
+        + i32_len(tags::job::state, &state_number(j.state))
+        + messages_len(tags::job::allocations, &j.allocations)
+        + j.usage.as_ref().map_or(0, |u| message_len(tags::job::usage, u))
+        + messages_len(tags::job::steps, &j.steps),
     put: {
-        message(2, &j.spec, buf);
-        put_i32(3, &state_number(j.state), buf);
-        messages(12, &j.allocations, buf);
+        message(tags::job::spec, &j.spec, buf);
+        put_i32(tags::job::state, &state_number(j.state), buf);
+        messages(tags::job::allocations, &j.allocations, buf);
         if let Some(u) = &j.usage {
-            message(17, u, buf);
+            message(tags::job::usage, u, buf);
         }
-        messages(20, &j.steps, buf);
+        messages(tags::job::steps, &j.steps, buf);
     }
 );
 
-encode!(Record, record_fields, |r, buf|
-    len: message_len(1, &r.job) + r.requeued_from.as_ref().map_or(0, |j| message_len(4, j)),
+encode!(Record, record_fields, stored_job, |r, buf|
+    len: message_len(tags::stored_job::job, &r.job)
+        + (r.requeued_from.as_ref()).map_or(0, |j| message_len(tags::stored_job::requeued_from, j)),
     put: {
-        message(1, &r.job, buf);
+        message(tags::stored_job::job, &r.job, buf);
         if let Some(j) = &r.requeued_from {
-            message(4, j, buf);
+            message(tags::stored_job::requeued_from, j, buf);
         }
     }
 );

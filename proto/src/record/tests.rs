@@ -484,7 +484,7 @@ macro_rules! sample {
 
 /// Sets every plain field core's list names for `$v`'s type.
 macro_rules! fill {
-    ($v:ident; $($f:ident: $k:ident = $t:literal,)*) => {
+    ($v:ident; $($f:ident: $k:ident,)*) => {
         $($v.$f = sample!($k);)*
     };
 }
