@@ -16,7 +16,11 @@
 //!   share of the room.
 //! - A GPU **nobody holds** (free for `free_after`: the scheduler's main pass found no
 //!   guaranteed job for it that long, a window's floor, a gap no gang fits) is lent
-//!   too, with `free_gpus`, once free for `free_after`. A guaranteed job placed on a GPU whose borrowers' memory
+//!   too, with `free_gpus`, once free for `free_after`. So is **the part of a shared
+//!   GPU nobody holds** (guaranteed shares hold less than all of it, the same holders
+//!   for `free_after`): the holders keep their compute share and their memory limits,
+//!   which the agent enforces, so the room is the memory their limits leave, known
+//!   without measuring them. A guaranteed job placed on a GPU whose borrowers' memory
 //!   leaves it no room waits for them (`borrowers_in_the_way`): they yield at once and
 //!   the GPU is measured anew, so it is not lent again before the job takes it.
 //! - A borrower **yields** (its checkpoint signal, then requeued: never the holder)
@@ -129,6 +133,9 @@ pub enum Lent {
     Idle,
     /// Nobody held it for `free_after`.
     Free,
+    /// Guaranteed shares held part of it, the same ones for `free_after`: the rest is
+    /// lent (its room what their memory limits leave).
+    Unheld,
 }
 
 /// What the samples say of one GPU's guaranteed holders, since they are the ones they are.
@@ -138,6 +145,10 @@ pub struct GpuWatch {
     pub memory_mib: u64,
     /// The guaranteed jobs holding it, by id, since `since_ms`.
     pub holders: Vec<u64>,
+    /// What they were given of it: compute (milli-GPUs, 1000 = all of it) and memory
+    /// (MiB), summed.
+    pub held_milli: u32,
+    pub held_mib: u64,
     pub since_ms: i64,
     pub last_ms: i64,
     /// Their busy share of the GPU (0 to 1) averaged over `yield_window`.
@@ -170,19 +181,31 @@ impl GpuWatch {
                 .then_some(Lent::Free);
         }
         // Idle first: lent as idle, it goes back as soon as its use resumes.
+        let held_for = now.saturating_sub(self.since_ms);
         match (lend_after, self.idle_since_ms) {
             (Some(after), Some(t)) if now.saturating_sub(t) >= ms(after) => Some(Lent::Idle),
-            _ => (now.saturating_sub(self.since_ms) >= ms(cfg.measure)
-                && self.busy_high <= cfg.lend_below)
-                .then_some(Lent::Measured),
+            _ if held_for >= ms(cfg.measure) && self.busy_high <= cfg.lend_below => {
+                Some(Lent::Measured)
+            }
+            // Not while they use more than the borrowers would be let stay beside.
+            _ => (cfg.free_gpus
+                && self.held_milli < 1000
+                && self.held_mib < self.memory_mib
+                && self.busy_high <= cfg.yield_above
+                && held_for >= ms(cfg.free_after))
+            .then_some(Lent::Unheld),
         }
     }
 
-    /// The GPU memory left to borrowers: its memory less the holders' peak with the
-    /// margin (MiB).
-    pub fn room_mib(&self, cfg: &Opportunistic) -> u64 {
+    /// The GPU memory left to borrowers lent it as `how`: its memory less the holders'
+    /// peak with the margin, and for the part nobody holds, less their limits too (MiB).
+    pub fn room_mib(&self, cfg: &Opportunistic, how: Lent) -> u64 {
         let peak = (self.memory_peak_mib as f64 * cfg.memory_margin).ceil() as u64;
-        self.memory_mib.saturating_sub(peak)
+        let kept = match how {
+            Lent::Unheld => peak.max(self.held_mib),
+            Lent::Measured | Lent::Idle | Lent::Free => peak,
+        };
+        self.memory_mib.saturating_sub(kept)
     }
 }
 
@@ -312,13 +335,17 @@ impl Cluster {
                 reading(m, &holders, &borrowers)
             };
             let limits = self.borrowed_mib(&borrowers, &m.uuid);
+            let given = self.given(&holders, &m.uuid);
             let w = self.watch.entry(m.uuid.clone()).or_default();
             let before = w.lendable(&cfg, lend_after, w.last_ms).is_some();
             if w.holders != holders || w.since_ms == 0 {
+                let (held_milli, held_mib) = given;
                 *w = GpuWatch {
                     node: hb.node.clone(),
                     memory_mib,
                     holders,
+                    held_milli,
+                    held_mib,
                     since_ms: now,
                     busy: r.busy,
                     lent: w.lent.filter(|_| !borrowers.is_empty()),
@@ -381,12 +408,19 @@ impl Cluster {
 
     /// GPU memory the borrowers `ids` are given on `uuid` (their limits, MiB).
     fn borrowed_mib(&self, ids: &[u64], uuid: &str) -> u64 {
+        self.given(ids, uuid).1
+    }
+
+    /// What the jobs `ids` are given of GPU `uuid`: compute (milli-GPUs) and memory
+    /// (MiB), summed.
+    fn given(&self, ids: &[u64], uuid: &str) -> (u32, u64) {
         ids.iter()
             .filter_map(|id| self.jobs.job(*id))
             .flat_map(|j| live_allocs(j).flat_map(|a| a.slots.iter()))
             .filter(|s| s.uuid == uuid)
-            .map(|s| s.memory_mib)
-            .sum()
+            .fold((0, 0), |(c, m), s| {
+                (c.saturating_add(s.compute_milli), m + s.memory_mib)
+            })
     }
 
     /// Whether an opportunistic job waits (not held).
@@ -533,7 +567,7 @@ impl Cluster {
             if let Some(how) = w.lendable(cfg, lend_after, now)
                 && same
                 && !reclaimed
-                && w.room_mib(cfg) >= cfg.min_memory_mib
+                && w.room_mib(cfg, how) >= cfg.min_memory_mib
             {
                 lent.insert(uuid.clone(), how);
                 by_node.entry(w.node.as_str()).or_default().push(uuid);
@@ -551,7 +585,7 @@ impl Cluster {
             }
             nv.slots.retain(|s| uuids.contains(&s.uuid.as_str()));
             for s in &mut nv.slots {
-                s.memory_mib = self.watch[&s.uuid].room_mib(cfg);
+                s.memory_mib = self.watch[&s.uuid].room_mib(cfg, lent[&s.uuid]);
             }
             for id in self.jobs.on_node(name) {
                 let Some(j) = self.jobs.job(id) else { continue };

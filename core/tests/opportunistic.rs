@@ -408,3 +408,90 @@ fn a_borrower_is_charged_by_what_it_used() {
         "the borrower is charged its 30% of the hour: {borrower_s} GPU-s"
     );
 }
+
+/// The index of the GPU job `id` runs on (n1's GPUs are `GPU-n1-0` and `GPU-n1-1`).
+fn gpu_of(c: &Cluster, id: u64) -> u32 {
+    let uuid = &c.jobs().job(id).unwrap().allocations[0].slots[0].uuid;
+    uuid.trim_start_matches("GPU-n1-").parse().unwrap()
+}
+
+#[test]
+fn the_part_of_a_shared_gpu_nobody_holds_is_lent_without_measuring_its_holder() {
+    let mut c = configured();
+    attach(&mut c, "n1", T0);
+    // A whole GPU kept busy, and half of the other held by a share kept 70% busy:
+    // neither is lent by measure (over lend_below, 60%), whatever the time.
+    let whole = submit(&mut c, 1, false, T0);
+    let share = submit_spec(&mut c, half_gpu(spec(1, false), 16_384), T0);
+    full_pass(&mut c, T0);
+    report(&mut c, "n1", whole, None, T0);
+    report(&mut c, "n1", share, None, T0);
+    let (g_whole, g_share) = (gpu_of(&c, whole), gpu_of(&c, share));
+    assert_ne!(g_whole, g_share);
+    let borrower = submit_spec(&mut c, borrower_spec(), T0);
+    let uses = [(whole, g_whole, 95, 60_000), (share, g_share, 70, 10_240)];
+    for s in (5..=30).step_by(5) {
+        beat(&mut c, &uses, T0 + s * SEC);
+    }
+    // Not before the same holders held it for free_after (a minute).
+    full_pass(&mut c, T0 + 31 * SEC);
+    assert_eq!(state(&c, borrower), JobState::Pending);
+    let mut woke = false;
+    for s in (35..=65).step_by(5) {
+        woke |= beat(&mut c, &uses, T0 + s * SEC).wake;
+    }
+    assert!(woke, "the part becoming lendable asks for a pass");
+    let e = full_pass(&mut c, T0 + 66 * SEC);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {borrower}"))]);
+    let j = c.jobs().job(borrower).unwrap();
+    assert_eq!(gpu_of(&c, borrower), g_share, "the shared GPU's free part");
+    // Its room: 80 GiB less the share's 16 GiB limit (more than its 10 GiB peak with
+    // the 25% margin).
+    assert_eq!(j.allocations[0].slots[0].memory_mib, 81_920 - 16_384);
+    assert!(
+        j.reason.contains(&format!("of job {share} (70% busy)")),
+        "{}",
+        j.reason
+    );
+    // The holder keeps what it was given, and nothing of the whole GPU was lent.
+    report(&mut c, "n1", borrower, None, T0 + 66 * SEC);
+    let usage = c.usage();
+    assert_eq!(usage["n1"].slots[&format!("GPU-n1-{g_share}")].0, 500);
+    // A guaranteed share placed in that free part takes it back: the borrower's limit
+    // leaves it no room, so it waits for the yield, and then starts there.
+    let second = submit_spec(&mut c, half_gpu(spec(1, false), 16_384), T0 + 70 * SEC);
+    let e = full_pass(&mut c, T0 + 70 * SEC);
+    assert_eq!(commands(&e), vec![to("n1", &format!("kill {borrower}"))]);
+    assert_eq!(state(&c, second), JobState::Pending);
+    report(
+        &mut c,
+        "n1",
+        borrower,
+        Some((JobState::Cancelled, 143)),
+        T0 + 90 * SEC,
+    );
+    let e = full_pass(&mut c, T0 + 91 * SEC);
+    assert_eq!(commands(&e), vec![to("n1", &format!("start {second}"))]);
+    assert_eq!(gpu_of(&c, second), g_share);
+    assert_eq!(state(&c, borrower), JobState::Pending);
+}
+
+#[test]
+fn a_shared_gpu_whose_holders_use_most_of_it_is_not_lent() {
+    let mut c = configured();
+    attach(&mut c, "n1", T0);
+    let whole = submit(&mut c, 1, false, T0);
+    let share = submit_spec(&mut c, half_gpu(spec(1, false), 16_384), T0);
+    full_pass(&mut c, T0);
+    report(&mut c, "n1", whole, None, T0);
+    report(&mut c, "n1", share, None, T0);
+    let (g_whole, g_share) = (gpu_of(&c, whole), gpu_of(&c, share));
+    let borrower = submit_spec(&mut c, borrower_spec(), T0);
+    // Over yield_above (80%): a borrower there would yield at once.
+    let uses = [(whole, g_whole, 95, 60_000), (share, g_share, 90, 10_240)];
+    for s in (5..=125).step_by(5) {
+        beat(&mut c, &uses, T0 + s * SEC);
+    }
+    full_pass(&mut c, T0 + 126 * SEC);
+    assert_eq!(state(&c, borrower), JobState::Pending);
+}

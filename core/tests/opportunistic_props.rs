@@ -1,5 +1,5 @@
 //! The opportunistic class under random job streams, through the state machine:
-//! guaranteed and opportunistic jobs arrive in any order, holders' use and memory
+//! guaranteed jobs (whole GPUs and shares) and opportunistic ones arrive in any order, holders' use and memory
 //! change at every heartbeat, jobs end. Whatever happens:
 //! - no GPU is given more memory than it has: the borrowers' limits and what their
 //!   holders use fit it, or every borrower there has been told to yield at that beat;
@@ -24,6 +24,8 @@ const GPU_MIB: u64 = 81920;
 #[derive(Debug, Clone)]
 enum Op {
     Guaranteed(u32),
+    /// A guaranteed share: half a GPU's compute and this much of its memory (MiB).
+    GuaranteedShare(u64),
     Borrower,
     /// A heartbeat: per running job (in id order, cycling) its busy % and memory MiB.
     Beat(Vec<(u32, u64)>),
@@ -35,6 +37,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (1u32..=2).prop_map(Op::Guaranteed),
+        (4_096u64..=40_960).prop_map(Op::GuaranteedShare),
         Just(Op::Borrower),
         prop::collection::vec((0u32..=100, 0u64..=60_000), 1..6).prop_map(Op::Beat),
         Just(Op::Pass),
@@ -115,12 +118,9 @@ impl World {
             let (busy, mem) = uses[k % uses.len()];
             let j = self.c.jobs().job(*id).unwrap();
             for s in j.allocations.iter().flat_map(|a| a.slots.iter()) {
-                // A borrower uses at most its limit (the agent ends it past that).
-                let mem = if j.spec.opportunistic {
-                    mem.min(s.memory_mib)
-                } else {
-                    mem
-                };
+                // A borrower or a share uses at most its limit (the agent ends it past
+                // that); a whole GPU's holder may use all of it.
+                let mem = mem.min(s.memory_mib);
                 on.entry(s.uuid.clone())
                     .or_default()
                     .push((*id, busy, mem, s.memory_mib));
@@ -213,6 +213,16 @@ proptest! {
             match op {
                 Op::Guaranteed(n) => {
                     submit(&mut w.c, n, false, w.t);
+                }
+                Op::GuaranteedShare(mib) => {
+                    let mut s = spec(1, false);
+                    s.resources.gpu = Some(gpuctl_core::record::GpuPart::Share(
+                        gpuctl_core::record::GpuShare {
+                            compute_milli: 500,
+                            memory_mib: Some(mib),
+                        },
+                    ));
+                    submit_spec(&mut w.c, s, w.t);
                 }
                 Op::Borrower => {
                     submit_spec(&mut w.c, borrower(), w.t);

@@ -39,6 +39,10 @@ pub struct Args {
     /// Only the first N days of the week (a quicker look).
     #[arg(long, default_value_t = 7)]
     pub days: u32,
+    /// Only these rungs of the ladder, by number from 0 (*before*) to 9 (the
+    /// defaults), e.g. `0,9` (a quicker look; the plot shows the first and last run).
+    #[arg(long, value_delimiter = ',')]
+    pub rungs: Vec<usize>,
 }
 
 const HOUR: i64 = 3_600_000;
@@ -369,7 +373,18 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     let epoch = 1_704_067_200_000; // Monday 2024-01-01 00:00 UTC
     let mut rows = Vec::new();
     let mut hourly = Vec::new();
-    for rung in crate::ladder::RUNGS {
+    let chosen = crate::ladder::RUNGS
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| a.rungs.is_empty() || a.rungs.contains(i))
+        .map(|(_, r)| r);
+    if let Some(bad) = a.rungs.iter().find(|&&i| i >= crate::ladder::RUNGS.len()) {
+        anyhow::bail!(
+            "--rungs {bad}: the ladder's rungs are 0 to {}",
+            crate::ladder::RUNGS.len() - 1
+        );
+    }
+    for rung in chosen {
         let text = rung.config();
         let p = a.out.join("bankday-config.toml");
         std::fs::write(&p, &text)?;
@@ -416,7 +431,14 @@ pub fn main(a: Args) -> anyhow::Result<()> {
             .iter()
             .map(|j| (j.id, busy_of_charge(j, a.seed, rung.shape())))
             .collect();
-        let m = crate::ladder::measure(&out, &by_id, epoch, cut, 128);
+        let gpus: usize = nodes.iter().map(|n| n.slots.len()).sum();
+        let gpu_mib = nodes
+            .iter()
+            .flat_map(|n| n.slots.iter())
+            .map(|s| s.memory_mib)
+            .max()
+            .unwrap_or(1);
+        let m = crate::ladder::measure(&out, &by_id, epoch, cut, gpus, gpu_mib);
         hourly.push((rung.name, m.hourly.clone()));
         rows.push(crate::ladder::row(rung.name, &out, &m, epoch, cut));
     }

@@ -4,7 +4,12 @@
 //! *Utilisation* is what monitoring shows: per GPU, the busy fraction of its time (the
 //! busy fractions of the jobs on it, each times its share of the GPU, summed and
 //! capped at 100%), averaged over every GPU and the whole period. *Allocation* is GPU
-//! time allocated over GPU time available (per GPU capped at 100% too). A job's busy
+//! time allocated over GPU time available (per GPU capped at 100% too), its compute
+//! share; *allocation counting memory* takes per GPU the larger of its compute and its
+//! memory given (a GPU whose memory is all given to shares has no room left for anyone,
+//! whatever compute they were given); *GPUs held* counts a GPU whole while any job
+//! holds any part of it (the issue's "a GPU counts as allocated while a guaranteed or
+//! an opportunistic job holds it"). A job's busy
 //! fraction is its modelled average (`crate::usage`), so the cap applies to averages:
 //! co-located jobs whose busy minutes overlap would show less (docs/utilisation.md).
 
@@ -116,19 +121,30 @@ pub struct Measures {
     pub allocation: f64,
     /// Per hour of the period: (utilisation, allocation).
     pub hourly: Vec<(f64, f64)>,
+    /// Allocation taking per GPU the larger of its compute and its memory given.
+    pub allocation_memory: f64,
+    /// GPU time some job held any part of (the issue's "a GPU counts as allocated
+    /// while a guaranteed or an opportunistic job holds it"), over GPU time available.
+    pub held: f64,
+    /// Per hour of the period: that share.
+    pub hourly_held: Vec<f64>,
 }
 
-/// Measures the runs of a replay over `[epoch, epoch + period)` on `gpus` GPUs; `busy`
-/// gives each job's busy fraction by its trace id.
+/// What a run's start or end changes on a GPU: (time, +/- allocated, +/- busy, +/-
+/// memory given, +/- one job), in GPU fractions.
+type Change = (Millis, f64, f64, f64, i64);
+
+/// Measures the runs of a replay over `[epoch, epoch + period)` on `gpus` GPUs of
+/// `gpu_mib` memory each; `busy` gives each job's busy fraction by its trace id.
 pub fn measure(
     out: &Outcome,
     busy: &HashMap<u64, f64>,
     epoch: Millis,
     period: Millis,
     gpus: usize,
+    gpu_mib: u64,
 ) -> Measures {
-    // Per GPU: (time, +/- allocated, +/- busy), in GPU fractions.
-    let mut events: BTreeMap<&str, Vec<(Millis, f64, f64)>> = BTreeMap::new();
+    let mut events: BTreeMap<&str, Vec<Change>> = BTreeMap::new();
     for r in &out.runs {
         let (s, e) = ((r.start - epoch).max(0), (r.end - epoch).min(period));
         if e <= s {
@@ -138,29 +154,39 @@ pub fn measure(
         let b = r
             .busy
             .unwrap_or_else(|| busy.get(&r.trace_id).copied().unwrap_or(0.0));
-        for (uuid, milli) in &r.slots {
+        for (uuid, milli, mib) in &r.slots {
             let a = f64::from(*milli) / 1000.0;
+            let m = *mib as f64 / gpu_mib.max(1) as f64;
             let v = events.entry(uuid.as_str()).or_default();
-            v.push((s, a, a * b));
-            v.push((e, -a, -a * b));
+            v.push((s, a, a * b, m, 1));
+            v.push((e, -a, -a * b, -m, -1));
         }
     }
     let hours = (period / HOUR).max(1) as usize;
     let mut hourly = vec![(0.0, 0.0); hours];
-    let (mut used, mut held) = (0.0, 0.0);
+    let mut hourly_held = vec![(0.0, 0.0); hours];
+    let (mut used, mut held, mut with_memory, mut any) = (0.0, 0.0, 0.0, 0.0);
     for v in events.values_mut() {
         v.sort_by_key(|x| x.0);
-        let (mut alloc, mut work, mut t) = (0.0f64, 0.0f64, 0);
-        for &(at, da, db) in v.iter() {
+        // Jobs on the GPU are counted, not summed as fractions: float sums of shares
+        // that come and go do not come back to exactly 0.
+        let (mut alloc, mut work, mut mem, mut on, mut t) = (0.0f64, 0.0f64, 0.0f64, 0i64, 0);
+        for &(at, da, db, dm, dn) in v.iter() {
             if at > t {
                 let (a, b) = (alloc.clamp(0.0, 1.0), work.clamp(0.0, 1.0));
+                let h = if on > 0 { 1.0 } else { 0.0 };
+                with_memory += alloc.max(mem).clamp(0.0, 1.0) * (at - t) as f64;
                 held += a * (at - t) as f64;
                 used += b * (at - t) as f64;
+                any += h * (at - t) as f64;
                 spread(&mut hourly, t, at, a, b);
+                spread(&mut hourly_held, t, at, h, 0.0);
                 t = at;
             }
             alloc += da;
             work += db;
+            mem += dm;
+            on += dn;
         }
     }
     let total = gpus as f64 * period as f64;
@@ -174,6 +200,11 @@ pub fn measure(
         utilization: used / total,
         allocation: held / total,
         hourly,
+        allocation_memory: with_memory / total,
+        held: any / total,
+        hourly_held: (hourly_held.iter())
+            .map(|h| h.1 / (gpus as f64 * HOUR as f64))
+            .collect(),
     }
 }
 
@@ -211,6 +242,12 @@ pub struct Row {
     /// Allocation in business hours and outside them (where the rest is lost).
     pub allocation_business: f64,
     pub allocation_night: f64,
+    /// Allocation taking per GPU the larger of its compute and its memory given.
+    pub allocation_memory: f64,
+    /// GPUs some job holds any part of, over the period, in business hours and outside.
+    pub gpus_held: f64,
+    pub gpus_held_business: f64,
+    pub gpus_held_night: f64,
     /// Over the guaranteed jobs' completed runs: run time over run time alone, less 1
     /// (what sharing their GPUs cost them under the interference model).
     pub guaranteed_slowdown_mean: f64,
@@ -273,8 +310,12 @@ pub fn row(name: &str, out: &Outcome, m: &Measures, epoch: Millis, period: Milli
         scoring_gpu_hours_lost: runs("scoring").map(lost).sum(),
         scoring_wait_mean_s: mean(&waits("scoring", false)),
         training_gpu_hours_lost: runs("training").map(lost).sum(),
-        allocation_business: hourly_mean(m, true),
-        allocation_night: hourly_mean(m, false),
+        allocation_business: hourly_mean(&m.hourly, |x| x.1, true),
+        allocation_night: hourly_mean(&m.hourly, |x| x.1, false),
+        allocation_memory: m.allocation_memory,
+        gpus_held: m.held,
+        gpus_held_business: hourly_mean(&m.hourly_held, |x| *x, true),
+        gpus_held_night: hourly_mean(&m.hourly_held, |x| *x, false),
         guaranteed_slowdown_mean: slowdown_mean(out),
         opportunistic_gpu_hours: out
             .runs
@@ -304,26 +345,25 @@ fn slowdown_mean(out: &Outcome) -> f64 {
     s.iter().sum::<f64>() / s.len().max(1) as f64
 }
 
-/// Mean hourly allocation over the business hours of the period (or the others).
-fn hourly_mean(m: &Measures, in_business: bool) -> f64 {
-    let v: Vec<f64> = m
-        .hourly
+/// Mean of an hourly figure over the business hours of the period (or the others).
+fn hourly_mean<T>(hourly: &[T], figure: impl Fn(&T) -> f64, in_business: bool) -> f64 {
+    let v: Vec<f64> = hourly
         .iter()
         .enumerate()
         .filter(|(h, _)| business(*h as i64 * HOUR) == in_business)
-        .map(|(_, x)| x.1)
+        .map(|(_, x)| figure(x))
         .collect();
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
 pub fn table(rows: &[Row], target: f64) -> String {
     let mut out = format!(
-        "| rung | utilisation | allocation | inference wait p95 (s), business hours | under {target:.0} s | inference wait mean (s) | training GPU-h done | training wait mean (h) | training GPU-h lost | scoring wait mean (h) | scoring GPU-h lost | allocation, business hours / other | guaranteed slowdown | research GPU-h (opportunistic) | analysts' wait mean (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| rung | utilisation | allocation | inference wait p95 (s), business hours | under {target:.0} s | inference wait mean (s) | training GPU-h done | training wait mean (h) | training GPU-h lost | scoring wait mean (h) | scoring GPU-h lost | allocation, business hours / other | allocation counting memory | GPUs held (business / other) | guaranteed slowdown | research GPU-h (opportunistic) | analysts' wait mean (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {:.1}% | {:.1}% | {:.0} | {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1}% / {:.1}% | {:.1}% | {:.0} ({:.0}) | {:.0} |",
+            "| {} | {:.1}% | {:.1}% | {:.0} | {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1}% / {:.1}% | {:.1}% | {:.1}% ({:.1}% / {:.1}%) | {:.1}% | {:.0} ({:.0}) | {:.0} |",
             r.rung,
             r.utilization * 100.0,
             r.allocation * 100.0,
@@ -341,6 +381,10 @@ pub fn table(rows: &[Row], target: f64) -> String {
             r.scoring_gpu_hours_lost,
             r.allocation_business * 100.0,
             r.allocation_night * 100.0,
+            r.allocation_memory * 100.0,
+            r.gpus_held * 100.0,
+            r.gpus_held_business * 100.0,
+            r.gpus_held_night * 100.0,
             r.guaranteed_slowdown_mean * 100.0,
             r.research_gpu_hours,
             r.opportunistic_gpu_hours,
@@ -394,6 +438,11 @@ mod tests {
     use crate::replay::{JobRecord, Summary};
 
     fn run(job: u64, start: Millis, end: Millis, slots: &[(&str, u32)]) -> RunRecord {
+        let slots: Vec<(&str, u32, u64)> = slots.iter().map(|&(u, m)| (u, m, 0)).collect();
+        run_mem(job, start, end, &slots)
+    }
+
+    fn run_mem(job: u64, start: Millis, end: Millis, slots: &[(&str, u32, u64)]) -> RunRecord {
         RunRecord {
             job,
             trace_id: job,
@@ -403,7 +452,9 @@ mod tests {
             gpu_milli: slots.iter().map(|s| u64::from(s.1)).sum(),
             completed: true,
             saved_ms: 0,
-            slots: slots.iter().map(|(u, m)| (u.to_string(), *m)).collect(),
+            slots: (slots.iter())
+                .map(|(u, m, mib)| (u.to_string(), *m, *mib))
+                .collect(),
             work_ms: end - start,
             busy: None,
             opportunistic: false,
@@ -432,7 +483,7 @@ mod tests {
             run(4, HOUR, 2 * HOUR, &[("g1", 1000)]),
         ]);
         let busy: HashMap<u64, f64> = [(1, 0.5), (2, 0.8), (3, 0.8), (4, 0.9)].into();
-        let m = measure(&out, &busy, 0, 2 * HOUR, 2);
+        let m = measure(&out, &busy, 0, 2 * HOUR, 2, 1000);
         // Busy GPU-hours: g0 0.5; g1 0.8 in hour 1, min(1, 0.8 + 0.9) = 1 in hour 2.
         assert!((m.utilization - (0.5 + 0.8 + 1.0) / 4.0).abs() < 1e-9);
         // Allocated: g0 1 h, g1 2 h (capped at one GPU in hour 2).
@@ -440,8 +491,27 @@ mod tests {
         assert!((m.hourly[0].0 - (0.5 + 0.8) / 2.0).abs() < 1e-9);
         assert!((m.hourly[1].1 - 0.5).abs() < 1e-9);
         // Outside the period counts nothing.
-        let m = measure(&out, &busy, 5 * HOUR, HOUR, 2);
+        let m = measure(&out, &busy, 5 * HOUR, HOUR, 2, 1000);
         assert_eq!(m.utilization, 0.0);
+    }
+
+    #[test]
+    fn allocation_counting_memory_and_gpus_held() {
+        // Two GPUs of 1,000 MiB over two hours. g0: a quarter of its compute with all its
+        // memory for both hours; g1: a quarter of compute and of memory for the first.
+        let out = outcome(vec![
+            run_mem(1, 0, 2 * HOUR, &[("g0", 250, 1000)]),
+            run_mem(2, 0, HOUR, &[("g1", 250, 250)]),
+        ]);
+        let m = measure(&out, &HashMap::new(), 0, 2 * HOUR, 2, 1000);
+        // Compute: 0.25 * 2 h + 0.25 * 1 h of 4 GPU-hours.
+        assert!((m.allocation - 0.75 / 4.0).abs() < 1e-9);
+        // Counting memory: g0 whole for 2 h, g1 a quarter for 1 h.
+        assert!((m.allocation_memory - 2.25 / 4.0).abs() < 1e-9);
+        // Held: g0 2 h, g1 1 h.
+        assert!((m.held - 3.0 / 4.0).abs() < 1e-9);
+        assert!((m.hourly_held[0] - 1.0).abs() < 1e-9);
+        assert!((m.hourly_held[1] - 0.5).abs() < 1e-9);
     }
 
     #[test]

@@ -61,8 +61,8 @@ pub struct RunRecord {
     pub completed: bool,
     /// Work it saved before it stopped (a checkpoint at its signal), ms.
     pub saved_ms: Millis,
-    /// The GPU slots it held (every rank): (slot uuid, compute milli).
-    pub slots: Vec<(String, u32)>,
+    /// The GPU slots it held (every rank): (slot uuid, compute milli, memory MiB).
+    pub slots: Vec<(String, u32, u64)>,
     /// Work it did (ms at full speed), and its busy share of its charge over the run
     /// as it ran (None: the run had no profile).
     pub work_ms: Millis,
@@ -82,8 +82,8 @@ struct Inst {
     account: String,
     opportunistic: bool,
     nodes: Vec<String>,
-    /// (node, uuid, compute milli) of every rank.
-    slots: Vec<(String, String, u32)>,
+    /// (node, uuid, compute milli, memory MiB) of every rank.
+    slots: Vec<(String, String, u32, u64)>,
     /// Phases left: (work ms left, demand); the first is under way.
     phases: Vec<(f64, f64)>,
     profiled: bool,
@@ -290,7 +290,9 @@ impl SimAgents {
             gpu_milli: inst.gpu_milli,
             completed,
             saved_ms: saved_ms.round() as Millis,
-            slots: inst.slots.into_iter().map(|(_, u, m)| (u, m)).collect(),
+            slots: (inst.slots.into_iter())
+                .map(|(_, u, m, mib)| (u, m, mib))
+                .collect(),
             work_ms: inst.work.round() as Millis,
             busy: inst.profiled.then(|| inst.busy / wall),
             opportunistic: inst.opportunistic,
@@ -317,7 +319,7 @@ impl SimAgents {
                 continue;
             };
             let mut rate = 1.0f64;
-            for (_, u, _) in &i.slots {
+            for (_, u, _, _) in &i.slots {
                 rate = rate.min(self.rate_on(u, k));
             }
             let i = self.insts.get_mut(&k).expect("just read");
@@ -381,8 +383,12 @@ impl SimAgents {
                     let inst = self.insts.get_mut(&key).expect("just made");
                     inst.nodes.push(node.clone());
                     for x in &s.slots {
-                        inst.slots
-                            .push((node.clone(), x.uuid.clone(), x.compute_milli));
+                        inst.slots.push((
+                            node.clone(),
+                            x.uuid.clone(),
+                            x.compute_milli,
+                            x.memory_mib,
+                        ));
                         let on = self
                             .gpus
                             .entry(x.uuid.clone())
