@@ -6,7 +6,8 @@
 //!   guaranteed job's use rising to 95% signals and requeues the borrower within the
 //!   bound, the guaranteed job untouched;
 //! - an idle `gpuctl alloc` lends its GPU after `[idle] lend_after` and gets it back
-//!   as soon as a step of it keeps the GPU busy.
+//!   as soon as a step of it keeps the GPU busy;
+//! - a guaranteed half-GPU share leaves the other half lent.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,7 +21,7 @@ const T: Duration = Duration::from_secs(40);
 /// the borrower's signal lead (2 s), its end report, and slack for a busy CI host.
 const YIELD_BOUND: Duration = Duration::from_secs(15);
 
-const CONFIG: &str = "[opportunistic]\nmeasure = \"3s\"\nyield_window = \"2s\"\n\
+const CONFIG: &str = "[opportunistic]\nmeasure = \"3s\"\nyield_window = \"2s\"\nfree_after = \"3s\"\n\
                       [idle]\nlend_after = \"3s\"\n";
 
 fn cluster() -> Cluster {
@@ -162,4 +163,47 @@ fn an_idle_allocation_lends_its_gpu_until_its_use_resumes() {
     c.gpuctl_ok(&["cancel", "1", &b.to_string()]);
     let _ = alloc.kill();
     let _ = alloc.wait();
+}
+
+/// The part of a shared GPU nobody holds is lent without measuring its holder: a
+/// guaranteed half-GPU share kept 70% busy (over `lend_below`, so never lent by
+/// measure) leaves the other half to a borrower `free_after` after it started, with the
+/// memory its limit leaves as the borrower's room.
+#[test]
+fn the_half_of_a_gpu_a_share_leaves_is_lent() {
+    let c = cluster();
+    let holder = c.submit(
+        "holder.toml",
+        "name = \"serve\"\n\
+         script = \"GPUCTL_FAKE_GPU_BUSY=70 GPUCTL_FAKE_GPU_MEMORY_MIB=9000 sleep 300\"\n\
+         [resources]\ngpus = 0.5\ngpu_memory = \"20GiB\"\n",
+    );
+    c.wait_state(holder, "RUNNING", T);
+    let b = borrower(&c);
+    if !wait_for(T, || c.job(b)["state"] == "RUNNING") {
+        panic!(
+            "never lent: {}\n{}\n{}",
+            c.job(b),
+            c.job(holder),
+            c.gpuctl_ok(&["nodes", "--json"])
+        );
+    }
+    let jb = c.job(b);
+    let jh = c.job(holder);
+    assert_eq!(jb["gpus"], jh["gpus"], "the share's GPU: {jb}\n{jh}");
+    // Its hard limit: 80 GiB less the share's 20 GiB limit (more than its 9,000 MiB
+    // peak with the 25% margin).
+    let slot = &jb["allocations"][0]["slots"][0];
+    assert_eq!(slot["memory_mib"], 81_920 - 20_480, "{jb}");
+    assert!(
+        jb["reason"].as_str().unwrap().contains("(70% busy)"),
+        "{jb}"
+    );
+    // The share keeps running as it was.
+    let jh = c.job(holder);
+    assert_eq!(
+        (jh["state"].as_str(), jh["attempt"].as_u64()),
+        (Some("RUNNING"), Some(1))
+    );
+    c.gpuctl_ok(&["cancel", &holder.to_string(), &b.to_string()]);
 }
