@@ -415,20 +415,26 @@ fn gpu_of(c: &Cluster, id: u64) -> u32 {
     uuid.trim_start_matches("GPU-n1-").parse().unwrap()
 }
 
+/// n1 with a guaranteed whole GPU and a guaranteed half-GPU share (16 GiB) on the
+/// other GPU, both running, and a borrower waiting: (whole, share, borrower).
+fn whole_share_and_borrower(c: &mut Cluster) -> (u64, u64, u64) {
+    attach(c, "n1", T0);
+    let whole = submit(c, 1, false, T0);
+    let share = submit_spec(c, half_gpu(spec(1, false), 16_384), T0);
+    full_pass(c, T0);
+    report(c, "n1", whole, None, T0);
+    report(c, "n1", share, None, T0);
+    assert_ne!(gpu_of(c, whole), gpu_of(c, share));
+    (whole, share, submit_spec(c, borrower_spec(), T0))
+}
+
 #[test]
 fn the_part_of_a_shared_gpu_nobody_holds_is_lent_without_measuring_its_holder() {
     let mut c = configured();
-    attach(&mut c, "n1", T0);
     // A whole GPU kept busy, and half of the other held by a share kept 70% busy:
     // neither is lent by measure (over lend_below, 60%), whatever the time.
-    let whole = submit(&mut c, 1, false, T0);
-    let share = submit_spec(&mut c, half_gpu(spec(1, false), 16_384), T0);
-    full_pass(&mut c, T0);
-    report(&mut c, "n1", whole, None, T0);
-    report(&mut c, "n1", share, None, T0);
+    let (whole, share, borrower) = whole_share_and_borrower(&mut c);
     let (g_whole, g_share) = (gpu_of(&c, whole), gpu_of(&c, share));
-    assert_ne!(g_whole, g_share);
-    let borrower = submit_spec(&mut c, borrower_spec(), T0);
     let uses = [(whole, g_whole, 95, 60_000), (share, g_share, 70, 10_240)];
     for s in (5..=30).step_by(5) {
         beat(&mut c, &uses, T0 + s * SEC);
@@ -479,14 +485,8 @@ fn the_part_of_a_shared_gpu_nobody_holds_is_lent_without_measuring_its_holder() 
 #[test]
 fn a_shared_gpu_whose_holders_use_most_of_it_is_not_lent() {
     let mut c = configured();
-    attach(&mut c, "n1", T0);
-    let whole = submit(&mut c, 1, false, T0);
-    let share = submit_spec(&mut c, half_gpu(spec(1, false), 16_384), T0);
-    full_pass(&mut c, T0);
-    report(&mut c, "n1", whole, None, T0);
-    report(&mut c, "n1", share, None, T0);
+    let (whole, share, borrower) = whole_share_and_borrower(&mut c);
     let (g_whole, g_share) = (gpu_of(&c, whole), gpu_of(&c, share));
-    let borrower = submit_spec(&mut c, borrower_spec(), T0);
     // Over yield_above (80%): a borrower there would yield at once.
     let uses = [(whole, g_whole, 95, 60_000), (share, g_share, 90, 10_240)];
     for s in (5..=125).step_by(5) {

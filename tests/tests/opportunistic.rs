@@ -45,6 +45,19 @@ fn cluster() -> Cluster {
     c
 }
 
+/// Waits for borrower `b` to run beside `holder`: both jobs as then.
+fn lent(c: &Cluster, b: u64, holder: u64) -> (serde_json::Value, serde_json::Value) {
+    if !wait_for(T, || c.job(b)["state"] == "RUNNING") {
+        panic!(
+            "never lent: {}\n{}\n{}",
+            c.job(b),
+            c.job(holder),
+            c.gpuctl_ok(&["nodes", "--json"])
+        );
+    }
+    (c.job(b), c.job(holder))
+}
+
 fn borrower(c: &Cluster) -> u64 {
     c.submit(
         "borrow.toml",
@@ -72,16 +85,7 @@ fn a_borrower_runs_in_a_held_gpus_idle_and_yields_when_the_holder_needs_it() {
     let j = c.job(b);
     assert_eq!(j["state"], "PENDING", "{j}");
     assert_eq!(j["class"], "opportunistic", "{j}");
-    if !wait_for(T, || c.job(b)["state"] == "RUNNING") {
-        panic!(
-            "never lent: {}\n{}\n{}",
-            c.job(b),
-            c.job(holder),
-            c.gpuctl_ok(&["nodes", "--json"])
-        );
-    }
-    let jb = c.job(b);
-    let jh = c.job(holder);
+    let (jb, jh) = lent(&c, b, holder);
     assert_eq!(jb["gpus"], jh["gpus"], "the holder's GPU: {jb}\n{jh}");
     assert!(
         jb["reason"]
@@ -180,16 +184,7 @@ fn the_half_of_a_gpu_a_share_leaves_is_lent() {
     );
     c.wait_state(holder, "RUNNING", T);
     let b = borrower(&c);
-    if !wait_for(T, || c.job(b)["state"] == "RUNNING") {
-        panic!(
-            "never lent: {}\n{}\n{}",
-            c.job(b),
-            c.job(holder),
-            c.gpuctl_ok(&["nodes", "--json"])
-        );
-    }
-    let jb = c.job(b);
-    let jh = c.job(holder);
+    let (jb, jh) = lent(&c, b, holder);
     assert_eq!(jb["gpus"], jh["gpus"], "the share's GPU: {jb}\n{jh}");
     // Its hard limit: 80 GiB less the share's 20 GiB limit (more than its 9,000 MiB
     // peak with the 25% margin).
