@@ -40,7 +40,9 @@ pub struct Args {
     #[arg(long, default_value_t = 7)]
     pub days: u32,
     /// Only these rungs of the ladder, by number from 0 (*before*) to 9 (the
-    /// defaults), e.g. `0,9` (a quicker look; the plot shows the first and last run).
+    /// defaults), and 10 for the defaults with GPUs capped at night (beside the
+    /// ladder), e.g. `0,9` (a quicker look; the plot shows the first run and the
+    /// defaults, else the last run).
     #[arg(long, value_delimiter = ',')]
     pub rungs: Vec<usize>,
 }
@@ -373,17 +375,20 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     let epoch = 1_704_067_200_000; // Monday 2024-01-01 00:00 UTC
     let mut rows = Vec::new();
     let mut hourly = Vec::new();
-    let chosen = crate::ladder::RUNGS
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| a.rungs.is_empty() || a.rungs.contains(i))
-        .map(|(_, r)| r);
-    if let Some(bad) = a.rungs.iter().find(|&&i| i >= crate::ladder::RUNGS.len()) {
+    let all: Vec<&crate::ladder::Rung> = (crate::ladder::RUNGS.iter())
+        .chain([&crate::ladder::NIGHT_CAP])
+        .collect();
+    if let Some(bad) = a.rungs.iter().find(|&&i| i >= all.len()) {
         anyhow::bail!(
-            "--rungs {bad}: the ladder's rungs are 0 to {}",
-            crate::ladder::RUNGS.len() - 1
+            "--rungs {bad}: the ladder's rungs are 0 to {} ({} the defaults capped at night)",
+            all.len() - 1,
+            all.len() - 1
         );
     }
+    let chosen = (all.iter().enumerate())
+        .filter(|(i, _)| a.rungs.is_empty() || a.rungs.contains(i))
+        .map(|(_, r)| *r);
+    let defaults = crate::ladder::RUNGS[crate::ladder::RUNGS.len() - 1].name;
     for rung in chosen {
         let text = rung.config();
         let p = a.out.join("bankday-config.toml");
@@ -454,7 +459,9 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         serde_json::to_string_pretty(&rows)?,
     )?;
     let first = hourly.first().cloned();
-    let last = hourly.last().cloned();
+    let last = (hourly.iter().find(|h| h.0 == defaults))
+        .or(hourly.last())
+        .cloned();
     if let (Some(b), Some(f)) = (first, last) {
         crate::ladder::plot(&a.out.join("bankday-hourly.svg"), &[b, f])?;
     }

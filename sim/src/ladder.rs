@@ -49,6 +49,8 @@ pub struct Rung {
     pub opportunistic: bool,
     /// Idle stretches lent too (`[idle] lend_after`, 10 minutes by default).
     pub idle_lend: bool,
+    /// GPUs capped at night (`NIGHT_CAP`): not a default, a rung beside the ladder.
+    pub power_cap: bool,
 }
 
 /// A rung with the first `n` strategies on, in the ladder's order: priority with
@@ -67,6 +69,7 @@ const fn rung(name: &'static str, n: u8) -> Rung {
         colocate: n >= 7,
         opportunistic: n >= 8,
         idle_lend: n >= 9,
+        power_cap: false,
     }
 }
 
@@ -84,6 +87,24 @@ pub const RUNGS: [Rung; 10] = [
     rung("+ idle stretches lent (the defaults)", 9),
 ];
 
+/// Beside the ladder: the defaults with every GPU capped at night (20:00-08:00, every
+/// day) to 83% of its maximum limit, 250 W of the measured A100s' 300 W, near the
+/// least energy of the measurement (`crate::power`). Power caps are not a default.
+pub const NIGHT_CAP: Rung = Rung {
+    name: "the defaults + GPUs capped to 83% at night",
+    power_cap: true,
+    ..RUNGS[9]
+};
+
+/// The night window of `NIGHT_CAP`.
+pub const NIGHT: &str = r#"
+[windows.night]
+days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+start = "20:00"
+end = "08:00"
+gpu_power_limit = "83%"
+"#;
+
 impl Rung {
     /// The controller config of the rung.
     pub fn config(&self) -> String {
@@ -93,6 +114,9 @@ impl Rung {
         }
         if self.window {
             text.push_str(WINDOW);
+        }
+        if self.power_cap {
+            text.push_str(NIGHT);
         }
         if !self.opportunistic {
             text.push_str("[opportunistic]\nenabled = false\n");
@@ -258,6 +282,12 @@ pub struct Row {
     pub research_gpu_hours: f64,
     /// The analysts' notebooks' mean wait (s).
     pub analysts_wait_mean_s: f64,
+    /// Over training's completed runs: run time over the work they did, less 1 (what
+    /// sharing their GPUs and power caps cost them).
+    pub training_slowdown_mean: f64,
+    /// What training's GPUs drew (every run, kept or lost) per training GPU-hour done
+    /// (kWh; `crate::power`).
+    pub training_kwh_per_gpu_hour: f64,
 }
 
 fn gpu_hours(ms: Millis, milli: u64) -> f64 {
@@ -316,7 +346,13 @@ pub fn row(name: &str, out: &Outcome, m: &Measures, epoch: Millis, period: Milli
         gpus_held: m.held,
         gpus_held_business: hourly_mean(&m.hourly_held, |x| *x, true),
         gpus_held_night: hourly_mean(&m.hourly_held, |x| *x, false),
-        guaranteed_slowdown_mean: slowdown_mean(out),
+        guaranteed_slowdown_mean: slowdown_mean(out, |r| !r.opportunistic),
+        training_slowdown_mean: slowdown_mean(out, |r| r.account == "training"),
+        training_kwh_per_gpu_hour: runs("training").map(|r| r.energy_kwh).sum::<f64>()
+            / runs("training")
+                .map(|r| kept(r, epoch, period))
+                .sum::<f64>()
+                .max(1e-9),
         opportunistic_gpu_hours: out
             .runs
             .iter()
@@ -333,13 +369,13 @@ pub fn row(name: &str, out: &Outcome, m: &Measures, epoch: Millis, period: Milli
     }
 }
 
-/// The mean slowdown of the guaranteed jobs' completed runs (run time over the work
-/// they did, which is their run time alone, less 1).
-fn slowdown_mean(out: &Outcome) -> f64 {
+/// The mean slowdown of the completed runs `which` picks (run time over the work they
+/// did, which is their run time alone, less 1).
+fn slowdown_mean(out: &Outcome, which: impl Fn(&RunRecord) -> bool) -> f64 {
     let s: Vec<f64> = out
         .runs
         .iter()
-        .filter(|r| r.completed && !r.opportunistic && r.work_ms > 0)
+        .filter(|r| r.completed && which(r) && r.work_ms > 0)
         .map(|r| ((r.end - r.start) as f64 / r.work_ms as f64 - 1.0).max(0.0))
         .collect();
     s.iter().sum::<f64>() / s.len().max(1) as f64
@@ -358,12 +394,12 @@ fn hourly_mean<T>(hourly: &[T], figure: impl Fn(&T) -> f64, in_business: bool) -
 
 pub fn table(rows: &[Row], target: f64) -> String {
     let mut out = format!(
-        "| rung | utilisation | allocation | inference wait p95 (s), business hours | under {target:.0} s | inference wait mean (s) | training GPU-h done | training wait mean (h) | training GPU-h lost | scoring wait mean (h) | scoring GPU-h lost | allocation, business hours / other | allocation counting memory | GPUs held (business / other) | guaranteed slowdown | research GPU-h (opportunistic) | analysts' wait mean (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| rung | utilisation | allocation | inference wait p95 (s), business hours | under {target:.0} s | inference wait mean (s) | training GPU-h done | training wait mean (h) | training GPU-h lost | scoring wait mean (h) | scoring GPU-h lost | allocation, business hours / other | allocation counting memory | GPUs held (business / other) | guaranteed slowdown | research GPU-h (opportunistic) | analysts' wait mean (s) | training slowdown | training kWh per GPU-h done |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {:.1}% | {:.1}% | {:.0} | {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1}% / {:.1}% | {:.1}% | {:.1}% ({:.1}% / {:.1}%) | {:.1}% | {:.0} ({:.0}) | {:.0} |",
+            "| {} | {:.1}% | {:.1}% | {:.0} | {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1}% / {:.1}% | {:.1}% | {:.1}% ({:.1}% / {:.1}%) | {:.1}% | {:.0} ({:.0}) | {:.0} | {:.1}% | {:.3} |",
             r.rung,
             r.utilization * 100.0,
             r.allocation * 100.0,
@@ -389,6 +425,8 @@ pub fn table(rows: &[Row], target: f64) -> String {
             r.research_gpu_hours,
             r.opportunistic_gpu_hours,
             r.analysts_wait_mean_s,
+            r.training_slowdown_mean * 100.0,
+            r.training_kwh_per_gpu_hour,
         );
     }
     out
@@ -458,6 +496,7 @@ mod tests {
             work_ms: end - start,
             busy: None,
             opportunistic: false,
+            energy_kwh: 0.0,
         }
     }
 
@@ -574,6 +613,32 @@ mod tests {
             let c = gpuctl_core::Config::load(&p).unwrap_or_else(|e| panic!("{}: {e}", r.name));
             assert_eq!(c.opportunistic.enabled, r.opportunistic, "{}", r.name);
             assert_eq!(c.idle.lend_after.is_some(), r.idle_lend, "{}", r.name);
+            assert!(!r.config().contains("gpu_power_limit"), "{}", r.name);
         }
+    }
+
+    /// The night-cap rung is the defaults and a night window that caps every GPU; the
+    /// controller applies it at night only (its own `power_caps`, which the simulated
+    /// agents read as gpud does).
+    #[test]
+    fn the_night_cap_rung_is_the_defaults_capped_at_night() {
+        let defaults = &RUNGS[RUNGS.len() - 1];
+        assert_eq!(
+            NIGHT_CAP.config(),
+            defaults
+                .config()
+                .replacen(WINDOW, &format!("{WINDOW}{NIGHT}"), 1)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, NIGHT_CAP.config()).unwrap();
+        let c = gpuctl_core::Config::load(&p).unwrap();
+        let cluster = gpuctl_core::Cluster::new(c);
+        // Monday 2024-01-01 (the replay's epoch) 22:00 and 12:00 UTC.
+        let monday = 1_704_067_200_000;
+        let caps = cluster.power_caps("n1", monday + 22 * HOUR);
+        assert_eq!(caps, vec![gpuctl_core::power::PowerCap::ShareMilli(830)]);
+        assert!(cluster.power_caps("n1", monday + 12 * HOUR).is_empty());
+        assert!(crate::power::cap_effect(0.83).0 > 1.08);
     }
 }

@@ -15,6 +15,7 @@ pub mod idle_work;
 pub mod inflation;
 pub mod interference;
 pub mod ladder;
+pub mod power;
 pub mod replay;
 pub mod rightsize;
 pub mod trace;

@@ -68,6 +68,9 @@ pub struct RunRecord {
     pub work_ms: Millis,
     pub busy: Option<f64>,
     pub opportunistic: bool,
+    /// What its GPUs drew for it (kWh): each GPU's idle draw in proportion to what it
+    /// held (a borrower: none) and its busy draw over idle (`crate::power`).
+    pub energy_kwh: f64,
 }
 
 /// A due kill's end: (time, job, attempt, node, state).
@@ -97,6 +100,11 @@ struct Inst {
     epoch: u32,
     /// Work done when it was signalled to stop.
     saved_at_signal: Option<f64>,
+    /// The power cap of its most capped node: (time ratio, energy ratio) of fully busy
+    /// work there (`crate::power::cap_effect`; (1, 1): none).
+    cap: (f64, f64),
+    /// What its GPUs drew for it so far (J).
+    energy_j: f64,
 }
 
 impl Inst {
@@ -104,6 +112,16 @@ impl Inst {
     fn settle(&mut self, t: Millis) {
         let dt = (t - self.last).max(0) as f64;
         self.last = t;
+        let held: f64 = (self.slots.iter())
+            .map(|s| f64::from(s.2.min(1000)) / 1000.0)
+            .sum();
+        let idle = if self.opportunistic {
+            0.0
+        } else {
+            crate::power::IDLE_W
+        };
+        let draw = idle + crate::power::active_w(self.demand(), self.cap);
+        self.energy_j += dt / 1000.0 * held * draw;
         if let Some(p) = self.phases.first_mut() {
             let w = (dt * self.rate).min(p.0);
             p.0 -= w;
@@ -136,6 +154,10 @@ pub struct SimAgents {
     /// Jobs wait and more arrive: heartbeats go on while nothing runs (a GPU nobody
     /// holds is lent by them).
     pub waiting: bool,
+    /// Node -> the power cap its GPUs are held to now, as (time ratio, energy ratio)
+    /// of fully busy work (`crate::power`); absent: none. Read from the controller's
+    /// heartbeat answers (`Cluster::power_caps`), as gpud applies them.
+    caps: HashMap<String, (f64, f64)>,
 }
 
 impl SimAgents {
@@ -296,6 +318,7 @@ impl SimAgents {
             work_ms: inst.work.round() as Millis,
             busy: inst.profiled.then(|| inst.busy / wall),
             opportunistic: inst.opportunistic,
+            energy_kwh: inst.energy_j / 3.6e6,
         });
         self.recompute(&uuids, t);
         true
@@ -322,7 +345,14 @@ impl SimAgents {
             for (_, u, _, _) in &i.slots {
                 rate = rate.min(self.rate_on(u, k));
             }
+            // A power cap stretches its busy part (its most capped node's).
+            let cap = (i.nodes.iter()).filter_map(|n| self.caps.get(n)).fold(
+                (1.0, 1.0),
+                |a: (f64, f64), b| if b.0 > a.0 { *b } else { a },
+            );
+            let rate = rate * crate::power::rate(i.demand(), cap.0);
             let i = self.insts.get_mut(&k).expect("just read");
+            i.cap = cap;
             i.rate = rate;
             i.epoch += 1;
             if let Some(p) = i.phases.first()
@@ -475,6 +505,8 @@ impl SimAgents {
             busy: 0.0,
             epoch: 0,
             saved_at_signal: None,
+            cap: (1.0, 1.0),
+            energy_j: 0.0,
         }
     }
 
@@ -515,7 +547,8 @@ impl SimAgents {
                 .iter()
                 .map(|k| {
                     let i = &self.insts[k];
-                    let used = self.on_gpu(uuid, *k).demand * i.rate;
+                    // Busy longer under a cap: its rate less the cap's stretch.
+                    let used = (self.on_gpu(uuid, *k).demand * i.rate * i.cap.0).min(1.0);
                     JobGpuUse {
                         job_id: k.0,
                         mem_used_mib: i.memory_mib,
@@ -534,6 +567,7 @@ impl SimAgents {
                 ..GpuMetrics::default()
             });
         }
+        self.follow_caps(c, now);
         for (node, (running, metrics)) in by_node {
             let heartbeat = Heartbeat {
                 node,
@@ -548,6 +582,36 @@ impl SimAgents {
             effects.merge(c.apply_sure(now, change));
         }
         effects
+    }
+}
+
+impl SimAgents {
+    /// Each node's GPUs held to the caps the controller's open windows name now (the
+    /// lowest, as gpud applies them, in shares of the A100's maximum limit); the work
+    /// on a node whose cap changed is re-rated from now.
+    fn follow_caps(&mut self, c: &Logged, now: Millis) {
+        let mut changed = BTreeSet::new();
+        for name in c.fleet().nodes().keys() {
+            let share = (c.power_caps(name, now).into_iter())
+                .map(|cap| cap.watts(crate::power::BUSY_W) / crate::power::BUSY_W)
+                .fold(f64::INFINITY, f64::min);
+            let effect = (share < 1.0).then(|| crate::power::cap_effect(share));
+            if self.caps.get(name).copied() != effect {
+                match effect {
+                    Some(e) => self.caps.insert(name.clone(), e),
+                    None => self.caps.remove(name),
+                };
+                changed.insert(name.clone());
+            }
+        }
+        if changed.is_empty() {
+            return;
+        }
+        let uuids: BTreeSet<String> = (self.gpus.iter())
+            .filter(|(_, (node, _))| changed.contains(node))
+            .map(|(u, _)| u.clone())
+            .collect();
+        self.recompute(&uuids, now);
     }
 }
 
