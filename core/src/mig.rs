@@ -64,6 +64,9 @@ pub struct MigState {
     pub changed_ms: BTreeMap<String, i64>,
     /// Layout changes asked, ever (`gpuctl_mig_reconfigurations_total`).
     pub reconfigurations: u64,
+    /// When a GPU that only `min_layout_age` keeps from changing, while jobs wait, may
+    /// change: a pass is due then (`Cluster::next_wake_ms`).
+    pub next_change_ms: Option<i64>,
 }
 
 /// One waiting MIG job: its id, profile and count.
@@ -92,6 +95,8 @@ impl Cluster {
         let used = self.used_slots();
         let min_age = self.config.mig.min_layout_age.as_millis() as i64;
         let mut asked = Vec::new();
+        let mut next_change: Option<i64> = None;
+        let waiting = whole_waiting || !wants.is_empty();
         for n in self.fleet.nodes.values() {
             if !n.mig_dynamic || self.eligibility(n) != sched::Eligibility::Up {
                 continue;
@@ -99,7 +104,12 @@ impl Cluster {
             for g in &n.gpus {
                 let busy = used.contains(g.uuid.as_str())
                     || g.mig.iter().any(|m| used.contains(m.uuid.as_str()));
-                let recent = (self.mig.changed_ms.get(&g.uuid)).is_some_and(|t| now - t < min_age);
+                let changed = self.mig.changed_ms.get(&g.uuid).copied();
+                let recent = changed.is_some_and(|t| now - t < min_age);
+                if recent && waiting && !busy {
+                    let at = changed.unwrap_or(now) + min_age;
+                    next_change = Some(next_change.map_or(at, |n: i64| n.min(at)));
+                }
                 if busy || recent || self.mig.changing.contains_key(&g.uuid) {
                     continue;
                 }
@@ -124,6 +134,7 @@ impl Cluster {
                 }
             }
         }
+        self.mig.next_change_ms = next_change;
         for (node, gpu_index, uuid, layout, jobs) in asked {
             self.ask_layout(node, gpu_index, uuid, layout, jobs, now, effects);
         }

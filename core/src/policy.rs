@@ -413,13 +413,18 @@ fn next_reclaim(
 }
 
 impl Cluster {
-    /// When a pass must run even if nothing happens: a job's begin time, or the moment
-    /// a floor's owner would miss the reclaim bound.
+    /// When a pass must run even if nothing happens: a job's begin time, the moment
+    /// a floor's owner would miss the reclaim bound, or when a GPU kept by
+    /// `min_layout_age` may take the MIG layout jobs wait for.
     pub fn next_wake_ms(&self) -> Option<i64> {
-        [self.next_begin_ms(), self.next_reclaim_ms]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.next_begin_ms(),
+            self.next_reclaim_ms,
+            self.mig.next_change_ms,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }
 

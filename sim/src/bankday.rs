@@ -424,6 +424,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
             // MPS client priority below the holders' (what gpud sets for borrowers).
             priority: true,
             heartbeat_ms: rung.opportunistic.then_some(30_000),
+            mig_dynamic: false,
         };
         let out =
             crate::replay::replay_with(&nodes, &jobs, &config, &base, rung.name, epoch, usage);

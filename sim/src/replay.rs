@@ -13,6 +13,7 @@
 pub mod agents;
 mod input;
 mod logged;
+pub mod mig;
 mod report;
 
 use std::collections::BTreeMap;
@@ -83,6 +84,11 @@ pub struct Args {
     /// The seed of the modelled usage.
     #[arg(long, default_value_t = 1)]
     pub usage_seed: u64,
+    /// GPU shares asked as MIG instances (the smallest that holds each), on GPUs cut
+    /// by hand (`static`: half of each node's) or laid out by the controller as jobs
+    /// wait (`dynamic`, `gpud --mig dynamic`). Needs a MIG-capable model.
+    #[arg(long, value_enum)]
+    pub mig: Option<mig::MigMode>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -158,6 +164,7 @@ fn controller<'a>(
     base: &Config,
     t0: Millis,
     observer: Option<logged::Observer<'a>>,
+    mig_dynamic: bool,
 ) -> Logged<'a> {
     let mut c = Logged::new(empty(config, base), observer);
     for (i, n) in nodes.iter().enumerate() {
@@ -170,6 +177,7 @@ fn controller<'a>(
             gpu_backend: "simulated".into(),
             nonce,
             agent_id: format!("sim-{i}"),
+            mig_dynamic,
             ..Default::default()
         };
         let (attached, _) = c.apply(
@@ -338,12 +346,16 @@ fn run(
     usage: agents::Usage,
 ) -> (Outcome, Cluster) {
     let capacity: u64 = nodes.iter().map(|n| n.slots.len() as u64 * 1000).sum();
+    let dynamic = usage.mig_dynamic;
     let feasible: Vec<TraceJob> = jobs
         .iter()
         .filter(|j| {
             nodes
                 .iter()
-                .filter(|n| sched::fits_empty(n, &j.request))
+                .filter(|n| {
+                    sched::fits_empty(n, &j.request)
+                        || (dynamic && mig::fits_dynamic(n, &j.request.gpu))
+                })
                 .count()
                 >= j.request.nodes as usize
         })
@@ -354,7 +366,7 @@ fn run(
         .collect();
     let infeasible = jobs.len() - feasible.len();
     let mut now: Millis = feasible.first().map_or(epoch_ms, |j| j.submit);
-    let mut c = controller(nodes, config, base, now, observer);
+    let mut c = controller(nodes, config, base, now, observer, dynamic);
     let actor = Actor {
         user: "sim".into(),
         admin: true,
@@ -390,7 +402,8 @@ fn run(
         let requeued = std::mem::take(&mut sim.requeued);
         pending += requeued;
         last_end = last_end.max(ended.unwrap_or(last_end));
-        let mut eventful = woke || beat.wake || ended.is_some() || requeued > 0;
+        let reattached = std::mem::take(&mut sim.reattached);
+        let mut eventful = woke || beat.wake || ended.is_some() || requeued > 0 || reattached;
         while next < feasible.len() && feasible[next].submit <= now {
             eventful = true;
             let j = &feasible[next];
@@ -590,7 +603,7 @@ fn parse_epoch(s: &str) -> Result<Millis, String> {
 }
 
 pub fn main(a: Args) -> anyhow::Result<()> {
-    let nodes = parse_cluster(&a.cluster)?;
+    let mut nodes = parse_cluster(&a.cluster)?;
     let per_node = nodes
         .iter()
         .map(|n| n.slots.len() as u32)
@@ -600,6 +613,29 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     if let Some(n) = a.limit {
         jobs.truncate(n);
     }
+    let mut mig_tag = "";
+    if let Some(mode) = a.mig {
+        let model = (nodes.iter().flat_map(|n| n.slots.first()))
+            .map(|s| s.model.clone())
+            .next()
+            .unwrap_or_default();
+        let changed = mig::as_mig(&mut jobs, &model)?;
+        eprintln!(
+            "--mig: {changed} of {} jobs ask for a MIG instance",
+            jobs.len()
+        );
+        mig_tag = match mode {
+            mig::MigMode::Static => {
+                mig::static_layout(&mut nodes);
+                "-mig-static"
+            }
+            mig::MigMode::Dynamic => "-mig-dynamic",
+        };
+    }
+    let usage = agents::Usage {
+        mig_dynamic: a.mig == Some(mig::MigMode::Dynamic),
+        ..agents::Usage::default()
+    };
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
     let capacity: u64 = nodes.iter().map(|n| n.slots.len() as u64 * 1000).sum();
@@ -628,10 +664,19 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     let mut progress = super::Progress::new(runs.len() as u64, "replaying");
     for (policy, packing, jobs, tag) in runs {
         let config = config_for(&policy, packing, a.reservation_depth, jobs, &base)?;
-        let out = replay(&nodes, jobs, &config, &base, &policy, a.epoch);
+        let out = replay_with(
+            &nodes,
+            jobs,
+            &config,
+            &base,
+            &policy,
+            a.epoch,
+            usage.clone(),
+        );
         let (mut summary, samples, users) = (out.summary, out.samples, out.users);
         summary.policy.push_str(tag);
-        let stem = format!("{policy}{tag}-{packing}");
+        summary.policy.push_str(mig_tag);
+        let stem = format!("{policy}{tag}{mig_tag}-{packing}");
         std::fs::write(a.out.join(format!("users-{stem}.csv")), users_csv(&users))?;
         std::fs::write(
             a.out.join(format!("timeline-{stem}.csv")),

@@ -71,6 +71,7 @@ fn usage(heartbeats: bool) -> Usage {
         profiles,
         priority: true,
         heartbeat_ms: heartbeats.then_some(30 * S),
+        mig_dynamic: false,
     }
 }
 

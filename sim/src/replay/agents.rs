@@ -19,10 +19,10 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use super::logged::Logged;
 use crate::interference::{OnGpu, rates};
 use gpuctl_core::Effects;
-use gpuctl_core::command::Command;
-use gpuctl_core::event::{Heartbeat, Report, ReportKind, Running};
+use gpuctl_core::command::{Command, MigLayout};
+use gpuctl_core::event::{Heartbeat, Register, Report, ReportKind, Running};
 use gpuctl_core::log::Change;
-use gpuctl_core::node::{GpuMetrics, JobGpuUse};
+use gpuctl_core::node::{GpuMetrics, JobGpuUse, MigInstance};
 use gpuctl_core::record::JobState;
 use gpuctl_sched::Millis;
 use gpuctl_sched::job::JobState as State;
@@ -46,6 +46,9 @@ pub struct Usage {
     pub priority: bool,
     /// Heartbeats with GPU use every this many ms (none: no heartbeats).
     pub heartbeat_ms: Option<Millis>,
+    /// The agents let the controller change their GPUs' MIG layouts (`gpud --mig
+    /// dynamic`): they carry out its changes and attach again.
+    pub mig_dynamic: bool,
 }
 
 /// One instance that ran: whose, when, how much, and whether it finished its work.
@@ -158,6 +161,13 @@ pub struct SimAgents {
     /// of fully busy work (`crate::power`); absent: none. Read from the controller's
     /// heartbeat answers (`Cluster::power_caps`), as gpud applies them.
     caps: HashMap<String, (f64, f64)>,
+    /// MIG layout changes under way: (when done, node, the change).
+    pending_mig: Vec<(Millis, String, MigLayout)>,
+    /// Layout changes carried out, ever (names their instances).
+    reconfigured: u64,
+    /// A node attached again with a new layout since the last call: a pass may place
+    /// the jobs the layout is for.
+    pub reattached: bool,
 }
 
 impl SimAgents {
@@ -175,7 +185,8 @@ impl SimAgents {
         let beat = self
             .next_heartbeat
             .filter(|_| !self.insts.is_empty() || self.waiting);
-        [kill, phase, beat].into_iter().flatten().min()
+        let mig = self.pending_mig.iter().map(|m| m.0).min();
+        [kill, phase, beat, mig].into_iter().flatten().min()
     }
 
     /// Reports every end due by `now`. Returns the last end time.
@@ -186,6 +197,7 @@ impl SimAgents {
         now: Millis,
     ) -> Option<Millis> {
         let mut last = None;
+        self.reconfigure_due(c, now);
         loop {
             let kill = self.kills.peek().map(|Reverse((t, ..))| *t);
             let phase = self.due.peek().map(|Reverse((t, ..))| *t);
@@ -462,7 +474,15 @@ impl SimAgents {
                 // here, so a new one changes nothing they do (and no trace asks one).
                 Command::Limit(_) => {}
                 // A replay's nodes attach with static MIG layouts: none is asked.
-                Command::Mig(m) => unreachable!("a replay node is not dynamic-MIG: {m:?}"),
+                Command::Mig(m) => {
+                    assert!(
+                        self.usage.mig_dynamic,
+                        "a replay node is not dynamic-MIG: {m:?}"
+                    );
+                    // As the fake backend takes: 200 ms and 100 ms an instance.
+                    let at = now + 200 + 100 * m.layout.len() as Millis;
+                    self.pending_mig.push((at, node, m));
+                }
             }
         }
         self.recompute(&touched, now);
@@ -586,6 +606,55 @@ impl SimAgents {
 }
 
 impl SimAgents {
+    /// Carries out the MIG layout changes due by `now`: the node attaches again with
+    /// the GPU laid out anew (new instance UUIDs) and the instances it runs.
+    fn reconfigure_due(&mut self, c: &mut Logged, now: Millis) {
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending_mig)
+            .into_iter()
+            .partition(|m| m.0 <= now);
+        self.pending_mig = later;
+        for (_, node, change) in due {
+            let Some(n) = c.fleet().node(&node).cloned() else {
+                continue;
+            };
+            self.reconfigured += 1;
+            let mut gpus = n.gpus.clone();
+            if let Some(g) = gpus.iter_mut().find(|g| g.uuid == change.gpu) {
+                g.mig = (change.layout.iter().enumerate())
+                    .map(|(k, p)| MigInstance {
+                        uuid: format!("{}-mig{}-{k}", g.uuid, self.reconfigured),
+                        profile: p.clone(),
+                        memory_mib: gpuctl_sched::mig::profile_memory_mib(p).unwrap_or(0),
+                    })
+                    .collect();
+            }
+            let mut running: Vec<Running> = (self.insts.iter())
+                .filter(|(_, i)| i.nodes.contains(&node))
+                .map(|(k, _)| Running::new(k.0, k.1))
+                .collect();
+            running.sort_by_key(|r| (r.job_id, r.attempt));
+            let register = Register {
+                node: node.clone(),
+                gpus,
+                cpus: n.cpus,
+                memory_bytes: n.memory_bytes,
+                gpu_backend: "simulated".into(),
+                running,
+                nonce: self.reconfigured.to_le_bytes().to_vec(),
+                agent_id: n.agent_id.clone(),
+                mig_dynamic: true,
+                ..Register::default()
+            };
+            let change = Change::Attach {
+                register,
+                peer: None,
+            };
+            let (attached, _) = c.apply(now, change);
+            attached.expect("a simulated agent attaches again");
+            self.reattached = true;
+        }
+    }
+
     /// Each node's GPUs held to the caps the controller's open windows name now (the
     /// lowest, as gpud applies them, in shares of the A100's maximum limit); the work
     /// on a node whose cap changed is re-rated from now.
