@@ -425,7 +425,9 @@ pub(crate) fn check_feasible(
         let mut v = c.node_view(n, &partitions);
         if n.mig_dynamic && !matches!(req.gpu, GpuRequest::None) {
             // A dynamic-MIG node's GPUs may take any layout (`crate::mig`).
-            v.slots = dynamic_slots(n, &req.gpu);
+            let whole: Vec<sched::SlotView> =
+                n.gpus.iter().map(crate::node::Gpu::whole_slot).collect();
+            v.slots = sched::mig::dynamic_slots(&whole, &req.gpu);
         }
         if v.admits(&req) && sched::fits_empty(&v, &req) {
             fitting += 1;
@@ -435,28 +437,6 @@ pub(crate) fn check_feasible(
         }
     }
     refusal(&c.node_views(), req)
-}
-
-/// A dynamic-MIG node's GPUs as they could be laid out for `gpu`: the most instances
-/// of its MIG profile, or else every GPU whole.
-fn dynamic_slots(n: &crate::node::Node, gpu: &GpuRequest) -> Vec<sched::SlotView> {
-    let mut slots = Vec::new();
-    let GpuRequest::Mig { profile, .. } = gpu else {
-        return n.gpus.iter().map(crate::node::Gpu::whole_slot).collect();
-    };
-    for g in &n.gpus {
-        let Some(model) = sched::mig::model_of(&g.model) else {
-            continue;
-        };
-        let Some(p) = model.profile(profile) else {
-            continue;
-        };
-        let memory = sched::mig::profile_memory_mib(p.name).unwrap_or(0);
-        for i in 0..model.plan(&[p.name; 8]).len() {
-            slots.push(g.instance_slot(&format!("{}-{i}", g.uuid), p.name, memory));
-        }
-    }
-    slots
 }
 
 /// Why no node, or too few, could ever run `req`.

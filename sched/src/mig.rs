@@ -227,6 +227,36 @@ fn fit(order: &[(usize, &Profile)], used: u16, starts: &mut [u8]) -> bool {
     false
 }
 
+/// The slots a dynamic-MIG node's GPUs (`gpus`, each as a whole slot) could be laid out
+/// as for `gpu`: for a MIG request, as many instances of its profile as each GPU whose
+/// model has it can hold (named `UUID-i`); for any other, the GPUs whole. What the
+/// controller admits a job to such a node by, and the simulator too.
+pub fn dynamic_slots(gpus: &[crate::SlotView], gpu: &crate::GpuRequest) -> Vec<crate::SlotView> {
+    let crate::GpuRequest::Mig { profile, .. } = gpu else {
+        return gpus.to_vec();
+    };
+    let mut slots = Vec::new();
+    for g in gpus {
+        let Some(model) = model_of(&g.model) else {
+            continue;
+        };
+        let Some(p) = model.profile(profile) else {
+            continue;
+        };
+        let memory = profile_memory_mib(p.name).unwrap_or(0);
+        for i in 0..model.plan(&[p.name; 8]).len() {
+            slots.push(crate::SlotView {
+                uuid: format!("{}-{i}", g.uuid),
+                gpu_index: g.gpu_index,
+                model: g.model.clone(),
+                memory_mib: memory,
+                mig_profile: Some(p.name.to_string()),
+            });
+        }
+    }
+    slots
+}
+
 /// The memory of a profile in MiB, from its name ("3g.40gb" -> 40 GiB).
 pub fn profile_memory_mib(profile: &str) -> Option<u64> {
     let gb = profile.split_once("g.")?.1.strip_suffix("gb")?;

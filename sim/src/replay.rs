@@ -353,8 +353,11 @@ fn run(
             nodes
                 .iter()
                 .filter(|n| {
-                    sched::fits_empty(n, &j.request)
-                        || (dynamic && mig::fits_dynamic(n, &j.request.gpu))
+                    if dynamic {
+                        mig::fits_dynamic(n, &j.request)
+                    } else {
+                        sched::fits_empty(n, &j.request)
+                    }
                 })
                 .count()
                 >= j.request.nodes as usize

@@ -11,7 +11,8 @@
 //! model constraints are dropped: the rung asks what the same pods would get on
 //! MIG-capable GPUs.
 
-use gpuctl_sched::mig::{Model, model_of, profile_memory_mib};
+use gpuctl_sched::fairshare::mig_fraction;
+use gpuctl_sched::mig::{Model, dynamic_slots, model_of, profile_memory_mib};
 use gpuctl_sched::{GpuRequest, NodeView, SlotView};
 
 use super::TraceJob;
@@ -34,12 +35,9 @@ pub const STATIC_LAYOUTS: [&[&str]; 3] = [
     &["2g.20gb", "2g.20gb", "2g.20gb", "1g.10gb"],
 ];
 
-/// Compute slices of a profile ("3g.40gb" -> 3).
+/// Compute slices of a profile, in sevenths of its GPU ("3g.40gb" -> 3).
 fn slices(profile: &str) -> u32 {
-    profile
-        .split_once('g')
-        .and_then(|(n, _)| n.parse().ok())
-        .unwrap_or(7)
+    (mig_fraction(profile) * 7.0).round() as u32
 }
 
 /// The smallest instance of `model` that holds a share of `milli` compute and `mib`
@@ -116,18 +114,15 @@ pub fn static_layout(nodes: &mut [NodeView]) {
     }
 }
 
-/// Whether a MIG request can ever run on a dynamic node of these GPUs (its model has
-/// the profile, and enough instances of it fit one GPU).
-pub fn fits_dynamic(n: &NodeView, req: &GpuRequest) -> bool {
-    let GpuRequest::Mig { profile, count } = req else {
-        return false;
+/// Whether `req` can ever run on a node of these GPUs if it is dynamic-MIG: on the
+/// instances they could be laid out as (`sched::mig::dynamic_slots`, what the
+/// controller admits by).
+pub fn fits_dynamic(n: &NodeView, req: &gpuctl_sched::Request) -> bool {
+    let laid_out = NodeView {
+        slots: dynamic_slots(&n.slots, &req.gpu),
+        ..n.clone()
     };
-    n.slots.iter().any(|s| {
-        model_of(&s.model).is_some_and(|m| {
-            let layout = vec![profile.as_str(); *count as usize];
-            m.place(&layout).is_ok()
-        })
-    })
+    gpuctl_sched::fits_empty(&laid_out, req)
 }
 
 #[cfg(test)]
