@@ -335,11 +335,13 @@ impl Cluster {
                 reading(m, &holders, &borrowers)
             };
             let limits = self.borrowed_mib(&borrowers, &m.uuid);
-            let given = self.given(&holders, &m.uuid);
+            // New holders (or a first sample): what they were given, for the watch anew.
+            let anew = (self.watch.get(&m.uuid))
+                .is_none_or(|w| w.holders != holders || w.since_ms == 0)
+                .then(|| self.given(&holders, &m.uuid));
             let w = self.watch.entry(m.uuid.clone()).or_default();
             let before = w.lendable(&cfg, lend_after, w.last_ms).is_some();
-            if w.holders != holders || w.since_ms == 0 {
-                let (held_milli, held_mib) = given;
+            if let Some((held_milli, held_mib)) = anew {
                 *w = GpuWatch {
                     node: hb.node.clone(),
                     memory_mib,

@@ -19,7 +19,7 @@ pub struct ListJobsResponse {
     pub encoded: Bytes,
 }
 
-/// The field number of `jobs`.
+// The field number of `jobs`.
 use crate::tags::list_jobs_response::jobs as JOBS;
 
 impl ListJobsResponse {

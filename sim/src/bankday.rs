@@ -389,6 +389,11 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         .filter(|(i, _)| a.rungs.is_empty() || a.rungs.contains(i))
         .map(|(_, r)| *r);
     let defaults = crate::ladder::RUNGS[crate::ladder::RUNGS.len() - 1].name;
+    let gpus: usize = nodes.iter().map(|n| n.slots.len()).sum();
+    let gpu_mib = (nodes.iter().flat_map(|n| n.slots.iter()))
+        .map(|s| s.memory_mib)
+        .max()
+        .unwrap_or(1);
     for rung in chosen {
         let text = rung.config();
         let p = a.out.join("bankday-config.toml");
@@ -437,13 +442,6 @@ pub fn main(a: Args) -> anyhow::Result<()> {
             .iter()
             .map(|j| (j.id, busy_of_charge(j, a.seed, rung.shape())))
             .collect();
-        let gpus: usize = nodes.iter().map(|n| n.slots.len()).sum();
-        let gpu_mib = nodes
-            .iter()
-            .flat_map(|n| n.slots.iter())
-            .map(|s| s.memory_mib)
-            .max()
-            .unwrap_or(1);
         let m = crate::ladder::measure(&out, &by_id, epoch, cut, gpus, gpu_mib);
         hourly.push((rung.name, m.hourly.clone()));
         rows.push(crate::ladder::row(rung.name, &out, &m, epoch, cut));

@@ -329,13 +329,14 @@ pub fn row(name: &str, out: &Outcome, m: &Measures, epoch: Millis, period: Milli
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let inference = waits("inference", true);
     let runs = |a: &'static str| out.runs.iter().filter(move |r| r.account == a);
+    let training_gpu_hours: f64 = runs("training").map(|r| kept(r, epoch, period)).sum();
     Row {
         rung: name.into(),
         utilization: m.utilization,
         allocation: m.allocation,
         inference_p95_wait_s: crate::percentile(&inference, 95.0),
         inference_wait_mean_s: mean(&inference),
-        training_gpu_hours: runs("training").map(|r| kept(r, epoch, period)).sum(),
+        training_gpu_hours,
         training_wait_mean_s: mean(&waits("training", false)),
         scoring_gpu_hours_lost: runs("scoring").map(lost).sum(),
         scoring_wait_mean_s: mean(&waits("scoring", false)),
@@ -349,10 +350,7 @@ pub fn row(name: &str, out: &Outcome, m: &Measures, epoch: Millis, period: Milli
         guaranteed_slowdown_mean: slowdown_mean(out, |r| !r.opportunistic),
         training_slowdown_mean: slowdown_mean(out, |r| r.account == "training"),
         training_kwh_per_gpu_hour: runs("training").map(|r| r.energy_kwh).sum::<f64>()
-            / runs("training")
-                .map(|r| kept(r, epoch, period))
-                .sum::<f64>()
-                .max(1e-9),
+            / training_gpu_hours.max(1e-9),
         opportunistic_gpu_hours: out
             .runs
             .iter()

@@ -113,7 +113,7 @@ fn job_ids(c: &Shared, filter: &JobFilter) -> Vec<u64> {
     }
 }
 
-/// Field numbers of `Job` (gpuctl.proto) that `presented` sets.
+// Field numbers of `Job` (gpuctl.proto) that `presented` sets.
 use gpuctl_proto::tags::job::{gpus as JOB_GPUS, node as JOB_NODE, usage as JOB_USAGE};
 
 /// Appends `presented(j)`, with `usage` when given, to a page's encoded jobs, without

@@ -614,11 +614,11 @@ impl SimAgents {
             .partition(|m| m.0 <= now);
         self.pending_mig = later;
         for (_, node, change) in due {
-            let Some(n) = c.fleet().node(&node).cloned() else {
+            let Some(mut n) = c.fleet().node(&node).cloned() else {
                 continue;
             };
             self.reconfigured += 1;
-            let mut gpus = n.gpus.clone();
+            let mut gpus = std::mem::take(&mut n.gpus);
             if let Some(g) = gpus.iter_mut().find(|g| g.uuid == change.gpu) {
                 g.mig = (change.layout.iter().enumerate())
                     .map(|(k, p)| MigInstance {
