@@ -405,11 +405,11 @@ fn allocated_gpus_mean_the_same_in_every_metric() {
         (cli - want).abs() < 1e-6,
         "nodes --stats {cli}, want {want}"
     );
+    // A GPU's row shows once its agent has sampled it (each agent on its own clock).
+    let shown = |t: &str| t.contains("MIG") && t.contains("3g.40gb*");
+    gpuctl_tests::wait_for(T, || shown(&c.gpuctl_ok(&["nodes"])));
     let table = c.gpuctl_ok(&["nodes"]);
-    assert!(
-        table.contains("MIG") && table.contains("3g.40gb*"),
-        "{table}"
-    );
+    assert!(shown(&table), "{table}");
     let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
     let mut args = vec!["cancel"];
     args.extend(ids.iter().map(String::as_str));
