@@ -117,9 +117,13 @@ fn sbatch_squeue_sacct_scancel_sinfo_and_scontrol_speak_slurm() {
 /// `scancel -s USR1`: the job hears it and runs on; `scancel` then cancels it.
 fn scancel_signals(c: &Cluster, links: &Path) {
     let seen = c.path("usr1.seen");
+    let ready = c.path("usr1.ready");
+    // The file is written whole and then renamed, so its existence means its content.
     let script = format!(
-        "#!/bin/sh\ntrap 'echo heard > {}' USR1\nwhile :; do sleep 0.2; done\n",
-        seen.display()
+        "#!/bin/sh\ntrap 'echo heard > {s}.tmp && mv {s}.tmp {s}' USR1\ntouch {r}\n\
+         while :; do sleep 0.2; done\n",
+        s = seen.display(),
+        r = ready.display()
     );
     let id: u64 = out(&tool(
         c,
@@ -132,8 +136,12 @@ fn scancel_signals(c: &Cluster, links: &Path) {
     .parse()
     .unwrap();
     c.wait_state(id, "RUNNING", T);
-    // The shell sets its trap first thing; give it a moment past its STARTED report.
-    std::thread::sleep(Duration::from_millis(500));
+    // The shell says when its trap is set (a USR1 before it would end the job).
+    let t = std::time::Instant::now();
+    while !ready.exists() && t.elapsed() < T {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(ready.exists(), "the job never set its trap");
     let s = tool(c, links, "scancel", &["-s", "USR1", &id.to_string()], None);
     assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
     let t = std::time::Instant::now();
