@@ -27,6 +27,7 @@
 //! jobs' constraints on them).
 
 pub mod array;
+mod base;
 pub mod calendar;
 mod check;
 pub mod deps;
@@ -45,9 +46,11 @@ pub mod preempt;
 pub mod priority;
 mod session;
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
+pub use base::{Base, Refresh};
 pub use calendar::Miss;
 use calendar::{Calendar, GpuFree, Pick, Picks};
 pub use check::{Ledger, check_plan};
@@ -206,7 +209,15 @@ pub fn schedule(
     config: &SchedConfig,
     now: Millis,
 ) -> Plan {
-    plan(cluster, queue, config, now, None).0
+    plan(Pass::new(cluster, config, now), queue, None).0
+}
+
+/// One scheduling pass from a `Base` brought to the cluster as it is now
+/// (`Base::update`): the same plan as `schedule` on the base's view at its time, without
+/// rebuilding the calendars of the nodes that did not change.
+pub fn schedule_from(base: &Base, queue: &[PendingJob], config: &SchedConfig) -> Plan {
+    let pass = Pass::with_calendars(base.view(), config, base.now(), base.calendars());
+    plan(pass, queue, None).0
 }
 
 /// The pass as seen by one job: its per-node reasons at its turn, and its outcome.
@@ -217,7 +228,7 @@ pub fn explain(
     now: Millis,
     job: JobId,
 ) -> Option<Explanation> {
-    plan(cluster, queue, config, now, Some(job)).1
+    plan(Pass::new(cluster, config, now), queue, Some(job)).1
 }
 
 /// GPU milli of the largest node: a job that large gets the full size factor.
@@ -262,7 +273,7 @@ fn slot_mask(picks: &[Pick]) -> u32 {
 }
 
 /// Request lookups happen once per pending job: a fast (fixed-seed, deterministic) hash.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::FixedState>;
 
 /// Min-heap of (earliest time, node index, node version when computed), packed into
 /// one integer (`tail_key`) that orders as the tuple: a pass pops a heap entry about
@@ -398,7 +409,9 @@ struct Pass<'a> {
     cluster: &'a ClusterView,
     config: &'a SchedConfig,
     now: Millis,
-    cals: Vec<Calendar>,
+    /// Per node, its calendar: borrowed from the pass's `Base` until the pass claims on
+    /// the node.
+    cals: Vec<Cow<'a, Calendar>>,
     shape_ids: FastMap<Request, usize>,
     shapes: Vec<ShapeState>,
     /// Per tail class: each eligible node's earliest "free for good" time for the
@@ -610,12 +623,13 @@ impl<'a> Pass<'a> {
         span: (Millis, Millis),
         reserved: bool,
     ) {
-        self.cals[i].add(job, picks, req.cpu_milli, req.memory_bytes, span, reserved);
+        let cal = self.cals[i].to_mut();
+        cal.add(job, picks, req.cpu_milli, req.memory_bytes, span, reserved);
         self.versions[i] = self.cals[i].version;
         let base_moves = span.0 <= self.now;
         if !reserved {
             let node = &self.cluster.nodes[i];
-            self.cals[i].refresh_free_now(node, self.now);
+            self.cals[i].to_mut().refresh_free_now(node, self.now);
             let (old, new) = (self.frees[i], self.cals[i].free_now);
             self.frees[i] = new;
             // A maximum moves only when the last node that had it shrinks.
@@ -788,11 +802,29 @@ impl<'a> Pass<'a> {
 impl<'a> Pass<'a> {
     /// Calendars with every running job's claim from now to its expected end.
     fn new(cluster: &'a ClusterView, config: &'a SchedConfig, now: Millis) -> Pass<'a> {
+        let cals = base::held_calendars(cluster, now)
+            .into_iter()
+            .map(Cow::Owned)
+            .collect();
+        Pass::with_calendars(cluster, config, now, cals)
+    }
+
+    /// A pass from calendars that hold every running job's claim and were refreshed at
+    /// `now` (borrowed from a `Base`: a node's is copied when the pass first claims on it).
+    fn with_calendars(
+        cluster: &'a ClusterView,
+        config: &'a SchedConfig,
+        now: Millis,
+        cals: Vec<Cow<'a, Calendar>>,
+    ) -> Pass<'a> {
+        debug_assert_eq!(cals.len(), cluster.nodes.len());
         let mut pass = Pass {
             cluster,
             config,
             now,
-            cals: cluster.nodes.iter().map(Calendar::new).collect(),
+            frees: cals.iter().map(|c| c.free_now).collect(),
+            versions: cals.iter().map(|c| c.version).collect(),
+            cals,
             shape_ids: FastMap::default(),
             shapes: Vec::new(),
             tail_ids: FastMap::default(),
@@ -801,57 +833,13 @@ impl<'a> Pass<'a> {
                 .filter(|&i| cluster.nodes[i].eligible())
                 .collect(),
             max_free: calendar::FreeNow::default(),
-            frees: Vec::new(),
             at_max: [0; 5],
             max_free_dirty: true,
             frag: FragMemo::new(&config.workload),
             bases: Vec::new(),
             found: Vec::new(),
-            versions: Vec::new(),
             looked: Vec::new(),
         };
-        let node_index: HashMap<&str, usize> = cluster
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.name.as_str(), i))
-            .collect();
-        for r in &cluster.running {
-            let Some(&i) = node_index.get(r.alloc.node.as_str()) else {
-                continue;
-            };
-            let node = &cluster.nodes[i];
-            let picks: Picks = r
-                .alloc
-                .slots
-                .iter()
-                .filter_map(|u| {
-                    node.slots
-                        .iter()
-                        .position(|s| s.uuid == u.uuid)
-                        .map(|slot| Pick {
-                            slot,
-                            compute: u.compute_milli,
-                            mem_mib: u.memory_mib,
-                        })
-                })
-                .collect();
-            // A job past its limit is being ended; plan as if it ends a second from now.
-            let end = r.end_ms.max(now.saturating_add(1000));
-            pass.cals[i].add(
-                r.job,
-                &picks,
-                r.alloc.cpu_milli,
-                r.alloc.memory_bytes,
-                (now, end),
-                false,
-            );
-        }
-        for (i, node) in cluster.nodes.iter().enumerate() {
-            pass.cals[i].refresh_free_now(node, now);
-        }
-        pass.frees = pass.cals.iter().map(|c| c.free_now).collect();
-        pass.versions = pass.cals.iter().map(|c| c.version).collect();
         pass.bases = (0..cluster.nodes.len()).map(|i| pass.base_of(i)).collect();
         pass
     }

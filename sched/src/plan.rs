@@ -4,13 +4,11 @@
 use super::*;
 
 pub(super) fn plan(
-    cluster: &ClusterView,
+    mut pass: Pass<'_>,
     queue: &[PendingJob],
-    config: &SchedConfig,
-    now: Millis,
     explain_job: Option<JobId>,
 ) -> (Plan, Option<Explanation>) {
-    let mut pass = Pass::new(cluster, config, now);
+    let (cluster, config, now) = (pass.cluster, pass.config, pass.now);
     let ranked = priority::rank(queue, &config.weights, now, size_norm(cluster));
     let mut plan = Plan::default();
     let mut explanation = None;

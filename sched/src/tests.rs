@@ -923,3 +923,6 @@ fn tail_keys_order_as_their_tuples() {
         assert_eq!(tail_unkey(tail_key(t, i, v)), (t, i, v as u32));
     }
 }
+
+#[path = "base_tests.rs"]
+mod base_tests;

@@ -1,0 +1,255 @@
+//! `Base`: what a pass starts from (each node's calendar with what runs on it), kept
+//! between passes so that a pass rebuilds only the calendars of the nodes that changed.
+//!
+//! A pass's calendars before its first claim are a function of the view and `now` alone:
+//! every running job claims its slots, CPUs and memory from `now` to the later of its
+//! expected end and a second from now (a job past its limit is being ended). From one
+//! pass to the next, a node's calendar is the same, for every question a pass asks
+//! (windows and tails from `now` on), when
+//! - its `NodeView` is the same,
+//! - the running claims on it are the same (job, allocation, expected end), and
+//! - none of them reaches the one-second floor: each ends at least a second after the
+//!   new `now` (then the claim covers the same instants from the new `now` on, and what
+//!   is free now is what was free then).
+//!
+//! `Base::update` finds the nodes where one of these fails by comparing the new view
+//! with the one it holds (running claims merged by job id, nodes side by side) and
+//! rebuilds those alone; a node list that changed (a node added, removed or renamed) or
+//! claims out of job order rebuild all. The full build (`held_calendars`) is what a pass
+//! without a base uses, and the check: `schedule_from` on an updated base gives the plan
+//! `schedule` gives on the same view (tests: `base_updates_plan_as_a_fresh_build`).
+
+use super::*;
+
+/// Every node's calendar with every running job's claim from `now` to its expected
+/// end (at least a second from now), refreshed at `now`.
+pub(crate) fn held_calendars(cluster: &ClusterView, now: Millis) -> Vec<Calendar> {
+    let index = node_index(cluster);
+    let mut cals: Vec<Calendar> = cluster.nodes.iter().map(Calendar::new).collect();
+    for r in &cluster.running {
+        if let Some(&i) = index.get(r.alloc.node.as_str()) {
+            claim_running(&mut cals[i], &cluster.nodes[i], r, now);
+        }
+    }
+    for (cal, node) in cals.iter_mut().zip(&cluster.nodes) {
+        cal.refresh_free_now(node, now);
+    }
+    cals
+}
+
+fn node_index(cluster: &ClusterView) -> FastMap<&str, usize> {
+    cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), i))
+        .collect()
+}
+
+/// A running job's claim on its node's calendar (slots by UUID; one the node does not
+/// have is left out).
+fn claim_running(cal: &mut Calendar, node: &NodeView, r: &Running, now: Millis) {
+    let picks: Picks = r
+        .alloc
+        .slots
+        .iter()
+        .filter_map(|u| {
+            node.slots
+                .iter()
+                .position(|s| s.uuid == u.uuid)
+                .map(|slot| Pick {
+                    slot,
+                    compute: u.compute_milli,
+                    mem_mib: u.memory_mib,
+                })
+        })
+        .collect();
+    let end = r.end_ms.max(floor_end(now));
+    let (cpu, mem) = (r.alloc.cpu_milli, r.alloc.memory_bytes);
+    cal.add(r.job, &picks, cpu, mem, (now, end), false);
+}
+
+/// The earliest a running claim ends in a pass at `now`.
+fn floor_end(now: Millis) -> Millis {
+    now.saturating_add(1000)
+}
+
+/// What a pass starts from, kept between passes (see the module's comment).
+pub struct Base {
+    view: ClusterView,
+    now: Millis,
+    cals: Vec<Calendar>,
+    /// Per node, the earliest expected end among its running claims (`Millis::MAX`:
+    /// none): once it falls under a pass's one-second floor, the node is rebuilt.
+    first_end: Vec<Millis>,
+    /// Per entry of `view.running`, its node's index (`usize::MAX`: a node the view
+    /// does not have).
+    running_node: Vec<usize>,
+}
+
+/// What an update rebuilt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Refresh {
+    /// Every node (a new node list, or claims out of job order).
+    pub all: bool,
+    /// How many nodes' calendars were rebuilt.
+    pub nodes: usize,
+}
+
+impl Base {
+    pub fn new(view: ClusterView, now: Millis) -> Base {
+        let mut base = Base {
+            view: ClusterView::default(),
+            now,
+            cals: Vec::new(),
+            first_end: Vec::new(),
+            running_node: Vec::new(),
+        };
+        base.rebuild_all(view, now);
+        base
+    }
+
+    /// The view the calendars are of.
+    pub fn view(&self) -> &ClusterView {
+        &self.view
+    }
+
+    pub fn now(&self) -> Millis {
+        self.now
+    }
+
+    /// The calendars for a pass, borrowed (a pass copies a node's on its first claim).
+    pub(crate) fn calendars(&self) -> Vec<Cow<'_, Calendar>> {
+        self.cals.iter().map(Cow::Borrowed).collect()
+    }
+
+    /// Brings the base to `view` at `now` (not earlier than the last update's): the
+    /// calendars of the nodes that changed are rebuilt, the others kept.
+    pub fn update(&mut self, view: ClusterView, now: Millis) -> Refresh {
+        let same_nodes = view.nodes.len() == self.view.nodes.len()
+            && view
+                .nodes
+                .iter()
+                .zip(&self.view.nodes)
+                .all(|(a, b)| a.name == b.name);
+        if !same_nodes || now < self.now || !by_job(&view.running) {
+            self.rebuild_all(view, now);
+            return Refresh {
+                all: true,
+                nodes: self.cals.len(),
+            };
+        }
+        let mut changed: Vec<bool> = (view.nodes.iter().zip(&self.view.nodes))
+            .map(|(a, b)| a != b)
+            .collect();
+        let running_node = self.diff_running(&view.running, &mut changed);
+        let floor = floor_end(now);
+        for (c, &end) in changed.iter_mut().zip(&self.first_end) {
+            *c |= end < floor;
+        }
+        self.view = view;
+        self.running_node = running_node;
+        self.now = now;
+        let nodes = self.rebuild(&changed);
+        for cal in &mut self.cals {
+            // Every claim kept covers [old now, new now + 1 s): what is held now is
+            // what was held then.
+            cal.now = now;
+        }
+        Refresh { all: false, nodes }
+    }
+
+    /// Merges the held claims with `new` (both by job id), marking the nodes of every
+    /// claim that came, went or changed; answers `new`'s node per entry.
+    fn diff_running(&self, new: &[Running], changed: &mut [bool]) -> Vec<usize> {
+        let old = &self.view.running;
+        let mut index: Option<FastMap<&str, usize>> = None;
+        let mut lookup = |name: &str| -> usize {
+            let index = index.get_or_insert_with(|| node_index(&self.view));
+            index.get(name).copied().unwrap_or(usize::MAX)
+        };
+        let mut mark = |i: usize| {
+            if let Some(c) = changed.get_mut(i) {
+                *c = true;
+            }
+        };
+        let mut out = Vec::with_capacity(new.len());
+        let (mut a, mut b) = (0, 0);
+        while a < old.len() || b < new.len() {
+            let take_old = b == new.len() || (a < old.len() && old[a].job < new[b].job);
+            let take_new = a == old.len() || (b < new.len() && new[b].job < old[a].job);
+            if take_old {
+                mark(self.running_node[a]);
+                a += 1;
+            } else if take_new {
+                let i = lookup(&new[b].alloc.node);
+                mark(i);
+                out.push(i);
+                b += 1;
+            } else if old[a] == new[b] {
+                out.push(self.running_node[a]);
+                a += 1;
+                b += 1;
+            } else {
+                mark(self.running_node[a]);
+                let i = if old[a].alloc.node == new[b].alloc.node {
+                    self.running_node[a]
+                } else {
+                    lookup(&new[b].alloc.node)
+                };
+                mark(i);
+                out.push(i);
+                a += 1;
+                b += 1;
+            }
+        }
+        out
+    }
+
+    /// Rebuilds the marked nodes' calendars from the view; answers how many.
+    fn rebuild(&mut self, changed: &[bool]) -> usize {
+        let now = self.now;
+        let mut n = 0;
+        for (i, _) in changed.iter().enumerate().filter(|(_, c)| **c) {
+            self.cals[i] = Calendar::new(&self.view.nodes[i]);
+            self.first_end[i] = Millis::MAX;
+            n += 1;
+        }
+        if n == 0 {
+            return 0;
+        }
+        for (r, &i) in self.view.running.iter().zip(&self.running_node) {
+            if changed.get(i).copied().unwrap_or(false) {
+                claim_running(&mut self.cals[i], &self.view.nodes[i], r, now);
+                self.first_end[i] = self.first_end[i].min(r.end_ms);
+            }
+        }
+        for (i, _) in changed.iter().enumerate().filter(|(_, c)| **c) {
+            self.cals[i].refresh_free_now(&self.view.nodes[i], now);
+        }
+        n
+    }
+
+    fn rebuild_all(&mut self, view: ClusterView, now: Millis) {
+        let index = node_index(&view);
+        self.running_node = (view.running.iter())
+            .map(|r| *index.get(r.alloc.node.as_str()).unwrap_or(&usize::MAX))
+            .collect();
+        drop(index);
+        self.first_end = vec![Millis::MAX; view.nodes.len()];
+        for (r, &i) in view.running.iter().zip(&self.running_node) {
+            if let Some(e) = self.first_end.get_mut(i) {
+                *e = (*e).min(r.end_ms);
+            }
+        }
+        self.cals = held_calendars(&view, now);
+        self.view = view;
+        self.now = now;
+    }
+}
+
+/// Whether running claims come in job order (the controller's views do): the update
+/// merges by it.
+fn by_job(running: &[Running]) -> bool {
+    running.windows(2).all(|w| w[0].job <= w[1].job)
+}
