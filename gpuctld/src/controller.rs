@@ -282,6 +282,9 @@ pub struct Controller {
     last_pass_us: AtomicU64,
     /// Held through a pass: one at a time, from the loop or from a submit.
     pass_lock: Arc<tokio::sync::Mutex<()>>,
+    /// What the last pass planned from (`sched::Base`): the next rebuilds only the
+    /// calendars of the nodes that changed. Used under `pass_lock` alone.
+    base: Mutex<Option<sched::Base>>,
     /// Steps opened from outside their jobs, waiting for their agents.
     steps: steps::Relay,
     /// On Raft (`--peers`): this controller's part; unset with one controller. Read
@@ -384,6 +387,7 @@ impl Controller {
             // The first pass (perhaps over a large recovered queue) on the blocking pool.
             last_pass_us: AtomicU64::new(u64::MAX),
             pass_lock: Arc::new(tokio::sync::Mutex::new(())),
+            base: Mutex::new(None),
             steps: steps::Relay::default(),
             repl: std::sync::OnceLock::new(),
         }))
@@ -582,6 +586,30 @@ impl Controller {
             let took = started.elapsed() * 2;
             tokio::time::sleep(took.clamp(MIN_PASS_GAP, Duration::from_secs(2))).await;
         }
+    }
+
+    /// A pass's plan on `view` at `now`, from the base the last pass left (brought to
+    /// `view`: only nodes that changed are rebuilt), and the room after it. The same plan
+    /// as `sched::schedule` on `view` (sched's `base_updates_plan_as_a_fresh_build`).
+    fn plan_carried(
+        &self,
+        view: sched::ClusterView,
+        queue: &[sched::PendingJob],
+        cfg: &sched::SchedConfig,
+        now: i64,
+    ) -> (sched::Plan, GpuRoom) {
+        let mut base = self.base.lock();
+        let base = match base.as_mut() {
+            Some(b) => {
+                b.update(view, now);
+                b
+            }
+            None => base.insert(sched::Base::new(view, now)),
+        };
+        let plan = sched::schedule_from(base, queue, cfg);
+        let room =
+            gpuctl_core::policy::room_after(base.view(), Some(&plan), !plan.waiting.is_empty());
+        (plan, room)
     }
 
     /// What a pass plans from, after its start (`waiting`: its answer): the view of the

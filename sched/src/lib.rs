@@ -112,7 +112,7 @@ pub fn fgd_score(growth_milli: f64) -> f64 {
 }
 
 /// One job to start now.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Start {
     pub job: JobId,
     /// One per node (several for a gang job, in rank order).
@@ -120,14 +120,14 @@ pub struct Start {
 }
 
 /// Slots held for a blocked job from `start` on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Reservation {
     pub start: Millis,
     pub allocs: Vec<Alloc>,
 }
 
 /// Why a pending job does not start. `Display` gives the queue's REASON column.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Blocked {
     /// Resources it needs are in use by running jobs.
     Resources,
@@ -170,14 +170,14 @@ impl std::fmt::Display for Blocked {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Waiting {
     pub job: JobId,
     pub reason: Blocked,
     pub reservation: Option<Reservation>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Plan {
     pub starts: Vec<Start>,
     /// Every pending job not in `starts`, in rank order.

@@ -30,7 +30,7 @@ pub struct Caps {
 }
 
 /// Which cap a job would break.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Over {
     User {
         qos: String,

@@ -95,7 +95,7 @@ pub struct SlotUse {
 }
 
 /// What a job holds on one node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Alloc {
     pub node: String,
     pub slots: Vec<SlotUse>,

@@ -89,6 +89,7 @@ fn main() {
         pending + capacity,
         t.elapsed().as_secs_f64()
     );
+    let mut base: Option<gpuctl_sched::Base> = None;
     for k in 0..passes {
         let now = T0 + 1000 * (k as i64 + 1);
         // As the daemon takes it: four holds of its lock.
@@ -122,6 +123,43 @@ fn main() {
         let t = Instant::now();
         let plan = gpuctl_sched::schedule(&view, &queue, &cfg, now);
         let pass = t.elapsed();
+        // The same pass without expected starts: it stops reserving once no job left
+        // can start now (the same starts).
+        let quick_cfg = gpuctl_sched::SchedConfig {
+            expected_starts: false,
+            ..cfg.clone()
+        };
+        let t = Instant::now();
+        let quick = gpuctl_sched::schedule(&view, &queue, &quick_cfg, now);
+        let quick_ms = ms(t);
+        assert_eq!(quick.starts, plan.starts);
+        // From the base carried since the last pass (brought to this view), with and
+        // without expected starts: the same plans.
+        // (The daemon hands its view over; the copy is not timed.)
+        let copy = view.clone();
+        let t = Instant::now();
+        let refresh = match base.as_mut() {
+            Some(b) => b.update(copy, now),
+            None => {
+                base = Some(gpuctl_sched::Base::new(copy, now));
+                gpuctl_sched::Refresh::default()
+            }
+        };
+        let update_ms = ms(t);
+        let b = base.as_ref().expect("built");
+        let t = Instant::now();
+        let carried = gpuctl_sched::schedule_from(b, &queue, &cfg);
+        let carried_ms = ms(t);
+        let t = Instant::now();
+        let carried_quick = gpuctl_sched::schedule_from(b, &queue, &quick_cfg);
+        let carried_quick_ms = ms(t);
+        assert_eq!(carried, plan);
+        assert_eq!(carried_quick, quick);
+        println!(
+            "pass {k}: from the carried base (update {update_ms:.1} ms, {refresh:?}): {carried_ms:.0} ms, \
+             starts only {carried_quick_ms:.0} ms; a fresh build: {:.0} ms, starts only {quick_ms:.0} ms",
+            pass.as_secs_f64() * 1e3
+        );
         // Applied as the daemon applies it: starts 2,000 at a time (`START_PART`), the
         // waiting jobs' reasons 20,000 at a time (`PART`), then preemption; each a hold.
         let mut holds = Vec::new();

@@ -430,6 +430,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
             priority: true,
             heartbeat_ms: rung.opportunistic.then_some(30_000),
             mig_dynamic: false,
+            full_pass: false,
         };
         let out =
             crate::replay::replay_with(&nodes, &jobs, &config, &base, rung.name, epoch, usage);

@@ -89,6 +89,11 @@ pub struct Args {
     /// wait (`dynamic`, `gpud --mig dynamic`). Needs a MIG-capable model.
     #[arg(long, value_enum)]
     pub mig: Option<mig::MigMode>,
+    /// Plan every pass from a fresh build of every node's calendar, not from the base
+    /// carried from pass to pass (the daemon's way): the same plans (`plans_digest`),
+    /// slower.
+    #[arg(long)]
+    pub full_pass: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -117,6 +122,8 @@ pub struct Summary {
     pub pass_p50_ms: f64,
     pub pass_p99_ms: f64,
     pub pass_max_ms: f64,
+    /// A digest of every plan the replay made, in order (equal plans, equal digests).
+    pub plans_digest: String,
 }
 
 /// One sample of the utilisation timeline.
@@ -206,17 +213,63 @@ pub fn empty(config: &SchedConfig, base: &Config) -> Cluster {
 
 /// A pass, as the daemon runs it: its changing start, a plan on the state then, and the
 /// plan's entries (starts, waiting jobs' reasons, preemption).
-fn pass(c: &mut Logged, now: Millis) -> Effects {
+fn pass(c: &mut Logged, now: Millis, planning: &mut Planning) -> Effects {
     // The start also runs the lend pass (opportunistic jobs on lent GPUs).
     let (answer, mut effects) = c.apply(now, Change::Prepare);
     let Ok(Applied::Prepared(waiting)) = answer else {
         unreachable!("a pass's start answers the jobs it leaves out");
     };
-    let plan = sched::schedule(&c.view(), &c.queue(&waiting), &c.pass_config(now), now);
+    let plan = planning.plan(c.view(), &c.queue(&waiting), &c.pass_config(now), now);
     for entry in gpuctl_core::log::plan_entries(&plan, usize::MAX, now) {
         effects.merge(c.apply(now, entry.change).1);
     }
     effects
+}
+
+/// How the replay's passes plan: from the base carried from pass to pass, as the daemon
+/// does (`sched::Base`), or from a fresh build of every node's calendar each time (the
+/// check: `Usage::full_pass`); and a digest of every plan, in order.
+struct Planning {
+    full: bool,
+    base: Option<sched::Base>,
+    digest: std::hash::DefaultHasher,
+}
+
+impl Planning {
+    fn new(full: bool) -> Planning {
+        Planning {
+            full,
+            base: None,
+            digest: std::hash::DefaultHasher::new(),
+        }
+    }
+
+    fn plan(
+        &mut self,
+        view: sched::ClusterView,
+        queue: &[sched::PendingJob],
+        config: &SchedConfig,
+        now: Millis,
+    ) -> sched::Plan {
+        let plan = if self.full {
+            sched::schedule(&view, queue, config, now)
+        } else {
+            let base = match self.base.as_mut() {
+                Some(b) => {
+                    b.update(view, now);
+                    b
+                }
+                None => self.base.insert(sched::Base::new(view, now)),
+            };
+            sched::schedule_from(base, queue, config)
+        };
+        std::hash::Hash::hash(&(now, &plan), &mut self.digest);
+        plan
+    }
+
+    fn digest(&self) -> String {
+        format!("{:016x}", std::hash::Hasher::finish(&self.digest))
+    }
 }
 
 /// A trace job as a job file would ask for it.
@@ -379,6 +432,7 @@ fn run(
     let mut first_start: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut records = Vec::new();
     let mut pending = 0usize;
+    let mut planning = Planning::new(usage.full_pass);
     let mut sim = agents::SimAgents::new(usage);
     let mut next = 0usize;
     let first_submit = now;
@@ -425,7 +479,7 @@ fn run(
         }
         if pending > 0 && eventful {
             let t0 = Instant::now();
-            let effects = pass(&mut c, now);
+            let effects = pass(&mut c, now, &mut planning);
             tally.pass_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
             for j in sim.deliver(&mut c, effects.sends, &by_id, now) {
                 pending -= 1;
@@ -486,7 +540,8 @@ fn run(
         jobs: feasible.len(),
         infeasible,
     };
-    let (summary, samples, users) = summarize(tally, &span, policy, &config.policy.to_string());
+    let (mut summary, samples, users) = summarize(tally, &span, policy, &config.policy.to_string());
+    summary.plans_digest = planning.digest();
     let outcome = Outcome {
         summary,
         samples,
@@ -582,6 +637,7 @@ fn summarize(
         pass_p50_ms: super::percentile(&ps, 50.0),
         pass_p99_ms: super::percentile(&ps, 99.0),
         pass_max_ms: ps.last().copied().unwrap_or(0.0),
+        plans_digest: String::new(),
     };
     (summary, samples, users)
 }
@@ -637,6 +693,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     }
     let usage = agents::Usage {
         mig_dynamic: a.mig == Some(mig::MigMode::Dynamic),
+        full_pass: a.full_pass,
         ..agents::Usage::default()
     };
     std::fs::create_dir_all(&a.out)

@@ -38,7 +38,7 @@ pub struct Profile {
     pub memory_mib: u64,
 }
 
-/// The jobs' profiles (by trace id) and how the agents run them.
+/// The jobs' profiles (by trace id), how the agents run them, and how the replay plans.
 #[derive(Debug, Clone, Default)]
 pub struct Usage {
     pub profiles: HashMap<u64, Profile>,
@@ -49,6 +49,8 @@ pub struct Usage {
     /// The agents let the controller change their GPUs' MIG layouts (`gpud --mig
     /// dynamic`): they carry out its changes and attach again.
     pub mig_dynamic: bool,
+    /// Each pass plans from a fresh build of the calendars (`replay --full-pass`).
+    pub full_pass: bool,
 }
 
 /// One instance that ran: whose, when, how much, and whether it finished its work.

@@ -171,11 +171,10 @@ impl Controller {
         let now = now_ms();
         let started = std::time::Instant::now();
         let plan_apply = move |ctl: &Controller| {
-            let plan = sched::schedule(&view, &queue, &cfg, now);
+            let (plan, room) = ctl.plan_carried(view, &queue, &cfg, now);
             ctl.metrics
                 .pass_seconds
                 .observe(started.elapsed().as_secs_f64());
-            let room = room_after(&view, Some(&plan), !plan.waiting.is_empty());
             ctl.apply_plan(&plan, room, now, inline)
         };
         let out = if inline {

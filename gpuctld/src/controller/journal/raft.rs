@@ -15,7 +15,6 @@ use gpuctl_core::ops::Admission;
 use gpuctl_core::policy::{GpuRoom, room_after};
 use gpuctl_core::{Cluster, Effects, Refusal};
 use gpuctl_proto as pb;
-use gpuctl_sched as sched;
 use openraft::error::ClientWriteError;
 use openraft::{BasicNode, Raft, ServerState};
 use prost::Message as _;
@@ -326,13 +325,11 @@ impl Controller {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        let (plan, room) = tokio::task::spawn_blocking(move || {
-            let plan = sched::schedule(&view, &queue, &cfg, now);
-            let room = room_after(&view, Some(&plan), !plan.waiting.is_empty());
-            (plan, room)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("a pass panicked: {e}")))?;
+        let ctl = self.clone();
+        let (plan, room) =
+            tokio::task::spawn_blocking(move || ctl.plan_carried(view, &queue, &cfg, now))
+                .await
+                .map_err(|e| Status::internal(format!("a pass panicked: {e}")))?;
         self.metrics
             .pass_seconds
             .observe(started.elapsed().as_secs_f64());
