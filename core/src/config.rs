@@ -403,6 +403,12 @@ pub struct SchedulerConfig {
     /// Best-fit/FGD score at most this many feasible nodes per job (0 = all).
     #[serde(deserialize_with = "zero_is_all")]
     pub max_scored_nodes: Option<usize>,
+    /// How often a pass plans every waiting job (reservations, so expected starts:
+    /// `queue --start`), like Slurm's `bf_interval`. The passes in between stop once no
+    /// job left can start now (the same starts) and leave the rest's expected starts as
+    /// the last full pass gave them. Zero: every pass.
+    #[serde(with = "humantime_serde")]
+    pub expected_starts_every: Duration,
     pub priority: PriorityWeights,
 }
 
@@ -418,6 +424,7 @@ impl Default for SchedulerConfig {
             backfill: true,
             reservation_depth: None,
             max_scored_nodes: Some(64),
+            expected_starts_every: Duration::from_secs(10),
             priority: PriorityWeights::default(),
         }
     }

@@ -117,7 +117,7 @@ pub enum Change {
 }
 
 /// Why a job of a pass's plan waits (the queue's REASON), and when it is expected to
-/// start (Unix ms; 0: not known).
+/// start (Unix ms; 0: not known; `KEEP_START`: as the last pass that planned it said).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Wait {
     pub job: u64,
@@ -133,7 +133,22 @@ impl Wait {
             expected_start_ms: w.reservation.as_ref().map_or(0, |r| r.start),
         }
     }
+
+    /// Every waiting job of `plan`: those it did not plan (it stopped once nothing
+    /// else could start, `sched::Plan::unplanned`) wait for resources and keep the
+    /// expected start a pass that planned them gave.
+    pub fn all_of(plan: &sched::Plan) -> Vec<Wait> {
+        let (planned, unplanned) = plan.planned_and_not();
+        let kept = unplanned.iter().map(|w| Wait {
+            expected_start_ms: KEEP_START,
+            ..Wait::of(w)
+        });
+        planned.iter().map(Wait::of).chain(kept).collect()
+    }
 }
+
+/// A `Wait`'s expected start that leaves the job's as it is.
+pub const KEEP_START: i64 = -1;
 
 /// What a hold, release or requeue does to its job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -327,8 +342,8 @@ impl Cluster {
 pub fn plan_entries(plan: &sched::Plan, part: usize, at: i64) -> Vec<Entry> {
     let part = part.max(1);
     let starts = (plan.starts.chunks(part)).map(|p| Entry::new(at, Change::Starts(p.to_vec())));
-    let waiting = (plan.waiting.chunks(part))
-        .map(|p| Entry::new(at, Change::Waiting(p.iter().map(Wait::of).collect())));
+    let waits = Wait::all_of(plan);
+    let waiting = (waits.chunks(part)).map(|p| Entry::new(at, Change::Waiting(p.to_vec())));
     starts
         .chain(waiting)
         .chain(std::iter::once(Entry::new(

@@ -428,7 +428,9 @@ impl Cluster {
                 if j.reason != w.reason && !preempted {
                     j.reason = w.reason.to_string();
                 }
-                j.expected_start_ms = w.expected_start_ms;
+                if w.expected_start_ms != crate::log::KEEP_START {
+                    j.expected_start_ms = w.expected_start_ms;
+                }
             });
         }
     }

@@ -285,6 +285,8 @@ pub struct Controller {
     /// What the last pass planned from (`sched::Base`): the next rebuilds only the
     /// calendars of the nodes that changed. Used under `pass_lock` alone.
     base: Mutex<Option<sched::Base>>,
+    /// When a pass last planned every waiting job (`expected_starts_every`).
+    planned_all_ms: std::sync::atomic::AtomicI64,
     /// Steps opened from outside their jobs, waiting for their agents.
     steps: steps::Relay,
     /// On Raft (`--peers`): this controller's part; unset with one controller. Read
@@ -388,6 +390,7 @@ impl Controller {
             last_pass_us: AtomicU64::new(u64::MAX),
             pass_lock: Arc::new(tokio::sync::Mutex::new(())),
             base: Mutex::new(None),
+            planned_all_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
             steps: steps::Relay::default(),
             repl: std::sync::OnceLock::new(),
         }))
@@ -637,7 +640,15 @@ impl Controller {
                 None => break,
             }
         }
-        let cfg = self.step(inline, |c| c.pass_config(now));
+        let mut cfg = self.step(inline, |c| c.pass_config(now));
+        // Every waiting job planned (expected starts) at most every so often; the
+        // passes between stop once nothing else can start (the same starts).
+        let every = self.config().scheduler.expected_starts_every.as_millis() as i64;
+        let last = self.planned_all_ms.load(Ordering::Relaxed);
+        cfg.expected_starts = now.saturating_sub(last) >= every || now < last;
+        if cfg.expected_starts {
+            self.planned_all_ms.store(now, Ordering::Relaxed);
+        }
         (queue, view, cfg)
     }
 

@@ -182,11 +182,23 @@ pub struct Plan {
     pub starts: Vec<Start>,
     /// Every pending job not in `starts`, in rank order.
     pub waiting: Vec<Waiting>,
+    /// How many of `waiting`'s last entries the pass did not plan: without expected
+    /// starts it stops once no job left can start now, and lists the rest as waiting
+    /// for resources, without reservations (their reasons are `Resources`, whatever a
+    /// pass with expected starts would find).
+    pub unplanned: usize,
 }
 
 impl Plan {
     pub fn waiting(&self, job: JobId) -> Option<&Waiting> {
         self.waiting.iter().find(|w| w.job == job)
+    }
+
+    /// The waiting jobs the pass planned (a reason of their own, a reservation where
+    /// they have one), and those it did not (see `unplanned`).
+    pub fn planned_and_not(&self) -> (&[Waiting], &[Waiting]) {
+        self.waiting
+            .split_at(self.waiting.len().saturating_sub(self.unplanned))
     }
 }
 

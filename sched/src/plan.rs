@@ -41,6 +41,7 @@ pub(super) fn plan(
                         reason: Blocked::Resources,
                         reservation: None,
                     }));
+                plan.unplanned = ranked.len() - rank;
                 break;
             }
         }

@@ -768,8 +768,10 @@ proptest! {
         }
     }
 
-    /// A pass that stops reserving once nothing else can start (the replay's mode)
-    /// starts exactly the same jobs in the same places.
+    /// A pass that stops reserving once nothing else can start (the replay's mode, and
+    /// the controller's between expected starts) starts exactly the same jobs in the
+    /// same places, and gives the jobs it planned before it stopped what the full pass
+    /// gives them.
     #[test]
     fn starts_only_gives_the_same_starts(c in arb_cluster(), q in arb_queue(), p in arb_policy(), backfill in any::<bool>()) {
         let full = SchedConfig { backfill, ..cfg(p) };
@@ -778,6 +780,11 @@ proptest! {
         let b = schedule(&c, &q, &quick, 0);
         prop_assert_eq!(&a.starts, &b.starts);
         prop_assert_eq!(a.starts.len() + b.waiting.len(), q.len());
+        // What it planned before it stopped is the full pass's, entry for entry.
+        let (planned, unplanned) = b.planned_and_not();
+        prop_assert_eq!(planned, &a.waiting[..planned.len()]);
+        prop_assert_eq!(a.unplanned, 0);
+        prop_assert!(unplanned.iter().all(|w| w.reason == Blocked::Resources && w.reservation.is_none()));
     }
 
     /// `explain` recomputes a job's turn with no caches and every node looked at; its

@@ -171,9 +171,9 @@ fn main() {
             // Outside the lock in the daemon.
             effects.merge(part);
         }
-        for part in plan.waiting.chunks(20_000) {
+        for part in gpuctl_core::log::Wait::all_of(&plan).chunks(20_000) {
             let t = Instant::now();
-            let part: Vec<_> = part.iter().map(gpuctl_core::log::Wait::of).collect();
+            let part = part.to_vec();
             c.annotate_waiting(&part);
             holds.push(ms(t));
         }

@@ -72,6 +72,7 @@ fn usage(heartbeats: bool) -> Usage {
         priority: true,
         heartbeat_ms: heartbeats.then_some(30 * S),
         mig_dynamic: false,
+        full_pass: false,
     }
 }
 

@@ -227,6 +227,9 @@ fn reservation_holds_while_small_jobs_backfill() {
     // The big job needs both GPUs: it waits for `a` and reserves both from a's end.
     let big = c.submit("big.toml", &job("big", 2, "10m", 5));
     assert!(wait_for(T, || c.job(big)["reason"] == "Resources"));
+    // Its expected start comes with the next pass that plans every waiting job
+    // (`expected_starts_every`, 10 s; the passes between stop once nothing can start).
+    assert!(wait_for(T, || c.job(big)["expected_start"].is_string()));
     let a_start = c.job(a)["start_time"].as_str().unwrap().to_string();
     let expected = c.job(big)["expected_start"].as_str().unwrap().to_string();
     assert!(expected > a_start, "{expected} vs {a_start}");

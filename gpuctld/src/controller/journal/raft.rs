@@ -340,8 +340,8 @@ impl Controller {
                     .await?,
             );
         }
-        for part in plan.waiting.chunks(crate::controller::PART) {
-            let waiting = Change::Waiting(part.iter().map(Wait::of).collect());
+        for part in Wait::all_of(&plan).chunks(crate::controller::PART) {
+            let waiting = Change::Waiting(part.to_vec());
             pending.push(self.send_proposal(now, waiting).await?);
         }
         let candidates = gpuctl_core::policy::preempt_candidates(&plan);
