@@ -285,8 +285,10 @@ pub struct Controller {
     /// What the last pass planned from (`sched::Base`): the next rebuilds only the
     /// calendars of the nodes that changed. Used under `pass_lock` alone.
     base: Mutex<Option<sched::Base>>,
-    /// When a pass last planned every waiting job (`expected_starts_every`).
+    /// When a pass last planned every waiting job (`expected_starts_every`), and
+    /// whether the last pass left jobs it did not plan.
     planned_all_ms: std::sync::atomic::AtomicI64,
+    unplanned_left: std::sync::atomic::AtomicBool,
     /// Steps opened from outside their jobs, waiting for their agents.
     steps: steps::Relay,
     /// On Raft (`--peers`): this controller's part; unset with one controller. Read
@@ -391,6 +393,7 @@ impl Controller {
             pass_lock: Arc::new(tokio::sync::Mutex::new(())),
             base: Mutex::new(None),
             planned_all_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
+            unplanned_left: std::sync::atomic::AtomicBool::new(false),
             steps: steps::Relay::default(),
             repl: std::sync::OnceLock::new(),
         }))
@@ -564,11 +567,23 @@ impl Controller {
                     None => std::future::pending().await,
                 }
             };
+            // A pass left jobs it did not plan: the next that plans every waiting job
+            // comes within `expected_starts_every`, whatever `sched_interval` is.
+            let full = async {
+                match self.full_pass_due_ms() {
+                    Some(ms) => {
+                        let wait = u64::try_from(ms - now_ms()).unwrap_or(0);
+                        tokio::time::sleep(Duration::from_millis(wait)).await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tick.tick() => {}
                 () = deferred => {}
                 () = begun => {}
+                () = full => {}
                 _ = self.defer.notified() => {
                     due.get_or_insert_with(|| tokio::time::Instant::now() + DEFERRED_PASS);
                     continue;
@@ -610,9 +625,21 @@ impl Controller {
             None => base.insert(sched::Base::new(view, now)),
         };
         let plan = sched::schedule_from(base, queue, cfg);
+        self.unplanned_left
+            .store(plan.unplanned > 0, Ordering::Relaxed);
         let room =
             gpuctl_core::policy::room_after(base.view(), Some(&plan), !plan.waiting.is_empty());
         (plan, room)
+    }
+
+    /// When the next pass that plans every waiting job is due, if the last pass left
+    /// some it did not plan.
+    fn full_pass_due_ms(&self) -> Option<i64> {
+        let every = self.config().scheduler.expected_starts_every.as_millis() as i64;
+        let last = self.planned_all_ms.load(Ordering::Relaxed);
+        self.unplanned_left
+            .load(Ordering::Relaxed)
+            .then(|| last.saturating_add(every))
     }
 
     /// What a pass plans from, after its start (`waiting`: its answer): the view of the
