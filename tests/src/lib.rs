@@ -738,7 +738,11 @@ pub fn bench_arg(name: &str, default: u64) -> u64 {
 
 /// For the benchmarks: builds `packages` in release mode and returns the directory of
 /// the binaries (the tests use debug builds; numbers come from release ones).
+/// `GPUCTL_BENCH_BINS=DIR` takes DIR's binaries instead (another build, to compare).
 pub fn release_bins(packages: &[&str]) -> PathBuf {
+    if let Some(dir) = std::env::var_os("GPUCTL_BENCH_BINS") {
+        return std::fs::canonicalize(dir).expect("GPUCTL_BENCH_BINS");
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(["build", "--release", "--quiet"])
