@@ -132,7 +132,9 @@ impl Base {
                 .iter()
                 .zip(&self.view.nodes)
                 .all(|(a, b)| a.name == b.name);
-        if !same_nodes || now < self.now || !by_job(&view.running) {
+        // The merge needs both lists in job order (the held one may not be, when a
+        // caller's was not).
+        if !same_nodes || now < self.now || !by_job(&view.running) || !by_job(&self.view.running) {
             self.rebuild_all(view, now);
             return Refresh {
                 all: true,

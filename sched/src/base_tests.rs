@@ -162,4 +162,13 @@ fn an_update_rebuilds_what_changed() {
             nodes: 2
         }
     );
+    // Claims out of job order (held or new) cannot be merged: all are rebuilt.
+    c.running.reverse();
+    assert!(base.update(c.clone(), 2 * H).all);
+    c.running.reverse();
+    assert!(
+        base.update(c.clone(), 2 * H).all,
+        "the held claims were out of order"
+    );
+    assert!(!base.update(c.clone(), 2 * H).all);
 }
