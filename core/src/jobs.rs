@@ -474,13 +474,32 @@ impl Jobs {
         let s = self.get_mut(id)?;
         let before = s.job.state;
         let asked = requested(s).clone();
+        let keys = (owner(&s.job).to_string(), name(&s.job).to_string());
         let r = f(s);
         assert_eq!(s.job.state, before, "job {id}: edit changed its state");
+        debug_assert!(
+            keys.0 == owner(&s.job) && keys.1 == name(&s.job),
+            "job {id}: edit changed what it is indexed by (use `replace`)"
+        );
         if *requested(s) != asked {
             self.revision += 1;
         }
         self.changes.put.insert(id);
         Some(r)
+    }
+
+    /// Puts `stored` in place of the job of its id, every index following (a changed
+    /// name, owner, partition or limit: `gpuctl update`), and records it as changed.
+    /// The state must stay as it is: that is `transition`'s alone.
+    pub(crate) fn replace(&mut self, stored: Record) {
+        let id = stored.job.id;
+        debug_assert_eq!(
+            self.get(id).map(|s| s.job.state),
+            Some(stored.job.state),
+            "job {id}: replace changed its state"
+        );
+        self.insert(stored);
+        self.changes.put.insert(id);
     }
 
     /// Sets what a pending job shows while it waits (its reason and expected start):

@@ -123,10 +123,11 @@ impl Cluster {
         } else {
             Vec::new()
         };
-        self.jobs.edit(id, |s| {
-            s.job.spec = spec;
-            s.job.time_limit_secs = limit;
-        });
+        // A new name (or partition) is indexed anew: `replace`, not `edit`.
+        let mut stored = self.jobs.get(id).expect("looked up above").clone();
+        stored.job.spec = spec;
+        stored.job.time_limit_secs = limit;
+        self.jobs.replace(stored);
         tracing::info!(job = id, by = %actor.user, ?update, "job updated");
         let mut effects = Effects::wake();
         effects.sends = sends;

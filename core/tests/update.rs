@@ -150,6 +150,12 @@ fn names_comments_and_nice_are_checked_as_at_submit() {
     };
     c.update_job(&alice(), id, &named("eval")).unwrap();
     assert_eq!(job_spec(&c, id).name, "eval");
+    // Found by its new name (`queue --name`), no more by its old one.
+    let named_ids =
+        |c: &Cluster, n: &str| -> Vec<u64> { c.jobs().active_named(n).map(|s| s.job.id).collect() };
+    assert_eq!(named_ids(&c, "eval"), [id]);
+    assert!(named_ids(&c, "train").is_empty());
+    checked(&c);
     let e = c
         .update_job(&alice(), id, &named("a\u{1b}[2Jb"))
         .unwrap_err();

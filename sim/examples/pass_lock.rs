@@ -187,7 +187,7 @@ fn main() {
         let room_ms = ms(t);
         let _ = c.take_changes();
         println!(
-            "pass {k}: {n} queued, {} started; under the lock: prepare {prepare:.0} ms, view {view_ms:.0} ms in {} holds (longest {view_longest:.0} ms), \
+            "pass {k}: holds {holds:.1?}; {n} queued, {} started; under the lock: prepare {prepare:.0} ms, view {view_ms:.0} ms in {} holds (longest {view_longest:.0} ms), \
              queue {queue_ms:.0} ms, config {config_ms:.0} ms, apply {:.0} ms in {} holds (longest {:.0} ms); \
              the pass itself {:.0} ms; after it, outside the lock, the room {room_ms:.1} ms ({room:?})",
             plan.starts.len(),
