@@ -140,6 +140,9 @@ pub struct Jobs {
     by_node: HashMap<String, BTreeSet<u64>>,
     /// PENDING jobs per user (for `max_pending_per_user`).
     pending_by_user: HashMap<String, usize>,
+    /// PENDING jobs per QoS level (the few that may preempt, found without a look at
+    /// every waiting job: `Cluster::preempt_for`).
+    pending_by_qos: HashMap<String, BTreeSet<u64>>,
     /// PENDING and RUNNING jobs per user (a user's queue, `gpuctl queue -u`/`--me`,
     /// without a walk over every job).
     active_by_user: HashMap<String, BTreeSet<u64>>,
@@ -319,6 +322,11 @@ impl Jobs {
     }
 
     /// PENDING and RUNNING jobs named `name`, by id.
+    /// The PENDING jobs of a QoS level, by id.
+    pub fn pending_of_qos(&self, qos: &str) -> impl Iterator<Item = u64> + '_ {
+        self.pending_by_qos.get(qos).into_iter().flatten().copied()
+    }
+
     pub fn active_named(&self, name: &str) -> impl Iterator<Item = &Record> {
         self.live_in(self.active_by_name.get(name))
     }
@@ -384,6 +392,10 @@ impl Jobs {
                     .pending_by_user
                     .entry(owner(j).to_string())
                     .or_default() += 1;
+                self.pending_by_qos
+                    .entry(j.spec.qos.clone())
+                    .or_default()
+                    .insert(j.id);
                 if has_deps(j) {
                     self.with_deps.insert(j.id);
                 }
@@ -448,6 +460,13 @@ impl Jobs {
             if *n == 0 {
                 self.pending_by_user.remove(owner(j));
             }
+        }
+        if j.state == JobState::Pending
+            && let Some(ids) = self.pending_by_qos.get_mut(&j.spec.qos)
+            && ids.remove(&j.id)
+            && ids.is_empty()
+        {
+            self.pending_by_qos.remove(&j.spec.qos);
         }
         if !s.request_id.is_empty() {
             self.requests
@@ -636,6 +655,11 @@ impl Jobs {
             "pending_by_user",
             &fresh.pending_by_user,
             &self.pending_by_user,
+        )?;
+        same(
+            "pending_by_qos",
+            &fresh.pending_by_qos,
+            &self.pending_by_qos,
         )?;
         same("finished", &fresh.finished, &self.finished)?;
         same("running", &fresh.running, &self.running)?;

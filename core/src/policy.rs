@@ -123,9 +123,22 @@ impl Cluster {
             return;
         }
         // Few waiting jobs may preempt: find them before the fair-share table (the
-        // table costs as much as the lookups of every waiting job).
+        // table costs as much as the lookups of every waiting job). When only QoS
+        // levels preempt (no open window's floor, no lender), the pending jobs of those
+        // levels are looked up from their index, not every candidate (a pass's waiting
+        // jobs at 100,000 pending: 27 ms under the lock, at 25,000 nodes).
+        let mut by_qos: Option<std::collections::HashSet<u64>> = None;
+        if pc.by_account.is_empty() && pc.by_partition.is_empty() && pc.lenders.is_empty() {
+            let ids = (pc.preempts.keys()).flat_map(|q| self.jobs.pending_of_qos(q));
+            let ids: std::collections::HashSet<u64> = ids.collect();
+            if ids.is_empty() {
+                return;
+            }
+            by_qos = Some(ids);
+        }
         let may: Vec<&Job> = candidates
             .iter()
+            .filter(|id| by_qos.as_ref().is_none_or(|ids| ids.contains(id)))
             .filter_map(|&id| self.jobs.job(id))
             .filter(|j| {
                 let s = &j.spec;
