@@ -124,7 +124,17 @@ pub fn read_jobs(
     let headers = rdr.headers()?.clone();
     let ms = |s: f64| (s * 1000.0).round() as Millis;
     let mut jobs = Vec::new();
-    if headers.iter().any(|h| h == "creation_time") {
+    let has = |name: &str| headers.iter().any(|h| h == name);
+    if has("num_gpu") && has("gpu_milli") && !has("creation_time") && !has("submit_time") {
+        bail!(
+            "{}: an Alibaba pod list without times (no creation_time, deletion_time, \
+             scheduled_time): the inflation experiment's input (`gpuctld simulate inflation \
+             --pods`), not a time replay's; replay a pod list with times (e.g. \
+             openb_pod_list_default.csv) or a jobs CSV (docs/simulator.md)",
+            path.display()
+        );
+    }
+    if has("creation_time") {
         let pods = crate::trace::read_pods(path)?;
         let start = pods
             .iter()
@@ -246,4 +256,33 @@ pub(super) fn gpus_of(n: &NodeView) -> Vec<Gpu> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pod list without times (the inflation experiment's `multigpu*` files) is
+    /// refused as what it is, not with csv's "missing field `submit_time`".
+    #[test]
+    fn a_pod_list_without_times_is_refused_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pods.csv");
+        std::fs::write(
+            &path,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nopenb-pod-0000,12000,16384,1,1000\n",
+        )
+        .unwrap();
+        let e = read_jobs(&path, 1.0, 2.0, 8).unwrap_err().to_string();
+        assert!(e.contains("pod list without times"), "{e}");
+        assert!(e.contains("simulate inflation"), "{e}");
+        // With times it is read.
+        std::fs::write(
+            &path,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+             openb-pod-0000,12000,16384,1,1000,,LS,Running,100,700,100\n",
+        )
+        .unwrap();
+        assert_eq!(read_jobs(&path, 1.0, 2.0, 8).unwrap().len(), 1);
+    }
 }
