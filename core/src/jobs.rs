@@ -321,12 +321,12 @@ impl Jobs {
         self.live_in(self.active_by_user.get(user))
     }
 
-    /// PENDING and RUNNING jobs named `name`, by id.
     /// The PENDING jobs of a QoS level, by id.
     pub fn pending_of_qos(&self, qos: &str) -> impl Iterator<Item = u64> + '_ {
         self.pending_by_qos.get(qos).into_iter().flatten().copied()
     }
 
+    /// PENDING and RUNNING jobs named `name`, by id.
     pub fn active_named(&self, name: &str) -> impl Iterator<Item = &Record> {
         self.live_in(self.active_by_name.get(name))
     }
@@ -493,10 +493,13 @@ impl Jobs {
         let s = self.get_mut(id)?;
         let before = s.job.state;
         let asked = requested(s).clone();
+        // What it is indexed by, checked in debug builds only (edits are on hot paths).
+        #[cfg(debug_assertions)]
         let keys = (owner(&s.job).to_string(), name(&s.job).to_string());
         let r = f(s);
         assert_eq!(s.job.state, before, "job {id}: edit changed its state");
-        debug_assert!(
+        #[cfg(debug_assertions)]
+        assert!(
             keys.0 == owner(&s.job) && keys.1 == name(&s.job),
             "job {id}: edit changed what it is indexed by (use `replace`)"
         );

@@ -145,6 +145,16 @@ impl Wait {
         });
         planned.iter().map(Wait::of).chain(kept).collect()
     }
+
+    /// `all_of` in parts of at most `part` (each a `Change::Waiting`).
+    pub fn parts_of(plan: &sched::Plan, part: usize) -> impl Iterator<Item = Vec<Wait>> {
+        let mut all = Wait::all_of(plan).into_iter();
+        let part = part.max(1);
+        std::iter::from_fn(move || {
+            let next: Vec<Wait> = all.by_ref().take(part).collect();
+            (!next.is_empty()).then_some(next)
+        })
+    }
 }
 
 /// A `Wait`'s expected start that leaves the job's as it is.
@@ -342,8 +352,7 @@ impl Cluster {
 pub fn plan_entries(plan: &sched::Plan, part: usize, at: i64) -> Vec<Entry> {
     let part = part.max(1);
     let starts = (plan.starts.chunks(part)).map(|p| Entry::new(at, Change::Starts(p.to_vec())));
-    let waits = Wait::all_of(plan);
-    let waiting = (waits.chunks(part)).map(|p| Entry::new(at, Change::Waiting(p.to_vec())));
+    let waiting = Wait::parts_of(plan, part).map(|p| Entry::new(at, Change::Waiting(p)));
     starts
         .chain(waiting)
         .chain(std::iter::once(Entry::new(

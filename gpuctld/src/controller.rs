@@ -284,7 +284,7 @@ pub struct Controller {
     pass_lock: Arc<tokio::sync::Mutex<()>>,
     /// What the last pass planned from (`sched::Base`): the next rebuilds only the
     /// calendars of the nodes that changed. Used under `pass_lock` alone.
-    base: Mutex<Option<sched::Base>>,
+    base: Mutex<sched::Base>,
     /// When a pass last planned every waiting job (`expected_starts_every`), and
     /// whether the last pass left jobs it did not plan.
     planned_all_ms: std::sync::atomic::AtomicI64,
@@ -391,7 +391,7 @@ impl Controller {
             // The first pass (perhaps over a large recovered queue) on the blocking pool.
             last_pass_us: AtomicU64::new(u64::MAX),
             pass_lock: Arc::new(tokio::sync::Mutex::new(())),
-            base: Mutex::new(None),
+            base: Mutex::new(sched::Base::default()),
             planned_all_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
             unplanned_left: std::sync::atomic::AtomicBool::new(false),
             steps: steps::Relay::default(),
@@ -617,14 +617,8 @@ impl Controller {
         now: i64,
     ) -> (sched::Plan, GpuRoom) {
         let mut base = self.base.lock();
-        let base = match base.as_mut() {
-            Some(b) => {
-                b.update(view, now);
-                b
-            }
-            None => base.insert(sched::Base::new(view, now)),
-        };
-        let plan = sched::schedule_from(base, queue, cfg);
+        base.update(view, now);
+        let plan = sched::schedule_from(&base, queue, cfg);
         self.unplanned_left
             .store(plan.unplanned > 0, Ordering::Relaxed);
         let room =
@@ -635,11 +629,14 @@ impl Controller {
     /// When the next pass that plans every waiting job is due, if the last pass left
     /// some it did not plan.
     fn full_pass_due_ms(&self) -> Option<i64> {
+        (self.unplanned_left.load(Ordering::Relaxed)).then(|| self.planned_all_due_ms())
+    }
+
+    /// When a pass plans every waiting job again (`expected_starts_every` after the
+    /// last that did).
+    fn planned_all_due_ms(&self) -> i64 {
         let every = self.config().scheduler.expected_starts_every.as_millis() as i64;
-        let last = self.planned_all_ms.load(Ordering::Relaxed);
-        self.unplanned_left
-            .load(Ordering::Relaxed)
-            .then(|| last.saturating_add(every))
+        (self.planned_all_ms.load(Ordering::Relaxed)).saturating_add(every)
     }
 
     /// What a pass plans from, after its start (`waiting`: its answer): the view of the
@@ -670,9 +667,8 @@ impl Controller {
         let mut cfg = self.step(inline, |c| c.pass_config(now));
         // Every waiting job planned (expected starts) at most every so often; the
         // passes between stop once nothing else can start (the same starts).
-        let every = self.config().scheduler.expected_starts_every.as_millis() as i64;
         let last = self.planned_all_ms.load(Ordering::Relaxed);
-        cfg.expected_starts = now.saturating_sub(last) >= every || now < last;
+        cfg.expected_starts = now >= self.planned_all_due_ms() || now < last;
         if cfg.expected_starts {
             self.planned_all_ms.store(now, Ordering::Relaxed);
         }

@@ -96,15 +96,22 @@ pub struct Refresh {
     pub nodes: usize,
 }
 
-impl Base {
-    pub fn new(view: ClusterView, now: Millis) -> Base {
-        let mut base = Base {
+/// A base of no nodes: its first `update` builds every calendar.
+impl Default for Base {
+    fn default() -> Base {
+        Base {
             view: ClusterView::default(),
-            now,
+            now: Millis::MIN,
             cals: Vec::new(),
             first_end: Vec::new(),
             running_node: Vec::new(),
-        };
+        }
+    }
+}
+
+impl Base {
+    pub fn new(view: ClusterView, now: Millis) -> Base {
+        let mut base = Base::default();
         base.rebuild_all(view, now);
         base
     }
@@ -238,15 +245,12 @@ impl Base {
             .map(|r| *index.get(r.alloc.node.as_str()).unwrap_or(&usize::MAX))
             .collect();
         drop(index);
-        self.first_end = vec![Millis::MAX; view.nodes.len()];
-        for (r, &i) in view.running.iter().zip(&self.running_node) {
-            if let Some(e) = self.first_end.get_mut(i) {
-                *e = (*e).min(r.end_ms);
-            }
-        }
-        self.cals = held_calendars(&view, now);
+        let n = view.nodes.len();
+        self.cals = vec![Calendar::default(); n];
+        self.first_end = vec![Millis::MAX; n];
         self.view = view;
         self.now = now;
+        self.rebuild(&vec![true; n]);
     }
 }
 

@@ -89,7 +89,7 @@ fn main() {
         pending + capacity,
         t.elapsed().as_secs_f64()
     );
-    let mut base: Option<gpuctl_sched::Base> = None;
+    let mut base = gpuctl_sched::Base::default();
     for k in 0..passes {
         let now = T0 + 1000 * (k as i64 + 1);
         // As the daemon takes it: four holds of its lock.
@@ -138,15 +138,9 @@ fn main() {
         // (The daemon hands its view over; the copy is not timed.)
         let copy = view.clone();
         let t = Instant::now();
-        let refresh = match base.as_mut() {
-            Some(b) => b.update(copy, now),
-            None => {
-                base = Some(gpuctl_sched::Base::new(copy, now));
-                gpuctl_sched::Refresh::default()
-            }
-        };
+        let refresh = base.update(copy, now);
         let update_ms = ms(t);
-        let b = base.as_ref().expect("built");
+        let b = &base;
         let t = Instant::now();
         let carried = gpuctl_sched::schedule_from(b, &queue, &cfg);
         let carried_ms = ms(t);
@@ -171,9 +165,8 @@ fn main() {
             // Outside the lock in the daemon.
             effects.merge(part);
         }
-        for part in gpuctl_core::log::Wait::all_of(&plan).chunks(20_000) {
+        for part in gpuctl_core::log::Wait::parts_of(&plan, 20_000) {
             let t = Instant::now();
-            let part = part.to_vec();
             c.annotate_waiting(&part);
             holds.push(ms(t));
         }

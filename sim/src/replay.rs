@@ -231,7 +231,7 @@ fn pass(c: &mut Logged, now: Millis, planning: &mut Planning) -> Effects {
 /// check: `Usage::full_pass`); and a digest of every plan, in order.
 struct Planning {
     full: bool,
-    base: Option<sched::Base>,
+    base: sched::Base,
     digest: std::hash::DefaultHasher,
 }
 
@@ -239,7 +239,7 @@ impl Planning {
     fn new(full: bool) -> Planning {
         Planning {
             full,
-            base: None,
+            base: sched::Base::default(),
             digest: std::hash::DefaultHasher::new(),
         }
     }
@@ -254,14 +254,8 @@ impl Planning {
         let plan = if self.full {
             sched::schedule(&view, queue, config, now)
         } else {
-            let base = match self.base.as_mut() {
-                Some(b) => {
-                    b.update(view, now);
-                    b
-                }
-                None => self.base.insert(sched::Base::new(view, now)),
-            };
-            sched::schedule_from(base, queue, config)
+            self.base.update(view, now);
+            sched::schedule_from(&self.base, queue, config)
         };
         std::hash::Hash::hash(&(now, &plan), &mut self.digest);
         plan

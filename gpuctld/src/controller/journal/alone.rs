@@ -234,8 +234,8 @@ impl Controller {
             let starts = Change::Starts(part.to_vec());
             effects.merge(self.step(inline, |c| c.apply_sure(now, starts)));
         }
-        for part in Wait::all_of(plan).chunks(PART) {
-            let waiting = Change::Waiting(part.to_vec());
+        for part in Wait::parts_of(plan, PART) {
+            let waiting = Change::Waiting(part);
             self.step(inline, |c| c.apply_sure(now, waiting));
         }
         let candidates = gpuctl_core::policy::preempt_candidates(plan);

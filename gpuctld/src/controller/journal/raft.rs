@@ -340,8 +340,8 @@ impl Controller {
                     .await?,
             );
         }
-        for part in Wait::all_of(&plan).chunks(crate::controller::PART) {
-            let waiting = Change::Waiting(part.to_vec());
+        for part in Wait::parts_of(&plan, crate::controller::PART) {
+            let waiting = Change::Waiting(part);
             pending.push(self.send_proposal(now, waiting).await?);
         }
         let candidates = gpuctl_core::policy::preempt_candidates(&plan);
