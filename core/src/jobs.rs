@@ -117,11 +117,47 @@ pub enum Refused {
 pub struct Changes {
     pub put: BTreeSet<u64>,
     pub delete: BTreeSet<u64>,
+    /// Cancels of pending jobs, each with the jobs it ended (all in `put`): a store may
+    /// keep one record for such a cancel in place of its jobs' (`deferrable`), which
+    /// `restore::Records::cancels` applies again to the pending records it finds.
+    pub cancels: Vec<PendingCancel>,
+    /// Jobs of `cancels` changed again after their cancel in the same window: their
+    /// records say more than the cancel, so they are written as they are.
+    pub changed_after: BTreeSet<u64>,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
         self.put.is_empty() && self.delete.is_empty()
+    }
+
+    /// The jobs of `cancel` whose records only that cancel changed since the store
+    /// last wrote them: what one record of the cancel stands for.
+    pub fn deferrable(&self, cancel: &PendingCancel) -> Vec<u64> {
+        (cancel.ids.iter().copied())
+            .filter(|id| self.put.contains(id) && !self.changed_after.contains(id))
+            .collect()
+    }
+}
+
+/// Pending jobs one cancel ended, at `at` with `reason` (`Transition::Finish` to
+/// CANCELLED): applied again to their pending records, it gives the records the cancel
+/// left (`restore`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PendingCancel {
+    pub at: i64,
+    pub reason: String,
+    pub ids: Vec<u64>,
+}
+
+impl PendingCancel {
+    /// The cancel's transition of one pending job.
+    pub fn transition(&self) -> Transition {
+        Transition::Finish {
+            state: JobState::Cancelled,
+            exit_code: None,
+            reason: self.reason.clone(),
+        }
     }
 }
 
@@ -483,6 +519,7 @@ impl Jobs {
         self.unindex(&old);
         self.changes.put.remove(&id);
         self.changes.delete.insert(id);
+        self.changed_again(id);
         true
     }
 
@@ -507,6 +544,7 @@ impl Jobs {
             self.revision += 1;
         }
         self.changes.put.insert(id);
+        self.changed_again(id);
         Some(r)
     }
 
@@ -522,6 +560,7 @@ impl Jobs {
         );
         self.insert(stored);
         self.changes.put.insert(id);
+        self.changed_again(id);
     }
 
     /// Sets what a pending job shows while it waits (its reason and expected start):
@@ -589,7 +628,32 @@ impl Jobs {
         self.index(&s);
         self.put(id, s);
         self.changes.put.insert(id);
+        self.changed_again(id);
         Ok(())
+    }
+
+    /// Records that pending jobs just ended by one cancel (each through `transition`)
+    /// were ended so and by nothing else (`Changes::cancels`).
+    pub(crate) fn cancelled_pending(&mut self, at: i64, reason: String, ids: Vec<u64>) {
+        if ids.is_empty() {
+            return;
+        }
+        for id in &ids {
+            self.changes.changed_after.remove(id);
+        }
+        self.changes.cancels.push(PendingCancel { at, reason, ids });
+    }
+
+    /// Whether `id` changed since the last `take_changes`.
+    pub(crate) fn changed(&self, id: u64) -> bool {
+        self.changes.put.contains(&id) || self.changes.delete.contains(&id)
+    }
+
+    /// A job changed: if a cancel of this window ended it, its record now says more.
+    fn changed_again(&mut self, id: u64) {
+        if !self.changes.cancels.is_empty() {
+            self.changes.changed_after.insert(id);
+        }
     }
 
     /// Finished jobs that ended before `oldest_end`, and beyond the newest `max_jobs`,

@@ -2,7 +2,7 @@
 //! at start and by the tests that restart a cluster. Pure: the records and the time of
 //! the start in, the cluster and the records to write back out.
 
-use crate::record::{Record, UsageRecord};
+use crate::record::{JobState, Record, UsageRecord};
 
 use crate::config::Config;
 use crate::state::Cluster;
@@ -25,6 +25,10 @@ pub struct Records {
     pub sessions: Vec<Session>,
     /// The last session generation handed out.
     pub generation: u64,
+    /// Cancels of pending jobs a store kept as one record each, their jobs' records
+    /// perhaps not yet written (`jobs::Changes::cancels`): applied again to those of
+    /// their jobs still pending, which are then rewritten.
+    pub cancels: Vec<crate::jobs::PendingCancel>,
     /// What running jobs used so far, kept in memory until their runs end: none in a
     /// store (a restart re-learns it from the next samples); a snapshot holds it, as
     /// the entries that follow add to it and write it into records at a run's end.
@@ -107,6 +111,8 @@ impl Cluster {
             next_job_id: self.next_job_id,
             sessions,
             generation: self.fleet.generation,
+            // A snapshot holds every record as it is.
+            cancels: Vec::new(),
             live,
         }
     }
@@ -137,6 +143,7 @@ pub fn restore(config: Config, records: Records, now: i64) -> Restored {
         cluster.next_job_id = cluster.next_job_id.max(id + 1);
         cluster.jobs.insert(j);
     }
+    finish_cancels(&mut cluster, &records.cancels, &mut rewrite);
     if let Some(u) = &records.usage {
         cluster.restore_usage(u);
     }
@@ -175,6 +182,31 @@ pub fn restore(config: Config, records: Records, now: i64) -> Restored {
     Restored { cluster, rewrite }
 }
 
+/// The cancels a store kept as one record each, applied again: each of their jobs
+/// whose record is still pending ends as the cancel ended it (the rest were written
+/// after it, or are gone); those are added to `rewrite`. Their mails went out then.
+fn finish_cancels(
+    cluster: &mut Cluster,
+    cancels: &[crate::jobs::PendingCancel],
+    rewrite: &mut Vec<Record>,
+) {
+    for cancel in cancels {
+        for &id in &cancel.ids {
+            let pending = (cluster.jobs.job(id)).is_some_and(|j| j.state == JobState::Pending);
+            if !pending {
+                continue;
+            }
+            cluster
+                .jobs
+                .transition(id, cancel.transition(), cancel.at)
+                .expect("a pending job can be cancelled");
+            rewrite.extend(cluster.jobs.get(id).cloned());
+        }
+    }
+    cluster.jobs.take_mails();
+    cluster.jobs.take_changes();
+}
+
 #[cfg(test)]
 mod tests {
     use crate::record::{Job, JobSpec, JobState, Record};
@@ -209,6 +241,36 @@ mod tests {
         assert_eq!(r.cluster.jobs.len(), 2);
         let none = restore(Config::default(), Records::default(), 1_000);
         assert_eq!(none.cluster.next_job_id, 1, "ids start at 1");
+    }
+
+    #[test]
+    fn a_cancel_kept_as_one_record_ends_the_jobs_still_pending_alone() {
+        let cancel = crate::jobs::PendingCancel {
+            at: 5_000,
+            reason: "cancelled while pending by ana".into(),
+            ids: vec![1, 2, 3, 9],
+        };
+        let records = Records {
+            // 1 pending (its record not written after the cancel), 2 written after it
+            // (cancelled), 3 requeued and running since, 9 gone (retention).
+            jobs: vec![
+                record(1, JobState::Pending),
+                record(2, JobState::Cancelled),
+                record(3, JobState::Running),
+            ],
+            cancels: vec![cancel],
+            ..Records::default()
+        };
+        let r = restore(Config::default(), records, 9_000);
+        let j = |id| r.cluster.jobs.job(id).unwrap();
+        assert_eq!(j(1).state, JobState::Cancelled);
+        assert_eq!(j(1).end_time_ms, 5_000, "ended when the cancel was applied");
+        assert_eq!(j(1).reason, "cancelled while pending by ana");
+        assert_eq!(j(2).state, JobState::Cancelled);
+        assert_eq!(j(3).state, JobState::Running, "changed after the cancel: kept");
+        let rewritten: Vec<u64> = r.rewrite.iter().map(|s| s.job.id).collect();
+        assert_eq!(rewritten, [1]);
+        r.cluster.check().unwrap();
     }
 
     #[test]

@@ -114,6 +114,9 @@ impl Cluster {
         self.only_own(actor, ids, "cancel")?;
         let mut results = Vec::new();
         let mut effects = Effects::wake();
+        let pending_reason = format!("cancelled while pending by {}", actor.user);
+        // Pending jobs this cancel alone changed (`Changes::cancels`).
+        let mut only_cancelled = Vec::new();
         for &id in ids {
             let result = |ok: bool, msg: &str| CancelResult {
                 job_id: id,
@@ -129,8 +132,11 @@ impl Cluster {
                     let cancel = Transition::Finish {
                         state: JobState::Cancelled,
                         exit_code: None,
-                        reason: format!("cancelled while pending by {}", actor.user),
+                        reason: pending_reason.clone(),
                     };
+                    if !self.jobs.changed(id) {
+                        only_cancelled.push(id);
+                    }
                     self.jobs
                         .transition(id, cancel, now)
                         .expect("pending jobs can be cancelled");
@@ -156,6 +162,8 @@ impl Cluster {
                 )),
             }
         }
+        self.jobs
+            .cancelled_pending(now, pending_reason, only_cancelled);
         Ok((results, effects))
     }
 

@@ -110,6 +110,8 @@ struct Shared {
     /// On Raft: the id past the last submit this controller proposed (ids are handed
     /// out past submits still in the log; `Cluster::admit_from`).
     next_id: u64,
+    /// Alone: large cancels written as one record, their jobs' records not all yet.
+    cancels: journal::OpenCancels,
 }
 
 impl std::ops::Deref for Shared {
@@ -356,6 +358,7 @@ impl Controller {
                 .collect(),
             usage: loaded.usage,
             next_job_id: loaded.next_job_id,
+            cancels: loaded.cancels.iter().map(|(_, c)| c.clone()).collect(),
             // No sessions: after a restart every agent attaches again.
             ..Default::default()
         };
@@ -363,6 +366,13 @@ impl Controller {
         let restored = gpuctl_core::restore::restore(config.clone(), records, now_ms());
         for j in &restored.rewrite {
             store.put_job(j)?;
+        }
+        let last_cancel = loaded.cancels.last().map(|(seq, _)| *seq);
+        if last_cancel.is_some() {
+            // The jobs of cancels kept as one record are written; then the records go.
+            store.db().flush()?;
+            store.delete_cancels(loaded.cancels.iter().map(|(seq, _)| *seq))?;
+            store.db().flush()?;
         }
         let core = restored.cluster;
         tracing::info!(
@@ -380,6 +390,7 @@ impl Controller {
                 held_starts: Vec::new(),
                 room: PassRoom::default(),
                 next_id: 0,
+                cancels: journal::OpenCancels::after(last_cancel),
             }),
             store,
             pki,
@@ -397,6 +408,11 @@ impl Controller {
             steps: steps::Relay::default(),
             repl: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// The store this controller writes (what tests read behind it).
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     fn lock(&self) -> MutexGuard<'_, Shared> {

@@ -1,17 +1,21 @@
 //! The controller's durable state in sled: jobs, nodes and the job id counter.
 //!
 //! Records are protobuf (`gpuctl_proto::store`). Keys: `meta/schema`, `meta/next_job_id`,
-//! `job/<id as 8 big-endian bytes>`, `node/<name>`, `token/<id>`. A state dir written by an incompatible
-//! version is refused at open.
+//! `job/<id as 8 big-endian bytes>`, `node/<name>`, `token/<id>`, `cancel/<seq as 8
+//! big-endian bytes>` (a large cancel of pending jobs until its jobs' records are
+//! written: `put_cancel`). A state dir written by an incompatible version is refused at
+//! open.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use gpuctl_core::jobs::PendingCancel;
 use gpuctl_core::record::{Record, UsageRecord};
 use gpuctl_proto::record::{BadRecord, encode_record, upgrade_record};
 use gpuctl_proto::store::{
-    StoredJob, StoredJoinToken, StoredNode, StoredNodeIdentity, StoredToken, StoredUsage,
+    StoredCancel, StoredJob, StoredJoinToken, StoredNode, StoredNodeIdentity, StoredToken,
+    StoredUsage,
 };
 use prost::Message;
 
@@ -42,6 +46,7 @@ const TOKEN_PREFIX: &[u8] = b"token/";
 const USAGE_KEY: &[u8] = b"meta/usage";
 const JOIN_TOKEN_PREFIX: &[u8] = b"jointoken/";
 const IDENTITY_PREFIX: &[u8] = b"identity/";
+const CANCEL_PREFIX: &[u8] = b"cancel/";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -71,6 +76,9 @@ pub enum StoreError {
         #[source]
         source: BadRecord,
     },
+    /// Not retryable: a record's key is not one this version writes.
+    #[error("bad key {key} in state dir")]
+    BadKey { key: String },
     /// Not retryable: the job id counter is not 8 bytes.
     #[error("corrupt job id counter in state dir")]
     CorruptCounter,
@@ -118,6 +126,8 @@ pub struct Loaded {
     pub usage: Option<UsageRecord>,
     /// The next job id to hand out (ids start at 1).
     pub next_job_id: u64,
+    /// Cancels kept as one record each (`put_cancel`), by their number, in order.
+    pub cancels: Vec<(u64, PendingCancel)>,
 }
 
 #[derive(Clone)]
@@ -159,6 +169,19 @@ fn key_text(k: &[u8]) -> String {
 
 fn job_key(id: u64) -> Vec<u8> {
     [JOB_PREFIX, &id.to_be_bytes()].concat()
+}
+
+fn cancel_key(seq: u64) -> Vec<u8> {
+    [CANCEL_PREFIX, &seq.to_be_bytes()].concat()
+}
+
+fn stored_cancel(c: &PendingCancel) -> Vec<u8> {
+    let stored = StoredCancel {
+        at_ms: c.at,
+        reason: c.reason.clone(),
+        job_ids: c.ids.clone(),
+    };
+    stored.encode_to_vec()
 }
 
 fn node_key(name: &str) -> Vec<u8> {
@@ -270,6 +293,24 @@ impl Store {
             }
             loaded.jobs.push(record);
         }
+        for kv in self.db.scan_prefix(CANCEL_PREFIX) {
+            let (k, v) = kv?;
+            let key = key_text(&k);
+            let seq = (k.strip_prefix(CANCEL_PREFIX))
+                .and_then(|n| <[u8; 8]>::try_from(n).ok())
+                .map(u64::from_be_bytes);
+            let Some(seq) = seq else {
+                return Err(StoreError::BadKey { key });
+            };
+            let c = StoredCancel::decode(v.as_ref())
+                .map_err(|source| StoreError::Corrupt { key, source })?;
+            let cancel = PendingCancel {
+                at: c.at_ms,
+                reason: c.reason,
+                ids: c.job_ids,
+            };
+            loaded.cancels.push((seq, cancel));
+        }
         loaded.nodes = self.scan(NODE_PREFIX)?;
         loaded.tokens = self.scan(TOKEN_PREFIX)?;
         loaded.join_tokens = self.scan(JOIN_TOKEN_PREFIX)?;
@@ -301,6 +342,50 @@ impl Store {
             batch.insert(job_key(job.job.id), encode_record(job));
         }
         batch.insert(NEXT_ID_KEY, &next_job_id.to_be_bytes());
+        self.check(self.db.apply_batch(batch).map_err(StoreError::from))?;
+        self.wrote();
+        Ok(())
+    }
+
+    /// Writes a cancel of pending jobs as one record numbered `seq`, in place of its
+    /// jobs' (the cancel's answer waits for this one write, not thousands): their records
+    /// follow in `settle_cancel`. Durable after `flush`.
+    pub fn put_cancel(&self, seq: u64, cancel: &PendingCancel) -> Result<(), StoreError> {
+        let written = self.db.insert(cancel_key(seq), stored_cancel(cancel));
+        self.check(written.map(|_| ()).map_err(StoreError::from))?;
+        self.wrote();
+        Ok(())
+    }
+
+    /// Writes some jobs of cancel `seq` (`jobs`: their records as they are now) and, in
+    /// the same atomic batch, the cancel record with the jobs left (`left`; none: the
+    /// record goes). Durable after `flush`.
+    pub fn settle_cancel(
+        &self,
+        seq: u64,
+        jobs: &[&Record],
+        left: Option<&PendingCancel>,
+    ) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for job in jobs {
+            batch.insert(job_key(job.job.id), encode_record(job));
+        }
+        match left {
+            Some(c) => batch.insert(cancel_key(seq), stored_cancel(c)),
+            None => batch.remove(cancel_key(seq)),
+        }
+        self.check(self.db.apply_batch(batch).map_err(StoreError::from))?;
+        self.wrote();
+        Ok(())
+    }
+
+    /// Removes cancel records once their jobs are written (at start). Durable after
+    /// `flush`.
+    pub fn delete_cancels(&self, seqs: impl IntoIterator<Item = u64>) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for seq in seqs {
+            batch.remove(cancel_key(seq));
+        }
         self.check(self.db.apply_batch(batch).map_err(StoreError::from))?;
         self.wrote();
         Ok(())

@@ -30,7 +30,10 @@ use super::{Controller, Out, Shared, now_ms, store_status};
 
 mod alone;
 mod batching;
+mod cancels;
 mod raft;
+
+pub(crate) use cancels::OpenCancels;
 
 pub use raft::{Repl, Shell};
 

@@ -169,7 +169,7 @@ impl Controller {
     /// Cancels jobs. Only their owners or an admin may; if any of `ids` is someone
     /// else's, nothing is cancelled.
     pub async fn cancel(
-        &self,
+        self: &std::sync::Arc<Self>,
         caller: &Caller,
         ids: &[u64],
         tasks: &[pb::ArrayTask],
@@ -190,6 +190,7 @@ impl Controller {
             )
             .await?;
         self.deliver(out, true).await.map_err(store_status)?;
+        self.settle_cancels_soon();
         Ok(results
             .into_iter()
             .map(gpuctl_proto::wire::cancel_result_pb)

@@ -138,6 +138,8 @@ pub fn cluster(s: st::Snapshot) -> Result<Cluster, BadSnapshot> {
             })
             .collect(),
         generation: s.generation,
+        // A snapshot holds every record as it is.
+        cancels: Vec::new(),
         live,
     };
     Ok(gpuctl_core::restore::restore(config, records, s.at).cluster)

@@ -26,7 +26,10 @@ impl Controller {
     /// Writes what changed since the last call (not yet flushed). Returns whether
     /// anything was written.
     fn persist(&self, c: &mut Shared) -> Result<bool, StoreError> {
-        let changes = c.core.take_changes();
+        let mut changes = c.core.take_changes();
+        let any = !changes.is_empty();
+        // A large cancel of pending jobs: one record (`cancels.rs`).
+        self.before_writing(c, &mut changes.jobs)?;
         for &id in &changes.jobs.put {
             if let Some(s) = c.jobs().get(id) {
                 self.store.put_job(s)?;
@@ -43,7 +46,7 @@ impl Controller {
         if changes.usage {
             self.store.put_usage(&c.usage_record())?;
         }
-        Ok(!changes.is_empty())
+        Ok(any)
     }
 
     /// Persists, routes the effects, and releases the lock.
