@@ -267,7 +267,11 @@ mod tests {
         assert_eq!(j(1).end_time_ms, 5_000, "ended when the cancel was applied");
         assert_eq!(j(1).reason, "cancelled while pending by ana");
         assert_eq!(j(2).state, JobState::Cancelled);
-        assert_eq!(j(3).state, JobState::Running, "changed after the cancel: kept");
+        assert_eq!(
+            j(3).state,
+            JobState::Running,
+            "changed after the cancel: kept"
+        );
         let rewritten: Vec<u64> = r.rewrite.iter().map(|s| s.job.id).collect();
         assert_eq!(rewritten, [1]);
         r.cluster.check().unwrap();

@@ -44,9 +44,15 @@ fn a_cancel_applied_again_to_the_records_before_it_gives_the_records_after_it() 
     let pending: Vec<u64> = (ids.iter().copied())
         .filter(|id| !running.contains(id) && *id != held)
         .collect();
-    assert_eq!(cancel.ids, pending, "the pending jobs the cancel alone changed");
+    assert_eq!(
+        cancel.ids, pending,
+        "the pending jobs the cancel alone changed"
+    );
     assert_eq!(changes.deferrable(cancel), pending);
-    assert!(changes.put.contains(&held), "the held job is written as it is");
+    assert!(
+        changes.put.contains(&held),
+        "the held job is written as it is"
+    );
 
     let records = Records {
         cancels: changes.cancels.clone(),

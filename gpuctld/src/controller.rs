@@ -93,6 +93,8 @@ pub fn now_ms() -> i64 {
 struct Link {
     generation: u64,
     tx: CommandTx,
+    /// The agent takes several kills in one command (`KillJobs`).
+    batches: bool,
 }
 
 /// What the lock guards: the cluster state and what lives beside it.
@@ -132,6 +134,27 @@ struct Out {
     wrote: bool,
 }
 
+/// Adds `cmd` to `last` (a kill, or kills, of the same node) if it is a kill; answers
+/// it back if it is not.
+fn join_kill(last: &mut pb::AgentCommand, cmd: pb::AgentCommand) -> Option<pb::AgentCommand> {
+    use pb::agent_command::Command;
+    let Some(Command::Kill(kill)) = cmd.command else {
+        return Some(cmd);
+    };
+    match last.command.take() {
+        Some(Command::Kill(first)) => {
+            let kills = vec![first, kill];
+            last.command = Some(Command::Kills(pb::KillJobs { kills }));
+        }
+        Some(Command::Kills(mut batch)) => {
+            batch.kills.push(kill);
+            last.command = Some(Command::Kills(batch));
+        }
+        other => unreachable!("a node's last command noted as a kill is {other:?}"),
+    }
+    None
+}
+
 impl Shared {
     /// Closes the streams of ended sessions and finds the stream of every command (a
     /// node without one gets nothing: its reconnect reconciles).
@@ -150,7 +173,11 @@ impl Shared {
             self.held_starts
                 .retain(|(n, g, _)| fleet.session(n).is_some_and(|s| s.generation == *g));
         }
-        let mut sends = Vec::with_capacity(effects.sends.len());
+        let mut sends: Sends = Vec::with_capacity(effects.sends.len());
+        // Per node, where its last command went in `sends` if that was a kill: the kills
+        // that follow it join it (`KillJobs`, one signed command: a cancel of a node's
+        // jobs) when its agent takes them.
+        let mut last_kill: HashMap<String, usize> = HashMap::new();
         for (node, cmd) in effects.sends {
             let session = match &cmd {
                 gpuctl_core::command::Command::Start(s) => Some(s.session_generation),
@@ -178,7 +205,23 @@ impl Shared {
                     self.held_starts
                         .push((node, g, gpuctl_proto::wire::command_pb(cmd)));
                 }
-                (_, Some((_, tx))) => sends.push((tx, gpuctl_proto::wire::command_pb(cmd))),
+                (_, Some((_, tx))) => {
+                    let batches = self.links.get(&node).is_some_and(|l| l.batches);
+                    let cmd = gpuctl_proto::wire::command_pb(cmd);
+                    let joined = match last_kill.get(&node) {
+                        Some(&at) if batches => join_kill(&mut sends[at].1, cmd),
+                        _ => Some(cmd),
+                    };
+                    if let Some(cmd) = joined {
+                        let kill = matches!(cmd.command, Some(pb::agent_command::Command::Kill(_)));
+                        if kill {
+                            last_kill.insert(node, sends.len());
+                        } else {
+                            last_kill.remove(&node);
+                        }
+                        sends.push((tx, cmd));
+                    }
+                }
                 // A node without a stream gets nothing: its reconnect reconciles.
                 (_, None) => {}
             }

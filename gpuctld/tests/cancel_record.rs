@@ -72,7 +72,10 @@ fn on_disk_cancelled(store: &Store, first: u64) {
     for id in first..first + u64::from(JOBS) {
         let key = [&b"job/"[..], &id.to_be_bytes()].concat();
         let bytes = store.db().get(key).unwrap().expect("a record");
-        let job = pb::store::StoredJob::decode(bytes.as_ref()).unwrap().job.unwrap();
+        let job = pb::store::StoredJob::decode(bytes.as_ref())
+            .unwrap()
+            .job
+            .unwrap();
         assert!(
             job.state == pb::JobState::Cancelled as i32 || named.contains(&id),
             "job {id}: neither its record nor a cancel record says cancelled"
@@ -130,7 +133,11 @@ fn a_cancel_record_left_at_a_stop_cancels_its_jobs_at_the_start() {
         c.store().flush().await.unwrap();
         (first, states(&c))
     });
-    assert!(before.iter().all(|(_, s, _)| *s == pb::JobState::Pending as i32));
+    assert!(
+        before
+            .iter()
+            .all(|(_, s, _)| *s == pb::JobState::Pending as i32)
+    );
     let last = first + u64::from(JOBS) - 1;
     rt.block_on(async {
         let store = Store::open(dir.path()).unwrap();

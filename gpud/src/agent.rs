@@ -768,31 +768,10 @@ fn run_command(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand)
             let begin = jobs::launch(agent, &start);
             tokio::spawn(run_job(agent.clone(), start, rx, begin));
         }
-        Some(pb::agent_command::Command::Kill(kill)) => {
-            let grace = Duration::from_secs(kill.kill_grace_secs);
-            let signal = gpuctl_proto::convert::parse_signal(&kill.signal)
-                .ok()
-                .flatten()
-                .and_then(|n| format!("SIG{n}").parse::<nix::sys::signal::Signal>().ok());
-            if kill.signal_only {
-                let Some(signal) = signal else {
-                    tracing::error!(job = kill.job_id, signal = %kill.signal, "dropping a signal this agent cannot send");
-                    return cmd.seq;
-                };
-                if !agent.signal_job(kill.job_id, kill.attempt, signal, &kill.reason) {
-                    tracing::debug!(job = kill.job_id, "signal for a job not running here");
-                }
-                return cmd.seq;
-            }
-            if !agent.kill_with(
-                kill.job_id,
-                kill.attempt,
-                kill.as_state(),
-                grace,
-                &kill.reason,
-                signal,
-            ) {
-                tracing::debug!(job = kill.job_id, "kill for a job not running here");
+        Some(pb::agent_command::Command::Kill(k)) => kill(agent, k),
+        Some(pb::agent_command::Command::Kills(batch)) => {
+            for k in batch.kills {
+                kill(agent, k);
             }
         }
         Some(pb::agent_command::Command::Step(s)) => remote::open(agent, s),
@@ -812,6 +791,35 @@ fn run_command(agent: &Arc<Agent>, session: &Session, signed: pb::SignedCommand)
         None => {}
     }
     cmd.seq
+}
+
+/// Runs one kill (or, `signal_only`, one signal) of a job instance this agent runs.
+fn kill(agent: &Arc<Agent>, kill: pb::KillJob) {
+    let grace = Duration::from_secs(kill.kill_grace_secs);
+    let signal = gpuctl_proto::convert::parse_signal(&kill.signal)
+        .ok()
+        .flatten()
+        .and_then(|n| format!("SIG{n}").parse::<nix::sys::signal::Signal>().ok());
+    if kill.signal_only {
+        let Some(signal) = signal else {
+            tracing::error!(job = kill.job_id, signal = %kill.signal, "dropping a signal this agent cannot send");
+            return;
+        };
+        if !agent.signal_job(kill.job_id, kill.attempt, signal, &kill.reason) {
+            tracing::debug!(job = kill.job_id, "signal for a job not running here");
+        }
+        return;
+    }
+    if !agent.kill_with(
+        kill.job_id,
+        kill.attempt,
+        kill.as_state(),
+        grace,
+        &kill.reason,
+        signal,
+    ) {
+        tracing::debug!(job = kill.job_id, "kill for a job not running here");
+    }
 }
 
 #[cfg(test)]

@@ -301,6 +301,7 @@ impl SimAgent {
             // The bench's simulated agents open no steps.
             Some(
                 pb::agent_command::Command::Kill(_)
+                | pb::agent_command::Command::Kills(_)
                 | pb::agent_command::Command::Step(_)
                 | pb::agent_command::Command::Limit(_)
                 | pb::agent_command::Command::Mig(_),

@@ -152,6 +152,7 @@ impl Controller {
         req: pb::RegisterRequest,
         peer: Option<std::net::SocketAddr>,
     ) -> Result<(mpsc::Receiver<Result<Box<pb::AgentCommand>, Status>>, u64), Status> {
+        let batches = req.takes_kill_batches;
         let req = gpuctl_proto::wire::register(req);
         let (tx, rx) = mpsc::channel(1024);
         let (generation, out) = self
@@ -173,7 +174,14 @@ impl Controller {
                         other => unreachable!("an attach answers its generation, not {other:?}"),
                     };
                     c.link_added(&node, generation, &tx);
-                    c.links.insert(node, Link { generation, tx });
+                    c.links.insert(
+                        node,
+                        Link {
+                            generation,
+                            tx,
+                            batches,
+                        },
+                    );
                     Ok(generation)
                 },
             )

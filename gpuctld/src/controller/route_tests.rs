@@ -1,4 +1,5 @@
-//! `Shared::route`'s rule for starts: one goes out on the session it was decided
+//! `Shared::route`'s rules. A node's kills in a row go as one command to an agent that
+//! takes them so. Starts: one goes out on the session it was decided
 //! under only. The race it closes (seen once in the fault run: jobs started twice on
 //! one node): on Raft, a start applied before an agent's second attach was routed
 //! after it, by node name, onto the new session, whose attach had requeued the job
@@ -6,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use gpuctl_core::command::{Command, Start};
+use gpuctl_core::command::{Command, Kill, Limit, Start};
 use gpuctl_core::event::Register;
 use gpuctl_core::operations::Operations as _;
 use gpuctl_core::{Cluster, Config, Effects};
@@ -74,6 +75,7 @@ async fn a_start_goes_out_on_the_session_it_was_decided_under_only() {
         held_starts: Vec::new(),
         room: Default::default(),
         next_id: 1,
+        cancels: Default::default(),
     };
     let g1 = attach(&mut s.core, 1_000, Vec::new());
     let (tx1, mut rx1) = stream();
@@ -83,6 +85,7 @@ async fn a_start_goes_out_on_the_session_it_was_decided_under_only() {
         Link {
             generation: g1,
             tx: tx1.clone(),
+            batches: false,
         },
     );
     let (sends, _) = s.route(start(1, g1));
@@ -100,6 +103,7 @@ async fn a_start_goes_out_on_the_session_it_was_decided_under_only() {
         Link {
             generation: g2,
             tx: tx2.clone(),
+            batches: false,
         },
     );
     assert_eq!(
@@ -121,4 +125,88 @@ async fn a_start_goes_out_on_the_session_it_was_decided_under_only() {
     attach(&mut s.core, 4_000, session);
     let _ = s.route(Effects::default());
     assert!(s.held_starts.is_empty());
+}
+
+fn kill(node: &str, job: u64) -> (String, Command) {
+    let k = Kill {
+        job_id: job,
+        attempt: 1,
+        as_state: gpuctl_sched::job::JobState::Cancelled,
+        kill_grace_secs: 10,
+        reason: "cancelled".into(),
+        signal: String::new(),
+        signal_only: false,
+    };
+    (node.into(), Command::Kill(k))
+}
+
+/// What a stream got: each command as the job ids it kills ("limit" for others).
+fn commands(rx: &mut Rx) -> Vec<Vec<String>> {
+    use gpuctl_proto::agent_command::Command as C;
+    let mut out = Vec::new();
+    while let Ok(Ok(cmd)) = rx.try_recv() {
+        out.push(match cmd.command {
+            Some(C::Kill(k)) => vec![k.job_id.to_string()],
+            Some(C::Kills(b)) => b.kills.iter().map(|k| k.job_id.to_string()).collect(),
+            _ => vec!["limit".into()],
+        });
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_node_s_kills_in_a_row_go_as_one_command_to_an_agent_that_takes_them() {
+    let mut s = Shared {
+        core: Cluster::new(Config::default()),
+        links: HashMap::new(),
+        held_starts: Vec::new(),
+        room: Default::default(),
+        next_id: 1,
+        cancels: Default::default(),
+    };
+    let (tx1, mut rx1) = stream();
+    let (tx2, mut rx2) = stream();
+    for (node, tx, batches) in [("n1", tx1, true), ("n2", tx2, false)] {
+        let link = Link {
+            generation: 1,
+            tx,
+            batches,
+        };
+        s.links.insert(node.into(), link);
+    }
+    let limit = Limit {
+        job_id: 9,
+        attempt: 1,
+        time_limit_secs: 60,
+    };
+    let sends = vec![
+        kill("n1", 1),
+        kill("n2", 2),
+        kill("n1", 3),
+        kill("n2", 4),
+        kill("n1", 5),
+        ("n1".into(), Command::Limit(limit)),
+        kill("n1", 6),
+        kill("n1", 7),
+    ];
+    let effects = Effects {
+        sends,
+        ..Effects::default()
+    };
+    let (sends, _) = s.route(effects);
+    assert_eq!(sends.len(), 5);
+    for (tx, cmd) in sends {
+        tx.try_send(Ok(Box::new(cmd))).unwrap();
+    }
+    let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        commands(&mut rx1),
+        [v(&["1", "3", "5"]), v(&["limit"]), v(&["6", "7"])],
+        "kills in a row joined; what comes between keeps its place"
+    );
+    assert_eq!(
+        commands(&mut rx2),
+        [v(&["2"]), v(&["4"])],
+        "one kill a command for an agent that does not take more"
+    );
 }

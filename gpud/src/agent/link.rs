@@ -220,6 +220,7 @@ pub(super) async fn attach_loop(agent: Arc<Agent>, opts: Options) -> anyhow::Res
                     features: opts.features.clone(),
                     previous_session: previous_session.clone(),
                     mig_dynamic: opts.mig_dynamic,
+                    takes_kill_batches: true,
                 };
                 let attach = client.attach(agent.signed("attach", None, req));
                 tokio::time::timeout(ATTACH_TIMEOUT, attach)

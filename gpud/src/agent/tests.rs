@@ -316,6 +316,50 @@ async fn a_kill_ends_the_job_with_the_state_and_reason_asked() {
     assert_eq!(end.attempt, 2);
 }
 
+/// A cancel's kills for one node in one command: each job ends as its own kill asks.
+#[tokio::test]
+async fn kills_in_one_command_end_each_job_as_asked() {
+    let h = harness(FakeLauncher {
+        script: "sleep 30".into(),
+        ..FakeLauncher::default()
+    });
+    handle(&h.agent, &h.session, h.start(1, 5, 1));
+    handle(&h.agent, &h.session, h.start(2, 6, 3));
+    for _ in 0..100 {
+        let started = h.agent.reports.snapshot();
+        if [5, 6]
+            .iter()
+            .all(|id| started.iter().any(|r| r.job_id == *id))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let kill = |job_id, attempt, reason: &str| pb::KillJob {
+        job_id,
+        attempt,
+        reason: reason.into(),
+        kill_grace_secs: 1,
+        as_state: JobState::Cancelled as i32,
+        ..Default::default()
+    };
+    let kills = pb::agent_command::Command::Kills(pb::KillJobs {
+        kills: vec![
+            kill(5, 1, "cancelled by alice"),
+            kill(6, 3, "cancelled by bob"),
+        ],
+    });
+    handle(&h.agent, &h.session, h.command(3, kills));
+    for (id, attempt, reason) in [(5, 1, "cancelled by alice"), (6, 3, "cancelled by bob")] {
+        let reports = h.until_ended(id).await;
+        let end = (reports.iter())
+            .find(|r| r.job_id == id && r.kind() == pb::job_report::Kind::Ended)
+            .unwrap();
+        assert_eq!(end.state(), JobState::Cancelled);
+        assert_eq!((end.attempt, end.reason.as_str()), (attempt, reason));
+    }
+}
+
 /// `scancel -s USR1`: the job's processes hear the signal and the job runs on; no KILL
 /// follows, and a kill afterwards still ends it as asked.
 #[tokio::test]

@@ -314,6 +314,8 @@ fn register_pb(r: Register) -> pb::RegisterRequest {
         features: r.features,
         previous_session: r.previous_session,
         mig_dynamic: r.mig_dynamic,
+        // Its stream's, not the state's: the link to the agent keeps it.
+        takes_kill_batches: false,
     }
 }
 

@@ -95,7 +95,10 @@ impl Controller {
             let n = cancel.ids.len().min(max);
             cancel.ids.drain(..n).collect()
         };
-        let jobs: Vec<_> = part.iter().filter_map(|id| c.core.jobs().get(*id)).collect();
+        let jobs: Vec<_> = part
+            .iter()
+            .filter_map(|id| c.core.jobs().get(*id))
+            .collect();
         let left = (!cancel.ids.is_empty()).then_some(&*cancel);
         self.store.settle_cancel(seq, &jobs, left)?;
         if left.is_none() {
