@@ -204,9 +204,47 @@ pub struct Jobs {
     /// Submits by (user, client request id): a repeated submit gets the same job.
     requests: HashMap<(String, String), u64>,
     changes: Changes,
+    /// Every job changed, in order, for passes that carry what they read from one to
+    /// the next (`touched_since`).
+    touched: TouchLog,
     /// Runs that stopped (ended, requeued) since the last `take_ended_runs`: fair share
     /// charges their last stretch.
     ended_runs: Vec<EndedRun>,
+}
+
+/// How far a reader of the jobs got (`Jobs::cursor`): what changed after it is
+/// `Jobs::touched_since` it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobsCursor {
+    /// Which `Jobs` (another, a restored state's, starts its own log).
+    log: u64,
+    seq: u64,
+}
+
+/// The ids of the jobs changed (came, went, or any part of their record changed), in
+/// the order they changed, the oldest dropped past `TOUCH_LOG_MAX` (a controller that
+/// runs no passes, a Raft follower, keeps no more).
+#[derive(Debug)]
+struct TouchLog {
+    /// This log among every `Jobs` of the process.
+    log: u64,
+    /// The sequence number of `ids[0]`.
+    first: u64,
+    ids: std::collections::VecDeque<u64>,
+}
+
+const TOUCH_LOG_MAX: usize = 1 << 20;
+
+impl Default for TouchLog {
+    fn default() -> TouchLog {
+        // Bookkeeping of this process's, not state: no two `Jobs` share a log number.
+        static LOGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        TouchLog {
+            log: LOGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            first: 0,
+            ids: std::collections::VecDeque::new(),
+        }
+    }
 }
 
 /// A run that stopped: what it held, from when to when.
@@ -402,6 +440,7 @@ impl Jobs {
         self.revision += 1;
         let j = &stored.job;
         let id = j.id;
+        self.touch(id);
         if let Some(old) = self.take(id) {
             self.unindex(&old);
         }
@@ -520,6 +559,7 @@ impl Jobs {
         self.changes.put.remove(&id);
         self.changes.delete.insert(id);
         self.changed_again(id);
+        self.touch(id);
         true
     }
 
@@ -545,6 +585,7 @@ impl Jobs {
         }
         self.changes.put.insert(id);
         self.changed_again(id);
+        self.touch(id);
         Some(r)
     }
 
@@ -629,6 +670,7 @@ impl Jobs {
         self.put(id, s);
         self.changes.put.insert(id);
         self.changed_again(id);
+        self.touch(id);
         Ok(())
     }
 
@@ -642,6 +684,40 @@ impl Jobs {
             self.changes.changed_after.remove(id);
         }
         self.changes.cancels.push(PendingCancel { at, reason, ids });
+    }
+
+    /// Notes that job `id` changed (`touched_since`).
+    fn touch(&mut self, id: u64) {
+        let log = &mut self.touched;
+        if log.ids.len() == TOUCH_LOG_MAX {
+            log.ids.pop_front();
+            log.first += 1;
+        }
+        log.ids.push_back(id);
+    }
+
+    /// Where the jobs stand now, for `touched_since`.
+    pub fn cursor(&self) -> JobsCursor {
+        let log = &self.touched;
+        JobsCursor {
+            log: log.log,
+            seq: log.first + log.ids.len() as u64,
+        }
+    }
+
+    /// The jobs changed since `at` (each once, in id order), or `None` when that is no
+    /// longer known (another `Jobs`'s cursor, or one older than the log keeps): then
+    /// the reader reads everything again.
+    pub fn touched_since(&self, at: JobsCursor) -> Option<Vec<u64>> {
+        let log = &self.touched;
+        if at.log != log.log || at.seq < log.first {
+            return None;
+        }
+        let from = usize::try_from(at.seq - log.first).ok()?;
+        let mut ids: Vec<u64> = log.ids.range(from.min(log.ids.len())..).copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        Some(ids)
     }
 
     /// Whether `id` changed since the last `take_changes`.

@@ -290,6 +290,21 @@ pub fn resources(j: &Job) -> Resources {
     j.spec.resources.clone()
 }
 
+/// A job's running claims (none unless it runs): each live allocation until its
+/// expected end (its limit, or its preemption's deadline if sooner).
+fn claims_of(s: &crate::record::Record) -> impl Iterator<Item = sched::Running> + '_ {
+    let j = &s.job;
+    let mut end_ms = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
+    if s.vacate_by_ms > 0 {
+        end_ms = end_ms.min(s.vacate_by_ms);
+    }
+    live_allocs(j).map(move |a| sched::Running {
+        job: j.id,
+        alloc: guaranteed_alloc(j, a),
+        end_ms,
+    })
+}
+
 /// Live allocations of running jobs.
 pub fn live_allocs(j: &Job) -> impl Iterator<Item = &Allocation> {
     let running = j.state == JobState::Running;
@@ -411,7 +426,11 @@ impl Cluster {
     /// `after` (the first when `None`), and the name to go on after when there are
     /// more: the daemon takes a large cluster's view in parts, releasing its lock in
     /// between (a plan's starts are checked again against the nodes when applied).
-    fn node_views_part(&self, after: Option<&str>, max: usize) -> (Vec<NodeView>, Option<String>) {
+    pub fn node_views_part(
+        &self,
+        after: Option<&str>,
+        max: usize,
+    ) -> (Vec<NodeView>, Option<String>) {
         use std::ops::Bound;
         let partitions = self.config.all_partitions();
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
@@ -466,27 +485,26 @@ impl Cluster {
     /// What runs, from the active jobs with ids above `after`, up to `max` of them
     /// looked at, and the id to go on after when there are more (the daemon's parts,
     /// as with `node_views_part`).
-    fn running_views_part(&self, after: u64, max: usize) -> (Vec<sched::Running>, Option<u64>) {
+    pub fn running_views_part(&self, after: u64, max: usize) -> (Vec<sched::Running>, Option<u64>) {
         let mut running = Vec::new();
         let mut jobs = self.jobs.active_after(after);
         let mut last = None;
         for s in jobs.by_ref().take(max) {
-            let j = &s.job;
-            last = Some(j.id);
-            let mut end_ms = j.start_time_ms.saturating_add(limit_ms(j.time_limit_secs));
-            if s.vacate_by_ms > 0 {
-                end_ms = end_ms.min(s.vacate_by_ms);
-            }
-            for a in live_allocs(j) {
-                running.push(sched::Running {
-                    job: j.id,
-                    alloc: guaranteed_alloc(j, a),
-                    end_ms,
-                });
-            }
+            last = Some(s.job.id);
+            running.extend(claims_of(s));
         }
         let next = jobs.next().and(last);
         (running, next)
+    }
+
+    /// What the jobs `ids` (in id order) hold now, as `view` has it: a pass that carries
+    /// its view from the last reads these for the jobs changed since
+    /// (`Jobs::touched_since`), not every running job's.
+    pub fn running_of(&self, ids: &[u64]) -> Vec<sched::Running> {
+        (ids.iter())
+            .filter_map(|id| self.jobs.get(*id))
+            .flat_map(claims_of)
+            .collect()
     }
 
     pub fn pending(&self) -> Vec<PendingJob> {

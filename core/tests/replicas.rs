@@ -68,6 +68,20 @@ const NODES: [&str; 3] = ["n1", "n2", "n3"];
 const USERS: [&str; 3] = ["alice", "bob", "carol"];
 
 /// Everything the state holds that a user or the store could see, in a fixed order.
+/// `held` claims with those of the `touched` jobs replaced by `now` (theirs now).
+fn carried(
+    held: Vec<gpuctl_sched::Running>,
+    touched: &[u64],
+    now: Vec<gpuctl_sched::Running>,
+) -> Vec<gpuctl_sched::Running> {
+    let mut out: Vec<_> = (held.into_iter())
+        .filter(|r| touched.binary_search(&r.job).is_err())
+        .chain(now)
+        .collect();
+    out.sort_by_key(|r| r.job);
+    out
+}
+
 fn digest(c: &Cluster) -> String {
     let mut jobs: Vec<String> = c.jobs().all().map(|s| format!("{s:?}")).collect();
     jobs.sort();
@@ -390,8 +404,15 @@ proptest! {
         }
         let mut applied = leader.log.len();
         follower.take_changes();
+        // What a pass that carries its view reads: the claims of the jobs touched since.
+        let mut cursor = leader.c.jobs().cursor();
+        let mut held = leader.c.running_views();
         for s in &steps {
             let ea = leader.step(s);
+            let touched = leader.c.jobs().touched_since(cursor).expect("the log reaches back");
+            held = carried(held, &touched, leader.c.running_of(&touched));
+            cursor = leader.c.jobs().cursor();
+            prop_assert_eq!(&held, &leader.c.running_views(), "claims carried over {:?}", s);
             let new = &leader.log[applied..];
             let eb: Vec<Effects> = new.iter().map(|e| follower.apply(e.clone()).1).collect();
             applied = leader.log.len();

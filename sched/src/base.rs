@@ -168,6 +168,105 @@ impl Base {
         Refresh { all: false, nodes }
     }
 
+    /// `update` to a view given as what changed: every node (`nodes`) and the claims now
+    /// of the jobs in `touched` (`claims`, by job id; a touched job with none runs no
+    /// more), every other job's claims as held. `touched` may name jobs whose claims did
+    /// not change. The same base as `update` to the whole view (tests:
+    /// `touched_updates_as_a_whole_view`), at a cost of the touched jobs, not of all.
+    pub fn update_touched(
+        &mut self,
+        nodes: Vec<NodeView>,
+        touched: &[u64],
+        claims: Vec<Running>,
+        now: Millis,
+    ) -> Refresh {
+        debug_assert!(
+            touched.windows(2).all(|w| w[0] < w[1]),
+            "touched: ids in order"
+        );
+        let old = std::mem::take(&mut self.view.running);
+        let old_node = std::mem::take(&mut self.running_node);
+        let same_nodes = nodes.len() == self.view.nodes.len()
+            && (nodes.iter().zip(&self.view.nodes)).all(|(a, b)| a.name == b.name);
+        if !same_nodes || now < self.now || !by_job(&claims) || !by_job(&old) {
+            let running = merge_touched(old, touched, claims);
+            self.rebuild_all(ClusterView { nodes, running }, now);
+            return Refresh {
+                all: true,
+                nodes: self.cals.len(),
+            };
+        }
+        let mut changed: Vec<bool> = (nodes.iter().zip(&self.view.nodes))
+            .map(|(a, b)| a != b)
+            .collect();
+        let index = node_index(&self.view);
+        let mut running = Vec::with_capacity(old.len() + claims.len());
+        let mut running_node = Vec::with_capacity(running.capacity());
+        let mut old = old.into_iter().zip(old_node).peekable();
+        let mut claims = claims.into_iter().peekable();
+        for &job in touched {
+            // Untouched jobs before this one: kept as held.
+            while let Some((r, i)) = old.next_if(|(r, _)| r.job < job) {
+                running.push(r);
+                running_node.push(i);
+            }
+            let mut before = Vec::new();
+            while let Some(x) = old.next_if(|(r, _)| r.job == job) {
+                before.push(x);
+            }
+            let mut after = Vec::new();
+            while let Some(r) = claims.next_if(|r| r.job == job) {
+                after.push(r);
+            }
+            let same = before.len() == after.len()
+                && (before.iter().zip(&after)).all(|((a, _), b)| a == b);
+            if same {
+                for (r, i) in before {
+                    running.push(r);
+                    running_node.push(i);
+                }
+                continue;
+            }
+            for (_, i) in &before {
+                if let Some(c) = changed.get_mut(*i) {
+                    *c = true;
+                }
+            }
+            for r in after {
+                let i = index
+                    .get(r.alloc.node.as_str())
+                    .copied()
+                    .unwrap_or(usize::MAX);
+                if let Some(c) = changed.get_mut(i) {
+                    *c = true;
+                }
+                running.push(r);
+                running_node.push(i);
+            }
+        }
+        drop(index);
+        for (r, i) in old {
+            running.push(r);
+            running_node.push(i);
+        }
+        debug_assert!(claims.next().is_none(), "claims of jobs not touched");
+        let floor = floor_end(now);
+        for (c, &end) in changed.iter_mut().zip(&self.first_end) {
+            *c |= end < floor;
+        }
+        self.view = ClusterView { nodes, running };
+        self.running_node = running_node;
+        self.now = now;
+        let rebuilt = self.rebuild(&changed);
+        for cal in &mut self.cals {
+            cal.now = now;
+        }
+        Refresh {
+            all: false,
+            nodes: rebuilt,
+        }
+    }
+
     /// Merges the held claims with `new` (both by job id), marking the nodes of every
     /// claim that came, went or changed; answers `new`'s node per entry.
     fn diff_running(&self, new: &[Running], changed: &mut [bool]) -> Vec<usize> {
@@ -252,6 +351,17 @@ impl Base {
         self.now = now;
         self.rebuild(&vec![true; n]);
     }
+}
+
+/// `held` (by job) with the claims of the `touched` jobs replaced by `claims`.
+fn merge_touched(held: Vec<Running>, touched: &[u64], claims: Vec<Running>) -> Vec<Running> {
+    let touched: std::collections::HashSet<u64> = touched.iter().copied().collect();
+    let mut running: Vec<Running> = (held.into_iter())
+        .filter(|r| !touched.contains(&r.job))
+        .chain(claims)
+        .collect();
+    running.sort_by_key(|r| r.job);
+    running
 }
 
 /// Whether running claims come in job order (the controller's views do): the update

@@ -124,6 +124,63 @@ proptest! {
     }
 }
 
+/// What `update_touched` is given for `new` after `old`: the jobs whose claims differ
+/// and, as a controller's may, some whose claims did not (every third id), with their
+/// claims now.
+fn touched_between(old: &ClusterView, new: &ClusterView) -> (Vec<u64>, Vec<Running>) {
+    let claims = |v: &ClusterView, job: u64| -> Vec<Running> {
+        v.running.iter().filter(|r| r.job == job).cloned().collect()
+    };
+    let mut jobs: Vec<u64> = (old.running.iter().chain(&new.running))
+        .map(|r| r.job)
+        .collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    jobs.retain(|&j| j % 3 == 0 || claims(old, j) != claims(new, j));
+    let touched_claims = jobs.iter().flat_map(|&j| claims(new, j)).collect();
+    (jobs, touched_claims)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(150))]
+
+    /// A base brought up to date with what changed (`update_touched`) holds the view
+    /// and plans as one given each whole view.
+    #[test]
+    fn touched_updates_as_a_whole_view(
+        c in arb_cluster(),
+        q in arb_queue(),
+        p in arb_policy(),
+        expected in any::<bool>(),
+        steps in prop::collection::vec(arb_step(), 1..6),
+    ) {
+        let config = SchedConfig { expected_starts: expected, ..cfg(p) };
+        let mut now = 0;
+        let mut view = c;
+        let mut queue = q;
+        let mut whole = Base::default();
+        whole.update(view.clone(), now);
+        let mut touched = Base::default();
+        let (jobs, claims) = touched_between(&ClusterView::default(), &view);
+        touched.update_touched(view.nodes.clone(), &jobs, claims, now);
+        for step in &steps {
+            let plan = schedule_from(&whole, &queue, &config);
+            prop_assert_eq!(&schedule_from(&touched, &queue, &config), &plan);
+            now += step.dt;
+            let next = next_view(view.clone(), &plan, &queue, step, now);
+            queue.retain(|j| !plan.starts.iter().any(|s| s.job == j.id));
+            let (jobs, claims) = touched_between(&view, &next);
+            let a = whole.update(next.clone(), now);
+            let b = touched.update_touched(next.nodes.clone(), &jobs, claims, now);
+            prop_assert_eq!(touched.view(), &next);
+            prop_assert_eq!(a.all, b.all);
+            prop_assert!(b.nodes >= a.nodes || a.all);
+            view = next;
+        }
+        prop_assert_eq!(schedule_from(&touched, &queue, &config), schedule(&view, &queue, &config, now));
+    }
+}
+
 /// Only the nodes that changed are rebuilt: a start on one node rebuilds that node; a
 /// claim reaching its one-second floor rebuilds its node; nothing changed, none.
 #[test]

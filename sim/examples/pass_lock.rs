@@ -90,6 +90,10 @@ fn main() {
         t.elapsed().as_secs_f64()
     );
     let mut base = gpuctl_sched::Base::default();
+    // The daemon's way: every node read, then the claims of the jobs changed since the
+    // last pass's read (`Jobs::touched_since`), onto a base of its own.
+    let mut touched_base = gpuctl_sched::Base::default();
+    let mut cursor: Option<gpuctl_core::jobs::JobsCursor> = None;
     for k in 0..passes {
         let now = T0 + 1000 * (k as i64 + 1);
         // As the daemon takes it: four holds of its lock.
@@ -111,6 +115,44 @@ fn main() {
             }
         }
         debug_assert_eq!(view, c.view());
+        let t = Instant::now();
+        let mut nodes = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let (part, next) = c.node_views_part(after.as_deref(), 5_000);
+            nodes.extend(part);
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        let nodes_ms = ms(t);
+        let t = Instant::now();
+        let touched = cursor.and_then(|at| c.jobs().touched_since(at));
+        let claims = touched.as_ref().map(|ids| c.running_of(ids));
+        let touched_ms = ms(t);
+        cursor = Some(c.jobs().cursor());
+        let t = Instant::now();
+        match (touched, claims) {
+            (Some(ids), Some(claims)) => {
+                let n = ids.len();
+                let r = touched_base.update_touched(nodes, &ids, claims, now);
+                println!(
+                    "pass {k}: every node {nodes_ms:.0} ms, then {n} jobs touched since the last read, their claims {touched_ms:.1} ms; \
+                     the base's update from them {:.1} ms ({r:?})",
+                    ms(t)
+                );
+            }
+            _ => {
+                touched_base.update(view.clone(), now);
+                println!("pass {k}: every node {nodes_ms:.0} ms; no earlier read: the whole view");
+            }
+        }
+        assert_eq!(
+            touched_base.view(),
+            &view,
+            "the base carried from changes alone"
+        );
         let view_ms: f64 = view_holds.iter().sum();
         let view_longest = view_holds.iter().copied().fold(0.0, f64::max);
         let t = Instant::now();

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use gpuctl_core::Effects;
 use gpuctl_core::log::{Applied, Change, Wait};
 use gpuctl_core::ops::Admission;
-use gpuctl_core::policy::{GpuRoom, room_after};
+use gpuctl_core::policy::GpuRoom;
 use gpuctl_proto::store::log_credential::Change as Credential;
 use gpuctl_sched as sched;
 use parking_lot::MutexGuard;
@@ -162,7 +162,7 @@ impl Controller {
         if queue.is_empty() {
             // Jobs left out of the plan (their partition has no node up, they wait for
             // others) still wait; with none, the room is not needed.
-            let room = room_after(&view, None, left_out);
+            let room = self.room_unplanned(view, left_out, now);
             let wake = self.step(inline, |c| self.settle_room(c, left_out, room, now));
             if wake {
                 self.wake_scheduler();

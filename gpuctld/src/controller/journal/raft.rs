@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gpuctl_core::log::{Applied, Change, Entry, Wait};
 use gpuctl_core::ops::Admission;
-use gpuctl_core::policy::{GpuRoom, room_after};
+use gpuctl_core::policy::GpuRoom;
 use gpuctl_core::{Cluster, Effects, Refusal};
 use gpuctl_proto as pb;
 use openraft::error::ClientWriteError;
@@ -314,7 +314,7 @@ impl Controller {
         .map_err(|e| Status::internal(format!("a pass's input panicked: {e}")))?;
         if queue.is_empty() {
             let left_out = !waiting.ids.is_empty();
-            let room = room_after(&view, None, left_out);
+            let room = self.room_unplanned(view, left_out, now);
             let wake = {
                 let mut c = self.lock();
                 self.settle_room(&mut c, left_out, room, now)
