@@ -606,13 +606,22 @@ impl Jobs {
 
     /// Sets what a pending job shows while it waits (its reason and expected start):
     /// kept in memory only, recomputed by every pass. Only for PENDING jobs.
+    /// A hold it lifts (a begin time come, `begin.rs`) puts the job back in a pass's
+    /// queue: the job is noted as changed (`touched_since`).
     pub(crate) fn annotate_pending(&mut self, id: u64, f: impl FnOnce(&mut Job)) {
+        let mut lifted = false;
         if let Some(s) = self.live.get_mut(&id) {
             let j = &mut s.job;
             if j.state == JobState::Pending {
+                let held = !j.hold.is_empty();
                 f(j);
                 debug_assert_eq!(j.state, JobState::Pending);
+                // Held before, or held now, not both.
+                lifted = held == j.hold.is_empty();
             }
+        }
+        if lifted {
+            self.touch(id);
         }
     }
 
@@ -694,6 +703,14 @@ impl Jobs {
             log.first += 1;
         }
         log.ids.push_back(id);
+    }
+
+    /// Forgets what changed so far: every cursor taken before reads everything again
+    /// (a new configuration changes what readers computed from every job).
+    pub(crate) fn forget_touched(&mut self) {
+        let log = &mut self.touched;
+        log.first += log.ids.len() as u64 + 1;
+        log.ids.clear();
     }
 
     /// Where the jobs stand now, for `touched_since`.

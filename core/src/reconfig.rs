@@ -83,6 +83,8 @@ impl Cluster {
         self.sched_config.reservation_depth = fresh.sched_config.reservation_depth;
         self.sched_config.max_scored_nodes = fresh.sched_config.max_scored_nodes;
         self.config = new;
+        // What a pass carries from the last (its queue) was computed under the old one.
+        self.jobs.forget_touched();
         out
     }
 }

@@ -290,6 +290,12 @@ pub fn resources(j: &Job) -> Resources {
     j.spec.resources.clone()
 }
 
+/// Whether a job is in a pass's queue: pending and not held (opportunistic jobs are
+/// the lend pass's, `opportunistic.rs`).
+fn queued(j: &Job) -> bool {
+    j.state == JobState::Pending && j.hold.is_empty() && !j.spec.opportunistic
+}
+
 /// A job's running claims (none unless it runs): each live allocation until its
 /// expected end (its limit, or its preemption's deadline if sooner).
 fn claims_of(s: &crate::record::Record) -> impl Iterator<Item = sched::Running> + '_ {
@@ -512,6 +518,25 @@ impl Cluster {
         self.pending_part(&shares, 0, usize::MAX).0
     }
 
+    /// The jobs `ids` (in id order) as a pass's queue has them now: each pending job a
+    /// pass plans (not held, not opportunistic) as the scheduler sees it, `None` for
+    /// the rest (gone, running, ended, held). A pass that carries its queue from the
+    /// last reads these for the jobs changed since (`Jobs::touched_since`).
+    pub fn pending_of(
+        &self,
+        ids: &[u64],
+        shares: &sched::fairshare::FairShareTable,
+    ) -> Vec<(u64, Option<PendingJob>)> {
+        (ids.iter())
+            .map(|&id| {
+                let pending = (self.jobs.job(id))
+                    .filter(|j| queued(j))
+                    .map(|j| pending_job(j, shares, &self.config));
+                (id, pending)
+            })
+            .collect()
+    }
+
     /// Up to `max` pending jobs (not held) with ids above `after`, as the scheduler
     /// sees them, and the id to go on after when there are more: the daemon takes a
     /// large queue in parts, releasing its lock in between.
@@ -524,8 +549,7 @@ impl Cluster {
         let mut out = Vec::new();
         for s in self.jobs.active_after(after) {
             let j = &s.job;
-            // Opportunistic jobs are the lend pass's (`opportunistic.rs`).
-            if j.state != JobState::Pending || !j.hold.is_empty() || j.spec.opportunistic {
+            if !queued(j) {
                 continue;
             }
             if out.len() == max {

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gpuctl_core::jobs::JobsCursor;
 use gpuctl_core::log::{Applied, Change, Entry};
 use gpuctl_core::policy::GpuRoom;
 use gpuctl_core::room::{Deferred, PassRoom};
@@ -30,6 +29,7 @@ use gpuctl_core::Config;
 use gpuctl_sched as sched;
 
 mod agents;
+mod carried;
 mod identity;
 mod journal;
 mod listing;
@@ -268,38 +268,7 @@ impl Shared {
 /// A pass's input (`Controller::pass_input`): the queue, the view, the config,
 /// whether anything was written, whether jobs were left out, and the lend pass's
 /// commands.
-type PassInput = (
-    Vec<sched::PendingJob>,
-    ViewRead,
-    sched::SchedConfig,
-    bool,
-    bool,
-    Out,
-);
-
-/// What a pass read of the nodes and what runs on them (`Controller::read_view`).
-enum ViewRead {
-    /// The whole view, read from `JobsCursor` on.
-    Whole(sched::ClusterView, JobsCursor),
-    /// Every node, and what changed in what runs since the last pass's read.
-    Touched(Touched),
-}
-
-struct Touched {
-    nodes: Vec<sched::NodeView>,
-    /// The jobs changed since the last read (in id order) and their claims now.
-    jobs: Vec<u64>,
-    claims: Vec<sched::Running>,
-    cursor: JobsCursor,
-}
-
-/// What a pass starts from, carried from the last: its base, and how far into the
-/// jobs' changes that base has read (`None`: nothing yet; the next read is whole).
-#[derive(Default)]
-struct Carried {
-    base: sched::Base,
-    cursor: Option<JobsCursor>,
-}
+type PassInput = (carried::PassRead, sched::SchedConfig, bool, bool, Out);
 
 /// What the controller needs to know who nodes are.
 pub struct PkiSetup {
@@ -354,7 +323,7 @@ pub struct Controller {
     pass_lock: Arc<tokio::sync::Mutex<()>>,
     /// What the last pass planned from (`sched::Base`): the next rebuilds only the
     /// calendars of the nodes that changed. Used under `pass_lock` alone.
-    base: Mutex<Carried>,
+    base: Mutex<carried::Carried>,
     /// When a pass last planned every waiting job (`expected_starts_every`), and
     /// whether the last pass left jobs it did not plan.
     planned_all_ms: std::sync::atomic::AtomicI64,
@@ -470,7 +439,7 @@ impl Controller {
             // The first pass (perhaps over a large recovered queue) on the blocking pool.
             last_pass_us: AtomicU64::new(u64::MAX),
             pass_lock: Arc::new(tokio::sync::Mutex::new(())),
-            base: Mutex::new(Carried::default()),
+            base: Mutex::new(carried::Carried::default()),
             planned_all_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
             unplanned_left: std::sync::atomic::AtomicBool::new(false),
             steps: steps::Relay::default(),
@@ -690,63 +659,6 @@ impl Controller {
         }
     }
 
-    /// A pass's plan on what it read at `now`, from the base the last pass left
-    /// (`carry`), and the room after it. The same plan as `sched::schedule` on the whole
-    /// view (sched's `base_updates_plan_as_a_fresh_build`, `touched_updates_as_a_whole_
-    /// view`).
-    fn plan_carried(
-        &self,
-        read: ViewRead,
-        queue: &[sched::PendingJob],
-        cfg: &sched::SchedConfig,
-        now: i64,
-    ) -> (sched::Plan, GpuRoom) {
-        let carried = self.carry(read, now);
-        let base = &carried.base;
-        let plan = sched::schedule_from(base, queue, cfg);
-        self.unplanned_left
-            .store(plan.unplanned > 0, Ordering::Relaxed);
-        let room =
-            gpuctl_core::policy::room_after(base.view(), Some(&plan), !plan.waiting.is_empty());
-        (plan, room)
-    }
-
-    /// The base brought to what a pass read at `now` (only the nodes that changed are
-    /// rebuilt), and the cursor it read to kept for the next.
-    fn carry(&self, read: ViewRead, now: i64) -> MutexGuard<'_, Carried> {
-        let mut carried = self.base.lock();
-        let cursor = match read {
-            ViewRead::Whole(view, cursor) => {
-                carried.base.update(view, now);
-                cursor
-            }
-            ViewRead::Touched(t) => {
-                (carried.base).update_touched(t.nodes, &t.jobs, t.claims, now);
-                t.cursor
-            }
-        };
-        carried.cursor = Some(cursor);
-        #[cfg(debug_assertions)]
-        {
-            // The claims carried are what runs, whenever nothing changed since the read.
-            let c = self.lock();
-            if c.jobs().cursor() == cursor {
-                assert_eq!(
-                    carried.base.view().running,
-                    c.running_views(),
-                    "the claims a pass carried differ from what runs"
-                );
-            }
-        }
-        carried
-    }
-
-    /// The room a pass that planned nothing leaves (`left_out`: jobs still wait).
-    fn room_unplanned(&self, read: ViewRead, left_out: bool, now: i64) -> GpuRoom {
-        let carried = self.carry(read, now);
-        gpuctl_core::policy::room_after(carried.base.view(), None, left_out)
-    }
-
     /// When the next pass that plans every waiting job is due, if the last pass left
     /// some it did not plan.
     fn full_pass_due_ms(&self) -> Option<i64> {
@@ -758,85 +670,6 @@ impl Controller {
     fn planned_all_due_ms(&self) -> i64 {
         let every = self.config().scheduler.expected_starts_every.as_millis() as i64;
         (self.planned_all_ms.load(Ordering::Relaxed)).saturating_add(every)
-    }
-
-    /// What a pass plans from, after its start (`waiting`: its answer): the view of the
-    /// nodes, the queue and the configuration, in short holds of the lock.
-    fn pass_read(
-        &self,
-        waiting: &gpuctl_core::ops::Waiting,
-        now: i64,
-        inline: bool,
-    ) -> (Vec<sched::PendingJob>, ViewRead, sched::SchedConfig) {
-        let view = self.read_view(inline);
-        let shares = self.step(inline, |c| c.fair_share_table());
-        let mut queue = Vec::new();
-        let mut after = 0;
-        loop {
-            let (part, next) = self.step(inline, |c| c.queue_part(waiting, &shares, after, PART));
-            queue.extend(part);
-            match next {
-                Some(n) => after = n,
-                None => break,
-            }
-        }
-        let mut cfg = self.step(inline, |c| c.pass_config(now));
-        // Every waiting job planned (expected starts) at most every so often; the
-        // passes between stop once nothing else can start (the same starts).
-        let last = self.planned_all_ms.load(Ordering::Relaxed);
-        cfg.expected_starts = now >= self.planned_all_due_ms() || now < last;
-        if cfg.expected_starts {
-            self.planned_all_ms.store(now, Ordering::Relaxed);
-        }
-        (queue, view, cfg)
-    }
-
-    /// The nodes and what runs on them, as a pass reads them: every node, in parts;
-    /// then, if the jobs have a record of what changed since the last pass's read, the
-    /// claims of those jobs alone (`Jobs::touched_since`: about what started and ended
-    /// since, against 98,000 running jobs' claims at 25,000 nodes), else every running
-    /// job's, in parts. Each part is a short hold of the lock; what changes between
-    /// them is in the next pass's read (the cursor is taken before the claims are).
-    fn read_view(&self, inline: bool) -> ViewRead {
-        let last = self.base.lock().cursor;
-        let mut nodes = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let (part, next) =
-                self.step(inline, |c| c.node_views_part(after.as_deref(), NODE_PART));
-            nodes.extend(part);
-            match next {
-                Some(n) => after = Some(n),
-                None => break,
-            }
-        }
-        let since = self.step(inline, |c| {
-            let touched = last.and_then(|at| c.jobs().touched_since(at));
-            (touched, c.jobs().cursor())
-        });
-        if let (Some(jobs), cursor) = since {
-            let mut claims = Vec::new();
-            for part in jobs.chunks(PART) {
-                claims.extend(self.step(inline, |c| c.running_of(part)));
-            }
-            return ViewRead::Touched(Touched {
-                nodes,
-                jobs,
-                claims,
-                cursor,
-            });
-        }
-        let mut running = Vec::new();
-        let mut after = 0;
-        loop {
-            let (part, next) = self.step(inline, |c| c.running_views_part(after, PART));
-            running.extend(part);
-            match next {
-                Some(n) => after = n,
-                None => break,
-            }
-        }
-        ViewRead::Whole(sched::ClusterView { nodes, running }, since.1)
     }
 
     // ------------------------------------------------------------ user operations

@@ -144,7 +144,7 @@ impl Controller {
             && self.lock().jobs().active_len() < INLINE_JOBS;
         let now = now_ms();
         let started = std::time::Instant::now();
-        let (queue, view, cfg, changed, left_out, lent) = if inline {
+        let (read, cfg, changed, left_out, lent) = if inline {
             self.pass_input(now, true)?
         } else {
             let ctl = self.clone();
@@ -159,26 +159,25 @@ impl Controller {
         if !lent.sends.is_empty() || lent.wake {
             self.deliver(lent, false).await?;
         }
-        if queue.is_empty() {
-            // Jobs left out of the plan (their partition has no node up, they wait for
-            // others) still wait; with none, the room is not needed.
-            let room = self.room_unplanned(view, left_out, now);
-            let wake = self.step(inline, |c| self.settle_room(c, left_out, room, now));
-            if wake {
-                self.wake_scheduler();
-            }
-            self.last_pass_us
-                .store(took.as_micros() as u64, Ordering::Relaxed);
-            return Ok(());
-        }
         let now = now_ms();
         let started = std::time::Instant::now();
-        let plan_apply = move |ctl: &Controller| {
-            let (plan, room) = ctl.plan_carried(view, &queue, &cfg, now);
+        let plan_apply = move |ctl: &Controller| -> Result<Option<Out>, StoreError> {
+            let (plan, room) = match ctl.plan_carried(read, &cfg, now) {
+                Ok(planned) => planned,
+                Err(room) => {
+                    // No queue: jobs left out of it (their partition has no node up,
+                    // they wait for others) still wait.
+                    let wake = ctl.step(inline, |c| ctl.settle_room(c, left_out, room, now));
+                    if wake {
+                        ctl.wake_scheduler();
+                    }
+                    return Ok(None);
+                }
+            };
             ctl.metrics
                 .pass_seconds
                 .observe(started.elapsed().as_secs_f64());
-            ctl.apply_plan(&plan, room, now, inline)
+            ctl.apply_plan(&plan, room, now, inline).map(Some)
         };
         let out = if inline {
             plan_apply(self)?
@@ -191,10 +190,10 @@ impl Controller {
         took += started.elapsed();
         self.last_pass_us
             .store(took.as_micros() as u64, Ordering::Relaxed);
-        if out.sends.is_empty() {
-            return Ok(());
+        match out {
+            Some(out) if !out.sends.is_empty() => self.deliver(out, true).await,
+            _ => Ok(()),
         }
-        self.deliver(out, true).await
     }
 
     /// A pass's input in short holds of the lock, not one: requests (queue, heartbeats)
@@ -202,8 +201,10 @@ impl Controller {
     /// when the plan is applied. Answers whether anything was written, and whether
     /// pending jobs were left out of the queue (they wait for others or a partition).
     fn pass_input(&self, now: i64, inline: bool) -> Result<PassInput, StoreError> {
-        let (waiting, changed, lent) = self.step(inline, |c| {
+        let (waiting, cursor, changed, lent) = self.step(inline, |c| {
             c.room.pass_started();
+            // Before the start: the next pass reads again what changes from here on.
+            let cursor = c.jobs().cursor();
             let (answer, effects) = c.apply(now, Change::Prepare);
             let waiting = match answer {
                 Ok(Applied::Prepared(waiting)) => waiting,
@@ -217,10 +218,11 @@ impl Controller {
                 wake,
                 wrote: false,
             };
-            self.persist(c).map(|changed| (waiting, changed, lent))
+            self.persist(c)
+                .map(|changed| (waiting, cursor, changed, lent))
         })?;
-        let (queue, view, cfg) = self.pass_read(&waiting, now, inline);
-        Ok((queue, view, cfg, changed, !waiting.ids.is_empty(), lent))
+        let (read, cfg) = self.pass_read(&waiting, cursor, now, inline);
+        Ok((read, cfg, changed, !waiting.ids.is_empty(), lent))
     }
 
     /// A plan applied as `Cluster::apply_plan` does, in parts: the starts, the waiting

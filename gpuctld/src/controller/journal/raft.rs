@@ -290,10 +290,12 @@ impl Controller {
             return Ok(());
         }
         let now = now_ms();
-        let small = {
+        let (small, cursor) = {
             let mut c = self.lock();
             c.room.pass_started();
-            c.jobs().active_len() < crate::controller::INLINE_JOBS
+            // Before the start: the next pass reads again what changes from here on.
+            let small = c.jobs().active_len() < crate::controller::INLINE_JOBS;
+            (small, c.jobs().cursor())
         };
         if small {
             return self.whole_pass(now).await;
@@ -306,30 +308,29 @@ impl Controller {
         // The lend pass's starts and yields (`gpuctl_core::opportunistic`).
         self.send_effects(lent).await?;
         let ctl = self.clone();
-        let (queue, view, cfg, waiting) = tokio::task::spawn_blocking(move || {
-            let (queue, view, cfg) = ctl.pass_read(&waiting, now, false);
-            (queue, view, cfg, waiting)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("a pass's input panicked: {e}")))?;
-        if queue.is_empty() {
-            let left_out = !waiting.ids.is_empty();
-            let room = self.room_unplanned(view, left_out, now);
-            let wake = {
-                let mut c = self.lock();
-                self.settle_room(&mut c, left_out, room, now)
-            };
-            if wake {
-                self.wake_scheduler();
-            }
-            return Ok(());
-        }
+        let left_out = !waiting.ids.is_empty();
+        let (read, cfg) =
+            tokio::task::spawn_blocking(move || ctl.pass_read(&waiting, cursor, now, false))
+                .await
+                .map_err(|e| Status::internal(format!("a pass's input panicked: {e}")))?;
         let started = std::time::Instant::now();
         let ctl = self.clone();
-        let (plan, room) =
-            tokio::task::spawn_blocking(move || ctl.plan_carried(view, &queue, &cfg, now))
-                .await
-                .map_err(|e| Status::internal(format!("a pass panicked: {e}")))?;
+        let planned = tokio::task::spawn_blocking(move || ctl.plan_carried(read, &cfg, now))
+            .await
+            .map_err(|e| Status::internal(format!("a pass panicked: {e}")))?;
+        let (plan, room) = match planned {
+            Ok(planned) => planned,
+            Err(room) => {
+                let wake = {
+                    let mut c = self.lock();
+                    self.settle_room(&mut c, left_out, room, now)
+                };
+                if wake {
+                    self.wake_scheduler();
+                }
+                return Ok(());
+            }
+        };
         self.metrics
             .pass_seconds
             .observe(started.elapsed().as_secs_f64());
