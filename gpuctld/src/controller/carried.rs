@@ -36,6 +36,8 @@ use super::{Controller, NODE_PART, PART};
 pub(super) struct Carried {
     base: sched::Base,
     queue: Vec<sched::PendingJob>,
+    /// The fair-share table the queue's factors are from.
+    shares: FairShareTable,
     left_out: Vec<u64>,
     cursor: Option<JobsCursor>,
 }
@@ -51,10 +53,11 @@ pub(super) struct PassRead {
 }
 
 enum Read {
-    /// What runs and the queue, whole.
+    /// What runs and the queue, whole (ranked by `shares`).
     Whole {
         running: Vec<sched::Running>,
         queue: Vec<sched::PendingJob>,
+        shares: FairShareTable,
     },
     /// The jobs changed since the last read, the last pass's left out and this one's
     /// (in id order): their claims now, and their places in the queue.
@@ -105,7 +108,7 @@ impl Controller {
                 recheck.dedup();
                 self.read_touched(jobs, &recheck, waiting, shares, inline)
             }
-            None => self.read_whole(waiting, &shares, inline),
+            None => self.read_whole(waiting, shares, inline),
         };
         let mut cfg = self.step(inline, |c| c.pass_config(now));
         // Every waiting job planned (expected starts) at most every so often; the
@@ -157,7 +160,7 @@ impl Controller {
     }
 
     /// What runs and the queue, whole, in parts.
-    fn read_whole(&self, waiting: &Waiting, shares: &FairShareTable, inline: bool) -> Read {
+    fn read_whole(&self, waiting: &Waiting, shares: FairShareTable, inline: bool) -> Read {
         let mut running = Vec::new();
         let mut after = 0;
         loop {
@@ -171,14 +174,18 @@ impl Controller {
         let mut queue = Vec::new();
         let mut after = 0;
         loop {
-            let (part, next) = self.step(inline, |c| c.queue_part(waiting, shares, after, PART));
+            let (part, next) = self.step(inline, |c| c.queue_part(waiting, &shares, after, PART));
             queue.extend(part);
             match next {
                 Some(n) => after = n,
                 None => break,
             }
         }
-        Read::Whole { running, queue }
+        Read::Whole {
+            running,
+            queue,
+            shares,
+        }
     }
 
     /// A pass's plan on what it read at `now`, from what the last pass left (`carry`),
@@ -212,13 +219,18 @@ impl Controller {
         let mut carried = self.base.lock();
         let c = &mut *carried;
         match read.what {
-            Read::Whole { running, queue } => {
+            Read::Whole {
+                running,
+                queue,
+                shares,
+            } => {
                 let view = sched::ClusterView {
                     nodes: read.nodes,
                     running,
                 };
                 c.base.update(view, now);
                 c.queue = queue;
+                c.shares = shares;
             }
             Read::Touched {
                 jobs,
@@ -227,7 +239,13 @@ impl Controller {
                 shares,
             } => {
                 c.base.update_touched(read.nodes, &jobs, claims, now);
-                c.queue = requeued(std::mem::take(&mut c.queue), pending, &shares);
+                requeue(&mut c.queue, pending);
+                if !same_factors(&c.shares, &shares) {
+                    for p in &mut c.queue {
+                        p.fair_share_milli = shares.factor(&p.account, &p.user);
+                    }
+                }
+                c.shares = shares;
             }
         }
         c.left_out = read.left_out;
@@ -264,29 +282,50 @@ impl Controller {
     }
 }
 
-/// The last pass's `queue` with the jobs of `pending` (in id order) replaced by what
-/// they are now (`None`: out of the queue), every other job's fair-share factor from
-/// this pass's `shares`.
-fn requeued(
-    queue: Vec<sched::PendingJob>,
-    pending: Vec<(u64, Option<sched::PendingJob>)>,
-    shares: &FairShareTable,
-) -> Vec<sched::PendingJob> {
-    let mut out = Vec::with_capacity(queue.len() + pending.len());
-    let mut fresh = pending.into_iter().peekable();
-    for mut p in queue {
-        while let Some((_, new)) = fresh.next_if(|(id, _)| *id < p.id) {
-            out.extend(new);
+/// The last pass's `queue` (by id) with the jobs of `pending` (in id order) put as they
+/// are now (`None`: out of the queue). In place when they are few against the queue (a
+/// pass's starts and a few submits against 100,000 waiting), else merged.
+fn requeue(queue: &mut Vec<sched::PendingJob>, pending: Vec<(u64, Option<sched::PendingJob>)>) {
+    if pending.len() * 16 > queue.len() {
+        let old = std::mem::take(queue);
+        let mut fresh = pending.into_iter().peekable();
+        for p in old {
+            while let Some((_, new)) = fresh.next_if(|(id, _)| *id < p.id) {
+                queue.extend(new);
+            }
+            match fresh.next_if(|(id, _)| *id == p.id) {
+                Some((_, new)) => queue.extend(new),
+                None => queue.push(p),
+            }
         }
-        if let Some((_, new)) = fresh.next_if(|(id, _)| *id == p.id) {
-            out.extend(new);
-            continue;
-        }
-        p.fair_share_milli = shares.factor(&p.account, &p.user);
-        out.push(p);
+        queue.extend(fresh.flat_map(|(_, new)| new));
+        return;
     }
-    out.extend(fresh.flat_map(|(_, new)| new));
-    out
+    let (mut gone, mut added) = (Vec::new(), Vec::new());
+    for (id, new) in pending {
+        match (queue.binary_search_by_key(&id, |p| p.id), new) {
+            (Ok(i), Some(p)) => queue[i] = p,
+            (Ok(_), None) => gone.push(id),
+            (Err(_), Some(p)) => added.push(p),
+            (Err(_), None) => {}
+        }
+    }
+    if !gone.is_empty() {
+        queue.retain(|p| gone.binary_search(&p.id).is_err());
+    }
+    let in_order = (queue.last().zip(added.first())).is_none_or(|(a, b)| a.id < b.id);
+    queue.extend(added);
+    if !in_order {
+        queue.sort_by_key(|p| p.id);
+    }
+}
+
+/// Whether two fair-share tables give every owner the same factor.
+fn same_factors(a: &FairShareTable, b: &FairShareTable) -> bool {
+    a.rows.len() == b.rows.len()
+        && (a.rows.iter().zip(&b.rows)).all(|(x, y)| {
+            (x.factor_milli, &x.account, &x.user) == (y.factor_milli, &y.account, &y.user)
+        })
 }
 
 #[cfg(test)]
@@ -304,38 +343,60 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_carried_takes_what_changed_and_the_factors_of_now() {
-        let queue = vec![job(2, "ana"), job(4, "bob"), job(6, "ana")];
-        let pending = vec![
-            (1, Some(job(1, "bob"))),
-            (4, None),
-            (6, Some(job(6, "cy"))),
-            (9, Some(job(9, "ana"))),
-        ];
-        let shares = FairShareTable {
-            rows: vec![sched::fairshare::Row {
-                account: "a".into(),
-                user: "ana".into(),
-                norm_shares: 0.5,
-                account_shares: 1.0,
-                usage: 0.0,
-                effective_usage: 0.0,
-                factor_milli: 250,
-            }],
+    fn a_queue_carried_takes_what_changed_in_place_or_merged() {
+        let queue: Vec<_> = (1..=200).map(|id| job(2 * id, "ana")).collect();
+        let ids = |q: &[sched::PendingJob]| -> Vec<(u64, String)> {
+            q.iter().map(|p| (p.id, p.user.clone())).collect()
         };
-        let out = requeued(queue, pending, &shares);
-        let ids: Vec<(u64, &str, u32)> = (out.iter())
-            .map(|p| (p.id, p.user.as_str(), p.fair_share_milli))
+        // Few: in place (a start gone, a job changed, one between, two at the end).
+        let few = vec![
+            (3, Some(job(3, "cy"))),
+            (4, None),
+            (6, Some(job(6, "bob"))),
+            (401, Some(job(401, "bob"))),
+            (403, Some(job(403, "bob"))),
+        ];
+        // Many: merged (every other job gone, the same changes).
+        let many: Vec<_> = few
+            .iter()
+            .cloned()
+            .chain((10..=400).step_by(4).map(|id| (id, None)))
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_iter()
             .collect();
-        // 1 and 9 came, 4 went, 6 as it is now (its factor as read), 2's factor anew.
-        assert_eq!(
-            ids,
-            [
-                (1, "bob", 1000),
-                (2, "ana", 250),
-                (6, "cy", 1000),
-                (9, "ana", 1000)
-            ]
-        );
+        for (pending, gone) in [(few, vec![4]), (many, vec![4])] {
+            let mut expect: Vec<_> = queue.clone();
+            let changed: std::collections::BTreeMap<u64, Option<sched::PendingJob>> =
+                pending.iter().cloned().collect();
+            expect.retain(|p| !changed.contains_key(&p.id));
+            expect.extend(changed.values().flatten().cloned());
+            expect.sort_by_key(|p| p.id);
+            let mut q = queue.clone();
+            requeue(&mut q, pending);
+            assert_eq!(ids(&q), ids(&expect));
+            assert!(gone.iter().all(|g| q.iter().all(|p| p.id != *g)));
+        }
+    }
+
+    #[test]
+    fn factors_are_the_same_when_every_owner_s_is() {
+        let row = |user: &str, factor_milli| sched::fairshare::Row {
+            account: "a".into(),
+            user: user.into(),
+            norm_shares: 0.5,
+            account_shares: 1.0,
+            usage: 0.0,
+            effective_usage: 0.0,
+            factor_milli,
+        };
+        let a = FairShareTable {
+            rows: vec![row("ana", 250), row("bob", 900)],
+        };
+        let mut b = a.clone();
+        b.rows[0].usage = 3.0;
+        assert!(same_factors(&a, &b), "usage moved, factors did not");
+        b.rows[1].factor_milli = 899;
+        assert!(!same_factors(&a, &b));
+        assert!(!same_factors(&a, &FairShareTable::default()));
     }
 }
