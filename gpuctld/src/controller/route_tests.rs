@@ -67,16 +67,21 @@ fn started(rx: &mut Rx) -> Vec<u64> {
     out
 }
 
-#[tokio::test]
-async fn a_start_goes_out_on_the_session_it_was_decided_under_only() {
-    let mut s = Shared {
+/// A controller's lock's contents with no node linked.
+fn shared() -> Shared {
+    Shared {
         core: Cluster::new(Config::default()),
         links: HashMap::new(),
         held_starts: Vec::new(),
         room: Default::default(),
         next_id: 1,
         cancels: Default::default(),
-    };
+    }
+}
+
+#[tokio::test]
+async fn a_start_goes_out_on_the_session_it_was_decided_under_only() {
+    let mut s = shared();
     let g1 = attach(&mut s.core, 1_000, Vec::new());
     let (tx1, mut rx1) = stream();
     s.link_added("n1", g1, &tx1);
@@ -156,14 +161,7 @@ fn commands(rx: &mut Rx) -> Vec<Vec<String>> {
 
 #[tokio::test]
 async fn a_node_s_kills_in_a_row_go_as_one_command_to_an_agent_that_takes_them() {
-    let mut s = Shared {
-        core: Cluster::new(Config::default()),
-        links: HashMap::new(),
-        held_starts: Vec::new(),
-        room: Default::default(),
-        next_id: 1,
-        cancels: Default::default(),
-    };
+    let mut s = shared();
     let (tx1, mut rx1) = stream();
     let (tx2, mut rx2) = stream();
     for (node, tx, batches) in [("n1", tx1, true), ("n2", tx2, false)] {
