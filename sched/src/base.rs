@@ -133,25 +133,48 @@ impl Base {
     /// Brings the base to `view` at `now` (not earlier than the last update's): the
     /// calendars of the nodes that changed are rebuilt, the others kept.
     pub fn update(&mut self, view: ClusterView, now: Millis) -> Refresh {
-        let same_nodes = view.nodes.len() == self.view.nodes.len()
-            && view
-                .nodes
-                .iter()
-                .zip(&self.view.nodes)
-                .all(|(a, b)| a.name == b.name);
         // The merge needs both lists in job order (the held one may not be, when a
         // caller's was not).
-        if !same_nodes || now < self.now || !by_job(&view.running) || !by_job(&self.view.running) {
+        if !self.keeps(&view.nodes, now) || !by_job(&view.running) || !by_job(&self.view.running) {
             self.rebuild_all(view, now);
-            return Refresh {
-                all: true,
-                nodes: self.cals.len(),
-            };
+            return self.all_rebuilt();
         }
-        let mut changed: Vec<bool> = (view.nodes.iter().zip(&self.view.nodes))
-            .map(|(a, b)| a != b)
-            .collect();
+        let mut changed = self.nodes_changed(&view.nodes);
         let running_node = self.diff_running(&view.running, &mut changed);
+        self.take(view, running_node, changed, now)
+    }
+
+    /// Whether an update to `nodes` at `now` can keep calendars: the same node list
+    /// (names, in order), and time not gone back.
+    fn keeps(&self, nodes: &[NodeView], now: Millis) -> bool {
+        now >= self.now
+            && nodes.len() == self.view.nodes.len()
+            && (nodes.iter().zip(&self.view.nodes)).all(|(a, b)| a.name == b.name)
+    }
+
+    /// Per node, whether its view differs from the one held.
+    fn nodes_changed(&self, nodes: &[NodeView]) -> Vec<bool> {
+        (nodes.iter().zip(&self.view.nodes))
+            .map(|(a, b)| a != b)
+            .collect()
+    }
+
+    fn all_rebuilt(&self) -> Refresh {
+        Refresh {
+            all: true,
+            nodes: self.cals.len(),
+        }
+    }
+
+    /// Takes `view` (each claim's node in `running_node`) at `now`, rebuilding the
+    /// `changed` nodes and those with a claim reaching the one-second floor.
+    fn take(
+        &mut self,
+        view: ClusterView,
+        running_node: Vec<usize>,
+        mut changed: Vec<bool>,
+        now: Millis,
+    ) -> Refresh {
         let floor = floor_end(now);
         for (c, &end) in changed.iter_mut().zip(&self.first_end) {
             *c |= end < floor;
@@ -186,19 +209,12 @@ impl Base {
         );
         let old = std::mem::take(&mut self.view.running);
         let old_node = std::mem::take(&mut self.running_node);
-        let same_nodes = nodes.len() == self.view.nodes.len()
-            && (nodes.iter().zip(&self.view.nodes)).all(|(a, b)| a.name == b.name);
-        if !same_nodes || now < self.now || !by_job(&claims) || !by_job(&old) {
+        if !self.keeps(&nodes, now) || !by_job(&claims) || !by_job(&old) {
             let running = merge_touched(old, touched, claims);
             self.rebuild_all(ClusterView { nodes, running }, now);
-            return Refresh {
-                all: true,
-                nodes: self.cals.len(),
-            };
+            return self.all_rebuilt();
         }
-        let mut changed: Vec<bool> = (nodes.iter().zip(&self.view.nodes))
-            .map(|(a, b)| a != b)
-            .collect();
+        let mut changed = self.nodes_changed(&nodes);
         let index = node_index(&self.view);
         let mut running = Vec::with_capacity(old.len() + claims.len());
         let mut running_node = Vec::with_capacity(running.capacity());
@@ -250,21 +266,7 @@ impl Base {
             running_node.push(i);
         }
         debug_assert!(claims.next().is_none(), "claims of jobs not touched");
-        let floor = floor_end(now);
-        for (c, &end) in changed.iter_mut().zip(&self.first_end) {
-            *c |= end < floor;
-        }
-        self.view = ClusterView { nodes, running };
-        self.running_node = running_node;
-        self.now = now;
-        let rebuilt = self.rebuild(&changed);
-        for cal in &mut self.cals {
-            cal.now = now;
-        }
-        Refresh {
-            all: false,
-            nodes: rebuilt,
-        }
+        self.take(ClusterView { nodes, running }, running_node, changed, now)
     }
 
     /// Merges the held claims with `new` (both by job id), marking the nodes of every
