@@ -583,9 +583,7 @@ impl Jobs {
         if *requested(s) != asked {
             self.revision += 1;
         }
-        self.changes.put.insert(id);
-        self.changed_again(id);
-        self.touch(id);
+        self.written(id);
         Some(r)
     }
 
@@ -600,8 +598,7 @@ impl Jobs {
             "job {id}: replace changed its state"
         );
         self.insert(stored);
-        self.changes.put.insert(id);
-        self.changed_again(id);
+        self.written(id);
     }
 
     /// Sets what a pending job shows while it waits (its reason and expected start):
@@ -677,22 +674,20 @@ impl Jobs {
         }
         self.index(&s);
         self.put(id, s);
-        self.changes.put.insert(id);
-        self.changed_again(id);
-        self.touch(id);
+        self.written(id);
         Ok(())
     }
 
     /// Records that pending jobs just ended by one cancel (each through `transition`)
     /// were ended so and by nothing else (`Changes::cancels`).
-    pub(crate) fn cancelled_pending(&mut self, at: i64, reason: String, ids: Vec<u64>) {
-        if ids.is_empty() {
+    pub(crate) fn cancelled_pending(&mut self, cancel: PendingCancel) {
+        if cancel.ids.is_empty() {
             return;
         }
-        for id in &ids {
+        for id in &cancel.ids {
             self.changes.changed_after.remove(id);
         }
-        self.changes.cancels.push(PendingCancel { at, reason, ids });
+        self.changes.cancels.push(cancel);
     }
 
     /// Notes that job `id` changed (`touched_since`).
@@ -740,6 +735,14 @@ impl Jobs {
     /// Whether `id` changed since the last `take_changes`.
     pub(crate) fn changed(&self, id: u64) -> bool {
         self.changes.put.contains(&id) || self.changes.delete.contains(&id)
+    }
+
+    /// Job `id` changed and its record is to be written: for the store (`changes`),
+    /// and for readers of the touch log.
+    fn written(&mut self, id: u64) {
+        self.changes.put.insert(id);
+        self.changed_again(id);
+        self.touch(id);
     }
 
     /// A job changed: if a cancel of this window ended it, its record now says more.

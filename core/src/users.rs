@@ -1,7 +1,7 @@
 //! What users do to the cluster state: cancel jobs, drain and resume nodes, list nodes.
 
 use crate::error::{Actor, Refusal};
-use crate::jobs::{Transition, owner};
+use crate::jobs::{PendingCancel, owner};
 use crate::node::{NodeListing, NodeRow};
 use crate::record::{JobState, state_name};
 use crate::state::{Cluster, Effects};
@@ -114,9 +114,13 @@ impl Cluster {
         self.only_own(actor, ids, "cancel")?;
         let mut results = Vec::new();
         let mut effects = Effects::wake();
-        let pending_reason = format!("cancelled while pending by {}", actor.user);
-        // Pending jobs this cancel alone changed (`Changes::cancels`).
-        let mut only_cancelled = Vec::new();
+        // Its pending jobs end by one transition, the one `restore` applies again to
+        // those this cancel alone changed (`Changes::cancels`, their `ids`).
+        let mut pending = PendingCancel {
+            at: now,
+            reason: format!("cancelled while pending by {}", actor.user),
+            ids: Vec::new(),
+        };
         for &id in ids {
             let result = |ok: bool, msg: &str| CancelResult {
                 job_id: id,
@@ -129,16 +133,11 @@ impl Cluster {
             };
             match j.state {
                 JobState::Pending => {
-                    let cancel = Transition::Finish {
-                        state: JobState::Cancelled,
-                        exit_code: None,
-                        reason: pending_reason.clone(),
-                    };
                     if !self.jobs.changed(id) {
-                        only_cancelled.push(id);
+                        pending.ids.push(id);
                     }
                     self.jobs
-                        .transition(id, cancel, now)
+                        .transition(id, pending.transition(), now)
                         .expect("pending jobs can be cancelled");
                     results.push(result(true, "removed from the queue"));
                 }
@@ -162,8 +161,7 @@ impl Cluster {
                 )),
             }
         }
-        self.jobs
-            .cancelled_pending(now, pending_reason, only_cancelled);
+        self.jobs.cancelled_pending(pending);
         Ok((results, effects))
     }
 
