@@ -184,7 +184,7 @@ impl Shared {
                 gpuctl_core::command::Command::Start(s) => Some(s.session_generation),
                 _ => None,
             };
-            let link = self.links.get(&node).map(|l| (l.generation, l.tx.clone()));
+            let link = (self.links.get(&node)).map(|l| (l.generation, (l.tx.clone(), l.batches)));
             match (session, link) {
                 // A start goes out on the session it was decided under only: one
                 // attached since was reconciled without it (`Start::session_generation`).
@@ -206,8 +206,7 @@ impl Shared {
                     self.held_starts
                         .push((node, g, gpuctl_proto::wire::command_pb(cmd)));
                 }
-                (_, Some((_, tx))) => {
-                    let batches = self.links.get(&node).is_some_and(|l| l.batches);
+                (_, Some((_, (tx, batches)))) => {
                     let cmd = gpuctl_proto::wire::command_pb(cmd);
                     let joined = match last_kill.get(&node) {
                         Some(&at) if batches => join_kill(&mut sends[at].1, cmd),
@@ -265,10 +264,9 @@ impl Shared {
     }
 }
 
-/// A pass's input (`Controller::pass_input`): the queue, the view, the config,
-/// whether anything was written, whether jobs were left out, and the lend pass's
-/// commands.
-type PassInput = (carried::PassRead, sched::SchedConfig, bool, bool, Out);
+/// A pass's input (`Controller::pass_input`): what it read, the config, whether
+/// anything was written, and the lend pass's commands.
+type PassInput = (carried::PassRead, sched::SchedConfig, bool, Out);
 
 /// What the controller needs to know who nodes are.
 pub struct PkiSetup {

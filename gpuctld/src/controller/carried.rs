@@ -69,7 +69,42 @@ enum Read {
     },
 }
 
+/// A pass that planned nothing (its queue was empty): the room it leaves, and whether
+/// jobs were left out of its queue (they wait for others or a partition).
+pub(super) struct Unplanned {
+    room: GpuRoom,
+    left_out: bool,
+}
+
 impl Controller {
+    /// Everything `part` gives, read a part per hold of the lock: `part` answers one
+    /// part from where the last left off (`from`) and where the next goes on, if any.
+    fn in_parts<T, K>(
+        &self,
+        inline: bool,
+        mut from: K,
+        part: impl Fn(&super::Shared, &K) -> (Vec<T>, Option<K>),
+    ) -> Vec<T> {
+        let mut all = Vec::new();
+        loop {
+            let (items, next) = self.step(inline, |c| part(c, &from));
+            all.extend(items);
+            match next {
+                Some(n) => from = n,
+                None => return all,
+            }
+        }
+    }
+
+    /// What a pass that planned nothing leaves: the room settled (a pass woken if the
+    /// room says so).
+    pub(super) fn settle_unplanned(&self, u: Unplanned, now: i64, inline: bool) {
+        let wake = self.step(inline, |c| self.settle_room(c, u.left_out, u.room, now));
+        if wake {
+            self.wake_scheduler();
+        }
+    }
+
     /// What a pass plans from, after its start (`waiting`: its answer; `cursor`: taken
     /// before it): every node, what runs and the queue (whole, or what changed since the
     /// last pass's read), and the configuration, in short holds of the lock.
@@ -84,17 +119,10 @@ impl Controller {
             let carried = self.base.lock();
             (carried.cursor, carried.left_out.clone())
         };
-        let mut nodes = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let (part, next) =
-                self.step(inline, |c| c.node_views_part(after.as_deref(), NODE_PART));
-            nodes.extend(part);
-            match next {
-                Some(n) => after = Some(n),
-                None => break,
-            }
-        }
+        let nodes = self.in_parts(inline, None, |c, after: &Option<String>| {
+            let (part, next) = c.node_views_part(after.as_deref(), NODE_PART);
+            (part, next.map(Some))
+        });
         let (shares, touched) = self.step(inline, |c| {
             let touched = last.and_then(|at| c.jobs().touched_since(at));
             (c.fair_share_table(), touched)
@@ -161,26 +189,10 @@ impl Controller {
 
     /// What runs and the queue, whole, in parts.
     fn read_whole(&self, waiting: &Waiting, shares: FairShareTable, inline: bool) -> Read {
-        let mut running = Vec::new();
-        let mut after = 0;
-        loop {
-            let (part, next) = self.step(inline, |c| c.running_views_part(after, PART));
-            running.extend(part);
-            match next {
-                Some(n) => after = n,
-                None => break,
-            }
-        }
-        let mut queue = Vec::new();
-        let mut after = 0;
-        loop {
-            let (part, next) = self.step(inline, |c| c.queue_part(waiting, &shares, after, PART));
-            queue.extend(part);
-            match next {
-                Some(n) => after = n,
-                None => break,
-            }
-        }
+        let running = self.in_parts(inline, 0, |c, &after| c.running_views_part(after, PART));
+        let queue = self.in_parts(inline, 0, |c, &after| {
+            c.queue_part(waiting, &shares, after, PART)
+        });
         Read::Whole {
             running,
             queue,
@@ -189,8 +201,7 @@ impl Controller {
     }
 
     /// A pass's plan on what it read at `now`, from what the last pass left (`carry`),
-    /// and the room after it; `None` when its queue is empty (then the room of nothing
-    /// planned, `left_out`: jobs still wait). The same plan as `sched::schedule` on the
+    /// and the room after it; `Unplanned` when its queue is empty. The same plan as `sched::schedule` on the
     /// whole view and queue (sched's `base_updates_plan_as_a_fresh_build`,
     /// `touched_updates_as_a_whole_view`).
     pub(super) fn plan_carried(
@@ -198,12 +209,13 @@ impl Controller {
         read: PassRead,
         cfg: &sched::SchedConfig,
         now: i64,
-    ) -> Result<(sched::Plan, GpuRoom), GpuRoom> {
+    ) -> Result<(sched::Plan, GpuRoom), Unplanned> {
         let left_out = !read.left_out.is_empty();
         let carried = self.carry(read, now);
         let base = &carried.base;
         if carried.queue.is_empty() {
-            return Err(gpuctl_core::policy::room_after(base.view(), None, left_out));
+            let room = gpuctl_core::policy::room_after(base.view(), None, left_out);
+            return Err(Unplanned { room, left_out });
         }
         let plan = sched::schedule_from(base, &carried.queue, cfg);
         self.unplanned_left

@@ -144,7 +144,7 @@ impl Controller {
             && self.lock().jobs().active_len() < INLINE_JOBS;
         let now = now_ms();
         let started = std::time::Instant::now();
-        let (read, cfg, changed, left_out, lent) = if inline {
+        let (read, cfg, changed, lent) = if inline {
             self.pass_input(now, true)?
         } else {
             let ctl = self.clone();
@@ -164,13 +164,8 @@ impl Controller {
         let plan_apply = move |ctl: &Controller| -> Result<Option<Out>, StoreError> {
             let (plan, room) = match ctl.plan_carried(read, &cfg, now) {
                 Ok(planned) => planned,
-                Err(room) => {
-                    // No queue: jobs left out of it (their partition has no node up,
-                    // they wait for others) still wait.
-                    let wake = ctl.step(inline, |c| ctl.settle_room(c, left_out, room, now));
-                    if wake {
-                        ctl.wake_scheduler();
-                    }
+                Err(unplanned) => {
+                    ctl.settle_unplanned(unplanned, now, inline);
                     return Ok(None);
                 }
             };
@@ -222,7 +217,7 @@ impl Controller {
                 .map(|changed| (waiting, cursor, changed, lent))
         })?;
         let (read, cfg) = self.pass_read(&waiting, cursor, now, inline);
-        Ok((read, cfg, changed, !waiting.ids.is_empty(), lent))
+        Ok((read, cfg, changed, lent))
     }
 
     /// A plan applied as `Cluster::apply_plan` does, in parts: the starts, the waiting

@@ -308,7 +308,6 @@ impl Controller {
         // The lend pass's starts and yields (`gpuctl_core::opportunistic`).
         self.send_effects(lent).await?;
         let ctl = self.clone();
-        let left_out = !waiting.ids.is_empty();
         let (read, cfg) =
             tokio::task::spawn_blocking(move || ctl.pass_read(&waiting, cursor, now, false))
                 .await
@@ -320,14 +319,8 @@ impl Controller {
             .map_err(|e| Status::internal(format!("a pass panicked: {e}")))?;
         let (plan, room) = match planned {
             Ok(planned) => planned,
-            Err(room) => {
-                let wake = {
-                    let mut c = self.lock();
-                    self.settle_room(&mut c, left_out, room, now)
-                };
-                if wake {
-                    self.wake_scheduler();
-                }
+            Err(unplanned) => {
+                self.settle_unplanned(unplanned, now, true);
                 return Ok(());
             }
         };
